@@ -1,0 +1,3 @@
+//! Counters, latency histograms and their snapshots.
+
+pub mod histogram;

@@ -1,0 +1,64 @@
+//! Backing stores: where a page comes from on a miss and where a dirty page
+//! goes before it is dropped.
+//!
+//! # Contract
+//!
+//! In in-thread delivery the engine calls [`Store::read`] and
+//! [`Store::write`] from the faulting thread's SIGBUS handler. Implementations
+//! must therefore be **async-signal-safe**: no allocation, no tracing, no
+//! locks that application code could hold. Plain syscalls (`pread`,
+//! `pwrite`, `clock_nanosleep`, `futex`), `memcpy` and atomics are fine.
+//!
+//! The engine never issues two concurrent calls for the same page (the page
+//! lock serialises them); calls for different pages may run concurrently.
+//! Offsets and lengths are always whole pages and within [`Store::len`].
+
+mod file;
+mod memory;
+mod simulated;
+mod zero;
+
+pub use file::{FileStore, FileStoreOptions};
+pub use memory::MemoryStore;
+pub use simulated::{LatencyModel, LatencyReport, SimulatedStore};
+pub use zero::ZeroStore;
+
+/// A store error: a plain errno, so that building one never allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("store I/O failed: {}", std::io::Error::from_raw_os_error(*.0))]
+pub struct StoreError(pub i32);
+
+/// A backing store of whole pages.
+pub trait Store: Send + Sync + 'static {
+    /// Length in bytes; a multiple of the page size.
+    fn len(&self) -> u64;
+
+    /// Whether the store has no pages.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills `buf` with the bytes at `offset`. Async-signal-safe.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
+
+    /// Writes `buf` at `offset`. Async-signal-safe. Stores that are
+    /// read-only return `Err(StoreError(libc::EROFS))`.
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError>;
+
+    /// Whether [`Store::write`] can succeed.
+    fn writable(&self) -> bool;
+
+    /// Makes earlier writes durable (fsync for files). Not called from
+    /// signal handlers.
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// A short name for reports.
+    fn name(&self) -> &'static str;
+
+    /// For stores that model I/O: the latencies actually delivered.
+    fn latency_report(&self) -> Option<LatencyReport> {
+        None
+    }
+}

@@ -1,0 +1,195 @@
+//! Memory mappings and memfds: owned anonymous/shared mappings and the
+//! madvise/fallocate primitives that eviction uses.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// An owned mapping, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+// SAFETY: a Mapping is an address range; access to its contents is governed
+// by the code that uses it, not by the handle.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; the handle itself is immutable.
+unsafe impl Sync for Mapping {}
+
+fn check(p: *mut libc::c_void) -> Result<usize, i32> {
+    if p == libc::MAP_FAILED {
+        Err(super::errno())
+    } else {
+        Ok(p as usize)
+    }
+}
+
+impl Mapping {
+    /// A private anonymous read-write mapping of `len` bytes. Pages are
+    /// allocated by the kernel on first touch.
+    pub fn anonymous(len: usize) -> Result<Mapping, i32> {
+        Self::anonymous_at(0, len, false)
+    }
+
+    /// A private anonymous mapping, at `hint` (exactly, if `fixed`; never
+    /// replacing an existing mapping).
+    pub fn anonymous_at(hint: usize, len: usize, fixed: bool) -> Result<Mapping, i32> {
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        if fixed {
+            flags |= libc::MAP_FIXED_NOREPLACE;
+        }
+        // SAFETY: a fresh mapping; with MAP_FIXED_NOREPLACE the kernel refuses
+        // to replace anything already mapped.
+        let p = unsafe {
+            libc::mmap(
+                hint as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
+        let addr = check(p)?;
+        Ok(Mapping { addr, len })
+    }
+
+    /// A shared read-write mapping of `fd` at file offset 0, at `hint`
+    /// (exactly, if `fixed`).
+    pub fn shared(fd: RawFd, len: usize, hint: usize, fixed: bool) -> Result<Mapping, i32> {
+        let mut flags = libc::MAP_SHARED;
+        if fixed {
+            flags |= libc::MAP_FIXED_NOREPLACE;
+        }
+        // SAFETY: a fresh mapping of a descriptor we hold open.
+        let p = unsafe {
+            libc::mmap(
+                hint as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        let addr = check(p)?;
+        Ok(Mapping { addr, len })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never: mmap refuses zero lengths).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Gives up ownership: the range is no longer unmapped on drop.
+    pub fn into_raw(self) -> (usize, usize) {
+        let r = (self.addr, self.len);
+        std::mem::forget(self);
+        r
+    }
+
+    /// Takes ownership of a range mapped elsewhere.
+    ///
+    /// # Safety
+    /// `[addr, addr+len)` must be a mapping nobody else will unmap.
+    pub unsafe fn from_raw(addr: usize, len: usize) -> Mapping {
+        Mapping { addr, len }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the range.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// `madvise(addr, len, advice)`; async-signal-safe.
+#[inline]
+pub fn madvise(addr: usize, len: usize, advice: i32) -> Result<(), i32> {
+    // SAFETY: madvise on a range the engine owns; DONTNEED/REMOVE drop pages,
+    // which is the intended effect.
+    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(super::errno())
+    }
+}
+
+/// `mprotect`.
+pub fn mprotect(addr: usize, len: usize, prot: i32) -> Result<(), i32> {
+    // SAFETY: changes protection of a range the engine owns.
+    let rc = unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(super::errno())
+    }
+}
+
+/// A memfd: the page cache of a shared region.
+#[derive(Debug)]
+pub struct Memfd {
+    fd: OwnedFd,
+}
+
+impl Memfd {
+    /// Creates a memfd of `len` bytes.
+    pub fn new(name: &str, len: usize) -> Result<Memfd, i32> {
+        let cname = std::ffi::CString::new(name).map_err(|_| libc::EINVAL)?;
+        // SAFETY: `cname` is a valid C string.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(super::errno());
+        }
+        // SAFETY: a fresh descriptor that we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let m = Memfd { fd };
+        m.truncate(len)?;
+        Ok(m)
+    }
+
+    /// Sets the length.
+    pub fn truncate(&self, len: usize) -> Result<(), i32> {
+        // SAFETY: ftruncate on our descriptor.
+        if unsafe { libc::ftruncate(self.fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(super::errno());
+        }
+        Ok(())
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Frees the pages of `[off, off+len)`; async-signal-safe.
+    #[inline]
+    pub fn punch_hole(&self, off: usize, len: usize) -> Result<(), i32> {
+        // SAFETY: fallocate on our descriptor.
+        let rc = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(super::errno())
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! Thin, async-signal-safe wrappers over the system calls the engine uses.
+//!
+//! Everything here is a direct syscall with no allocation, no locking and no
+//! tracing, so any of it may run inside the SIGBUS handler.
+
+pub mod futex;
+pub mod mem;
+pub mod uffd;
+
+/// The page size the engine works in. x86-64 base pages.
+pub const PAGE_SIZE: usize = 4096;
+/// `log2(PAGE_SIZE)`.
+pub const PAGE_SHIFT: u32 = 12;
+
+/// The calling thread's `errno`.
+#[inline]
+pub fn errno() -> i32 {
+    // SAFETY: `__errno_location` returns a valid pointer to this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Monotonic clock in nanoseconds. `clock_gettime` is async-signal-safe (and
+/// served from the vDSO).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The calling thread's kernel thread id.
+#[inline]
+pub fn gettid() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
