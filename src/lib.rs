@@ -1,8 +1,42 @@
 //! uffd-pager: services real page faults in userspace through userfaultfd,
 //! with the Linux fault path's locking and retry semantics.
+//!
+//! ```no_run
+//! use uffd_pager::{Pager, Policy, PolicyKind};
+//!
+//! let pager = Pager::builder()
+//!     .policy(Policy::new(PolicyKind::RetryOnce))
+//!     .build()?;
+//! let mut region = pager.map_anonymous(16 << 20)?;
+//! region.as_mut_slice()[4096] = 7; // a real page fault, served by the engine
+//! assert_eq!(region.as_slice()[4096], 7);
+//! println!("{}", pager.stats());
+//! # Ok::<(), uffd_pager::Error>(())
+//! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
+pub mod address_space;
+pub mod delivery;
+pub mod error;
+pub mod fault;
+pub mod inject;
+pub mod mmap;
+pub mod object;
+pub mod page_cache;
+pub mod pager;
+pub mod region;
 pub mod stats;
 pub mod store;
+pub mod sync;
 pub mod sys;
+pub mod vma;
+
+pub use delivery::Delivery;
+pub use error::{Error, Result};
+pub use fault::{Policy, PolicyKind};
+pub use object::InstallKind;
+pub use pager::{MapOptions, Pager, PagerBuilder};
+pub use region::Region;
+pub use stats::{Counter, Stats};

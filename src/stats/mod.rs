@@ -1,3 +1,219 @@
 //! Counters, latency histograms and their snapshots.
+//!
+//! Counter names follow the kernel's (`/proc/vmstat`), so results read the
+//! same as the seeds'. Every counter is a relaxed atomic: incrementing one is
+//! async-signal-safe and costs one uncontended RMW.
 
 pub mod histogram;
+
+use crate::sync::global_lock::Contention;
+use histogram::{AtomicHistogram, Percentiles};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident => $text:literal,)*) => {
+        /// One engine counter.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        pub enum Counter { $($(#[$doc])* $name,)* }
+
+        impl Counter {
+            /// Every counter, in report order.
+            pub const ALL: &'static [Counter] = &[$(Counter::$name,)*];
+            /// The kernel-style name (`/proc/vmstat` spelling).
+            pub fn name(self) -> &'static str {
+                match self { $(Counter::$name => $text,)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Faults completed under the region lock.
+    VMA_LOCK_SUCCESS => "vma_lock_success",
+    /// Region attempts that could not start (no region, write-locked, out of range).
+    VMA_LOCK_ABORT => "vma_lock_abort",
+    /// Region attempts that returned RETRY.
+    VMA_LOCK_RETRY => "vma_lock_retry",
+    /// Lookups that found a detached region and looked again.
+    VMA_LOCK_MISS => "vma_lock_miss",
+    /// RETRY returned from steps 4-5 (lock dropped around I/O or a wait).
+    RETRY_MMAP_DROP => "retry_mmap_drop",
+    /// A `tried` attempt found its page absent again (reclaimed in the window).
+    RETRY_IO_MISS => "retry_io_miss",
+    /// Faults handled.
+    PGFAULT => "pgfault",
+    /// Faults that needed store I/O.
+    PGMAJFAULT => "pgmajfault",
+    /// Faults at an address in no region (SIGSEGV to the faulting thread).
+    SEGV => "segv",
+    /// Store read errors (each try).
+    IO_ERROR => "io_error",
+    /// Pages poisoned after repeated read errors.
+    POISONED => "poisoned",
+    /// Write-protect faults that marked a page dirty.
+    WP_FAULT => "wp_fault",
+    /// Pages installed (COPY, ZEROPAGE or CONTINUE).
+    PGINSTALL => "pginstall",
+    /// Pages read from the store.
+    PGREAD => "pgread",
+    /// Pages scanned by reclaim.
+    PGSCAN => "pgscan",
+    /// Pages reclaimed.
+    PGSTEAL => "pgsteal",
+    /// Dirty pages written back to the store.
+    WRITEBACK => "writeback",
+    /// LRU lock acquisitions.
+    LRU_LOCK => "lru_lock",
+    /// LRU lock acquisitions that had to wait.
+    LRU_LOCK_CONTENDED => "lru_lock_contended",
+    /// Direct reclaim runs (in the faulting context).
+    DIRECT_RECLAIM => "direct_reclaim",
+    /// Background reclaimer wake-ups.
+    KSWAPD_WAKE => "kswapd_wake",
+}
+
+const N: usize = Counter::ALL.len();
+
+/// The live counters of one pager.
+#[derive(Debug)]
+pub struct Counters {
+    vals: [AtomicU64; N],
+    /// Fault service time, ns (first attempt to done).
+    pub fault_latency: AtomicHistogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            vals: std::array::from_fn(|_| AtomicU64::new(0)),
+            fault_latency: AtomicHistogram::new(),
+        }
+    }
+}
+
+impl Counters {
+    /// Adds one.
+    #[inline]
+    pub fn inc(&self, c: Counter) {
+        self.vals[c as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Adds `n`.
+    #[inline]
+    pub fn add(&self, c: Counter, n: u64) {
+        self.vals[c as usize].fetch_add(n, Relaxed);
+    }
+
+    /// Current value.
+    pub fn get(&self, c: Counter) -> u64 {
+        self.vals[c as usize].load(Relaxed)
+    }
+
+    /// Zeroes everything.
+    pub fn reset(&self) {
+        for v in &self.vals {
+            v.store(0, Relaxed);
+        }
+        self.fault_latency.reset();
+    }
+}
+
+/// A snapshot of a pager's statistics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    counters: [u64; N],
+    /// Global-lock acquisitions and contention.
+    pub global: Contention,
+    /// Fault service-time percentiles.
+    pub fault_latency: Percentiles,
+    /// Pages resident (cached + installed) now.
+    pub resident_pages: u64,
+    /// Highest resident count seen.
+    pub peak_resident_pages: u64,
+    /// The memory budget in pages (0: unlimited).
+    pub budget_pages: u64,
+}
+
+impl Stats {
+    pub(crate) fn capture(
+        c: &Counters,
+        global: Contention,
+        resident_pages: u64,
+        peak_resident_pages: u64,
+        budget_pages: u64,
+    ) -> Stats {
+        Stats {
+            counters: std::array::from_fn(|i| c.vals[i].load(Relaxed)),
+            global,
+            fault_latency: c.fault_latency.percentiles(),
+            resident_pages,
+            peak_resident_pages,
+            budget_pages,
+        }
+    }
+
+    /// A counter's value.
+    pub fn get(&self, c: Counter) -> u64 {
+        self.counters[c as usize]
+    }
+
+    /// `RETRY_IO_MISS / RETRY_MMAP_DROP` in percent (seed 000's Miss/Drop).
+    pub fn miss_drop_pct(&self) -> f64 {
+        let drop = self.get(Counter::RETRY_MMAP_DROP);
+        if drop == 0 {
+            0.0
+        } else {
+            100.0 * self.get(Counter::RETRY_IO_MISS) as f64 / drop as f64
+        }
+    }
+
+    /// Global-lock acquisitions that had to wait, reads and writes.
+    pub fn global_contended(&self) -> u64 {
+        self.global.read_contended + self.global.write_contended
+    }
+
+    /// The difference `self - earlier`, counter by counter (latency and
+    /// residency are taken from `self`).
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        let mut s = self.clone();
+        for i in 0..N {
+            s.counters[i] = self.counters[i].saturating_sub(earlier.counters[i]);
+        }
+        let (a, b) = (&self.global, &earlier.global);
+        s.global = Contention {
+            read_acquisitions: a.read_acquisitions - b.read_acquisitions,
+            read_contended: a.read_contended - b.read_contended,
+            read_wait_ns: a.read_wait_ns - b.read_wait_ns,
+            write_acquisitions: a.write_acquisitions - b.write_acquisitions,
+            write_contended: a.write_contended - b.write_contended,
+            write_wait_ns: a.write_wait_ns - b.write_wait_ns,
+        };
+        s
+    }
+}
+
+/// `/proc/vmstat` style: one `name value` line per figure.
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for &c in Counter::ALL {
+            writeln!(f, "{} {}", c.name(), self.get(c))?;
+        }
+        let g = &self.global;
+        writeln!(f, "global_lock_read {}", g.read_acquisitions)?;
+        writeln!(f, "global_lock_read_contended {}", g.read_contended)?;
+        writeln!(f, "global_lock_read_wait_ns {}", g.read_wait_ns)?;
+        writeln!(f, "global_lock_write {}", g.write_acquisitions)?;
+        writeln!(f, "global_lock_write_contended {}", g.write_contended)?;
+        writeln!(f, "global_lock_write_wait_ns {}", g.write_wait_ns)?;
+        writeln!(f, "resident_pages {}", self.resident_pages)?;
+        writeln!(f, "peak_resident_pages {}", self.peak_resident_pages)?;
+        writeln!(f, "budget_pages {}", self.budget_pages)?;
+        let l = &self.fault_latency;
+        writeln!(f, "fault_latency_count {}", l.count)?;
+        writeln!(f, "fault_latency_p50_ns {}", l.p50_ns)?;
+        writeln!(f, "fault_latency_p99_ns {}", l.p99_ns)?;
+        write!(f, "fault_latency_max_ns {}", l.max_ns)
+    }
+}

@@ -1,1 +1,475 @@
-//! TODO(helper)
+//! A store backed by a file, read and written with `pread`/`pwrite`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::zero::{in_bounds, round_up_to_page};
+use super::{Store, StoreError};
+use crate::sys::{errno, PAGE_SIZE};
+
+/// How [`FileStore::open`] opens its file.
+#[derive(Debug, Clone, Default)]
+pub struct FileStoreOptions {
+    /// Open read-write and accept [`Store::write`]. Otherwise writes return
+    /// `EROFS`.
+    pub writable: bool,
+    /// Open with `O_DIRECT`, bypassing the page cache. Every read and write
+    /// must then use a page-aligned buffer whose length and offset are page
+    /// multiples (the engine always passes such buffers); anything else is
+    /// refused with `EINVAL` before reaching the kernel.
+    pub direct: bool,
+    /// Create the file if it does not exist, and extend it to this length if
+    /// it is shorter (a longer file is never truncated). Implies opening the
+    /// descriptor read-write, but writes through the store still need
+    /// `writable`.
+    pub create_len: Option<u64>,
+}
+
+/// A store over a file.
+///
+/// [`Store::len`] is the file's length at open, rounded up to a whole page.
+/// Reads of the final partial page (past end of file) are zero-filled;
+/// writes of it write only the bytes before the original end of file, so
+/// the store never changes the file's length.
+#[derive(Debug)]
+pub struct FileStore {
+    file: File,
+    /// The file's exact length at open.
+    file_len: u64,
+    /// `file_len` rounded up to a page.
+    len: u64,
+    writable: bool,
+    direct: bool,
+}
+
+impl FileStore {
+    /// Opens `path` as described by `opts`.
+    pub fn open(path: &Path, opts: &FileStoreOptions) -> io::Result<FileStore> {
+        let mut oo = OpenOptions::new();
+        oo.read(true);
+        if opts.writable || opts.create_len.is_some() {
+            oo.write(true);
+        }
+        if opts.create_len.is_some() {
+            oo.create(true);
+        }
+        let mut flags = libc::O_CLOEXEC;
+        if opts.direct {
+            flags |= libc::O_DIRECT;
+        }
+        oo.custom_flags(flags);
+        let file = oo.open(path)?;
+        if let Some(want) = opts.create_len {
+            if file.metadata()?.len() < want {
+                file.set_len(want)?;
+            }
+        }
+        Self::with_flags(file, opts.writable, opts.direct)
+    }
+
+    /// Wraps an open file. `writable` needs a descriptor opened for writing
+    /// (otherwise this fails with `EBADF`). `O_DIRECT` on the descriptor is
+    /// detected and honoured.
+    pub fn from_file(file: File, writable: bool) -> io::Result<Self> {
+        // SAFETY: F_GETFL on a descriptor we hold open; no memory involved.
+        let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        if fl < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if writable && fl & libc::O_ACCMODE == libc::O_RDONLY {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
+        }
+        Self::with_flags(file, writable, fl & libc::O_DIRECT != 0)
+    }
+
+    fn with_flags(file: File, writable: bool, direct: bool) -> io::Result<Self> {
+        let file_len = file.metadata()?.len();
+        Ok(FileStore {
+            file,
+            file_len,
+            len: round_up_to_page(file_len),
+            writable,
+            direct,
+        })
+    }
+
+    /// The underlying file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The file's exact length at open (before rounding up to a page).
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// Whether the file is open with `O_DIRECT`.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    #[inline]
+    fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Under `O_DIRECT`, whether a transfer meets the alignment rules.
+    #[inline]
+    fn aligned(ptr: *const u8, offset: u64, n: usize) -> bool {
+        let page = PAGE_SIZE as u64;
+        (ptr as usize).is_multiple_of(PAGE_SIZE)
+            && offset.is_multiple_of(page)
+            && (n as u64).is_multiple_of(page)
+    }
+}
+
+impl Store for FileStore {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// `pread` until `buf` is full; EINTR is retried and the part past end of
+    /// file is zero-filled. Async-signal-safe.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if !in_bounds(offset, buf.len(), self.len) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        if self.direct && !Self::aligned(buf.as_ptr(), offset, buf.len()) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        let mut done = 0usize;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            // SAFETY: `rest` is valid for writes of `rest.len()` bytes and the
+            // descriptor is open for the lifetime of `self`.
+            let n = unsafe {
+                libc::pread(
+                    self.fd(),
+                    rest.as_mut_ptr().cast(),
+                    rest.len(),
+                    (offset + done as u64) as libc::off_t,
+                )
+            };
+            if n < 0 {
+                match errno() {
+                    libc::EINTR => continue,
+                    e => return Err(StoreError(e)),
+                }
+            }
+            if n == 0 {
+                break; // end of file
+            }
+            done += n as usize;
+            if self.direct && !done.is_multiple_of(PAGE_SIZE) {
+                // A short O_DIRECT read ends at end of file; continuing would
+                // be misaligned.
+                break;
+            }
+        }
+        buf[done..].fill(0);
+        Ok(())
+    }
+
+    /// `pwrite` until done, retrying EINTR; bytes past the original end of
+    /// file are not written (see the type's docs). Async-signal-safe.
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        if !self.writable {
+            return Err(StoreError(libc::EROFS));
+        }
+        if !in_bounds(offset, buf.len(), self.len) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        if self.direct && !Self::aligned(buf.as_ptr(), offset, buf.len()) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        // Under O_DIRECT the whole (aligned) buffer must be written; the file
+        // is truncated back afterwards. Otherwise only the in-file part is.
+        let in_file = self.file_len.saturating_sub(offset).min(buf.len() as u64) as usize;
+        let want = if self.direct { buf.len() } else { in_file };
+        let mut done = 0usize;
+        while done < want {
+            let rest = &buf[done..want];
+            // SAFETY: `rest` is valid for reads of `rest.len()` bytes and the
+            // descriptor is open for the lifetime of `self`.
+            let n = unsafe {
+                libc::pwrite(
+                    self.fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    (offset + done as u64) as libc::off_t,
+                )
+            };
+            if n < 0 {
+                match errno() {
+                    libc::EINTR => continue,
+                    e => return Err(StoreError(e)),
+                }
+            }
+            if n == 0 {
+                return Err(StoreError(libc::EIO));
+            }
+            done += n as usize;
+            if self.direct && done < want && !done.is_multiple_of(PAGE_SIZE) {
+                return Err(StoreError(libc::EIO));
+            }
+        }
+        if want > in_file {
+            // Only the final partial page gets here, and calls for it are
+            // serialised by the engine, so nothing else writes past
+            // `file_len` concurrently.
+            // SAFETY: ftruncate on our descriptor; async-signal-safe.
+            if unsafe { libc::ftruncate(self.fd(), self.file_len as libc::off_t) } != 0 {
+                return Err(StoreError(errno()));
+            }
+        }
+        Ok(())
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// `fdatasync`.
+    fn sync(&self) -> Result<(), StoreError> {
+        loop {
+            // SAFETY: fdatasync on our descriptor.
+            if unsafe { libc::fdatasync(self.fd()) } == 0 {
+                return Ok(());
+            }
+            match errno() {
+                libc::EINTR => continue,
+                e => return Err(StoreError(e)),
+            }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A temp file path removed on drop.
+    struct TempPath(PathBuf);
+
+    impl TempPath {
+        fn new(tag: &str) -> Self {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+            TempPath(std::env::temp_dir().join(format!(
+                "uffd-pager-filestore-{tag}-{}-{n}-{nanos}",
+                std::process::id()
+            )))
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[repr(C, align(4096))]
+    struct AlignedPage([u8; PAGE_SIZE]);
+
+    #[test]
+    fn round_trip_with_create() {
+        let p = TempPath::new("rt");
+        let opts = FileStoreOptions {
+            writable: true,
+            create_len: Some(4 * PAGE_SIZE as u64),
+            ..Default::default()
+        };
+        let s = FileStore::open(&p.0, &opts).unwrap();
+        assert_eq!(s.len(), 4 * PAGE_SIZE as u64);
+        assert!(s.writable());
+        assert_eq!(s.name(), "file");
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+        s.write(PAGE_SIZE as u64, &page).unwrap();
+        let mut back = vec![0xFFu8; PAGE_SIZE];
+        s.read(PAGE_SIZE as u64, &mut back).unwrap();
+        assert_eq!(back, page);
+        s.read(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        s.sync().unwrap();
+        drop(s);
+
+        // Reopen read-only: the data persisted, writes are refused.
+        let s = FileStore::open(&p.0, &FileStoreOptions::default()).unwrap();
+        assert!(!s.writable());
+        s.read(PAGE_SIZE as u64, &mut back).unwrap();
+        assert_eq!(back, page);
+        assert_eq!(s.write(0, &page), Err(StoreError(libc::EROFS)));
+    }
+
+    #[test]
+    fn partial_last_page_zero_fills_and_keeps_length() {
+        let p = TempPath::new("tail");
+        let data: Vec<u8> = (0..PAGE_SIZE + 100).map(|i| (i as u8) | 1).collect();
+        File::create(&p.0).unwrap().write_all(&data).unwrap();
+        let s = FileStore::open(
+            &p.0,
+            &FileStoreOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.len(), 2 * PAGE_SIZE as u64);
+        assert_eq!(s.file_len(), data.len() as u64);
+        let mut back = vec![0xEEu8; PAGE_SIZE];
+        s.read(PAGE_SIZE as u64, &mut back).unwrap();
+        assert_eq!(&back[..100], &data[PAGE_SIZE..]);
+        assert!(back[100..].iter().all(|&b| b == 0));
+
+        // Writing the last page writes only the in-file bytes.
+        let page = vec![7u8; PAGE_SIZE];
+        s.write(PAGE_SIZE as u64, &page).unwrap();
+        let mut contents = Vec::new();
+        File::open(&p.0)
+            .unwrap()
+            .read_to_end(&mut contents)
+            .unwrap();
+        assert_eq!(contents.len(), data.len());
+        assert!(contents[PAGE_SIZE..].iter().all(|&b| b == 7));
+        assert_eq!(&contents[..PAGE_SIZE], &data[..PAGE_SIZE]);
+    }
+
+    #[test]
+    fn create_len_never_truncates() {
+        let p = TempPath::new("grow");
+        File::create(&p.0)
+            .unwrap()
+            .write_all(&vec![1u8; 3 * PAGE_SIZE])
+            .unwrap();
+        let s = FileStore::open(
+            &p.0,
+            &FileStoreOptions {
+                create_len: Some(PAGE_SIZE as u64),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.len(), 3 * PAGE_SIZE as u64);
+        assert!(!s.writable());
+    }
+
+    #[test]
+    fn from_file_checks_access_mode() {
+        let p = TempPath::new("from");
+        File::create(&p.0)
+            .unwrap()
+            .write_all(&vec![3u8; PAGE_SIZE])
+            .unwrap();
+        let ro = File::open(&p.0).unwrap();
+        let err = FileStore::from_file(ro, true).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+        let ro = File::open(&p.0).unwrap();
+        let s = FileStore::from_file(ro, false).unwrap();
+        assert!(!s.is_direct());
+        let mut back = vec![0u8; PAGE_SIZE];
+        s.read(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 3));
+        let rw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p.0)
+            .unwrap();
+        let s = FileStore::from_file(rw, true).unwrap();
+        s.write(0, &vec![4u8; PAGE_SIZE]).unwrap();
+        s.read(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 4));
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let p = TempPath::new("missing");
+        assert!(FileStore::open(&p.0, &FileStoreOptions::default()).is_err());
+    }
+
+    #[test]
+    fn out_of_bounds_is_einval() {
+        let p = TempPath::new("oob");
+        let s = FileStore::open(
+            &p.0,
+            &FileStoreOptions {
+                writable: true,
+                create_len: Some(PAGE_SIZE as u64),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut buf = vec![0u8; PAGE_SIZE];
+        assert_eq!(
+            s.read(PAGE_SIZE as u64, &mut buf),
+            Err(StoreError(libc::EINVAL))
+        );
+        assert_eq!(s.write(8, &buf), Err(StoreError(libc::EINVAL)));
+    }
+
+    #[test]
+    fn direct_io_round_trip_and_alignment() {
+        let p = TempPath::new("direct");
+        let opts = FileStoreOptions {
+            writable: true,
+            direct: true,
+            create_len: Some(2 * PAGE_SIZE as u64 + 100),
+        };
+        let s = match FileStore::open(&p.0, &opts) {
+            Ok(s) => s,
+            // The temp filesystem may not support O_DIRECT (e.g. older tmpfs).
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                eprintln!(
+                    "skipping: O_DIRECT unsupported in {:?}",
+                    std::env::temp_dir()
+                );
+                return;
+            }
+            Err(e) => panic!("open: {e}"),
+        };
+        assert!(s.is_direct());
+        assert_eq!(s.len(), 3 * PAGE_SIZE as u64);
+        let mut page = Box::new(AlignedPage([0x5A; PAGE_SIZE]));
+        s.write(PAGE_SIZE as u64, &page.0).unwrap();
+        // The final partial page: written whole, then the file is trimmed.
+        s.write(2 * PAGE_SIZE as u64, &page.0).unwrap();
+        assert_eq!(
+            std::fs::metadata(&p.0).unwrap().len(),
+            2 * PAGE_SIZE as u64 + 100
+        );
+        page.0.fill(0);
+        s.read(PAGE_SIZE as u64, &mut page.0).unwrap();
+        assert!(page.0.iter().all(|&b| b == 0x5A));
+        s.read(2 * PAGE_SIZE as u64, &mut page.0).unwrap();
+        assert!(page.0[..100].iter().all(|&b| b == 0x5A));
+        assert!(page.0[100..].iter().all(|&b| b == 0));
+
+        // Misaligned buffers are refused.
+        let mut big = Box::new([AlignedPage([0; PAGE_SIZE]), AlignedPage([0; PAGE_SIZE])]);
+        // SAFETY: the two pages are contiguous (an array of a repr(C) type
+        // whose size equals its alignment), so this is a valid byte view.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(big.as_mut_ptr().cast::<u8>(), 2 * PAGE_SIZE) };
+        assert_eq!(
+            s.read(0, &mut bytes[1..PAGE_SIZE + 1]),
+            Err(StoreError(libc::EINVAL))
+        );
+        assert_eq!(
+            s.write(0, &bytes[8..PAGE_SIZE + 8]),
+            Err(StoreError(libc::EINVAL))
+        );
+    }
+}

@@ -1,1 +1,250 @@
-//! TODO(helper)
+//! An in-memory store, allocated up front as an anonymous mapping so that
+//! pages never written cost nothing.
+
+use super::zero::{in_bounds, round_up_to_page};
+use super::{Store, StoreError};
+use crate::sys::mem::Mapping;
+
+/// A store held in memory: `read` and `write` are plain memcpys.
+///
+/// The contents live in a private anonymous mapping (`MAP_NORESERVE`), so
+/// untouched pages are never allocated. Nothing in `read`/`write` allocates
+/// or locks, so both are async-signal-safe.
+#[derive(Debug)]
+pub struct MemoryStore {
+    /// `None` only for an empty store (mmap refuses zero lengths).
+    map: Option<Mapping>,
+    len: u64,
+    writable: bool,
+}
+
+impl MemoryStore {
+    /// A zero-filled, writable store of `len_bytes`, rounded up to whole
+    /// pages.
+    pub fn new(len_bytes: u64) -> Result<Self, StoreError> {
+        let len = round_up_to_page(len_bytes);
+        let map = if len == 0 {
+            None
+        } else {
+            let n = usize::try_from(len).map_err(|_| StoreError(libc::ENOMEM))?;
+            Some(Mapping::anonymous(n).map_err(StoreError)?)
+        };
+        Ok(MemoryStore {
+            map,
+            len,
+            writable: true,
+        })
+    }
+
+    /// A writable store holding a copy of `data`; the length is rounded up to
+    /// whole pages and the tail zero-padded.
+    pub fn from_bytes(data: &[u8]) -> Result<Self, StoreError> {
+        let s = Self::new(data.len() as u64)?;
+        if !data.is_empty() {
+            // SAFETY: the mapping is at least `data.len()` bytes, freshly
+            // created and not yet shared, and cannot overlap `data`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), s.base(), data.len());
+            }
+        }
+        Ok(s)
+    }
+
+    /// A read-only store holding a copy of `data` (zero-padded to whole
+    /// pages); writes return `EROFS`.
+    pub fn read_only(data: &[u8]) -> Result<Self, StoreError> {
+        Ok(Self::from_bytes(data)?.with_writable(false))
+    }
+
+    /// Sets whether [`Store::write`] is accepted.
+    pub fn with_writable(mut self, writable: bool) -> Self {
+        self.writable = writable;
+        self
+    }
+
+    /// A copy of the whole contents. Allocates; for tests and reports. Must
+    /// not race with writes (the result could be torn).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let n = self.len as usize;
+        let mut out = vec![0u8; n];
+        if n != 0 {
+            // SAFETY: the mapping holds `n` readable bytes; `out` is a fresh,
+            // distinct allocation of `n` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(self.base(), out.as_mut_ptr(), n) };
+        }
+        out
+    }
+
+    /// Start of the mapping (dangling for an empty store, never dereferenced
+    /// then).
+    #[inline]
+    fn base(&self) -> *mut u8 {
+        match &self.map {
+            Some(m) => m.addr() as *mut u8,
+            None => std::ptr::NonNull::dangling().as_ptr(),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if !in_bounds(offset, buf.len(), self.len) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `[offset, offset + buf.len())` is within the mapping (checked
+        // above), which lives as long as `self`, and `buf` is a distinct
+        // caller-owned buffer, so the ranges do not overlap. The mapping is
+        // not borrowed as a Rust reference anywhere: it is only ever touched
+        // by these raw copies. Concurrent calls on *distinct* pages touch
+        // disjoint bytes; the engine's page lock serialises calls on the same
+        // page (see the `Store` contract), so no bytes are read while being
+        // written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base().add(offset as usize),
+                buf.as_mut_ptr(),
+                buf.len(),
+            );
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        if !self.writable {
+            return Err(StoreError(libc::EROFS));
+        }
+        if !in_bounds(offset, buf.len(), self.len) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above; the mapping is writable and outlives
+        // the call; `buf` is a distinct caller-owned buffer. Writing through
+        // `&self` is sound because the contents are never exposed as Rust
+        // references, only through raw copies, and the engine serialises
+        // calls per page while calls on distinct pages touch disjoint bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                buf.as_ptr(),
+                self.base().add(offset as usize),
+                buf.len(),
+            );
+        }
+        Ok(())
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::PAGE_SIZE;
+    use std::sync::Arc;
+
+    #[test]
+    fn round_trip() {
+        let s = MemoryStore::new(4 * PAGE_SIZE as u64).unwrap();
+        assert_eq!(s.len(), 4 * PAGE_SIZE as u64);
+        assert!(s.writable());
+        assert_eq!(s.name(), "memory");
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect();
+        s.write(2 * PAGE_SIZE as u64, &page).unwrap();
+        let mut back = vec![0u8; PAGE_SIZE];
+        s.read(2 * PAGE_SIZE as u64, &mut back).unwrap();
+        assert_eq!(back, page);
+        // Untouched pages read as zeros.
+        s.read(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        let snap = s.snapshot();
+        assert_eq!(snap.len(), 4 * PAGE_SIZE);
+        assert_eq!(&snap[2 * PAGE_SIZE..3 * PAGE_SIZE], &page[..]);
+    }
+
+    #[test]
+    fn from_bytes_pads_to_pages() {
+        let data: Vec<u8> = (0..PAGE_SIZE + 10).map(|i| i as u8 | 1).collect();
+        let s = MemoryStore::from_bytes(&data).unwrap();
+        assert_eq!(s.len(), 2 * PAGE_SIZE as u64);
+        let snap = s.snapshot();
+        assert_eq!(&snap[..data.len()], &data[..]);
+        assert!(snap[data.len()..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn read_only_refuses_writes() {
+        let s = MemoryStore::read_only(b"hello").unwrap();
+        assert!(!s.writable());
+        let page = vec![1u8; PAGE_SIZE];
+        assert_eq!(s.write(0, &page), Err(StoreError(libc::EROFS)));
+        let mut back = vec![0u8; PAGE_SIZE];
+        s.read(0, &mut back).unwrap();
+        assert_eq!(&back[..5], b"hello");
+    }
+
+    #[test]
+    fn out_of_bounds_is_einval() {
+        let s = MemoryStore::new(PAGE_SIZE as u64).unwrap();
+        let mut buf = vec![0u8; PAGE_SIZE];
+        assert_eq!(
+            s.read(PAGE_SIZE as u64, &mut buf),
+            Err(StoreError(libc::EINVAL))
+        );
+        assert_eq!(s.write(1, &buf), Err(StoreError(libc::EINVAL)));
+        assert_eq!(s.read(u64::MAX, &mut buf), Err(StoreError(libc::EINVAL)));
+    }
+
+    #[test]
+    fn empty_store() {
+        let s = MemoryStore::new(0).unwrap();
+        assert!(s.is_empty());
+        assert!(s.snapshot().is_empty());
+        s.read(0, &mut []).unwrap();
+        s.write(0, &[]).unwrap();
+        let s = MemoryStore::from_bytes(&[]).unwrap();
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn concurrent_distinct_pages() {
+        let pages = 64u64;
+        let s = Arc::new(MemoryStore::new(pages * PAGE_SIZE as u64).unwrap());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || {
+                    let mut back = vec![0u8; PAGE_SIZE];
+                    for p in (t..pages).step_by(4) {
+                        let page = vec![p as u8 + 1; PAGE_SIZE];
+                        s.write(p * PAGE_SIZE as u64, &page).unwrap();
+                        s.read(p * PAGE_SIZE as u64, &mut back).unwrap();
+                        assert_eq!(back, page);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let snap = s.snapshot();
+        for p in 0..pages as usize {
+            assert!(snap[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+                .iter()
+                .all(|&b| b == p as u8 + 1));
+        }
+    }
+}

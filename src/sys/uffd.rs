@@ -7,6 +7,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 
+#[allow(missing_docs)]
 /// Feature bits of `struct uffdio_api` (include/uapi/linux/userfaultfd.h).
 pub mod feature {
     pub const PAGEFAULT_FLAG_WP: u64 = 1 << 0;
@@ -49,6 +50,7 @@ pub mod feature {
     ];
 }
 
+#[allow(missing_docs)]
 /// ioctl numbers (`_UFFDIO_*`), as bit positions in `uffdio_api.ioctls`.
 pub mod nr {
     pub const REGISTER: u32 = 0x00;
@@ -77,6 +79,7 @@ pub mod nr {
     ];
 }
 
+#[allow(missing_docs)]
 /// `UFFDIO_REGISTER_MODE_*`.
 pub mod mode {
     pub const MISSING: u64 = 1 << 0;
@@ -84,6 +87,7 @@ pub mod mode {
     pub const MINOR: u64 = 1 << 2;
 }
 
+#[allow(missing_docs)]
 /// `UFFD_PAGEFAULT_FLAG_*` in a fault message.
 pub mod fault_flag {
     pub const WRITE: u64 = 1 << 0;
@@ -167,6 +171,7 @@ struct PoisonArg {
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct Msg {
+    /// `UFFD_EVENT_*`.
     pub event: u8,
     _reserved1: u8,
     _reserved2: u16,
@@ -437,7 +442,12 @@ pub struct Grants {
 /// Opens a raw descriptor (syscall, not /dev/userfaultfd) and probes it.
 /// Returns the errno of the syscall if it is refused.
 pub fn probe_api(user_mode_only: bool) -> Result<Grants, i32> {
-    let flags = libc::O_CLOEXEC | if user_mode_only { UFFD_USER_MODE_ONLY } else { 0 };
+    let flags = libc::O_CLOEXEC
+        | if user_mode_only {
+            UFFD_USER_MODE_ONLY
+        } else {
+            0
+        };
     // SAFETY: plain syscall; returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
     if fd < 0 {
@@ -465,14 +475,8 @@ mod tests {
     #[test]
     fn ioctl_numbers_match_the_uapi_header() {
         // Values from <linux/userfaultfd.h> on x86-64.
-        assert_eq!(
-            iowr(nr::API, std::mem::size_of::<ApiArg>()),
-            0xc018_aa3f
-        );
-        assert_eq!(
-            iowr(nr::COPY, std::mem::size_of::<CopyArg>()),
-            0xc028_aa03
-        );
+        assert_eq!(iowr(nr::API, std::mem::size_of::<ApiArg>()), 0xc018_aa3f);
+        assert_eq!(iowr(nr::COPY, std::mem::size_of::<CopyArg>()), 0xc028_aa03);
         assert_eq!(
             iowr(nr::CONTINUE, std::mem::size_of::<ContinueArg>()),
             0xc020_aa07

@@ -1,0 +1,222 @@
+//! The address space: the engine's `mm_struct`. One per pager.
+//!
+//! It holds the global lock (`mmap_lock`), the region table (read locklessly
+//! through [`Rcu`], as the kernel reads its maple tree under RCU), the
+//! userfaultfd descriptor, the policy and the counters.
+
+use crate::delivery::Delivery;
+use crate::fault::Policy;
+use crate::stats::{Counter, Counters, Stats};
+use crate::sync::global_lock::GlobalLock;
+use crate::sync::rcu::Rcu;
+use crate::sync::region_lock::TryReadError;
+use crate::sys::uffd::Uffd;
+use crate::vma::Vma;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+/// Per-pager settings fixed at build time.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What the fault driver does after a RETRY.
+    pub policy: Policy,
+    /// How faults reach the engine.
+    pub delivery: Delivery,
+    /// Store read attempts before a page is poisoned.
+    pub read_attempts: u32,
+    /// Memory budget in pages (0: unlimited).
+    pub budget_pages: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            policy: Policy::default(),
+            delivery: Delivery::default(),
+            read_attempts: 3,
+            budget_pages: 0,
+        }
+    }
+}
+
+/// The region table: regions sorted by start, plus ranges being torn down
+/// (still registered with userfaultfd, no longer mapped by a region).
+#[derive(Debug, Default, Clone)]
+pub struct Table {
+    /// Live regions, sorted by `start`.
+    pub vmas: Vec<Arc<Vma>>,
+    /// Ranges being unmapped: faults there get SIGSEGV semantics.
+    pub dying: Vec<(usize, usize)>,
+}
+
+impl Table {
+    /// The region containing `addr`.
+    #[inline]
+    pub fn find(&self, addr: usize) -> Option<&Arc<Vma>> {
+        let i = self.vmas.partition_point(|v| v.start <= addr);
+        let v = self.vmas.get(i.checked_sub(1)?)?;
+        v.contains(addr).then_some(v)
+    }
+
+    /// Whether `addr` belongs to this address space (a region or a range
+    /// being torn down).
+    pub fn claims(&self, addr: usize) -> bool {
+        self.find(addr).is_some() || self.dying.iter().any(|&(s, e)| addr >= s && addr < e)
+    }
+
+    /// Whether `[start, end)` overlaps a region.
+    pub fn overlaps(&self, start: usize, end: usize) -> bool {
+        self.vmas.iter().any(|v| v.start < end && start < v.end)
+    }
+}
+
+/// Why a lockless lookup gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupFail {
+    /// No region, write-locked, or out of range: go to the global lock.
+    Abort,
+}
+
+/// A region read-locked by a lockless lookup; unlocks on drop.
+#[derive(Debug)]
+pub struct VmaReadGuard<'a> {
+    vma: &'a Vma,
+}
+
+impl std::ops::Deref for VmaReadGuard<'_> {
+    type Target = Vma;
+    fn deref(&self) -> &Vma {
+        self.vma
+    }
+}
+
+impl Drop for VmaReadGuard<'_> {
+    fn drop(&mut self) {
+        self.vma.lock.read_unlock();
+    }
+}
+
+/// The address space. See the module docs.
+#[derive(Debug)]
+pub struct Mm {
+    /// The global lock (`mmap_lock`).
+    pub lock: GlobalLock,
+    /// The region table.
+    pub table: Rcu<Table>,
+    /// The userfaultfd every region of this address space is registered with.
+    pub uffd: Uffd,
+    /// Settings.
+    pub config: Config,
+    /// Event counters.
+    pub counters: Counters,
+    /// Pages cached or installed now.
+    pub resident: AtomicU64,
+    /// Highest `resident` seen.
+    pub peak_resident: AtomicU64,
+}
+
+impl Mm {
+    /// A new, empty address space over `uffd`.
+    pub fn new(uffd: Uffd, config: Config) -> Mm {
+        Mm {
+            lock: GlobalLock::new(),
+            table: Rcu::new(Table::default()),
+            uffd,
+            config,
+            counters: Counters::default(),
+            resident: AtomicU64::new(0),
+            peak_resident: AtomicU64::new(0),
+        }
+    }
+
+    /// `lock_vma_under_rcu`: finds the region of `addr` without the global
+    /// lock and read-locks it. A region found detached is counted
+    /// (`VMA_LOCK_MISS`) and the lookup repeated. Async-signal-safe.
+    #[inline]
+    pub fn lock_vma_under_rcu(&self, addr: usize) -> Result<VmaReadGuard<'_>, LookupFail> {
+        loop {
+            let r = self.table.read(|t| {
+                let v = t.find(addr).ok_or(TryReadError::WriteLocked)?;
+                crate::inject::after_lookup(v);
+                v.lock.try_read()?;
+                if !v.contains(addr) {
+                    v.lock.read_unlock();
+                    return Err(TryReadError::WriteLocked);
+                }
+                Ok(Arc::as_ptr(v))
+            });
+            match r {
+                // SAFETY: the region is read-locked; a writer must write-lock
+                // it (waiting for us) before it can be detached and freed, so
+                // the pointer stays valid for the guard's life, which is tied
+                // to `&self` (the table's owner).
+                Ok(p) => {
+                    return Ok(VmaReadGuard {
+                        vma: unsafe { &*p },
+                    })
+                }
+                Err(TryReadError::Detached) => {
+                    self.counters.inc(Counter::VMA_LOCK_MISS);
+                    std::hint::spin_loop();
+                }
+                Err(TryReadError::WriteLocked) => return Err(LookupFail::Abort),
+            }
+        }
+    }
+
+    /// Finds the region of `addr` while the caller holds the global lock
+    /// (read or write), which keeps the region alive.
+    #[inline]
+    pub fn find_vma_locked(&self, addr: usize) -> Option<&Vma> {
+        // SAFETY: with the global lock held no writer can change the table,
+        // so the snapshot and its regions outlive the caller's lock guard,
+        // which borrows `self` as we do.
+        self.table
+            .read(|t| t.find(addr).map(Arc::as_ptr))
+            .map(|p| unsafe { &*p })
+    }
+
+    /// Whether `addr` is this address space's (a region or a dying range).
+    pub fn claims(&self, addr: usize) -> bool {
+        self.table.read(|t| t.claims(addr))
+    }
+
+    /// Charges `n` pages to the resident count.
+    #[inline]
+    pub fn charge(&self, n: u64) {
+        let now = self.resident.fetch_add(n, Relaxed) + n;
+        self.peak_resident.fetch_max(now, Relaxed);
+    }
+
+    /// A page of `obj` became resident (cached or installed): the LRU add
+    /// hook. Async-signal-safe.
+    #[inline]
+    pub fn page_cached(&self, obj: &crate::object::Object, i: usize) {
+        let _ = (obj, i);
+    }
+
+    /// Uncharges `n` pages.
+    #[inline]
+    pub fn uncharge(&self, n: u64) {
+        self.resident.fetch_sub(n, Relaxed);
+    }
+
+    /// A statistics snapshot.
+    pub fn stats(&self) -> Stats {
+        Stats::capture(
+            &self.counters,
+            self.lock.contention(),
+            self.resident.load(Relaxed),
+            self.peak_resident.load(Relaxed),
+            self.config.budget_pages,
+        )
+    }
+
+    /// Zeroes counters, lock statistics and the peak.
+    pub fn reset_stats(&self) {
+        self.counters.reset();
+        self.lock.reset_counters();
+        self.peak_resident
+            .store(self.resident.load(Relaxed), Relaxed);
+    }
+}

@@ -1,0 +1,101 @@
+//! Fault delivery: how a fault reaches the engine.
+//!
+//! - **In-thread** ([`sigbus`]): userfaultfd's SIGBUS feature. The faulting
+//!   thread runs the fault path itself in its signal handler, as the kernel
+//!   runs it in the faulting task. No thread hop, no wake-up. Faults taken
+//!   inside syscalls fail with EFAULT (see [`crate::Region::prefault`]).
+//! - **Handler threads** ([`threads`]): a pool reads fault messages from the
+//!   descriptor and resolves them. Serves faults taken inside syscalls too,
+//!   when the descriptor is not user-mode-only.
+
+pub mod sigbus;
+pub mod threads;
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How faults reach the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// The faulting thread handles its own fault (UFFD_FEATURE_SIGBUS).
+    #[default]
+    InThread,
+    /// A pool of handler threads reads fault messages.
+    Threads {
+        /// Handler threads.
+        threads: usize,
+        /// Microseconds to poll the descriptor before blocking (0: block at once).
+        spin_us: u32,
+    },
+}
+
+impl Delivery {
+    /// Whether faults are handled in the faulting thread.
+    pub fn is_in_thread(&self) -> bool {
+        matches!(self, Delivery::InThread)
+    }
+}
+
+impl fmt::Display for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Delivery::InThread => f.write_str("in-thread"),
+            Delivery::Threads { threads, spin_us } => {
+                write!(f, "threads:{threads}")?;
+                if *spin_us > 0 {
+                    write!(f, ":spin{spin_us}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Parses `in-thread` (or `sigbus`), `threads`, `threads:N`, `threads:N:spinUS`.
+impl FromStr for Delivery {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("bad delivery {s:?} (in-thread, threads[:N[:spinUS]])");
+        let mut it = s.split(':');
+        match it.next() {
+            Some("in-thread") | Some("sigbus") if s.find(':').is_none() => Ok(Delivery::InThread),
+            Some("threads") => {
+                let threads = match it.next() {
+                    None => 1,
+                    Some(n) => n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?,
+                };
+                let spin_us = match it.next() {
+                    None => 0,
+                    Some(x) => x
+                        .strip_prefix("spin")
+                        .and_then(|v| v.parse().ok())
+                        .ok_or_else(bad)?,
+                };
+                if it.next().is_some() {
+                    return Err(bad());
+                }
+                Ok(Delivery::Threads { threads, spin_us })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse() {
+        assert_eq!("in-thread".parse(), Ok(Delivery::InThread));
+        assert_eq!(
+            "threads:2:spin50".parse(),
+            Ok(Delivery::Threads {
+                threads: 2,
+                spin_us: 50
+            })
+        );
+        assert!("threads:0".parse::<Delivery>().is_err());
+        assert!("bogus".parse::<Delivery>().is_err());
+    }
+}

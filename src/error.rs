@@ -1,0 +1,82 @@
+//! The engine's error type.
+
+use crate::store::StoreError;
+
+/// Everything the engine's API can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A length was zero.
+    #[error("length must be non-zero")]
+    ZeroLength,
+    /// A length, address or offset was not page-aligned.
+    #[error("{what} {value:#x} is not a multiple of the page size (4096)")]
+    Unaligned {
+        /// What was misaligned.
+        what: &'static str,
+        /// The value given.
+        value: usize,
+    },
+    /// A fixed address overlaps an existing mapping or region.
+    #[error("range {addr:#x}+{len:#x} overlaps an existing mapping")]
+    Overlap {
+        /// Requested start.
+        addr: usize,
+        /// Requested length.
+        len: usize,
+    },
+    /// The backing file is shorter than the region.
+    #[error("file is {file_len} bytes, shorter than the region's {needed} bytes")]
+    FileTooShort {
+        /// File length in bytes.
+        file_len: u64,
+        /// Bytes the region needs.
+        needed: u64,
+    },
+    /// A read-only file or store was mapped writable.
+    #[error("the backing store is read-only but the region was requested writable")]
+    ReadOnlyStore,
+    /// A range is outside the region.
+    #[error("range {offset:#x}+{len:#x} is outside the region of {region_len:#x} bytes")]
+    OutOfRange {
+        /// Offset into the region.
+        offset: usize,
+        /// Length.
+        len: usize,
+        /// The region's length.
+        region_len: usize,
+    },
+    /// The kernel lacks something this configuration needs.
+    #[error("unsupported by this kernel or process: {0}")]
+    Unsupported(String),
+    /// A system call failed.
+    #[error("{op} failed: {}", std::io::Error::from_raw_os_error(*.errno))]
+    Sys {
+        /// The operation.
+        op: &'static str,
+        /// errno.
+        errno: i32,
+    },
+    /// An I/O error outside the fault path (opening files, flushing).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A store operation failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The builder was given an inconsistent configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// `Result<T, Error>`.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn sys(op: &'static str, errno: i32) -> Error {
+        Error::Sys { op, errno }
+    }
+}

@@ -1,0 +1,166 @@
+//! One fault attempt, `attempt(lock, tried)`: steps 1-5 of
+//! `kernel-model.md`.
+
+use super::install::{install, poison};
+use super::load::{load, LoadResult};
+use super::{Fault, LockKind, Outcome};
+use crate::address_space::{Mm, VmaReadGuard};
+use crate::object::Object;
+use crate::page_cache::{PageState, LOCKED, MAPPED, POISONED, REFERENCED, SWAPPED, UPTODATE};
+use crate::stats::Counter::*;
+use crate::sync::global_lock::ReadGuard;
+use crate::vma::Vma;
+use std::sync::atomic::Ordering::*;
+
+/// The lock an attempt holds; dropping it releases the lock.
+enum Held<'a> {
+    Region(VmaReadGuard<'a>),
+    Global(#[allow(dead_code)] ReadGuard<'a>, &'a Vma),
+}
+
+impl Held<'_> {
+    fn vma(&self) -> &Vma {
+        match self {
+            Held::Region(g) => g,
+            Held::Global(_, v) => v,
+        }
+    }
+}
+
+/// Runs one attempt for `f` under `lock`.
+pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
+    // Step 1: find the region and take the lock.
+    let held = match lock {
+        LockKind::Region => match mm.lock_vma_under_rcu(f.addr) {
+            Ok(g) => Held::Region(g),
+            Err(_) => return Outcome::Abort,
+        },
+        LockKind::Global => {
+            let g = mm.lock.read();
+            match mm.find_vma_locked(f.addr) {
+                Some(v) => Held::Global(g, v),
+                None => return Outcome::Segv,
+            }
+        }
+    };
+    let vma = held.vma();
+    let obj = &*vma.object;
+
+    // Step 2: work that needs the global lock (`__vmf_anon_prepare`).
+    if obj.zero_fill && !vma.anon_prepared.load(Acquire) {
+        match &held {
+            Held::Region(_) => match mm.lock.try_read() {
+                Some(_g) => vma.anon_prepared.store(true, Release),
+                None => return Outcome::Retry { major: false },
+            },
+            Held::Global(..) => vma.anon_prepared.store(true, Release),
+        }
+    }
+
+    let i = vma.page_index(f.addr);
+    loop {
+        let w = obj.cache.load(i);
+        if w & POISONED != 0 {
+            return poison(mm, vma, i);
+        }
+        if w & LOCKED != 0 {
+            // Step 4: someone else's I/O, install or eviction.
+            let uptodate = w & UPTODATE != 0;
+            if f.tried || (uptodate && mm.config.policy.uptodate_no_retry) {
+                obj.cache.wait_unlocked(i);
+                continue;
+            }
+            let pin = obj.pin();
+            drop(held);
+            pin.cache.wait_unlocked(i);
+            mm.counters.inc(RETRY_MMAP_DROP);
+            return Outcome::Retry { major: false };
+        }
+        match PageState::of(w) {
+            // Already present: a racing faulter installed it.
+            PageState::Installed => return Outcome::Done,
+            // Step 3: cached: install it.
+            PageState::Cached => {
+                if obj.cache.try_lock(i).is_err() {
+                    continue;
+                }
+                if obj.cache.load(i) & (UPTODATE | MAPPED) != UPTODATE {
+                    obj.cache.unlock(i, 0, 0);
+                    continue;
+                }
+                return finish_install(mm, vma, f, i, false);
+            }
+            PageState::Loading => unreachable!("Loading always has LOCKED"),
+            PageState::Absent => {}
+        }
+
+        // Absent.
+        if f.tried {
+            mm.counters.inc(RETRY_IO_MISS);
+        }
+        let Ok(prev) = obj.cache.try_lock(i) else {
+            continue;
+        };
+        if prev & (UPTODATE | POISONED) != 0 {
+            obj.cache.unlock(i, 0, 0);
+            continue;
+        }
+        mm.charge(1);
+
+        // An anonymous page never written back: a minor zero-page fault.
+        if obj.zero_fill && prev & SWAPPED == 0 {
+            return finish_install(mm, vma, f, i, true);
+        }
+
+        // Step 5: a major fault.
+        f.major = true;
+        if !f.tried {
+            let pin = obj.pin();
+            drop(held);
+            let r = load(mm, &pin, i);
+            pin.cache.unlock(i, loaded_bits(r), 0);
+            if r == LoadResult::Failed {
+                mm.uncharge(1);
+            } else {
+                mm.page_cached(&pin, i);
+            }
+            mm.counters.inc(RETRY_MMAP_DROP);
+            return Outcome::Retry { major: true };
+        }
+        match load(mm, obj, i) {
+            LoadResult::Ok => return finish_install(mm, vma, f, i, false),
+            LoadResult::Failed => {
+                obj.cache.unlock(i, POISONED, 0);
+                mm.uncharge(1);
+                return poison(mm, vma, i);
+            }
+        }
+    }
+}
+
+fn loaded_bits(r: LoadResult) -> u32 {
+    match r {
+        LoadResult::Ok => UPTODATE,
+        LoadResult::Failed => POISONED,
+    }
+}
+
+/// Installs locked page `i` and unlocks it as Installed.
+fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool) -> Outcome {
+    let obj: &Object = &vma.object;
+    match install(mm, vma, i, zero, f.write) {
+        Ok(()) => {
+            obj.cache.unlock(i, UPTODATE | MAPPED | REFERENCED, 0);
+            if zero {
+                mm.page_cached(obj, i);
+            }
+            Outcome::Done
+        }
+        Err(_) => {
+            // The kernel refused the install (it should not): leave the page
+            // cached and report SIGBUS rather than loop.
+            obj.cache.unlock(i, 0, 0);
+            Outcome::Bus
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The fault driver: region attempt, retry per policy, global fallback.
+//! Reads top to bottom like `do_user_addr_fault`.
+
+use super::attempt::attempt;
+use super::{Fault, LockKind, Outcome, PolicyKind, Resolution};
+use crate::address_space::Mm;
+use crate::stats::Counter::*;
+use crate::sys::now_ns;
+
+/// Handles one fault at `addr` in `mm` to completion. Async-signal-safe.
+pub fn handle_fault(mm: &Mm, addr: usize, write: bool) -> Resolution {
+    let t0 = now_ns();
+    let c = &mm.counters;
+    c.inc(PGFAULT);
+    let mut f = Fault::new(addr, write);
+    let policy = mm.config.policy.kind;
+
+    let out = 'done: {
+        if policy == PolicyKind::GlobalOnly {
+            break 'done global(mm, &mut f);
+        }
+        // Lockless lookup and the first attempt under the region lock.
+        let regions = if matches!(policy, PolicyKind::Vanilla) {
+            1
+        } else {
+            2
+        };
+        for n in 0..regions {
+            match attempt(mm, &mut f, LockKind::Region) {
+                Outcome::Retry { major } => {
+                    c.inc(VMA_LOCK_RETRY);
+                    // FAULT_FLAG_TRIED after a major retry; P2 sets it on
+                    // the second region attempt regardless.
+                    f.tried |= major || (policy == PolicyKind::RetryOnceTried && n == 0);
+                }
+                Outcome::Abort => {
+                    c.inc(VMA_LOCK_ABORT);
+                    break;
+                }
+                done => {
+                    c.inc(VMA_LOCK_SUCCESS);
+                    break 'done done;
+                }
+            }
+        }
+        // Fall back to the global lock.
+        global(mm, &mut f)
+    };
+
+    if f.major {
+        c.inc(PGMAJFAULT);
+    }
+    c.fault_latency.record(now_ns() - t0);
+    match out {
+        Outcome::Done => Resolution::Resolved,
+        Outcome::Bus => Resolution::Bus,
+        // Abort and Retry never leave `global`.
+        Outcome::Segv | Outcome::Abort | Outcome::Retry { .. } => {
+            c.inc(SEGV);
+            Resolution::Segv
+        }
+    }
+}
+
+/// Attempts under the global lock until one completes; a RETRY sets
+/// `tried` (the mmap_lock path's `FAULT_FLAG_TRIED`).
+fn global(mm: &Mm, f: &mut Fault) -> Outcome {
+    loop {
+        match attempt(mm, f, LockKind::Global) {
+            Outcome::Retry { .. } => f.tried = true,
+            out => return out,
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Installing a cached page into the user's mapping, and poisoning.
+
+use super::Outcome;
+use crate::address_space::Mm;
+use crate::object::InstallKind;
+use crate::stats::Counter::*;
+use crate::sys::uffd::MODE_DONTWAKE;
+use crate::sys::PAGE_SIZE;
+use crate::vma::Vma;
+
+#[repr(C, align(4096))]
+struct ZeroPage([u8; PAGE_SIZE]);
+static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
+
+/// Installs object page `i` at its address in `vma`. `zero`: an anonymous
+/// page that was never written back (UFFDIO_ZEROPAGE for a read, a copy of
+/// zeros for a write so the write needs no second fault). Never wakes:
+/// the delivery layer wakes waiters once per batch.
+pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<(), i32> {
+    let addr = vma.addr_of(i);
+    let obj = &vma.object;
+    let r = match (obj.kind, zero) {
+        (InstallKind::Shared, _) => mm.uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE),
+        (InstallKind::Anonymous, true) if !write => {
+            mm.uffd.zeropage(addr, PAGE_SIZE, MODE_DONTWAKE)
+        }
+        (InstallKind::Anonymous, true) => mm.uffd.copy(
+            addr,
+            ZERO_PAGE.0.as_ptr() as usize,
+            PAGE_SIZE,
+            MODE_DONTWAKE,
+        ),
+        (InstallKind::Anonymous, false) => {
+            mm.uffd
+                .copy(addr, obj.data(i) as usize, PAGE_SIZE, MODE_DONTWAKE)
+        }
+    };
+    match r {
+        Ok(_) | Err(libc::EEXIST) => {
+            mm.counters.inc(PGINSTALL);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Marks the user page of object page `i` poisoned (UFFDIO_POISON), so the
+/// access gets SIGBUS (EFAULT in a syscall), and reports it.
+pub(super) fn poison(mm: &Mm, vma: &Vma, i: usize) -> Outcome {
+    match mm.uffd.poison(vma.addr_of(i), PAGE_SIZE, MODE_DONTWAKE) {
+        Ok(_) => mm.counters.inc(POISONED),
+        // Already poisoned by an earlier fault.
+        Err(libc::EEXIST) => {}
+        Err(_) => {}
+    }
+    Outcome::Bus
+}

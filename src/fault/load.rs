@@ -1,0 +1,34 @@
+//! Reading a page from the store into the page cache.
+
+use crate::address_space::Mm;
+use crate::object::Object;
+use crate::stats::Counter::*;
+use crate::sys::PAGE_SIZE;
+
+/// How a load ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LoadResult {
+    /// The page's contents are in the cache.
+    Ok,
+    /// Every read attempt failed.
+    Failed,
+}
+
+/// Reads page `i` of `obj` from its store into the cache, retrying up to the
+/// configured number of attempts. The caller holds the page lock.
+pub(super) fn load(mm: &Mm, obj: &Object, i: usize) -> LoadResult {
+    let attempts = mm.config.read_attempts.max(1);
+    for _ in 0..attempts {
+        // SAFETY: the caller holds page `i`'s lock and the page is not
+        // installed, so nobody else reads or writes its cached contents.
+        let buf = unsafe { obj.page_mut(i) };
+        match obj.store.read((i * PAGE_SIZE) as u64, buf) {
+            Ok(()) => {
+                mm.counters.inc(PGREAD);
+                return LoadResult::Ok;
+            }
+            Err(_) => mm.counters.inc(IO_ERROR),
+        }
+    }
+    LoadResult::Failed
+}

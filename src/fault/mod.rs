@@ -1,0 +1,189 @@
+//! The fault path: one [`Fault`] value flows through the driver
+//! ([`handle_fault`]) into attempts ([`attempt`]) that consult the page
+//! cache, read the store and install the page.
+//!
+//! ```text
+//! delivery ─► handle_fault ─► attempt(Region) ─► page cache / store ─► install
+//!                 │  RETRY / abort (per policy)
+//!                 └─────────► attempt(Global) ─► …
+//! ```
+
+mod attempt;
+mod driver;
+mod install;
+mod load;
+
+pub use driver::handle_fault;
+
+use std::fmt;
+use std::str::FromStr;
+
+/// What the driver does after a region attempt returns RETRY (see
+/// `kernel-model.md`, "The driver").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    /// Every attempt under the global lock (kernels before 6.4).
+    GlobalOnly,
+    /// Region attempt, then global attempts on RETRY (mainline today).
+    Vanilla,
+    /// One more region attempt on RETRY (`tried` only if the first was
+    /// major), then the global lock (P1 in seed 004).
+    RetryOnce,
+    /// As `RetryOnce`, but the second region attempt always has `tried`
+    /// set (P2 in seed 004; breaks major-fault accounting).
+    RetryOnceTried,
+}
+
+impl PolicyKind {
+    /// Every policy, in report order.
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::GlobalOnly,
+        PolicyKind::Vanilla,
+        PolicyKind::RetryOnce,
+        PolicyKind::RetryOnceTried,
+    ];
+
+    /// The CLI spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::GlobalOnly => "global-only",
+            PolicyKind::Vanilla => "vanilla",
+            PolicyKind::RetryOnce => "retry-once",
+            PolicyKind::RetryOnceTried => "retry-once-tried",
+        }
+    }
+}
+
+/// A fault-handling policy: the driver kind plus the `uptodate-no-retry`
+/// option (P3 in seed 004: a page that is up to date but locked by another
+/// faulter is waited for under the lock, without RETRY).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// The driver.
+    pub kind: PolicyKind,
+    /// The `uptodate-no-retry` option.
+    pub uptodate_no_retry: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            kind: PolicyKind::RetryOnce,
+            uptodate_no_retry: false,
+        }
+    }
+}
+
+impl Policy {
+    /// A policy without the option.
+    pub const fn new(kind: PolicyKind) -> Policy {
+        Policy {
+            kind,
+            uptodate_no_retry: false,
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kind.name())?;
+        if self.uptodate_no_retry {
+            f.write_str("+uptodate-no-retry")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `vanilla`, `retry-once`, `retry-once-tried`, `global-only`, each
+/// optionally followed by `+uptodate-no-retry`.
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (base, opt) = match s.split_once('+') {
+            Some((b, o)) => (b, Some(o)),
+            None => (s, None),
+        };
+        let kind = PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == base)
+            .ok_or_else(|| {
+                format!(
+                    "unknown policy {base:?} (global-only, vanilla, retry-once, retry-once-tried, \
+                     optionally +uptodate-no-retry)"
+                )
+            })?;
+        let uptodate_no_retry = match opt {
+            None => false,
+            Some("uptodate-no-retry") => true,
+            Some(o) => return Err(format!("unknown policy option {o:?} (uptodate-no-retry)")),
+        };
+        Ok(Policy {
+            kind,
+            uptodate_no_retry,
+        })
+    }
+}
+
+/// One fault as it flows through the driver: the kernel's `vm_fault` plus
+/// its `FAULT_FLAG_TRIED`.
+#[derive(Debug, Clone, Copy)]
+pub struct Fault {
+    /// Faulting address.
+    pub addr: usize,
+    /// A write access.
+    pub write: bool,
+    /// `FAULT_FLAG_TRIED`: the lock may be held across I/O and waits.
+    pub tried: bool,
+    /// This fault did store I/O (counted once in `PGMAJFAULT`).
+    pub major: bool,
+}
+
+impl Fault {
+    /// A fresh fault.
+    pub fn new(addr: usize, write: bool) -> Fault {
+        Fault {
+            addr,
+            write,
+            tried: false,
+            major: false,
+        }
+    }
+}
+
+/// The result of one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The page is installed (or was already).
+    Done,
+    /// The lock was dropped; try again. `major` if this attempt did I/O.
+    Retry {
+        /// The attempt did store I/O.
+        major: bool,
+    },
+    /// A region attempt could not start: go to the global lock.
+    Abort,
+    /// No region at the address.
+    Segv,
+    /// The page is poisoned (store read failed for good).
+    Bus,
+}
+
+/// What the delivery layer must do for the faulting thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The page is present: let the access run again.
+    Resolved,
+    /// SIGSEGV semantics: no region at the address.
+    Segv,
+    /// SIGBUS semantics: the page is poisoned.
+    Bus,
+}
+
+/// Which lock an attempt runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockKind {
+    /// The region (per-VMA) lock, found by lockless lookup.
+    Region,
+    /// The global lock, held for read.
+    Global,
+}

@@ -1,0 +1,253 @@
+//! Writers on the address space: map, unmap, remap, protect. Each takes the
+//! global lock for write and write-locks every region it touches, as the
+//! kernel's `mmap_write_lock` + `vma_start_write`.
+
+use crate::address_space::Mm;
+use crate::error::{Error, Result};
+use crate::object::{InstallKind, Object};
+use crate::page_cache::{MAPPED, UPTODATE};
+use crate::sys::mem::{mprotect, Mapping};
+use crate::sys::uffd::mode;
+use crate::sys::PAGE_SIZE;
+use crate::vma::Vma;
+use std::sync::Arc;
+
+fn register_mode(kind: InstallKind) -> u64 {
+    match kind {
+        InstallKind::Anonymous => mode::MISSING,
+        // MINOR catches pages present in the memfd but not mapped; MISSING
+        // catches holes (absent pages), which would otherwise be zero-filled
+        // by the kernel. Both are resolved by filling the memfd through the
+        // alias and UFFDIO_CONTINUE.
+        InstallKind::Shared => mode::MINOR | mode::MISSING,
+    }
+}
+
+/// Where a new mapping goes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement {
+    /// Exact address (must be free), or anywhere.
+    pub fixed: Option<usize>,
+}
+
+impl Mm {
+    /// Maps `len` bytes of `object` (from page 0) and registers the range.
+    pub fn map(
+        &self,
+        object: Arc<Object>,
+        len: usize,
+        writable: bool,
+        at: Placement,
+        pinned: bool,
+    ) -> Result<usize> {
+        let _w = self.lock.write();
+        let (hint, fixed) = at.fixed.map_or((0, false), |a| (a, true));
+        if fixed && self.table.read(|t| t.overlaps(hint, hint + len)) {
+            return Err(Error::Overlap { addr: hint, len });
+        }
+        let m = match object.kind {
+            InstallKind::Anonymous => Mapping::anonymous_at(hint, len, fixed),
+            InstallKind::Shared => {
+                let fd = object.memfd().expect("shared objects have a memfd").fd();
+                Mapping::shared(fd, len, hint, fixed)
+            }
+        }
+        .map_err(|e| match e {
+            libc::EEXIST => Error::Overlap { addr: hint, len },
+            e => Error::sys("mmap", e),
+        })?;
+        let start = m.addr();
+        if !writable {
+            mprotect(start, len, libc::PROT_READ).map_err(|e| Error::sys("mprotect", e))?;
+        }
+        self.uffd
+            .register(start, len, register_mode(object.kind))
+            .map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
+        let mut vma = Vma::new(start, len, 0, object, writable);
+        vma.pinned = pinned;
+        let vma = Arc::new(vma);
+        self.table.update(|t| {
+            let mut t = t.clone();
+            let i = t.vmas.partition_point(|v| v.start < start);
+            t.vmas.insert(i, vma.clone());
+            t
+        });
+        // The region now owns the range; unmap releases it.
+        let _ = m.into_raw();
+        Ok(start)
+    }
+
+    fn find_exact(&self, start: usize) -> Result<Arc<Vma>> {
+        self.table
+            .read(|t| t.find(start).filter(|v| v.start == start).cloned())
+            .ok_or(Error::Config(format!("no region starts at {start:#x}")))
+    }
+
+    /// Unmaps the region starting at `start`: detach, unregister, unmap,
+    /// write back (shared objects over writable stores) and free.
+    pub fn unmap(&self, start: usize) -> Result<()> {
+        let w = self.lock.write();
+        let vma = self.find_exact(start)?;
+        vma.lock.write_lock();
+        vma.lock.mark_detached();
+        let (s, e) = (vma.start, vma.end);
+        self.table.update(|t| {
+            let mut t = t.clone();
+            t.vmas.retain(|v| !Arc::ptr_eq(v, &vma));
+            t.dying.push((s, e));
+            t
+        });
+        crate::inject::after_detach(&vma);
+        let _ = self.uffd.unregister(s, e - s);
+        // SAFETY: the region owned this range since `map`/`remap`.
+        drop(unsafe { Mapping::from_raw(s, e - s) });
+        self.table.update(|t| {
+            let mut t = t.clone();
+            t.dying.retain(|&r| r != (s, e));
+            t
+        });
+        vma.lock.write_unlock();
+        drop(w);
+        let obj = vma.object.clone();
+        for i in vma.pages() {
+            obj.cache.update(i, 0, MAPPED);
+        }
+        drop(vma);
+        self.release_object(obj)
+    }
+
+    /// Drops a reference to `obj`; the last one writes dirty pages back,
+    /// uncharges its resident pages and frees it.
+    pub(crate) fn release_object(&self, obj: Arc<Object>) -> Result<()> {
+        obj.wait_unpinned();
+        if Arc::strong_count(&obj) > 1 {
+            return Ok(());
+        }
+        let r = self.writeback_object(&obj);
+        let mut resident = 0;
+        for i in 0..obj.npages() {
+            if obj.cache.load(i) & UPTODATE != 0 {
+                resident += 1;
+            }
+        }
+        self.uncharge(resident);
+        r
+    }
+
+    /// Writes every cached page of a shared object back to a writable store
+    /// (the msync analog, without dirty tracking: every page counts).
+    pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
+        if obj.kind != InstallKind::Shared || !obj.store.writable() {
+            return Ok(());
+        }
+        for i in 0..obj.npages() {
+            if obj.cache.load(i) & UPTODATE == 0 {
+                continue;
+            }
+            obj.cache.lock(i);
+            // SAFETY: we hold the page lock; the contents are read only.
+            let buf = unsafe { obj.page_mut(i) };
+            let r = obj.store.write((i * PAGE_SIZE) as u64, buf);
+            obj.cache.unlock(i, 0, 0);
+            r?;
+            self.counters.inc(crate::stats::Counter::WRITEBACK);
+        }
+        obj.store.sync()?;
+        Ok(())
+    }
+
+    /// Changes the protection of the region at `start`.
+    pub fn protect(&self, start: usize, writable: bool) -> Result<()> {
+        let _w = self.lock.write();
+        let vma = self.find_exact(start)?;
+        vma.lock.write_lock();
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let r = mprotect(vma.start, vma.len(), prot);
+        if r.is_ok() {
+            vma.writable
+                .store(writable, std::sync::atomic::Ordering::Release);
+        }
+        vma.lock.write_unlock();
+        r.map_err(|e| Error::sys("mprotect", e))
+    }
+
+    /// Grows, shrinks or moves the region at `start` to `new_len` bytes
+    /// (at `new_addr` if given). Returns the new start. The old region is
+    /// detached and a new one published, as the kernel replaces VMAs.
+    pub fn remap(&self, start: usize, new_len: usize, new_addr: Option<usize>) -> Result<usize> {
+        let _w = self.lock.write();
+        let old = self.find_exact(start)?;
+        let old_len = old.len();
+        let cap = (old.object.npages() - old.pgoff) * PAGE_SIZE;
+        if new_len > cap {
+            return Err(Error::OutOfRange {
+                offset: 0,
+                len: new_len,
+                region_len: cap,
+            });
+        }
+        if let Some(a) = new_addr {
+            if self.table.read(|t| {
+                t.vmas
+                    .iter()
+                    .any(|v| !Arc::ptr_eq(v, &old) && v.start < a + new_len && a < v.end)
+            }) {
+                return Err(Error::Overlap {
+                    addr: a,
+                    len: new_len,
+                });
+            }
+        }
+        old.lock.write_lock();
+        // Shrinking drops the tail's PTEs: those pages are no longer mapped.
+        if new_len < old_len {
+            for i in old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE {
+                old.object.cache.update(i, 0, MAPPED);
+            }
+        }
+        let flags = match new_addr {
+            Some(_) => libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            None if new_len > old_len => libc::MREMAP_MAYMOVE,
+            None => 0,
+        };
+        // SAFETY: remaps a range the region owns; with MREMAP_FIXED the
+        // target was checked free of regions (the kernel replaces whatever
+        // else is there, as mremap(2) documents).
+        let p = unsafe {
+            libc::mremap(
+                start as *mut libc::c_void,
+                old_len,
+                new_len,
+                flags,
+                new_addr.unwrap_or(0) as *mut libc::c_void,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            old.lock.write_unlock();
+            return Err(Error::sys("mremap", crate::sys::errno()));
+        }
+        let new_start = p as usize;
+        let new = Arc::new(old.resized(new_start, new_len));
+        new.lock.write_lock();
+        old.lock.mark_detached();
+        self.table.update(|t| {
+            let mut t = t.clone();
+            t.vmas.retain(|v| !Arc::ptr_eq(v, &old));
+            let i = t.vmas.partition_point(|v| v.start < new_start);
+            t.vmas.insert(i, new.clone());
+            t
+        });
+        // A moved or grown range may have lost (or lack) its registration.
+        let r = self
+            .uffd
+            .register(new_start, new_len, register_mode(new.object.kind));
+        old.lock.write_unlock();
+        new.lock.write_unlock();
+        r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
+        Ok(new_start)
+    }
+}

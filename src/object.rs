@@ -1,0 +1,200 @@
+//! Mapped objects: what a region maps (the kernel's `address_space` of a
+//! file, or the anonymous memory behind an `anon_vma`).
+//!
+//! An object owns its page cache (state words plus the pages' contents) and
+//! its backing store. The engine reads and writes cached contents through
+//! the object's own view, never through the user's mapping:
+//!
+//! - **Shared** objects (install kind [`InstallKind::Shared`]): a memfd is the
+//!   page cache. The engine fills pages through a private alias mapping of
+//!   it and installs them with UFFDIO_CONTINUE: zero copy.
+//! - **Anonymous** objects ([`InstallKind::Anonymous`]): an unregistered
+//!   private anonymous area holds cached contents; installs are UFFDIO_COPY
+//!   from it (or UFFDIO_ZEROPAGE for a page that was never swapped out).
+
+use crate::page_cache::PageCache;
+use crate::store::Store;
+use crate::sys::mem::{madvise, Mapping, Memfd};
+use crate::sys::PAGE_SIZE;
+use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::Arc;
+
+/// How a region's pages are installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstallKind {
+    /// Private anonymous memory, MISSING mode, UFFDIO_COPY / ZEROPAGE.
+    Anonymous,
+    /// memfd-backed shared mapping, MINOR mode, UFFDIO_CONTINUE (zero copy).
+    Shared,
+}
+
+impl std::str::FromStr for InstallKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "anon" | "anonymous" | "copy" => Ok(InstallKind::Anonymous),
+            "shared" | "memfd" | "minor" | "continue" => Ok(InstallKind::Shared),
+            _ => Err(format!("unknown install kind {s:?} (anonymous, shared)")),
+        }
+    }
+}
+
+impl std::fmt::Display for InstallKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            InstallKind::Anonymous => "anonymous",
+            InstallKind::Shared => "shared",
+        })
+    }
+}
+
+#[derive(Debug)]
+enum Backing {
+    Anonymous { area: Mapping },
+    Shared { memfd: Memfd, alias: Mapping },
+}
+
+/// A mapped object. See the module docs.
+pub struct Object {
+    /// How its pages are installed.
+    pub kind: InstallKind,
+    /// Where pages come from and go to.
+    pub store: Arc<dyn Store>,
+    /// The page state words.
+    pub cache: PageCache,
+    /// An anonymous page that was never written back is a zero page (no
+    /// store read): anonymous memory with a swap store.
+    pub zero_fill: bool,
+    backing: Backing,
+    /// Attempts working on this object with their lock dropped.
+    pins: AtomicU32,
+}
+
+/// Keeps an object alive while a fault works on it with its lock dropped
+/// (I/O, or waiting on a page): the kernel's folio and file references.
+/// Taking and dropping a pin are single atomics; teardown waits for pins
+/// to drain ([`Object::wait_unpinned`]) before freeing the object, so the
+/// last reference is never dropped in a signal handler.
+pub struct ObjectPin {
+    obj: *const Object,
+}
+
+impl std::ops::Deref for ObjectPin {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        // SAFETY: the object is not freed while pinned (see `wait_unpinned`).
+        unsafe { &*self.obj }
+    }
+}
+
+impl Drop for ObjectPin {
+    fn drop(&mut self) {
+        self.pins.fetch_sub(1, Release);
+    }
+}
+
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Object")
+            .field("kind", &self.kind)
+            .field("store", &self.store.name())
+            .field("pages", &self.cache.len())
+            .finish()
+    }
+}
+
+impl Object {
+    /// An object of `npages` pages over `store`.
+    pub fn new(
+        kind: InstallKind,
+        store: Arc<dyn Store>,
+        npages: usize,
+        zero_fill: bool,
+    ) -> Result<Object, (&'static str, i32)> {
+        let bytes = npages * PAGE_SIZE;
+        let backing = match kind {
+            InstallKind::Anonymous => Backing::Anonymous {
+                area: Mapping::anonymous(bytes).map_err(|e| ("mmap cache area", e))?,
+            },
+            InstallKind::Shared => {
+                let memfd = Memfd::new("uffd-pager", bytes).map_err(|e| ("memfd_create", e))?;
+                let alias = Mapping::shared(memfd.fd(), bytes, 0, false)
+                    .map_err(|e| ("mmap memfd alias", e))?;
+                Backing::Shared { memfd, alias }
+            }
+        };
+        Ok(Object {
+            kind,
+            store,
+            cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,
+            zero_fill,
+            backing,
+            pins: AtomicU32::new(0),
+        })
+    }
+
+    /// Pins the object; call while a lock keeps it alive.
+    pub fn pin(&self) -> ObjectPin {
+        self.pins.fetch_add(1, Acquire);
+        ObjectPin { obj: self }
+    }
+
+    /// Waits until no attempt holds a pin. Teardown calls this after the
+    /// object's regions left the table and were write-locked, so no new pin
+    /// can be taken.
+    pub fn wait_unpinned(&self) {
+        while self.pins.load(Acquire) != 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Pages in the object.
+    pub fn npages(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// The engine's view of page `i`'s cached contents.
+    #[inline]
+    pub fn data(&self, i: usize) -> *mut u8 {
+        debug_assert!(i < self.npages());
+        let base = match &self.backing {
+            Backing::Anonymous { area } => area.addr(),
+            Backing::Shared { alias, .. } => alias.addr(),
+        };
+        (base + i * PAGE_SIZE) as *mut u8
+    }
+
+    /// Page `i`'s cached contents as a slice.
+    ///
+    /// # Safety
+    /// The caller holds page `i`'s lock, so nobody else writes it through the
+    /// engine (the application may still write it through an installed
+    /// shared mapping; callers that read for write-back first unmap it).
+    #[inline]
+    pub unsafe fn page_mut(&self, i: usize) -> &mut [u8] {
+        // SAFETY: `data(i)` is a page-sized range of a live mapping owned by
+        // this object; exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.data(i), PAGE_SIZE) }
+    }
+
+    /// The memfd, for shared objects (mapped by the user's region).
+    pub fn memfd(&self) -> Option<&Memfd> {
+        match &self.backing {
+            Backing::Shared { memfd, .. } => Some(memfd),
+            Backing::Anonymous { .. } => None,
+        }
+    }
+
+    /// Frees the cached contents of pages `[i, i+n)` (after eviction).
+    /// Async-signal-safe.
+    pub fn free_data(&self, i: usize, n: usize) -> Result<(), i32> {
+        match &self.backing {
+            Backing::Anonymous { area } => madvise(
+                area.addr() + i * PAGE_SIZE,
+                n * PAGE_SIZE,
+                libc::MADV_DONTNEED,
+            ),
+            Backing::Shared { memfd, .. } => memfd.punch_hole(i * PAGE_SIZE, n * PAGE_SIZE),
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The embedding API: [`Pager::builder`] → [`Pager`] → [`Region`]s.
+
+use crate::address_space::{Config, Mm};
+use crate::delivery::threads::HandlerPool;
+use crate::delivery::{sigbus, Delivery};
+use crate::error::{Error, Result};
+use crate::fault::Policy;
+use crate::mmap::Placement;
+use crate::object::{InstallKind, Object};
+use crate::region::Region;
+use crate::stats::Stats;
+use crate::store::{FileStore, FileStoreOptions, Store, ZeroStore};
+use crate::sys::uffd::{feature, Uffd};
+use crate::sys::PAGE_SIZE;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Builds a [`Pager`].
+#[derive(Debug, Clone, Default)]
+pub struct PagerBuilder {
+    config: Config,
+    user_mode_only: Option<bool>,
+}
+
+impl PagerBuilder {
+    /// The fault-handling policy (default `retry-once`).
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.config.policy = p;
+        self
+    }
+
+    /// How faults are delivered (default in-thread).
+    pub fn delivery(mut self, d: Delivery) -> Self {
+        self.config.delivery = d;
+        self
+    }
+
+    /// Store read attempts before a page is poisoned (default 3, min 1).
+    pub fn read_attempts(mut self, n: u32) -> Self {
+        self.config.read_attempts = n.max(1);
+        self
+    }
+
+    /// Memory budget in pages across all regions (0: unlimited).
+    pub fn budget_pages(mut self, pages: u64) -> Self {
+        self.config.budget_pages = pages;
+        self
+    }
+
+    /// Restrict the descriptor to user-mode faults. Default: in-thread
+    /// delivery uses user-mode-only (what unprivileged processes may do);
+    /// handler threads try without it first, so faults inside syscalls are
+    /// served, and fall back to it if the process lacks the privilege.
+    pub fn user_mode_only(mut self, yes: bool) -> Self {
+        self.user_mode_only = Some(yes);
+        self
+    }
+
+    /// Opens the descriptor and starts delivery.
+    pub fn build(self) -> Result<Pager> {
+        let in_thread = self.config.delivery.is_in_thread();
+        let mut features = feature::MINOR_SHMEM | feature::MOVE | feature::POISON;
+        if in_thread {
+            features |= feature::SIGBUS;
+        } else {
+            features |= feature::THREAD_ID;
+        }
+        if let Delivery::Threads { threads: 0, .. } = self.config.delivery {
+            return Err(Error::Config("handler threads must be at least 1".into()));
+        }
+        let open = |umo: bool| Uffd::open(features, umo, !in_thread);
+        let uffd = match self.user_mode_only {
+            Some(umo) => open(umo),
+            None if in_thread => open(true),
+            None => open(false).or_else(|_| open(true)),
+        }
+        .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
+        let mm = Arc::new(Mm::new(uffd, self.config.clone()));
+        let pool = match self.config.delivery {
+            Delivery::InThread => {
+                sigbus::register(&mm).map_err(|e| Error::sys("sigaction(SIGBUS)", e))?;
+                None
+            }
+            Delivery::Threads { threads, spin_us } => Some(
+                HandlerPool::start(&mm, threads, spin_us).map_err(|e| Error::Io {
+                    context: "starting handler threads".into(),
+                    source: e,
+                })?,
+            ),
+        };
+        Ok(Pager {
+            inner: Arc::new(PagerInner { mm, pool }),
+        })
+    }
+}
+
+/// Options for [`Pager::map_store`] and [`Pager::map_file`].
+#[derive(Debug, Clone)]
+pub struct MapOptions {
+    /// How pages are installed (default: shared memfd, zero copy).
+    pub kind: InstallKind,
+    /// Map writable (default true).
+    pub writable: bool,
+    /// Place at exactly this address (must be free).
+    pub fixed_addr: Option<usize>,
+    /// Never evict this region's pages (the mlock analog).
+    pub pinned: bool,
+}
+
+impl Default for MapOptions {
+    fn default() -> Self {
+        MapOptions {
+            kind: InstallKind::Shared,
+            writable: true,
+            fixed_addr: None,
+            pinned: false,
+        }
+    }
+}
+
+/// A pager: one address space whose regions fault through the engine.
+///
+/// Several pagers may coexist in a process, in either delivery mode.
+pub struct Pager {
+    inner: Arc<PagerInner>,
+}
+
+/// What a pager's regions keep alive: the address space and its delivery.
+#[derive(Debug)]
+pub(crate) struct PagerInner {
+    pub(crate) mm: Arc<Mm>,
+    pool: Option<HandlerPool>,
+}
+
+impl Drop for PagerInner {
+    fn drop(&mut self) {
+        // Stop delivery before the address space goes: join the handler
+        // threads, or leave the SIGBUS registry (waiting out running faults).
+        self.pool.take();
+        if self.mm.config.delivery.is_in_thread() {
+            sigbus::unregister(&self.mm);
+        }
+    }
+}
+
+impl std::fmt::Debug for Pager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pager")
+            .field("policy", &self.inner.mm.config.policy)
+            .field("delivery", &self.inner.mm.config.delivery)
+            .finish()
+    }
+}
+
+fn check_len(len: usize) -> Result<()> {
+    if len == 0 {
+        return Err(Error::ZeroLength);
+    }
+    if len % PAGE_SIZE != 0 {
+        return Err(Error::Unaligned {
+            what: "length",
+            value: len,
+        });
+    }
+    Ok(())
+}
+
+fn check_fixed(a: Option<usize>) -> Result<()> {
+    match a {
+        Some(a) if a % PAGE_SIZE != 0 || a == 0 => Err(Error::Unaligned {
+            what: "address",
+            value: a,
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl Pager {
+    /// A builder with the defaults: `retry-once`, in-thread delivery.
+    pub fn builder() -> PagerBuilder {
+        PagerBuilder::default()
+    }
+
+    /// Maps `len` bytes of anonymous private memory (zero-filled; pages that
+    /// are reclaimed go to an in-memory swap store).
+    pub fn map_anonymous(&self, len: usize) -> Result<Region> {
+        check_len(len)?;
+        let store = Arc::new(crate::store::MemoryStore::new(len as u64)?);
+        self.map_object(
+            store,
+            len,
+            true,
+            &MapOptions {
+                kind: InstallKind::Anonymous,
+                ..MapOptions::default()
+            },
+        )
+    }
+
+    /// Maps the file at `path`: the whole file if `len` is `None`.
+    pub fn map_file(&self, path: &Path, len: Option<usize>, opts: &MapOptions) -> Result<Region> {
+        let store = FileStore::open(
+            path,
+            &FileStoreOptions {
+                writable: opts.writable,
+                ..FileStoreOptions::default()
+            },
+        )
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) if opts.writable => {
+                Error::ReadOnlyStore
+            }
+            _ => Error::Io {
+                context: format!("opening {}", path.display()),
+                source: e,
+            },
+        })?;
+        let file_len = std::fs::metadata(path)
+            .map_err(|e| Error::Io {
+                context: format!("stat {}", path.display()),
+                source: e,
+            })?
+            .len();
+        let len = match len {
+            Some(l) => l,
+            None => (file_len as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE,
+        };
+        check_len(len)?;
+        if (len as u64) > file_len.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64 {
+            return Err(Error::FileTooShort {
+                file_len,
+                needed: len as u64,
+            });
+        }
+        self.map_store(Arc::new(store), len, opts)
+    }
+
+    /// Maps `len` bytes backed by `store`.
+    pub fn map_store(
+        &self,
+        store: Arc<dyn Store>,
+        len: usize,
+        opts: &MapOptions,
+    ) -> Result<Region> {
+        check_len(len)?;
+        if store.len() < len as u64 {
+            return Err(Error::FileTooShort {
+                file_len: store.len(),
+                needed: len as u64,
+            });
+        }
+        if opts.writable && !store.writable() && opts.kind == InstallKind::Shared {
+            return Err(Error::ReadOnlyStore);
+        }
+        self.map_object(store, len, false, opts)
+    }
+
+    /// A zero-filled region that is never written back (a read-mostly
+    /// scratch mapping over [`ZeroStore`]).
+    pub fn map_zero(&self, len: usize, kind: InstallKind) -> Result<Region> {
+        check_len(len)?;
+        self.map_object(
+            Arc::new(ZeroStore::new(len as u64)),
+            len,
+            false,
+            &MapOptions {
+                kind,
+                writable: kind == InstallKind::Anonymous,
+                ..MapOptions::default()
+            },
+        )
+    }
+
+    fn map_object(
+        &self,
+        store: Arc<dyn Store>,
+        len: usize,
+        zero_fill: bool,
+        opts: &MapOptions,
+    ) -> Result<Region> {
+        check_fixed(opts.fixed_addr)?;
+        let npages = (store.len() as usize / PAGE_SIZE).max(len / PAGE_SIZE);
+        let obj = Object::new(opts.kind, store, npages, zero_fill)
+            .map_err(|(op, e)| Error::sys(op, e))?;
+        let start = self.inner.mm.map(
+            Arc::new(obj),
+            len,
+            opts.writable,
+            Placement {
+                fixed: opts.fixed_addr,
+            },
+            opts.pinned,
+        )?;
+        Ok(Region::new(self.inner.clone(), start, len))
+    }
+
+    /// A statistics snapshot.
+    pub fn stats(&self) -> Stats {
+        self.inner.mm.stats()
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_stats(&self) {
+        self.inner.mm.reset_stats()
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.inner.mm.config.policy
+    }
+
+    /// The delivery mode.
+    pub fn delivery(&self) -> Delivery {
+        self.inner.mm.config.delivery
+    }
+
+    /// The global lock, for writers outside the engine (benchmarks'
+    /// map/unmap threads, scripted tests). Holding it for write blocks
+    /// faults that fall back to it, exactly like `mmap_write_lock`.
+    pub fn global_lock(&self) -> &crate::sync::global_lock::GlobalLock {
+        &self.inner.mm.lock
+    }
+}

@@ -1,0 +1,162 @@
+//! [`Region`]: a mapped range whose faults the engine serves.
+
+use crate::error::{Error, Result};
+use crate::pager::PagerInner;
+use crate::sys::PAGE_SIZE;
+use std::sync::Arc;
+
+/// A registered mapping. Dropping it unmaps it (writing back a file-backed
+/// region first).
+///
+/// # Memory contract
+/// The bytes of a region behave as ordinary memory owned by this handle:
+/// the engine moves pages in and out behind the application's back, but a
+/// page's contents never change except through the application's own
+/// writes. So [`Region::as_slice`] and [`Region::as_mut_slice`] are safe
+/// under Rust's usual borrow rules. Threads that share a region write it
+/// through [`Region::as_ptr`] with their own synchronisation.
+///
+/// An access to a poisoned page (its store read failed repeatedly) gets
+/// SIGBUS, as a hardware memory error would.
+///
+/// In in-thread delivery (and with user-mode-only descriptors) a fault taken
+/// *inside a system call* is not delivered: `read(2)` into an absent page
+/// fails with EFAULT. Call [`Region::prefault`] on the buffer first.
+#[derive(Debug)]
+pub struct Region {
+    owner: Arc<PagerInner>,
+    start: usize,
+    len: usize,
+}
+
+impl Region {
+    pub(crate) fn new(owner: Arc<PagerInner>, start: usize, len: usize) -> Region {
+        Region { owner, start, len }
+    }
+
+    /// First address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.start as *mut u8
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The region's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range is mapped for as long as `self` lives; see the
+        // memory contract above.
+        unsafe { std::slice::from_raw_parts(self.start as *const u8, self.len) }
+    }
+
+    /// The region's bytes, writable. Writing a region mapped read-only
+    /// (see [`Region::protect`]) raises SIGSEGV, as it would with mmap.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.start as *mut u8, self.len) }
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        if offset % PAGE_SIZE != 0 {
+            return Err(Error::Unaligned {
+                what: "offset",
+                value: offset,
+            });
+        }
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Error::OutOfRange {
+                offset,
+                len,
+                region_len: self.len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Faults in `[offset, offset+len)` from the calling thread, so that a
+    /// system call may then use it (in-thread delivery cannot serve faults
+    /// inside syscalls). Touches one byte per page; pages may be evicted
+    /// again later under a memory budget.
+    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        self.check_range(offset & !(PAGE_SIZE - 1), len)?;
+        let mut a = (self.start + offset) & !(PAGE_SIZE - 1);
+        let end = self.start + offset + len;
+        while a < end {
+            // SAFETY: `a` is inside the mapped region; a volatile read faults
+            // the page in through the engine.
+            unsafe { std::ptr::read_volatile(a as *const u8) };
+            a += PAGE_SIZE;
+        }
+        Ok(())
+    }
+
+    /// Makes the region read-only (`false`) or read-write (`true`).
+    pub fn protect(&self, writable: bool) -> Result<()> {
+        self.owner.mm.protect(self.start, writable)
+    }
+
+    /// Grows or shrinks the region in place if possible, moving it if it
+    /// must. Growing is bounded by the backing store's length.
+    pub fn remap(&mut self, new_len: usize) -> Result<()> {
+        self.remap_to(new_len, None)
+    }
+
+    /// Moves (and optionally resizes) the region to `addr`.
+    pub fn remap_to(&mut self, new_len: usize, addr: Option<usize>) -> Result<()> {
+        if new_len == 0 {
+            return Err(Error::ZeroLength);
+        }
+        if new_len % PAGE_SIZE != 0 {
+            return Err(Error::Unaligned {
+                what: "length",
+                value: new_len,
+            });
+        }
+        if let Some(a) = addr {
+            if a % PAGE_SIZE != 0 || a == 0 {
+                return Err(Error::Unaligned {
+                    what: "address",
+                    value: a,
+                });
+            }
+        }
+        self.start = self.owner.mm.remap(self.start, new_len, addr)?;
+        self.len = new_len;
+        Ok(())
+    }
+
+    /// Writes cached pages back to the store (the msync analog).
+    pub fn flush(&self) -> Result<()> {
+        let mm = &self.owner.mm;
+        let obj = mm
+            .table
+            .read(|t| t.find(self.start).map(|v| v.object.clone()))
+            .ok_or_else(|| Error::Config("region vanished".into()))?;
+        mm.writeback_object(&obj)
+    }
+
+    /// Unmaps the region, reporting write-back errors (dropping it does the
+    /// same but can only log them).
+    pub fn unmap(self) -> Result<()> {
+        let me = std::mem::ManuallyDrop::new(self);
+        let r = me.owner.mm.unmap(me.start);
+        // SAFETY: `me` is never used again; we move the Arc out exactly once.
+        drop(unsafe { std::ptr::read(&me.owner) });
+        r
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if let Err(e) = self.owner.mm.unmap(self.start) {
+            tracing::error!(start = self.start, error = %e, "unmapping region");
+        }
+    }
+}

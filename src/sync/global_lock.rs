@@ -1,0 +1,367 @@
+//! The global lock: the engine's `mmap_lock`.
+//!
+//! A writer-preferring reader/writer semaphore, as the kernel's rwsem: once a
+//! writer is waiting, new readers queue behind it. Faults that fall back take
+//! it for read; map, unmap, remap and protect take it for write.
+//!
+//! # Contract and cost
+//! - `read`/`write` block (futex) until granted; `try_read` never blocks.
+//! - Uncontended read lock/unlock: one CAS and one atomic RMW.
+//! - Every acquisition that had to wait is counted, with its wait time, for
+//!   reads and writes separately ([`GlobalLock::contention`]).
+//! - Async-signal-safe (see [`crate::sync`]).
+
+use crate::sys::{futex, now_ns};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+const READERS: u32 = (1 << 28) - 1;
+const READER_PARKED: u32 = 1 << 29;
+const WRITER_WAITING: u32 = 1 << 30;
+const WRITER_HELD: u32 = 1 << 31;
+
+/// Global-lock contention figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Contention {
+    /// Read acquisitions (all).
+    pub read_acquisitions: u64,
+    /// Read acquisitions that had to wait.
+    pub read_contended: u64,
+    /// Total time read acquisitions waited, ns.
+    pub read_wait_ns: u64,
+    /// Write acquisitions (all).
+    pub write_acquisitions: u64,
+    /// Write acquisitions that had to wait.
+    pub write_contended: u64,
+    /// Total time write acquisitions waited, ns.
+    pub write_wait_ns: u64,
+}
+
+/// The global reader/writer lock. See the module docs.
+#[derive(Debug, Default)]
+pub struct GlobalLock {
+    state: AtomicU32,
+    /// Bumped whenever the last reader leaves while a writer waits; writers
+    /// sleep on it.
+    writer_seq: AtomicU32,
+    /// Serialises writers, so one writer at a time drains readers.
+    writer_mutex: AtomicU32,
+    /// Writers inside `write()` (waiting or holding).
+    writers_pending: AtomicU32,
+    /// Readers currently sleeping (for scripted tests and reports).
+    readers_sleeping: AtomicU32,
+    read_acq: AtomicU64,
+    read_cont: AtomicU64,
+    read_wait: AtomicU64,
+    write_acq: AtomicU64,
+    write_cont: AtomicU64,
+    write_wait: AtomicU64,
+}
+
+impl GlobalLock {
+    /// An unlocked lock.
+    pub const fn new() -> Self {
+        GlobalLock {
+            state: AtomicU32::new(0),
+            writer_seq: AtomicU32::new(0),
+            writer_mutex: AtomicU32::new(0),
+            writers_pending: AtomicU32::new(0),
+            readers_sleeping: AtomicU32::new(0),
+            read_acq: AtomicU64::new(0),
+            read_cont: AtomicU64::new(0),
+            read_wait: AtomicU64::new(0),
+            write_acq: AtomicU64::new(0),
+            write_cont: AtomicU64::new(0),
+            write_wait: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes the lock for read without waiting. Not counted as contended.
+    pub fn try_read(&self) -> Option<ReadGuard<'_>> {
+        let s = self.state.load(Relaxed);
+        if s & (WRITER_HELD | WRITER_WAITING) == 0
+            && self
+                .state
+                .compare_exchange(s, s + 1, Acquire, Relaxed)
+                .is_ok()
+        {
+            self.read_acq.fetch_add(1, Relaxed);
+            return Some(ReadGuard { lock: self });
+        }
+        None
+    }
+
+    /// Takes the lock for read, waiting behind writers.
+    pub fn read(&self) -> ReadGuard<'_> {
+        if let Some(g) = self.try_read() {
+            return g;
+        }
+        self.read_slow()
+    }
+
+    #[cold]
+    fn read_slow(&self) -> ReadGuard<'_> {
+        let t0 = now_ns();
+        loop {
+            let s = self.state.load(Relaxed);
+            if s & (WRITER_HELD | WRITER_WAITING) == 0 {
+                if self
+                    .state
+                    .compare_exchange_weak(s, s + 1, Acquire, Relaxed)
+                    .is_ok()
+                {
+                    break;
+                }
+                continue;
+            }
+            if s & READER_PARKED == 0
+                && self
+                    .state
+                    .compare_exchange_weak(s, s | READER_PARKED, Relaxed, Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            self.readers_sleeping.fetch_add(1, Relaxed);
+            futex::wait(&self.state, s | READER_PARKED);
+            self.readers_sleeping.fetch_sub(1, Relaxed);
+        }
+        self.read_acq.fetch_add(1, Relaxed);
+        // A read that found a writer in the way counts as contended even if it
+        // got in on a retry without sleeping.
+        self.read_cont.fetch_add(1, Relaxed);
+        self.read_wait.fetch_add(now_ns() - t0, Relaxed);
+        ReadGuard { lock: self }
+    }
+
+    fn read_unlock(&self) {
+        let prev = self.state.fetch_sub(1, Release);
+        if prev & READERS == 1 && prev & WRITER_WAITING != 0 {
+            self.writer_seq.fetch_add(1, Release);
+            futex::wake(&self.writer_seq, 1);
+        }
+    }
+
+    /// Takes the lock for write. New readers queue behind a waiting writer.
+    pub fn write(&self) -> WriteGuard<'_> {
+        self.writers_pending.fetch_add(1, Relaxed);
+        if self
+            .writer_mutex
+            .compare_exchange(0, 1, Acquire, Relaxed)
+            .is_ok()
+        {
+            if self
+                .state
+                .compare_exchange(0, WRITER_HELD, Acquire, Relaxed)
+                .is_ok()
+            {
+                self.write_acq.fetch_add(1, Relaxed);
+                return WriteGuard { lock: self };
+            }
+            return self.write_slow(true);
+        }
+        self.write_slow(false)
+    }
+
+    #[cold]
+    fn write_slow(&self, have_mutex: bool) -> WriteGuard<'_> {
+        let t0 = now_ns();
+        // Announce ourselves first so that new readers queue behind us.
+        self.state.fetch_or(WRITER_WAITING, Relaxed);
+        if !have_mutex {
+            // Writers take turns (a three-state futex mutex: 0 free, 1 held,
+            // 2 held with sleepers).
+            while self.writer_mutex.swap(2, Acquire) != 0 {
+                futex::wait(&self.writer_mutex, 2);
+            }
+        }
+        // Holding the writer mutex, nobody else sets WRITER_HELD: wait for the
+        // readers to drain.
+        loop {
+            let seq = self.writer_seq.load(Acquire);
+            let s = self.state.fetch_or(WRITER_WAITING, Acquire) | WRITER_WAITING;
+            if s & READERS == 0 {
+                let more = self.writers_pending.load(Relaxed) > 1;
+                let new = (s & READER_PARKED) | WRITER_HELD | if more { WRITER_WAITING } else { 0 };
+                if self
+                    .state
+                    .compare_exchange(s, new, Acquire, Relaxed)
+                    .is_ok()
+                {
+                    break;
+                }
+                continue;
+            }
+            futex::wait(&self.writer_seq, seq);
+        }
+        self.write_acq.fetch_add(1, Relaxed);
+        self.write_cont.fetch_add(1, Relaxed);
+        self.write_wait.fetch_add(now_ns() - t0, Relaxed);
+        WriteGuard { lock: self }
+    }
+
+    fn write_unlock(&self) {
+        let more = self.writers_pending.fetch_sub(1, Relaxed) > 1;
+        if more {
+            // Hand over to the next writer: readers stay queued (and parked).
+            let _ = self.state.fetch_update(Release, Relaxed, |s| {
+                Some((s & !WRITER_HELD) | WRITER_WAITING)
+            });
+        } else {
+            let prev = self.state.swap(0, Release);
+            if prev & READER_PARKED != 0 {
+                futex::wake_all(&self.state);
+            }
+        }
+        if self.writer_mutex.swap(0, Release) == 2 {
+            futex::wake(&self.writer_mutex, 1);
+        }
+    }
+
+    /// Readers sleeping on the lock right now.
+    pub fn readers_sleeping(&self) -> u32 {
+        self.readers_sleeping.load(Relaxed)
+    }
+
+    /// Whether a writer holds the lock.
+    pub fn is_write_locked(&self) -> bool {
+        self.state.load(Relaxed) & WRITER_HELD != 0
+    }
+
+    /// Acquisition and contention counts since creation or the last reset.
+    pub fn contention(&self) -> Contention {
+        Contention {
+            read_acquisitions: self.read_acq.load(Relaxed),
+            read_contended: self.read_cont.load(Relaxed),
+            read_wait_ns: self.read_wait.load(Relaxed),
+            write_acquisitions: self.write_acq.load(Relaxed),
+            write_contended: self.write_cont.load(Relaxed),
+            write_wait_ns: self.write_wait.load(Relaxed),
+        }
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_counters(&self) {
+        for c in [
+            &self.read_acq,
+            &self.read_cont,
+            &self.read_wait,
+            &self.write_acq,
+            &self.write_cont,
+            &self.write_wait,
+        ] {
+            c.store(0, Relaxed);
+        }
+    }
+}
+
+/// A held read lock; released on drop.
+#[must_use]
+#[derive(Debug)]
+pub struct ReadGuard<'a> {
+    lock: &'a GlobalLock,
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.read_unlock();
+    }
+}
+
+/// A held write lock; released on drop.
+#[must_use]
+#[derive(Debug)]
+pub struct WriteGuard<'a> {
+    lock: &'a GlobalLock,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.write_unlock();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn readers_share_writers_exclude() {
+        let l = GlobalLock::new();
+        let a = l.read();
+        let b = l.try_read().expect("second reader");
+        drop((a, b));
+        let w = l.write();
+        assert!(l.try_read().is_none());
+        drop(w);
+        assert!(l.try_read().is_some());
+        let c = l.contention();
+        assert_eq!(c.write_acquisitions, 1);
+        assert_eq!(c.read_contended, 0);
+    }
+
+    #[test]
+    fn waiting_writer_blocks_new_readers() {
+        let l = Arc::new(GlobalLock::new());
+        let r = l.read();
+        let l2 = l.clone();
+        let w = std::thread::spawn(move || {
+            let _g = l2.write();
+        });
+        while l.state.load(Relaxed) & WRITER_WAITING == 0 {
+            std::thread::yield_now();
+        }
+        assert!(l.try_read().is_none(), "writer waiting: readers must queue");
+        drop(r);
+        w.join().unwrap();
+        assert_eq!(l.contention().write_contended, 1);
+        assert!(l.try_read().is_some());
+    }
+
+    #[test]
+    fn contended_read_is_counted_with_wait_time() {
+        let l = Arc::new(GlobalLock::new());
+        let w = l.write();
+        let l2 = l.clone();
+        let t = std::thread::spawn(move || {
+            let _g = l2.read();
+        });
+        while l.readers_sleeping() == 0 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        drop(w);
+        t.join().unwrap();
+        let c = l.contention();
+        assert_eq!(c.read_contended, 1);
+        assert!(c.read_wait_ns >= 1_000_000, "{c:?}");
+    }
+
+    #[test]
+    fn stress_mutual_exclusion() {
+        let l = Arc::new(GlobalLock::new());
+        let inside = Arc::new(AtomicU32::new(0));
+        let mut hs = vec![];
+        for i in 0..4 {
+            let (l, inside) = (l.clone(), inside.clone());
+            hs.push(std::thread::spawn(move || {
+                for _ in 0..2000 {
+                    if i % 2 == 0 {
+                        let _g = l.write();
+                        assert_eq!(inside.swap(1000, SeqCst), 0);
+                        inside.store(0, SeqCst);
+                    } else {
+                        let _g = l.read();
+                        let v = inside.fetch_add(1, SeqCst);
+                        assert!(v < 1000);
+                        inside.fetch_sub(1, SeqCst);
+                    }
+                }
+            }));
+        }
+        for h in hs {
+            h.join().unwrap();
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The engine's VMA: one registered range of an address space, mapping a
+//! window of an [`Object`].
+
+use crate::object::Object;
+use crate::sync::region_lock::RegionLock;
+use crate::sys::{PAGE_SHIFT, PAGE_SIZE};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+
+/// A registered range. Immutable in its bounds: an operation that changes
+/// them (remap) publishes a new `Vma` and detaches this one, as the kernel
+/// replaces VMAs on split and merge.
+#[derive(Debug)]
+pub struct Vma {
+    /// First address.
+    pub start: usize,
+    /// One past the last address.
+    pub end: usize,
+    /// Page offset into the object of `start`.
+    pub pgoff: usize,
+    /// What it maps.
+    pub object: Arc<Object>,
+    /// The per-VMA lock.
+    pub lock: RegionLock,
+    /// Writable (changed by protect under the region's write lock).
+    pub writable: AtomicBool,
+    /// Set by the first anonymous fault (`anon_vma_prepare`), which needs
+    /// the global lock.
+    pub anon_prepared: AtomicBool,
+    /// Never evicted (the mlock analog).
+    pub pinned: bool,
+}
+
+impl Vma {
+    /// A new, attached, unlocked VMA.
+    pub fn new(start: usize, len: usize, pgoff: usize, object: Arc<Object>, writable: bool) -> Vma {
+        Vma {
+            start,
+            end: start + len,
+            pgoff,
+            object,
+            lock: RegionLock::new(),
+            writable: AtomicBool::new(writable),
+            anon_prepared: AtomicBool::new(false),
+            pinned: false,
+        }
+    }
+
+    /// A copy with new bounds (for remap): same object and flags, fresh lock.
+    pub fn resized(&self, start: usize, len: usize) -> Vma {
+        let mut v = Vma::new(
+            start,
+            len,
+            self.pgoff,
+            self.object.clone(),
+            self.writable.load(Relaxed),
+        );
+        v.pinned = self.pinned;
+        v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
+        v
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether the VMA is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+
+    /// Whether `addr` is inside.
+    #[inline]
+    pub fn contains(&self, addr: usize) -> bool {
+        addr >= self.start && addr < self.end
+    }
+
+    /// Object page index of `addr`.
+    #[inline]
+    pub fn page_index(&self, addr: usize) -> usize {
+        self.pgoff + ((addr - self.start) >> PAGE_SHIFT)
+    }
+
+    /// User address of object page `i`.
+    #[inline]
+    pub fn addr_of(&self, i: usize) -> usize {
+        self.start + (i - self.pgoff) * PAGE_SIZE
+    }
+
+    /// Object pages this VMA maps: `[first, first+count)`.
+    pub fn pages(&self) -> std::ops::Range<usize> {
+        self.pgoff..self.pgoff + self.len() / PAGE_SIZE
+    }
+}
