@@ -58,3 +58,34 @@ pub(crate) fn after_lookup(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_detach(_: &Vma) {}
+
+/// Holds the global lock for write and one region write-locked, as a
+/// writer in the middle of `mprotect` would; released on drop.
+#[cfg(feature = "fault-inject")]
+pub struct RegionWriteHold<'a> {
+    _global: crate::sync::global_lock::WriteGuard<'a>,
+    vma: std::sync::Arc<Vma>,
+}
+
+#[cfg(feature = "fault-inject")]
+impl crate::pager::Pager {
+    /// Takes the global write lock and write-locks `region` (test hook).
+    pub fn hold_region_write<'a>(&'a self, region: &crate::Region) -> RegionWriteHold<'a> {
+        let mm = self.mm();
+        let g = mm.lock.write();
+        let start = region.as_ptr() as usize;
+        let vma = mm
+            .table
+            .read(|t| t.find(start).cloned())
+            .expect("region is mapped");
+        vma.lock.write_lock();
+        RegionWriteHold { _global: g, vma }
+    }
+}
+
+#[cfg(feature = "fault-inject")]
+impl Drop for RegionWriteHold<'_> {
+    fn drop(&mut self) {
+        self.vma.lock.write_unlock();
+    }
+}

@@ -294,6 +294,10 @@ impl Pager {
         Ok(Region::new(self.inner.clone(), start, len))
     }
 
+    pub(crate) fn mm(&self) -> &Arc<Mm> {
+        &self.inner.mm
+    }
+
     /// A statistics snapshot.
     pub fn stats(&self) -> Stats {
         self.inner.mm.stats()

@@ -1,0 +1,225 @@
+//! Scripted, deterministic scenarios that pin down the counter semantics of
+//! each policy (`kernel-model.md`), on real userfaultfd faults.
+//!
+//! Each scenario drives one fault through a store whose read blocks at a
+//! gate the test opens, while the test plays the global-lock writer.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uffd_pager::store::{MemoryStore, Store, StoreError};
+use uffd_pager::{Counter, Delivery, MapOptions, Pager, Policy, PolicyKind, Region};
+
+/// Scenarios share process-wide hooks: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+const PAGE: usize = 4096;
+
+/// A memory store whose reads wait until the gate opens.
+struct GateStore {
+    inner: MemoryStore,
+    open: AtomicBool,
+    entered: AtomicU64,
+}
+
+impl GateStore {
+    fn new(pages: usize) -> Arc<GateStore> {
+        let data: Vec<u8> = (0..pages * PAGE).map(|i| (i / PAGE + 1) as u8).collect();
+        Arc::new(GateStore {
+            inner: MemoryStore::from_bytes(&data).unwrap(),
+            open: AtomicBool::new(false),
+            entered: AtomicU64::new(0),
+        })
+    }
+}
+
+impl Store for GateStore {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.entered.fetch_add(1, SeqCst);
+        while !self.open.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        self.inner.read(off, buf)
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.inner.write(off, buf)
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "gate"
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+struct Setup {
+    pager: Pager,
+    region: Region,
+    store: Arc<GateStore>,
+}
+
+fn setup(policy: PolicyKind, delivery: Delivery) -> Setup {
+    let pager = Pager::builder()
+        .policy(Policy::new(policy))
+        .delivery(delivery)
+        .build()
+        .unwrap();
+    let store = GateStore::new(4);
+    let region = pager
+        .map_store(store.clone(), 4 * PAGE, &MapOptions::default())
+        .unwrap();
+    pager.reset_stats();
+    Setup {
+        pager,
+        region,
+        store,
+    }
+}
+
+/// Touches page 0 from a new thread; returns the byte read.
+fn touch(region: &Region) -> std::thread::JoinHandle<u8> {
+    let addr = region.as_ptr() as usize;
+    std::thread::spawn(move || {
+        // SAFETY: the region outlives the thread (joined before drop).
+        unsafe { std::ptr::read_volatile(addr as *const u8) }
+    })
+}
+
+fn both_deliveries() -> [Delivery; 2] {
+    [
+        Delivery::InThread,
+        Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        },
+    ]
+}
+
+#[test]
+fn vanilla_retries_once_then_contends_on_the_global_lock() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for d in both_deliveries() {
+        let s = setup(PolicyKind::Vanilla, d);
+        let t = touch(&s.region);
+        wait_until("the read to start", || s.store.entered.load(SeqCst) == 1);
+        let w = s.pager.global_lock().write();
+        s.store.open.store(true, SeqCst);
+        wait_until("the fault to queue on the global lock", || {
+            s.pager.global_lock().readers_sleeping() == 1
+        });
+        drop(w);
+        assert_eq!(t.join().unwrap(), 1, "page 0 holds 1s");
+        let st = s.pager.stats();
+        assert_eq!(st.get(Counter::VMA_LOCK_RETRY), 1, "{d}\n{st}");
+        assert_eq!(st.get(Counter::VMA_LOCK_SUCCESS), 0, "{d}\n{st}");
+        assert_eq!(st.get(Counter::RETRY_MMAP_DROP), 1, "{d}\n{st}");
+        assert_eq!(st.get(Counter::RETRY_IO_MISS), 0, "{d}\n{st}");
+        assert_eq!(st.get(Counter::PGMAJFAULT), 1, "{d}\n{st}");
+        assert_eq!(st.global.read_contended, 1, "{d}\n{st}");
+        assert_eq!(s.store.entered.load(SeqCst), 1, "one store read");
+    }
+}
+
+#[test]
+fn retry_once_completes_under_the_region_lock() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for d in both_deliveries() {
+        let s = setup(PolicyKind::RetryOnce, d);
+        let t = touch(&s.region);
+        wait_until("the read to start", || s.store.entered.load(SeqCst) == 1);
+        let w = s.pager.global_lock().write();
+        s.store.open.store(true, SeqCst);
+        // The fault completes while the writer still holds the global lock.
+        assert_eq!(t.join().unwrap(), 1);
+        drop(w);
+        let st = s.pager.stats();
+        assert_eq!(st.get(Counter::VMA_LOCK_RETRY), 1, "{d}\n{st}");
+        assert_eq!(st.get(Counter::VMA_LOCK_SUCCESS), 1, "{d}\n{st}");
+        assert_eq!(st.get(Counter::RETRY_MMAP_DROP), 1, "{d}\n{st}");
+        assert_eq!(st.global.read_acquisitions, 0, "{d}\n{st}");
+        assert_eq!(st.get(Counter::PGMAJFAULT), 1, "{d}\n{st}");
+    }
+}
+
+#[test]
+fn global_only_takes_the_global_lock_twice_for_a_major_fault() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = setup(PolicyKind::GlobalOnly, Delivery::InThread);
+    s.store.open.store(true, SeqCst);
+    assert_eq!(touch(&s.region).join().unwrap(), 1);
+    let st = s.pager.stats();
+    assert_eq!(st.global.read_acquisitions, 2, "{st}");
+    assert_eq!(st.get(Counter::RETRY_MMAP_DROP), 1, "{st}");
+    assert_eq!(st.get(Counter::VMA_LOCK_SUCCESS), 0, "{st}");
+    assert_eq!(st.get(Counter::VMA_LOCK_RETRY), 0, "{st}");
+}
+
+#[test]
+fn write_locked_region_aborts_to_the_global_lock() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for d in both_deliveries() {
+        let s = setup(PolicyKind::RetryOnce, d);
+        s.store.open.store(true, SeqCst);
+        let hold = s.pager.hold_region_write(&s.region);
+        let t = touch(&s.region);
+        wait_until("the fault to queue on the global lock", || {
+            s.pager.global_lock().readers_sleeping() == 1
+        });
+        drop(hold);
+        assert_eq!(t.join().unwrap(), 1);
+        let st = s.pager.stats();
+        assert_eq!(st.get(Counter::VMA_LOCK_ABORT), 1, "{d}\n{st}");
+        assert_eq!(st.get(Counter::VMA_LOCK_SUCCESS), 0, "{d}\n{st}");
+        assert_eq!(st.global.read_contended, 1, "{d}\n{st}");
+    }
+}
+
+static TARGET: AtomicUsize = AtomicUsize::new(0);
+static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+fn wait_for_detach(v: &uffd_pager::vma::Vma) {
+    if v.start != TARGET.load(SeqCst) {
+        return;
+    }
+    if HOOK_CALLS.fetch_add(1, SeqCst) == 0 {
+        // First lookup: let the remap detach this region before we lock it.
+        let t = Instant::now();
+        while !v.lock.is_detached() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn region_detached_during_lookup_counts_a_miss() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = setup(PolicyKind::RetryOnce, Delivery::InThread);
+    s.store.open.store(true, SeqCst);
+    TARGET.store(s.region.as_ptr() as usize, SeqCst);
+    HOOK_CALLS.store(0, SeqCst);
+    uffd_pager::inject::set_after_lookup(Some(wait_for_detach));
+    let t = touch(&s.region);
+    wait_until("the lookup", || HOOK_CALLS.load(SeqCst) >= 1);
+    // Same length: the kernel keeps the range; the engine still replaces
+    // the region, detaching the old one.
+    s.region.remap(4 * PAGE).unwrap();
+    let v = t.join().unwrap();
+    uffd_pager::inject::set_after_lookup(None);
+    assert_eq!(v, 1);
+    let st = s.pager.stats();
+    assert!(st.get(Counter::VMA_LOCK_MISS) >= 1, "{st}");
+    assert_eq!(s.region.as_slice()[PAGE], 2, "data intact after remap");
+}
