@@ -40,3 +40,8 @@ pub use object::InstallKind;
 pub use pager::{MapOptions, Pager, PagerBuilder};
 pub use region::Region;
 pub use stats::{Counter, Stats};
+
+/// The README's examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
