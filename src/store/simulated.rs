@@ -30,11 +30,22 @@ pub enum LatencyModel {
     /// No added latency.
     None,
     /// Every I/O takes exactly `ns`.
-    Fixed { ns: u64 },
+    Fixed {
+        /// The latency.
+        ns: u64,
+    },
     /// Uniformly distributed in `[min_ns, max_ns]`.
-    Uniform { min_ns: u64, max_ns: u64 },
+    Uniform {
+        /// Smallest latency.
+        min_ns: u64,
+        /// Largest latency (inclusive).
+        max_ns: u64,
+    },
     /// Exponentially distributed with mean `mean_ns`.
-    Exponential { mean_ns: u64 },
+    Exponential {
+        /// Mean latency.
+        mean_ns: u64,
+    },
 }
 
 impl LatencyModel {
