@@ -171,6 +171,7 @@ impl Object {
     /// engine (the application may still write it through an installed
     /// shared mapping; callers that read for write-back first unmap it).
     #[inline]
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn page_mut(&self, i: usize) -> &mut [u8] {
         // SAFETY: `data(i)` is a page-sized range of a live mapping owned by
         // this object; exclusivity is the caller's contract.

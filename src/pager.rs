@@ -156,7 +156,7 @@ fn check_len(len: usize) -> Result<()> {
     if len == 0 {
         return Err(Error::ZeroLength);
     }
-    if len % PAGE_SIZE != 0 {
+    if !len.is_multiple_of(PAGE_SIZE) {
         return Err(Error::Unaligned {
             what: "length",
             value: len,
@@ -294,6 +294,7 @@ impl Pager {
         Ok(Region::new(self.inner.clone(), start, len))
     }
 
+    #[allow(dead_code)]
     pub(crate) fn mm(&self) -> &Arc<Mm> {
         &self.inner.mm
     }

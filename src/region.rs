@@ -64,7 +64,7 @@ impl Region {
     }
 
     fn check_range(&self, offset: usize, len: usize) -> Result<()> {
-        if offset % PAGE_SIZE != 0 {
+        if !offset.is_multiple_of(PAGE_SIZE) {
             return Err(Error::Unaligned {
                 what: "offset",
                 value: offset,
@@ -113,7 +113,7 @@ impl Region {
         if new_len == 0 {
             return Err(Error::ZeroLength);
         }
-        if new_len % PAGE_SIZE != 0 {
+        if !new_len.is_multiple_of(PAGE_SIZE) {
             return Err(Error::Unaligned {
                 what: "length",
                 value: new_len,

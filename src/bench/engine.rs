@@ -1,0 +1,79 @@
+//! The engine side of [`fault_cost`](super::fault_cost): a [`Pager`] whose
+//! regions map a pre-filled [`MemoryStore`], so every touch is a major
+//! fault (store read, then install).
+
+use super::{pattern, touch};
+use crate::delivery::Delivery;
+use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::pager::{MapOptions, Pager};
+use crate::store::{MemoryStore, Store};
+use crate::sys::PAGE_SIZE;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Engine passes: each maps a fresh region (so every page is absent),
+/// touches it, and unmaps it; only the touches are timed.
+#[derive(Debug)]
+pub struct EngineLoop {
+    pager: Pager,
+    store: Arc<MemoryStore>,
+    pages: usize,
+    kind: InstallKind,
+}
+
+impl EngineLoop {
+    /// A pager with `delivery` (default policy) and a store of `pages`
+    /// pages, every byte of page `i` set to its pattern.
+    pub fn new(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<EngineLoop> {
+        if pages == 0 {
+            return Err(Error::ZeroLength);
+        }
+        let len = pages
+            .checked_mul(PAGE_SIZE)
+            .ok_or_else(|| Error::Config(format!("{pages} pages is too large")))?;
+        let pager = Pager::builder().delivery(delivery).build()?;
+        let store = MemoryStore::new(len as u64)?;
+        let mut buf = vec![0u8; PAGE_SIZE];
+        for i in 0..pages {
+            buf.fill(pattern(i));
+            store.write((i * PAGE_SIZE) as u64, &buf)?;
+        }
+        Ok(EngineLoop {
+            pager,
+            store: Arc::new(store),
+            pages,
+            kind,
+        })
+    }
+
+    /// The pager, for its statistics.
+    pub fn pager(&self) -> &Pager {
+        &self.pager
+    }
+
+    /// Pages per full pass.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// One pass over the first `n` pages (at most [`EngineLoop::pages`]) of
+    /// a freshly mapped region; returns the time of the touches alone.
+    pub fn pass(&mut self, n: usize) -> Result<Duration> {
+        let n = n.min(self.pages);
+        // Read faults only: map read-only, so nothing is dirty at unmap and
+        // the untimed teardown stays cheap.
+        let region = self.pager.map_store(
+            self.store.clone(),
+            self.pages * PAGE_SIZE,
+            &MapOptions {
+                kind: self.kind,
+                writable: false,
+                ..MapOptions::default()
+            },
+        )?;
+        let t = touch(region.as_ptr() as usize, n);
+        region.unmap()?;
+        t
+    }
+}

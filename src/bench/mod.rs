@@ -1,0 +1,242 @@
+//! Benchmarks that put the engine next to the floor the kernel sets.
+//!
+//! [`fault_cost`] measures the per-fault cost of the engine against a *raw
+//! floor loop* ([`FloorLoop`]): the same userfaultfd ioctls, driven by the
+//! smallest possible handler, with no engine in between. Figures on these
+//! machines are noisy (see `limits.md`), so the result that matters is the
+//! ratio of the two measured in the same run.
+//!
+//! What both sides do per fault (one page, one volatile read per page):
+//!
+//! | kind | floor | engine |
+//! |---|---|---|
+//! | anonymous | memcpy 4 KiB from a source buffer to a staging page, UFFDIO_COPY | store read (memcpy into its cache area), UFFDIO_COPY |
+//! | shared | memcpy 4 KiB into the (pre-filled) memfd, UFFDIO_CONTINUE | store read (memcpy into its memfd), UFFDIO_CONTINUE |
+//!
+//! The engine side maps a fresh region over a pre-filled
+//! [`MemoryStore`](crate::store::MemoryStore) per pass, so every page is a
+//! major fault; map and unmap are outside the timed loop. The floor's pages
+//! are made absent again with `MADV_DONTNEED` between passes (also untimed).
+//!
+//! # Floor and engine must not overlap in time
+//! In in-thread delivery the floor installs its own process-wide SIGBUS
+//! handler for the duration of each floor pass and restores the previous
+//! one afterwards (faults at addresses it does not own are passed on to
+//! that previous handler, so other pagers keep working meanwhile). Floor
+//! passes are serialised process-wide; [`fault_cost`] runs floor and engine
+//! passes one after the other, never concurrently.
+
+mod engine;
+mod floor;
+
+pub use engine::EngineLoop;
+pub use floor::FloorLoop;
+
+use crate::delivery::Delivery;
+use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::sys::PAGE_SIZE;
+use std::time::{Duration, Instant};
+
+/// What [`fault_cost`] measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultCostConfig {
+    /// Pages faulted per pass (each touched once).
+    pub pages: usize,
+    /// Timed passes per side (after one untimed warm-up pass each).
+    pub passes: usize,
+    /// How pages are installed.
+    pub kind: InstallKind,
+    /// How faults are delivered, to the floor's handler and to the engine.
+    pub delivery: Delivery,
+}
+
+impl Default for FaultCostConfig {
+    fn default() -> Self {
+        FaultCostConfig {
+            pages: 4096,
+            passes: 5,
+            kind: InstallKind::Anonymous,
+            delivery: Delivery::InThread,
+        }
+    }
+}
+
+/// The result of [`fault_cost`]. Every figure is microseconds per page
+/// (per fault) of the timed touch loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultCostReport {
+    /// The configuration measured.
+    pub config: FaultCostConfig,
+    /// The floor's best pass.
+    pub floor_us_per_page: f64,
+    /// The engine's best pass.
+    pub engine_us_per_page: f64,
+    /// `engine_us_per_page / floor_us_per_page`: best-of against best-of,
+    /// the least noise-sensitive comparison on a shared machine.
+    pub ratio: f64,
+    /// The floor's median pass.
+    pub floor_median_us_per_page: f64,
+    /// The engine's median pass.
+    pub engine_median_us_per_page: f64,
+    /// Median against median.
+    pub median_ratio: f64,
+    /// Every timed floor pass, in order.
+    pub floor_passes: Vec<f64>,
+    /// Every timed engine pass, in order.
+    pub engine_passes: Vec<f64>,
+}
+
+/// Measures the engine's per-fault cost against the raw floor loop.
+///
+/// Builds both sides (the engine first, so that its process-wide SIGBUS
+/// handler is in place before the floor saves and restores it), runs one
+/// untimed warm-up pass of each, then `passes` timed passes interleaved
+/// floor, engine, floor, engine… so that machine drift affects both alike.
+/// The floor and engine passes never overlap in time.
+pub fn fault_cost(cfg: &FaultCostConfig) -> Result<FaultCostReport> {
+    if cfg.pages == 0 {
+        return Err(Error::Config("fault-cost needs at least one page".into()));
+    }
+    if cfg.passes == 0 {
+        return Err(Error::Config("fault-cost needs at least one pass".into()));
+    }
+    let mut engine = EngineLoop::new(cfg.pages, cfg.kind, cfg.delivery)?;
+    let mut floor = FloorLoop::new(cfg.pages, cfg.kind, cfg.delivery)?;
+    floor.pass(cfg.pages)?;
+    engine.pass(cfg.pages)?;
+    let per_page = |d: Duration| d.as_secs_f64() * 1e6 / cfg.pages as f64;
+    let mut floor_passes = Vec::with_capacity(cfg.passes);
+    let mut engine_passes = Vec::with_capacity(cfg.passes);
+    for _ in 0..cfg.passes {
+        floor_passes.push(per_page(floor.pass(cfg.pages)?));
+        engine_passes.push(per_page(engine.pass(cfg.pages)?));
+    }
+    let floor_best = min(&floor_passes);
+    let engine_best = min(&engine_passes);
+    let floor_median = median(&floor_passes);
+    let engine_median = median(&engine_passes);
+    Ok(FaultCostReport {
+        config: *cfg,
+        floor_us_per_page: floor_best,
+        engine_us_per_page: engine_best,
+        ratio: engine_best / floor_best,
+        floor_median_us_per_page: floor_median,
+        engine_median_us_per_page: engine_median,
+        median_ratio: engine_median / floor_median,
+        floor_passes,
+        engine_passes,
+    })
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// The byte every byte of page `i` holds on both sides (never zero, so a
+/// page installed as zeros is caught).
+#[inline]
+pub(crate) fn pattern(i: usize) -> u8 {
+    (i % 251) as u8 + 1
+}
+
+/// The timed loop: one volatile read of the first byte of each of the first
+/// `n` pages at `base`. Returns the elapsed time, after checking that every
+/// page held its pattern.
+pub(crate) fn touch(base: usize, n: usize) -> Result<Duration> {
+    let mut sum = 0u64;
+    let t0 = Instant::now();
+    for i in 0..n {
+        // SAFETY: callers pass a live mapping of at least `n` pages whose
+        // faults are served (by the floor's handler or the engine).
+        sum += unsafe { std::ptr::read_volatile((base + i * PAGE_SIZE) as *const u8) } as u64;
+    }
+    let elapsed = t0.elapsed();
+    let expected: u64 = (0..n).map(|i| pattern(i) as u64).sum();
+    if sum != expected {
+        return Err(Error::Io {
+            context: "fault-cost pass".into(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("pages read back wrong contents (sum {sum}, expected {expected})"),
+            ),
+        });
+    }
+    Ok(elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(kind: InstallKind, delivery: Delivery) {
+        let cfg = FaultCostConfig {
+            pages: 256,
+            passes: 2,
+            kind,
+            delivery,
+        };
+        let r = fault_cost(&cfg).unwrap_or_else(|e| panic!("{kind} {delivery}: {e}"));
+        for v in [
+            r.floor_us_per_page,
+            r.engine_us_per_page,
+            r.ratio,
+            r.floor_median_us_per_page,
+            r.engine_median_us_per_page,
+            r.median_ratio,
+        ] {
+            assert!(v.is_finite() && v > 0.0, "{kind} {delivery}: {r:?}");
+        }
+        assert_eq!(r.floor_passes.len(), 2);
+        assert_eq!(r.engine_passes.len(), 2);
+    }
+
+    #[test]
+    fn fault_cost_in_thread() {
+        small(InstallKind::Anonymous, Delivery::InThread);
+        small(InstallKind::Shared, Delivery::InThread);
+    }
+
+    #[test]
+    fn fault_cost_threads() {
+        let d = Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        };
+        small(InstallKind::Anonymous, d);
+        small(InstallKind::Shared, d);
+    }
+
+    #[test]
+    fn rejects_empty_runs() {
+        let cfg = FaultCostConfig {
+            pages: 0,
+            ..FaultCostConfig::default()
+        };
+        assert!(fault_cost(&cfg).is_err());
+        let cfg = FaultCostConfig {
+            passes: 0,
+            ..FaultCostConfig::default()
+        };
+        assert!(fault_cost(&cfg).is_err());
+    }
+
+    #[test]
+    fn statistics() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(min(&[4.0, 1.5, 2.0]), 1.5);
+        assert!((1..1000).all(|i| pattern(i) != 0));
+    }
+}
