@@ -6,6 +6,11 @@
 
 use crate::delivery::Delivery;
 use crate::fault::Policy;
+use crate::lru::{entry, DrainPolicy, Lru};
+use crate::object::Object;
+use crate::page_cache::{LRU_BATCHED, ON_LRU};
+use crate::reclaim::Reclaim;
+use crate::rmap::ObjectTable;
 use crate::stats::{Counter, Counters, Stats};
 use crate::sync::global_lock::GlobalLock;
 use crate::sync::rcu::Rcu;
@@ -24,8 +29,14 @@ pub struct Config {
     pub delivery: Delivery,
     /// Store read attempts before a page is poisoned.
     pub read_attempts: u32,
-    /// Memory budget in pages (0: unlimited).
+    /// Memory budget in pages (0: unlimited; no LRU is kept).
     pub budget_pages: u64,
+    /// When populate drains the per-CPU LRU add batch.
+    pub drain: DrainPolicy,
+    /// LRU shards (per-node lruvec analog).
+    pub lru_shards: usize,
+    /// Run a background reclaimer (kswapd) when there is a budget.
+    pub kswapd: bool,
 }
 
 impl Default for Config {
@@ -35,6 +46,9 @@ impl Default for Config {
             delivery: Delivery::default(),
             read_attempts: 3,
             budget_pages: 0,
+            drain: DrainPolicy::Always,
+            lru_shards: 1,
+            kswapd: true,
         }
     }
 }
@@ -113,12 +127,21 @@ pub struct Mm {
     pub resident: AtomicU64,
     /// Highest `resident` seen.
     pub peak_resident: AtomicU64,
+    /// Objects by slot, for reclaim (the rmap).
+    pub objects: ObjectTable,
+    /// Resident pages in reclaim order.
+    pub lru: Lru,
+    /// Reclaim state (staging area, kswapd wake-ups).
+    pub reclaim: Reclaim,
 }
 
 impl Mm {
     /// A new, empty address space over `uffd`.
-    pub fn new(uffd: Uffd, config: Config) -> Mm {
-        Mm {
+    pub fn new(uffd: Uffd, config: Config) -> Result<Mm, (&'static str, i32)> {
+        let lru = Lru::new(config.lru_shards, config.budget_pages as usize)
+            .map_err(|e| ("mmap LRU", e))?;
+        let reclaim = Reclaim::new(&uffd)?;
+        Ok(Mm {
             lock: GlobalLock::new(),
             table: Rcu::new(Table::default()),
             uffd,
@@ -126,7 +149,10 @@ impl Mm {
             counters: Counters::default(),
             resident: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
-        }
+            objects: ObjectTable::new().map_err(|e| ("mmap object table", e))?,
+            lru,
+            reclaim,
+        })
     }
 
     /// `lock_vma_under_rcu`: finds the region of `addr` without the global
@@ -134,6 +160,16 @@ impl Mm {
     /// (`VMA_LOCK_MISS`) and the lookup repeated. Async-signal-safe.
     #[inline]
     pub fn lock_vma_under_rcu(&self, addr: usize) -> Result<VmaReadGuard<'_>, LookupFail> {
+        self.lookup_and_lock(addr, true)
+    }
+
+    /// As [`Mm::lock_vma_under_rcu`], for reclaim: nothing is counted.
+    pub fn lock_vma_quiet(&self, addr: usize) -> Option<VmaReadGuard<'_>> {
+        self.lookup_and_lock(addr, false).ok()
+    }
+
+    #[inline]
+    fn lookup_and_lock(&self, addr: usize, count: bool) -> Result<VmaReadGuard<'_>, LookupFail> {
         loop {
             let r = self.table.read(|t| {
                 let v = t.find(addr).ok_or(TryReadError::WriteLocked)?;
@@ -156,7 +192,9 @@ impl Mm {
                     })
                 }
                 Err(TryReadError::Detached) => {
-                    self.counters.inc(Counter::VMA_LOCK_MISS);
+                    if count {
+                        self.counters.inc(Counter::VMA_LOCK_MISS);
+                    }
                     std::hint::spin_loop();
                 }
                 Err(TryReadError::WriteLocked) => return Err(LookupFail::Abort),
@@ -181,18 +219,39 @@ impl Mm {
         self.table.read(|t| t.claims(addr))
     }
 
-    /// Charges `n` pages to the resident count.
+    /// Charges `n` pages to the resident count; over the budget, reclaims
+    /// directly in the calling (faulting) context, and wakes kswapd past
+    /// its watermark. Async-signal-safe.
     #[inline]
     pub fn charge(&self, n: u64) {
         let now = self.resident.fetch_add(n, Relaxed) + n;
         self.peak_resident.fetch_max(now, Relaxed);
+        let budget = self.config.budget_pages;
+        if budget > 0 {
+            if now > budget {
+                crate::reclaim::direct(self);
+            }
+            crate::reclaim::maybe_wake_kswapd(self, now);
+        }
     }
 
     /// A page of `obj` became resident (cached or installed): the LRU add
     /// hook. Async-signal-safe.
     #[inline]
-    pub fn page_cached(&self, obj: &crate::object::Object, i: usize) {
-        let _ = (obj, i);
+    pub fn page_cached(&self, obj: &Object, i: usize) {
+        if self.config.budget_pages == 0 {
+            return;
+        }
+        let prev = obj.cache.update(i, ON_LRU | LRU_BATCHED, 0);
+        if prev & ON_LRU != 0 {
+            // Already tracked: undo our LRU_BATCHED if the page was in the LRU.
+            if prev & LRU_BATCHED == 0 {
+                obj.cache.update(i, 0, LRU_BATCHED);
+            }
+            return;
+        }
+        let slot = obj.slot.load(Relaxed);
+        self.lru.add(entry(slot, i), &self.objects, &self.counters);
     }
 
     /// Uncharges `n` pages.

@@ -5,7 +5,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{MAPPED, UPTODATE};
+use crate::page_cache::{DIRTY, LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
 use crate::sys::mem::{mprotect, Mapping};
 use crate::sys::uffd::mode;
 use crate::sys::PAGE_SIZE;
@@ -57,12 +57,23 @@ impl Mm {
             e => Error::sys("mmap", e),
         })?;
         let start = m.addr();
+        let Some(slot) = self.objects.insert(&object) else {
+            return Err(Error::Config(format!(
+                "too many mapped objects (at most {})",
+                crate::rmap::MAX_OBJECTS
+            )));
+        };
+        object.slot.store(slot, std::sync::atomic::Ordering::Release);
+        object
+            .mapped_at
+            .store(start, std::sync::atomic::Ordering::Release);
         if !writable {
             mprotect(start, len, libc::PROT_READ).map_err(|e| Error::sys("mprotect", e))?;
         }
-        self.uffd
-            .register(start, len, register_mode(object.kind))
-            .map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
+        if let Err(e) = self.uffd.register(start, len, register_mode(object.kind)) {
+            self.objects.remove(slot);
+            return Err(Error::sys("UFFDIO_REGISTER", e));
+        }
         let mut vma = Vma::new(start, len, 0, object, writable);
         vma.pinned = pinned;
         let vma = Arc::new(vma);
@@ -109,6 +120,7 @@ impl Mm {
         vma.lock.write_unlock();
         drop(w);
         let obj = vma.object.clone();
+        obj.mapped_at.store(0, std::sync::atomic::Ordering::Release);
         for i in vma.pages() {
             obj.cache.update(i, 0, MAPPED);
         }
@@ -119,36 +131,56 @@ impl Mm {
     /// Drops a reference to `obj`; the last one writes dirty pages back,
     /// uncharges its resident pages and frees it.
     pub(crate) fn release_object(&self, obj: Arc<Object>) -> Result<()> {
-        obj.wait_unpinned();
         if Arc::strong_count(&obj) > 1 {
             return Ok(());
         }
+        // No region maps it any more: take it out of the rmap so reclaim
+        // cannot reach it, then wait for evictions already under way.
+        let slot = obj.slot.load(std::sync::atomic::Ordering::Acquire);
+        self.objects.remove(slot);
+        obj.wait_unpinned();
         let r = self.writeback_object(&obj);
-        let mut resident = 0;
+        let (mut resident, mut on_lru) = (0, 0);
         for i in 0..obj.npages() {
-            if obj.cache.load(i) & UPTODATE != 0 {
+            let w = obj.cache.load(i);
+            if w & UPTODATE != 0 {
                 resident += 1;
+            }
+            // Pages in the LRU proper (not in an add batch) are taken off it
+            // under the LRU lock, a batch of 31 per acquisition
+            // (`folios_put`); their ring entries go stale.
+            if w & ON_LRU != 0 && w & LRU_BATCHED == 0 {
+                if on_lru % crate::lru::BATCH == 0 {
+                    self.lru.release_lock_once(slot, &self.counters);
+                }
+                on_lru += 1;
             }
         }
         self.uncharge(resident);
         r
     }
 
-    /// Writes every cached page of a shared object back to a writable store
-    /// (the msync analog, without dirty tracking: every page counts).
+    /// Writes every dirty page of a shared object back to its store (the
+    /// msync analog). A page still mapped writable stays dirty: the
+    /// application may write it again without the engine seeing it.
     pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
         if obj.kind != InstallKind::Shared || !obj.store.writable() {
             return Ok(());
         }
         for i in 0..obj.npages() {
-            if obj.cache.load(i) & UPTODATE == 0 {
+            if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
                 continue;
             }
-            obj.cache.lock(i);
-            // SAFETY: we hold the page lock; the contents are read only.
+            let w = obj.cache.lock(i);
+            if w & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
+                obj.cache.unlock(i, 0, 0);
+                continue;
+            }
+            // SAFETY: we hold the page lock; the contents are only read.
             let buf = unsafe { obj.page_mut(i) };
             let r = obj.store.write((i * PAGE_SIZE) as u64, buf);
-            obj.cache.unlock(i, 0, 0);
+            let clear = if r.is_ok() && w & MAPPED == 0 { DIRTY } else { 0 };
+            obj.cache.unlock(i, 0, clear);
             r?;
             self.counters.inc(crate::stats::Counter::WRITEBACK);
         }
@@ -231,6 +263,9 @@ impl Mm {
             return Err(Error::sys("mremap", crate::sys::errno()));
         }
         let new_start = p as usize;
+        old.object
+            .mapped_at
+            .store(new_start, std::sync::atomic::Ordering::Release);
         let new = Arc::new(old.resized(new_start, new_len));
         new.lock.write_lock();
         old.lock.mark_detached();

@@ -16,7 +16,7 @@ use crate::page_cache::PageCache;
 use crate::store::Store;
 use crate::sys::mem::{madvise, Mapping, Memfd};
 use crate::sys::PAGE_SIZE;
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// How a region's pages are installed.
@@ -68,6 +68,11 @@ pub struct Object {
     backing: Backing,
     /// Attempts working on this object with their lock dropped.
     pins: AtomicU32,
+    /// Slot in the pager's reverse map ([`crate::rmap`]); `u32::MAX` if none.
+    pub slot: AtomicU32,
+    /// User address where page 0 is mapped (0: not mapped). Changed by
+    /// writers under the global write lock; read by reclaim.
+    pub mapped_at: AtomicUsize,
 }
 
 /// Keeps an object alive while a fault works on it with its lock dropped
@@ -130,6 +135,8 @@ impl Object {
             zero_fill,
             backing,
             pins: AtomicU32::new(0),
+            slot: AtomicU32::new(u32::MAX),
+            mapped_at: AtomicUsize::new(0),
         })
     }
 

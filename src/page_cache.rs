@@ -43,6 +43,8 @@ pub const POISONED: u32 = 1 << 7;
 pub const SWAPPED: u32 = 1 << 8;
 /// Never evict (the mlock analog).
 pub const PINNED: u32 = 1 << 9;
+/// In a per-CPU add batch, not yet in the LRU proper.
+pub const LRU_BATCHED: u32 = 1 << 10;
 
 /// The four states of `kernel-model.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

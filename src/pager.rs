@@ -41,9 +41,28 @@ impl PagerBuilder {
         self
     }
 
-    /// Memory budget in pages across all regions (0: unlimited).
+    /// Memory budget in pages across all regions (0: unlimited). Resident
+    /// means cached plus installed.
     pub fn budget_pages(mut self, pages: u64) -> Self {
         self.config.budget_pages = pages;
+        self
+    }
+
+    /// When populate drains the per-CPU LRU add batch (default `always`).
+    pub fn drain_policy(mut self, d: crate::lru::DrainPolicy) -> Self {
+        self.config.drain = d;
+        self
+    }
+
+    /// LRU shards (default 1): the per-node lruvec analog.
+    pub fn lru_shards(mut self, n: usize) -> Self {
+        self.config.lru_shards = n.max(1);
+        self
+    }
+
+    /// Run the background reclaimer (default true; only with a budget).
+    pub fn kswapd(mut self, on: bool) -> Self {
+        self.config.kswapd = on;
         self
     }
 
@@ -75,7 +94,15 @@ impl PagerBuilder {
             None => open(false).or_else(|_| open(true)),
         }
         .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
-        let mm = Arc::new(Mm::new(uffd, self.config.clone()));
+        let mm = Arc::new(Mm::new(uffd, self.config.clone()).map_err(|(op, e)| Error::sys(op, e))?);
+        let kswapd = if self.config.budget_pages > 0 && self.config.kswapd {
+            Some(crate::reclaim::start_kswapd(&mm).map_err(|e| Error::Io {
+                context: "starting kswapd".into(),
+                source: e,
+            })?)
+        } else {
+            None
+        };
         let pool = match self.config.delivery {
             Delivery::InThread => {
                 sigbus::register(&mm).map_err(|e| Error::sys("sigaction(SIGBUS)", e))?;
@@ -89,7 +116,7 @@ impl PagerBuilder {
             ),
         };
         Ok(Pager {
-            inner: Arc::new(PagerInner { mm, pool }),
+            inner: Arc::new(PagerInner { mm, pool, kswapd }),
         })
     }
 }
@@ -105,6 +132,8 @@ pub struct MapOptions {
     pub fixed_addr: Option<usize>,
     /// Never evict this region's pages (the mlock analog).
     pub pinned: bool,
+    /// Fault every page in at map time (the MAP_POPULATE analog).
+    pub populate: bool,
 }
 
 impl Default for MapOptions {
@@ -114,6 +143,7 @@ impl Default for MapOptions {
             writable: true,
             fixed_addr: None,
             pinned: false,
+            populate: false,
         }
     }
 }
@@ -130,12 +160,17 @@ pub struct Pager {
 pub(crate) struct PagerInner {
     pub(crate) mm: Arc<Mm>,
     pool: Option<HandlerPool>,
+    kswapd: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for PagerInner {
     fn drop(&mut self) {
         // Stop delivery before the address space goes: join the handler
         // threads, or leave the SIGBUS registry (waiting out running faults).
+        if let Some(k) = self.kswapd.take() {
+            crate::reclaim::stop_kswapd(&self.mm);
+            let _ = k.join();
+        }
         self.pool.take();
         if self.mm.config.delivery.is_in_thread() {
             sigbus::unregister(&self.mm);
@@ -291,7 +326,11 @@ impl Pager {
             },
             opts.pinned,
         )?;
-        Ok(Region::new(self.inner.clone(), start, len))
+        let region = Region::new(self.inner.clone(), start, len);
+        if opts.populate {
+            region.populate(0, len)?;
+        }
+        Ok(region)
     }
 
     #[allow(dead_code)]

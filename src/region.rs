@@ -97,6 +97,35 @@ impl Region {
         Ok(())
     }
 
+    /// Faults in `[offset, offset+len)` through the engine without touching
+    /// the memory (the MAP_POPULATE / `populate_vma_page_range` analog), then
+    /// drains this CPU's LRU add batch as the pager's drain policy says.
+    pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
+        self.check_range(offset & !(PAGE_SIZE - 1), len)?;
+        let mm = &self.owner.mm;
+        let mut a = (self.start + offset) & !(PAGE_SIZE - 1);
+        let end = self.start + offset + len;
+        while a < end {
+            if crate::fault::handle_fault(mm, a, false) != crate::fault::Resolution::Resolved {
+                return Err(Error::Store(crate::store::StoreError(libc::EIO)));
+            }
+            a += PAGE_SIZE;
+        }
+        let pinned = mm
+            .table
+            .read(|t| t.find(self.start).map(|v| v.pinned))
+            .unwrap_or(false);
+        let drain = match mm.config.drain {
+            crate::lru::DrainPolicy::Always => true,
+            crate::lru::DrainPolicy::LockedOnly => pinned,
+            crate::lru::DrainPolicy::Never => false,
+        };
+        if drain && mm.config.budget_pages > 0 {
+            mm.lru.drain_local(&mm.objects, &mm.counters);
+        }
+        Ok(())
+    }
+
     /// Makes the region read-only (`false`) or read-write (`true`).
     pub fn protect(&self, writable: bool) -> Result<()> {
         self.owner.mm.protect(self.start, writable)

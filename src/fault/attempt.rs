@@ -5,8 +5,10 @@ use super::install::{install, poison};
 use super::load::{load, LoadResult};
 use super::{Fault, LockKind, Outcome};
 use crate::address_space::{Mm, VmaReadGuard};
-use crate::object::Object;
-use crate::page_cache::{PageState, LOCKED, MAPPED, POISONED, REFERENCED, SWAPPED, UPTODATE};
+use crate::object::{InstallKind, Object};
+use crate::page_cache::{
+    PageState, DIRTY, LOCKED, MAPPED, PINNED, POISONED, REFERENCED, SWAPPED, UPTODATE,
+};
 use crate::stats::Counter::*;
 use crate::sync::global_lock::ReadGuard;
 use crate::vma::Vma;
@@ -88,7 +90,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                     obj.cache.unlock(i, 0, 0);
                     continue;
                 }
-                return finish_install(mm, vma, f, i, false);
+                return finish_install(mm, vma, f, i, false, false);
             }
             PageState::Loading => unreachable!("Loading always has LOCKED"),
             PageState::Absent => {}
@@ -105,11 +107,12 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             obj.cache.unlock(i, 0, 0);
             continue;
         }
+        let pinned = if vma.pinned { PINNED } else { 0 };
         mm.charge(1);
 
         // An anonymous page never written back: a minor zero-page fault.
         if obj.zero_fill && prev & SWAPPED == 0 {
-            return finish_install(mm, vma, f, i, true);
+            return finish_install(mm, vma, f, i, true, true);
         }
 
         // Step 5: a major fault.
@@ -118,7 +121,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             let pin = obj.pin();
             drop(held);
             let r = load(mm, &pin, i);
-            pin.cache.unlock(i, loaded_bits(r), 0);
+            pin.cache.unlock(i, loaded_bits(r) | pinned, 0);
             if r == LoadResult::Failed {
                 mm.uncharge(1);
             } else {
@@ -128,7 +131,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             return Outcome::Retry { major: true };
         }
         match load(mm, obj, i) {
-            LoadResult::Ok => return finish_install(mm, vma, f, i, false),
+            LoadResult::Ok => return finish_install(mm, vma, f, i, false, true),
             LoadResult::Failed => {
                 obj.cache.unlock(i, POISONED, 0);
                 mm.uncharge(1);
@@ -145,13 +148,26 @@ fn loaded_bits(r: LoadResult) -> u32 {
     }
 }
 
-/// Installs locked page `i` and unlocks it as Installed.
-fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool) -> Outcome {
+/// Installs locked page `i` and unlocks it as Installed. `fresh`: the page
+/// just became resident (it joins the LRU).
+fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bool) -> Outcome {
     let obj: &Object = &vma.object;
     match install(mm, vma, i, zero, f.write) {
         Ok(()) => {
-            obj.cache.unlock(i, UPTODATE | MAPPED | REFERENCED, 0);
-            if zero {
+            // Without write tracking, a shared page mapped writable over a
+            // writable store may be written at any time: it is dirty.
+            let dirty = if obj.kind == InstallKind::Shared
+                && vma.writable.load(Relaxed)
+                && obj.store.writable()
+            {
+                DIRTY
+            } else {
+                0
+            };
+            let pinned = if vma.pinned { PINNED } else { 0 };
+            obj.cache
+                .unlock(i, UPTODATE | MAPPED | REFERENCED | dirty | pinned, 0);
+            if fresh {
                 mm.page_cached(obj, i);
             }
             Outcome::Done

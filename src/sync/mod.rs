@@ -8,5 +8,6 @@
 //! never interrupt code that holds one of these locks.
 
 pub mod global_lock;
+pub mod mutex;
 pub mod rcu;
 pub mod region_lock;

@@ -1,0 +1,360 @@
+//! The LRU: resident pages in reclaim order (the kernel's lruvec), behind
+//! the LRU lock, fed through per-CPU add batches of 31 (`folio_batch`).
+//!
+//! # Design
+//! Each shard (the per-node lruvec analog) is a ring of entries
+//! `(object slot, page index)` under a [`CountingMutex`]. Reclaim takes
+//! entries from the head and either evicts them or rotates them to the tail
+//! (second chance: a page referenced since the last look). That is the
+//! CLOCK algorithm over the resident pages, chosen because it needs no
+//! per-page links: the page's 4-byte state word carries `ON_LRU`,
+//! `LRU_BATCHED` and `REFERENCED`, and the ring costs 8 bytes per resident
+//! page, not per tracked page. Entries that went stale (the object was
+//! unmapped, the page evicted by another entry) are dropped when reached.
+//!
+//! Pages enter through a per-CPU batch; a full batch is moved into its
+//! shards under their locks. A per-CPU batch is guarded by a try-lock: if
+//! another thread on the same CPU holds it, the page goes straight to the
+//! shard. Nothing here allocates after construction: async-signal-safe.
+
+use crate::page_cache::{LRU_BATCHED, ON_LRU};
+use crate::rmap::ObjectTable;
+use crate::stats::{Counter, Counters};
+use crate::sync::mutex::CountingMutex;
+use crate::sys::mem::Mapping;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+
+/// Pages per per-CPU add batch (`PAGEVEC_SIZE` / `folio_batch`).
+pub const BATCH: usize = 31;
+
+/// When populate drains the calling CPU's add batch (seed 002).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DrainPolicy {
+    /// Populate always drains at its end (`lru_add_drain`; mainline).
+    #[default]
+    Always,
+    /// Only for locked (pinned) regions (John Hubbard's patch).
+    LockedOnly,
+    /// Never: batches drain when full.
+    Never,
+}
+
+impl std::str::FromStr for DrainPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "always" => Ok(DrainPolicy::Always),
+            "locked-only" => Ok(DrainPolicy::LockedOnly),
+            "never" => Ok(DrainPolicy::Never),
+            _ => Err(format!("unknown drain policy {s:?} (always, locked-only, never)")),
+        }
+    }
+}
+
+impl std::fmt::Display for DrainPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DrainPolicy::Always => "always",
+            DrainPolicy::LockedOnly => "locked-only",
+            DrainPolicy::Never => "never",
+        })
+    }
+}
+
+/// An LRU entry: object slot in the high half, page index in the low half.
+pub type Entry = u64;
+
+/// Packs an entry.
+#[inline]
+pub fn entry(slot: u32, page: usize) -> Entry {
+    ((slot as u64) << 32) | page as u64
+}
+
+/// Unpacks an entry.
+#[inline]
+pub fn unpack(e: Entry) -> (u32, usize) {
+    ((e >> 32) as u32, (e & 0xffff_ffff) as usize)
+}
+
+struct Ring {
+    buf: Mapping,
+    cap: usize,
+    head: usize,
+    len: usize,
+}
+
+impl Ring {
+    fn at(&self, i: usize) -> *mut Entry {
+        // SAFETY: `i < cap`; the mapping holds `cap` u64s.
+        unsafe { (self.buf.addr() as *mut Entry).add(i % self.cap) }
+    }
+    fn push(&mut self, e: Entry) -> bool {
+        if self.len == self.cap {
+            return false;
+        }
+        // SAFETY: in bounds (see `at`); exclusive access under the shard lock.
+        unsafe { *self.at(self.head + self.len) = e };
+        self.len += 1;
+        true
+    }
+    fn pop(&mut self) -> Option<Entry> {
+        if self.len == 0 {
+            return None;
+        }
+        // SAFETY: as in `push`.
+        let e = unsafe { *self.at(self.head) };
+        self.head = (self.head + 1) % self.cap;
+        self.len -= 1;
+        Some(e)
+    }
+}
+
+struct Shard {
+    lock: CountingMutex,
+    ring: UnsafeCell<Ring>,
+}
+
+struct CpuBatch {
+    busy: AtomicBool,
+    n: UnsafeCell<usize>,
+    items: UnsafeCell<[Entry; BATCH]>,
+}
+
+/// The LRU of one pager. See the module docs.
+pub struct Lru {
+    shards: Box<[Shard]>,
+    batches: Box<[CpuBatch]>,
+    /// Round-robin cursor for reclaim.
+    cursor: AtomicUsize,
+    /// Entries dropped because a ring was full (should stay 0).
+    pub overflow: AtomicUsize,
+}
+
+// SAFETY: the UnsafeCells are only touched under their shard lock or the
+// batch's `busy` try-lock.
+unsafe impl Sync for Lru {}
+// SAFETY: as above; the mappings are plain memory.
+unsafe impl Send for Lru {}
+
+impl std::fmt::Debug for Lru {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lru").field("shards", &self.shards.len()).finish()
+    }
+}
+
+fn ncpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).max(1)
+}
+
+#[inline]
+fn this_cpu() -> usize {
+    // SAFETY: sched_getcpu has no preconditions (vDSO/rseq backed).
+    let c = unsafe { libc::sched_getcpu() };
+    c.max(0) as usize
+}
+
+impl Lru {
+    /// An LRU with `shards` shards, sized for a budget of `budget` pages.
+    pub fn new(shards: usize, budget: usize) -> Result<Lru, i32> {
+        let shards = shards.max(1);
+        // Resident pages are at most the budget plus a few in flight; stale
+        // entries add to that until reached. Generous and lazily touched.
+        let cap = (budget * 4 + 4096) / shards + 1024;
+        let mut v = Vec::with_capacity(shards);
+        for _ in 0..shards {
+            v.push(Shard {
+                lock: CountingMutex::new(),
+                ring: UnsafeCell::new(Ring {
+                    buf: Mapping::anonymous((cap * 8).div_ceil(4096) * 4096)?,
+                    cap,
+                    head: 0,
+                    len: 0,
+                }),
+            });
+        }
+        let batches = (0..ncpus() * 2)
+            .map(|_| CpuBatch {
+                busy: AtomicBool::new(false),
+                n: UnsafeCell::new(0),
+                items: UnsafeCell::new([0; BATCH]),
+            })
+            .collect();
+        Ok(Lru {
+            shards: v.into_boxed_slice(),
+            batches,
+            cursor: AtomicUsize::new(0),
+            overflow: AtomicUsize::new(0),
+        })
+    }
+
+    /// Number of shards.
+    pub fn nshards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The shard of an object slot.
+    #[inline]
+    pub fn shard_of(&self, slot: u32) -> usize {
+        slot as usize % self.shards.len()
+    }
+
+    fn lock_shard(&self, s: usize, c: &Counters) -> crate::sync::mutex::MutexGuard<'_> {
+        let (g, contended) = self.shards[s].lock.lock_contended();
+        c.inc(Counter::LRU_LOCK);
+        if contended {
+            c.inc(Counter::LRU_LOCK_CONTENDED);
+        }
+        g
+    }
+
+    /// Per-shard (acquisitions, contended) counts.
+    pub fn shard_counts(&self) -> Vec<(u64, u64)> {
+        self.shards.iter().map(|s| s.lock.counts()).collect()
+    }
+
+    /// Adds a page (whose word already has `ON_LRU | LRU_BATCHED` set) to
+    /// the calling CPU's batch, draining the batch when full.
+    pub fn add(&self, e: Entry, objects: &ObjectTable, c: &Counters) {
+        let b = &self.batches[this_cpu() % self.batches.len()];
+        if b.busy.swap(true, Acquire) {
+            // Someone on this CPU holds the batch: go straight to the LRU.
+            self.move_to_lru(&[e], objects, c);
+            return;
+        }
+        // SAFETY: `busy` gives us exclusive access to this batch.
+        let (n, items) = unsafe { (&mut *b.n.get(), &mut *b.items.get()) };
+        items[*n] = e;
+        *n += 1;
+        if *n == BATCH {
+            self.move_to_lru(&items[..], objects, c);
+            *n = 0;
+        }
+        b.busy.store(false, Release);
+    }
+
+    /// `lru_add_drain`: moves the calling CPU's batch into the LRU.
+    pub fn drain_local(&self, objects: &ObjectTable, c: &Counters) {
+        self.drain_batch(this_cpu() % self.batches.len(), objects, c);
+    }
+
+    /// `lru_add_drain_all`: drains every CPU's batch that is not busy.
+    pub fn drain_all(&self, objects: &ObjectTable, c: &Counters) {
+        for i in 0..self.batches.len() {
+            self.drain_batch(i, objects, c);
+        }
+    }
+
+    fn drain_batch(&self, i: usize, objects: &ObjectTable, c: &Counters) {
+        let b = &self.batches[i];
+        if b.busy.swap(true, Acquire) {
+            return;
+        }
+        // SAFETY: exclusive access via `busy`.
+        let (n, items) = unsafe { (&mut *b.n.get(), &*b.items.get()) };
+        if *n > 0 {
+            self.move_to_lru(&items[..*n], objects, c);
+            *n = 0;
+        }
+        b.busy.store(false, Release);
+    }
+
+    /// Moves entries into their shards: one lock acquisition per shard
+    /// touched. Entries of unmapped objects are dropped on the way.
+    fn move_to_lru(&self, es: &[Entry], objects: &ObjectTable, c: &Counters) {
+        for s in 0..self.shards.len() {
+            let mut g = None;
+            for &e in es {
+                let (slot, page) = unpack(e);
+                if self.shard_of(slot) != s {
+                    continue;
+                }
+                let Some(obj) = objects.pin(slot) else {
+                    continue;
+                };
+                if page >= obj.npages() {
+                    continue;
+                }
+                if g.is_none() {
+                    g = Some(self.lock_shard(s, c));
+                }
+                obj.cache.update(page, 0, LRU_BATCHED);
+                // SAFETY: we hold shard `s`'s lock.
+                if !unsafe { &mut *self.shards[s].ring.get() }.push(e) {
+                    self.overflow.fetch_add(1, Relaxed);
+                    obj.cache.update(page, 0, ON_LRU);
+                }
+            }
+        }
+    }
+
+    /// Takes up to `out.len()` entries from the head of the next shard
+    /// (round robin). Returns how many.
+    pub fn isolate(&self, out: &mut [Entry], c: &Counters) -> usize {
+        let n = self.shards.len();
+        for _ in 0..n {
+            let s = self.cursor.fetch_add(1, Relaxed) % n;
+            // SAFETY: read-only peek at the length; racy but only a hint.
+            if unsafe { &*self.shards[s].ring.get() }.len == 0 {
+                continue;
+            }
+            let _g = self.lock_shard(s, c);
+            // SAFETY: we hold the shard lock.
+            let ring = unsafe { &mut *self.shards[s].ring.get() };
+            let mut k = 0;
+            while k < out.len() {
+                match ring.pop() {
+                    Some(e) => {
+                        out[k] = e;
+                        k += 1;
+                    }
+                    None => break,
+                }
+            }
+            if k > 0 {
+                return k;
+            }
+        }
+        0
+    }
+
+    /// Puts rotated entries back at the tails of their shards.
+    pub fn putback(&self, es: &[Entry], c: &Counters) {
+        for s in 0..self.shards.len() {
+            let mut g = None;
+            for &e in es {
+                if self.shard_of(unpack(e).0) != s {
+                    continue;
+                }
+                if g.is_none() {
+                    g = Some(self.lock_shard(s, c));
+                }
+                // SAFETY: we hold the shard lock.
+                if !unsafe { &mut *self.shards[s].ring.get() }.push(e) {
+                    self.overflow.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Takes the lock of `slot`'s shard once, as releasing a batch of pages
+    /// that are on the LRU does (`folios_put` → `lruvec` lock). Their ring
+    /// entries go stale and are dropped when reached.
+    pub fn release_lock_once(&self, slot: u32, c: &Counters) {
+        let _g = self.lock_shard(self.shard_of(slot), c);
+    }
+
+    /// Entries in all rings (live and stale).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            // SAFETY: racy length read, for reports.
+            .map(|s| unsafe { &*s.ring.get() }.len)
+            .sum()
+    }
+
+    /// Whether all rings are empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,308 @@
+//! Reclaim under the memory budget: the background reclaimer (kswapd),
+//! direct reclaim in the faulting context, and eviction of one page that
+//! loses no write.
+//!
+//! Evicting page `i` of an object (`shrink_folio_list` for one folio):
+//! 1. try-lock the page (never wait: a locked page is busy, rotate it);
+//! 2. a page referenced since the last look gets a second chance;
+//! 3. if installed, take it out of the user mapping under the region's read
+//!    lock (writers excluded): shared objects zap the PTE
+//!    (`MADV_DONTNEED`; the data stays in the memfd), anonymous ones move
+//!    the page out atomically with `UFFDIO_MOVE` to a staging slot and copy
+//!    it into the cache area, so no concurrent write can be lost: a write
+//!    after the move faults and waits for the page lock;
+//! 4. write it back if dirty (anonymous pages always: to swap);
+//! 5. free the cached contents (hole punch / `MADV_DONTNEED`), uncharge.
+//!
+//! A write-back failure keeps the page cached and dirty.
+
+use crate::address_space::Mm;
+use crate::lru::{unpack, Entry};
+use crate::object::{InstallKind, Object};
+use crate::page_cache::*;
+use crate::stats::Counter::*;
+use crate::sys::mem::{madvise, Mapping};
+use crate::sys::uffd::{mode, MODE_DONTWAKE};
+use crate::sys::{futex, PAGE_SIZE};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+/// Staging slots for anonymous eviction (one per concurrent evictor).
+const STAGING_SLOTS: usize = 64;
+/// Entries isolated from the LRU per round.
+const ISOLATE: usize = 32;
+
+/// Per-pager reclaim state.
+#[derive(Debug)]
+pub struct Reclaim {
+    staging: Mapping,
+    free_slots: AtomicU64,
+    kswapd_seq: AtomicU32,
+    kswapd_sleeping: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// What happened to one LRU entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evict {
+    /// The page is gone (Absent).
+    Evicted,
+    /// Busy or recently referenced: back to the tail.
+    Rotate,
+    /// Stale or unevictable: drop the entry.
+    Drop,
+}
+
+impl Reclaim {
+    /// Staging area registered (MISSING) with the pager's descriptor, so it
+    /// can be a `UFFDIO_MOVE` destination.
+    pub fn new(uffd: &crate::sys::uffd::Uffd) -> Result<Reclaim, (&'static str, i32)> {
+        let staging = Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
+        uffd.register(staging.addr(), staging.len(), mode::MISSING)
+            .map_err(|e| ("UFFDIO_REGISTER staging", e))?;
+        Ok(Reclaim {
+            staging,
+            free_slots: AtomicU64::new(u64::MAX),
+            kswapd_seq: AtomicU32::new(0),
+            kswapd_sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    fn take_slot(&self) -> usize {
+        loop {
+            let f = self.free_slots.load(Acquire);
+            if f == 0 {
+                std::thread::yield_now();
+                continue;
+            }
+            let b = f.trailing_zeros() as u64;
+            if self
+                .free_slots
+                .compare_exchange(f, f & !(1 << b), AcqRel, Relaxed)
+                .is_ok()
+            {
+                return b as usize;
+            }
+        }
+    }
+
+    fn put_slot(&self, s: usize) {
+        self.free_slots.fetch_or(1 << s, Release);
+    }
+}
+
+/// Takes installed page `i` out of the user mapping; on return its current
+/// contents are in `obj.data(i)`. The caller holds the page lock.
+fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<(), ()> {
+    let base = obj.mapped_at.load(Acquire);
+    if base == 0 {
+        return Err(());
+    }
+    let addr = base + i * PAGE_SIZE;
+    let vma = mm.lock_vma_quiet(addr).ok_or(())?;
+    if !std::ptr::eq(&*vma.object, obj) || vma.page_index(addr) != i {
+        return Err(());
+    }
+    match obj.kind {
+        InstallKind::Shared => madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ()),
+        InstallKind::Anonymous => {
+            let r = &mm.reclaim;
+            let s = r.take_slot();
+            let slot = r.staging.addr() + s * PAGE_SIZE;
+            let moved = mm.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE);
+            let res = match moved {
+                Ok(_) => {
+                    // SAFETY: the staging page is present (just moved in) and
+                    // ours; the cache page is ours under the page lock.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(slot as *const u8, obj.data(i), PAGE_SIZE)
+                    };
+                    let _ = madvise(slot, PAGE_SIZE, libc::MADV_DONTNEED);
+                    Ok(())
+                }
+                // A read-only region cannot be a MOVE source, and nobody can
+                // write it: copy the page out, then drop it.
+                Err(libc::EINVAL) if !vma.writable.load(Acquire) => {
+                    // SAFETY: the page is installed (MAPPED under our page
+                    // lock) and the region read-only, so reading it neither
+                    // faults nor races a write.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(addr as *const u8, obj.data(i), PAGE_SIZE)
+                    };
+                    madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ())
+                }
+                Err(_) => Err(()),
+            };
+            r.put_slot(s);
+            res
+        }
+    }
+}
+
+/// Tries to evict page `i` of `obj`. Async-signal-safe.
+pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
+    if i >= obj.npages() {
+        return Evict::Drop;
+    }
+    let Ok(w) = obj.cache.try_lock(i) else {
+        return Evict::Rotate;
+    };
+    if w & UPTODATE == 0 || w & ON_LRU == 0 {
+        obj.cache.unlock(i, 0, 0);
+        return Evict::Drop;
+    }
+    if w & PINNED != 0 {
+        obj.cache.unlock(i, 0, ON_LRU);
+        return Evict::Drop;
+    }
+    if w & REFERENCED != 0 {
+        obj.cache.unlock(i, 0, REFERENCED);
+        return Evict::Rotate;
+    }
+    let mut dirty = w & DIRTY != 0;
+    if w & MAPPED != 0 {
+        if unmap_page(mm, obj, i).is_err() {
+            obj.cache.unlock(i, 0, 0);
+            return Evict::Rotate;
+        }
+        if obj.kind == InstallKind::Anonymous {
+            dirty = true;
+        }
+        obj.cache.update(i, 0, MAPPED);
+    }
+    if dirty && obj.store.writable() {
+        // SAFETY: page lock held and the page is not mapped: nobody else
+        // reads or writes its cached contents.
+        let buf = unsafe { obj.page_mut(i) };
+        if obj.store.write((i * PAGE_SIZE) as u64, buf).is_err() {
+            mm.counters.inc(IO_ERROR);
+            obj.cache.unlock(i, DIRTY, 0);
+            return Evict::Rotate;
+        }
+        mm.counters.inc(WRITEBACK);
+    }
+    let _ = obj.free_data(i, 1);
+    let swapped = if obj.zero_fill && dirty { SWAPPED } else { 0 };
+    obj.cache.unlock(
+        i,
+        swapped,
+        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED,
+    );
+    mm.uncharge(1);
+    Evict::Evicted
+}
+
+fn evict_entry(mm: &Mm, e: Entry) -> Evict {
+    let (slot, page) = unpack(e);
+    match mm.objects.pin(slot) {
+        Some(obj) => evict_page(mm, &obj, page),
+        None => Evict::Drop,
+    }
+}
+
+/// Frees up to `nr` pages from the LRU; returns how many were freed.
+/// Async-signal-safe.
+pub fn shrink(mm: &Mm, nr: u64) -> u64 {
+    let c = &mm.counters;
+    let mut freed = 0;
+    let mut scanned = 0u64;
+    let max_scan = nr * 16 + 1024;
+    let mut drained = false;
+    let mut buf = [0 as Entry; ISOLATE];
+    let mut back = [0 as Entry; ISOLATE];
+    while freed < nr && scanned < max_scan {
+        let n = mm.lru.isolate(&mut buf, c);
+        if n == 0 {
+            if drained {
+                break;
+            }
+            // Pages may be sitting in add batches: drain them all once.
+            mm.lru.drain_all(&mm.objects, c);
+            drained = true;
+            continue;
+        }
+        let mut nb = 0;
+        for &e in &buf[..n] {
+            scanned += 1;
+            c.inc(PGSCAN);
+            match evict_entry(mm, e) {
+                Evict::Evicted => {
+                    freed += 1;
+                    c.inc(PGSTEAL);
+                }
+                Evict::Rotate => {
+                    back[nb] = e;
+                    nb += 1;
+                }
+                Evict::Drop => {}
+            }
+        }
+        mm.lru.putback(&back[..nb], c);
+    }
+    freed
+}
+
+/// Direct reclaim: called in the faulting context after a charge took the
+/// pager over its budget.
+pub fn direct(mm: &Mm) {
+    let budget = mm.config.budget_pages;
+    let over = mm.resident.load(Relaxed).saturating_sub(budget);
+    if over > 0 {
+        mm.counters.inc(DIRECT_RECLAIM);
+        shrink(mm, over);
+    }
+}
+
+/// The watermarks: kswapd wakes above `high` and reclaims down to `low`.
+pub fn watermarks(budget: u64) -> (u64, u64) {
+    let high = budget - (budget / 32).max(1).min(budget);
+    let low = budget - (budget / 16).max(2).min(budget);
+    (high, low)
+}
+
+/// Wakes kswapd if it sleeps and residency passed the high watermark.
+/// Async-signal-safe (one futex wake at most).
+#[inline]
+pub fn maybe_wake_kswapd(mm: &Mm, resident: u64) {
+    let (high, _) = watermarks(mm.config.budget_pages);
+    if resident > high && mm.reclaim.kswapd_sleeping.load(Relaxed) {
+        mm.reclaim.kswapd_seq.fetch_add(1, Release);
+        futex::wake(&mm.reclaim.kswapd_seq, 1);
+    }
+}
+
+/// Starts the background reclaimer for `mm`.
+pub fn start_kswapd(mm: &Arc<Mm>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let mm = mm.clone();
+    std::thread::Builder::new()
+        .name("uffd-kswapd".into())
+        .spawn(move || {
+            let r = &mm.reclaim;
+            let (high, low) = watermarks(mm.config.budget_pages);
+            while !r.stop.load(Acquire) {
+                let seq = r.kswapd_seq.load(Acquire);
+                let resident = mm.resident.load(Relaxed);
+                if resident > high {
+                    mm.counters.inc(KSWAPD_WAKE);
+                    let got = shrink(&mm, resident - low);
+                    if got == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    continue;
+                }
+                r.kswapd_sleeping.store(true, SeqCst);
+                if mm.resident.load(SeqCst) <= high && !r.stop.load(Acquire) {
+                    futex::wait(&r.kswapd_seq, seq);
+                }
+                r.kswapd_sleeping.store(false, Relaxed);
+            }
+        })
+}
+
+/// Stops the background reclaimer (the thread exits at its next wake-up).
+pub fn stop_kswapd(mm: &Mm) {
+    mm.reclaim.stop.store(true, Release);
+    mm.reclaim.kswapd_seq.fetch_add(1, Release);
+    futex::wake_all(&mm.reclaim.kswapd_seq);
+}
