@@ -18,15 +18,19 @@
 #![warn(missing_docs)]
 
 pub mod address_space;
+pub mod bench;
 pub mod delivery;
 pub mod error;
 pub mod fault;
 pub mod inject;
+pub mod lru;
 pub mod mmap;
 pub mod object;
 pub mod page_cache;
 pub mod pager;
+pub mod reclaim;
 pub mod region;
+pub mod rmap;
 pub mod stats;
 pub mod store;
 pub mod sync;
@@ -36,6 +40,7 @@ pub mod vma;
 pub use delivery::Delivery;
 pub use error::{Error, Result};
 pub use fault::{Policy, PolicyKind};
+pub use lru::DrainPolicy;
 pub use object::InstallKind;
 pub use pager::{MapOptions, Pager, PagerBuilder};
 pub use region::Region;

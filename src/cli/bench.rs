@@ -1,0 +1,203 @@
+//! `uffd-pager bench <workload>`. Each workload is one variant of
+//! [`Workload`] with its own arguments and runner; add new ones there.
+
+use super::json::Json;
+use super::{CliError, CliResult};
+use clap::{Args, Subcommand};
+use std::io::Write;
+use uffd_pager::bench::{fault_cost, FaultCostConfig, FaultCostReport};
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{Delivery, InstallKind};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Debug, Subcommand)]
+enum Workload {
+    /// Per-fault cost of the engine against the raw floor loop (the same
+    /// userfaultfd ioctls with no engine), as a ratio measured in one run.
+    FaultCost(FaultCostArgs),
+}
+
+#[derive(Debug, Args)]
+struct FaultCostArgs {
+    /// Pages faulted per pass (each touched once, one read per page).
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pages: u64,
+    /// Timed passes per side; the best pass counts.
+    #[arg(long, value_name = "R", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    passes: u64,
+    /// Install kind: anonymous (MISSING + UFFDIO_COPY) or shared (memfd,
+    /// MINOR + UFFDIO_CONTINUE). Repeatable; default: both.
+    #[arg(long, value_name = "KIND")]
+    kind: Vec<InstallKind>,
+    /// Delivery: in-thread, or threads[:N[:spinUS]] (e.g. threads:1:spin50).
+    /// Repeatable; default: in-thread and threads:1.
+    #[arg(long, value_name = "DELIVERY")]
+    delivery: Vec<Delivery>,
+    /// Print the results as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the chosen workload.
+pub fn run(a: &BenchArgs) -> CliResult {
+    match &a.workload {
+        Workload::FaultCost(a) => run_fault_cost(a),
+    }
+}
+
+fn dedup<T: PartialEq + Copy>(v: &[T], default: &[T]) -> Vec<T> {
+    let src = if v.is_empty() { default } else { v };
+    let mut out: Vec<T> = Vec::new();
+    for &x in src {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// Physical memory in bytes, if the system says.
+fn phys_mem() -> Option<u64> {
+    // SAFETY: sysconf has no preconditions; -1 means unknown.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
+}
+
+/// Rejects runs that cannot fit: the floor and the engine each hold the
+/// source data plus the installed pages (and a memfd for shared runs),
+/// about five times the pass size at once.
+fn check_pages(pages: u64) -> Result<usize, CliError> {
+    let bytes = pages
+        .checked_mul(PAGE_SIZE as u64)
+        .filter(|&b| usize::try_from(b).is_ok())
+        .ok_or_else(|| CliError::Usage(format!("--pages {pages} is too large")))?;
+    let needed = bytes.saturating_mul(5);
+    if let Some(mem) = phys_mem() {
+        if needed > mem {
+            return Err(CliError::Usage(format!(
+                "--pages {pages} needs about {} MiB of memory; this machine has {} MiB",
+                needed >> 20,
+                mem >> 20
+            )));
+        }
+    }
+    Ok(pages as usize)
+}
+
+fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
+    let pages = check_pages(a.pages)?;
+    let passes = a.passes as usize;
+    let kinds = dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]);
+    let deliveries = dedup(
+        &a.delivery,
+        &[
+            Delivery::InThread,
+            Delivery::Threads {
+                threads: 1,
+                spin_us: 0,
+            },
+        ],
+    );
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
+    if !a.json {
+        writeln!(
+            out,
+            "fault cost: {pages} pages per pass, best of {passes} passes, µs per fault \
+             (ratio = engine / floor)"
+        )
+        .map_err(io)?;
+        writeln!(
+            out,
+            "{:<10} {:<18} {:>13} {:>14} {:>7} {:>13}",
+            "kind", "delivery", "floor µs/page", "engine µs/page", "ratio", "median ratio"
+        )
+        .map_err(io)?;
+    }
+    let mut reports = Vec::new();
+    for &delivery in &deliveries {
+        for &kind in &kinds {
+            let cfg = FaultCostConfig {
+                pages,
+                passes,
+                kind,
+                delivery,
+            };
+            tracing::info!(%kind, %delivery, pages, passes, "fault-cost run");
+            let r = fault_cost(&cfg)
+                .map_err(|e| CliError::Runtime(format!("fault-cost {kind} {delivery}: {e}")))?;
+            if !a.json {
+                writeln!(
+                    out,
+                    "{:<10} {:<18} {:>13.3} {:>14.3} {:>7.2} {:>13.2}",
+                    kind.to_string(),
+                    delivery.to_string(),
+                    r.floor_us_per_page,
+                    r.engine_us_per_page,
+                    r.ratio,
+                    r.median_ratio
+                )
+                .map_err(io)?;
+                out.flush().map_err(io)?;
+            }
+            reports.push(r);
+        }
+    }
+    if a.json {
+        let rows = reports.iter().map(report_json).collect();
+        writeln!(out, "{}", Json::Arr(rows)).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn report_json(r: &FaultCostReport) -> Json {
+    let nums = |v: &[f64]| Json::Arr(v.iter().map(|&x| Json::Num(x)).collect());
+    Json::obj([
+        ("workload", Json::str("fault-cost")),
+        ("kind", Json::str(r.config.kind.to_string())),
+        ("delivery", Json::str(r.config.delivery.to_string())),
+        ("pages", Json::Int(r.config.pages as i64)),
+        ("passes", Json::Int(r.config.passes as i64)),
+        ("floor_us_per_page", Json::Num(r.floor_us_per_page)),
+        ("engine_us_per_page", Json::Num(r.engine_us_per_page)),
+        ("ratio", Json::Num(r.ratio)),
+        ("floor_median_us_per_page", Json::Num(r.floor_median_us_per_page)),
+        (
+            "engine_median_us_per_page",
+            Json::Num(r.engine_median_us_per_page),
+        ),
+        ("median_ratio", Json::Num(r.median_ratio)),
+        ("floor_passes_us_per_page", nums(&r.floor_passes)),
+        ("engine_passes_us_per_page", nums(&r.engine_passes)),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_dedup() {
+        assert_eq!(dedup(&[], &[1, 2]), vec![1, 2]);
+        assert_eq!(dedup(&[2, 2, 1], &[1]), vec![2, 1]);
+    }
+
+    #[test]
+    fn page_limits() {
+        assert_eq!(check_pages(16).unwrap(), 16);
+        assert!(matches!(check_pages(u64::MAX), Err(CliError::Usage(_))));
+        assert!(matches!(check_pages(1 << 40), Err(CliError::Usage(_))));
+    }
+}

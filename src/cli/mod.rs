@@ -1,0 +1,117 @@
+//! The command line: `uffd-pager probe` and `uffd-pager bench <workload>`.
+//!
+//! Exit codes: 0 success; 2 bad arguments (clap's own errors, and the
+//! validation done here); 1 runtime errors.
+
+mod bench;
+mod json;
+mod probe;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Services real page faults in userspace through userfaultfd.
+#[derive(Debug, Parser)]
+#[command(name = "uffd-pager", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Reports what this kernel and process allow: userfaultfd features,
+    /// ioctls, privileges and the delivery modes that work.
+    Probe(probe::ProbeArgs),
+    /// Runs a benchmark workload.
+    Bench(bench::BenchArgs),
+}
+
+/// A failure, with the exit code it maps to.
+#[derive(Debug)]
+pub enum CliError {
+    /// Invalid arguments that clap could not catch (exit 2).
+    Usage(String),
+    /// Anything that went wrong while running (exit 1).
+    Runtime(String),
+}
+
+impl From<uffd_pager::Error> for CliError {
+    fn from(e: uffd_pager::Error) -> Self {
+        CliError::Runtime(e.to_string())
+    }
+}
+
+/// `Result` for subcommands.
+pub type CliResult = Result<(), CliError>;
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // A second initialisation (never in this binary) is harmless.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Parses the command line, runs the subcommand and maps its outcome to an
+/// exit code.
+pub fn main() -> ExitCode {
+    // Exits with code 2 on bad arguments (0 for --help / --version).
+    let cli = Cli::parse();
+    init_logging();
+    let r = match cli.command {
+        Command::Probe(a) => probe::run(&a),
+        Command::Bench(a) => bench::run(&a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Usage(m)) => {
+            eprintln!("uffd-pager: error: {m}");
+            eprintln!("Run 'uffd-pager --help' for usage.");
+            ExitCode::from(2)
+        }
+        Err(CliError::Runtime(m)) => {
+            eprintln!("uffd-pager: error: {m}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_bench_fault_cost() {
+        let cli = Cli::try_parse_from([
+            "uffd-pager",
+            "bench",
+            "fault-cost",
+            "--pages",
+            "64",
+            "--kind",
+            "shared",
+            "--delivery",
+            "threads:2:spin10",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Bench(_)));
+        for bad in [
+            &["uffd-pager", "bench", "fault-cost", "--kind", "bogus"][..],
+            &["uffd-pager", "bench", "fault-cost", "--delivery", "threads:0"],
+            &["uffd-pager", "bench", "fault-cost", "--pages", "0"],
+            &["uffd-pager", "bench", "nope"],
+        ] {
+            let e = Cli::try_parse_from(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! `uffd-pager probe`: what this kernel and process allow.
+
+use super::json::Json;
+use super::CliResult;
+use clap::Args;
+use uffd_pager::sys::mem::{Mapping, Memfd};
+use uffd_pager::sys::uffd::{feature, mode, nr, probe_api, Grants, Uffd};
+use uffd_pager::sys::PAGE_SIZE;
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Features asked for on the descriptor that registers the sample ranges:
+/// those that widen what a range offers, none that change how faults are
+/// reported (SIGBUS, WP_ASYNC, events).
+const RANGE_FEATURES: u64 = feature::PAGEFAULT_FLAG_WP
+    | feature::MISSING_SHMEM
+    | feature::MINOR_SHMEM
+    | feature::WP_HUGETLBFS_SHMEM
+    | feature::WP_UNPOPULATED
+    | feature::POISON
+    | feature::MOVE;
+const RANGE_PAGES: usize = 16;
+
+/// A sample range: what it was registered with and what it offers.
+struct RangeProbe {
+    what: &'static str,
+    mode: &'static str,
+    ioctls: Result<u64, String>,
+}
+
+struct Report {
+    kernel: String,
+    euid: u32,
+    /// `vm.unprivileged_userfaultfd`, if readable.
+    sysctl: Option<String>,
+    umo: Result<Grants, i32>,
+    full: Result<Grants, i32>,
+    dev_present: bool,
+    dev_open: Result<(), String>,
+    /// Features of the range descriptor, and whether it is user-mode-only.
+    range_fd: Result<(u64, bool), String>,
+    ranges: Vec<RangeProbe>,
+}
+
+impl Report {
+    fn non_umo(&self) -> bool {
+        self.full.is_ok() || (self.dev_present && self.dev_open.is_ok())
+    }
+    fn granted(&self) -> u64 {
+        let f = |r: &Result<Grants, i32>| r.as_ref().map_or(0, |g| g.features);
+        f(&self.full) | f(&self.umo)
+    }
+    fn in_thread(&self) -> bool {
+        self.granted() & feature::SIGBUS != 0
+    }
+    fn threads(&self) -> bool {
+        self.umo.is_ok() || self.non_umo()
+    }
+}
+
+fn errno_str(e: i32) -> String {
+    std::io::Error::from_raw_os_error(e).to_string()
+}
+
+fn kernel_release() -> String {
+    // SAFETY: a zeroed utsname is valid for uname to fill; on success its
+    // `release` field is a NUL-terminated string inside the struct.
+    unsafe {
+        let mut u: libc::utsname = std::mem::zeroed();
+        if libc::uname(&mut u) != 0 {
+            return "unknown".into();
+        }
+        std::ffi::CStr::from_ptr(u.release.as_ptr())
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+fn feature_names(bits: u64) -> Vec<&'static str> {
+    feature::NAMES
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|&(_, n)| n)
+        .collect()
+}
+
+fn ioctl_names(bits: u64) -> Vec<&'static str> {
+    nr::NAMES
+        .iter()
+        .filter(|(b, _)| bits & (1u64 << b) != 0)
+        .map(|&(_, n)| n)
+        .collect()
+}
+
+fn register_sample(uffd: &Uffd, shared: bool) -> RangeProbe {
+    let len = RANGE_PAGES * PAGE_SIZE;
+    let (what, mode_name, m) = if shared {
+        ("memfd shared", "MINOR|MISSING", mode::MINOR | mode::MISSING)
+    } else {
+        ("anonymous", "MISSING|WP", mode::MISSING | mode::WP)
+    };
+    let ioctls = (|| {
+        let memfd = if shared {
+            Some(Memfd::new("uffd-pager-probe", len).map_err(|e| format!("memfd: {}", errno_str(e)))?)
+        } else {
+            None
+        };
+        let map = match &memfd {
+            Some(fd) => Mapping::shared(fd.fd(), len, 0, false),
+            None => Mapping::anonymous(len),
+        }
+        .map_err(|e| format!("mmap: {}", errno_str(e)))?;
+        let r = uffd
+            .register(map.addr(), len, m)
+            .map_err(|e| format!("UFFDIO_REGISTER: {}", errno_str(e)));
+        let _ = uffd.unregister(map.addr(), len);
+        r
+    })();
+    RangeProbe {
+        what,
+        mode: mode_name,
+        ioctls,
+    }
+}
+
+fn gather() -> Report {
+    let umo = probe_api(true);
+    let full = probe_api(false);
+    let dev = std::path::Path::new("/dev/userfaultfd");
+    let dev_present = dev.exists();
+    let dev_open = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dev)
+        .map(drop)
+        .map_err(|e| e.to_string());
+    let mut r = Report {
+        kernel: kernel_release(),
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        euid: unsafe { libc::geteuid() },
+        sysctl: std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd")
+            .ok()
+            .map(|s| s.trim().to_string()),
+        umo,
+        full,
+        dev_present,
+        dev_open,
+        range_fd: Err(String::new()),
+        ranges: Vec::new(),
+    };
+    let want = RANGE_FEATURES & r.granted();
+    let umo_only = !r.non_umo();
+    r.range_fd = match Uffd::open(want, umo_only, false) {
+        Ok(uffd) => {
+            r.ranges = vec![register_sample(&uffd, false), register_sample(&uffd, true)];
+            Ok((want, umo_only))
+        }
+        Err(e) => Err(e),
+    };
+    r
+}
+
+/// Runs the probe and prints its report.
+pub fn run(a: &ProbeArgs) -> CliResult {
+    let r = gather();
+    if a.json {
+        println!("{}", to_json(&r));
+    } else {
+        print_human(&r);
+    }
+    Ok(())
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn range_has(r: &Report, n: u32) -> Vec<&'static str> {
+    r.ranges
+        .iter()
+        .filter(|p| p.ioctls.as_ref().is_ok_and(|b| b & (1 << n) != 0))
+        .map(|p| p.what)
+        .collect()
+}
+
+fn print_human(r: &Report) {
+    let api = |g: &Result<Grants, i32>| match g {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("refused: {}", errno_str(*e)),
+    };
+    println!("kernel                       {}", r.kernel);
+    println!("effective uid                {}", r.euid);
+    if let Some(s) = &r.sysctl {
+        let meaning = if s == "0" {
+            "unprivileged processes: user-mode-only descriptors only"
+        } else {
+            "unprivileged processes: all faults"
+        };
+        println!("vm.unprivileged_userfaultfd  {s} ({meaning})");
+    }
+    println!("userfaultfd(2)");
+    println!("  user-mode-only             {}", api(&r.umo));
+    println!("  all faults (no UMO flag)   {}", api(&r.full));
+    let dev = match (&r.dev_present, &r.dev_open) {
+        (false, _) => "absent".to_string(),
+        (true, Ok(())) => "present, opens".to_string(),
+        (true, Err(e)) => format!("present, refused: {e}"),
+    };
+    println!("/dev/userfaultfd             {dev}");
+    println!("unprivileged (UMO) works     {}", yes(r.umo.is_ok()));
+    println!("non-UMO works (root/dev)     {}", yes(r.non_umo()));
+    let feats = |g: &Result<Grants, i32>| g.as_ref().map_or(0, |g| g.features);
+    println!("\nfeatures                     user-mode-only  all faults");
+    for &(bit, name) in feature::NAMES {
+        let (u, f) = (feats(&r.umo) & bit != 0, feats(&r.full) & bit != 0);
+        println!("  {name:<26} {:<15} {}", yes(u), yes(f));
+    }
+    let ioctls = r
+        .full
+        .as_ref()
+        .or(r.umo.as_ref())
+        .map_or(0, |g: &Grants| g.ioctls);
+    println!("descriptor ioctls            {}", ioctl_names(ioctls).join(" "));
+    println!("\ndelivery modes");
+    let in_thread = if r.in_thread() {
+        "usable"
+    } else {
+        "not usable (no SIGBUS feature)"
+    };
+    println!("  in-thread (SIGBUS)         {in_thread}");
+    let threads = if r.threads() {
+        "usable"
+    } else {
+        "not usable (userfaultfd refused)"
+    };
+    println!("  handler threads            {threads}");
+    let kernel_mode = if r.non_umo() {
+        "served (handler threads without user-mode-only)"
+    } else {
+        "not served (user-mode-only only: syscalls get EFAULT)"
+    };
+    println!("  faults inside syscalls     {kernel_mode}");
+    match &r.range_fd {
+        Err(e) => println!("\nranges: could not open a descriptor: {e}"),
+        Ok((f, umo)) => {
+            println!(
+                "\nranges (descriptor: user-mode-only {}, features {})",
+                yes(*umo),
+                feature_names(*f).join("|")
+            );
+            for p in &r.ranges {
+                let what = format!("{} {}", p.what, p.mode);
+                match &p.ioctls {
+                    Ok(b) => println!("  {what:<26} {}", ioctl_names(*b).join(" ")),
+                    Err(e) => println!("  {what:<26} refused: {e}"),
+                }
+            }
+            for (n, name) in [
+                (nr::MOVE, "MOVE"),
+                (nr::POISON, "POISON"),
+                (nr::CONTINUE, "CONTINUE"),
+                (nr::WRITEPROTECT, "WRITEPROTECT"),
+            ] {
+                let on = range_has(r, n);
+                let s = if on.is_empty() {
+                    "no".to_string()
+                } else {
+                    format!("yes ({})", on.join(", "))
+                };
+                println!("  {name:<26} {s}");
+            }
+        }
+    }
+}
+
+fn to_json(r: &Report) -> Json {
+    let api = |g: &Result<Grants, i32>| match g {
+        Ok(g) => Json::obj([
+            ("ok", Json::Bool(true)),
+            ("features", Json::strs(feature_names(g.features))),
+            ("ioctls", Json::strs(ioctl_names(g.ioctls))),
+        ]),
+        Err(e) => Json::obj([("ok", Json::Bool(false)), ("error", Json::str(errno_str(*e)))]),
+    };
+    let ranges = match &r.range_fd {
+        Err(e) => Json::obj([("error", Json::str(e.clone()))]),
+        Ok((f, umo)) => Json::obj([
+            ("user_mode_only", Json::Bool(*umo)),
+            ("features", Json::strs(feature_names(*f))),
+            (
+                "ranges",
+                Json::Arr(
+                    r.ranges
+                        .iter()
+                        .map(|p| {
+                            let res = match &p.ioctls {
+                                Ok(b) => ("ioctls", Json::strs(ioctl_names(*b))),
+                                Err(e) => ("error", Json::str(e.clone())),
+                            };
+                            Json::obj([("kind", Json::str(p.what)), ("mode", Json::str(p.mode)), res])
+                        })
+                        .collect(),
+                ),
+            ),
+        ]),
+    };
+    Json::obj([
+        ("kernel", Json::str(r.kernel.clone())),
+        ("euid", Json::Int(r.euid as i64)),
+        (
+            "unprivileged_userfaultfd_sysctl",
+            r.sysctl.clone().map_or(Json::Null, Json::Str),
+        ),
+        ("user_mode_only", api(&r.umo)),
+        ("all_faults", api(&r.full)),
+        (
+            "dev_userfaultfd",
+            Json::obj([
+                ("present", Json::Bool(r.dev_present)),
+                ("opens", Json::Bool(r.dev_present && r.dev_open.is_ok())),
+            ]),
+        ),
+        ("unprivileged_user_mode_only_works", Json::Bool(r.umo.is_ok())),
+        ("non_user_mode_only_works", Json::Bool(r.non_umo())),
+        (
+            "delivery",
+            Json::obj([
+                ("in_thread", Json::Bool(r.in_thread())),
+                ("threads", Json::Bool(r.threads())),
+                ("kernel_mode_faults", Json::Bool(r.non_umo())),
+            ]),
+        ),
+        ("sample_ranges", ranges),
+    ])
+}
