@@ -12,8 +12,9 @@ use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
 use std::sync::Arc;
 
-fn register_mode(kind: InstallKind) -> u64 {
-    match kind {
+fn register_mode(obj: &Object) -> u64 {
+    let wp = if obj.tracks_writes() { mode::WP } else { 0 };
+    wp | match obj.kind {
         InstallKind::Anonymous => mode::MISSING,
         // MINOR catches pages present in the memfd but not mapped; MISSING
         // catches holes (absent pages), which would otherwise be zero-filled
@@ -70,7 +71,7 @@ impl Mm {
         if !writable {
             mprotect(start, len, libc::PROT_READ).map_err(|e| Error::sys("mprotect", e))?;
         }
-        if let Err(e) = self.uffd.register(start, len, register_mode(object.kind)) {
+        if let Err(e) = self.uffd.register(start, len, register_mode(&object)) {
             self.objects.remove(slot);
             return Err(Error::sys("UFFDIO_REGISTER", e));
         }
@@ -161,8 +162,8 @@ impl Mm {
     }
 
     /// Writes every dirty page of a shared object back to its store (the
-    /// msync analog). A page still mapped writable stays dirty: the
-    /// application may write it again without the engine seeing it.
+    /// msync analog), write-protecting mapped pages again so the next write
+    /// is seen.
     pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
         if obj.kind != InstallKind::Shared || !obj.store.writable() {
             return Ok(());
@@ -176,10 +177,20 @@ impl Mm {
                 obj.cache.unlock(i, 0, 0);
                 continue;
             }
+            // A mapped page is write-protected again first, so a write that
+            // races the write-back faults, waits for the page lock and
+            // marks the page dirty anew.
+            let base = obj.mapped_at.load(std::sync::atomic::Ordering::Acquire);
+            let reprotected = w & MAPPED == 0
+                || (base != 0
+                    && self
+                        .uffd
+                        .writeprotect(base + i * PAGE_SIZE, PAGE_SIZE, true, false)
+                        .is_ok());
             // SAFETY: we hold the page lock; the contents are only read.
             let buf = unsafe { obj.page_mut(i) };
             let r = obj.store.write((i * PAGE_SIZE) as u64, buf);
-            let clear = if r.is_ok() && w & MAPPED == 0 { DIRTY } else { 0 };
+            let clear = if r.is_ok() && reprotected { DIRTY } else { 0 };
             obj.cache.unlock(i, 0, clear);
             r?;
             self.counters.inc(crate::stats::Counter::WRITEBACK);
@@ -279,7 +290,7 @@ impl Mm {
         // A moved or grown range may have lost (or lack) its registration.
         let r = self
             .uffd
-            .register(new_start, new_len, register_mode(new.object.kind));
+            .register(new_start, new_len, register_mode(&new.object));
         old.lock.write_unlock();
         new.lock.write_unlock();
         r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;

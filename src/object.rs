@@ -155,6 +155,14 @@ impl Object {
         }
     }
 
+    /// Whether writes are tracked with write-protect faults: shared objects
+    /// over writable stores. Their pages are installed write-protected; the
+    /// first write faults, marks the page dirty and lifts the protection
+    /// (the kernel's `page_mkwrite` for shared file mappings).
+    pub fn tracks_writes(&self) -> bool {
+        self.kind == InstallKind::Shared && self.store.writable()
+    }
+
     /// Pages in the object.
     pub fn npages(&self) -> usize {
         self.cache.len()

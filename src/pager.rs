@@ -78,7 +78,8 @@ impl PagerBuilder {
     /// Opens the descriptor and starts delivery.
     pub fn build(self) -> Result<Pager> {
         let in_thread = self.config.delivery.is_in_thread();
-        let mut features = feature::MINOR_SHMEM | feature::MOVE | feature::POISON;
+        let mut features =
+            feature::MINOR_SHMEM | feature::MOVE | feature::POISON | feature::WP_HUGETLBFS_SHMEM;
         if in_thread {
             features |= feature::SIGBUS;
         } else {

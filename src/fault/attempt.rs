@@ -1,11 +1,11 @@
 //! One fault attempt, `attempt(lock, tried)`: steps 1-5 of
 //! `kernel-model.md`.
 
-use super::install::{install, poison};
+use super::install::{install, make_writable, poison};
 use super::load::{load, LoadResult};
 use super::{Fault, LockKind, Outcome};
 use crate::address_space::{Mm, VmaReadGuard};
-use crate::object::{InstallKind, Object};
+use crate::object::Object;
 use crate::page_cache::{
     PageState, DIRTY, LOCKED, MAPPED, PINNED, POISONED, REFERENCED, SWAPPED, UPTODATE,
 };
@@ -79,6 +79,20 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             return Outcome::Retry { major: false };
         }
         match PageState::of(w) {
+            // A write to a write-protected (clean, write-tracked) page: the
+            // `page_mkwrite` path.
+            PageState::Installed if f.write && w & DIRTY == 0 && obj.tracks_writes() => {
+                if obj.cache.try_lock(i).is_err() {
+                    continue;
+                }
+                if obj.cache.load(i) & (MAPPED | DIRTY) != MAPPED {
+                    obj.cache.unlock(i, 0, 0);
+                    continue;
+                }
+                let r = make_writable(mm, vma, i);
+                obj.cache.unlock(i, if r.is_ok() { DIRTY | REFERENCED } else { 0 }, 0);
+                return if r.is_ok() { Outcome::Done } else { Outcome::Bus };
+            }
             // Already present: a racing faulter installed it.
             PageState::Installed => return Outcome::Done,
             // Step 3: cached: install it.
@@ -154,16 +168,9 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
     let obj: &Object = &vma.object;
     match install(mm, vma, i, zero, f.write) {
         Ok(()) => {
-            // Without write tracking, a shared page mapped writable over a
-            // writable store may be written at any time: it is dirty.
-            let dirty = if obj.kind == InstallKind::Shared
-                && vma.writable.load(Relaxed)
-                && obj.store.writable()
-            {
-                DIRTY
-            } else {
-                0
-            };
+            // A write fault on a write-tracked page installs it writable:
+            // it is dirty from now on.
+            let dirty = if obj.tracks_writes() && f.write { DIRTY } else { 0 };
             let pinned = if vma.pinned { PINNED } else { 0 };
             obj.cache
                 .unlock(i, UPTODATE | MAPPED | REFERENCED | dirty | pinned, 0);

@@ -4,7 +4,7 @@ use super::Outcome;
 use crate::address_space::Mm;
 use crate::object::InstallKind;
 use crate::stats::Counter::*;
-use crate::sys::uffd::MODE_DONTWAKE;
+use crate::sys::uffd::{MODE_DONTWAKE, MODE_WP};
 use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
 
@@ -20,6 +20,11 @@ pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> 
     let addr = vma.addr_of(i);
     let obj = &vma.object;
     let r = match (obj.kind, zero) {
+        // A read of a write-tracked page maps it write-protected; a write
+        // maps it writable (the caller marks it dirty).
+        (InstallKind::Shared, _) if obj.tracks_writes() && !write => {
+            mm.uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE | MODE_WP)
+        }
         (InstallKind::Shared, _) => mm.uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE),
         (InstallKind::Anonymous, true) if !write => {
             mm.uffd.zeropage(addr, PAGE_SIZE, MODE_DONTWAKE)
@@ -42,6 +47,14 @@ pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> 
         }
         Err(e) => Err(e),
     }
+}
+
+/// Resolves a write-protect fault on installed page `i` (the caller holds
+/// the page lock): the page becomes dirty and writable.
+pub(super) fn make_writable(mm: &Mm, vma: &Vma, i: usize) -> Result<(), i32> {
+    mm.uffd
+        .writeprotect(vma.addr_of(i), PAGE_SIZE, false, false)
+        .map(|_| mm.counters.inc(WP_FAULT))
 }
 
 /// Marks the user page of object page `i` poisoned (UFFDIO_POISON), so the
