@@ -47,7 +47,9 @@ impl std::str::FromStr for DrainPolicy {
             "always" => Ok(DrainPolicy::Always),
             "locked-only" => Ok(DrainPolicy::LockedOnly),
             "never" => Ok(DrainPolicy::Never),
-            _ => Err(format!("unknown drain policy {s:?} (always, locked-only, never)")),
+            _ => Err(format!(
+                "unknown drain policy {s:?} (always, locked-only, never)"
+            )),
         }
     }
 }
@@ -139,12 +141,16 @@ unsafe impl Send for Lru {}
 
 impl std::fmt::Debug for Lru {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lru").field("shards", &self.shards.len()).finish()
+        f.debug_struct("Lru")
+            .field("shards", &self.shards.len())
+            .finish()
     }
 }
 
 fn ncpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).max(1)
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .max(1)
 }
 
 #[inline]

@@ -64,7 +64,9 @@ impl Mm {
                 crate::rmap::MAX_OBJECTS
             )));
         };
-        object.slot.store(slot, std::sync::atomic::Ordering::Release);
+        object
+            .slot
+            .store(slot, std::sync::atomic::Ordering::Release);
         object
             .mapped_at
             .store(start, std::sync::atomic::Ordering::Release);

@@ -339,6 +339,18 @@ impl Pager {
         &self.inner.mm
     }
 
+    /// Reclaims up to `nr` pages now, from the calling thread (drop-caches
+    /// style); returns how many were freed. Pages of pinned regions and
+    /// pages in use (locked) are skipped.
+    pub fn reclaim_pages(&self, nr: u64) -> u64 {
+        crate::reclaim::shrink(&self.inner.mm, nr)
+    }
+
+    /// LRU-lock (acquisitions, contended acquisitions) per shard.
+    pub fn lru_shard_counts(&self) -> Vec<(u64, u64)> {
+        self.inner.mm.lru.shard_counts()
+    }
+
     /// A statistics snapshot.
     pub fn stats(&self) -> Stats {
         self.inner.mm.stats()

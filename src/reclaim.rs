@@ -57,7 +57,8 @@ impl Reclaim {
     /// Staging area registered (MISSING) with the pager's descriptor, so it
     /// can be a `UFFDIO_MOVE` destination.
     pub fn new(uffd: &crate::sys::uffd::Uffd) -> Result<Reclaim, (&'static str, i32)> {
-        let staging = Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
+        let staging =
+            Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
         uffd.register(staging.addr(), staging.len(), mode::MISSING)
             .map_err(|e| ("UFFDIO_REGISTER staging", e))?;
         Ok(Reclaim {

@@ -10,17 +10,21 @@
 use crate::object::{Object, ObjectPin};
 use crate::sync::rcu::Rcu;
 use crate::sys::mem::Mapping;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 
 /// Most objects one pager can have mapped at once.
 pub const MAX_OBJECTS: usize = 1 << 20;
+const QUARANTINE: usize = 64;
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct ObjectTable {
     slots: Mapping,
-    free: Mutex<(Vec<u32>, u32)>,
+    /// Free slots, reused in FIFO order (so consecutive objects land in
+    /// different LRU shards), and the high-water mark.
+    free: Mutex<(VecDeque<u32>, u32)>,
     grace: Rcu<()>,
 }
 
@@ -29,7 +33,7 @@ impl ObjectTable {
     pub fn new() -> Result<ObjectTable, i32> {
         Ok(ObjectTable {
             slots: Mapping::anonymous(MAX_OBJECTS * std::mem::size_of::<usize>())?,
-            free: Mutex::new((Vec::new(), 0)),
+            free: Mutex::new((VecDeque::new(), 0)),
             grace: Rcu::new(()),
         })
     }
@@ -44,13 +48,14 @@ impl ObjectTable {
     /// Gives `obj` a slot; returns it. Fails when the table is full.
     pub fn insert(&self, obj: &Arc<Object>) -> Option<u32> {
         let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let i = match f.0.pop() {
-            Some(i) => i,
-            None if (f.1 as usize) < MAX_OBJECTS => {
-                f.1 += 1;
-                f.1 - 1
-            }
-            None => return None,
+        // A freed slot is reused only once QUARANTINE others are free: stale
+        // LRU entries then rarely name a new object, and consecutive objects
+        // spread over the LRU shards.
+        let i = if f.0.len() >= QUARANTINE || f.1 as usize >= MAX_OBJECTS {
+            f.0.pop_front()?
+        } else {
+            f.1 += 1;
+            f.1 - 1
         };
         self.slot(i).store(Arc::as_ptr(obj) as usize, Release);
         Some(i)
@@ -62,7 +67,7 @@ impl ObjectTable {
         self.slot(i).store(0, Release);
         self.grace.replace(());
         let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        f.0.push(i);
+        f.0.push_back(i);
     }
 
     /// Pins the object in slot `i`, if any. Async-signal-safe.

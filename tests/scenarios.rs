@@ -223,3 +223,51 @@ fn region_detached_during_lookup_counts_a_miss() {
     assert!(st.get(Counter::VMA_LOCK_MISS) >= 1, "{st}");
     assert_eq!(s.region.as_slice()[PAGE], 2, "data intact after remap");
 }
+
+#[test]
+fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for d in both_deliveries() {
+        let pager = Pager::builder()
+            .policy(Policy::new(PolicyKind::Vanilla))
+            .delivery(d)
+            .budget_pages(2)
+            .kswapd(false)
+            .build()
+            .unwrap();
+        let store = GateStore::new(4);
+        let region = pager
+            .map_store(
+                store.clone(),
+                4 * PAGE,
+                &MapOptions {
+                    writable: false,
+                    ..MapOptions::default()
+                },
+            )
+            .unwrap();
+        pager.reset_stats();
+        let t = touch(&region);
+        wait_until("the read to start", || store.entered.load(SeqCst) == 1);
+        // A writer holds the global lock: the vanilla retry queues behind it
+        // with the page Cached and unlocked, i.e. reclaimable.
+        let w = pager.global_lock().write();
+        store.open.store(true, SeqCst);
+        wait_until("the fault to queue on the global lock", || {
+            pager.global_lock().readers_sleeping() == 1
+        });
+        assert_eq!(pager.reclaim_pages(1), 1, "{d}: the loaded page is evicted");
+        drop(w);
+        assert_eq!(t.join().unwrap(), 1, "{d}: data intact");
+        let st = pager.stats();
+        assert_eq!(st.get(Counter::RETRY_MMAP_DROP), 1, "{d}\n{st}");
+        assert_eq!(st.get(Counter::RETRY_IO_MISS), 1, "{d}\n{st}");
+        assert!(st.get(Counter::PGSTEAL) >= 1, "{d}\n{st}");
+        assert_eq!(
+            store.entered.load(SeqCst),
+            2,
+            "{d}: read again under the lock"
+        );
+        assert!((st.miss_drop_pct() - 100.0).abs() < 1e-9, "{d}");
+    }
+}

@@ -90,8 +90,13 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                     continue;
                 }
                 let r = make_writable(mm, vma, i);
-                obj.cache.unlock(i, if r.is_ok() { DIRTY | REFERENCED } else { 0 }, 0);
-                return if r.is_ok() { Outcome::Done } else { Outcome::Bus };
+                obj.cache
+                    .unlock(i, if r.is_ok() { DIRTY | REFERENCED } else { 0 }, 0);
+                return if r.is_ok() {
+                    Outcome::Done
+                } else {
+                    Outcome::Bus
+                };
             }
             // Already present: a racing faulter installed it.
             PageState::Installed => return Outcome::Done,
@@ -170,7 +175,11 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
         Ok(()) => {
             // A write fault on a write-tracked page installs it writable:
             // it is dirty from now on.
-            let dirty = if obj.tracks_writes() && f.write { DIRTY } else { 0 };
+            let dirty = if obj.tracks_writes() && f.write {
+                DIRTY
+            } else {
+                0
+            };
             let pinned = if vma.pinned { PINNED } else { 0 };
             obj.cache
                 .unlock(i, UPTODATE | MAPPED | REFERENCED | dirty | pinned, 0);

@@ -49,7 +49,10 @@ impl CountingMutex {
 
     /// (acquisitions, contended acquisitions) so far.
     pub fn counts(&self) -> (u64, u64) {
-        (self.acquisitions.load(Relaxed), self.contended.load(Relaxed))
+        (
+            self.acquisitions.load(Relaxed),
+            self.contended.load(Relaxed),
+        )
     }
 
     /// Zeroes the counts.
