@@ -36,6 +36,7 @@ pub mod store;
 pub mod sync;
 pub mod sys;
 pub mod vma;
+pub mod workload;
 
 pub use delivery::Delivery;
 pub use error::{Error, Result};

@@ -20,6 +20,7 @@ use std::sync::Arc;
 pub struct PagerBuilder {
     config: Config,
     user_mode_only: Option<bool>,
+    swap_dir: Option<std::path::PathBuf>,
 }
 
 impl PagerBuilder {
@@ -57,6 +58,15 @@ impl PagerBuilder {
     /// LRU shards (default 1): the per-node lruvec analog.
     pub fn lru_shards(mut self, n: usize) -> Self {
         self.config.lru_shards = n.max(1);
+        self
+    }
+
+    /// Swap anonymous regions to unlinked files in `dir` instead of memory
+    /// (the default swap store is an in-memory [`MemoryStore`]).
+    ///
+    /// [`MemoryStore`]: crate::store::MemoryStore
+    pub fn swap_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.swap_dir = Some(dir.into());
         self
     }
 
@@ -118,6 +128,7 @@ impl PagerBuilder {
         };
         Ok(Pager {
             inner: Arc::new(PagerInner { mm, pool, kswapd }),
+            swap_dir: self.swap_dir,
         })
     }
 }
@@ -154,6 +165,7 @@ impl Default for MapOptions {
 /// Several pagers may coexist in a process, in either delivery mode.
 pub struct Pager {
     inner: Arc<PagerInner>,
+    swap_dir: Option<std::path::PathBuf>,
 }
 
 /// What a pager's regions keep alive: the address space and its delivery.
@@ -186,6 +198,27 @@ impl std::fmt::Debug for Pager {
             .field("delivery", &self.inner.mm.config.delivery)
             .finish()
     }
+}
+
+/// An unlinked swap file of `len` bytes in `dir`.
+fn swap_file(dir: &Path, len: usize) -> Result<FileStore> {
+    let io = |e| Error::Io {
+        context: format!("creating a swap file in {}", dir.display()),
+        source: e,
+    };
+    let f = tempfile_in(dir).map_err(io)?;
+    f.set_len(len as u64).map_err(io)?;
+    FileStore::from_file(f, true).map_err(io)
+}
+
+/// An anonymous (O_TMPFILE) file in `dir`.
+fn tempfile_in(dir: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
 }
 
 fn check_len(len: usize) -> Result<()> {
@@ -221,7 +254,10 @@ impl Pager {
     /// are reclaimed go to an in-memory swap store).
     pub fn map_anonymous(&self, len: usize) -> Result<Region> {
         check_len(len)?;
-        let store = Arc::new(crate::store::MemoryStore::new(len as u64)?);
+        let store: Arc<dyn Store> = match &self.swap_dir {
+            None => Arc::new(crate::store::MemoryStore::new(len as u64)?),
+            Some(dir) => Arc::new(swap_file(dir, len)?),
+        };
         self.map_object(
             store,
             len,

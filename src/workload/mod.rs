@@ -1,0 +1,1 @@
+//! Workloads: reusable drivers for the CLI, the benches and the tests.
