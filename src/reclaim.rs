@@ -251,7 +251,12 @@ pub fn direct(mm: &Mm) {
     let over = mm.resident.load(Relaxed).saturating_sub(budget);
     if over > 0 {
         mm.counters.inc(DIRECT_RECLAIM);
-        shrink(mm, over);
+        if shrink(mm, over) < over {
+            // What is left may sit in other CPUs' add batches.
+            mm.lru.drain_all(&mm.objects, &mm.counters);
+            let over = mm.resident.load(Relaxed).saturating_sub(budget);
+            shrink(mm, over);
+        }
     }
 }
 

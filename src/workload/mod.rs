@@ -1,1 +1,11 @@
-//! Workloads: reusable drivers for the CLI, the benches and the tests.
+//! Workloads: reusable drivers for the CLI, the benches and the tests. Each
+//! takes every knob as a parameter ([`Knobs`]) and returns a [`RunResult`]
+//! with its throughput and the pager's counters.
+
+pub mod churn;
+pub mod common;
+pub mod filemap;
+pub mod swap;
+pub mod torture;
+
+pub use common::{Knobs, RunResult};

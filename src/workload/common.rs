@@ -1,0 +1,228 @@
+//! What every workload shares: the knobs, the result, the global-lock
+//! writer threads and small helpers.
+
+use crate::delivery::Delivery;
+use crate::fault::Policy;
+use crate::object::InstallKind;
+use crate::stats::Stats;
+use crate::store::{LatencyModel, LatencyReport};
+use crate::{Pager, PagerBuilder};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Knobs every workload takes.
+#[derive(Debug, Clone)]
+pub struct Knobs {
+    /// Worker (faulting) threads.
+    pub threads: usize,
+    /// Extra global-lock writer threads (map/unmap of unrelated regions).
+    pub writers: usize,
+    /// Pause between a writer's map/unmap loops (0: none). On a machine
+    /// with few CPUs, writers that never pause starve the workers of CPU,
+    /// which measures the scheduler rather than the lock.
+    pub writer_pause: Duration,
+    /// How long to run.
+    pub duration: Duration,
+    /// RNG seed.
+    pub seed: u64,
+    /// Fault-handling policy.
+    pub policy: Policy,
+    /// Fault delivery.
+    pub delivery: Delivery,
+    /// Install kind of the workload's regions.
+    pub install: InstallKind,
+    /// Memory budget in pages.
+    pub budget_pages: u64,
+    /// Simulated store latency.
+    pub latency: LatencyModel,
+    /// Simulated I/Os in flight at most (0: unbounded).
+    pub max_inflight: u32,
+    /// Region size in pages (per worker, or shared, as the workload says).
+    pub pages: usize,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs {
+            threads: 4,
+            writers: 0,
+            writer_pause: Duration::ZERO,
+            duration: Duration::from_secs(2),
+            seed: 1,
+            policy: Policy::default(),
+            delivery: Delivery::InThread,
+            install: InstallKind::Shared,
+            budget_pages: 1024,
+            latency: LatencyModel::Fixed { ns: 50_000 },
+            max_inflight: 0,
+            pages: 256,
+        }
+    }
+}
+
+impl Knobs {
+    /// A pager configured from the knobs.
+    pub fn pager(&self) -> crate::Result<Pager> {
+        self.builder().build()
+    }
+
+    /// A builder configured from the knobs.
+    pub fn builder(&self) -> PagerBuilder {
+        Pager::builder()
+            .policy(self.policy)
+            .delivery(self.delivery)
+            .budget_pages(self.budget_pages)
+    }
+}
+
+/// One run of one workload under one policy.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Workload name.
+    pub workload: &'static str,
+    /// The policy (or variant) label.
+    pub label: String,
+    /// Operations completed (rounds, page reads, populate ops…).
+    pub ops: u64,
+    /// What one operation is.
+    pub unit: &'static str,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Process CPU time (user + system) during the run.
+    pub cpu: Duration,
+    /// Counters over the run.
+    pub stats: Stats,
+    /// Delivered store latency, for simulated stores.
+    pub latency: Option<LatencyReport>,
+    /// Workload-specific figures.
+    pub extra: Vec<(&'static str, f64)>,
+}
+
+impl RunResult {
+    /// Operations per second.
+    pub fn throughput(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Operations per CPU-second (stress-ng's "bogo ops/s (usr+sys)").
+    pub fn ops_per_cpu_second(&self) -> f64 {
+        self.ops as f64 / self.cpu.as_secs_f64().max(1e-9)
+    }
+
+    /// A workload-specific figure.
+    pub fn extra(&self, k: &str) -> Option<f64> {
+        self.extra.iter().find(|e| e.0 == k).map(|e| e.1)
+    }
+}
+
+/// Process CPU time (user + system) so far.
+pub fn cpu_time() -> Duration {
+    // SAFETY: a zeroed rusage is valid and getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a live rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Global-lock writers: each loops mapping and unmapping a one-page
+/// anonymous region (two write acquisitions per loop) until stopped.
+pub struct Writers {
+    stop: Arc<AtomicBool>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+    /// Map/unmap loops done.
+    pub loops: Arc<AtomicU64>,
+}
+
+impl Writers {
+    /// Starts `n` writers on `pager`.
+    pub fn start(pager: &Arc<Pager>, n: usize, pause: Duration) -> Writers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let loops = Arc::new(AtomicU64::new(0));
+        let handles = (0..n)
+            .map(|_| {
+                let (p, stop, loops) = (pager.clone(), stop.clone(), loops.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Relaxed) {
+                        if let Ok(r) = p.map_anonymous(crate::sys::PAGE_SIZE) {
+                            drop(r);
+                        }
+                        loops.fetch_add(1, Relaxed);
+                        if !pause.is_zero() {
+                            std::thread::sleep(pause);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Writers {
+            stop,
+            handles,
+            loops,
+        }
+    }
+
+    /// Stops and joins them.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, Relaxed);
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+        self.loops.load(Relaxed)
+    }
+}
+
+/// A small, fast, seedable RNG (splitmix64).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+}
+
+/// The byte every page-pattern store holds at `offset`.
+#[inline]
+pub fn pattern(offset: usize) -> u8 {
+    ((offset >> 12) as u8).wrapping_mul(31) ^ (offset as u8) | 1
+}
+
+/// A memory store of `pages` pages filled with [`pattern`].
+pub fn pattern_store(pages: usize) -> crate::Result<crate::store::MemoryStore> {
+    let s = crate::store::MemoryStore::new((pages * crate::sys::PAGE_SIZE) as u64)?;
+    let mut buf = vec![0u8; crate::sys::PAGE_SIZE];
+    for p in 0..pages {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = pattern(p * crate::sys::PAGE_SIZE + i);
+        }
+        crate::store::Store::write(&s, (p * crate::sys::PAGE_SIZE) as u64, &buf)?;
+    }
+    Ok(s)
+}
+
+/// Runs `f` until `deadline`, counting its calls.
+pub fn until(deadline: Instant, mut f: impl FnMut()) -> u64 {
+    let mut n = 0;
+    while Instant::now() < deadline {
+        f();
+        n += 1;
+    }
+    n
+}

@@ -1,0 +1,84 @@
+//! `filemap` (seeds 000 and 003): each worker owns a file-backed region and
+//! repeats rounds of map → read one byte per page → unmap. Mapping and
+//! unmapping take the global lock for write, so the workers are themselves
+//! the global-lock writers; `writers` adds more. The budget is far below
+//! `threads × pages`, so reclaim runs all the time. Throughput is rounds/s.
+
+use super::common::{cpu_time, pattern, pattern_store, Knobs, RunResult, Writers};
+use crate::store::{SimulatedStore, Store};
+use crate::sys::PAGE_SIZE;
+use crate::{MapOptions, Result};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Runs `filemap` with `k`; `k.pages` is the per-worker file size in pages.
+pub fn run(k: &Knobs) -> Result<RunResult> {
+    let pager = Arc::new(k.pager()?);
+    let base = Arc::new(pattern_store(k.pages)?);
+    let stores: Vec<Arc<SimulatedStore>> = (0..k.threads)
+        .map(|i| {
+            Arc::new(SimulatedStore::new(
+                base.clone(),
+                k.latency,
+                k.max_inflight,
+                k.seed.wrapping_add(i as u64),
+            ))
+        })
+        .collect();
+    let opts = MapOptions {
+        kind: k.install,
+        writable: false,
+        ..MapOptions::default()
+    };
+    let mismatches = AtomicU64::new(0);
+    pager.reset_stats();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let deadline = t0 + k.duration;
+    let writers = Writers::start(&pager, k.writers, k.writer_pause);
+    let rounds: Result<u64> = std::thread::scope(|s| {
+        let hs: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let (pager, opts, mismatches) = (&pager, &opts, &mismatches);
+                s.spawn(move || -> Result<u64> {
+                    let mut n = 0;
+                    while Instant::now() < deadline {
+                        let r = pager.map_store(store.clone(), k.pages * PAGE_SIZE, opts)?;
+                        for p in 0..k.pages {
+                            let off = p * PAGE_SIZE + (p * 7) % PAGE_SIZE;
+                            // SAFETY: `off` is inside the mapped region.
+                            let v = unsafe { std::ptr::read_volatile(r.as_ptr().add(off)) };
+                            if v != pattern(off) {
+                                mismatches.fetch_add(1, Relaxed);
+                            }
+                        }
+                        drop(r);
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("worker panicked"))
+            .sum()
+    });
+    let writer_loops = writers.stop();
+    let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
+    let rounds = rounds?;
+    Ok(RunResult {
+        workload: "filemap",
+        label: k.policy.to_string(),
+        ops: rounds,
+        unit: "rounds",
+        elapsed,
+        cpu,
+        stats: pager.stats(),
+        latency: stores[0].latency_report(),
+        extra: vec![
+            ("mismatches", mismatches.load(Relaxed) as f64),
+            ("writer_loops", writer_loops as f64),
+        ],
+    })
+}

@@ -1,0 +1,91 @@
+//! `swap` (seeds 003 and 004): one anonymous region with non-zero contents
+//! under a budget below its size, so the background reclaimer keeps pushing
+//! it out to swap; reader threads fault it back in, all walking the same
+//! page order so concurrent faults on one page are common (the
+//! `uptodate-no-retry` case); `writers` threads map and unmap unrelated
+//! regions to contend on the global lock. Throughput is page reads/s.
+
+use super::common::{cpu_time, pattern, pattern_store, Knobs, Rng, RunResult, Writers};
+use crate::object::InstallKind;
+use crate::store::{SimulatedStore, Store};
+use crate::sys::PAGE_SIZE;
+use crate::{MapOptions, Result};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Runs `swap`; `k.pages` is the region size in pages.
+pub fn run(k: &Knobs) -> Result<RunResult> {
+    let pager = Arc::new(k.pager()?);
+    let swap = Arc::new(SimulatedStore::new(
+        Arc::new(pattern_store(k.pages)?),
+        k.latency,
+        k.max_inflight,
+        k.seed,
+    ));
+    let region = pager.map_store(
+        swap.clone(),
+        k.pages * PAGE_SIZE,
+        &MapOptions {
+            kind: InstallKind::Anonymous,
+            ..MapOptions::default()
+        },
+    )?;
+    let mut order: Vec<u32> = (0..k.pages as u32).collect();
+    let mut rng = Rng::new(k.seed);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let base = region.as_ptr() as usize;
+    let mismatches = AtomicU64::new(0);
+    pager.reset_stats();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let deadline = t0 + k.duration;
+    let writers = Writers::start(&pager, k.writers, k.writer_pause);
+    let reads: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..k.threads)
+            .map(|_| {
+                let (order, mismatches) = (&order, &mismatches);
+                s.spawn(move || {
+                    let mut n = 0u64;
+                    'run: loop {
+                        for &p in order {
+                            if n % 64 == 0 && Instant::now() >= deadline {
+                                break 'run;
+                            }
+                            let off = p as usize * PAGE_SIZE + 8 * (p as usize % 512);
+                            // SAFETY: inside the region, which outlives the scope.
+                            let v = unsafe { std::ptr::read_volatile((base + off) as *const u8) };
+                            if v != pattern(off) {
+                                mismatches.fetch_add(1, Relaxed);
+                            }
+                            n += 1;
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("reader panicked"))
+            .sum()
+    });
+    let writer_loops = writers.stop();
+    let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
+    let stats = pager.stats();
+    drop(region);
+    Ok(RunResult {
+        workload: "swap",
+        label: k.policy.to_string(),
+        ops: reads,
+        unit: "page reads",
+        elapsed,
+        cpu,
+        stats,
+        latency: swap.latency_report(),
+        extra: vec![
+            ("mismatches", mismatches.load(Relaxed) as f64),
+            ("writer_loops", writer_loops as f64),
+        ],
+    })
+}

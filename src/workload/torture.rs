@@ -1,0 +1,591 @@
+//! Reclaim torture: several threads read and write random words of one
+//! region that is at least four times the memory budget, while reclaim
+//! (direct, kswapd and an explicit reclaimer thread) and write-back run all
+//! the time. Every read is checked against an exact in-memory model, and at
+//! the end the whole region (and, for file-backed regions, the whole file)
+//! is compared with the model.
+//!
+//! # The model
+//! The region is an array of `u64` words. Word `w` holds
+//! `encode(w, seq)`: a 32-bit tag derived from `w` and the seed in the high
+//! half and a per-word sequence number `seq` in the low half. `seq` 0 is the
+//! initial contents (the tag with a zero low half for a file, all zeros for
+//! anonymous memory, whose tags are never zero so that a lost page reads as
+//! a mismatch). Each write stores the next sequence number of its word. The
+//! model is one `AtomicU64` per word: the last sequence number published.
+//!
+//! # Exactness under concurrency
+//! Ownership is partitioned: page `p` is written only by thread
+//! `p % threads`, so each word has a single writer and its sequence numbers
+//! rise one by one. Region words are accessed with atomic loads and stores
+//! on the mapped memory (ordinary loads and stores on x86-64, so faults are
+//! taken exactly as by plain code).
+//!
+//! - A writer stores `encode(w, s+1)` into the region (Release), then
+//!   `s+1` into the model (Release).
+//! - The owner reading its own word needs no tolerance: the region must hold
+//!   exactly `encode(w, model)`.
+//! - Another thread reads the model (`m1`, Acquire), the region word (`r`,
+//!   Acquire), then the model again (`m2`, Acquire), and accepts `r` only if
+//!   it decodes to a sequence number `s` with `m1 <= s <= m2 + 1`. Why this
+//!   is tight: `m1` was published after `encode(w, m1)` was stored, so the
+//!   region read sees that value or a later one (`s >= m1`); if it saw
+//!   `encode(w, k)` with `k >= m2 + 2`, it synchronised with the store of
+//!   `k`, which follows the model store of `k - 1` in the writer, so `m2`
+//!   would be at least `k - 1 > m2`. The `+ 1` is exactly the one write
+//!   that may sit between the writer's region store and its model store.
+//!
+//! A lost write (an eviction that dropped a dirty page, a stale copy
+//! reinstalled) shows up as a sequence number below `m1`, or for the owner
+//! as any difference; data from another page shows up as a wrong tag.
+
+use crate::error::{Error, Result};
+use crate::fault::Policy;
+use crate::object::InstallKind;
+use crate::pager::{MapOptions, Pager};
+use crate::region::Region;
+use crate::stats::Stats;
+use crate::sys::PAGE_SIZE;
+use crate::Delivery;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Words per page.
+const WORDS_PER_PAGE: usize = PAGE_SIZE / 8;
+/// Mismatches kept in [`TortureReport::first_mismatches`].
+const KEEP_MISMATCHES: usize = 16;
+
+/// What backs the tortured region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TortureKind {
+    /// A file at `path`, created (or truncated) and filled with the initial
+    /// pattern, mapped with [`TortureConfig::install`]. The file is left in
+    /// place; the caller removes it.
+    File {
+        /// Where the file goes.
+        path: PathBuf,
+    },
+    /// Anonymous memory swapped to the default in-memory swap store.
+    Anonymous,
+    /// Anonymous memory swapped to an unlinked swap file in `dir`
+    /// ([`crate::PagerBuilder::swap_dir`]).
+    Swapfile {
+        /// Directory for the swap file.
+        dir: PathBuf,
+    },
+}
+
+/// One torture run's settings.
+#[derive(Debug, Clone)]
+pub struct TortureConfig {
+    /// Application threads (at least 1, at most `pages`).
+    pub threads: usize,
+    /// Pages in the region; at least `4 * budget_pages`.
+    pub pages: usize,
+    /// The pager's memory budget in pages (at least 1: the run must evict).
+    pub budget_pages: u64,
+    /// Operations per application thread.
+    pub ops_per_thread: u64,
+    /// Percentage of operations that write (0-100).
+    pub write_pct: u32,
+    /// Seed for the operation streams and the data pattern.
+    pub seed: u64,
+    /// What backs the region.
+    pub kind: TortureKind,
+    /// How pages are installed, for [`TortureKind::File`] (anonymous kinds
+    /// always install anonymously). With [`InstallKind::Anonymous`] the
+    /// file acts as the region's swap: the region is verified, the file is
+    /// not (pages still resident at unmap are not written to it).
+    pub install: InstallKind,
+    /// Fault delivery.
+    pub delivery: Delivery,
+    /// Fault-handling policy.
+    pub policy: Policy,
+}
+
+impl Default for TortureConfig {
+    /// 2 threads, 512 pages, a budget of 64, 20 000 operations each, half
+    /// of them writes, over anonymous memory, in-thread delivery.
+    fn default() -> Self {
+        TortureConfig {
+            threads: 2,
+            pages: 512,
+            budget_pages: 64,
+            ops_per_thread: 20_000,
+            write_pct: 50,
+            seed: 1,
+            kind: TortureKind::Anonymous,
+            install: InstallKind::Shared,
+            delivery: Delivery::InThread,
+            policy: Policy::default(),
+        }
+    }
+}
+
+/// When a mismatch was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A checked read while the threads ran.
+    Run,
+    /// The final read-back through the region.
+    Region,
+    /// The final comparison of the file's contents.
+    File,
+}
+
+/// One word that did not hold what the model allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// When it was seen.
+    pub phase: Phase,
+    /// Word index in the region.
+    pub word: usize,
+    /// The value read.
+    pub got: u64,
+    /// The lowest sequence number acceptable.
+    pub want_min_seq: u64,
+    /// The highest sequence number acceptable.
+    pub want_max_seq: u64,
+    /// The sequence number `got` decodes to (`None`: wrong tag, garbage).
+    pub got_seq: Option<u64>,
+    /// The reading thread (`None` for the final checks).
+    pub thread: Option<usize>,
+}
+
+impl Mismatch {
+    /// The page the word is on.
+    pub fn page(&self) -> usize {
+        self.word / WORDS_PER_PAGE
+    }
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?}: word {} (page {}) got {:#018x} (seq {:?}), want seq {}..={}",
+            self.phase,
+            self.word,
+            self.page(),
+            self.got,
+            self.got_seq,
+            self.want_min_seq,
+            self.want_max_seq
+        )?;
+        if let Some(t) = self.thread {
+            write!(f, " [thread {t}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a torture run did and found.
+#[derive(Debug, Clone)]
+pub struct TortureReport {
+    /// Operations done by the application threads.
+    pub ops: u64,
+    /// Of which reads (each checked).
+    pub reads: u64,
+    /// Of which writes.
+    pub writes: u64,
+    /// Words that did not match the model, all phases together.
+    pub mismatches: u64,
+    /// The first few mismatches.
+    pub first_mismatches: Vec<Mismatch>,
+    /// Words compared by the final checks (region and file).
+    pub words_verified: u64,
+    /// Flushes issued by the background thread.
+    pub background_flushes: u64,
+    /// Pages freed by the background thread's `reclaim_pages` calls.
+    pub background_reclaimed: u64,
+    /// Wall time of the concurrent phase.
+    pub elapsed: Duration,
+    /// The pager's statistics after the final checks (for file-backed
+    /// regions, after the unmap's write-back).
+    pub stats: Stats,
+}
+
+impl TortureReport {
+    /// Whether every check passed.
+    pub fn is_clean(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+impl fmt::Display for TortureReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::stats::Counter::*;
+        let s = &self.stats;
+        write!(
+            f,
+            "ops {} (reads {}, writes {}) in {:?}; mismatches {}; verified {} words; \
+             pgsteal {} writeback {} pgmajfault {} direct_reclaim {} kswapd_wake {}; \
+             peak resident {} / budget {}; background flushes {} reclaimed {}",
+            self.ops,
+            self.reads,
+            self.writes,
+            self.elapsed,
+            self.mismatches,
+            self.words_verified,
+            s.get(PGSTEAL),
+            s.get(WRITEBACK),
+            s.get(PGMAJFAULT),
+            s.get(DIRECT_RECLAIM),
+            s.get(KSWAPD_WAKE),
+            s.peak_resident_pages,
+            s.budget_pages,
+            self.background_flushes,
+            self.background_reclaimed
+        )?;
+        for m in &self.first_mismatches {
+            write!(f, "\n  {m}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A small fast generator (splitmix64): deterministic per seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        // Multiply-shift: unbiased enough for a test stream.
+        ((self.next() as u128 * n as u128) >> 64) as u64
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The expected contents: per-word tags and published sequence numbers.
+struct Model {
+    seed: u64,
+    /// Initial contents are the tagged pattern (files), not zeros.
+    tagged_init: bool,
+    seqs: Vec<AtomicU64>,
+}
+
+impl Model {
+    fn new(words: usize, seed: u64, tagged_init: bool) -> Model {
+        Model {
+            seed,
+            tagged_init,
+            seqs: (0..words).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Word `w`'s tag: never zero.
+    fn tag(&self, w: usize) -> u64 {
+        (mix(self.seed ^ (w as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)) >> 32) | 1
+    }
+
+    fn encode(&self, w: usize, seq: u64) -> u64 {
+        if seq == 0 && !self.tagged_init {
+            0
+        } else {
+            (self.tag(w) << 32) | seq
+        }
+    }
+
+    /// The sequence number `v` encodes for word `w`, if it is one of `w`'s.
+    fn decode(&self, w: usize, v: u64) -> Option<u64> {
+        if v == self.encode(w, 0) {
+            Some(0)
+        } else if v >> 32 == self.tag(w) && v as u32 != 0 {
+            Some(v & 0xffff_ffff)
+        } else {
+            None
+        }
+    }
+}
+
+/// Shared state of a run: the first mismatches and the count.
+struct Findings {
+    count: AtomicU64,
+    first: Mutex<Vec<Mismatch>>,
+}
+
+impl Findings {
+    fn record(&self, m: Mismatch) {
+        self.count.fetch_add(1, Relaxed);
+        let mut v = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        if v.len() < KEEP_MISMATCHES {
+            v.push(m);
+        }
+    }
+}
+
+/// Word `w` of the region, as an atomic.
+///
+/// # Safety
+/// `base` is a live region of more than `w` words.
+unsafe fn word_at<'a>(base: usize, w: usize) -> &'a AtomicU64 {
+    // SAFETY: in bounds and 8-byte aligned (the region is page-aligned);
+    // the region's memory stays mapped for the caller's use, and the
+    // engine never changes its contents behind the application's back.
+    unsafe { &*((base + w * 8) as *const AtomicU64) }
+}
+
+fn validate(cfg: &TortureConfig) -> Result<()> {
+    let bad = |m: String| Err(Error::Config(m));
+    if cfg.threads == 0 {
+        return bad("torture needs at least one thread".into());
+    }
+    if cfg.budget_pages == 0 {
+        return bad("torture needs a memory budget (budget_pages > 0)".into());
+    }
+    if (cfg.pages as u64) < cfg.budget_pages.saturating_mul(4) {
+        return bad(format!(
+            "torture region of {} pages is smaller than 4x the budget of {}",
+            cfg.pages, cfg.budget_pages
+        ));
+    }
+    if cfg.pages < cfg.threads {
+        return bad("torture needs at least one page per thread".into());
+    }
+    if cfg.write_pct > 100 {
+        return bad(format!("write_pct {} is over 100", cfg.write_pct));
+    }
+    if cfg.ops_per_thread.saturating_mul(cfg.threads as u64) >= u32::MAX as u64 {
+        return bad("too many operations for 32-bit sequence numbers".into());
+    }
+    Ok(())
+}
+
+/// One application thread's work; returns (reads, writes).
+fn worker(
+    t: usize,
+    cfg: &TortureConfig,
+    base: usize,
+    model: &Model,
+    findings: &Findings,
+) -> (u64, u64) {
+    let threads = cfg.threads;
+    let pages = cfg.pages;
+    let mut rng = Rng(mix(cfg.seed) ^ mix(t as u64 + 1));
+    let (mut reads, mut writes) = (0, 0);
+    for _ in 0..cfg.ops_per_thread {
+        let write = (rng.below(100) as u32) < cfg.write_pct;
+        let mut page = rng.below(pages as u64) as usize;
+        if write {
+            // The page of this thread's partition nearest below.
+            page = page - page % threads + t;
+            if page >= pages {
+                page -= threads;
+            }
+        }
+        let w = page * WORDS_PER_PAGE + rng.below(WORDS_PER_PAGE as u64) as usize;
+        // SAFETY: `w` is inside the region, which outlives the workers.
+        let cell = unsafe { word_at(base, w) };
+        let m = &model.seqs[w];
+        if write {
+            let seq = m.load(Relaxed) + 1;
+            cell.store(model.encode(w, seq), Release);
+            m.store(seq, Release);
+            writes += 1;
+            continue;
+        }
+        reads += 1;
+        let (lo, r, hi) = if page % threads == t {
+            let s = m.load(Relaxed);
+            (s, cell.load(Acquire), s)
+        } else {
+            let m1 = m.load(Acquire);
+            let r = cell.load(Acquire);
+            let m2 = m.load(Acquire);
+            (m1, r, m2 + 1)
+        };
+        let got = model.decode(w, r);
+        if !got.is_some_and(|s| s >= lo && s <= hi) {
+            findings.record(Mismatch {
+                phase: Phase::Run,
+                word: w,
+                got: r,
+                want_min_seq: lo,
+                want_max_seq: hi,
+                got_seq: got,
+                thread: Some(t),
+            });
+        }
+    }
+    (reads, writes)
+}
+
+/// Compares `words` (a snapshot of the region or file) with the final model.
+fn verify_words(
+    model: &Model,
+    phase: Phase,
+    findings: &Findings,
+    words: impl Iterator<Item = (usize, u64)>,
+) -> u64 {
+    let mut n = 0;
+    for (w, v) in words {
+        n += 1;
+        let s = model.seqs[w].load(Acquire);
+        if v != model.encode(w, s) {
+            findings.record(Mismatch {
+                phase,
+                word: w,
+                got: v,
+                want_min_seq: s,
+                want_max_seq: s,
+                got_seq: model.decode(w, v),
+                thread: None,
+            });
+        }
+    }
+    n
+}
+
+/// Runs the torture described by `cfg`. See the module docs for what is
+/// checked. Returns an error only when the run could not be set up or
+/// torn down (a bad configuration, a failed map, flush or unmap);
+/// wrong data is reported in [`TortureReport::mismatches`].
+pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
+    validate(cfg)?;
+    let words = cfg.pages * WORDS_PER_PAGE;
+    let len = cfg.pages * PAGE_SIZE;
+    let file = matches!(cfg.kind, TortureKind::File { .. });
+    let model = Model::new(words, cfg.seed, file);
+
+    let mut b = Pager::builder()
+        .budget_pages(cfg.budget_pages)
+        .kswapd(true)
+        .delivery(cfg.delivery)
+        .policy(cfg.policy);
+    if let TortureKind::Swapfile { dir } = &cfg.kind {
+        b = b.swap_dir(dir.clone());
+    }
+    let pager = b.build()?;
+
+    let region = match &cfg.kind {
+        TortureKind::File { path } => {
+            let mut init = Vec::with_capacity(len);
+            for w in 0..words {
+                init.extend_from_slice(&model.encode(w, 0).to_ne_bytes());
+            }
+            std::fs::write(path, &init).map_err(|e| Error::Io {
+                context: format!("writing {}", path.display()),
+                source: e,
+            })?;
+            let opts = MapOptions {
+                kind: cfg.install,
+                ..MapOptions::default()
+            };
+            pager.map_file(path, Some(len), &opts)?
+        }
+        TortureKind::Anonymous | TortureKind::Swapfile { .. } => pager.map_anonymous(len)?,
+    };
+    let base = region.as_ptr() as usize;
+    let findings = Findings {
+        count: AtomicU64::new(0),
+        first: Mutex::new(Vec::new()),
+    };
+
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let (reads, writes, bg) = std::thread::scope(|s| {
+        let bg = s.spawn(|| background(&pager, &region, cfg.budget_pages, &stop));
+        let hs: Vec<_> = (0..cfg.threads)
+            .map(|t| {
+                let (model, findings) = (&model, &findings);
+                s.spawn(move || worker(t, cfg, base, model, findings))
+            })
+            .collect();
+        let (mut reads, mut writes) = (0, 0);
+        for h in hs {
+            let (r, w) = h.join().expect("torture worker panicked");
+            reads += r;
+            writes += w;
+        }
+        stop.store(true, Release);
+        let bg = bg.join().expect("torture background thread panicked");
+        (reads, writes, bg)
+    });
+    let elapsed = started.elapsed();
+    let (background_flushes, background_reclaimed) = bg?;
+
+    // Final read-back through the region (faults every page back in).
+    let mut words_verified = verify_words(
+        &model,
+        Phase::Region,
+        &findings,
+        // SAFETY: every word index is inside the live region.
+        (0..words).map(|w| (w, unsafe { word_at(base, w) }.load(Acquire))),
+    );
+
+    if let (TortureKind::File { path }, InstallKind::Shared) = (&cfg.kind, cfg.install) {
+        region.flush()?;
+        region.unmap()?;
+        let bytes = std::fs::read(path).map_err(|e| Error::Io {
+            context: format!("reading back {}", path.display()),
+            source: e,
+        })?;
+        if bytes.len() != len {
+            return Err(Error::Config(format!(
+                "{} changed length: {} bytes, want {len}",
+                path.display(),
+                bytes.len()
+            )));
+        }
+        words_verified += verify_words(
+            &model,
+            Phase::File,
+            &findings,
+            bytes.chunks_exact(8).enumerate().map(|(w, c)| {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(c);
+                (w, u64::from_ne_bytes(a))
+            }),
+        );
+    } else {
+        region.unmap()?;
+    }
+
+    let first_mismatches = findings
+        .first
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
+    Ok(TortureReport {
+        ops: reads + writes,
+        reads,
+        writes,
+        mismatches: findings.count.load(Relaxed),
+        first_mismatches,
+        words_verified,
+        background_flushes,
+        background_reclaimed,
+        elapsed,
+        stats: pager.stats(),
+    })
+}
+
+/// The background thread: write-back (a no-op for anonymous regions) and
+/// explicit reclaim, racing the workers and kswapd, until `stop`.
+fn background(
+    pager: &Pager,
+    region: &Region,
+    budget: u64,
+    stop: &AtomicBool,
+) -> Result<(u64, u64)> {
+    let (mut flushes, mut reclaimed) = (0, 0);
+    let batch = (budget / 8).max(1);
+    while !stop.load(Acquire) {
+        region.flush()?;
+        flushes += 1;
+        reclaimed += pager.reclaim_pages(batch);
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    Ok((flushes, reclaimed))
+}
