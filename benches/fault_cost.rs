@@ -51,9 +51,7 @@ fn fault_cost(c: &mut Criterion) {
             let mut engine = EngineLoop::new(pages, kind, delivery).expect("engine set-up");
             let mut floor = FloorLoop::new(pages, kind, delivery).expect("floor set-up");
             g.bench_function(BenchmarkId::new("floor", pages), |b| {
-                b.iter_custom(|iters| {
-                    faults(iters, pages, |n| floor.pass(n).expect("floor pass"))
-                })
+                b.iter_custom(|iters| faults(iters, pages, |n| floor.pass(n).expect("floor pass")))
             });
             g.bench_function(BenchmarkId::new("engine", pages), |b| {
                 b.iter_custom(|iters| {

@@ -1,6 +1,11 @@
 //! The engine side of [`fault_cost`](super::fault_cost): a [`Pager`] whose
 //! regions map a pre-filled [`MemoryStore`], so every touch is a major
 //! fault (store read, then install).
+//!
+//! The store is read-only and regions are mapped read-only: a shared
+//! region over a writable store would track writes (install with
+//! `UFFDIO_CONTINUE_MODE_WP`, register WP), which the floor's plain
+//! read-fault CONTINUE does not; read-only keeps the ioctls the same.
 
 use super::{pattern, touch};
 use crate::delivery::Delivery;
@@ -41,7 +46,7 @@ impl EngineLoop {
         }
         Ok(EngineLoop {
             pager,
-            store: Arc::new(store),
+            store: Arc::new(store.with_writable(false)),
             pages,
             kind,
         })
@@ -61,8 +66,8 @@ impl EngineLoop {
     /// a freshly mapped region; returns the time of the touches alone.
     pub fn pass(&mut self, n: usize) -> Result<Duration> {
         let n = n.min(self.pages);
-        // Read faults only: map read-only, so nothing is dirty at unmap and
-        // the untimed teardown stays cheap.
+        // Read faults only: nothing is dirty at unmap, so the untimed
+        // teardown stays cheap (and see the module docs).
         let region = self.pager.map_store(
             self.store.clone(),
             self.pages * PAGE_SIZE,

@@ -25,12 +25,10 @@ enum Workload {
 #[derive(Debug, Args)]
 struct FaultCostArgs {
     /// Pages faulted per pass (each touched once, one read per page).
-    #[arg(long, value_name = "N", default_value_t = 4096,
-          value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = at_least_one)]
     pages: u64,
     /// Timed passes per side; the best pass counts.
-    #[arg(long, value_name = "R", default_value_t = 5,
-          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    #[arg(long, value_name = "R", default_value_t = 5, value_parser = at_least_one)]
     passes: u64,
     /// Install kind: anonymous (MISSING + UFFDIO_COPY) or shared (memfd,
     /// MINOR + UFFDIO_CONTINUE). Repeatable; default: both.
@@ -43,6 +41,15 @@ struct FaultCostArgs {
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// A count of at least one.
+fn at_least_one(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a count: {e}")),
+    }
 }
 
 /// Runs the chosen workload.
@@ -98,6 +105,12 @@ fn check_pages(pages: u64) -> Result<usize, CliError> {
 
 fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
     let pages = check_pages(a.pages)?;
+    if a.passes > 1000 {
+        return Err(CliError::Usage(format!(
+            "--passes {} is more than 1000",
+            a.passes
+        )));
+    }
     let passes = a.passes as usize;
     let kinds = dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]);
     let deliveries = dedup(
@@ -173,7 +186,10 @@ fn report_json(r: &FaultCostReport) -> Json {
         ("floor_us_per_page", Json::Num(r.floor_us_per_page)),
         ("engine_us_per_page", Json::Num(r.engine_us_per_page)),
         ("ratio", Json::Num(r.ratio)),
-        ("floor_median_us_per_page", Json::Num(r.floor_median_us_per_page)),
+        (
+            "floor_median_us_per_page",
+            Json::Num(r.floor_median_us_per_page),
+        ),
         (
             "engine_median_us_per_page",
             Json::Num(r.engine_median_us_per_page),

@@ -17,7 +17,12 @@ pub enum Json {
 impl Json {
     /// An object from `(key, value)` pairs, in order.
     pub fn obj<const N: usize>(fields: [(&str, Json); N]) -> Json {
-        Json::Obj(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        Json::Obj(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        )
     }
 
     /// A string.

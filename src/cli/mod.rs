@@ -106,7 +106,13 @@ mod tests {
         assert!(matches!(cli.command, Command::Bench(_)));
         for bad in [
             &["uffd-pager", "bench", "fault-cost", "--kind", "bogus"][..],
-            &["uffd-pager", "bench", "fault-cost", "--delivery", "threads:0"],
+            &[
+                "uffd-pager",
+                "bench",
+                "fault-cost",
+                "--delivery",
+                "threads:0",
+            ],
             &["uffd-pager", "bench", "fault-cost", "--pages", "0"],
             &["uffd-pager", "bench", "nope"],
         ] {

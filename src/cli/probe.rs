@@ -106,7 +106,10 @@ fn register_sample(uffd: &Uffd, shared: bool) -> RangeProbe {
     };
     let ioctls = (|| {
         let memfd = if shared {
-            Some(Memfd::new("uffd-pager-probe", len).map_err(|e| format!("memfd: {}", errno_str(e)))?)
+            Some(
+                Memfd::new("uffd-pager-probe", len)
+                    .map_err(|e| format!("memfd: {}", errno_str(e)))?,
+            )
         } else {
             None
         };
@@ -229,7 +232,10 @@ fn print_human(r: &Report) {
         .as_ref()
         .or(r.umo.as_ref())
         .map_or(0, |g: &Grants| g.ioctls);
-    println!("descriptor ioctls            {}", ioctl_names(ioctls).join(" "));
+    println!(
+        "descriptor ioctls            {}",
+        ioctl_names(ioctls).join(" ")
+    );
     println!("\ndelivery modes");
     let in_thread = if r.in_thread() {
         "usable"
@@ -289,7 +295,10 @@ fn to_json(r: &Report) -> Json {
             ("features", Json::strs(feature_names(g.features))),
             ("ioctls", Json::strs(ioctl_names(g.ioctls))),
         ]),
-        Err(e) => Json::obj([("ok", Json::Bool(false)), ("error", Json::str(errno_str(*e)))]),
+        Err(e) => Json::obj([
+            ("ok", Json::Bool(false)),
+            ("error", Json::str(errno_str(*e))),
+        ]),
     };
     let ranges = match &r.range_fd {
         Err(e) => Json::obj([("error", Json::str(e.clone()))]),
@@ -306,7 +315,11 @@ fn to_json(r: &Report) -> Json {
                                 Ok(b) => ("ioctls", Json::strs(ioctl_names(*b))),
                                 Err(e) => ("error", Json::str(e.clone())),
                             };
-                            Json::obj([("kind", Json::str(p.what)), ("mode", Json::str(p.mode)), res])
+                            Json::obj([
+                                ("kind", Json::str(p.what)),
+                                ("mode", Json::str(p.mode)),
+                                res,
+                            ])
                         })
                         .collect(),
                 ),
@@ -329,7 +342,10 @@ fn to_json(r: &Report) -> Json {
                 ("opens", Json::Bool(r.dev_present && r.dev_open.is_ok())),
             ]),
         ),
-        ("unprivileged_user_mode_only_works", Json::Bool(r.umo.is_ok())),
+        (
+            "unprivileged_user_mode_only_works",
+            Json::Bool(r.umo.is_ok()),
+        ),
         ("non_user_mode_only_works", Json::Bool(r.non_umo())),
         (
             "delivery",

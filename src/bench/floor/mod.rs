@@ -1,0 +1,243 @@
+//! The raw floor loop: the userfaultfd ioctls a pager cannot avoid, driven
+//! by the smallest handler that works, with no engine in between.
+//!
+//! - **Anonymous**: a private anonymous range registered MISSING. Each fault
+//!   copies its page's 4 KiB from a source buffer to a staging page, then
+//!   UFFDIO_COPY installs it (and wakes).
+//! - **Shared**: a memfd mapping registered MINOR|MISSING. The memfd is
+//!   filled through an alias mapping up front, and `MADV_DONTNEED` on the
+//!   user mapping drops only the page-table entries, so every touch is a
+//!   MINOR fault. Each fault copies 4 KiB from the source into the memfd
+//!   page (it exists already) and UFFDIO_CONTINUE maps it (and wakes).
+//!
+//! One page per ioctl, one ioctl per fault: the same granularity as the
+//! engine. Delivery is either in-thread (a SIGBUS handler of the floor's
+//! own, installed only for the duration of a pass, see the module docs of
+//! [`crate::bench`]) or handler threads that block in poll(2), read fault
+//! messages and resolve exactly one page per message, optionally spinning
+//! first as the engine's pool does. The install ioctl wakes the faulter
+//! itself (no DONTWAKE + UFFDIO_WAKE pair, as the engine uses).
+//!
+//! A failed install leaves the faulting thread with no way forward, so the
+//! floor reports it on stderr and aborts the process.
+
+mod sigbus;
+mod threads;
+
+use super::touch;
+use crate::delivery::Delivery;
+use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::sys::mem::{madvise, Mapping, Memfd};
+use crate::sys::uffd::{feature, mode, Uffd};
+use crate::sys::PAGE_SIZE;
+use std::sync::Arc;
+use std::time::Duration;
+use threads::Handlers;
+
+/// The addresses a fault is resolved with. Plain integers, so that the
+/// signal handler can rebuild it from atomics.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    /// The registered user range.
+    base: usize,
+    len: usize,
+    /// The source buffer (same layout as the user range).
+    src: usize,
+    /// The memfd alias for shared ranges; 0 for anonymous ones.
+    alias: usize,
+}
+
+/// Resolves the fault at `addr` (inside `t`) with one page-sized install
+/// that also wakes. `stage` is a page the caller owns exclusively.
+/// Async-signal-safe: a memcpy and ioctls.
+fn resolve(uffd: &Uffd, t: &Target, addr: usize, stage: usize) -> std::result::Result<(), i32> {
+    let page = addr & !(PAGE_SIZE - 1);
+    let off = page.wrapping_sub(t.base);
+    if off >= t.len {
+        return Err(libc::EFAULT);
+    }
+    let dst = if t.alias != 0 { t.alias + off } else { stage };
+    // SAFETY: `t.src + off` is a page of the live source buffer (same length
+    // as the user range, and `off < t.len` was checked); `dst` is either the matching
+    // page of the live memfd alias or the caller's staging page. Neither is
+    // referenced as a Rust object, and the ranges are distinct mappings.
+    unsafe {
+        std::ptr::copy_nonoverlapping((t.src + off) as *const u8, dst as *mut u8, PAGE_SIZE);
+    }
+    loop {
+        let r = if t.alias != 0 {
+            uffd.cont(page, PAGE_SIZE, 0)
+        } else {
+            uffd.copy(page, stage, PAGE_SIZE, 0)
+        };
+        match r {
+            Ok(_) | Err(libc::EEXIST) => return Ok(()),
+            Err(libc::EAGAIN) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes `msg` to stderr and aborts; async-signal-safe.
+fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) from a live buffer and abort(3) are async-signal-safe.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::abort()
+    }
+}
+
+/// The raw floor loop for one install kind and delivery mode. See the
+/// module docs.
+pub struct FloorLoop {
+    pages: usize,
+    target: Target,
+    handlers: Option<Handlers>,
+    uffd: Arc<Uffd>,
+    user: Mapping,
+    _src: Mapping,
+    stage: Mapping,
+    _memfd: Option<Memfd>,
+    _alias: Option<Mapping>,
+}
+
+impl std::fmt::Debug for FloorLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FloorLoop")
+            .field("pages", &self.pages)
+            .field("shared", &(self.target.alias != 0))
+            .field(
+                "handler_threads",
+                &self.handlers.as_ref().map(|h| h.threads.len()),
+            )
+            .finish()
+    }
+}
+
+fn sys(op: &'static str) -> impl Fn(i32) -> Error {
+    move |e| Error::sys(op, e)
+}
+
+/// Sets every byte of page `i` of the `pages`-page range at `base` to its
+/// pattern.
+fn fill(base: usize, pages: usize) {
+    for i in 0..pages {
+        // SAFETY: `base` is a fresh writable mapping of `pages` pages that
+        // nothing else references yet.
+        unsafe {
+            std::ptr::write_bytes(
+                (base + i * PAGE_SIZE) as *mut u8,
+                super::pattern(i),
+                PAGE_SIZE,
+            )
+        };
+    }
+}
+
+impl FloorLoop {
+    /// Sets up `pages` pages of `kind`, served by `delivery` (in-thread, or
+    /// `threads` handler threads spinning `spin_us` before blocking).
+    pub fn new(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<FloorLoop> {
+        if pages == 0 {
+            return Err(Error::ZeroLength);
+        }
+        let len = pages
+            .checked_mul(PAGE_SIZE)
+            .ok_or_else(|| Error::Config(format!("{pages} pages is too large")))?;
+        let shared = kind == InstallKind::Shared;
+        let (nthreads, spin_us) = match delivery {
+            Delivery::InThread => (0, 0),
+            Delivery::Threads { threads: 0, .. } => {
+                return Err(Error::Config("handler threads must be at least 1".into()))
+            }
+            Delivery::Threads { threads, spin_us } => (threads, spin_us),
+        };
+        let mut features = if shared { feature::MINOR_SHMEM } else { 0 };
+        if nthreads == 0 {
+            sigbus::settle_engine_handler();
+            features |= feature::SIGBUS;
+        }
+        let open = |umo: bool| Uffd::open(features, umo, nthreads > 0);
+        let uffd = if nthreads == 0 {
+            open(true)
+        } else {
+            open(false).or_else(|_| open(true))
+        }
+        .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
+        let uffd = Arc::new(uffd);
+
+        let src = Mapping::anonymous(len).map_err(sys("mmap source"))?;
+        fill(src.addr(), pages);
+        let stage = Mapping::anonymous(nthreads.max(1) * PAGE_SIZE).map_err(sys("mmap stage"))?;
+        // SAFETY: a fresh private mapping of that many bytes; touching it
+        // now keeps first-touch allocation out of the timed faults.
+        unsafe { std::ptr::write_bytes(stage.addr() as *mut u8, 0, stage.len()) };
+        let (memfd, alias, user) = if shared {
+            let memfd = Memfd::new("uffd-pager-floor", len).map_err(sys("memfd_create"))?;
+            let alias = Mapping::shared(memfd.fd(), len, 0, false).map_err(sys("mmap alias"))?;
+            fill(alias.addr(), pages);
+            let user = Mapping::shared(memfd.fd(), len, 0, false).map_err(sys("mmap memfd"))?;
+            (Some(memfd), Some(alias), user)
+        } else {
+            let user = Mapping::anonymous(len).map_err(sys("mmap"))?;
+            (None, None, user)
+        };
+        let reg_mode = if shared {
+            mode::MINOR | mode::MISSING
+        } else {
+            mode::MISSING
+        };
+        uffd.register(user.addr(), len, reg_mode)
+            .map_err(sys("UFFDIO_REGISTER"))?;
+        let target = Target {
+            base: user.addr(),
+            len,
+            src: src.addr(),
+            alias: alias.as_ref().map_or(0, |a| a.addr()),
+        };
+        let handlers = if nthreads > 0 {
+            Some(Handlers::start(&uffd, target, &stage, nthreads, spin_us)?)
+        } else {
+            None
+        };
+        Ok(FloorLoop {
+            pages,
+            target,
+            handlers,
+            uffd,
+            user,
+            _src: src,
+            stage,
+            _memfd: memfd,
+            _alias: alias,
+        })
+    }
+
+    /// Pages per full pass.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// One pass over the first `n` pages (at most [`FloorLoop::pages`]):
+    /// makes them absent (untimed), then touches each once. Returns the
+    /// time of the touches alone.
+    pub fn pass(&mut self, n: usize) -> Result<Duration> {
+        let n = n.min(self.pages);
+        madvise(self.user.addr(), n * PAGE_SIZE, libc::MADV_DONTNEED)
+            .map_err(sys("madvise(MADV_DONTNEED)"))?;
+        if self.handlers.is_some() {
+            return touch(self.user.addr(), n);
+        }
+        sigbus::with_handler(&self.uffd, &self.target, self.stage.addr(), || {
+            touch(self.user.addr(), n)
+        })
+    }
+}
+
+impl Drop for FloorLoop {
+    fn drop(&mut self) {
+        // Join the handler threads before the descriptor and mappings go.
+        self.handlers.take();
+    }
+}

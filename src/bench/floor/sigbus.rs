@@ -1,0 +1,171 @@
+//! In-thread delivery for the floor: a SIGBUS handler of its own,
+//! installed only for the duration of a pass, reading its state from
+//! atomics.
+
+use super::{fatal, resolve, Target};
+use crate::delivery::Delivery;
+use crate::error::{Error, Result};
+use crate::pager::Pager;
+use crate::sys::uffd::Uffd;
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::{Mutex, Once, PoisonError};
+
+/// The in-thread floor's state, read by its SIGBUS handler.
+struct SigState {
+    uffd: AtomicUsize,
+    base: AtomicUsize,
+    len: AtomicUsize,
+    src: AtomicUsize,
+    alias: AtomicUsize,
+    stage: AtomicUsize,
+    prev_handler: AtomicUsize,
+    prev_flags: AtomicUsize,
+}
+
+static SIG: SigState = SigState {
+    uffd: AtomicUsize::new(0),
+    base: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    src: AtomicUsize::new(0),
+    alias: AtomicUsize::new(0),
+    stage: AtomicUsize::new(0),
+    prev_handler: AtomicUsize::new(0),
+    prev_flags: AtomicUsize::new(0),
+};
+
+/// One in-thread floor pass at a time, process-wide (they share [`SIG`] and
+/// the SIGBUS disposition).
+static SERIAL: Mutex<()> = Mutex::new(());
+static ENGINE_HANDLER: Once = Once::new();
+
+/// Makes sure the engine's process-wide SIGBUS handler is installed before
+/// the floor first saves and restores the disposition. Otherwise a pager
+/// built during a floor pass would record the floor's handler as its
+/// "previous" one, and the floor's restore would then remove the engine's.
+pub(super) fn settle_engine_handler() {
+    ENGINE_HANDLER.call_once(|| {
+        let _ = Pager::builder().delivery(Delivery::InThread).build();
+    });
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let base = SIG.base.load(Acquire);
+    let len = SIG.len.load(Acquire);
+    // si_code > 0: raised by the kernel for a fault (not kill/tgkill).
+    if code > 0 && base != 0 && addr.wrapping_sub(base) < len {
+        let t = Target {
+            base,
+            len,
+            src: SIG.src.load(Acquire),
+            alias: SIG.alias.load(Acquire),
+        };
+        // SAFETY: `uffd` points to the floor's descriptor, which outlives
+        // the pass; `base` is non-zero only during the pass.
+        let uffd = unsafe { &*(SIG.uffd.load(Acquire) as *const Uffd) };
+        if resolve(uffd, &t, addr, SIG.stage.load(Acquire)).is_err() {
+            fatal(b"uffd-pager floor: install failed in the SIGBUS handler\n");
+        }
+        return;
+    }
+    chain(sig, info, uctx);
+}
+
+/// Passes a SIGBUS that is not the floor's to the handler installed before
+/// the floor's, or applies the default action.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    let handler = SIG.prev_handler.load(Acquire);
+    let flags = SIG.prev_flags.load(Acquire) as libc::c_int;
+    if handler == libc::SIG_IGN {
+        return;
+    }
+    if handler == libc::SIG_DFL {
+        // SAFETY: sigaction, pthread_sigmask and raise are async-signal-safe;
+        // the process dies of SIGBUS as it would with no handler at all.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGBUS);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(libc::SIGBUS);
+        }
+        return;
+    }
+    // SAFETY: `handler` is the function pointer that was installed with
+    // sigaction before the floor's; we call it with the signature its
+    // flags declare.
+    unsafe {
+        if flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(handler);
+            f(sig, info, uctx);
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
+            f(sig);
+        }
+    }
+}
+
+/// The floor's SIGBUS handler, installed while this lives (and the
+/// [`SERIAL`] guard with it).
+struct Installed {
+    old: libc::sigaction,
+}
+
+impl Installed {
+    fn new(uffd: &Uffd, t: &Target, stage: usize) -> Result<Installed> {
+        SIG.uffd.store(uffd as *const Uffd as usize, Release);
+        SIG.src.store(t.src, Release);
+        SIG.alias.store(t.alias, Release);
+        SIG.stage.store(stage, Release);
+        // SAFETY: zeroed sigaction structs are valid; we query the current
+        // disposition first (so chaining works from the first signal), then
+        // install ours with SA_SIGINFO and an empty mask.
+        let old = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+                return Err(Error::sys("sigaction(SIGBUS)", crate::sys::errno()));
+            }
+            SIG.prev_handler.store(old.sa_sigaction, Release);
+            SIG.prev_flags.store(old.sa_flags as usize, Release);
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
+                return Err(Error::sys("sigaction(SIGBUS)", crate::sys::errno()));
+            }
+            old
+        };
+        SIG.len.store(t.len, Release);
+        SIG.base.store(t.base, Release);
+        Ok(Installed { old })
+    }
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        // SAFETY: restores the disposition saved in `new`.
+        unsafe { libc::sigaction(libc::SIGBUS, &self.old, std::ptr::null_mut()) };
+        SIG.base.store(0, Release);
+        SIG.len.store(0, Release);
+        SIG.uffd.store(0, Release);
+    }
+}
+
+/// Runs `f` with the floor's SIGBUS handler serving `t` (and no other floor
+/// pass running), restoring the previous disposition afterwards.
+pub(super) fn with_handler<R>(
+    uffd: &Uffd,
+    t: &Target,
+    stage: usize,
+    f: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let _installed = Installed::new(uffd, t, stage)?;
+    f()
+}
