@@ -1,0 +1,280 @@
+//! SIGBUS / SIGSEGV semantics, checked in child processes (the test binary
+//! re-run with `UFFD_CHILD=1 --exact <child test>`): a poisoned page kills
+//! the toucher with SIGBUS, a touch after unmap or a write to a read-only
+//! region with SIGSEGV. Each child prints a marker right before the fatal
+//! access, so a child that died earlier (in setup) does not pass.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use uffd_pager::store::{LatencyModel, MemoryStore, SimulatedStore, Store};
+use uffd_pager::{Delivery, InstallKind, MapOptions, Pager};
+use util::*;
+
+const PAGES: usize = 8;
+const LEN: usize = PAGES * PAGE;
+const MARKER: &str = "CHILD-REACHED-FATAL-ACCESS";
+
+fn child_delivery() -> Delivery {
+    match std::env::var("UFFD_DELIVERY").as_deref() {
+        Ok("threads") => THREADS,
+        _ => Delivery::InThread,
+    }
+}
+
+fn child_kind() -> InstallKind {
+    match std::env::var("UFFD_KIND").as_deref() {
+        Ok("shared") => InstallKind::Shared,
+        _ => InstallKind::Anonymous,
+    }
+}
+
+fn delivery_name(d: Delivery) -> &'static str {
+    if d.is_in_thread() {
+        "in-thread"
+    } else {
+        "threads"
+    }
+}
+
+fn kind_name(k: InstallKind) -> &'static str {
+    match k {
+        InstallKind::Anonymous => "anonymous",
+        InstallKind::Shared => "shared",
+    }
+}
+
+fn marker() {
+    eprintln!("{MARKER}");
+}
+
+/// Runs `child` with the given delivery and kind and asserts it was killed
+/// by `signal` after reaching its fatal access.
+fn expect_child_signal(child: &str, d: Delivery, k: InstallKind, signal: i32) {
+    let out = run_child(
+        child,
+        &[
+            ("UFFD_DELIVERY", delivery_name(d)),
+            ("UFFD_KIND", kind_name(k)),
+        ],
+    );
+    let ctx = format!("{child} ({d}, {k})");
+    assert_eq!(
+        exit_signal(&out),
+        Some(signal),
+        "{ctx}: expected death by signal {signal}; {}",
+        describe(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(MARKER),
+        "{ctx}: child died before its fatal access; {}",
+        describe(&out)
+    );
+}
+
+/// Child: a store whose every read fails; touching a page must SIGBUS.
+#[test]
+fn child_touch_failing_page() {
+    if !is_child() {
+        return;
+    }
+    let p = Pager::builder().delivery(child_delivery()).build().unwrap();
+    let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&pattern_vec(1, LEN)).unwrap());
+    let sim = Arc::new(SimulatedStore::new(mem, LatencyModel::None, 0, 1));
+    sim.fail_next_reads(u32::MAX);
+    let region = p
+        .map_store(
+            sim,
+            LEN,
+            &MapOptions {
+                kind: child_kind(),
+                ..MapOptions::default()
+            },
+        )
+        .unwrap();
+    marker();
+    // SAFETY: inside the region.
+    let v = unsafe { std::ptr::read_volatile(region.as_ptr().add(2 * PAGE)) };
+    eprintln!("CHILD: survived reading a poisoned page: {v}");
+}
+
+/// Child: a good page, then a page whose reads fail: the good one reads
+/// fine, the bad one SIGBUSes.
+#[test]
+fn child_touch_good_then_failing_page() {
+    if !is_child() {
+        return;
+    }
+    let p = Pager::builder().delivery(child_delivery()).build().unwrap();
+    let data = pattern_vec(2, LEN);
+    let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    let sim = Arc::new(SimulatedStore::new(mem, LatencyModel::None, 0, 1));
+    let region = p
+        .map_store(
+            sim.clone(),
+            LEN,
+            &MapOptions {
+                kind: child_kind(),
+                ..MapOptions::default()
+            },
+        )
+        .unwrap();
+    assert_bytes(&region.as_slice()[..PAGE], &data[..PAGE], "good page");
+    sim.fail_next_reads(u32::MAX);
+    marker();
+    // SAFETY: inside the region.
+    let v = unsafe { std::ptr::read_volatile(region.as_ptr().add(5 * PAGE + 7)) };
+    eprintln!("CHILD: survived reading a poisoned page: {v}");
+}
+
+/// Child: touch a region's address after the region was unmapped.
+#[test]
+fn child_touch_after_unmap() {
+    if !is_child() {
+        return;
+    }
+    let p = Pager::builder().delivery(child_delivery()).build().unwrap();
+    let data = pattern_vec(3, LEN);
+    let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    // A fixed address in an area nothing else maps, so the range stays
+    // unmapped once the region is gone.
+    let at = free_range(LEN);
+    let region = p
+        .map_store(
+            mem,
+            LEN,
+            &MapOptions {
+                kind: child_kind(),
+                fixed_addr: Some(at),
+                ..MapOptions::default()
+            },
+        )
+        .unwrap();
+    assert_bytes(&region.as_slice()[..PAGE], &data[..PAGE], "before unmap");
+    let ptr = region.as_ptr();
+    if std::env::var("UFFD_DROP").is_ok() {
+        drop(region);
+    } else {
+        region.unmap().unwrap();
+    }
+    marker();
+    // Page 0 was present before the unmap, page 3 never was; touch both.
+    // SAFETY: deliberately touching an unmapped address; the process dies.
+    let v = unsafe { std::ptr::read_volatile(ptr.add(3 * PAGE)) };
+    // SAFETY: as above.
+    let w = unsafe { std::ptr::read_volatile(ptr) };
+    eprintln!("CHILD: survived touching an unmapped region: {v} {w}");
+}
+
+/// Child: write to a region made read-only (a present page with
+/// `UFFD_PAGE=present`, else a never-touched one).
+#[test]
+fn child_write_after_protect_readonly() {
+    if !is_child() {
+        return;
+    }
+    let p = Pager::builder().delivery(child_delivery()).build().unwrap();
+    let data = pattern_vec(4, LEN);
+    let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    let mut region = p
+        .map_store(
+            mem,
+            LEN,
+            &MapOptions {
+                kind: child_kind(),
+                ..MapOptions::default()
+            },
+        )
+        .unwrap();
+    region.as_mut_slice()[PAGE] = 0x42;
+    region.protect(false).unwrap();
+    // Reading still works, absent pages included.
+    let mut want = data.clone();
+    want[PAGE] = 0x42;
+    assert_bytes(
+        &region.as_slice()[..4 * PAGE],
+        &want[..4 * PAGE],
+        "readonly",
+    );
+    let page = if std::env::var("UFFD_PAGE").as_deref() == Ok("present") {
+        1
+    } else {
+        6
+    };
+    marker();
+    // SAFETY: inside the region; the region is read-only, so this write
+    // must kill the process.
+    unsafe { std::ptr::write_volatile(region.as_ptr().add(page * PAGE + 1), 0x77) };
+    eprintln!("CHILD: survived writing a read-only region");
+}
+
+#[test]
+fn signals_failing_page_is_sigbus_in_thread() {
+    for k in [InstallKind::Anonymous, InstallKind::Shared] {
+        expect_child_signal(
+            "child_touch_failing_page",
+            Delivery::InThread,
+            k,
+            libc::SIGBUS,
+        );
+        expect_child_signal(
+            "child_touch_good_then_failing_page",
+            Delivery::InThread,
+            k,
+            libc::SIGBUS,
+        );
+    }
+}
+
+#[test]
+fn signals_failing_page_is_sigbus_threads() {
+    for k in [InstallKind::Anonymous, InstallKind::Shared] {
+        expect_child_signal("child_touch_failing_page", THREADS, k, libc::SIGBUS);
+    }
+}
+
+#[test]
+fn signals_touch_after_unmap_is_sigsegv() {
+    for d in DELIVERIES {
+        for k in [InstallKind::Anonymous, InstallKind::Shared] {
+            expect_child_signal("child_touch_after_unmap", d, k, libc::SIGSEGV);
+        }
+    }
+    // Dropping (rather than unmap()) tears the mapping down just the same.
+    let out = run_child(
+        "child_touch_after_unmap",
+        &[("UFFD_DROP", "1"), ("UFFD_KIND", "shared")],
+    );
+    assert_eq!(exit_signal(&out), Some(libc::SIGSEGV), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(MARKER));
+}
+
+#[test]
+fn signals_write_to_readonly_is_sigsegv() {
+    for d in DELIVERIES {
+        for k in [InstallKind::Anonymous, InstallKind::Shared] {
+            for page in ["present", "absent"] {
+                let out = run_child(
+                    "child_write_after_protect_readonly",
+                    &[
+                        ("UFFD_DELIVERY", delivery_name(d)),
+                        ("UFFD_KIND", kind_name(k)),
+                        ("UFFD_PAGE", page),
+                    ],
+                );
+                assert_eq!(
+                    exit_signal(&out),
+                    Some(libc::SIGSEGV),
+                    "{d} {k} {page}: {}",
+                    describe(&out)
+                );
+                assert!(
+                    String::from_utf8_lossy(&out.stderr).contains(MARKER),
+                    "{d} {k} {page}: {}",
+                    describe(&out)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Helpers shared by the `engine_*` integration tests (included with
+//! `#[path = "engine_util.rs"] mod util;`). Compiled on its own it is an
+//! empty test crate.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+use uffd_pager::{Delivery, Pager};
+
+/// The engine's page size.
+pub const PAGE: usize = 4096;
+
+/// Handler-thread delivery as the tests use it.
+pub const THREADS: Delivery = Delivery::Threads {
+    threads: 2,
+    spin_us: 0,
+};
+
+/// Both delivery modes.
+pub const DELIVERIES: [Delivery; 2] = [Delivery::InThread, THREADS];
+
+/// Environment variable that turns the child-only tests on.
+pub const CHILD_ENV: &str = "UFFD_CHILD";
+
+/// A pseudo-random but deterministic byte for `offset` (a hash of the offset
+/// and a seed), so that every byte of every page differs from its
+/// neighbours and from other seeds.
+pub fn pattern(seed: u64, offset: usize) -> u8 {
+    let mut z = (offset as u64) ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    z = (z ^ (z >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    (z ^ (z >> 33)) as u8
+}
+
+/// `len` bytes of [`pattern`] for `seed`, starting at offset 0.
+pub fn pattern_vec(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|o| pattern(seed, o)).collect()
+}
+
+/// Asserts two byte ranges are equal, naming the first differing offset
+/// (instead of dumping megabytes).
+#[track_caller]
+pub fn assert_bytes(actual: &[u8], expected: &[u8], ctx: &str) {
+    assert_eq!(actual.len(), expected.len(), "{ctx}: length differs");
+    if let Some(i) = actual.iter().zip(expected).position(|(a, b)| a != b) {
+        let bad = actual.iter().zip(expected).filter(|(a, b)| a != b).count();
+        panic!(
+            "{ctx}: {bad} bytes differ; first at offset {i:#x} (page {}): got {:#04x}, want {:#04x}",
+            i / PAGE,
+            actual[i],
+            expected[i]
+        );
+    }
+}
+
+/// A pager with default settings and the given delivery.
+pub fn pager(d: Delivery) -> Pager {
+    Pager::builder()
+        .delivery(d)
+        .build()
+        .unwrap_or_else(|e| panic!("building a {d} pager: {e}"))
+}
+
+/// A file in the temporary directory, removed on drop.
+#[derive(Debug)]
+pub struct TempFile {
+    path: PathBuf,
+}
+
+impl TempFile {
+    /// Creates a uniquely named file holding `contents`.
+    pub fn with_contents(tag: &str, contents: &[u8]) -> TempFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("uffd-engine-{tag}-{}-{n}.bin", std::process::id()));
+        std::fs::write(&path, contents).expect("writing temp file");
+        TempFile { path }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's current contents.
+    pub fn read(&self) -> Vec<u8> {
+        std::fs::read(&self.path).expect("reading temp file")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether this process is a child started by [`run_child`].
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+/// Runs the test `name` of the current test binary in a child process with
+/// `UFFD_CHILD=1` plus `envs`, and returns its output.
+pub fn run_child(name: &str, envs: &[(&str, &str)]) -> Output {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("RUST_BACKTRACE", "0");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("spawning child test process")
+}
+
+/// The signal that ended a child, if any.
+pub fn exit_signal(out: &Output) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    out.status.signal()
+}
+
+/// A short description of a child's exit and output, for messages.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `f` on a fresh thread and panics if it does not finish within
+/// `secs` seconds (a hang becomes a test failure rather than a stuck run).
+/// A panic inside `f` is propagated.
+pub fn with_deadline<F: FnOnce() + Send + 'static>(secs: u64, what: &str, f: F) {
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(()) => h.join().expect("test body panicked"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            // The body panicked: surface its panic.
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: did not finish within {secs}s (hang?)")
+        }
+    }
+}
+
+/// A currently free, page-aligned address range of `len` bytes (at most
+/// 64 MiB), for fixed-address mappings. Addresses come from an area far
+/// below where the kernel places mappings on its own (top-down from the
+/// stack), each call a fresh slot, so a concurrent test's mmap does not
+/// land there between this probe and the caller's use.
+pub fn free_range(len: usize) -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const SLOT: usize = 64 << 20;
+    assert!(len <= SLOT);
+    let base = 0x2000_0000_0000usize;
+    for _ in 0..1000 {
+        let addr = base + NEXT.fetch_add(1, Ordering::Relaxed) * SLOT;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; a
+        // successful probe is unmapped at once.
+        unsafe {
+            let p = libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                continue;
+            }
+            assert_eq!(libc::munmap(p, len), 0, "scratch munmap");
+            if p as usize == addr {
+                return addr;
+            }
+        }
+    }
+    panic!("no free address range found");
+}
+
+/// The calling thread's errno.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
