@@ -289,10 +289,19 @@ impl Mm {
             t.vmas.insert(i, new.clone());
             t
         });
-        // A moved or grown range may have lost (or lack) its registration.
-        let r = self
+        // A moved or grown range may have lost (or lack) its registration;
+        // a moved one also lost its write protection (the kernel clears
+        // uffd-wp bits on mremap without EVENT_REMAP): protect it again so
+        // the next write to each page is seen.
+        let mut r = self
             .uffd
             .register(new_start, new_len, register_mode(&new.object));
+        if r.is_ok() && new.object.tracks_writes() && new_start != start {
+            r = self
+                .uffd
+                .writeprotect(new_start, new_len, true, false)
+                .map(|_| 0);
+        }
         old.lock.write_unlock();
         new.lock.write_unlock();
         r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;

@@ -9,8 +9,10 @@
 //!   page cache. The engine fills pages through a private alias mapping of
 //!   it and installs them with UFFDIO_CONTINUE: zero copy.
 //! - **Anonymous** objects ([`InstallKind::Anonymous`]): an unregistered
-//!   private anonymous area holds cached contents; installs are UFFDIO_COPY
-//!   from it (or UFFDIO_ZEROPAGE for a page that was never swapped out).
+//!   private anonymous area holds cached contents; installs move the page
+//!   from it with UFFDIO_MOVE (zero copy; UFFDIO_COPY where a move is not
+//!   allowed, e.g. into a read-only region), or UFFDIO_ZEROPAGE for a page
+//!   that was never swapped out.
 
 use crate::page_cache::PageCache;
 use crate::store::Store;
@@ -118,9 +120,13 @@ impl Object {
     ) -> Result<Object, (&'static str, i32)> {
         let bytes = npages * PAGE_SIZE;
         let backing = match kind {
-            InstallKind::Anonymous => Backing::Anonymous {
-                area: Mapping::anonymous(bytes).map_err(|e| ("mmap cache area", e))?,
-            },
+            InstallKind::Anonymous => {
+                let area = Mapping::anonymous(bytes).map_err(|e| ("mmap cache area", e))?;
+                // Installs move single pages out of this area: keep it in
+                // base pages so a move never has to split a huge page.
+                let _ = madvise(area.addr(), bytes, libc::MADV_NOHUGEPAGE);
+                Backing::Anonymous { area }
+            }
             InstallKind::Shared => {
                 let memfd = Memfd::new("uffd-pager", bytes).map_err(|e| ("memfd_create", e))?;
                 let alias = Mapping::shared(memfd.fd(), bytes, 0, false)

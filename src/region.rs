@@ -80,41 +80,73 @@ impl Region {
         Ok(())
     }
 
-    /// Faults in `[offset, offset+len)` from the calling thread, so that a
-    /// system call may then use it (in-thread delivery cannot serve faults
-    /// inside syscalls). Touches one byte per page; pages may be evicted
-    /// again later under a memory budget.
-    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
-        self.check_range(offset & !(PAGE_SIZE - 1), len)?;
-        let mut a = (self.start + offset) & !(PAGE_SIZE - 1);
-        let end = self.start + offset + len;
+    /// The page-aligned addresses covering `[offset, offset+len)`, checked
+    /// to lie inside the region.
+    fn page_span(&self, offset: usize, len: usize) -> Result<(usize, usize)> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Error::OutOfRange {
+                offset,
+                len,
+                region_len: self.len,
+            });
+        }
+        let start = (self.start + offset) & !(PAGE_SIZE - 1);
+        Ok((start, self.start + offset + len))
+    }
+
+    /// Runs the engine's fault path on every page of `[start, end)`.
+    fn fault_span(&self, (start, end): (usize, usize), write: bool) -> Result<()> {
+        let mm = &self.owner.mm;
+        let mut a = start;
         while a < end {
-            // SAFETY: `a` is inside the mapped region; a volatile read faults
-            // the page in through the engine.
-            unsafe { std::ptr::read_volatile(a as *const u8) };
+            if crate::fault::handle_fault(mm, a, write) != crate::fault::Resolution::Resolved {
+                return Err(Error::Store(crate::store::StoreError(libc::EIO)));
+            }
             a += PAGE_SIZE;
         }
         Ok(())
     }
 
-    /// Faults in `[offset, offset+len)` through the engine without touching
-    /// the memory (the MAP_POPULATE / `populate_vma_page_range` analog), then
-    /// drains this CPU's LRU add batch as the pager's drain policy says.
-    pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
-        self.check_range(offset & !(PAGE_SIZE - 1), len)?;
-        let mm = &self.owner.mm;
-        let mut a = (self.start + offset) & !(PAGE_SIZE - 1);
-        let end = self.start + offset + len;
-        while a < end {
-            if crate::fault::handle_fault(mm, a, false) != crate::fault::Resolution::Resolved {
-                return Err(Error::Store(crate::store::StoreError(libc::EIO)));
-            }
-            a += PAGE_SIZE;
-        }
-        let pinned = mm
+    fn vma_flags(&self) -> (bool, bool, crate::object::InstallKind) {
+        self.owner
+            .mm
             .table
-            .read(|t| t.find(self.start).map(|v| v.pinned))
-            .unwrap_or(false);
+            .read(|t| {
+                t.find(self.start).map(|v| {
+                    (
+                        v.pinned,
+                        v.writable.load(std::sync::atomic::Ordering::Acquire),
+                        v.object.kind,
+                    )
+                })
+            })
+            .unwrap_or((false, false, crate::object::InstallKind::Anonymous))
+    }
+
+    /// Makes `[offset, offset+len)` ready for a system call to use: in-thread
+    /// delivery (and user-mode-only descriptors) cannot serve faults taken
+    /// inside syscalls. Pages of a writable region are faulted in as for a
+    /// write (a syscall such as `read(2)` may write them; write-tracked
+    /// pages become dirty). Pages may be evicted again later under a memory
+    /// budget, so prefault right before the syscall.
+    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        let span = self.page_span(offset, len)?;
+        let (_, writable, _) = self.vma_flags();
+        self.fault_span(span, writable)
+    }
+
+    /// Faults in `[offset, offset+len)` through the engine without touching
+    /// the memory (the MAP_POPULATE / `populate_vma_page_range` analog: a
+    /// private writable region is populated for write, others for read),
+    /// then drains this CPU's LRU add batch as the pager's drain policy says.
+    pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
+        let span = self.page_span(offset, len)?;
+        let (pinned, writable, kind) = self.vma_flags();
+        self.fault_span(
+            span,
+            writable && kind == crate::object::InstallKind::Anonymous,
+        )?;
+        let mm = &self.owner.mm;
         let drain = match mm.config.drain {
             crate::lru::DrainPolicy::Always => true,
             crate::lru::DrainPolicy::LockedOnly => pinned,

@@ -321,10 +321,6 @@ fn child_prefault_unaligned_past_end() {
 }
 
 #[test]
-#[ignore = "BUG: Region::prefault checks `(offset rounded down to a page) + len <= region len` \
-            but touches up to `offset + len`; with an unaligned offset (e.g. prefault(PAGE-1, 2) \
-            on a one-page region) it reads the page after the region (SIGSEGV, or faulting in \
-            someone else's memory) instead of returning Error::OutOfRange"]
 fn errors_prefault_unaligned_offset_past_end() {
     let out = run_child("child_prefault_unaligned_past_end", &[]);
     assert!(

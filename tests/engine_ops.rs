@@ -404,11 +404,6 @@ fn write_after_move_is_written_back(d: Delivery, before_move: Option<u8>) {
 }
 
 #[test]
-#[ignore = "BUG: moving a Shared region (remap_to, or a remap() growth the kernel has to move) over a writable store loses dirty \
-            tracking: pages that were installed clean (write-protected) before the move are \
-            written after it without a write-protect fault, stay clean, and flush()/unmap() \
-            never write them back (data loss). mremap without UFFD_FEATURE_EVENT_REMAP clears \
-            the uffd-wp bits of moved PTEs; re-registering with WP does not restore them"]
 fn ops_write_after_move_is_written_back() {
     for d in DELIVERIES {
         write_after_move_is_written_back(d, None);

@@ -171,11 +171,6 @@ fn syscall_in_thread_shared_write_from_prefaulted() {
 }
 
 #[test]
-#[ignore = "BUG: in-thread delivery, Shared region over a writable store: Region::prefault \
-            (a read per page) installs pages write-protected for dirty tracking \
-            (UFFDIO_CONTINUE_MODE_WP), so read(2) into a prefaulted buffer still fails with \
-            EFAULT (the kernel-mode write-protect fault is not delivered on a user-mode-only \
-            descriptor) - contrary to the documented 'call prefault first' contract"]
 fn syscall_in_thread_shared_read_into_prefaulted() {
     in_thread_efault_until_prefault(&[Some(InstallKind::Shared)]);
 }

@@ -81,11 +81,13 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
         match PageState::of(w) {
             // A write to a write-protected (clean, write-tracked) page: the
             // `page_mkwrite` path.
-            PageState::Installed if f.write && w & DIRTY == 0 && obj.tracks_writes() => {
+            // (A dirty page may be write-protected again, by write-back or
+            // after a move; the fault then just lifts the protection.)
+            PageState::Installed if f.write && obj.tracks_writes() => {
                 if obj.cache.try_lock(i).is_err() {
                     continue;
                 }
-                if obj.cache.load(i) & (MAPPED | DIRTY) != MAPPED {
+                if obj.cache.load(i) & MAPPED == 0 {
                     obj.cache.unlock(i, 0, 0);
                     continue;
                 }

@@ -35,9 +35,18 @@ pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> 
             PAGE_SIZE,
             MODE_DONTWAKE,
         ),
+        // Zero copy: move the cached page itself into place. A read-only
+        // region cannot be a MOVE destination (its protection differs from
+        // the cache area's), and a page that is not exclusive cannot move:
+        // those are copied.
         (InstallKind::Anonymous, false) => {
-            mm.uffd
-                .copy(addr, obj.data(i) as usize, PAGE_SIZE, MODE_DONTWAKE)
+            let src = obj.data(i) as usize;
+            match mm.uffd.mv(addr, src, PAGE_SIZE, MODE_DONTWAKE) {
+                Err(libc::EINVAL) | Err(libc::EBUSY) | Err(libc::ENOENT) => {
+                    mm.uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
+                }
+                r => r,
+            }
         }
     };
     match r {

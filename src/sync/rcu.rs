@@ -116,25 +116,29 @@ mod tests {
     fn readers_see_a_whole_snapshot() {
         let c = Arc::new(Rcu::new(vec![0u64; 64]));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reads = Arc::new(AtomicU64::new(0));
         let r = {
-            let (c, stop) = (c.clone(), stop.clone());
+            let (c, stop, reads) = (c.clone(), stop.clone(), reads.clone());
             std::thread::spawn(move || {
-                let mut n = 0;
                 while !stop.load(Relaxed) {
                     c.read(|v| {
                         let first = v[0];
                         assert!(v.iter().all(|&x| x == first));
                     });
-                    n += 1;
+                    reads.fetch_add(1, Relaxed);
                 }
-                n
             })
         };
+        // Let the reader get going before the writer races it.
+        while reads.load(Relaxed) == 0 {
+            std::thread::yield_now();
+        }
         for i in 1..2000u64 {
             let old = c.replace(vec![i; 64]);
             assert_eq!(old[0], i - 1);
         }
         stop.store(true, Relaxed);
-        assert!(r.join().unwrap() > 0);
+        r.join().unwrap();
+        assert!(reads.load(Relaxed) > 0);
     }
 }

@@ -50,7 +50,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
                     let mut n = 0u64;
                     'run: loop {
                         for &p in order {
-                            if n % 64 == 0 && Instant::now() >= deadline {
+                            if n.is_multiple_of(64) && Instant::now() >= deadline {
                                 break 'run;
                             }
                             let off = p as usize * PAGE_SIZE + 8 * (p as usize % 512);

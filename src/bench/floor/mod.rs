@@ -1,14 +1,18 @@
 //! The raw floor loop: the userfaultfd ioctls a pager cannot avoid, driven
 //! by the smallest handler that works, with no engine in between.
 //!
+//! Each fault does exactly what the engine must do for a page that comes
+//! from a store, and nothing else:
+//!
 //! - **Anonymous**: a private anonymous range registered MISSING. Each fault
-//!   copies its page's 4 KiB from a source buffer to a staging page, then
-//!   UFFDIO_COPY installs it (and wakes).
-//! - **Shared**: a memfd mapping registered MINOR|MISSING. The memfd is
-//!   filled through an alias mapping up front, and `MADV_DONTNEED` on the
-//!   user mapping drops only the page-table entries, so every touch is a
-//!   MINOR fault. Each fault copies 4 KiB from the source into the memfd
-//!   page (it exists already) and UFFDIO_CONTINUE maps it (and wakes).
+//!   copies its page's 4 KiB from a source buffer into an absent staging
+//!   page (the kernel allocates it on that first touch), then UFFDIO_MOVE
+//!   moves it into place (and wakes); the staging page is absent again.
+//! - **Shared**: a memfd mapping registered MINOR|MISSING. Each pass starts
+//!   with the memfd's pages punched out (absent from the page cache, as the
+//!   engine's are) and the user mapping's page-table entries dropped. Each
+//!   fault copies 4 KiB from the source into the memfd through an alias
+//!   (allocating the page) and UFFDIO_CONTINUE maps it (and wakes).
 //!
 //! One page per ioctl, one ioctl per fault: the same granularity as the
 //! engine. Delivery is either in-thread (a SIGBUS handler of the floor's
@@ -69,7 +73,7 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize, stage: usize) -> std::result::R
         let r = if t.alias != 0 {
             uffd.cont(page, PAGE_SIZE, 0)
         } else {
-            uffd.copy(page, stage, PAGE_SIZE, 0)
+            uffd.mv(page, stage, PAGE_SIZE, 0)
         };
         match r {
             Ok(_) | Err(libc::EEXIST) => return Ok(()),
@@ -153,7 +157,11 @@ impl FloorLoop {
             }
             Delivery::Threads { threads, spin_us } => (threads, spin_us),
         };
-        let mut features = if shared { feature::MINOR_SHMEM } else { 0 };
+        let mut features = if shared {
+            feature::MINOR_SHMEM
+        } else {
+            feature::MOVE
+        };
         if nthreads == 0 {
             sigbus::settle_engine_handler();
             features |= feature::SIGBUS;
@@ -170,9 +178,8 @@ impl FloorLoop {
         let src = Mapping::anonymous(len).map_err(sys("mmap source"))?;
         fill(src.addr(), pages);
         let stage = Mapping::anonymous(nthreads.max(1) * PAGE_SIZE).map_err(sys("mmap stage"))?;
-        // SAFETY: a fresh private mapping of that many bytes; touching it
-        // now keeps first-touch allocation out of the timed faults.
-        unsafe { std::ptr::write_bytes(stage.addr() as *mut u8, 0, stage.len()) };
+        // The staging pages stay absent: each fault's copy allocates one and
+        // UFFDIO_MOVE takes it away again, as in the engine.
         let (memfd, alias, user) = if shared {
             let memfd = Memfd::new("uffd-pager-floor", len).map_err(sys("memfd_create"))?;
             let alias = Mapping::shared(memfd.fd(), len, 0, false).map_err(sys("mmap alias"))?;
@@ -226,6 +233,10 @@ impl FloorLoop {
         let n = n.min(self.pages);
         madvise(self.user.addr(), n * PAGE_SIZE, libc::MADV_DONTNEED)
             .map_err(sys("madvise(MADV_DONTNEED)"))?;
+        if let Some(m) = &self._memfd {
+            m.punch_hole(0, n * PAGE_SIZE)
+                .map_err(sys("fallocate(PUNCH_HOLE)"))?;
+        }
         if self.handlers.is_some() {
             return touch(self.user.addr(), n);
         }

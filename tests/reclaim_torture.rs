@@ -1,0 +1,195 @@
+//! Reclaim torture ([`uffd_pager::workload::torture`]): random checked reads
+//! and writes over a region four to eight times the budget, with reclaim
+//! and write-back running all the time, for every backing and delivery.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use uffd_pager::workload::torture::{run, TortureConfig, TortureKind, TortureReport};
+use uffd_pager::{Counter, Delivery, InstallKind};
+
+const THREADS: Delivery = Delivery::Threads {
+    threads: 2,
+    spin_us: 0,
+};
+
+/// A unique path in the temporary directory, removed on drop.
+struct TempPath(PathBuf);
+
+impl TempPath {
+    fn new(tag: &str) -> TempPath {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        TempPath(std::env::temp_dir().join(format!(
+            "uffd-reclaim-torture-{tag}-{}-{n}.bin",
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn config(kind: TortureKind, delivery: Delivery, seed: u64) -> TortureConfig {
+    TortureConfig {
+        threads: 3,
+        pages: 512,
+        budget_pages: 64,
+        ops_per_thread: 12_000,
+        write_pct: 40,
+        seed,
+        kind,
+        install: InstallKind::Shared,
+        delivery,
+        ..TortureConfig::default()
+    }
+}
+
+/// Resident pages may pass the budget by the faults in flight (each
+/// charges before it reclaims directly): one per faulting thread (the
+/// application threads, plus handler threads) and a little more.
+fn slack(cfg: &TortureConfig) -> u64 {
+    let handlers = match cfg.delivery {
+        Delivery::InThread => 0,
+        Delivery::Threads { threads, .. } => threads,
+    };
+    2 * (cfg.threads + handlers) as u64 + 8
+}
+
+#[track_caller]
+fn check(cfg: &TortureConfig, r: &TortureReport, expect_writeback: bool) {
+    println!("{:?} {}: {r}", cfg.kind, cfg.delivery);
+    let s = &r.stats;
+    assert_eq!(r.mismatches, 0, "{r}");
+    assert_eq!(r.ops, cfg.ops_per_thread * cfg.threads as u64);
+    assert!(r.reads > 0, "{r}");
+    assert_eq!(r.writes > 0, cfg.write_pct > 0, "{r}");
+    assert!(r.words_verified >= (cfg.pages * 512) as u64, "{r}");
+    assert!(s.get(Counter::PGSTEAL) > 0, "the pager never evicted: {r}");
+    assert!(
+        s.get(Counter::PGMAJFAULT) > 0,
+        "no page was ever read back: {r}"
+    );
+    if expect_writeback {
+        assert!(s.get(Counter::WRITEBACK) > 0, "nothing written back: {r}");
+    }
+    assert_eq!(s.budget_pages, cfg.budget_pages);
+    assert!(
+        s.peak_resident_pages <= cfg.budget_pages + slack(cfg),
+        "peak resident {} over budget {} + slack {}: {r}",
+        s.peak_resident_pages,
+        cfg.budget_pages,
+        slack(cfg)
+    );
+    // Everything was unmapped: nothing may stay charged.
+    assert_eq!(s.resident_pages, 0, "pages left charged after unmap: {r}");
+}
+
+fn file_torture(delivery: Delivery, install: InstallKind, seed: u64) {
+    let path = TempPath::new("file");
+    let cfg = TortureConfig {
+        install,
+        ..config(
+            TortureKind::File {
+                path: path.0.clone(),
+            },
+            delivery,
+            seed,
+        )
+    };
+    let r = run(&cfg).expect("torture run");
+    check(&cfg, &r, true);
+}
+
+fn anon_torture(delivery: Delivery, swapfile: bool, seed: u64) {
+    let kind = if swapfile {
+        TortureKind::Swapfile {
+            dir: std::env::temp_dir(),
+        }
+    } else {
+        TortureKind::Anonymous
+    };
+    let cfg = config(kind, delivery, seed);
+    let r = run(&cfg).expect("torture run");
+    check(&cfg, &r, true);
+}
+
+#[test]
+fn file_shared_in_thread() {
+    file_torture(Delivery::InThread, InstallKind::Shared, 11);
+}
+
+#[test]
+fn file_shared_handler_threads() {
+    file_torture(THREADS, InstallKind::Shared, 12);
+}
+
+#[test]
+fn file_anonymous_install_in_thread() {
+    file_torture(Delivery::InThread, InstallKind::Anonymous, 13);
+}
+
+#[test]
+fn anonymous_memory_swap_in_thread() {
+    anon_torture(Delivery::InThread, false, 21);
+}
+
+#[test]
+fn anonymous_memory_swap_handler_threads() {
+    anon_torture(THREADS, false, 22);
+}
+
+#[test]
+fn anonymous_swapfile_in_thread() {
+    anon_torture(Delivery::InThread, true, 31);
+}
+
+#[test]
+fn anonymous_swapfile_handler_threads() {
+    anon_torture(THREADS, true, 32);
+}
+
+#[test]
+fn read_only_workload_writes_nothing_back_to_the_file() {
+    // No writes: eviction and the background flushes must never write a
+    // page back, and the file keeps its initial pattern.
+    let path = TempPath::new("ro");
+    let cfg = TortureConfig {
+        write_pct: 0,
+        threads: 2,
+        ops_per_thread: 8_000,
+        ..config(
+            TortureKind::File {
+                path: path.0.clone(),
+            },
+            Delivery::InThread,
+            41,
+        )
+    };
+    let r = run(&cfg).expect("torture run");
+    check(&cfg, &r, false);
+    assert_eq!(r.writes, 0);
+    assert_eq!(r.stats.get(Counter::WRITEBACK), 0, "{r}");
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let small = TortureConfig {
+        pages: 100,
+        budget_pages: 64,
+        ..TortureConfig::default()
+    };
+    assert!(run(&small).is_err(), "region under 4x the budget");
+    let unbounded = TortureConfig {
+        budget_pages: 0,
+        ..TortureConfig::default()
+    };
+    assert!(run(&unbounded).is_err(), "no budget: nothing would be evicted");
+    let no_threads = TortureConfig {
+        threads: 0,
+        ..TortureConfig::default()
+    };
+    assert!(run(&no_threads).is_err());
+}
