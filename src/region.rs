@@ -63,23 +63,6 @@ impl Region {
         unsafe { std::slice::from_raw_parts_mut(self.start as *mut u8, self.len) }
     }
 
-    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
-        if !offset.is_multiple_of(PAGE_SIZE) {
-            return Err(Error::Unaligned {
-                what: "offset",
-                value: offset,
-            });
-        }
-        if offset.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err(Error::OutOfRange {
-                offset,
-                len,
-                region_len: self.len,
-            });
-        }
-        Ok(())
-    }
-
     /// The page-aligned addresses covering `[offset, offset+len)`, checked
     /// to lie inside the region.
     fn page_span(&self, offset: usize, len: usize) -> Result<(usize, usize)> {

@@ -2,6 +2,7 @@
 //! [`Workload`] with its own arguments and runner; add new ones there.
 
 use super::json::Json;
+use super::workloads::{self, Which, WorkloadArgs};
 use super::{CliError, CliResult};
 use clap::{Args, Subcommand};
 use std::io::Write;
@@ -20,6 +21,15 @@ enum Workload {
     /// Per-fault cost of the engine against the raw floor loop (the same
     /// userfaultfd ioctls with no engine), as a ratio measured in one run.
     FaultCost(FaultCostArgs),
+    /// Per-thread file regions: rounds of map → read every page → unmap
+    /// under a budget (seeds 000, 003).
+    Filemap(WorkloadArgs),
+    /// An anonymous region under pressure with readers and global-lock
+    /// writers (seeds 003, 004).
+    Swap(WorkloadArgs),
+    /// Single-page populate/unmap: LRU-lock cost per drain policy and
+    /// shard count (seed 002).
+    PopulateChurn(WorkloadArgs),
 }
 
 #[derive(Debug, Args)]
@@ -56,6 +66,9 @@ fn at_least_one(s: &str) -> Result<u64, String> {
 pub fn run(a: &BenchArgs) -> CliResult {
     match &a.workload {
         Workload::FaultCost(a) => run_fault_cost(a),
+        Workload::Filemap(a) => workloads::run(Which::Filemap, a),
+        Workload::Swap(a) => workloads::run(Which::Swap, a),
+        Workload::PopulateChurn(a) => workloads::run(Which::Churn, a),
     }
 }
 

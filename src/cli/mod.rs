@@ -4,8 +4,11 @@
 //! validation done here); 1 runtime errors.
 
 mod bench;
+mod demo;
 mod json;
 mod probe;
+mod report;
+mod workloads;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,6 +28,9 @@ enum Command {
     Probe(probe::ProbeArgs),
     /// Runs a benchmark workload.
     Bench(bench::BenchArgs),
+    /// Reproduces the seeds' tables (filemap, swap, populate-churn) with
+    /// the seeds' figures beside ours; about two minutes.
+    Demo(demo::DemoArgs),
 }
 
 /// A failure, with the exit code it maps to.
@@ -64,6 +70,7 @@ pub fn main() -> ExitCode {
     let r = match cli.command {
         Command::Probe(a) => probe::run(&a),
         Command::Bench(a) => bench::run(&a),
+        Command::Demo(a) => demo::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,275 @@
+//! `uffd-pager bench filemap|swap|populate-churn …`: runs a workload under
+//! each policy (or drain/shard variant) over a swept knob and prints the
+//! seed-style comparison.
+
+use super::report::Sweep;
+use super::{CliError, CliResult};
+use clap::Args;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+use uffd_pager::store::LatencyModel;
+use uffd_pager::workload::{churn, filemap, swap, Knobs, RunResult};
+use uffd_pager::{Delivery, DrainPolicy, InstallKind, Policy};
+
+/// Knobs shared by the workload subcommands. Lists are comma-separated;
+/// at most one of `--threads` / `--writers` may list several values (the
+/// swept knob).
+#[derive(Debug, Args, Clone)]
+pub struct WorkloadArgs {
+    /// Policies to compare; the first is the baseline of the % column.
+    /// Each may carry `+uptodate-no-retry`.
+    #[arg(long, value_delimiter = ',', default_value = "vanilla,retry-once")]
+    pub policy: Vec<Policy>,
+    /// Worker threads (several values: sweep).
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Extra global-lock writer threads (several values: sweep).
+    #[arg(long, value_delimiter = ',')]
+    pub writers: Vec<usize>,
+    /// Region size in pages (per worker for filemap).
+    #[arg(long)]
+    pub pages: Option<usize>,
+    /// Memory budget in pages.
+    #[arg(long)]
+    pub budget: Option<u64>,
+    /// Simulated store latency: none, fixed:50us, uniform:10us-100us, exp:50us.
+    #[arg(long, default_value = "fixed:50us")]
+    pub latency: LatencyModel,
+    /// Simulated I/Os in flight at most (0: unbounded).
+    #[arg(long, default_value_t = 0)]
+    pub max_inflight: u32,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// RNG seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Delivery: in-thread, or threads[:N[:spinUS]].
+    #[arg(long, default_value = "in-thread")]
+    pub delivery: Delivery,
+    /// Install kind (filemap only; swap is anonymous by definition).
+    #[arg(long)]
+    pub kind: Option<InstallKind>,
+    /// Microseconds each writer pauses between map/unmap loops.
+    #[arg(long, default_value_t = 0)]
+    pub writer_pause_us: u64,
+    /// populate-churn: drain policies to compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "always,locked-only,never"
+    )]
+    pub drain: Vec<DrainPolicy>,
+    /// populate-churn: LRU shard counts to compare.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub shards: Vec<usize>,
+    /// Print JSON instead of tables.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV instead of tables.
+    #[arg(long)]
+    pub csv: bool,
+    /// Write an SVG plot of throughput against the swept knob.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+}
+
+/// Which workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// `filemap`.
+    Filemap,
+    /// `swap`.
+    Swap,
+    /// `populate-churn`.
+    Churn,
+}
+
+impl Which {
+    fn name(self) -> &'static str {
+        match self {
+            Which::Filemap => "filemap",
+            Which::Swap => "swap",
+            Which::Churn => "populate-churn",
+        }
+    }
+
+    /// Default (threads, writers, pages, budget).
+    fn defaults(self) -> (usize, usize, usize, u64) {
+        match self {
+            Which::Filemap => (16, 0, 256, 128),
+            Which::Swap => (8, 0, 8192, 4096),
+            Which::Churn => (1, 0, 1, 1 << 16),
+        }
+    }
+}
+
+/// Validates the arguments and plans the sweep: (knob name, values, base
+/// knobs).
+fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs), CliError> {
+    let (threads, writers, pages, budget) = w.defaults();
+    if !(a.duration > 0.0 && a.duration <= 3600.0) {
+        return Err(CliError::Usage(format!(
+            "--duration {} must be in (0, 3600] seconds",
+            a.duration
+        )));
+    }
+    if a.threads.len() > 1 && a.writers.len() > 1 {
+        return Err(CliError::Usage(
+            "sweep one knob at a time: --threads or --writers may list several values, not both"
+                .into(),
+        ));
+    }
+    if a.threads.contains(&0) || a.shards.contains(&0) {
+        return Err(CliError::Usage(
+            "--threads and --shards must be at least 1".into(),
+        ));
+    }
+    if a.policy.is_empty() {
+        return Err(CliError::Usage("--policy needs at least one policy".into()));
+    }
+    let pages = a.pages.unwrap_or(pages);
+    if pages == 0 || pages > (1 << 24) {
+        return Err(CliError::Usage(format!(
+            "--pages {pages} must be in 1..=16777216"
+        )));
+    }
+    let k = Knobs {
+        threads: a.threads.first().copied().unwrap_or(threads),
+        writers: a.writers.first().copied().unwrap_or(writers),
+        writer_pause: Duration::from_micros(a.writer_pause_us),
+        duration: Duration::from_secs_f64(a.duration),
+        seed: a.seed,
+        policy: a.policy[0],
+        delivery: a.delivery,
+        install: a.kind.unwrap_or(InstallKind::Shared),
+        budget_pages: a.budget.unwrap_or(budget),
+        latency: a.latency,
+        max_inflight: a.max_inflight,
+        pages,
+    };
+    let (knob, values) = if a.writers.len() > 1 {
+        ("writers", a.writers.clone())
+    } else if a.threads.len() > 1 {
+        ("threads", a.threads.clone())
+    } else if w == Which::Swap {
+        ("writers", vec![k.writers])
+    } else {
+        ("threads", vec![k.threads])
+    };
+    Ok((knob, values, k))
+}
+
+/// Runs one workload once.
+pub fn run_once(
+    w: Which,
+    k: &Knobs,
+    drain: DrainPolicy,
+    shards: usize,
+) -> uffd_pager::Result<RunResult> {
+    match w {
+        Which::Filemap => filemap::run(k),
+        Which::Swap => swap::run(k),
+        Which::Churn => churn::run(k, drain, shards),
+    }
+}
+
+/// Runs the sweep: every knob value × every label.
+pub fn sweep(w: Which, a: &WorkloadArgs) -> Result<Sweep, CliError> {
+    let (knob, values, base) = plan(w, a)?;
+    let labels: Vec<(String, Policy, DrainPolicy, usize)> = if w == Which::Churn {
+        let mut v = Vec::new();
+        for &s in &a.shards {
+            for &d in &a.drain {
+                v.push((
+                    format!("{d}/{s} shard{}", if s == 1 { "" } else { "s" }),
+                    base.policy,
+                    d,
+                    s,
+                ));
+            }
+        }
+        v
+    } else {
+        a.policy
+            .iter()
+            .map(|&p| (p.to_string(), p, DrainPolicy::Always, 1))
+            .collect()
+    };
+    let total = (values.len() * labels.len()) as u64;
+    let bar = progress(total, a.duration * total as f64);
+    let mut sw = Sweep {
+        workload: w.name(),
+        knob,
+        values: values.clone(),
+        labels: labels.iter().map(|l| l.0.clone()).collect(),
+        runs: Vec::new(),
+    };
+    for (vi, &v) in values.iter().enumerate() {
+        for (li, (label, policy, drain, shards)) in labels.iter().enumerate() {
+            let mut k = base.clone();
+            k.policy = *policy;
+            match knob {
+                "writers" => k.writers = v,
+                _ => k.threads = v,
+            }
+            bar.set_message(format!("{knob}={v} {label}"));
+            tracing::info!(workload = w.name(), knob, v, %label, "run");
+            let r = run_once(w, &k, *drain, *shards)
+                .map_err(|e| CliError::Runtime(format!("{} {knob}={v} {label}: {e}", w.name())))?;
+            if r.extra("mismatches").unwrap_or(0.0) > 0.0 {
+                return Err(CliError::Runtime(format!(
+                    "{} {knob}={v} {label}: {} pages read back wrong",
+                    w.name(),
+                    r.extra("mismatches").unwrap_or(0.0)
+                )));
+            }
+            sw.runs.push((vi, li, r));
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(sw)
+}
+
+/// A progress bar on stderr for runs longer than a couple of seconds,
+/// hidden when stdout is not a terminal.
+pub fn progress(total: u64, seconds: f64) -> indicatif::ProgressBar {
+    if seconds < 2.0 || !std::io::stdout().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs, {elapsed} {msg}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// `uffd-pager bench <workload>`.
+pub fn run(w: Which, a: &WorkloadArgs) -> CliResult {
+    let sw = sweep(w, a)?;
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
+    if a.json {
+        writeln!(out, "{}", sw.json()).map_err(io)?;
+    } else if a.csv {
+        write!(out, "{}", sw.csv()).map_err(io)?;
+    } else {
+        writeln!(out, "{}", sw.table()).map_err(io)?;
+        write!(out, "{}", sw.counters()).map_err(io)?;
+    }
+    if let Some(p) = &a.plot {
+        sw.plot(p, &format!("{} throughput", sw.workload))
+            .map_err(CliError::Runtime)?;
+        if !a.json && !a.csv {
+            writeln!(out, "plot written to {}", p.display()).map_err(io)?;
+        }
+    }
+    Ok(())
+}
