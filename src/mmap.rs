@@ -5,7 +5,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{DIRTY, LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
+use crate::page_cache::{DIRTY, LRU_BATCHED, MAPPED, MOVED, ON_LRU, POISONED, SWAPPED, UPTODATE};
 use crate::sys::mem::{mprotect, Mapping};
 use crate::sys::uffd::mode;
 use crate::sys::PAGE_SIZE;
@@ -248,10 +248,23 @@ impl Mm {
             }
         }
         old.lock.write_lock();
-        // Shrinking drops the tail's PTEs: those pages are no longer mapped.
+        // Shrinking drops the tail's PTEs. Shared pages stay in the memfd
+        // (cached); anonymous memory past the end is discarded, as the
+        // kernel does: those pages read as zeros if the region grows again.
         if new_len < old_len {
+            let obj = &old.object;
             for i in old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE {
-                old.object.cache.update(i, 0, MAPPED);
+                if obj.kind == InstallKind::Shared {
+                    obj.cache.update(i, 0, MAPPED);
+                    continue;
+                }
+                let w = obj.cache.lock(i);
+                if w & UPTODATE != 0 {
+                    self.uncharge(1);
+                }
+                let _ = obj.free_data(i, 1);
+                obj.cache
+                    .unlock(i, 0, UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED);
             }
         }
         let flags = match new_addr {

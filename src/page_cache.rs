@@ -45,6 +45,9 @@ pub const SWAPPED: u32 = 1 << 8;
 pub const PINNED: u32 = 1 << 9;
 /// In a per-CPU add batch, not yet in the LRU proper.
 pub const LRU_BATCHED: u32 = 1 << 10;
+/// Anonymous page installed by moving it out of the cache area: the area
+/// holds no copy.
+pub const MOVED: u32 = 1 << 11;
 
 /// The four states of `kernel-model.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,10 +8,10 @@
 //! 3. if installed, take it out of the user mapping under the region's read
 //!    lock (writers excluded): shared objects zap the PTE
 //!    (`MADV_DONTNEED`; the data stays in the memfd), anonymous ones move
-//!    the page out atomically with `UFFDIO_MOVE` to a staging slot and copy
-//!    it into the cache area, so no concurrent write can be lost: a write
-//!    after the move faults and waits for the page lock;
-//! 4. write it back if dirty (anonymous pages always: to swap);
+//!    the page out atomically with `UFFDIO_MOVE` to a staging slot and
+//!    write it to swap from there, so no concurrent write can be lost: a
+//!    write after the move faults and waits for the page lock;
+//! 4. write a cached page back if dirty;
 //! 5. free the cached contents (hole punch / `MADV_DONTNEED`), uncharge.
 //!
 //! A write-back failure keeps the page cached and dirty.
@@ -93,9 +93,22 @@ impl Reclaim {
     }
 }
 
-/// Takes installed page `i` out of the user mapping; on return its current
-/// contents are in `obj.data(i)`. The caller holds the page lock.
-fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<(), ()> {
+/// How an installed page left the user mapping.
+enum Unmapped {
+    /// Shared: the PTE is gone; the contents are in the memfd (`data(i)`).
+    InCache,
+    /// Anonymous: the contents were written to the store and dropped.
+    WrittenBack,
+    /// Anonymous: the store write failed; the contents were kept in
+    /// `data(i)` (dirty).
+    KeptDirty,
+}
+
+/// Takes installed page `i` out of the user mapping, under the region's
+/// read lock. The caller holds the page lock. Anonymous pages are moved
+/// out atomically (`UFFDIO_MOVE`) to a staging page and written to the
+/// store from there.
+fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     let base = obj.mapped_at.load(Acquire);
     if base == 0 {
         return Err(());
@@ -105,40 +118,44 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<(), ()> {
     if !std::ptr::eq(&*vma.object, obj) || vma.page_index(addr) != i {
         return Err(());
     }
-    match obj.kind {
-        InstallKind::Shared => madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ()),
-        InstallKind::Anonymous => {
-            let r = &mm.reclaim;
-            let s = r.take_slot();
-            let slot = r.staging.addr() + s * PAGE_SIZE;
-            let moved = mm.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE);
-            let res = match moved {
-                Ok(_) => {
-                    // SAFETY: the staging page is present (just moved in) and
-                    // ours; the cache page is ours under the page lock.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(slot as *const u8, obj.data(i), PAGE_SIZE)
-                    };
-                    let _ = madvise(slot, PAGE_SIZE, libc::MADV_DONTNEED);
-                    Ok(())
-                }
-                // A read-only region cannot be a MOVE source, and nobody can
-                // write it: copy the page out, then drop it.
-                Err(libc::EINVAL) if !vma.writable.load(Acquire) => {
-                    // SAFETY: the page is installed (MAPPED under our page
-                    // lock) and the region read-only, so reading it neither
-                    // faults nor races a write.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(addr as *const u8, obj.data(i), PAGE_SIZE)
-                    };
-                    madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ())
-                }
-                Err(_) => Err(()),
-            };
-            r.put_slot(s);
-            res
-        }
+    if obj.kind == InstallKind::Shared {
+        madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ())?;
+        return Ok(Unmapped::InCache);
     }
+    let r = &mm.reclaim;
+    let s = r.take_slot();
+    let slot = r.staging.addr() + s * PAGE_SIZE;
+    let res = match mm.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
+        Ok(_) => Ok(()),
+        // A read-only region cannot be a MOVE source, and nobody can write
+        // it: copy the page out, then drop it.
+        Err(libc::EINVAL) if !vma.writable.load(Acquire) => {
+            // SAFETY: the page is installed (MAPPED under our page lock) and
+            // the region read-only, so reading it neither faults nor races a
+            // write; the staging slot is ours.
+            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, slot as *mut u8, PAGE_SIZE) };
+            madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ())
+        }
+        Err(_) => Err(()),
+    };
+    let out = res.map(|()| {
+        // SAFETY: the staging page is present and ours until `put_slot`.
+        let page = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE_SIZE) };
+        if obj.store.write((i * PAGE_SIZE) as u64, page).is_ok() {
+            mm.counters.inc(WRITEBACK);
+            Unmapped::WrittenBack
+        } else {
+            mm.counters.inc(IO_ERROR);
+            // SAFETY: the cache page is ours under the page lock.
+            unsafe { std::ptr::copy_nonoverlapping(slot as *const u8, obj.data(i), PAGE_SIZE) };
+            Unmapped::KeptDirty
+        }
+    });
+    if res.is_ok() {
+        let _ = madvise(slot, PAGE_SIZE, libc::MADV_DONTNEED);
+    }
+    r.put_slot(s);
+    out
 }
 
 /// Tries to evict page `i` of `obj`. Async-signal-safe.
@@ -162,17 +179,23 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         return Evict::Rotate;
     }
     let mut dirty = w & DIRTY != 0;
+    let mut written = false;
     if w & MAPPED != 0 {
-        if unmap_page(mm, obj, i).is_err() {
-            obj.cache.unlock(i, 0, 0);
-            return Evict::Rotate;
-        }
-        if obj.kind == InstallKind::Anonymous {
-            dirty = true;
+        match unmap_page(mm, obj, i) {
+            Err(()) => {
+                obj.cache.unlock(i, 0, 0);
+                return Evict::Rotate;
+            }
+            Ok(Unmapped::InCache) => {}
+            Ok(Unmapped::WrittenBack) => written = true,
+            Ok(Unmapped::KeptDirty) => {
+                obj.cache.unlock(i, DIRTY, MAPPED | MOVED);
+                return Evict::Rotate;
+            }
         }
         obj.cache.update(i, 0, MAPPED);
     }
-    if dirty && obj.store.writable() {
+    if dirty && !written && obj.store.writable() {
         // SAFETY: page lock held and the page is not mapped: nobody else
         // reads or writes its cached contents.
         let buf = unsafe { obj.page_mut(i) };
@@ -183,12 +206,17 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         }
         mm.counters.inc(WRITEBACK);
     }
-    let _ = obj.free_data(i, 1);
+    dirty |= written;
+    // A page installed by moving it out of the cache area left no copy
+    // there to free.
+    if w & MOVED == 0 {
+        let _ = obj.free_data(i, 1);
+    }
     let swapped = if obj.zero_fill && dirty { SWAPPED } else { 0 };
     obj.cache.unlock(
         i,
         swapped,
-        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED,
+        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED,
     );
     mm.uncharge(1);
     Evict::Evicted

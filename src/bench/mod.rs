@@ -10,8 +10,8 @@
 //!
 //! | kind | floor | engine |
 //! |---|---|---|
-//! | anonymous | memcpy 4 KiB from a source buffer to a staging page, UFFDIO_COPY | store read (memcpy into its cache area), UFFDIO_COPY |
-//! | shared | memcpy 4 KiB into the (pre-filled) memfd, UFFDIO_CONTINUE | store read (memcpy into its memfd), UFFDIO_CONTINUE |
+//! | anonymous | memcpy 4 KiB from a source buffer into an absent staging page, UFFDIO_MOVE | store read (memcpy into its absent cache-area page), lookup, locks, UFFDIO_MOVE |
+//! | shared | memcpy 4 KiB into a punched-out memfd page through an alias, UFFDIO_CONTINUE | store read (memcpy into its punched-out memfd page), lookup, locks, UFFDIO_CONTINUE |
 //!
 //! The engine side maps a fresh region over a pre-filled
 //! [`MemoryStore`](crate::store::MemoryStore) per pass, so every page is a
@@ -27,9 +27,11 @@
 //! passes one after the other, never concurrently.
 
 mod engine;
+mod evict;
 mod floor;
 
 pub use engine::EngineLoop;
+pub use evict::{evict_cost, EvictReport};
 pub use floor::FloorLoop;
 
 use crate::delivery::Delivery;

@@ -30,6 +30,25 @@ enum Workload {
     /// Single-page populate/unmap: LRU-lock cost per drain policy and
     /// shard count (seed 002).
     PopulateChurn(WorkloadArgs),
+    /// Eviction throughput (pages/s) against the raw primitives
+    /// (UFFDIO_MOVE, MADV_DONTNEED, hole punch) measured in the same run.
+    Evict(EvictArgs),
+}
+
+#[derive(Debug, Args)]
+struct EvictArgs {
+    /// Pages evicted per pass.
+    #[arg(long, value_name = "N", default_value_t = 8192, value_parser = at_least_one)]
+    pages: u64,
+    /// Passes per side; the best counts.
+    #[arg(long, value_name = "R", default_value_t = 3, value_parser = at_least_one)]
+    passes: u64,
+    /// Install kind; repeatable; default both.
+    #[arg(long, value_name = "KIND")]
+    kind: Vec<InstallKind>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +88,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         Workload::Filemap(a) => workloads::run(Which::Filemap, a),
         Workload::Swap(a) => workloads::run(Which::Swap, a),
         Workload::PopulateChurn(a) => workloads::run(Which::Churn, a),
+        Workload::Evict(a) => run_evict(a),
     }
 }
 
@@ -183,6 +203,62 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
     }
     if a.json {
         let rows = reports.iter().map(report_json).collect();
+        writeln!(out, "{}", Json::Arr(rows)).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn run_evict(a: &EvictArgs) -> CliResult {
+    let pages = check_pages(a.pages)?;
+    let passes = (a.passes as usize).min(100);
+    let kinds = dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]);
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
+    let mut rows = Vec::new();
+    if !a.json {
+        writeln!(
+            out,
+            "eviction: {pages} installed pages per pass, best of {passes}, ns per page \
+             (raw = the primitive the engine's eviction rests on)"
+        )
+        .map_err(io)?;
+        writeln!(
+            out,
+            "{:<10} {:>11} {:>13} {:>8} {:>14} {:>14}",
+            "kind", "engine ns", "engine pg/s", "raw ns", "engine/raw", "DONTNEED ns"
+        )
+        .map_err(io)?;
+    }
+    for kind in kinds {
+        let r = uffd_pager::bench::evict_cost(kind, pages, passes)
+            .map_err(|e| CliError::Runtime(format!("evict {kind}: {e}")))?;
+        if a.json {
+            rows.push(Json::obj([
+                ("workload", Json::str("evict")),
+                ("kind", Json::str(kind.to_string())),
+                ("pages", Json::Int(pages as i64)),
+                ("engine_ns_per_page", Json::Num(r.engine_ns)),
+                ("engine_pages_per_s", Json::Num(r.engine_pages_per_s())),
+                ("raw_ns_per_page", Json::Num(r.raw_ns)),
+                ("ratio", Json::Num(r.ratio())),
+                ("dontneed_ns_per_page", Json::Num(r.dontneed_ns)),
+                ("evicted", Json::Int(r.evicted as i64)),
+            ]));
+        } else {
+            writeln!(
+                out,
+                "{:<10} {:>11.0} {:>13.0} {:>8.0} {:>14.2} {:>14.0}",
+                kind.to_string(),
+                r.engine_ns,
+                r.engine_pages_per_s(),
+                r.raw_ns,
+                r.ratio(),
+                r.dontneed_ns
+            )
+            .map_err(io)?;
+        }
+    }
+    if a.json {
         writeln!(out, "{}", Json::Arr(rows)).map_err(io)?;
     }
     Ok(())

@@ -7,7 +7,7 @@ use super::{Fault, LockKind, Outcome};
 use crate::address_space::{Mm, VmaReadGuard};
 use crate::object::Object;
 use crate::page_cache::{
-    PageState, DIRTY, LOCKED, MAPPED, PINNED, POISONED, REFERENCED, SWAPPED, UPTODATE,
+    PageState, DIRTY, LOCKED, MAPPED, MOVED, PINNED, POISONED, REFERENCED, SWAPPED, UPTODATE,
 };
 use crate::stats::Counter::*;
 use crate::sync::global_lock::ReadGuard;
@@ -142,7 +142,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             let pin = obj.pin();
             drop(held);
             let r = load(mm, &pin, i);
-            pin.cache.unlock(i, loaded_bits(r) | pinned, 0);
+            pin.cache.unlock(i, loaded_bits(r) | pinned, MOVED);
             if r == LoadResult::Failed {
                 mm.uncharge(1);
             } else {
@@ -174,7 +174,7 @@ fn loaded_bits(r: LoadResult) -> u32 {
 fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bool) -> Outcome {
     let obj: &Object = &vma.object;
     match install(mm, vma, i, zero, f.write) {
-        Ok(()) => {
+        Ok(moved) => {
             // A write fault on a write-tracked page installs it writable:
             // it is dirty from now on.
             let dirty = if obj.tracks_writes() && f.write {
@@ -183,8 +183,12 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
                 0
             };
             let pinned = if vma.pinned { PINNED } else { 0 };
-            obj.cache
-                .unlock(i, UPTODATE | MAPPED | REFERENCED | dirty | pinned, 0);
+            let moved = if moved { MOVED } else { 0 };
+            obj.cache.unlock(
+                i,
+                UPTODATE | MAPPED | REFERENCED | dirty | pinned | moved,
+                0,
+            );
             if fresh {
                 mm.page_cached(obj, i);
             }

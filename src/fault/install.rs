@@ -15,10 +15,12 @@ static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
 /// Installs object page `i` at its address in `vma`. `zero`: an anonymous
 /// page that was never written back (UFFDIO_ZEROPAGE for a read, a copy of
 /// zeros for a write so the write needs no second fault). Never wakes:
-/// the delivery layer wakes waiters once per batch.
-pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<(), i32> {
+/// the delivery layer wakes waiters once per batch. Returns whether the
+/// page was moved out of the cache area (which then holds no copy).
+pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
     let addr = vma.addr_of(i);
     let obj = &vma.object;
+    let mut moved = false;
     let r = match (obj.kind, zero) {
         // A read of a write-tracked page maps it write-protected; a write
         // maps it writable (the caller marks it dirty).
@@ -45,14 +47,17 @@ pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> 
                 Err(libc::EINVAL) | Err(libc::EBUSY) | Err(libc::ENOENT) => {
                     mm.uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
                 }
-                r => r,
+                r => {
+                    moved = r.is_ok();
+                    r
+                }
             }
         }
     };
     match r {
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
-            Ok(())
+            Ok(moved)
         }
         Err(e) => Err(e),
     }

@@ -5,6 +5,9 @@
 pub mod churn;
 pub mod common;
 pub mod filemap;
+pub mod launch;
+pub mod random;
+pub mod scan;
 pub mod swap;
 pub mod torture;
 

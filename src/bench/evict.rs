@@ -1,0 +1,199 @@
+//! Eviction throughput: pages per second the engine's reclaim frees,
+//! against the raw primitives it is built on, measured in the same run
+//! (`limits.md`: `MADV_DONTNEED`, `UFFDIO_MOVE` to a staging area, a memfd
+//! hole punch).
+//!
+//! Engine side: a region of `pages` pages is faulted in (installed), then
+//! [`Pager::reclaim_pages`] frees them all; the time of that call alone
+//! counts. Each page evicted is unmapped from the user mapping, written
+//! back (anonymous pages to swap; shared pages only if dirty, and these are
+//! clean) and freed.
+
+use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::stats::Counter;
+use crate::store::MemoryStore;
+use crate::sys::mem::{madvise, Mapping, Memfd};
+use crate::sys::uffd::{feature, mode, Uffd};
+use crate::sys::PAGE_SIZE;
+use crate::{MapOptions, Pager};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The result of [`evict_cost`].
+#[derive(Debug, Clone, Copy)]
+pub struct EvictReport {
+    /// Install kind measured.
+    pub kind: InstallKind,
+    /// Pages per pass.
+    pub pages: usize,
+    /// Engine reclaim, ns per page evicted.
+    pub engine_ns: f64,
+    /// The raw primitive the engine's eviction of this kind rests on, ns
+    /// per page: `UFFDIO_MOVE` (anonymous) or `MADV_DONTNEED` + hole punch
+    /// (shared).
+    pub raw_ns: f64,
+    /// `MADV_DONTNEED` of one page, ns (for reference).
+    pub dontneed_ns: f64,
+    /// Pages the engine evicted.
+    pub evicted: u64,
+}
+
+impl EvictReport {
+    /// Engine pages per second.
+    pub fn engine_pages_per_s(&self) -> f64 {
+        1e9 / self.engine_ns.max(1e-9)
+    }
+
+    /// Engine cost over the raw primitive's.
+    pub fn ratio(&self) -> f64 {
+        self.engine_ns / self.raw_ns.max(1e-9)
+    }
+}
+
+fn sys(op: &'static str) -> impl Fn(i32) -> Error {
+    move |e| Error::sys(op, e)
+}
+
+fn touch_all(base: usize, pages: usize) {
+    for p in 0..pages {
+        // SAFETY: `base` maps `pages` writable pages owned by the caller.
+        unsafe { std::ptr::write_volatile((base + p * PAGE_SIZE) as *mut u8, 1) };
+    }
+}
+
+fn per_page(t: Instant, pages: usize) -> f64 {
+    t.elapsed().as_nanos() as f64 / pages.max(1) as f64
+}
+
+/// Raw `MADV_DONTNEED` of one page at a time.
+fn raw_dontneed(pages: usize) -> Result<f64> {
+    let m = Mapping::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
+    touch_all(m.addr(), pages);
+    let t = Instant::now();
+    for p in 0..pages {
+        madvise(m.addr() + p * PAGE_SIZE, PAGE_SIZE, libc::MADV_DONTNEED)
+            .map_err(sys("madvise"))?;
+    }
+    Ok(per_page(t, pages))
+}
+
+/// Raw `UFFDIO_MOVE` of one page at a time to a staging page, which is
+/// then copied out and dropped (what the engine does per page).
+fn raw_move(pages: usize) -> Result<f64> {
+    let uffd = Uffd::open(feature::MOVE, true, false).map_err(Error::Unsupported)?;
+    let m = Mapping::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
+    let stage = Mapping::anonymous(PAGE_SIZE).map_err(sys("mmap"))?;
+    let sink = Mapping::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
+    uffd.register(stage.addr(), PAGE_SIZE, mode::MISSING)
+        .map_err(sys("UFFDIO_REGISTER"))?;
+    touch_all(m.addr(), pages);
+    touch_all(sink.addr(), pages);
+    let t = Instant::now();
+    for p in 0..pages {
+        uffd.mv(stage.addr(), m.addr() + p * PAGE_SIZE, PAGE_SIZE, 0)
+            .map_err(sys("UFFDIO_MOVE"))?;
+        // SAFETY: the staging page is present (just moved in); the sink page
+        // is ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                stage.addr() as *const u8,
+                (sink.addr() + p * PAGE_SIZE) as *mut u8,
+                PAGE_SIZE,
+            )
+        };
+        madvise(stage.addr(), PAGE_SIZE, libc::MADV_DONTNEED).map_err(sys("madvise"))?;
+    }
+    Ok(per_page(t, pages))
+}
+
+/// Raw shared eviction of one page: zap the mapping, punch the memfd.
+fn raw_zap_punch(pages: usize) -> Result<f64> {
+    let fd = Memfd::new("evict-floor", pages * PAGE_SIZE).map_err(sys("memfd_create"))?;
+    let m = Mapping::shared(fd.fd(), pages * PAGE_SIZE, 0, false).map_err(sys("mmap"))?;
+    touch_all(m.addr(), pages);
+    let t = Instant::now();
+    for p in 0..pages {
+        madvise(m.addr() + p * PAGE_SIZE, PAGE_SIZE, libc::MADV_DONTNEED)
+            .map_err(sys("madvise"))?;
+        fd.punch_hole(p * PAGE_SIZE, PAGE_SIZE)
+            .map_err(sys("fallocate"))?;
+    }
+    Ok(per_page(t, pages))
+}
+
+/// Engine eviction of `pages` installed pages of `kind`.
+fn engine(kind: InstallKind, pages: usize) -> Result<(f64, u64)> {
+    let pager = Pager::builder()
+        .budget_pages(pages as u64 * 4)
+        .kswapd(false)
+        .build()?;
+    let store = Arc::new(MemoryStore::new((pages * PAGE_SIZE) as u64)?);
+    let mut r = pager.map_store(
+        store,
+        pages * PAGE_SIZE,
+        &MapOptions {
+            kind,
+            writable: kind == InstallKind::Anonymous,
+            ..MapOptions::default()
+        },
+    )?;
+    // Install every page (reads: shared pages stay clean).
+    for p in 0..pages {
+        std::hint::black_box(r.as_mut_slice()[p * PAGE_SIZE]);
+    }
+    let before = pager.stats().get(Counter::PGSTEAL);
+    let t = Instant::now();
+    let freed = pager.reclaim_pages(pages as u64);
+    let ns = t.elapsed().as_nanos() as f64 / freed.max(1) as f64;
+    debug_assert_eq!(pager.stats().get(Counter::PGSTEAL) - before, freed);
+    Ok((ns, freed))
+}
+
+/// Measures engine eviction of `pages` pages of `kind` against the raw
+/// primitives, best of `passes` each.
+pub fn evict_cost(kind: InstallKind, pages: usize, passes: usize) -> Result<EvictReport> {
+    let best = |f: &dyn Fn() -> Result<f64>| -> Result<f64> {
+        let mut b = f64::INFINITY;
+        for _ in 0..passes.max(1) {
+            b = b.min(f()?);
+        }
+        Ok(b)
+    };
+    let mut evicted = 0;
+    let mut engine_ns = f64::INFINITY;
+    for _ in 0..passes.max(1) {
+        let (ns, n) = engine(kind, pages)?;
+        if ns < engine_ns {
+            engine_ns = ns;
+            evicted = n;
+        }
+    }
+    let raw_ns = match kind {
+        InstallKind::Anonymous => best(&|| raw_move(pages))?,
+        InstallKind::Shared => best(&|| raw_zap_punch(pages))?,
+    };
+    Ok(EvictReport {
+        kind,
+        pages,
+        engine_ns,
+        raw_ns,
+        dontneed_ns: best(&|| raw_dontneed(pages))?,
+        evicted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_every_page_and_measures() {
+        for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+            let r = evict_cost(kind, 128, 1).unwrap();
+            assert_eq!(r.evicted, 128, "{kind}");
+            assert!(r.engine_ns.is_finite() && r.engine_ns > 0.0);
+            assert!(r.raw_ns.is_finite() && r.raw_ns > 0.0);
+        }
+    }
+}

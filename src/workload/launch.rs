@@ -1,0 +1,357 @@
+//! `launch` (seed 003's cold app launch): a recorded page-access [`Trace`]
+//! replayed against a cold cache, with `k.writers` background threads
+//! mapping and unmapping, `launches` times.
+//!
+//! Each launch is one new process's worth of state: a fresh [`Pager`] (its
+//! own address space and global lock), its writer threads, and a fresh
+//! region over the app's "binary" — a [`SimulatedStore`] (`k.latency`,
+//! `k.max_inflight`) over [`pattern`](super::common::pattern) contents,
+//! shared by all launches — so every first touch of a page is a major fault.
+//! The main thread maps the region and replays the trace: one `u64` read
+//! per access (checked against the pattern), then a busy-wait of the
+//! access's think time (an app computes between faults). A launch's time is
+//! map + replay; its global-lock wait is the read-side wait of that launch
+//! (`Stats::global.read_wait_ns`; only the replaying thread faults).
+//!
+//! Traces are text, one access per line: `page [think_us]`; `#` lines are
+//! comments. Record one from any code with [`TraceRecorder`] (or
+//! [`Trace::from_accesses`] over the byte offsets it touches), save it with
+//! [`Trace::save`], replay it with [`run`]. [`default_trace`] is the
+//! synthetic trace shipped in `data/launch-trace.txt`, which equals
+//! [`synthetic_trace`]`(SYNTHETIC_PAGES, SYNTHETIC_LEN, SYNTHETIC_SEED)`.
+
+use super::common::{cpu_time, pattern_store, Knobs, Rng, RunResult, Writers};
+use super::random::pattern_word;
+use crate::error::{Error, Result};
+use crate::store::{SimulatedStore, Store};
+use crate::sys::PAGE_SIZE;
+use crate::{MapOptions, Pager};
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One access of a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Page index in the region.
+    pub page: usize,
+    /// Time the app computes after this access, in µs.
+    pub think_us: u32,
+}
+
+/// A page-access trace, in access order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// The accesses.
+    pub accesses: Vec<Access>,
+}
+
+impl Trace {
+    /// A trace of the pages holding `offsets` (bytes into the region), in
+    /// order, without think time; consecutive accesses to the same page
+    /// count once.
+    pub fn from_accesses(offsets: impl IntoIterator<Item = usize>) -> Trace {
+        let mut r = TraceRecorder::untimed();
+        for o in offsets {
+            r.touch(o);
+        }
+        r.finish()
+    }
+
+    /// Parses the text format (see the module docs).
+    pub fn parse(text: &str) -> io::Result<Trace> {
+        let bad = |n: usize, what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("launch trace line {}: {what}", n + 1),
+            )
+        };
+        let mut accesses = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut it = line.split_whitespace();
+            let page = it.next().unwrap_or_default();
+            let page = page.parse().map_err(|_| bad(n, "bad page index"))?;
+            let think_us = match it.next() {
+                Some(t) => t.parse().map_err(|_| bad(n, "bad think time"))?,
+                None => 0,
+            };
+            if it.next().is_some() {
+                return Err(bad(n, "expected `page [think_us]`"));
+            }
+            accesses.push(Access { page, think_us });
+        }
+        Ok(Trace { accesses })
+    }
+
+    /// The text format: a header comment, then `page` or `page think_us`
+    /// per line.
+    pub fn to_text(&self) -> String {
+        let mut s = String::from("# uffd-pager launch trace: one access per line, `page [think_us]`\n");
+        for a in &self.accesses {
+            if a.think_us == 0 {
+                s += &format!("{}\n", a.page);
+            } else {
+                s += &format!("{} {}\n", a.page, a.think_us);
+            }
+        }
+        s
+    }
+
+    /// Reads a trace file.
+    pub fn load(path: &Path) -> io::Result<Trace> {
+        Trace::parse(&std::fs::read_to_string(path)?)
+    }
+
+    /// Writes a trace file.
+    pub fn save(&self, path: &Path) -> io::Result<()> {
+        std::fs::write(path, self.to_text())
+    }
+
+    /// Accesses.
+    pub fn len(&self) -> usize {
+        self.accesses.len()
+    }
+
+    /// Whether there are no accesses.
+    pub fn is_empty(&self) -> bool {
+        self.accesses.is_empty()
+    }
+
+    /// The region size the trace needs, in pages (highest page + 1).
+    pub fn pages(&self) -> usize {
+        self.accesses.iter().map(|a| a.page + 1).max().unwrap_or(0)
+    }
+
+    /// Distinct pages touched (the major faults of a cold launch with a
+    /// large enough budget).
+    pub fn distinct_pages(&self) -> usize {
+        let mut seen = vec![false; self.pages()];
+        self.accesses
+            .iter()
+            .filter(|a| !std::mem::replace(&mut seen[a.page], true))
+            .count()
+    }
+
+    /// Total think time.
+    pub fn think_time(&self) -> Duration {
+        Duration::from_micros(self.accesses.iter().map(|a| a.think_us as u64).sum())
+    }
+}
+
+/// Records a trace from any code: call [`touch`](TraceRecorder::touch)
+/// with the byte offset (into the region) of each access. A timed recorder
+/// stores the time since the previous access as that access's think time.
+#[derive(Debug, Clone)]
+pub struct TraceRecorder {
+    trace: Trace,
+    last: Option<Instant>,
+    timed: bool,
+}
+
+impl TraceRecorder {
+    /// A recorder that measures think time.
+    pub fn new() -> TraceRecorder {
+        TraceRecorder {
+            trace: Trace::default(),
+            last: None,
+            timed: true,
+        }
+    }
+
+    /// A recorder that records no think time.
+    pub fn untimed() -> TraceRecorder {
+        TraceRecorder {
+            timed: false,
+            ..TraceRecorder::new()
+        }
+    }
+
+    /// Records an access at byte `offset`. An access to the same page as
+    /// the previous one is merged into it (its think time grows).
+    pub fn touch(&mut self, offset: usize) {
+        let page = offset / PAGE_SIZE;
+        let now = self.timed.then(Instant::now);
+        let think = match (now, self.last) {
+            (Some(n), Some(l)) => n.duration_since(l).as_micros().min(u32::MAX as u128) as u32,
+            _ => 0,
+        };
+        if let Some(prev) = self.trace.accesses.last_mut() {
+            prev.think_us = prev.think_us.saturating_add(think);
+        }
+        if self.trace.accesses.last().map(|a| a.page) != Some(page) {
+            self.trace.accesses.push(Access { page, think_us: 0 });
+        }
+        self.last = now;
+    }
+
+    /// The trace so far.
+    pub fn finish(self) -> Trace {
+        self.trace
+    }
+}
+
+impl Default for TraceRecorder {
+    fn default() -> Self {
+        TraceRecorder::new()
+    }
+}
+
+/// Footprint of the shipped synthetic trace, in pages.
+pub const SYNTHETIC_PAGES: usize = 4096;
+/// Accesses in the shipped synthetic trace.
+pub const SYNTHETIC_LEN: usize = 3000;
+/// Seed of the shipped synthetic trace.
+pub const SYNTHETIC_SEED: u64 = 3;
+
+/// A deterministic launch-like trace of `len` accesses over `pages` pages:
+/// the first 1/16 of the pages read in order (exec and startup code), then
+/// sequential runs (60 %), jumps to random pages (25 %, libraries and
+/// data) and revisits of the 64 most recent pages (15 %); one access in 16
+/// thinks for 10–200 µs. No access repeats the previous one's page.
+pub fn synthetic_trace(pages: usize, len: usize, seed: u64) -> Trace {
+    let pages = pages.max(2);
+    let mut rng = Rng::new(seed);
+    let mut accesses: Vec<Access> = Vec::with_capacity(len);
+    let mut recent: Vec<usize> = Vec::with_capacity(64);
+    let mut cur = 0usize;
+    while accesses.len() < len {
+        let next = if accesses.is_empty() {
+            0
+        } else if accesses.len() < pages / 16 {
+            cur + 1
+        } else {
+            match rng.below(100) {
+                0..60 => (cur + 1) % pages,
+                60..85 => rng.below(pages as u64) as usize,
+                _ => recent[rng.below(recent.len() as u64) as usize],
+            }
+        };
+        if !accesses.is_empty() && next == cur {
+            continue;
+        }
+        let think_us = if rng.below(16) == 0 {
+            10 + rng.below(191) as u32
+        } else {
+            0
+        };
+        accesses.push(Access {
+            page: next,
+            think_us,
+        });
+        if recent.len() == 64 {
+            recent.remove(0);
+        }
+        recent.push(next);
+        cur = next;
+    }
+    Trace { accesses }
+}
+
+/// The shipped synthetic trace (`data/launch-trace.txt`).
+pub fn default_trace() -> Trace {
+    Trace::parse(include_str!("../../data/launch-trace.txt")).expect("shipped trace parses")
+}
+
+/// Replays `trace` on `region`; returns the words that differ from the
+/// pattern.
+fn replay(base: usize, trace: &Trace) -> u64 {
+    let mut bad = 0;
+    for a in &trace.accesses {
+        let off = a.page * PAGE_SIZE + 8 * (a.page % (PAGE_SIZE / 8));
+        // SAFETY: `a.page < trace.pages()`, the region's length in pages;
+        // the caller keeps the region mapped; 8-aligned.
+        let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
+        bad += (v != pattern_word(off)) as u64;
+        if a.think_us > 0 {
+            let until = Instant::now() + Duration::from_micros(a.think_us as u64);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    bad
+}
+
+/// Runs `launches` cold launches replaying `trace` (see the module docs).
+/// `k.duration` and `k.threads` are not used.
+///
+/// `ops` is launches and `elapsed` the whole run. `stats` are the counters
+/// of the last launch (each launch has its own pager). Extras:
+/// `launch_ms_mean`, `launch_ms_max`, `lock_wait_us_mean`,
+/// `lock_wait_us_max` (global-lock read wait per launch),
+/// `majfault_per_launch`, `mismatches`, `writer_loops`, `trace_len`,
+/// `trace_pages`.
+pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
+    if trace.is_empty() || launches == 0 {
+        return Err(Error::Config(
+            "launch needs a non-empty trace and at least one launch".into(),
+        ));
+    }
+    let pages = trace.pages();
+    let store = Arc::new(SimulatedStore::new(
+        Arc::new(pattern_store(pages)?),
+        k.latency,
+        k.max_inflight,
+        k.seed,
+    ));
+    let opts = MapOptions {
+        kind: k.install,
+        writable: false,
+        ..MapOptions::default()
+    };
+    let (mut times, mut waits) = (Vec::new(), Vec::new());
+    let (mut mismatches, mut writer_loops, mut majfaults) = (0u64, 0u64, 0u64);
+    let mut last = None;
+    let (t0, c0) = (Instant::now(), cpu_time());
+    for _ in 0..launches {
+        let pager = Arc::new(k.pager()?);
+        let writers = Writers::start(&pager, k.writers, k.writer_pause);
+        let one = || -> Result<(Duration, u64, crate::Stats)> {
+            let s0 = pager.stats();
+            let t = Instant::now();
+            let region = Pager::map_store(&pager, store.clone(), pages * PAGE_SIZE, &opts)?;
+            let bad = replay(region.as_ptr() as usize, trace);
+            let dt = t.elapsed();
+            let d = pager.stats().since(&s0);
+            drop(region);
+            Ok((dt, bad, d))
+        };
+        let res = one();
+        writer_loops += writers.stop();
+        let (dt, bad, d) = res?;
+        times.push(dt.as_secs_f64() * 1e3);
+        waits.push(d.global.read_wait_ns as f64 / 1e3);
+        mismatches += bad;
+        majfaults += d.get(crate::Counter::PGMAJFAULT);
+        last = Some(d);
+    }
+    let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    Ok(RunResult {
+        workload: "launch",
+        label: k.policy.to_string(),
+        ops: launches as u64,
+        unit: "launches",
+        elapsed,
+        cpu,
+        stats: last.expect("at least one launch"),
+        latency: store.latency_report(),
+        extra: vec![
+            ("launch_ms_mean", mean(&times)),
+            ("launch_ms_max", max(&times)),
+            ("lock_wait_us_mean", mean(&waits)),
+            ("lock_wait_us_max", max(&waits)),
+            ("majfault_per_launch", majfaults as f64 / launches as f64),
+            ("mismatches", mismatches as f64),
+            ("writer_loops", writer_loops as f64),
+            ("trace_len", trace.len() as f64),
+            ("trace_pages", pages as f64),
+        ],
+    })
+}

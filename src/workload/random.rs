@@ -1,0 +1,212 @@
+//! `random` (the shape of UMap's `pfbenchmark-read`): one region backed by a
+//! real file four times the memory budget, `k.threads` threads each reading
+//! one `u64` word per uniformly random page until `k.duration` is up. With
+//! the file 4× the budget, about three reads in four miss and reclaim runs
+//! all the time. The file holds [`pattern`] and every word read is checked
+//! against it. Throughput is page reads/s.
+//!
+//! The file is created (and removed afterwards) in [`default_dir`] — tmpfs
+//! `/dev/shm` when it exists, so the store's `pread`s measure the pager
+//! rather than a disk — or in a directory the caller names ([`run_in`]).
+//! It is mapped with [`Pager::map_file`](crate::Pager::map_file), read-only,
+//! with `k.install` as install kind.
+
+use super::common::{cpu_time, pattern, Knobs, Rng, RunResult, Writers};
+use crate::error::{Error, Result};
+use crate::sys::PAGE_SIZE;
+use crate::MapOptions;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where the workloads create their files by default: `/dev/shm` (tmpfs)
+/// if it is a directory, else [`std::env::temp_dir`].
+pub fn default_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// The little-endian `u64` a [`pattern`] file holds at byte `offset`.
+#[inline]
+pub fn pattern_word(offset: usize) -> u64 {
+    u64::from_le_bytes(std::array::from_fn(|i| pattern(offset + i)))
+}
+
+/// A file of whole pages filled with [`pattern`], removed when dropped.
+#[derive(Debug)]
+pub struct PatternFile {
+    path: PathBuf,
+    file: File,
+    pages: usize,
+}
+
+impl PatternFile {
+    /// Creates a new file of `pages` pages in `dir`, named after `tag`, the
+    /// process id and a counter (never an existing file).
+    pub fn create(dir: &Path, tag: &str, pages: usize) -> Result<PatternFile> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "uffd-pager-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        );
+        let path = dir.join(name);
+        let context = format!("creating {}", path.display());
+        let io = |e| Error::Io {
+            context: context.clone(),
+            source: e,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io)?;
+        // From here on the guard removes the file on every exit.
+        let me = PatternFile { path, file, pages };
+        let chunk_pages = 256;
+        let mut buf = vec![0u8; chunk_pages * PAGE_SIZE];
+        let mut p = 0;
+        while p < pages {
+            let n = chunk_pages.min(pages - p);
+            let base = p * PAGE_SIZE;
+            for (i, b) in buf[..n * PAGE_SIZE].iter_mut().enumerate() {
+                *b = pattern(base + i);
+            }
+            (&me.file).write_all(&buf[..n * PAGE_SIZE]).map_err(io)?;
+            p += n;
+        }
+        Ok(me)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open file (read-write).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Length in pages.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.pages * PAGE_SIZE
+    }
+
+    /// Whether the file has no pages.
+    pub fn is_empty(&self) -> bool {
+        self.pages == 0
+    }
+}
+
+impl Drop for PatternFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The file size `random` uses, in pages: 4 × `k.budget_pages`, or
+/// `k.pages` when there is no budget (0).
+pub fn file_pages(k: &Knobs) -> usize {
+    if k.budget_pages > 0 {
+        4 * k.budget_pages as usize
+    } else {
+        k.pages.max(1)
+    }
+}
+
+/// Runs `random` with its file in [`default_dir`].
+pub fn run(k: &Knobs) -> Result<RunResult> {
+    run_in(k, &default_dir())
+}
+
+/// Runs `random` with its file in `dir`.
+///
+/// `ops` is page reads (all threads). Extras: `us_per_page` (wall time per
+/// page per thread, `elapsed × threads / ops` in µs), `mismatches` (words
+/// that differed from the pattern; 0 unless the engine is broken),
+/// `file_pages`, `writer_loops`.
+pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
+    let pages = file_pages(k);
+    let file = PatternFile::create(dir, "random", pages)?;
+    let pager = Arc::new(k.pager()?);
+    let region = pager.map_file(
+        file.path(),
+        None,
+        &MapOptions {
+            kind: k.install,
+            writable: false,
+            ..MapOptions::default()
+        },
+    )?;
+    let base = region.as_ptr() as usize;
+    let mismatches = AtomicU64::new(0);
+    pager.reset_stats();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let deadline = t0 + k.duration;
+    let writers = Writers::start(&pager, k.writers, k.writer_pause);
+    let threads = k.threads.max(1);
+    let reads: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|i| {
+                let mismatches = &mismatches;
+                let mut rng = Rng::new(k.seed.wrapping_add(i as u64));
+                s.spawn(move || {
+                    let mut n = 0u64;
+                    while !n.is_multiple_of(64) || Instant::now() < deadline {
+                        let r = rng.next_u64();
+                        let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
+                        let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
+                        // SAFETY: `off + 8 <= pages * PAGE_SIZE`, the region's
+                        // length; the region outlives the scope; `off` is
+                        // 8-aligned and the region page-aligned.
+                        let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
+                        if v != pattern_word(off) {
+                            mismatches.fetch_add(1, Relaxed);
+                        }
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("random reader panicked"))
+            .sum()
+    });
+    let writer_loops = writers.stop();
+    let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
+    let stats = pager.stats();
+    drop(region);
+    drop(file);
+    let us_per_page = elapsed.as_secs_f64() * threads as f64 / reads.max(1) as f64 * 1e6;
+    Ok(RunResult {
+        workload: "random",
+        label: k.policy.to_string(),
+        ops: reads,
+        unit: "page reads",
+        elapsed,
+        cpu,
+        stats,
+        latency: None,
+        extra: vec![
+            ("us_per_page", us_per_page),
+            ("mismatches", mismatches.load(Relaxed) as f64),
+            ("file_pages", pages as f64),
+            ("writer_loops", writer_loops as f64),
+        ],
+    })
+}
