@@ -37,6 +37,12 @@ pub struct Config {
     pub lru_shards: usize,
     /// Run a background reclaimer (kswapd) when there is a budget.
     pub kswapd: bool,
+    /// Largest readahead window in pages (0: no readahead).
+    pub readahead_pages: u32,
+    /// Readahead I/O threads.
+    pub readahead_threads: usize,
+    /// Fault-around cluster in pages (≤ 1: off).
+    pub fault_around_pages: usize,
 }
 
 impl Default for Config {
@@ -49,6 +55,9 @@ impl Default for Config {
             drain: DrainPolicy::Always,
             lru_shards: 1,
             kswapd: true,
+            readahead_pages: 32,
+            readahead_threads: 2,
+            fault_around_pages: 16,
         }
     }
 }
@@ -133,6 +142,8 @@ pub struct Mm {
     pub lru: Lru,
     /// Reclaim state (staging area, kswapd wake-ups).
     pub reclaim: Reclaim,
+    /// Readahead request queue.
+    pub readahead: crate::readahead::Readahead,
 }
 
 impl Mm {
@@ -152,6 +163,7 @@ impl Mm {
             objects: ObjectTable::new().map_err(|e| ("mmap object table", e))?,
             lru,
             reclaim,
+            readahead: Default::default(),
         })
     }
 

@@ -28,6 +28,7 @@ pub mod mmap;
 pub mod object;
 pub mod page_cache;
 pub mod pager;
+pub mod readahead;
 pub mod reclaim;
 pub mod region;
 pub mod rmap;

@@ -75,6 +75,13 @@ pub struct Object {
     /// User address where page 0 is mapped (0: not mapped). Changed by
     /// writers under the global write lock; read by reclaim.
     pub mapped_at: AtomicUsize,
+    /// Readahead state (`file_ra_state`): where the next sequential fault
+    /// is expected, the current window, and the end of what was requested.
+    pub ra_next: AtomicU32,
+    /// Readahead window in pages.
+    pub ra_window: AtomicU32,
+    /// One past the last page requested by readahead.
+    pub ra_end: AtomicU32,
 }
 
 /// Keeps an object alive while a fault works on it with its lock dropped
@@ -143,6 +150,9 @@ impl Object {
             pins: AtomicU32::new(0),
             slot: AtomicU32::new(u32::MAX),
             mapped_at: AtomicUsize::new(0),
+            ra_next: AtomicU32::new(u32::MAX),
+            ra_window: AtomicU32::new(0),
+            ra_end: AtomicU32::new(0),
         })
     }
 

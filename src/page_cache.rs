@@ -48,6 +48,8 @@ pub const LRU_BATCHED: u32 = 1 << 10;
 /// Anonymous page installed by moving it out of the cache area: the area
 /// holds no copy.
 pub const MOVED: u32 = 1 << 11;
+/// Loaded by readahead and not yet used by a fault (`PG_readahead`-ish).
+pub const READAHEAD: u32 = 1 << 12;
 
 /// The four states of `kernel-model.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

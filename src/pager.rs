@@ -70,6 +70,26 @@ impl PagerBuilder {
         self
     }
 
+    /// Largest readahead window in pages (default 32; 0 turns readahead
+    /// off) and the I/O threads that serve it (default 2).
+    pub fn readahead(mut self, max_pages: u32, threads: usize) -> Self {
+        self.config.readahead_pages = max_pages;
+        self.config.readahead_threads = threads.max(1);
+        self
+    }
+
+    /// Fault-around cluster in pages (default 16 = 64 KiB, the kernel's
+    /// `fault_around_bytes`; 0 or 1 turns it off). Rounded down to a power
+    /// of two.
+    pub fn fault_around(mut self, pages: usize) -> Self {
+        self.config.fault_around_pages = if pages <= 1 {
+            0
+        } else {
+            1 << (usize::BITS - 1 - pages.leading_zeros())
+        };
+        self
+    }
+
     /// Run the background reclaimer (default true; only with a budget).
     pub fn kswapd(mut self, on: bool) -> Self {
         self.config.kswapd = on;
@@ -106,6 +126,14 @@ impl PagerBuilder {
         }
         .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
         let mm = Arc::new(Mm::new(uffd, self.config.clone()).map_err(|(op, e)| Error::sys(op, e))?);
+        let ra_threads = if self.config.readahead_pages > 0 {
+            crate::readahead::start(&mm, self.config.readahead_threads).map_err(|e| Error::Io {
+                context: "starting readahead threads".into(),
+                source: e,
+            })?
+        } else {
+            Vec::new()
+        };
         let kswapd = if self.config.budget_pages > 0 && self.config.kswapd {
             Some(crate::reclaim::start_kswapd(&mm).map_err(|e| Error::Io {
                 context: "starting kswapd".into(),
@@ -127,7 +155,12 @@ impl PagerBuilder {
             ),
         };
         Ok(Pager {
-            inner: Arc::new(PagerInner { mm, pool, kswapd }),
+            inner: Arc::new(PagerInner {
+                mm,
+                pool,
+                kswapd,
+                ra_threads,
+            }),
             swap_dir: self.swap_dir,
         })
     }
@@ -174,6 +207,7 @@ pub(crate) struct PagerInner {
     pub(crate) mm: Arc<Mm>,
     pool: Option<HandlerPool>,
     kswapd: Option<std::thread::JoinHandle<()>>,
+    ra_threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for PagerInner {
@@ -183,6 +217,12 @@ impl Drop for PagerInner {
         if let Some(k) = self.kswapd.take() {
             crate::reclaim::stop_kswapd(&self.mm);
             let _ = k.join();
+        }
+        if !self.ra_threads.is_empty() {
+            crate::readahead::stop(&self.mm);
+            for t in self.ra_threads.drain(..) {
+                let _ = t.join();
+            }
         }
         self.pool.take();
         if self.mm.config.delivery.is_in_thread() {

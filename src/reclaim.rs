@@ -207,6 +207,9 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         mm.counters.inc(WRITEBACK);
     }
     dirty |= written;
+    if w & READAHEAD != 0 {
+        mm.counters.inc(RA_WASTED);
+    }
     // A page installed by moving it out of the cache area left no copy
     // there to free.
     if w & MOVED == 0 {
@@ -216,7 +219,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     obj.cache.unlock(
         i,
         swapped,
-        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED,
+        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD,
     );
     mm.uncharge(1);
     Evict::Evicted

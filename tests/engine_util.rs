@@ -57,10 +57,14 @@ pub fn assert_bytes(actual: &[u8], expected: &[u8], ctx: &str) {
     }
 }
 
-/// A pager with default settings and the given delivery.
+/// A pager with the given delivery and neither readahead nor fault-around,
+/// so that every page is faulted (and read) on its own: the counts these
+/// tests assert are per page.
 pub fn pager(d: Delivery) -> Pager {
     Pager::builder()
         .delivery(d)
+        .readahead(0, 1)
+        .fault_around(0)
         .build()
         .unwrap_or_else(|e| panic!("building a {d} pager: {e}"))
 }

@@ -75,6 +75,8 @@ fn setup(policy: PolicyKind, delivery: Delivery) -> Setup {
     let pager = Pager::builder()
         .policy(Policy::new(policy))
         .delivery(delivery)
+        .readahead(0, 1)
+        .fault_around(0)
         .build()
         .unwrap();
     let store = GateStore::new(4);
@@ -233,6 +235,8 @@ fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
             .delivery(d)
             .budget_pages(2)
             .kswapd(false)
+            .readahead(0, 1)
+            .fault_around(0)
             .build()
             .unwrap();
         let store = GateStore::new(4);

@@ -37,7 +37,11 @@ impl EngineLoop {
         let len = pages
             .checked_mul(PAGE_SIZE)
             .ok_or_else(|| Error::Config(format!("{pages} pages is too large")))?;
-        let pager = Pager::builder().delivery(delivery).build()?;
+        let pager = Pager::builder()
+            .delivery(delivery)
+            .readahead(0, 1)
+            .fault_around(0)
+            .build()?;
         let store = MemoryStore::new(len as u64)?;
         let mut buf = vec![0u8; PAGE_SIZE];
         for i in 0..pages {

@@ -7,7 +7,8 @@ use super::{Fault, LockKind, Outcome};
 use crate::address_space::{Mm, VmaReadGuard};
 use crate::object::Object;
 use crate::page_cache::{
-    PageState, DIRTY, LOCKED, MAPPED, MOVED, PINNED, POISONED, REFERENCED, SWAPPED, UPTODATE,
+    PageState, DIRTY, LOCKED, MAPPED, MOVED, PINNED, POISONED, READAHEAD, REFERENCED, SWAPPED,
+    UPTODATE,
 };
 use crate::stats::Counter::*;
 use crate::sync::global_lock::ReadGuard;
@@ -107,9 +108,16 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                 if obj.cache.try_lock(i).is_err() {
                     continue;
                 }
-                if obj.cache.load(i) & (UPTODATE | MAPPED) != UPTODATE {
+                let w = obj.cache.load(i);
+                if w & (UPTODATE | MAPPED) != UPTODATE {
                     obj.cache.unlock(i, 0, 0);
                     continue;
+                }
+                if w & READAHEAD != 0 {
+                    // A read-ahead page used: keep the window moving.
+                    mm.counters.inc(RA_USED);
+                    obj.cache.update(i, 0, READAHEAD);
+                    crate::readahead::on_fault(mm, obj, i);
                 }
                 return finish_install(mm, vma, f, i, false, false);
             }
@@ -147,12 +155,16 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                 mm.uncharge(1);
             } else {
                 mm.page_cached(&pin, i);
+                crate::readahead::on_fault(mm, &pin, i);
             }
             mm.counters.inc(RETRY_MMAP_DROP);
             return Outcome::Retry { major: true };
         }
         match load(mm, obj, i) {
-            LoadResult::Ok => return finish_install(mm, vma, f, i, false, true),
+            LoadResult::Ok => {
+                crate::readahead::on_fault(mm, obj, i);
+                return finish_install(mm, vma, f, i, false, true);
+            }
             LoadResult::Failed => {
                 obj.cache.unlock(i, POISONED, 0);
                 mm.uncharge(1);
@@ -191,6 +203,9 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             );
             if fresh {
                 mm.page_cached(obj, i);
+            }
+            if !f.write && obj.kind == crate::object::InstallKind::Shared {
+                super::around::map_pages(mm, vma, i);
             }
             Outcome::Done
         }

@@ -8,6 +8,7 @@
 //!                 └─────────► attempt(Global) ─► …
 //! ```
 
+mod around;
 mod attempt;
 mod driver;
 mod install;

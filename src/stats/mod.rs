@@ -72,6 +72,14 @@ counters! {
     DIRECT_RECLAIM => "direct_reclaim",
     /// Background reclaimer wake-ups.
     KSWAPD_WAKE => "kswapd_wake",
+    /// Pages read ahead (loaded before anyone faulted on them).
+    RA_PAGES => "readahead_pages",
+    /// Read-ahead pages later used by a fault.
+    RA_USED => "readahead_used",
+    /// Read-ahead pages evicted unused.
+    RA_WASTED => "readahead_wasted",
+    /// Pages installed by fault-around (neighbours of a fault).
+    FAULT_AROUND => "fault_around",
 }
 
 const N: usize = Counter::ALL.len();

@@ -91,7 +91,8 @@ impl Trace {
     /// The text format: a header comment, then `page` or `page think_us`
     /// per line.
     pub fn to_text(&self) -> String {
-        let mut s = String::from("# uffd-pager launch trace: one access per line, `page [think_us]`\n");
+        let mut s =
+            String::from("# uffd-pager launch trace: one access per line, `page [think_us]`\n");
         for a in &self.accesses {
             if a.think_us == 0 {
                 s += &format!("{}\n", a.page);

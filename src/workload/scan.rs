@@ -150,7 +150,11 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
         while passes == 0 || Instant::now() < deadline {
             // Alternate which side goes first, so neither always follows
             // the other's cache footprint.
-            let order = if passes % 2 == 0 { [true, false] } else { [false, true] };
+            let order = if passes % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
             for engine_side in order {
                 if engine_side {
                     let (bad, wall, cpu) = engine_pass(&pager, &store, pages, &opts)?;

@@ -1,0 +1,246 @@
+//! Readahead (`mm/readahead.c`): after a fault, start reads for the pages
+//! that follow it, with a window that grows on sequential access and
+//! shrinks on random access.
+//!
+//! Requests go into a bounded lock-free queue (one entry per page) that a
+//! small pool of I/O threads drains; a faulting thread, possibly in its
+//! signal handler, only enqueues and wakes — it never waits for readahead
+//! and never holds a lock across it. Read-ahead pages enter the page cache
+//! as Loading, then Cached, like any other, marked `READAHEAD` until a
+//! fault uses them (`readahead_used`) or reclaim drops them unused
+//! (`readahead_wasted`).
+
+use crate::address_space::Mm;
+use crate::lru::{entry, unpack, Entry};
+use crate::object::Object;
+use crate::page_cache::{LOCKED, POISONED, READAHEAD, UPTODATE};
+use crate::stats::Counter::*;
+use crate::sys::{futex, PAGE_SIZE};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+
+const QUEUE: usize = 4096;
+
+struct Cell {
+    seq: AtomicUsize,
+    val: AtomicU64,
+}
+
+/// The request queue and the I/O threads' wake-up word.
+pub struct Readahead {
+    cells: Box<[Cell]>,
+    head: AtomicUsize,
+    tail: AtomicUsize,
+    wake: AtomicU32,
+    sleepers: AtomicU32,
+    stop: AtomicBool,
+}
+
+impl std::fmt::Debug for Readahead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readahead").finish_non_exhaustive()
+    }
+}
+
+impl Default for Readahead {
+    fn default() -> Self {
+        Readahead {
+            cells: (0..QUEUE)
+                .map(|i| Cell {
+                    seq: AtomicUsize::new(i),
+                    val: AtomicU64::new(0),
+                })
+                .collect(),
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            wake: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+            stop: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Readahead {
+    /// Enqueues a request; false if the queue is full. Lock-free and
+    /// async-signal-safe (a bounded MPMC ring with per-cell sequences).
+    fn push(&self, e: Entry) -> bool {
+        let mut pos = self.tail.load(Relaxed);
+        loop {
+            let c = &self.cells[pos % QUEUE];
+            let seq = c.seq.load(Acquire);
+            match seq as isize - pos as isize {
+                0 => match self
+                    .tail
+                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
+                {
+                    Ok(_) => {
+                        c.val.store(e, Relaxed);
+                        c.seq.store(pos + 1, Release);
+                        return true;
+                    }
+                    Err(p) => pos = p,
+                },
+                d if d < 0 => return false,
+                _ => pos = self.tail.load(Relaxed),
+            }
+        }
+    }
+
+    fn pop(&self) -> Option<Entry> {
+        let mut pos = self.head.load(Relaxed);
+        loop {
+            let c = &self.cells[pos % QUEUE];
+            let seq = c.seq.load(Acquire);
+            match seq as isize - (pos + 1) as isize {
+                0 => match self
+                    .head
+                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
+                {
+                    Ok(_) => {
+                        let v = c.val.load(Relaxed);
+                        c.seq.store(pos + QUEUE, Release);
+                        return Some(v);
+                    }
+                    Err(p) => pos = p,
+                },
+                d if d < 0 => return None,
+                _ => pos = self.head.load(Relaxed),
+            }
+        }
+    }
+
+    fn kick(&self) {
+        self.wake.fetch_add(1, Release);
+        if self.sleepers.load(SeqCst) > 0 {
+            futex::wake(&self.wake, 1);
+        }
+    }
+}
+
+/// After a fault on page `i` of `obj` (a miss, or a hit on a read-ahead
+/// page), updates the window and requests the pages past what was already
+/// requested. Async-signal-safe.
+pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
+    let max = mm.config.readahead_pages;
+    if max == 0 {
+        return;
+    }
+    let i32_ = i as u32;
+    let expected = obj.ra_next.swap(i32_ + 1, Relaxed);
+    let w = obj.ra_window.load(Relaxed);
+    let end = obj.ra_end.load(Relaxed);
+    // Sequential: the next page, or inside what readahead already covers.
+    let sequential = i32_ == expected || (i32_ >= expected && i32_ < end);
+    let w = if sequential {
+        (w * 2).clamp(4, max)
+    } else {
+        w / 4
+    };
+    obj.ra_window.store(w, Relaxed);
+    if w == 0 {
+        return;
+    }
+    let from = (i32_ + 1).max(if sequential { end } else { 0 });
+    let to = (i32_ + 1 + w).min(obj.npages() as u32);
+    if from >= to {
+        return;
+    }
+    let slot = obj.slot.load(Relaxed);
+    let mut last = from;
+    for j in from..to {
+        if obj.cache.load(j as usize) & (UPTODATE | LOCKED | POISONED) != 0 {
+            last = j + 1;
+            continue;
+        }
+        if !mm.readahead.push(entry(slot, j as usize)) {
+            break;
+        }
+        last = j + 1;
+    }
+    obj.ra_end.fetch_max(last, Relaxed);
+    mm.readahead.kick();
+}
+
+/// Reads one requested page, if it is still absent.
+fn read_one(mm: &Mm, e: Entry) {
+    let (slot, j) = unpack(e);
+    let Some(obj) = mm.objects.pin(slot) else {
+        return;
+    };
+    if j >= obj.npages() {
+        return;
+    }
+    let Ok(prev) = obj.cache.try_lock(j) else {
+        return;
+    };
+    if prev & (UPTODATE | POISONED) != 0 {
+        obj.cache.unlock(j, 0, 0);
+        return;
+    }
+    mm.charge(1);
+    // SAFETY: we hold the page lock and the page is absent: nobody else
+    // reads or writes its cached contents.
+    let buf = unsafe { obj.page_mut(j) };
+    if obj.store.read((j * PAGE_SIZE) as u64, buf).is_ok() {
+        mm.counters.inc(RA_PAGES);
+        mm.counters.inc(PGREAD);
+        obj.cache.unlock(j, UPTODATE | READAHEAD, 0);
+        mm.page_cached(&obj, j);
+    } else {
+        // Leave it absent: a fault will read it again and report errors.
+        mm.counters.inc(IO_ERROR);
+        obj.cache.unlock(j, 0, 0);
+        mm.uncharge(1);
+    }
+}
+
+/// Starts `n` readahead I/O threads for `mm`.
+pub fn start(mm: &Arc<Mm>, n: usize) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    (0..n)
+        .map(|k| {
+            let mm = mm.clone();
+            std::thread::Builder::new()
+                .name(format!("uffd-readahead-{k}"))
+                .spawn(move || {
+                    let ra = &mm.readahead;
+                    while !ra.stop.load(Acquire) {
+                        let seq = ra.wake.load(Acquire);
+                        if let Some(e) = ra.pop() {
+                            read_one(&mm, e);
+                            continue;
+                        }
+                        ra.sleepers.fetch_add(1, SeqCst);
+                        if ra.wake.load(SeqCst) == seq && !ra.stop.load(Acquire) {
+                            futex::wait(&ra.wake, seq);
+                        }
+                        ra.sleepers.fetch_sub(1, SeqCst);
+                    }
+                })
+        })
+        .collect()
+}
+
+/// Stops the I/O threads (they exit at their next wake-up).
+pub fn stop(mm: &Mm) {
+    mm.readahead.stop.store(true, Release);
+    mm.readahead.wake.fetch_add(1, Release);
+    futex::wake_all(&mm.readahead.wake);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_is_fifo_and_bounded() {
+        let q = Readahead::default();
+        for i in 0..QUEUE as u64 {
+            assert!(q.push(i));
+        }
+        assert!(!q.push(99), "full");
+        for i in 0..QUEUE as u64 {
+            assert_eq!(q.pop(), Some(i));
+        }
+        assert_eq!(q.pop(), None);
+    }
+}
