@@ -186,7 +186,10 @@ fn bad_configurations_are_refused() {
         budget_pages: 0,
         ..TortureConfig::default()
     };
-    assert!(run(&unbounded).is_err(), "no budget: nothing would be evicted");
+    assert!(
+        run(&unbounded).is_err(),
+        "no budget: nothing would be evicted"
+    );
     let no_threads = TortureConfig {
         threads: 0,
         ..TortureConfig::default()

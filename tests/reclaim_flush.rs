@@ -1,0 +1,160 @@
+//! `Region::flush` writes back only dirty pages, re-arms write tracking,
+//! and unmapping writes back the rest.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use uffd_pager::{Counter, Delivery, MapOptions, Pager};
+
+const PAGE: usize = 4096;
+const PAGES: usize = 16;
+
+const THREADS: Delivery = Delivery::Threads {
+    threads: 2,
+    spin_us: 0,
+};
+
+/// A file in the temporary directory, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn with_contents(tag: &str, contents: &[u8]) -> TempFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "uffd-reclaim-flush-{tag}-{}-{n}.bin",
+            std::process::id()
+        ));
+        std::fs::write(&path, contents).expect("writing temp file");
+        TempFile(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn read(&self) -> Vec<u8> {
+        std::fs::read(&self.0).expect("reading temp file")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / PAGE) as u8).collect()
+}
+
+fn writeback(p: &Pager) -> u64 {
+    p.stats().get(Counter::WRITEBACK)
+}
+
+/// `budget`: 0 (no reclaim at all) or a budget larger than the file, so
+/// nothing is evicted and every write-back counted is the flush's.
+fn flush_writes_back_only_dirty_pages(delivery: Delivery, budget: u64) {
+    let contents = pattern(PAGES * PAGE);
+    let file = TempFile::with_contents("dirty", &contents);
+    let pager = Pager::builder()
+        .delivery(delivery)
+        .budget_pages(budget)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let mut region = pager
+        .map_file(file.path(), None, &MapOptions::default())
+        .unwrap();
+    assert_eq!(region.len(), PAGES * PAGE);
+
+    // Read every page: nothing is dirty.
+    assert_eq!(region.as_slice(), &contents[..]);
+    assert!(pager.stats().get(Counter::PGREAD) >= PAGES as u64);
+    region.flush().unwrap();
+    assert_eq!(writeback(&pager), 0, "a flush after reads wrote pages back");
+    assert_eq!(file.read(), contents);
+
+    // One write: exactly one page goes back, and the file has it.
+    region.as_mut_slice()[5 * PAGE + 17] = 0xA5;
+    region.flush().unwrap();
+    assert_eq!(writeback(&pager), 1);
+    let mut want = contents.clone();
+    want[5 * PAGE + 17] = 0xA5;
+    assert_eq!(file.read(), want);
+
+    // The page is clean again: a second flush writes nothing.
+    region.flush().unwrap();
+    assert_eq!(writeback(&pager), 1, "a clean page was written back again");
+
+    // Write tracking was re-armed: writing the same page again dirties it.
+    region.as_mut_slice()[5 * PAGE + 18] = 0x5A;
+    region.flush().unwrap();
+    assert_eq!(writeback(&pager), 2, "a write after a flush was not seen");
+    want[5 * PAGE + 18] = 0x5A;
+    assert_eq!(file.read(), want);
+
+    // Writes left dirty are written back by the unmap.
+    region.as_mut_slice()[2 * PAGE] = 0x11;
+    region.as_mut_slice()[(PAGES - 1) * PAGE + PAGE - 1] = 0x22;
+    want[2 * PAGE] = 0x11;
+    want[(PAGES - 1) * PAGE + PAGE - 1] = 0x22;
+    region.unmap().unwrap();
+    assert_eq!(writeback(&pager), 4, "unmap wrote back the wrong pages");
+    assert_eq!(file.read(), want);
+    assert_eq!(pager.stats().get(Counter::PGSTEAL), 0);
+}
+
+#[test]
+fn flush_in_thread() {
+    flush_writes_back_only_dirty_pages(Delivery::InThread, 0);
+}
+
+#[test]
+fn flush_handler_threads() {
+    flush_writes_back_only_dirty_pages(THREADS, 0);
+}
+
+#[test]
+fn flush_in_thread_with_a_budget() {
+    flush_writes_back_only_dirty_pages(Delivery::InThread, 4 * PAGES as u64);
+}
+
+/// Under a small budget, dirty pages evicted before the flush were written
+/// back by reclaim, clean evicted pages never are, and the flush writes
+/// only what is still dirty: every page is written back at most once per
+/// write.
+#[test]
+fn flush_after_eviction_writes_each_dirty_page_once() {
+    let contents = pattern(PAGES * PAGE);
+    let file = TempFile::with_contents("evicted", &contents);
+    let pager = Pager::builder()
+        .budget_pages(4)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let mut region = pager
+        .map_file(file.path(), None, &MapOptions::default())
+        .unwrap();
+    // Dirty the even pages once each; read the odd ones.
+    let mut want = contents.clone();
+    for p in 0..PAGES {
+        if p.is_multiple_of(2) {
+            region.as_mut_slice()[p * PAGE + 3] = p as u8 ^ 0xFF;
+            want[p * PAGE + 3] = p as u8 ^ 0xFF;
+        } else {
+            assert_eq!(region.as_slice()[p * PAGE + 3], contents[p * PAGE + 3]);
+        }
+    }
+    assert!(pager.stats().get(Counter::PGSTEAL) > 0, "nothing evicted");
+    region.flush().unwrap();
+    assert_eq!(
+        writeback(&pager),
+        (PAGES / 2) as u64,
+        "each dirty page must be written back exactly once (by reclaim or the flush)"
+    );
+    assert_eq!(file.read(), want);
+    region.flush().unwrap();
+    region.unmap().unwrap();
+    assert_eq!(writeback(&pager), (PAGES / 2) as u64);
+    assert_eq!(file.read(), want);
+}

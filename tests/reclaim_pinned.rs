@@ -1,0 +1,152 @@
+//! Pinned regions (`MapOptions { pinned: true, .. }`, the mlock analog) are
+//! never evicted, neither by explicit reclaim nor by kswapd and direct
+//! reclaim under pressure from other regions.
+
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Counter, Delivery, MapOptions, Pager, Region};
+
+const PAGE: usize = 4096;
+const PINNED_PAGES: usize = 16;
+
+const THREADS: Delivery = Delivery::Threads {
+    threads: 2,
+    spin_us: 0,
+};
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ (i / PAGE) as u8 ^ seed)
+        .collect()
+}
+
+fn map_pinned(pager: &Pager, contents: &[u8]) -> Region {
+    let store = Arc::new(MemoryStore::from_bytes(contents).unwrap());
+    pager
+        .map_store(
+            store,
+            contents.len(),
+            &MapOptions {
+                pinned: true,
+                populate: true,
+                ..MapOptions::default()
+            },
+        )
+        .unwrap()
+}
+
+/// Reads the pinned region and checks it is intact and still mapped: the
+/// read takes no fault at all.
+#[track_caller]
+fn check_pinned_resident(pager: &Pager, r: &Region, contents: &[u8]) {
+    let before = pager.stats().get(Counter::PGFAULT);
+    assert!(r.as_slice() == contents, "pinned region contents changed");
+    let faults = pager.stats().get(Counter::PGFAULT) - before;
+    assert_eq!(faults, 0, "a pinned page was evicted (it faulted back in)");
+}
+
+fn pinned_alone_is_never_reclaimed(delivery: Delivery) {
+    let pager = Pager::builder()
+        .budget_pages(64)
+        .kswapd(false)
+        .delivery(delivery)
+        .build()
+        .unwrap();
+    let contents = pattern(PINNED_PAGES * PAGE, 1);
+    let pinned = map_pinned(&pager, &contents);
+    assert_eq!(pager.stats().resident_pages, PINNED_PAGES as u64);
+
+    assert_eq!(
+        pager.reclaim_pages(1 << 20),
+        0,
+        "pinned pages were reclaimed"
+    );
+    let s = pager.stats();
+    assert_eq!(s.get(Counter::PGSTEAL), 0);
+    assert_eq!(s.resident_pages, PINNED_PAGES as u64);
+    check_pinned_resident(&pager, &pinned, &contents);
+    // Asked again (the pinned pages left the LRU the first time).
+    assert_eq!(pager.reclaim_pages(1 << 20), 0);
+    check_pinned_resident(&pager, &pinned, &contents);
+}
+
+#[test]
+fn pinned_alone_in_thread() {
+    pinned_alone_is_never_reclaimed(Delivery::InThread);
+}
+
+#[test]
+fn pinned_alone_handler_threads() {
+    pinned_alone_is_never_reclaimed(THREADS);
+}
+
+/// With another region resident too, reclaim frees exactly that region's
+/// pages.
+#[test]
+fn reclaim_frees_only_unpinned_pages() {
+    let pager = Pager::builder()
+        .budget_pages(64)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let contents = pattern(PINNED_PAGES * PAGE, 2);
+    let pinned = map_pinned(&pager, &contents);
+
+    const OTHER: usize = 32;
+    let mut other = pager.map_anonymous(OTHER * PAGE).unwrap();
+    for p in 0..OTHER {
+        other.as_mut_slice()[p * PAGE + 1] = p as u8 + 1;
+    }
+    assert_eq!(pager.stats().resident_pages, (PINNED_PAGES + OTHER) as u64);
+
+    let freed = pager.reclaim_pages(1 << 20);
+    let s = pager.stats();
+    assert_eq!(freed, OTHER as u64, "reclaim must free every unpinned page");
+    assert_eq!(s.get(Counter::PGSTEAL), OTHER as u64);
+    assert_eq!(s.resident_pages, PINNED_PAGES as u64);
+    check_pinned_resident(&pager, &pinned, &contents);
+    // The evicted region comes back intact from swap.
+    for p in 0..OTHER {
+        assert_eq!(other.as_slice()[p * PAGE + 1], p as u8 + 1, "page {p}");
+    }
+}
+
+/// Under sustained pressure (a region 8x the budget streamed through with
+/// kswapd on), the pinned region stays resident and intact.
+fn pinned_survives_pressure(delivery: Delivery) {
+    const BUDGET: u64 = 48;
+    let pager = Pager::builder()
+        .budget_pages(BUDGET)
+        .kswapd(true)
+        .delivery(delivery)
+        .build()
+        .unwrap();
+    let contents = pattern(PINNED_PAGES * PAGE, 3);
+    let pinned = map_pinned(&pager, &contents);
+
+    let pages = 8 * BUDGET as usize;
+    let mut other = pager.map_anonymous(pages * PAGE).unwrap();
+    for round in 0..3u8 {
+        for p in 0..pages {
+            other.as_mut_slice()[p * PAGE + 9] = round ^ p as u8;
+        }
+        check_pinned_resident(&pager, &pinned, &contents);
+    }
+    for p in 0..pages {
+        assert_eq!(other.as_slice()[p * PAGE + 9], 2 ^ p as u8, "page {p}");
+    }
+    let s = pager.stats();
+    assert!(s.get(Counter::PGSTEAL) > 0, "no pressure: nothing evicted");
+    assert!(s.resident_pages >= PINNED_PAGES as u64);
+    check_pinned_resident(&pager, &pinned, &contents);
+}
+
+#[test]
+fn pinned_survives_pressure_in_thread() {
+    pinned_survives_pressure(Delivery::InThread);
+}
+
+#[test]
+fn pinned_survives_pressure_handler_threads() {
+    pinned_survives_pressure(THREADS);
+}
