@@ -10,6 +10,7 @@ use crate::lru::{entry, DrainPolicy, Lru};
 use crate::object::Object;
 use crate::page_cache::{LRU_BATCHED, ON_LRU};
 use crate::reclaim::Reclaim;
+pub use crate::region_table::Table;
 use crate::rmap::ObjectTable;
 use crate::stats::{Counter, Counters, Stats};
 use crate::sync::global_lock::GlobalLock;
@@ -59,37 +60,6 @@ impl Default for Config {
             readahead_threads: 2,
             fault_around_pages: 16,
         }
-    }
-}
-
-/// The region table: regions sorted by start, plus ranges being torn down
-/// (still registered with userfaultfd, no longer mapped by a region).
-#[derive(Debug, Default, Clone)]
-pub struct Table {
-    /// Live regions, sorted by `start`.
-    pub vmas: Vec<Arc<Vma>>,
-    /// Ranges being unmapped: faults there get SIGSEGV semantics.
-    pub dying: Vec<(usize, usize)>,
-}
-
-impl Table {
-    /// The region containing `addr`.
-    #[inline]
-    pub fn find(&self, addr: usize) -> Option<&Arc<Vma>> {
-        let i = self.vmas.partition_point(|v| v.start <= addr);
-        let v = self.vmas.get(i.checked_sub(1)?)?;
-        v.contains(addr).then_some(v)
-    }
-
-    /// Whether `addr` belongs to this address space (a region or a range
-    /// being torn down).
-    pub fn claims(&self, addr: usize) -> bool {
-        self.find(addr).is_some() || self.dying.iter().any(|&(s, e)| addr >= s && addr < e)
-    }
-
-    /// Whether `[start, end)` overlaps a region.
-    pub fn overlaps(&self, start: usize, end: usize) -> bool {
-        self.vmas.iter().any(|v| v.start < end && start < v.end)
     }
 }
 

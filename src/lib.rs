@@ -31,6 +31,7 @@ pub mod pager;
 pub mod readahead;
 pub mod reclaim;
 pub mod region;
+pub mod region_table;
 pub mod rmap;
 pub mod stats;
 pub mod store;

@@ -43,7 +43,7 @@ impl Mm {
     ) -> Result<usize> {
         let _w = self.lock.write();
         let (hint, fixed) = at.fixed.map_or((0, false), |a| (a, true));
-        if fixed && self.table.read(|t| t.overlaps(hint, hint + len)) {
+        if fixed && self.table.read(|t| t.overlaps(hint, hint + len, None)) {
             return Err(Error::Overlap { addr: hint, len });
         }
         let m = match object.kind {
@@ -82,8 +82,7 @@ impl Mm {
         let vma = Arc::new(vma);
         self.table.update(|t| {
             let mut t = t.clone();
-            let i = t.vmas.partition_point(|v| v.start < start);
-            t.vmas.insert(i, vma.clone());
+            t.insert(vma.clone());
             t
         });
         // The region now owns the range; unmap releases it.
@@ -107,7 +106,7 @@ impl Mm {
         let (s, e) = (vma.start, vma.end);
         self.table.update(|t| {
             let mut t = t.clone();
-            t.vmas.retain(|v| !Arc::ptr_eq(v, &vma));
+            t.remove(&vma);
             t.dying.push((s, e));
             t
         });
@@ -236,11 +235,7 @@ impl Mm {
             });
         }
         if let Some(a) = new_addr {
-            if self.table.read(|t| {
-                t.vmas
-                    .iter()
-                    .any(|v| !Arc::ptr_eq(v, &old) && v.start < a + new_len && a < v.end)
-            }) {
+            if self.table.read(|t| t.overlaps(a, a + new_len, Some(&old))) {
                 return Err(Error::Overlap {
                     addr: a,
                     len: new_len,
@@ -297,9 +292,8 @@ impl Mm {
         old.lock.mark_detached();
         self.table.update(|t| {
             let mut t = t.clone();
-            t.vmas.retain(|v| !Arc::ptr_eq(v, &old));
-            let i = t.vmas.partition_point(|v| v.start < new_start);
-            t.vmas.insert(i, new.clone());
+            t.remove(&old);
+            t.insert(new.clone());
             t
         });
         // A moved or grown range may have lost (or lack) its registration;

@@ -8,11 +8,13 @@
 //! The file is created (and removed afterwards) in [`default_dir`] — tmpfs
 //! `/dev/shm` when it exists, so the store's `pread`s measure the pager
 //! rather than a disk — or in a directory the caller names ([`run_in`]).
-//! It is mapped with [`Pager::map_file`](crate::Pager::map_file), read-only,
-//! with `k.install` as install kind.
+//! It is mapped read-only through a [`FileStore`], with `k.install` as
+//! install kind (see [`PatternFile::store`] for the anonymous kind).
 
 use super::common::{cpu_time, pattern, Knobs, Rng, RunResult, Writers};
 use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::store::{FileStore, FileStoreOptions};
 use crate::sys::PAGE_SIZE;
 use crate::MapOptions;
 use std::fs::File;
@@ -96,6 +98,28 @@ impl PatternFile {
         &self.file
     }
 
+    /// A [`FileStore`] over the file for a read-only region of `kind`.
+    ///
+    /// An anonymous-kind (private, copy-installed) region writes every
+    /// page it evicts to its store (the swap-out analog) and cannot evict
+    /// pages whose write fails, so for that kind the store is opened
+    /// writable; the region itself stays read-only, so what is written back
+    /// is what was read.
+    pub fn store(&self, kind: InstallKind) -> Result<FileStore> {
+        let writable = kind == InstallKind::Anonymous;
+        FileStore::open(
+            &self.path,
+            &FileStoreOptions {
+                writable,
+                ..FileStoreOptions::default()
+            },
+        )
+        .map_err(|e| Error::Io {
+            context: format!("opening {}", self.path.display()),
+            source: e,
+        })
+    }
+
     /// Length in pages.
     pub fn pages(&self) -> usize {
         self.pages
@@ -143,15 +167,12 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = file_pages(k);
     let file = PatternFile::create(dir, "random", pages)?;
     let pager = Arc::new(k.pager()?);
-    let region = pager.map_file(
-        file.path(),
-        None,
-        &MapOptions {
-            kind: k.install,
-            writable: false,
-            ..MapOptions::default()
-        },
-    )?;
+    let opts = MapOptions {
+        kind: k.install,
+        writable: std::env::var_os("DBG_W").is_some(),
+        ..MapOptions::default()
+    };
+    let region = pager.map_store(Arc::new(file.store(k.install)?), pages * PAGE_SIZE, &opts)?;
     let base = region.as_ptr() as usize;
     let mismatches = AtomicU64::new(0);
     pager.reset_stats();

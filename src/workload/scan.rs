@@ -119,19 +119,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
         k.budget_pages.max(pages as u64)
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
-    let store = Arc::new(
-        FileStore::from_file(
-            file.file().try_clone().map_err(|e| Error::Io {
-                context: "duplicating the scan file".into(),
-                source: e,
-            })?,
-            false,
-        )
-        .map_err(|e| Error::Io {
-            context: "opening the scan file store".into(),
-            source: e,
-        })?,
-    );
+    let store = Arc::new(file.store(k.install)?);
     let opts = MapOptions {
         kind: k.install,
         writable: false,
