@@ -51,6 +51,9 @@ pub const MOVED: u32 = 1 << 11;
 /// Loaded by readahead and not yet used by a fault (`PG_readahead`-ish).
 pub const READAHEAD: u32 = 1 << 12;
 
+/// Word arrays up to this size are populated when created.
+const SMALL_WORDS: usize = 4 * PAGE_SIZE;
+
 /// The four states of `kernel-model.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageState {
@@ -93,10 +96,13 @@ impl PageCache {
     /// A cache of `npages` absent pages.
     pub fn new(npages: usize) -> Result<PageCache, i32> {
         let bytes = (npages * 4).div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE;
-        Ok(PageCache {
-            words: Mapping::anonymous(bytes)?,
-            npages,
-        })
+        let words = Mapping::anonymous(bytes)?;
+        // A small object's words fit in a few pages: fault them in now, at
+        // map time, rather than in its first faults.
+        if bytes <= SMALL_WORDS {
+            let _ = crate::sys::mem::madvise(words.addr(), bytes, libc::MADV_POPULATE_WRITE);
+        }
+        Ok(PageCache { words, npages })
     }
 
     /// Number of pages tracked.

@@ -29,10 +29,12 @@
 mod engine;
 mod evict;
 mod floor;
+mod scale;
 
 pub use engine::EngineLoop;
 pub use evict::{evict_cost, EvictReport};
 pub use floor::FloorLoop;
+pub use scale::{scale, ScaleReport};
 
 use crate::delivery::Delivery;
 use crate::error::{Error, Result};

@@ -33,6 +33,24 @@ enum Workload {
     /// Eviction throughput (pages/s) against the raw primitives
     /// (UFFDIO_MOVE, MADV_DONTNEED, hole punch) measured in the same run.
     Evict(EvictArgs),
+    /// Fault cost with many regions registered against few, same faults.
+    Scale(ScaleArgs),
+}
+
+#[derive(Debug, Args)]
+struct ScaleArgs {
+    /// Regions in the small configuration.
+    #[arg(long, default_value_t = 10, value_parser = at_least_one)]
+    few: u64,
+    /// Regions in the large configuration.
+    #[arg(long, default_value_t = 100_000, value_parser = at_least_one)]
+    many: u64,
+    /// Faults timed in each.
+    #[arg(long, default_value_t = 16384, value_parser = at_least_one)]
+    faults: u64,
+    /// Passes; the best counts.
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
+    passes: u64,
 }
 
 #[derive(Debug, Args)]
@@ -89,6 +107,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         Workload::Swap(a) => workloads::run(Which::Swap, a),
         Workload::PopulateChurn(a) => workloads::run(Which::Churn, a),
         Workload::Evict(a) => run_evict(a),
+        Workload::Scale(a) => run_scale(a),
     }
 }
 
@@ -205,6 +224,36 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
         let rows = reports.iter().map(report_json).collect();
         writeln!(out, "{}", Json::Arr(rows)).map_err(io)?;
     }
+    Ok(())
+}
+
+fn run_scale(a: &ScaleArgs) -> CliResult {
+    if a.many > 1_000_000 || a.few > 1_000_000 || a.faults > 10_000_000 {
+        return Err(CliError::Usage(
+            "--few/--many at most 1000000 regions, --faults at most 10000000".into(),
+        ));
+    }
+    let r = uffd_pager::bench::scale(
+        a.few as usize,
+        a.many as usize,
+        a.faults as usize,
+        (a.passes as usize).min(20),
+    )
+    .map_err(|e| CliError::Runtime(format!("scale: {e}")))?;
+    println!(
+        "scale: {} faults at random pages, best of {} passes\n\
+         {:>8} regions: {:>8.0} ns/fault\n\
+         {:>8} regions: {:>8.0} ns/fault  (mapped in {:.2}s)\n\
+         ratio many/few: {:.2}",
+        r.faults,
+        a.passes,
+        r.few,
+        r.few_ns,
+        r.many,
+        r.many_ns,
+        r.map_many_s,
+        r.ratio()
+    );
     Ok(())
 }
 

@@ -1,0 +1,130 @@
+//! Fault cost against the number of regions registered at once: the same
+//! number of faults, at random pages spread over `few` regions and over
+//! `many` regions, measured in one run.
+//!
+//! Every fault is a minor anonymous fault (a zero page written for the
+//! first time), so the difference between the two is what the region count
+//! costs the fault path: the lockless lookup in a bigger table, and less
+//! cache-resident per-region state.
+
+use crate::error::{Error, Result};
+use crate::sys::PAGE_SIZE;
+use crate::workload::common::Rng;
+use crate::Pager;
+use std::time::Instant;
+
+/// The result of [`scale`].
+#[derive(Debug, Clone, Copy)]
+pub struct ScaleReport {
+    /// Regions in the small configuration.
+    pub few: usize,
+    /// Regions in the large configuration.
+    pub many: usize,
+    /// Faults timed in each.
+    pub faults: usize,
+    /// ns per fault with `few` regions.
+    pub few_ns: f64,
+    /// ns per fault with `many` regions.
+    pub many_ns: f64,
+    /// Seconds it took to map the `many` regions.
+    pub map_many_s: f64,
+}
+
+impl ScaleReport {
+    /// `many_ns / few_ns`.
+    pub fn ratio(&self) -> f64 {
+        self.many_ns / self.few_ns.max(1e-9)
+    }
+}
+
+/// Makes sure the kernel allows `needed` mappings (`vm.max_map_count`),
+/// raising the limit when it is too low and we may.
+fn ensure_map_count(needed: usize) -> Result<()> {
+    const PATH: &str = "/proc/sys/vm/max_map_count";
+    let cur: usize = std::fs::read_to_string(PATH)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65530);
+    if cur >= needed {
+        return Ok(());
+    }
+    std::fs::write(PATH, needed.to_string()).map_err(|e| Error::Io {
+        context: format!(
+            "{} regions need vm.max_map_count ≥ {needed} (it is {cur}); raising it needs root",
+            needed / 4
+        ),
+        source: e,
+    })
+}
+
+/// `faults` write faults at random pages over `regions` regions; ns per
+/// fault, and seconds spent mapping.
+fn run(regions: usize, faults: usize, seed: u64) -> Result<(f64, f64)> {
+    let pages_each = faults.div_ceil(regions).max(1);
+    let pager = Pager::builder().readahead(0, 1).fault_around(0).build()?;
+    let t = Instant::now();
+    let rs = (0..regions)
+        .map(|_| pager.map_anonymous(pages_each * PAGE_SIZE))
+        .collect::<Result<Vec<_>>>()?;
+    let map_s = t.elapsed().as_secs_f64();
+    // Distinct random (region, page) targets.
+    let mut targets: Vec<usize> = (0..regions * pages_each).collect();
+    let mut rng = Rng::new(seed);
+    for i in (1..targets.len()).rev() {
+        targets.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    targets.truncate(faults);
+    let addrs: Vec<usize> = targets
+        .iter()
+        .map(|&t| rs[t / pages_each].as_ptr() as usize + (t % pages_each) * PAGE_SIZE)
+        .collect();
+    let t = Instant::now();
+    for &a in &addrs {
+        // SAFETY: `a` is a page of a live region.
+        unsafe { std::ptr::write_volatile(a as *mut u8, 1) };
+    }
+    let ns = t.elapsed().as_nanos() as f64 / addrs.len().max(1) as f64;
+    drop(rs);
+    Ok((ns, map_s))
+}
+
+/// Measures fault cost with `few` and with `many` regions, best of
+/// `passes` each (interleaved).
+pub fn scale(few: usize, many: usize, faults: usize, passes: usize) -> Result<ScaleReport> {
+    if few == 0 || many == 0 || faults == 0 {
+        return Err(Error::Config(
+            "regions and faults must be at least 1".into(),
+        ));
+    }
+    // Each anonymous region costs a handful of mappings (its own, its cache
+    // area, page-state words, in-memory swap).
+    ensure_map_count(many * 4 + 65536)?;
+    let (mut few_ns, mut many_ns, mut map_many_s) = (f64::INFINITY, f64::INFINITY, 0.0);
+    for p in 0..passes.max(1) {
+        few_ns = few_ns.min(run(few, faults, p as u64)?.0);
+        let (ns, m) = run(many, faults, p as u64)?;
+        if ns < many_ns {
+            many_ns = ns;
+            map_many_s = m;
+        }
+    }
+    Ok(ScaleReport {
+        few,
+        many,
+        faults,
+        few_ns,
+        many_ns,
+        map_many_s,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_scale_run() {
+        let r = scale(2, 200, 400, 1).unwrap();
+        assert!(r.few_ns > 0.0 && r.many_ns > 0.0 && r.ratio().is_finite());
+    }
+}
