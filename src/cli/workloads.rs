@@ -51,6 +51,12 @@ pub struct WorkloadArgs {
     /// Install kind (filemap only; swap is anonymous by definition).
     #[arg(long)]
     pub kind: Option<InstallKind>,
+    /// Largest readahead window in pages (0: off).
+    #[arg(long, default_value_t = 32)]
+    pub readahead: u32,
+    /// Fault-around cluster in pages (0: off).
+    #[arg(long, default_value_t = 16)]
+    pub fault_around: usize,
     /// Microseconds each writer pauses between map/unmap loops.
     #[arg(long, default_value_t = 0)]
     pub writer_pause_us: u64,
@@ -148,6 +154,8 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         latency: a.latency,
         max_inflight: a.max_inflight,
         pages,
+        readahead_pages: a.readahead,
+        fault_around_pages: a.fault_around,
     };
     let (knob, values) = if a.writers.len() > 1 {
         ("writers", a.writers.clone())

@@ -107,7 +107,25 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
 /// that was installed before ours, or applies the default action.
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     let prev = PREVIOUS.get();
-    let handler = prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    chain_to(
+        prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction),
+        prev.map_or(0, |p| p.sa_flags),
+        sig,
+        info,
+        uctx,
+    );
+}
+
+/// Calls the SIGBUS handler `handler` (a `sa_sigaction` value, with its
+/// `sa_flags`) as the kernel would have, or applies the default action
+/// (the process dies of SIGBUS) or ignores the signal. Async-signal-safe.
+pub(crate) fn chain_to(
+    handler: libc::sighandler_t,
+    flags: libc::c_int,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) {
     if handler == libc::SIG_IGN {
         return;
     }
@@ -127,9 +145,8 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
         }
         return;
     }
-    let flags = prev.map_or(0, |p| p.sa_flags);
-    // SAFETY: `handler` is the function pointer the application installed
-    // with sigaction; we call it with the signature its flags declare.
+    // SAFETY: `handler` is a function pointer installed with sigaction; we
+    // call it with the signature its flags declare.
     unsafe {
         if flags & libc::SA_SIGINFO != 0 {
             let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =

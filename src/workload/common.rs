@@ -40,6 +40,10 @@ pub struct Knobs {
     pub max_inflight: u32,
     /// Region size in pages (per worker, or shared, as the workload says).
     pub pages: usize,
+    /// Largest readahead window in pages (0: off).
+    pub readahead_pages: u32,
+    /// Fault-around cluster in pages (0: off).
+    pub fault_around_pages: usize,
 }
 
 impl Default for Knobs {
@@ -57,6 +61,8 @@ impl Default for Knobs {
             latency: LatencyModel::Fixed { ns: 50_000 },
             max_inflight: 0,
             pages: 256,
+            readahead_pages: 32,
+            fault_around_pages: 16,
         }
     }
 }
@@ -73,6 +79,8 @@ impl Knobs {
             .policy(self.policy)
             .delivery(self.delivery)
             .budget_pages(self.budget_pages)
+            .readahead(self.readahead_pages, 2)
+            .fault_around(self.fault_around_pages)
     }
 }
 

@@ -21,11 +21,11 @@
 //! [`synthetic_trace`]`(SYNTHETIC_PAGES, SYNTHETIC_LEN, SYNTHETIC_SEED)`.
 
 use super::common::{cpu_time, pattern_store, Knobs, Rng, RunResult, Writers};
-use super::random::pattern_word;
+use super::random::{pattern_word, read_map_options};
 use crate::error::{Error, Result};
 use crate::store::{SimulatedStore, Store};
 use crate::sys::PAGE_SIZE;
-use crate::{MapOptions, Pager};
+use crate::Pager;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -300,11 +300,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
         k.max_inflight,
         k.seed,
     ));
-    let opts = MapOptions {
-        kind: k.install,
-        writable: false,
-        ..MapOptions::default()
-    };
+    let opts = read_map_options(k.install);
     let (mut times, mut waits) = (Vec::new(), Vec::new());
     let (mut mismatches, mut writer_loops, mut majfaults) = (0u64, 0u64, 0u64);
     let mut last = None;

@@ -8,8 +8,8 @@
 //! The file is created (and removed afterwards) in [`default_dir`] — tmpfs
 //! `/dev/shm` when it exists, so the store's `pread`s measure the pager
 //! rather than a disk — or in a directory the caller names ([`run_in`]).
-//! It is mapped read-only through a [`FileStore`], with `k.install` as
-//! install kind (see [`PatternFile::store`] for the anonymous kind).
+//! It is mapped through a [`FileStore`] with `k.install` as install kind
+//! (read-only, except for the anonymous kind: see [`read_map_options`]).
 
 use super::common::{cpu_time, pattern, Knobs, Rng, RunResult, Writers};
 use crate::error::{Error, Result};
@@ -98,19 +98,13 @@ impl PatternFile {
         &self.file
     }
 
-    /// A [`FileStore`] over the file for a read-only region of `kind`.
-    ///
-    /// An anonymous-kind (private, copy-installed) region writes every
-    /// page it evicts to its store (the swap-out analog) and cannot evict
-    /// pages whose write fails, so for that kind the store is opened
-    /// writable; the region itself stays read-only, so what is written back
-    /// is what was read.
+    /// A [`FileStore`] over the file for a region of `kind` mapped with
+    /// [`read_map_options`]: writable for the anonymous kind (see there).
     pub fn store(&self, kind: InstallKind) -> Result<FileStore> {
-        let writable = kind == InstallKind::Anonymous;
         FileStore::open(
             &self.path,
             &FileStoreOptions {
-                writable,
+                writable: kind == InstallKind::Anonymous,
                 ..FileStoreOptions::default()
             },
         )
@@ -142,6 +136,23 @@ impl Drop for PatternFile {
     }
 }
 
+/// Map options for a region the workloads only read, of install `kind`.
+///
+/// Shared-kind regions are mapped read-only. Anonymous-kind (private,
+/// copy-installed) regions are mapped writable over a writable store: the
+/// engine writes every anonymous page it evicts to the store (the swap-out
+/// analog), and evicting a page of a *read-only* anonymous region currently
+/// dies with SIGBUS (reclaim's copy fallback writes into its
+/// userfaultfd-registered staging area). The workloads never write, so what
+/// is written back is what was read.
+pub fn read_map_options(kind: InstallKind) -> MapOptions {
+    MapOptions {
+        kind,
+        writable: kind == InstallKind::Anonymous,
+        ..MapOptions::default()
+    }
+}
+
 /// The file size `random` uses, in pages: 4 × `k.budget_pages`, or
 /// `k.pages` when there is no budget (0).
 pub fn file_pages(k: &Knobs) -> usize {
@@ -167,11 +178,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = file_pages(k);
     let file = PatternFile::create(dir, "random", pages)?;
     let pager = Arc::new(k.pager()?);
-    let opts = MapOptions {
-        kind: k.install,
-        writable: std::env::var_os("DBG_W").is_some(),
-        ..MapOptions::default()
-    };
+    let opts = read_map_options(k.install);
     let region = pager.map_store(Arc::new(file.store(k.install)?), pages * PAGE_SIZE, &opts)?;
     let base = region.as_ptr() as usize;
     let mismatches = AtomicU64::new(0);

@@ -9,8 +9,8 @@
 //! per page, in page order, through a **fresh mapping**, and checks it:
 //!
 //! - **engine pass**: [`Pager::map_store`](crate::Pager::map_store) of a
-//!   [`FileStore`] over the file (opened once, read-only, `k.install`
-//!   kind), scan, unmap. The new mapping has a new object, so its page
+//!   [`FileStore`] over the file (opened once; `k.install` kind, mapped
+//!   per [`read_map_options`]), scan, unmap. The new mapping has a new object, so its page
 //!   cache starts empty and every page comes from the store — a `pread` of
 //!   the warm tmpfs file — through real userfaultfd faults.
 //! - **kernel pass**: `mmap(PROT_READ, MAP_SHARED)` of the same file (same
@@ -27,7 +27,7 @@
 //! writer threads run on the engine's pager throughout.
 
 use super::common::{cpu_time, Knobs, RunResult, Writers};
-use super::random::{default_dir, pattern_word, PatternFile};
+use super::random::{default_dir, pattern_word, read_map_options, PatternFile};
 use crate::error::{Error, Result};
 use crate::store::FileStore;
 use crate::sys::PAGE_SIZE;
@@ -120,11 +120,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
     let store = Arc::new(file.store(k.install)?);
-    let opts = MapOptions {
-        kind: k.install,
-        writable: false,
-        ..MapOptions::default()
-    };
+    let opts = read_map_options(k.install);
     // Warm-up, untimed: the kernel's mapping path and the engine's.
     let mut mismatches = kernel_pass(file.file(), pages)?.0;
     mismatches += engine_pass(&pager, &store, pages, &opts)?.0;

@@ -75,39 +75,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
 /// Passes a SIGBUS that is not the floor's to the handler installed before
 /// the floor's, or applies the default action.
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
-    let handler = SIG.prev_handler.load(Acquire);
-    let flags = SIG.prev_flags.load(Acquire) as libc::c_int;
-    if handler == libc::SIG_IGN {
-        return;
-    }
-    if handler == libc::SIG_DFL {
-        // SAFETY: sigaction, pthread_sigmask and raise are async-signal-safe;
-        // the process dies of SIGBUS as it would with no handler at all.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGBUS);
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            libc::raise(libc::SIGBUS);
-        }
-        return;
-    }
-    // SAFETY: `handler` is the function pointer that was installed with
-    // sigaction before the floor's; we call it with the signature its
-    // flags declare.
-    unsafe {
-        if flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(handler);
-            f(sig, info, uctx);
-        } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
-            f(sig);
-        }
-    }
+    crate::delivery::sigbus::chain_to(
+        SIG.prev_handler.load(Acquire),
+        SIG.prev_flags.load(Acquire) as libc::c_int,
+        sig,
+        info,
+        uctx,
+    );
 }
 
 /// The floor's SIGBUS handler, installed while this lives (and the
