@@ -2,11 +2,12 @@
 //! replayed against a cold cache, with `k.writers` background threads
 //! mapping and unmapping, `launches` times.
 //!
-//! Each launch is one new process's worth of state: a fresh [`Pager`] (its
-//! own address space and global lock), its writer threads, and a fresh
-//! region over the app's "binary" — a [`SimulatedStore`] (`k.latency`,
-//! `k.max_inflight`) over [`pattern`](super::common::pattern) contents,
-//! shared by all launches — so every first touch of a page is a major fault.
+//! Each launch is one new process's worth of state: a fresh
+//! [`Pager`](crate::Pager) (its own address space and global lock), its
+//! writer threads, and a fresh region over the app's "binary" — a
+//! [`SimulatedStore`] (`k.latency`, `k.max_inflight`) over
+//! [`pattern`](super::common::pattern) contents, shared by all launches —
+//! so every first touch of a page is a major fault.
 //! The main thread maps the region and replays the trace: one `u64` read
 //! per access (checked against the pattern), then a busy-wait of the
 //! access's think time (an app computes between faults). A launch's time is
@@ -25,7 +26,6 @@ use super::random::{pattern_word, read_map_options};
 use crate::error::{Error, Result};
 use crate::store::{SimulatedStore, Store};
 use crate::sys::PAGE_SIZE;
-use crate::Pager;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -258,8 +258,8 @@ pub fn default_trace() -> Trace {
     Trace::parse(include_str!("../../data/launch-trace.txt")).expect("shipped trace parses")
 }
 
-/// Replays `trace` on `region`; returns the words that differ from the
-/// pattern.
+/// Replays `trace` on the region at `base`; returns the words that differ
+/// from the pattern.
 fn replay(base: usize, trace: &Trace) -> u64 {
     let mut bad = 0;
     for a in &trace.accesses {
@@ -311,7 +311,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
         let one = || -> Result<(Duration, u64, crate::Stats)> {
             let s0 = pager.stats();
             let t = Instant::now();
-            let region = Pager::map_store(&pager, store.clone(), pages * PAGE_SIZE, &opts)?;
+            let region = pager.map_store(store.clone(), pages * PAGE_SIZE, &opts)?;
             let bad = replay(region.as_ptr() as usize, trace);
             let dt = t.elapsed();
             let d = pager.stats().since(&s0);

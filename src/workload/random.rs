@@ -5,7 +5,7 @@
 //! all the time. The file holds [`pattern`] and every word read is checked
 //! against it. Throughput is page reads/s.
 //!
-//! The file is created (and removed afterwards) in [`default_dir`] — tmpfs
+//! The file is created (and unlinked at once) in [`default_dir`] — tmpfs
 //! `/dev/shm` when it exists, so the store's `pread`s measure the pager
 //! rather than a disk — or in a directory the caller names ([`run_in`]).
 //! It is mapped through a [`FileStore`] with `k.install` as install kind
@@ -14,7 +14,7 @@
 use super::common::{cpu_time, pattern, Knobs, Rng, RunResult, Writers};
 use crate::error::{Error, Result};
 use crate::object::InstallKind;
-use crate::store::{FileStore, FileStoreOptions};
+use crate::store::FileStore;
 use crate::sys::PAGE_SIZE;
 use crate::MapOptions;
 use std::fs::File;
@@ -41,17 +41,18 @@ pub fn pattern_word(offset: usize) -> u64 {
     u64::from_le_bytes(std::array::from_fn(|i| pattern(offset + i)))
 }
 
-/// A file of whole pages filled with [`pattern`], removed when dropped.
+/// A file of whole pages filled with [`pattern`]. It is unlinked as soon
+/// as it is created, so nothing is left behind even if the process dies;
+/// it lives as long as its descriptors (this one and the stores').
 #[derive(Debug)]
 pub struct PatternFile {
-    path: PathBuf,
     file: File,
     pages: usize,
 }
 
 impl PatternFile {
-    /// Creates a new file of `pages` pages in `dir`, named after `tag`, the
-    /// process id and a counter (never an existing file).
+    /// Creates a file of `pages` pages in `dir` (under a fresh name made of
+    /// `tag`, the process id and a counter, then unlinked).
     pub fn create(dir: &Path, tag: &str, pages: usize) -> Result<PatternFile> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!(
@@ -71,8 +72,7 @@ impl PatternFile {
             .create_new(true)
             .open(&path)
             .map_err(io)?;
-        // From here on the guard removes the file on every exit.
-        let me = PatternFile { path, file, pages };
+        std::fs::remove_file(&path).map_err(io)?;
         let chunk_pages = 256;
         let mut buf = vec![0u8; chunk_pages * PAGE_SIZE];
         let mut p = 0;
@@ -82,15 +82,10 @@ impl PatternFile {
             for (i, b) in buf[..n * PAGE_SIZE].iter_mut().enumerate() {
                 *b = pattern(base + i);
             }
-            (&me.file).write_all(&buf[..n * PAGE_SIZE]).map_err(io)?;
+            (&file).write_all(&buf[..n * PAGE_SIZE]).map_err(io)?;
             p += n;
         }
-        Ok(me)
-    }
-
-    /// The file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(PatternFile { file, pages })
     }
 
     /// The open file (read-write).
@@ -101,17 +96,15 @@ impl PatternFile {
     /// A [`FileStore`] over the file for a region of `kind` mapped with
     /// [`read_map_options`]: writable for the anonymous kind (see there).
     pub fn store(&self, kind: InstallKind) -> Result<FileStore> {
-        FileStore::open(
-            &self.path,
-            &FileStoreOptions {
-                writable: kind == InstallKind::Anonymous,
-                ..FileStoreOptions::default()
-            },
-        )
-        .map_err(|e| Error::Io {
-            context: format!("opening {}", self.path.display()),
+        let io = |e| Error::Io {
+            context: "opening a store over a pattern file".into(),
             source: e,
-        })
+        };
+        FileStore::from_file(
+            self.file.try_clone().map_err(io)?,
+            kind == InstallKind::Anonymous,
+        )
+        .map_err(io)
     }
 
     /// Length in pages.
@@ -127,12 +120,6 @@ impl PatternFile {
     /// Whether the file has no pages.
     pub fn is_empty(&self) -> bool {
         self.pages == 0
-    }
-}
-
-impl Drop for PatternFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -10,9 +10,10 @@
 //!
 //! - **engine pass**: [`Pager::map_store`](crate::Pager::map_store) of a
 //!   [`FileStore`] over the file (opened once; `k.install` kind, mapped
-//!   per [`read_map_options`]), scan, unmap. The new mapping has a new object, so its page
-//!   cache starts empty and every page comes from the store — a `pread` of
-//!   the warm tmpfs file — through real userfaultfd faults.
+//!   per [`read_map_options`]), scan, unmap. The new mapping has a new
+//!   object, so its page cache starts empty and every page comes from the
+//!   store — a `pread` of the warm tmpfs file — through real userfaultfd
+//!   faults (with the engine's own fault-around and read-ahead).
 //! - **kernel pass**: `mmap(PROT_READ, MAP_SHARED)` of the same file (same
 //!   descriptor), scan, `munmap`. The page cache is warm, so every fault is
 //!   a minor page-cache fault (with the kernel's fault-around).
@@ -53,24 +54,44 @@ unsafe fn scan_pass(base: usize, pages: usize) -> u64 {
     bad
 }
 
-/// One engine pass: map, scan, unmap. Returns (mismatches, wall, cpu).
+/// What one timed pass measured.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pass {
+    /// Words that differed from the pattern.
+    bad: u64,
+    /// Wall time of map + scan + unmap.
+    wall: Duration,
+    /// CPU time of the same (engine passes only).
+    cpu: Duration,
+    /// The part of `wall` spent mapping and unmapping.
+    map_unmap: Duration,
+}
+
+/// One engine pass: map, scan, unmap.
 fn engine_pass(
     pager: &Pager,
     store: &Arc<FileStore>,
     pages: usize,
     opts: &MapOptions,
-) -> Result<(u64, Duration, Duration)> {
+) -> Result<Pass> {
     let (t, c) = (Instant::now(), cpu_time());
     let region = pager.map_store(store.clone(), pages * PAGE_SIZE, opts)?;
+    let mapped = t.elapsed();
     // SAFETY: the region maps the pattern file and lives across the call.
     let bad = unsafe { scan_pass(region.as_ptr() as usize, pages) };
+    let scanned = t.elapsed();
     region.unmap()?;
-    Ok((bad, t.elapsed(), cpu_time() - c))
+    let (wall, cpu) = (t.elapsed(), cpu_time() - c);
+    Ok(Pass {
+        bad,
+        wall,
+        cpu,
+        map_unmap: wall - scanned + mapped,
+    })
 }
 
-/// One kernel pass over `file`: mmap, scan, munmap. Returns (mismatches,
-/// wall).
-fn kernel_pass(file: &std::fs::File, pages: usize) -> Result<(u64, Duration)> {
+/// One kernel pass over `file`: mmap, scan, munmap.
+fn kernel_pass(file: &std::fs::File, pages: usize) -> Result<Pass> {
     let len = pages * PAGE_SIZE;
     let t = Instant::now();
     // SAFETY: a fresh shared read-only mapping of an open file; no existing
@@ -88,11 +109,19 @@ fn kernel_pass(file: &std::fs::File, pages: usize) -> Result<(u64, Duration)> {
     if p == libc::MAP_FAILED {
         return Err(Error::sys("mmap", crate::sys::errno()));
     }
+    let mapped = t.elapsed();
     // SAFETY: `p` maps `len` bytes of the pattern file, readable.
     let bad = unsafe { scan_pass(p as usize, pages) };
+    let scanned = t.elapsed();
     // SAFETY: unmapping exactly the mapping made above, no longer used.
     unsafe { libc::munmap(p, len) };
-    Ok((bad, t.elapsed()))
+    let wall = t.elapsed();
+    Ok(Pass {
+        bad,
+        wall,
+        cpu: Duration::ZERO,
+        map_unmap: wall - scanned + mapped,
+    })
 }
 
 /// Runs `scan` with its file in [`default_dir`].
@@ -109,7 +138,9 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
 /// `kernel_mmap_ns_per_page`, `ratio` (kernel ns / engine ns: the engine's
 /// throughput relative to the kernel's mmap; 1.0 = as fast), `passes` (timed
 /// passes of each), `file_pages`, `mismatches` (both sides; 0 unless
-/// broken), `writer_loops`.
+/// broken), `writer_loops`, and `engine_map_unmap_us_per_pass` /
+/// `kernel_map_unmap_us_per_pass` (the part of a pass spent in map and
+/// unmap, included in the per-page figures).
 pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = k.pages.max(1);
     let file = PatternFile::create(dir, "scan", pages)?;
@@ -122,34 +153,29 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let store = Arc::new(file.store(k.install)?);
     let opts = read_map_options(k.install);
     // Warm-up, untimed: the kernel's mapping path and the engine's.
-    let mut mismatches = kernel_pass(file.file(), pages)?.0;
-    mismatches += engine_pass(&pager, &store, pages, &opts)?.0;
+    let mut mismatches = kernel_pass(file.file(), pages)?.bad;
+    mismatches += engine_pass(&pager, &store, pages, &opts)?.bad;
 
     pager.reset_stats();
     let deadline = Instant::now() + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause);
-    let (mut engine, mut engine_cpu, mut kernel) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut engine, mut kernel) = (Pass::default(), Pass::default());
     let mut passes = 0u64;
     let timed = (|| -> Result<()> {
         while passes == 0 || Instant::now() < deadline {
             // Alternate which side goes first, so neither always follows
             // the other's cache footprint.
-            let order = if passes % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
-            for engine_side in order {
-                if engine_side {
-                    let (bad, wall, cpu) = engine_pass(&pager, &store, pages, &opts)?;
-                    mismatches += bad;
-                    engine += wall;
-                    engine_cpu += cpu;
+            let even = passes.is_multiple_of(2);
+            for engine_side in [even, !even] {
+                let (p, sum) = if engine_side {
+                    (engine_pass(&pager, &store, pages, &opts)?, &mut engine)
                 } else {
-                    let (bad, wall) = kernel_pass(file.file(), pages)?;
-                    mismatches += bad;
-                    kernel += wall;
-                }
+                    (kernel_pass(file.file(), pages)?, &mut kernel)
+                };
+                sum.bad += p.bad;
+                sum.wall += p.wall;
+                sum.cpu += p.cpu;
+                sum.map_unmap += p.map_unmap;
             }
             passes += 1;
         }
@@ -157,23 +183,33 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     })();
     let writer_loops = writers.stop();
     timed?;
+    mismatches += engine.bad + kernel.bad;
     let stats = pager.stats();
     let scanned = passes * pages as u64;
-    let engine_ns = engine.as_nanos() as f64 / scanned as f64;
-    let kernel_ns = kernel.as_nanos() as f64 / scanned as f64;
+    let ns_per_page = |d: Duration| d.as_nanos() as f64 / scanned as f64;
+    let us_per_pass = |d: Duration| d.as_nanos() as f64 / 1e3 / passes as f64;
+    let (engine_ns, kernel_ns) = (ns_per_page(engine.wall), ns_per_page(kernel.wall));
     Ok(RunResult {
         workload: "scan",
         label: k.policy.to_string(),
         ops: scanned,
         unit: "pages",
-        elapsed: engine,
-        cpu: engine_cpu,
+        elapsed: engine.wall,
+        cpu: engine.cpu,
         stats,
         latency: None,
         extra: vec![
             ("engine_ns_per_page", engine_ns),
             ("kernel_mmap_ns_per_page", kernel_ns),
             ("ratio", kernel_ns / engine_ns.max(1e-9)),
+            (
+                "engine_map_unmap_us_per_pass",
+                us_per_pass(engine.map_unmap),
+            ),
+            (
+                "kernel_map_unmap_us_per_pass",
+                us_per_pass(kernel.map_unmap),
+            ),
             ("passes", passes as f64),
             ("file_pages", pages as f64),
             ("mismatches", mismatches as f64),
