@@ -125,37 +125,35 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     let r = &mm.reclaim;
     let s = r.take_slot();
     let slot = r.staging.addr() + s * PAGE_SIZE;
-    let res = match mm.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
-        Ok(_) => Ok(()),
-        // A read-only region cannot be a MOVE source, and nobody can write
-        // it: copy the page out, then drop it.
-        Err(libc::EINVAL) if !vma.writable.load(Acquire) => {
-            // SAFETY: the page is installed (MAPPED under our page lock) and
-            // the region read-only, so reading it neither faults nor races a
-            // write; the staging slot is ours.
-            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, slot as *mut u8, PAGE_SIZE) };
-            madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ())
-        }
-        Err(_) => Err(()),
+    // Where the page's contents are once it is out of the way of writers.
+    let src = match mm.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
+        Ok(_) => Some(slot),
+        // A read-only region cannot be a MOVE source; nobody can write it
+        // either (protect needs the region write lock we exclude), so the
+        // installed page itself is read, then dropped.
+        Err(libc::EINVAL) if !vma.writable.load(Acquire) => Some(addr),
+        Err(_) => None,
     };
-    let out = res.map(|()| {
-        // SAFETY: the staging page is present and ours until `put_slot`.
-        let page = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE_SIZE) };
+    let out = src.map(|src| {
+        // SAFETY: `src` is a present page: the staging slot we just moved
+        // into (ours until `put_slot`), or the installed page of a read-only
+        // region under our page lock.
+        let page = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
         if obj.store.write((i * PAGE_SIZE) as u64, page).is_ok() {
             mm.counters.inc(WRITEBACK);
             Unmapped::WrittenBack
         } else {
             mm.counters.inc(IO_ERROR);
             // SAFETY: the cache page is ours under the page lock.
-            unsafe { std::ptr::copy_nonoverlapping(slot as *const u8, obj.data(i), PAGE_SIZE) };
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, obj.data(i), PAGE_SIZE) };
             Unmapped::KeptDirty
         }
     });
-    if res.is_ok() {
-        let _ = madvise(slot, PAGE_SIZE, libc::MADV_DONTNEED);
+    if let Some(src) = src {
+        let _ = madvise(src, PAGE_SIZE, libc::MADV_DONTNEED);
     }
     r.put_slot(s);
-    out
+    out.ok_or(())
 }
 
 /// Tries to evict page `i` of `obj`. Async-signal-safe.
