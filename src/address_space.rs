@@ -58,7 +58,7 @@ impl Default for Config {
             kswapd: true,
             readahead_pages: 32,
             readahead_threads: 2,
-            fault_around_pages: 16,
+            fault_around_pages: 64,
         }
     }
 }

@@ -200,6 +200,52 @@ impl Mm {
         Ok(())
     }
 
+    /// `MADV_DONTNEED` over `[addr, addr+len)` of one region: the pages
+    /// leave the user mapping. Shared pages stay in the page cache (the next
+    /// access is a minor fault); anonymous contents are discarded (the next
+    /// access reads zeros), as with the kernel's madvise. Takes the global
+    /// lock for read, as madvise takes `mmap_lock`.
+    pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
+        const CHUNK: usize = 64;
+        let _g = self.lock.read();
+        let vma = self
+            .find_vma_locked(addr)
+            .filter(|v| addr + len <= v.end)
+            .ok_or(Error::Config(format!(
+                "{addr:#x}+{len:#x} is not inside one region"
+            )))?;
+        let obj = &vma.object;
+        let first = vma.page_index(addr);
+        let last = vma.page_index(addr + len - 1) + 1;
+        let mut i = first;
+        while i < last {
+            let end = (i + CHUNK).min(last);
+            for p in i..end {
+                obj.cache.lock(p);
+            }
+            let r = crate::sys::mem::madvise(
+                vma.addr_of(i),
+                (end - i) * PAGE_SIZE,
+                libc::MADV_DONTNEED,
+            );
+            for p in i..end {
+                if obj.kind == InstallKind::Shared || r.is_err() {
+                    obj.cache.unlock(p, 0, if r.is_ok() { MAPPED } else { 0 });
+                    continue;
+                }
+                if obj.cache.load(p) & UPTODATE != 0 {
+                    self.uncharge(1);
+                    let _ = obj.free_data(p, 1);
+                }
+                obj.cache
+                    .unlock(p, 0, UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED);
+            }
+            r.map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e))?;
+            i = end;
+        }
+        Ok(())
+    }
+
     /// Changes the protection of the region at `start`.
     pub fn protect(&self, start: usize, writable: bool) -> Result<()> {
         let _w = self.lock.write();

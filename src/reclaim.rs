@@ -17,11 +17,13 @@
 //! A write-back failure keeps the page cached and dirty.
 
 use crate::address_space::Mm;
+use crate::address_space::VmaReadGuard;
 use crate::lru::{unpack, Entry};
+use crate::object::ObjectPin;
 use crate::object::{InstallKind, Object};
 use crate::page_cache::*;
 use crate::stats::Counter::*;
-use crate::sys::mem::{madvise, Mapping};
+use crate::sys::mem::{dontneed_batch, madvise, Mapping};
 use crate::sys::uffd::{mode, MODE_DONTWAKE};
 use crate::sys::{futex, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -178,7 +180,14 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     }
     let mut dirty = w & DIRTY != 0;
     let mut written = false;
-    if w & MAPPED != 0 {
+    // A clean shared page cannot be written under us (it is write-protected
+    // or its region read-only, and a write would wait for our page lock):
+    // the hole punch below takes it out of every mapping at once, so one
+    // zap (and one TLB shootdown) does instead of two.
+    let punch_unmaps = obj.kind == InstallKind::Shared && !dirty;
+    if w & MAPPED != 0 && punch_unmaps {
+        obj.cache.update(i, 0, MAPPED);
+    } else if w & MAPPED != 0 {
         match unmap_page(mm, obj, i) {
             Err(()) => {
                 obj.cache.unlock(i, 0, 0);
@@ -223,12 +232,88 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     Evict::Evicted
 }
 
-fn evict_entry(mm: &Mm, e: Entry) -> Evict {
-    let (slot, page) = unpack(e);
-    match mm.objects.pin(slot) {
-        Some(obj) => evict_page(mm, &obj, page),
-        None => Evict::Drop,
+/// A clean shared page locked for eviction, waiting for the batched zap.
+struct Pending<'a> {
+    obj: ObjectPin,
+    i: usize,
+    w: u32,
+    /// Keeps the user address valid until the zap (writers excluded).
+    _vma: Option<VmaReadGuard<'a>>,
+}
+
+/// First half of evicting a clean shared page: lock it and, if it is
+/// mapped, read-lock its region. The zap (user and alias mappings) is left
+/// to the caller's batch. Returns `Err(decision)` when the page is not such
+/// a page or cannot go now; `Ok(None)` means "use [`evict_page`]".
+fn prepare_clean_shared<'a>(
+    mm: &'a Mm,
+    obj: ObjectPin,
+    i: usize,
+    zaps: &mut [(usize, usize)],
+    nz: &mut usize,
+) -> Result<Option<Pending<'a>>, (Evict, Option<ObjectPin>)> {
+    if obj.kind != InstallKind::Shared || i >= obj.npages() {
+        return Err((Evict::Drop, Some(obj)));
     }
+    let Ok(w) = obj.cache.try_lock(i) else {
+        return Err((Evict::Rotate, None));
+    };
+    let verdict = if w & UPTODATE == 0 || w & ON_LRU == 0 {
+        Some((Evict::Drop, 0))
+    } else if w & PINNED != 0 {
+        Some((Evict::Drop, ON_LRU))
+    } else if w & REFERENCED != 0 {
+        Some((Evict::Rotate, REFERENCED))
+    } else if w & DIRTY != 0 {
+        obj.cache.unlock(i, 0, 0);
+        return Err((Evict::Drop, Some(obj)));
+    } else {
+        None
+    };
+    if let Some((v, clear)) = verdict {
+        obj.cache.unlock(i, 0, clear);
+        return Err((v, None));
+    }
+    let mut vma = None;
+    if w & MAPPED != 0 {
+        let addr = obj.mapped_at.load(Acquire) + i * PAGE_SIZE;
+        match mm.lock_vma_quiet(addr) {
+            Some(g) if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i => {
+                zaps[*nz] = (addr, PAGE_SIZE);
+                *nz += 1;
+                vma = Some(g);
+            }
+            _ => {
+                obj.cache.unlock(i, 0, 0);
+                return Err((Evict::Rotate, None));
+            }
+        }
+    }
+    if let Some(a) = obj.alias_of(i) {
+        zaps[*nz] = (a, PAGE_SIZE);
+        *nz += 1;
+    }
+    Ok(Some(Pending {
+        obj,
+        i,
+        w,
+        _vma: vma,
+    }))
+}
+
+/// Second half: the page is out of every mapping; free it.
+fn finish_clean_shared(mm: &Mm, p: Pending<'_>) {
+    let (obj, i) = (&p.obj, p.i);
+    if p.w & READAHEAD != 0 {
+        mm.counters.inc(RA_WASTED);
+    }
+    let _ = obj.free_data(i, 1);
+    obj.cache.unlock(
+        i,
+        0,
+        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD,
+    );
+    mm.uncharge(1);
 }
 
 /// Frees up to `nr` pages from the LRU; returns how many were freed.
@@ -253,10 +338,27 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
             continue;
         }
         let mut nb = 0;
-        for &e in &buf[..n] {
+        // Clean shared pages are zapped together: one TLB shootdown for the
+        // batch rather than one per page.
+        let mut pending: [Option<Pending<'_>>; ISOLATE] = [const { None }; ISOLATE];
+        let mut zaps = [(0usize, 0usize); 2 * ISOLATE];
+        let mut nz = 0;
+        for (k, &e) in buf[..n].iter().enumerate() {
             scanned += 1;
             c.inc(PGSCAN);
-            match evict_entry(mm, e) {
+            let (slot, page) = unpack(e);
+            let verdict = match mm.objects.pin(slot) {
+                None => Evict::Drop,
+                Some(obj) => match prepare_clean_shared(mm, obj, page, &mut zaps, &mut nz) {
+                    Ok(p) => {
+                        pending[k] = p;
+                        continue;
+                    }
+                    Err((_, Some(obj))) => evict_page(mm, &obj, page),
+                    Err((v, None)) => v,
+                },
+            };
+            match verdict {
                 Evict::Evicted => {
                     freed += 1;
                     c.inc(PGSTEAL);
@@ -266,6 +368,21 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
                     nb += 1;
                 }
                 Evict::Drop => {}
+            }
+        }
+        if nz > 0 {
+            let ok = dontneed_batch(&zaps[..nz]).is_ok();
+            for (k, p) in pending.iter_mut().enumerate() {
+                let Some(p) = p.take() else { continue };
+                if ok {
+                    finish_clean_shared(mm, p);
+                    freed += 1;
+                    c.inc(PGSTEAL);
+                } else {
+                    p.obj.cache.unlock(p.i, 0, 0);
+                    back[nb] = buf[k];
+                    nb += 1;
+                }
             }
         }
         mm.lru.putback(&back[..nb], c);

@@ -141,6 +141,19 @@ impl Region {
         Ok(())
     }
 
+    /// Drops `[offset, offset+len)` from the mapping (`MADV_DONTNEED`):
+    /// for a shared region the pages stay cached and the next access is a
+    /// minor fault; an anonymous region's contents there are discarded (the
+    /// next access reads what the store holds: zeros for
+    /// [`Pager::map_anonymous`](crate::Pager::map_anonymous)).
+    pub fn dontneed(&self, offset: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (start, end) = self.page_span(offset, len)?;
+        self.owner.mm.dontneed(start, end - start)
+    }
+
     /// Makes the region read-only (`false`) or read-write (`true`).
     pub fn protect(&self, writable: bool) -> Result<()> {
         self.owner.mm.protect(self.start, writable)

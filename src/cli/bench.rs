@@ -30,6 +30,15 @@ enum Workload {
     /// Single-page populate/unmap: LRU-lock cost per drain policy and
     /// shard count (seed 002).
     PopulateChurn(WorkloadArgs),
+    /// Random 4 KiB reads, one word per page, over a file 4× the budget
+    /// (UMap's pfbenchmark-read shape).
+    Random(WorkloadArgs),
+    /// A sequential scan, side by side with the kernel's own mmap of the
+    /// same tmpfs file (both warm).
+    Scan(WorkloadArgs),
+    /// A recorded page-access trace replayed against a cold cache with
+    /// background writers (the cold app launch of seed 003).
+    Launch(WorkloadArgs),
     /// Eviction throughput (pages/s) against the raw primitives
     /// (UFFDIO_MOVE, MADV_DONTNEED, hole punch) measured in the same run.
     Evict(EvictArgs),
@@ -106,6 +115,9 @@ pub fn run(a: &BenchArgs) -> CliResult {
         Workload::Filemap(a) => workloads::run(Which::Filemap, a),
         Workload::Swap(a) => workloads::run(Which::Swap, a),
         Workload::PopulateChurn(a) => workloads::run(Which::Churn, a),
+        Workload::Random(a) => workloads::run(Which::Random, a),
+        Workload::Scan(a) => workloads::run(Which::Scan, a),
+        Workload::Launch(a) => workloads::run(Which::Launch, a),
         Workload::Evict(a) => run_evict(a),
         Workload::Scale(a) => run_scale(a),
     }

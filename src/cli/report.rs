@@ -129,6 +129,12 @@ impl Sweep {
                 st.peak_resident_pages,
                 st.budget_pages
             );
+            if !r.extra.is_empty() {
+                let _ = write!(s, "\n ");
+                for (k, v) in &r.extra {
+                    let _ = write!(s, " {k} {v:.3}");
+                }
+            }
             if let Some(lat) = &r.latency {
                 let _ = write!(
                     s,

@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 use uffd_pager::store::LatencyModel;
-use uffd_pager::workload::{churn, filemap, swap, Knobs, RunResult};
+use uffd_pager::workload::{churn, filemap, launch, random, scan, swap, Knobs, RunResult};
 use uffd_pager::{Delivery, DrainPolicy, InstallKind, Policy};
 
 /// Knobs shared by the workload subcommands. Lists are comma-separated;
@@ -55,7 +55,7 @@ pub struct WorkloadArgs {
     #[arg(long, default_value_t = 32)]
     pub readahead: u32,
     /// Fault-around cluster in pages (0: off).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 64)]
     pub fault_around: usize,
     /// Microseconds each writer pauses between map/unmap loops.
     #[arg(long, default_value_t = 0)]
@@ -67,6 +67,12 @@ pub struct WorkloadArgs {
         default_value = "always,locked-only,never"
     )]
     pub drain: Vec<DrainPolicy>,
+    /// launch: launches per run.
+    #[arg(long, default_value_t = 20)]
+    pub launches: usize,
+    /// launch: a recorded trace file (default: the shipped synthetic one).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// populate-churn: LRU shard counts to compare.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub shards: Vec<usize>,
@@ -90,6 +96,12 @@ pub enum Which {
     Swap,
     /// `populate-churn`.
     Churn,
+    /// `random`.
+    Random,
+    /// `scan`.
+    Scan,
+    /// `launch`.
+    Launch,
 }
 
 impl Which {
@@ -98,6 +110,9 @@ impl Which {
             Which::Filemap => "filemap",
             Which::Swap => "swap",
             Which::Churn => "populate-churn",
+            Which::Random => "random",
+            Which::Scan => "scan",
+            Which::Launch => "launch",
         }
     }
 
@@ -107,6 +122,9 @@ impl Which {
             Which::Filemap => (16, 0, 256, 128),
             Which::Swap => (8, 0, 8192, 4096),
             Which::Churn => (1, 0, 1, 1 << 16),
+            Which::Random => (1, 0, 0, 4096),
+            Which::Scan => (1, 0, 16384, 1 << 15),
+            Which::Launch => (1, 2, 4096, 1 << 12),
         }
     }
 }
@@ -136,7 +154,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         return Err(CliError::Usage("--policy needs at least one policy".into()));
     }
     let pages = a.pages.unwrap_or(pages);
-    if pages == 0 || pages > (1 << 24) {
+    if (pages == 0 && w != Which::Random) || pages > (1 << 24) {
         return Err(CliError::Usage(format!(
             "--pages {pages} must be in 1..=16777216"
         )));
@@ -170,16 +188,31 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
 }
 
 /// Runs one workload once.
-pub fn run_once(
+fn run_once(
     w: Which,
     k: &Knobs,
+    a: &WorkloadArgs,
     drain: DrainPolicy,
     shards: usize,
-) -> uffd_pager::Result<RunResult> {
+) -> Result<RunResult, CliError> {
+    let rt = |e: uffd_pager::Error| CliError::Runtime(e.to_string());
     match w {
-        Which::Filemap => filemap::run(k),
-        Which::Swap => swap::run(k),
-        Which::Churn => churn::run(k, drain, shards),
+        Which::Filemap => filemap::run(k).map_err(rt),
+        Which::Swap => swap::run(k).map_err(rt),
+        Which::Churn => churn::run(k, drain, shards).map_err(rt),
+        Which::Random => random::run(k).map_err(rt),
+        Which::Scan => scan::run(k).map_err(rt),
+        Which::Launch => {
+            let trace = match &a.trace {
+                Some(p) => launch::Trace::load(p)
+                    .map_err(|e| CliError::Usage(format!("--trace {}: {e}", p.display())))?,
+                None => launch::default_trace(),
+            };
+            if a.launches == 0 || a.launches > 10_000 {
+                return Err(CliError::Usage("--launches must be in 1..=10000".into()));
+            }
+            launch::run(k, &trace, a.launches).map_err(rt)
+        }
     }
 }
 
@@ -224,8 +257,12 @@ pub fn sweep(w: Which, a: &WorkloadArgs) -> Result<Sweep, CliError> {
             }
             bar.set_message(format!("{knob}={v} {label}"));
             tracing::info!(workload = w.name(), knob, v, %label, "run");
-            let r = run_once(w, &k, *drain, *shards)
-                .map_err(|e| CliError::Runtime(format!("{} {knob}={v} {label}: {e}", w.name())))?;
+            let r = run_once(w, &k, a, *drain, *shards).map_err(|e| match e {
+                CliError::Runtime(e) => {
+                    CliError::Runtime(format!("{} {knob}={v} {label}: {e}", w.name()))
+                }
+                usage => usage,
+            })?;
             if r.extra("mismatches").unwrap_or(0.0) > 0.0 {
                 return Err(CliError::Runtime(format!(
                     "{} {knob}={v} {label}: {} pages read back wrong",

@@ -62,7 +62,7 @@ impl Default for Knobs {
             max_inflight: 0,
             pages: 256,
             readahead_pages: 32,
-            fault_around_pages: 16,
+            fault_around_pages: 64,
         }
     }
 }

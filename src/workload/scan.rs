@@ -6,33 +6,34 @@
 //! The file (`k.pages` pages of [`pattern`](super::common::pattern)) lives
 //! in [`default_dir`] — tmpfs `/dev/shm` when it exists — so its contents
 //! are always in the kernel's page cache. One **pass** reads one `u64` word
-//! per page, in page order, through a **fresh mapping**, and checks it:
+//! per page, in page order, and checks it. Both sides are **warm**: their
+//! page cache holds the whole file, and only the page-table entries are
+//! dropped (`MADV_DONTNEED`, untimed) before each timed pass, so every page
+//! of a pass is a minor fault served from the page cache:
 //!
-//! - **engine pass**: [`Pager::map_store`](crate::Pager::map_store) of a
-//!   [`FileStore`] over the file (opened once; `k.install` kind, mapped
-//!   per [`read_map_options`]), scan, unmap. The new mapping has a new
-//!   object, so its page cache starts empty and every page comes from the
-//!   store — a `pread` of the warm tmpfs file — through real userfaultfd
-//!   faults (with the engine's own fault-around and read-ahead).
-//! - **kernel pass**: `mmap(PROT_READ, MAP_SHARED)` of the same file (same
-//!   descriptor), scan, `munmap`. The page cache is warm, so every fault is
-//!   a minor page-cache fault (with the kernel's fault-around).
+//! - **engine**: one region ([`Pager::map_store`](crate::Pager::map_store)
+//!   of a [`FileStore`](crate::store::FileStore) over the file, `k.install` kind), read once untimed
+//!   to fill the engine's page cache, then [`Region::dontneed`] before each
+//!   pass; faults are served by the engine (fault-around and readahead as
+//!   configured);
+//! - **kernel**: one `mmap(PROT_READ, MAP_SHARED)` of the same file,
+//!   `madvise(MADV_DONTNEED)` before each pass; faults are the kernel's
+//!   minor page-cache faults (with its fault-around).
 //!
-//! Both timings include map, scan and unmap. So the comparison is "scan a
-//! warm file once through a new mapping": the engine's cold-per-mapping
-//! cost (store read + install) against the kernel's minor-fault cost. A
-//! warm-up pass of each runs first, untimed; then engine and kernel passes
-//! alternate until `k.duration` is up (at least one of each). The engine's
-//! budget is raised to at least the file size so that a pass measures fault
-//! service, not reclaim. `k.threads` is not used (one scanner); `k.writers`
-//! writer threads run on the engine's pager throughout.
+//! The untimed first engine pass (every page from the store: a `pread` of
+//! the tmpfs file) is reported too, as `engine_cold_ns_per_page`. Engine and
+//! kernel passes alternate until `k.duration` is up (at least one of each).
+//! The engine's budget is raised to at least the file size so that a pass
+//! measures fault service, not reclaim. `k.threads` is not used (one
+//! scanner); `k.writers` writer threads run on the engine's pager
+//! throughout.
+//!
+//! [`Region::dontneed`]: crate::Region::dontneed
 
 use super::common::{cpu_time, Knobs, RunResult, Writers};
 use super::random::{default_dir, pattern_word, read_map_options, PatternFile};
 use crate::error::{Error, Result};
-use crate::store::FileStore;
 use crate::sys::PAGE_SIZE;
-use crate::{MapOptions, Pager};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -54,74 +55,48 @@ unsafe fn scan_pass(base: usize, pages: usize) -> u64 {
     bad
 }
 
-/// What one timed pass measured.
-#[derive(Debug, Default, Clone, Copy)]
-struct Pass {
-    /// Words that differed from the pattern.
-    bad: u64,
-    /// Wall time of map + scan + unmap.
-    wall: Duration,
-    /// CPU time of the same (engine passes only).
-    cpu: Duration,
-    /// The part of `wall` spent mapping and unmapping.
-    map_unmap: Duration,
-}
-
-/// One engine pass: map, scan, unmap.
-fn engine_pass(
-    pager: &Pager,
-    store: &Arc<FileStore>,
-    pages: usize,
-    opts: &MapOptions,
-) -> Result<Pass> {
+/// Runs `f` and times it (wall, process CPU).
+fn timed(f: impl FnOnce() -> u64) -> (u64, Duration, Duration) {
     let (t, c) = (Instant::now(), cpu_time());
-    let region = pager.map_store(store.clone(), pages * PAGE_SIZE, opts)?;
-    let mapped = t.elapsed();
-    // SAFETY: the region maps the pattern file and lives across the call.
-    let bad = unsafe { scan_pass(region.as_ptr() as usize, pages) };
-    let scanned = t.elapsed();
-    region.unmap()?;
-    let (wall, cpu) = (t.elapsed(), cpu_time() - c);
-    Ok(Pass {
-        bad,
-        wall,
-        cpu,
-        map_unmap: wall - scanned + mapped,
-    })
+    let bad = f();
+    (bad, t.elapsed(), cpu_time() - c)
 }
 
-/// One kernel pass over `file`: mmap, scan, munmap.
-fn kernel_pass(file: &std::fs::File, pages: usize) -> Result<Pass> {
-    let len = pages * PAGE_SIZE;
-    let t = Instant::now();
-    // SAFETY: a fresh shared read-only mapping of an open file; no existing
-    // memory is affected.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+/// A read-only shared kernel mapping of `file`, unmapped on drop.
+struct KernelMap {
+    addr: usize,
+    len: usize,
+}
+
+impl KernelMap {
+    fn new(file: &std::fs::File, len: usize) -> Result<KernelMap> {
+        // SAFETY: a fresh shared read-only mapping of an open file; no
+        // existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::sys("mmap", crate::sys::errno()));
+        }
+        Ok(KernelMap {
+            addr: p as usize,
             len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(Error::sys("mmap", crate::sys::errno()));
+        })
     }
-    let mapped = t.elapsed();
-    // SAFETY: `p` maps `len` bytes of the pattern file, readable.
-    let bad = unsafe { scan_pass(p as usize, pages) };
-    let scanned = t.elapsed();
-    // SAFETY: unmapping exactly the mapping made above, no longer used.
-    unsafe { libc::munmap(p, len) };
-    let wall = t.elapsed();
-    Ok(Pass {
-        bad,
-        wall,
-        cpu: Duration::ZERO,
-        map_unmap: wall - scanned + mapped,
-    })
+}
+
+impl Drop for KernelMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `new`.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
 }
 
 /// Runs `scan` with its file in [`default_dir`].
@@ -136,66 +111,65 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
 /// are the engine passes' own wall and CPU time, so `throughput()` is the
 /// engine's page rate. Extras: `engine_ns_per_page`,
 /// `kernel_mmap_ns_per_page`, `ratio` (kernel ns / engine ns: the engine's
-/// throughput relative to the kernel's mmap; 1.0 = as fast), `passes` (timed
-/// passes of each), `file_pages`, `mismatches` (both sides; 0 unless
-/// broken), `writer_loops`, and `engine_map_unmap_us_per_pass` /
-/// `kernel_map_unmap_us_per_pass` (the part of a pass spent in map and
-/// unmap, included in the per-page figures).
+/// throughput relative to the kernel's mmap; 1.0 = as fast),
+/// `engine_cold_ns_per_page` (the first pass, every page from the store),
+/// `passes` (timed passes of each), `file_pages`, `mismatches` (both sides;
+/// 0 unless broken) and `writer_loops`.
 pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = k.pages.max(1);
+    let len = pages * PAGE_SIZE;
     let file = PatternFile::create(dir, "scan", pages)?;
     let budget = if k.budget_pages == 0 {
         0
     } else {
-        k.budget_pages.max(pages as u64)
+        k.budget_pages.max(pages as u64 + 64)
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
     let store = Arc::new(file.store(k.install)?);
-    let opts = read_map_options(k.install);
-    // Warm-up, untimed: the kernel's mapping path and the engine's.
-    let mut mismatches = kernel_pass(file.file(), pages)?.bad;
-    mismatches += engine_pass(&pager, &store, pages, &opts)?.bad;
+    let region = pager.map_store(store, len, &read_map_options(k.install))?;
+    let kmap = KernelMap::new(file.file(), len)?;
+    let (ebase, kbase) = (region.as_ptr() as usize, kmap.addr);
+    // Untimed warm-up: fill both page caches (the engine's from the store).
+    // SAFETY (both scans): the mappings hold the pattern file and outlive
+    // the calls.
+    let (mut mismatches, cold, _) = timed(|| unsafe { scan_pass(ebase, pages) });
+    mismatches += unsafe { scan_pass(kbase, pages) };
 
     pager.reset_stats();
     let deadline = Instant::now() + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause);
-    let (mut engine, mut kernel) = (Pass::default(), Pass::default());
+    let (mut ewall, mut ecpu, mut kwall) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut passes = 0u64;
-    let timed = (|| -> Result<()> {
+    let result = (|| -> Result<()> {
         while passes == 0 || Instant::now() < deadline {
-            // Alternate which side goes first, so neither always follows
-            // the other's cache footprint.
-            let even = passes.is_multiple_of(2);
-            for engine_side in [even, !even] {
-                let (p, sum) = if engine_side {
-                    (engine_pass(&pager, &store, pages, &opts)?, &mut engine)
-                } else {
-                    (kernel_pass(file.file(), pages)?, &mut kernel)
-                };
-                sum.bad += p.bad;
-                sum.wall += p.wall;
-                sum.cpu += p.cpu;
-                sum.map_unmap += p.map_unmap;
-            }
+            region.dontneed(0, len)?;
+            let (bad, w, c) = timed(|| unsafe { scan_pass(ebase, pages) });
+            mismatches += bad;
+            ewall += w;
+            ecpu += c;
+            crate::sys::mem::madvise(kbase, len, libc::MADV_DONTNEED)
+                .map_err(|e| Error::sys("madvise", e))?;
+            let (bad, w, _) = timed(|| unsafe { scan_pass(kbase, pages) });
+            mismatches += bad;
+            kwall += w;
             passes += 1;
         }
         Ok(())
     })();
     let writer_loops = writers.stop();
-    timed?;
-    mismatches += engine.bad + kernel.bad;
+    result?;
     let stats = pager.stats();
+    drop(region);
     let scanned = passes * pages as u64;
     let ns_per_page = |d: Duration| d.as_nanos() as f64 / scanned as f64;
-    let us_per_pass = |d: Duration| d.as_nanos() as f64 / 1e3 / passes as f64;
-    let (engine_ns, kernel_ns) = (ns_per_page(engine.wall), ns_per_page(kernel.wall));
+    let (engine_ns, kernel_ns) = (ns_per_page(ewall), ns_per_page(kwall));
     Ok(RunResult {
         workload: "scan",
         label: k.policy.to_string(),
         ops: scanned,
         unit: "pages",
-        elapsed: engine.wall,
-        cpu: engine.cpu,
+        elapsed: ewall,
+        cpu: ecpu,
         stats,
         latency: None,
         extra: vec![
@@ -203,12 +177,8 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             ("kernel_mmap_ns_per_page", kernel_ns),
             ("ratio", kernel_ns / engine_ns.max(1e-9)),
             (
-                "engine_map_unmap_us_per_pass",
-                us_per_pass(engine.map_unmap),
-            ),
-            (
-                "kernel_map_unmap_us_per_pass",
-                us_per_pass(kernel.map_unmap),
+                "engine_cold_ns_per_page",
+                cold.as_nanos() as f64 / pages as f64,
             ),
             ("passes", passes as f64),
             ("file_pages", pages as f64),
