@@ -4,6 +4,12 @@
 //! writer is waiting, new readers queue behind it. Faults that fall back take
 //! it for read; map, unmap, remap and protect take it for write.
 //!
+//! Like the rwsem, it does not let a stream of writers starve readers that
+//! are already waiting: a reader that has waited longer than
+//! [`HANDOFF_NS`] (the rwsem's `RWSEM_WAIT_TIMEOUT`, 4 ms) sets a handoff
+//! bit; while it is set, waiting readers may enter past waiting writers,
+//! and writers do not take the lock until those readers are through.
+//!
 //! # Contract and cost
 //! - `read`/`write` block (futex) until granted; `try_read` never blocks.
 //! - Uncontended read lock/unlock: one CAS and one atomic RMW.
@@ -15,6 +21,10 @@ use crate::sys::{futex, now_ns};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 const READERS: u32 = (1 << 28) - 1;
+const READER_HANDOFF: u32 = 1 << 28;
+
+/// How long a reader waits behind writers before it asks for a handoff.
+pub const HANDOFF_NS: u64 = 4_000_000;
 const READER_PARKED: u32 = 1 << 29;
 const WRITER_WAITING: u32 = 1 << 30;
 const WRITER_HELD: u32 = 1 << 31;
@@ -101,9 +111,14 @@ impl GlobalLock {
     #[cold]
     fn read_slow(&self) -> ReadGuard<'_> {
         let t0 = now_ns();
+        let mut handoff = false;
         loop {
             let s = self.state.load(Relaxed);
-            if s & (WRITER_HELD | WRITER_WAITING) == 0 {
+            // New readers queue behind waiting writers, except during a
+            // handoff to the readers that waited too long.
+            let blocked =
+                s & WRITER_HELD != 0 || (s & WRITER_WAITING != 0 && s & READER_HANDOFF == 0);
+            if !blocked {
                 if self
                     .state
                     .compare_exchange_weak(s, s + 1, Acquire, Relaxed)
@@ -111,6 +126,11 @@ impl GlobalLock {
                 {
                     break;
                 }
+                continue;
+            }
+            if !handoff && now_ns() - t0 >= HANDOFF_NS {
+                handoff = true;
+                self.state.fetch_or(READER_HANDOFF, Relaxed);
                 continue;
             }
             if s & READER_PARKED == 0
@@ -122,8 +142,18 @@ impl GlobalLock {
                 continue;
             }
             self.readers_sleeping.fetch_add(1, Relaxed);
-            futex::wait(&self.state, s | READER_PARKED);
+            // Bounded, so that a reader that writers keep overtaking wakes
+            // up to ask for the handoff.
+            futex::wait_timeout(&self.state, s | READER_PARKED, HANDOFF_NS);
             self.readers_sleeping.fetch_sub(1, Relaxed);
+        }
+        if handoff {
+            // Served: writers may go again.
+            let prev = self.state.fetch_and(!READER_HANDOFF, Relaxed);
+            if prev & READER_HANDOFF != 0 {
+                self.writer_seq.fetch_add(1, Release);
+                futex::wake(&self.writer_seq, 1);
+            }
         }
         self.read_acq.fetch_add(1, Relaxed);
         // A read that found a writer in the way counts as contended even if it
@@ -135,7 +165,7 @@ impl GlobalLock {
 
     fn read_unlock(&self) {
         let prev = self.state.fetch_sub(1, Release);
-        if prev & READERS == 1 && prev & WRITER_WAITING != 0 {
+        if prev & READERS == 1 && prev & (WRITER_WAITING | READER_HANDOFF) != 0 {
             self.writer_seq.fetch_add(1, Release);
             futex::wake(&self.writer_seq, 1);
         }
@@ -179,7 +209,7 @@ impl GlobalLock {
         loop {
             let seq = self.writer_seq.load(Acquire);
             let s = self.state.fetch_or(WRITER_WAITING, Acquire) | WRITER_WAITING;
-            if s & READERS == 0 {
+            if s & READERS == 0 && s & READER_HANDOFF == 0 {
                 let more = self.writers_pending.load(Relaxed) > 1;
                 let new = (s & READER_PARKED) | WRITER_HELD | if more { WRITER_WAITING } else { 0 };
                 if self
@@ -191,7 +221,13 @@ impl GlobalLock {
                 }
                 continue;
             }
-            futex::wait(&self.writer_seq, seq);
+            // During a handoff, poll: the handing-off reader wakes us, but a
+            // reader that gave up waiting must not leave us asleep.
+            if s & READER_HANDOFF != 0 {
+                futex::wait_timeout(&self.writer_seq, seq, HANDOFF_NS);
+            } else {
+                futex::wait(&self.writer_seq, seq);
+            }
         }
         self.write_acq.fetch_add(1, Relaxed);
         self.write_cont.fetch_add(1, Relaxed);
@@ -202,10 +238,17 @@ impl GlobalLock {
     fn write_unlock(&self) {
         let more = self.writers_pending.fetch_sub(1, Relaxed) > 1;
         if more {
-            // Hand over to the next writer: readers stay queued (and parked).
-            let _ = self.state.fetch_update(Release, Relaxed, |s| {
-                Some((s & !WRITER_HELD) | WRITER_WAITING)
-            });
+            // Hand over to the next writer: readers stay queued (and
+            // parked), unless they asked for a handoff.
+            let prev = self
+                .state
+                .fetch_update(Release, Relaxed, |s| {
+                    Some((s & !WRITER_HELD) | WRITER_WAITING)
+                })
+                .unwrap_or_else(|s| s);
+            if prev & READER_HANDOFF != 0 && prev & READER_PARKED != 0 {
+                futex::wake_all(&self.state);
+            }
         } else {
             let prev = self.state.swap(0, Release);
             if prev & READER_PARKED != 0 {
@@ -336,6 +379,36 @@ mod tests {
         let c = l.contention();
         assert_eq!(c.read_contended, 1);
         assert!(c.read_wait_ns >= 1_000_000, "{c:?}");
+    }
+
+    #[test]
+    fn waiting_readers_are_not_starved_by_a_stream_of_writers() {
+        let l = Arc::new(GlobalLock::new());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..3)
+            .map(|_| {
+                let (l, stop) = (l.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(SeqCst) {
+                        let _g = l.write();
+                        // Hold on until another writer queues, so that every
+                        // unlock hands over to a writer: the worst case.
+                        while l.writers_pending.load(SeqCst) < 2 && !stop.load(SeqCst) {
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Each read must get in despite the writers never letting go of the
+        // queue; without the handoff this hangs.
+        for _ in 0..20 {
+            drop(l.read());
+        }
+        stop.store(true, SeqCst);
+        for w in writers {
+            w.join().unwrap();
+        }
     }
 
     #[test]

@@ -22,6 +22,25 @@ pub fn wait(word: &AtomicU32, expected: u32) {
     }
 }
 
+/// As [`wait`], but for at most `timeout_ns` nanoseconds.
+#[inline]
+pub fn wait_timeout(word: &AtomicU32, expected: u32, timeout_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: as in `wait`; `ts` is a valid relative timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
 /// Wakes at most `n` threads sleeping on `word`.
 #[inline]
 pub fn wake(word: &AtomicU32, n: i32) {

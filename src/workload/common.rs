@@ -144,15 +144,16 @@ pub struct Writers {
 }
 
 impl Writers {
-    /// Starts `n` writers on `pager`.
-    pub fn start(pager: &Arc<Pager>, n: usize, pause: Duration) -> Writers {
+    /// Starts `n` writers on `pager`; they stop by themselves at
+    /// `deadline` (so that workers they hold up can always finish).
+    pub fn start(pager: &Arc<Pager>, n: usize, pause: Duration, deadline: Instant) -> Writers {
         let stop = Arc::new(AtomicBool::new(false));
         let loops = Arc::new(AtomicU64::new(0));
         let handles = (0..n)
             .map(|_| {
                 let (p, stop, loops) = (pager.clone(), stop.clone(), loops.clone());
                 std::thread::spawn(move || {
-                    while !stop.load(Relaxed) {
+                    while !stop.load(Relaxed) && Instant::now() < deadline {
                         if let Ok(r) = p.map_anonymous(crate::sys::PAGE_SIZE) {
                             drop(r);
                         }

@@ -307,7 +307,10 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
     let (t0, c0) = (Instant::now(), cpu_time());
     for _ in 0..launches {
         let pager = Arc::new(k.pager()?);
-        let writers = Writers::start(&pager, k.writers, k.writer_pause);
+        // Stopped right after the launch below; the deadline is only a
+        // backstop.
+        let backstop = Instant::now() + Duration::from_secs(3600);
+        let writers = Writers::start(&pager, k.writers, k.writer_pause, backstop);
         let one = || -> Result<(Duration, u64, crate::Stats)> {
             let s0 = pager.stats();
             let t = Instant::now();

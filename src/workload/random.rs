@@ -172,7 +172,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k.writers, k.writer_pause);
+    let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
     let threads = k.threads.max(1);
     let reads: u64 = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
