@@ -28,12 +28,22 @@ pub struct ScaleReport {
     pub many_ns: f64,
     /// Seconds it took to map the `many` regions.
     pub map_many_s: f64,
+    /// The kernel alone, same faults on plain anonymous mappings: ns per
+    /// fault with `few` mappings.
+    pub kernel_few_ns: f64,
+    /// The same with `many` mappings.
+    pub kernel_many_ns: f64,
 }
 
 impl ScaleReport {
     /// `many_ns / few_ns`.
     pub fn ratio(&self) -> f64 {
         self.many_ns / self.few_ns.max(1e-9)
+    }
+
+    /// The kernel's own `many / few` ratio for the same fault pattern.
+    pub fn kernel_ratio(&self) -> f64 {
+        self.kernel_many_ns / self.kernel_few_ns.max(1e-9)
     }
 }
 
@@ -88,6 +98,41 @@ fn run(regions: usize, faults: usize, seed: u64) -> Result<(f64, f64)> {
     Ok((ns, map_s))
 }
 
+/// The same fault pattern on plain anonymous mappings, faulted by the
+/// kernel alone (each mapping followed by three one-page mappings, as an
+/// engine region comes with its cache area, page-state words and swap).
+fn kernel_run(regions: usize, faults: usize, seed: u64) -> Result<f64> {
+    use crate::sys::mem::Mapping;
+    let pages_each = faults.div_ceil(regions).max(1);
+    let mut keep = Vec::with_capacity(regions * 4);
+    let mut bases = Vec::with_capacity(regions);
+    for _ in 0..regions {
+        let m = Mapping::anonymous(pages_each * PAGE_SIZE).map_err(|e| Error::sys("mmap", e))?;
+        let _ = crate::sys::mem::madvise(m.addr(), m.len(), libc::MADV_NOHUGEPAGE);
+        bases.push(m.addr());
+        keep.push(m);
+        for _ in 0..3 {
+            keep.push(Mapping::anonymous(PAGE_SIZE).map_err(|e| Error::sys("mmap", e))?);
+        }
+    }
+    let mut targets: Vec<usize> = (0..regions * pages_each).collect();
+    let mut rng = Rng::new(seed);
+    for i in (1..targets.len()).rev() {
+        targets.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    targets.truncate(faults);
+    let addrs: Vec<usize> = targets
+        .iter()
+        .map(|&t| bases[t / pages_each] + (t % pages_each) * PAGE_SIZE)
+        .collect();
+    let t = Instant::now();
+    for &a in &addrs {
+        // SAFETY: `a` is a page of one of our live private mappings.
+        unsafe { std::ptr::write_volatile(a as *mut u8, 1) };
+    }
+    Ok(t.elapsed().as_nanos() as f64 / addrs.len().max(1) as f64)
+}
+
 /// Measures fault cost with `few` and with `many` regions, best of
 /// `passes` each (interleaved).
 pub fn scale(few: usize, many: usize, faults: usize, passes: usize) -> Result<ScaleReport> {
@@ -100,6 +145,7 @@ pub fn scale(few: usize, many: usize, faults: usize, passes: usize) -> Result<Sc
     // area, page-state words, in-memory swap).
     ensure_map_count(many * 4 + 65536)?;
     let (mut few_ns, mut many_ns, mut map_many_s) = (f64::INFINITY, f64::INFINITY, 0.0);
+    let (mut kernel_few_ns, mut kernel_many_ns) = (f64::INFINITY, f64::INFINITY);
     for p in 0..passes.max(1) {
         few_ns = few_ns.min(run(few, faults, p as u64)?.0);
         let (ns, m) = run(many, faults, p as u64)?;
@@ -107,6 +153,8 @@ pub fn scale(few: usize, many: usize, faults: usize, passes: usize) -> Result<Sc
             many_ns = ns;
             map_many_s = m;
         }
+        kernel_few_ns = kernel_few_ns.min(kernel_run(few, faults, p as u64)?);
+        kernel_many_ns = kernel_many_ns.min(kernel_run(many, faults, p as u64)?);
     }
     Ok(ScaleReport {
         few,
@@ -115,6 +163,8 @@ pub fn scale(few: usize, many: usize, faults: usize, passes: usize) -> Result<Sc
         few_ns,
         many_ns,
         map_many_s,
+        kernel_few_ns,
+        kernel_many_ns,
     })
 }
 

@@ -6,8 +6,10 @@
 mod bench;
 mod demo;
 mod json;
+mod metadata;
 mod probe;
 mod report;
+mod torture;
 mod workloads;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +33,11 @@ enum Command {
     /// Reproduces the seeds' tables (filemap, swap, populate-churn) with
     /// the seeds' figures beside ours; about two minutes.
     Demo(demo::DemoArgs),
+    /// Reclaim torture: threads read and write random words of a region at
+    /// least 4x the budget while reclaim and write-back run; every read and
+    /// the final contents are checked against an exact model (exit 1 on a
+    /// mismatch).
+    Torture(torture::TortureArgs),
 }
 
 /// A failure, with the exit code it maps to.
@@ -71,6 +78,7 @@ pub fn main() -> ExitCode {
         Command::Probe(a) => probe::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::Demo(a) => demo::run(&a),
+        Command::Torture(a) => torture::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

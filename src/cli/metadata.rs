@@ -1,0 +1,546 @@
+//! `uffd-pager bench metadata`: what the engine spends on bookkeeping per
+//! tracked page, computed from its data structures and measured on a real
+//! (lazily mapped) anonymous region.
+//!
+//! - Page-state words: [`PageCache::BYTES_PER_PAGE`] per tracked page, in
+//!   an anonymous mapping of their own (measured: the virtual size a
+//!   `PageCache` of `--pages` pages adds).
+//! - The LRU ring: 8 bytes per entry, its capacity fixed by the budget, not
+//!   by the region (measured: the virtual size an `Lru` for the budget adds).
+//! - Fixed per-region structs: one `Vma` and one `Object`.
+//!
+//! Then a pager with the budget maps an anonymous region of `--pages` pages
+//! and VmRSS (and the region's own Rss from `/proc/self/smaps`) is read
+//! before mapping, after mapping and after reading `--touch` pages spread
+//! over the region. Goal: at most 16 bytes per tracked page.
+
+use super::json::Json;
+use super::{CliError, CliResult};
+use clap::Args;
+use std::io::Write;
+use uffd_pager::lru::Lru;
+use uffd_pager::object::Object;
+use uffd_pager::page_cache::PageCache;
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::vma::Vma;
+use uffd_pager::Pager;
+
+/// Bytes of one LRU ring entry ([`uffd_pager::lru::Entry`]).
+const RING_ENTRY_BYTES: usize = std::mem::size_of::<uffd_pager::lru::Entry>();
+/// The goal: metadata bytes per tracked page.
+const GOAL_BYTES_PER_PAGE: f64 = 16.0;
+/// Regions at least this large are told apart from every other mapping
+/// by size.
+const BIG_REGION: usize = 64 << 20;
+/// The largest region accepted, in pages (4 TiB of address space).
+const MAX_PAGES: u64 = 1 << 30;
+
+#[derive(Debug, Args)]
+pub struct MetadataArgs {
+    /// Pages in the (lazily mapped, never fully touched) anonymous region.
+    #[arg(long, value_name = "N", default_value_t = 10_000_000)]
+    pages: u64,
+    /// The pager's memory budget in pages (sizes the LRU ring).
+    #[arg(long, value_name = "B", default_value_t = 65_536)]
+    budget: u64,
+    /// Pages read, spread evenly over the region, for the RSS measurement.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    touch: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Memory figures of this process, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Mem {
+    /// VmRSS.
+    rss: u64,
+    /// VmSize.
+    size: u64,
+    /// VmPTE: the kernel's page tables (not part of VmRSS).
+    pte: u64,
+    /// Rss from `/proc/self/smaps_rollup`: exact (a page-table walk), where
+    /// VmRSS sums per-CPU counters that may lag by a few hundred KiB.
+    exact: u64,
+}
+
+fn io_err(what: &str) -> impl Fn(std::io::Error) -> CliError + '_ {
+    move |e| CliError::Runtime(format!("{what}: {e}"))
+}
+
+/// `"  1234 kB"` in bytes.
+fn kb_field(v: &str) -> u64 {
+    v.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Reads VmRSS, VmSize and VmPTE from `/proc/self/status` and Rss from
+/// `/proc/self/smaps_rollup`.
+fn mem_now() -> Result<Mem, CliError> {
+    let s = std::fs::read_to_string("/proc/self/status")
+        .map_err(io_err("reading /proc/self/status"))?;
+    let mut m = Mem::default();
+    for line in s.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        match k {
+            "VmRSS" => m.rss = kb_field(v),
+            "VmSize" => m.size = kb_field(v),
+            "VmPTE" => m.pte = kb_field(v),
+            _ => {}
+        }
+    }
+    let roll = std::fs::read_to_string("/proc/self/smaps_rollup")
+        .map_err(io_err("reading /proc/self/smaps_rollup"))?;
+    m.exact = roll
+        .lines()
+        .find_map(|l| l.strip_prefix("Rss:"))
+        .map_or(0, kb_field);
+    if m.rss == 0 || m.size == 0 {
+        return Err(CliError::Runtime(
+            "/proc/self/status has no VmRSS/VmSize".into(),
+        ));
+    }
+    Ok(m)
+}
+
+/// Total size of the anonymous mappings without a name (what `mmap` of
+/// `MAP_ANONYMOUS` creates; not the brk heap, not stacks, not files).
+fn anon_mapped() -> Result<u64, CliError> {
+    let s =
+        std::fs::read_to_string("/proc/self/maps").map_err(io_err("reading /proc/self/maps"))?;
+    let mut total = 0;
+    for line in s.lines() {
+        let mut f = line.split_whitespace();
+        let range = f.next().unwrap_or("");
+        // perms, offset, dev, inode, then the optional path.
+        let path = f.nth(4);
+        if path.is_some_and(|p| !p.starts_with("[anon")) {
+            continue;
+        }
+        if let Some((a, b)) = range.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                total += b.saturating_sub(a);
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// One mapping of `/proc/self/smaps`: `[start, end)` and its Rss in bytes.
+#[derive(Debug, Clone, Copy)]
+struct Map {
+    start: usize,
+    end: usize,
+    rss: u64,
+}
+
+impl Map {
+    fn len(&self) -> usize {
+        self.end - self.start
+    }
+}
+
+/// The mappings of this process with their Rss.
+fn mappings() -> Result<Vec<Map>, CliError> {
+    let s =
+        std::fs::read_to_string("/proc/self/smaps").map_err(io_err("reading /proc/self/smaps"))?;
+    let mut v: Vec<Map> = Vec::new();
+    for line in s.lines() {
+        if let Some(rss) = line.strip_prefix("Rss:") {
+            if let Some(m) = v.last_mut() {
+                m.rss = kb_field(rss);
+            }
+            continue;
+        }
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(start), Ok(end)) =
+                (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            {
+                v.push(Map { start, end, rss: 0 });
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// The computed and measured figures.
+#[derive(Debug, Default)]
+struct Report {
+    pages: u64,
+    budget: u64,
+    words_per_page: usize,
+    words_bytes: u64,
+    ring_bytes: u64,
+    vma_bytes: usize,
+    object_bytes: usize,
+    touched: u64,
+    stride: u64,
+    before: Mem,
+    mapped: Mem,
+    after: Mem,
+    /// Rss of the user region itself after the reads (installed pages;
+    /// zero pages installed by UFFDIO_ZEROPAGE do not count).
+    region_rss: u64,
+    /// Rss of the object's cache area and in-memory swap store (the
+    /// mappings as large as the region, other than the region): contents
+    /// of evicted pages, a 4096-byte page each, not metadata.
+    data_rss: u64,
+    /// Rss of the page-state words mapping, if it could be told apart.
+    words_rss: Option<u64>,
+    /// Rss of the LRU ring mapping, if it could be told apart.
+    ring_rss: Option<u64>,
+    resident_pages: u64,
+    pgsteal: u64,
+    writeback: u64,
+}
+
+impl Report {
+    fn per_page(&self, bytes: u64) -> f64 {
+        bytes as f64 / self.pages as f64
+    }
+    fn region_structs(&self) -> u64 {
+        (self.vma_bytes + self.object_bytes) as u64
+    }
+    /// Computed metadata bytes per tracked page.
+    fn computed(&self) -> f64 {
+        self.per_page(self.words_bytes + self.ring_bytes + self.region_structs())
+    }
+    /// Exact RSS growth from mapping to after the reads, less the pages
+    /// themselves (in the region, the cache area and the swap store): the
+    /// engine's metadata.
+    fn metadata_growth(&self) -> i64 {
+        self.after.exact as i64
+            - self.mapped.exact as i64
+            - self.region_rss as i64
+            - self.data_rss as i64
+    }
+    fn measured(&self) -> f64 {
+        self.metadata_growth() as f64 / self.pages as f64
+    }
+    fn per_touched(&self) -> f64 {
+        self.metadata_growth() as f64 / self.touched.max(1) as f64
+    }
+    fn ok(&self) -> bool {
+        self.computed() <= GOAL_BYTES_PER_PAGE && self.measured() <= GOAL_BYTES_PER_PAGE
+    }
+}
+
+/// Computes and measures; see the module docs.
+fn measure(a: &MetadataArgs) -> Result<Report, CliError> {
+    let pages = usize::try_from(a.pages)
+        .map_err(|_| CliError::Usage(format!("--pages {} is too large", a.pages)))?;
+    let len = pages * PAGE_SIZE;
+    let mut r = Report {
+        pages: a.pages,
+        budget: a.budget,
+        words_per_page: PageCache::BYTES_PER_PAGE,
+        vma_bytes: std::mem::size_of::<Vma>(),
+        object_bytes: std::mem::size_of::<Object>(),
+        touched: a.touch.min(a.pages),
+        ..Report::default()
+    };
+    r.stride = a.pages / r.touched.max(1);
+    let sys = |what: &'static str| move |e: i32| CliError::Runtime(format!("{what}: errno {e}"));
+
+    // The virtual size of the structures alone, measured before any other
+    // thread exists (nothing else maps meanwhile).
+    let a0 = anon_mapped()?;
+    let words = PageCache::new(pages).map_err(sys("PageCache::new"))?;
+    r.words_bytes = anon_mapped()?.saturating_sub(a0);
+    drop(words);
+    let a0 = anon_mapped()?;
+    let lru = Lru::new(1, a.budget as usize).map_err(sys("Lru::new"))?;
+    r.ring_bytes = anon_mapped()?.saturating_sub(a0);
+    drop(lru);
+
+    // The real thing: no readahead or fault-around, so one read is one
+    // page; no kswapd, so nothing changes between the reads and the
+    // snapshot (reclaim is direct, in the faults).
+    let pager = Pager::builder()
+        .budget_pages(a.budget)
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .build()?;
+    r.before = mem_now()?;
+    let region = pager.map_anonymous(len)?;
+    r.mapped = mem_now()?;
+    let base = region.as_ptr() as usize;
+    let mut sum = 0u64;
+    for i in 0..r.touched {
+        let addr = base + (i * r.stride) as usize * PAGE_SIZE;
+        // SAFETY: `addr` is a page of the live region (i * stride < pages);
+        // the read faults through the engine, which installs the page.
+        sum = sum.wrapping_add(u64::from(unsafe {
+            std::ptr::read_volatile(addr as *const u8)
+        }));
+    }
+    std::hint::black_box(sum);
+    r.after = mem_now()?;
+    let st = pager.stats();
+    let maps = mappings()?;
+    r.resident_pages = st.resident_pages;
+    r.pgsteal = st.get(uffd_pager::Counter::PGSTEAL);
+    r.writeback = st.get(uffd_pager::Counter::WRITEBACK);
+    let in_region = |m: &Map| m.start >= base && m.end <= base + len;
+    r.region_rss = maps.iter().filter(|m| in_region(m)).map(|m| m.rss).sum();
+    // The object's cache area and its swap store are as large as the
+    // region (or larger, merged with a neighbour); for a large region no
+    // other mapping is. Otherwise count one stored page per write-back.
+    r.data_rss = if len >= BIG_REGION {
+        maps.iter()
+            .filter(|m| m.len() >= len && !in_region(m))
+            .map(|m| m.rss)
+            .sum()
+    } else {
+        r.writeback * PAGE_SIZE as u64
+    };
+    let sized = |n: u64| {
+        let v: Vec<u64> = maps
+            .iter()
+            .filter(|m| m.len() as u64 == n && !in_region(m))
+            .map(|m| m.rss)
+            .collect();
+        (v.len() == 1).then(|| v[0])
+    };
+    r.words_rss = sized(r.words_bytes);
+    r.ring_rss = sized(r.ring_bytes);
+    region.unmap()?;
+    Ok(r)
+}
+
+/// `uffd-pager bench metadata`.
+pub fn run(a: &MetadataArgs) -> CliResult {
+    if a.pages == 0 || a.pages > MAX_PAGES {
+        return Err(CliError::Usage(format!(
+            "--pages {} must be in 1..={MAX_PAGES}",
+            a.pages
+        )));
+    }
+    if a.budget == 0 {
+        return Err(CliError::Usage("--budget must be at least 1".into()));
+    }
+    let r = measure(a)?;
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
+    if a.json {
+        writeln!(out, "{}", json(&r)).map_err(io)?;
+    } else {
+        write!(out, "{}", table(&r)).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn kib(b: u64) -> String {
+    format!("{} KiB", b / 1024)
+}
+
+fn delta(a: u64, b: u64) -> i64 {
+    b as i64 - a as i64
+}
+
+fn opt_kib(v: Option<u64>) -> String {
+    v.map_or_else(|| "(merged, not told apart)".into(), kib)
+}
+
+fn table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "engine metadata: anonymous region of {} pages ({:.1} GiB), budget {} pages",
+        r.pages,
+        (r.pages * PAGE_SIZE as u64) as f64 / (1u64 << 30) as f64,
+        r.budget
+    );
+    let _ = writeln!(
+        s,
+        "{:<20} {:>12} {:>14}  note",
+        "structure", "bytes", "B/tracked page"
+    );
+    let _ = writeln!(
+        s,
+        "{:<20} {:>12} {:>14.3}  {} B/page (PageCache::BYTES_PER_PAGE); virtual size of the words mapping",
+        "page-state words",
+        r.words_bytes,
+        r.per_page(r.words_bytes),
+        r.words_per_page
+    );
+    let _ = writeln!(
+        s,
+        "{:<20} {:>12} {:>14.3}  {} entries x {RING_ENTRY_BYTES} B: sized by the budget ({:.1} B per budget page), not the region",
+        "LRU ring",
+        r.ring_bytes,
+        r.per_page(r.ring_bytes),
+        r.ring_bytes / RING_ENTRY_BYTES as u64,
+        r.ring_bytes as f64 / r.budget as f64
+    );
+    let _ = writeln!(
+        s,
+        "{:<20} {:>12} {:>14.6}  Vma {} B + Object {} B, once per region",
+        "per-region structs",
+        r.region_structs(),
+        r.per_page(r.region_structs()),
+        r.vma_bytes,
+        r.object_bytes
+    );
+    let _ = writeln!(
+        s,
+        "{:<20} {:>12} {:>14.3}",
+        "total (computed)",
+        r.words_bytes + r.ring_bytes + r.region_structs(),
+        r.computed()
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "measured: VmRSS/VmSize/VmPTE from /proc/self/status, exact Rss from smaps_rollup \
+         (page tables, VmPTE, are the kernel's and not in either)"
+    );
+    let row = |s: &mut String, what: &str, m: &Mem, tail: String| {
+        let _ = writeln!(
+            s,
+            "  {what:<40} VmRSS {:>11}  Rss {:>11}  VmSize {:>15}  VmPTE {:>11}{tail}",
+            kib(m.rss),
+            kib(m.exact),
+            kib(m.size),
+            kib(m.pte)
+        );
+    };
+    row(&mut s, "before mapping", &r.before, String::new());
+    row(
+        &mut s,
+        "after mapping (lazy, nothing touched)",
+        &r.mapped,
+        format!(
+            "  VmRSS {:+} B = {:.4} B/tracked page",
+            delta(r.before.rss, r.mapped.rss),
+            delta(r.before.rss, r.mapped.rss) as f64 / r.pages as f64
+        ),
+    );
+    row(
+        &mut s,
+        &format!("after reading {} pages (stride {})", r.touched, r.stride),
+        &r.after,
+        format!(
+            "  VmRSS {:+} B, Rss {:+} B",
+            delta(r.mapped.rss, r.after.rss),
+            delta(r.mapped.exact, r.after.exact)
+        ),
+    );
+    let _ = writeln!(
+        s,
+        "  of the Rss growth: the region's own pages {} (read-only zero pages are not counted); \
+         evicted pages' contents in the cache area and swap store {} ({} pgsteal, {} written back x 4096 B = {})",
+        kib(r.region_rss),
+        kib(r.data_rss),
+        r.pgsteal,
+        r.writeback,
+        kib(r.writeback * PAGE_SIZE as u64)
+    );
+    let _ = writeln!(
+        s,
+        "  state-words mapping Rss {}, LRU ring Rss {}; {} pages resident in the engine",
+        opt_kib(r.words_rss),
+        opt_kib(r.ring_rss),
+        r.resident_pages
+    );
+    let _ = writeln!(
+        s,
+        "  metadata growth beyond the pages themselves: {} B = {:.1} B per touched page = {:.3} B per tracked page",
+        r.metadata_growth(),
+        r.per_touched(),
+        r.measured()
+    );
+    if r.stride > 1 {
+        let _ = writeln!(
+            s,
+            "  (reads {} pages apart touch every {}-byte page of state words, so the whole words array is \
+             resident: per touched page this is the worst case; per tracked page it is the full cost)",
+            r.stride, PAGE_SIZE
+        );
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "goal: <= {GOAL_BYTES_PER_PAGE} B of metadata per tracked page: computed {:.3} B, measured {:.3} B: {}",
+        r.computed(),
+        r.measured(),
+        if r.ok() { "MET" } else { "NOT MET" }
+    );
+    s
+}
+
+fn json(r: &Report) -> Json {
+    let mem = |m: &Mem| {
+        Json::obj([
+            ("vm_rss", Json::Int(m.rss as i64)),
+            ("rss_exact", Json::Int(m.exact as i64)),
+            ("vm_size", Json::Int(m.size as i64)),
+            ("vm_pte", Json::Int(m.pte as i64)),
+        ])
+    };
+    let opt = |v: Option<u64>| v.map_or(Json::Null, |v| Json::Int(v as i64));
+    Json::obj([
+        ("workload", Json::str("metadata")),
+        ("pages", Json::Int(r.pages as i64)),
+        ("budget_pages", Json::Int(r.budget as i64)),
+        (
+            "state_word_bytes_per_page",
+            Json::Int(r.words_per_page as i64),
+        ),
+        ("words_mapping_bytes", Json::Int(r.words_bytes as i64)),
+        ("words_bytes_per_page", Json::Num(r.per_page(r.words_bytes))),
+        ("ring_entry_bytes", Json::Int(RING_ENTRY_BYTES as i64)),
+        ("ring_bytes", Json::Int(r.ring_bytes as i64)),
+        ("ring_bytes_per_page", Json::Num(r.per_page(r.ring_bytes))),
+        ("vma_bytes", Json::Int(r.vma_bytes as i64)),
+        ("object_bytes", Json::Int(r.object_bytes as i64)),
+        ("computed_bytes_per_page", Json::Num(r.computed())),
+        ("touched_pages", Json::Int(r.touched as i64)),
+        ("stride_pages", Json::Int(r.stride as i64)),
+        ("before", mem(&r.before)),
+        ("after_map", mem(&r.mapped)),
+        ("after_touch", mem(&r.after)),
+        ("region_rss", Json::Int(r.region_rss as i64)),
+        ("data_rss", Json::Int(r.data_rss as i64)),
+        ("words_rss", opt(r.words_rss)),
+        ("ring_rss", opt(r.ring_rss)),
+        ("resident_pages", Json::Int(r.resident_pages as i64)),
+        ("pgsteal", Json::Int(r.pgsteal as i64)),
+        ("writeback", Json::Int(r.writeback as i64)),
+        ("metadata_rss_growth", Json::Int(r.metadata_growth())),
+        (
+            "metadata_bytes_per_touched_page",
+            Json::Num(r.per_touched()),
+        ),
+        ("measured_bytes_per_page", Json::Num(r.measured())),
+        ("goal_bytes_per_page", Json::Num(GOAL_BYTES_PER_PAGE)),
+        ("goal_met", Json::Bool(r.ok())),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_proc() {
+        let m = mem_now().unwrap();
+        assert!(m.rss > 0 && m.size >= m.rss && m.exact > 0);
+        let words = PageCache::new(1 << 20).unwrap();
+        // Other test threads map and unmap concurrently: only a lower bound
+        // holds.
+        assert!(anon_mapped().unwrap() >= 4 << 20);
+        assert!(mappings().unwrap().iter().any(|m| m.rss > 0));
+        drop(words);
+    }
+}

@@ -1,0 +1,402 @@
+//! `uffd-pager torture`: the reclaim torture of
+//! [`uffd_pager::workload::torture`] from the command line. Several threads
+//! read and write random words of a region at least four times the memory
+//! budget while reclaim and write-back run; every read is checked against
+//! an exact model, and so is the whole region (and file) at the end.
+//!
+//! Exit codes: 0 clean, 1 mismatches (or a runtime error), 2 bad arguments.
+
+use super::json::Json;
+use super::{CliError, CliResult};
+use clap::{Args, ValueEnum};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use uffd_pager::stats::Counter;
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::workload::torture::{self, TortureConfig, TortureKind, TortureReport};
+use uffd_pager::{Delivery, InstallKind, Policy};
+
+/// What backs the tortured region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    /// A file in `--dir`, filled with a pattern, removed afterwards.
+    File,
+    /// Anonymous memory swapped to memory.
+    Anonymous,
+    /// Anonymous memory swapped to an unlinked file in `--dir`.
+    Swapfile,
+}
+
+#[derive(Debug, Args)]
+pub struct TortureArgs {
+    /// Operations in total, split evenly over the threads (rounded up to a
+    /// multiple of the thread count).
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    ops: u64,
+    /// Application threads.
+    #[arg(long, value_name = "T", default_value_t = 2)]
+    threads: usize,
+    /// Pages in the region; at least four times the budget.
+    #[arg(long, value_name = "P", default_value_t = 4096)]
+    pages: usize,
+    /// Memory budget in pages; at most a quarter of --pages.
+    #[arg(long, value_name = "B", default_value_t = 1024)]
+    budget: u64,
+    /// What backs the region.
+    #[arg(long, value_enum, default_value_t = Kind::File)]
+    kind: Kind,
+    /// How file pages are installed (file kind only): shared (memfd,
+    /// MINOR + CONTINUE) or anonymous (the file acts as swap).
+    #[arg(long, value_name = "KIND", default_value = "shared")]
+    install: InstallKind,
+    /// Delivery: in-thread, or threads[:N[:spinUS]].
+    #[arg(long, default_value = "in-thread")]
+    delivery: Delivery,
+    /// Fault-handling policy (global-only, vanilla, retry-once,
+    /// retry-once-tried, optionally +uptodate-no-retry).
+    #[arg(long, default_value = "retry-once")]
+    policy: Policy,
+    /// Percentage of operations that write.
+    #[arg(long, value_name = "PCT", default_value_t = 40)]
+    write_pct: u32,
+    /// Seed of the operation streams and the data pattern.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    seed: u64,
+    /// Directory for the file (file kind) or the swap file (swapfile kind);
+    /// default: the system's temporary directory.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The largest region accepted, in pages (64 GiB).
+const MAX_PAGES: usize = 1 << 24;
+
+/// Removes the torture file when dropped, whatever happened.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Checks the arguments and builds the configuration (the file path, for
+/// the file kind, is a fresh name in the directory).
+fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
+    let usage = |m: String| Err(CliError::Usage(m));
+    if a.threads == 0 {
+        return usage("--threads must be at least 1".into());
+    }
+    if a.ops == 0 {
+        return usage("--ops must be at least 1".into());
+    }
+    if a.budget == 0 {
+        return usage("--budget must be at least 1 page (the run must evict)".into());
+    }
+    if a.pages == 0 || a.pages > MAX_PAGES {
+        return usage(format!("--pages {} must be in 1..={MAX_PAGES}", a.pages));
+    }
+    if a.budget > (a.pages / 4) as u64 {
+        return usage(format!(
+            "--budget {} is more than a quarter of --pages {}: the region must be at least \
+             4x the budget (use --budget {} or less, or --pages {} or more)",
+            a.budget,
+            a.pages,
+            a.pages / 4,
+            a.budget.saturating_mul(4)
+        ));
+    }
+    if a.threads > a.pages {
+        return usage(format!(
+            "--threads {} is more than --pages {}: each thread owns at least one page",
+            a.threads, a.pages
+        ));
+    }
+    if a.write_pct > 100 {
+        return usage(format!("--write-pct {} is over 100", a.write_pct));
+    }
+    let ops_per_thread = a.ops.div_ceil(a.threads as u64);
+    if ops_per_thread.saturating_mul(a.threads as u64) >= u64::from(u32::MAX) {
+        return usage(format!(
+            "--ops {} is too many: sequence numbers are 32-bit (fewer than {})",
+            a.ops,
+            u32::MAX
+        ));
+    }
+    let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    if a.kind != Kind::Anonymous && !dir.is_dir() {
+        return usage(format!("--dir {}: not a directory", dir.display()));
+    }
+    let kind = match a.kind {
+        Kind::File => TortureKind::File {
+            path: unique_name(&dir),
+        },
+        Kind::Anonymous => TortureKind::Anonymous,
+        Kind::Swapfile => TortureKind::Swapfile { dir },
+    };
+    Ok(TortureConfig {
+        threads: a.threads,
+        pages: a.pages,
+        budget_pages: a.budget,
+        ops_per_thread,
+        write_pct: a.write_pct,
+        seed: a.seed,
+        kind,
+        install: a.install,
+        delivery: a.delivery,
+        policy: a.policy,
+    })
+}
+
+/// A file name in `dir` that no other run uses.
+fn unique_name(dir: &Path) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    dir.join(format!(
+        "uffd-pager-torture-{}-{nanos:09}",
+        std::process::id()
+    ))
+}
+
+fn kind_name(k: &TortureKind) -> &'static str {
+    match k {
+        TortureKind::File { .. } => "file",
+        TortureKind::Anonymous => "anonymous",
+        TortureKind::Swapfile { .. } => "swapfile",
+    }
+}
+
+/// Runs the torture and prints the report.
+pub fn run(a: &TortureArgs) -> CliResult {
+    let cfg = config(a)?;
+    let _cleanup = RemoveOnDrop(match &cfg.kind {
+        TortureKind::File { path } => Some(path.clone()),
+        _ => None,
+    });
+    tracing::info!(?cfg, "torture");
+    let r = torture::run(&cfg).map_err(|e| CliError::Runtime(format!("torture: {e}")))?;
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
+    if a.json {
+        writeln!(out, "{}", report_json(&cfg, &r)).map_err(io)?;
+    } else {
+        write!(out, "{}", report_text(&cfg, &r)).map_err(io)?;
+    }
+    out.flush().map_err(io)?;
+    if r.is_clean() {
+        Ok(())
+    } else {
+        Err(CliError::Runtime(format!(
+            "torture: {} words did not match the model",
+            r.mismatches
+        )))
+    }
+}
+
+fn ops_per_s(r: &TortureReport) -> f64 {
+    let s = r.elapsed.as_secs_f64();
+    if s > 0.0 {
+        r.ops as f64 / s
+    } else {
+        0.0
+    }
+}
+
+fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
+    use std::fmt::Write as _;
+    let st = &r.stats;
+    let mut s = String::new();
+    let install = match cfg.kind {
+        TortureKind::File { .. } => format!(", install {}", cfg.install),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        s,
+        "torture: kind {}{install}, {} threads, {} pages ({} MiB) over a budget of {} pages, \
+         {}% writes, delivery {}, policy {}, seed {}",
+        kind_name(&cfg.kind),
+        cfg.threads,
+        cfg.pages,
+        (cfg.pages * PAGE_SIZE) >> 20,
+        cfg.budget_pages,
+        cfg.write_pct,
+        cfg.delivery,
+        cfg.policy,
+        cfg.seed
+    );
+    let _ = writeln!(
+        s,
+        "  ops             {} (reads {}, writes {})",
+        r.ops, r.reads, r.writes
+    );
+    let _ = writeln!(s, "  mismatches      {}", r.mismatches);
+    let _ = writeln!(s, "  words verified  {}", r.words_verified);
+    let _ = writeln!(
+        s,
+        "  elapsed         {:.3} s ({:.0} ops/s)",
+        r.elapsed.as_secs_f64(),
+        ops_per_s(r)
+    );
+    let _ = writeln!(
+        s,
+        "  reclaim         pgsteal {} pgscan {} writeback {} direct_reclaim {} kswapd_wake {}",
+        st.get(Counter::PGSTEAL),
+        st.get(Counter::PGSCAN),
+        st.get(Counter::WRITEBACK),
+        st.get(Counter::DIRECT_RECLAIM),
+        st.get(Counter::KSWAPD_WAKE)
+    );
+    let _ = writeln!(
+        s,
+        "  faults          pgfault {} pgmajfault {} wp_fault {} retry_mmap_drop {} retry_io_miss {}",
+        st.get(Counter::PGFAULT),
+        st.get(Counter::PGMAJFAULT),
+        st.get(Counter::WP_FAULT),
+        st.get(Counter::RETRY_MMAP_DROP),
+        st.get(Counter::RETRY_IO_MISS)
+    );
+    let _ = writeln!(
+        s,
+        "  background      flushes {} reclaimed {} pages",
+        r.background_flushes, r.background_reclaimed
+    );
+    let over = if st.peak_resident_pages > st.budget_pages {
+        format!(
+            " (over by {} in flight)",
+            st.peak_resident_pages - st.budget_pages
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        s,
+        "  peak resident   {} / budget {} pages{over}",
+        st.peak_resident_pages, st.budget_pages
+    );
+    if !r.first_mismatches.is_empty() {
+        let _ = writeln!(s, "  first mismatches:");
+        for m in &r.first_mismatches {
+            let _ = writeln!(s, "    {m}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "{}",
+        if r.is_clean() {
+            "PASS: every read and every final word matched the model"
+        } else {
+            "FAIL: data did not match the model"
+        }
+    );
+    s
+}
+
+fn report_json(cfg: &TortureConfig, r: &TortureReport) -> Json {
+    let st = &r.stats;
+    let counters = Json::Obj(
+        Counter::ALL
+            .iter()
+            .map(|&c| (c.name().to_string(), Json::Int(st.get(c) as i64)))
+            .collect(),
+    );
+    let mismatches = Json::Arr(
+        r.first_mismatches
+            .iter()
+            .map(|m| Json::str(m.to_string()))
+            .collect(),
+    );
+    Json::obj([
+        ("workload", Json::str("torture")),
+        ("kind", Json::str(kind_name(&cfg.kind))),
+        (
+            "install",
+            match cfg.kind {
+                TortureKind::File { .. } => Json::str(cfg.install.to_string()),
+                _ => Json::Null,
+            },
+        ),
+        ("threads", Json::Int(cfg.threads as i64)),
+        ("pages", Json::Int(cfg.pages as i64)),
+        ("budget_pages", Json::Int(cfg.budget_pages as i64)),
+        ("write_pct", Json::Int(i64::from(cfg.write_pct))),
+        ("delivery", Json::str(cfg.delivery.to_string())),
+        ("policy", Json::str(cfg.policy.to_string())),
+        ("seed", Json::Int(cfg.seed as i64)),
+        ("ops", Json::Int(r.ops as i64)),
+        ("reads", Json::Int(r.reads as i64)),
+        ("writes", Json::Int(r.writes as i64)),
+        ("mismatches", Json::Int(r.mismatches as i64)),
+        ("first_mismatches", mismatches),
+        ("words_verified", Json::Int(r.words_verified as i64)),
+        ("elapsed_s", Json::Num(r.elapsed.as_secs_f64())),
+        ("ops_per_s", Json::Num(ops_per_s(r))),
+        ("background_flushes", Json::Int(r.background_flushes as i64)),
+        (
+            "background_reclaimed",
+            Json::Int(r.background_reclaimed as i64),
+        ),
+        (
+            "peak_resident_pages",
+            Json::Int(st.peak_resident_pages as i64),
+        ),
+        ("counters", counters),
+        ("clean", Json::Bool(r.is_clean())),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(flatten)]
+        a: TortureArgs,
+    }
+
+    fn args(extra: &[&str]) -> TortureArgs {
+        let mut v = vec!["torture"];
+        v.extend_from_slice(extra);
+        T::try_parse_from(v).unwrap().a
+    }
+
+    #[test]
+    fn budget_must_be_a_quarter_of_the_region() {
+        assert!(matches!(
+            config(&args(&["--budget", "2048", "--pages", "4096"])),
+            Err(CliError::Usage(_))
+        ));
+        let c = config(&args(&["--budget", "1024", "--pages", "4096"])).unwrap();
+        assert_eq!(c.budget_pages, 1024);
+        assert!(matches!(c.kind, TortureKind::File { .. }));
+    }
+
+    #[test]
+    fn ops_split_over_threads() {
+        let c = config(&args(&[
+            "--ops",
+            "11",
+            "--threads",
+            "2",
+            "--kind",
+            "anonymous",
+        ]))
+        .unwrap();
+        assert_eq!(c.ops_per_thread, 6);
+        assert!(matches!(
+            config(&args(&["--threads", "0"])),
+            Err(CliError::Usage(_))
+        ));
+        assert!(matches!(
+            config(&args(&["--write-pct", "101"])),
+            Err(CliError::Usage(_))
+        ));
+    }
+}
