@@ -22,6 +22,12 @@ fn registry() -> &'static Rcu<Vec<usize>> {
 }
 
 /// Installs the handler once per process, remembering the previous one.
+///
+/// Without `SA_ONSTACK`: the fault path (reclaim included) needs several
+/// KiB of stack, more than the small alternate signal stacks that runtimes
+/// (Rust's std among them) install for their stack-overflow handlers. It
+/// runs on the faulting thread's own stack, as the kernel's fault path runs
+/// on the task's kernel stack.
 fn ensure_installed() -> Result<(), i32> {
     let mut err = 0;
     INSTALL.call_once(|| {
@@ -31,7 +37,7 @@ fn ensure_installed() -> Result<(), i32> {
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigbus as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            sa.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {

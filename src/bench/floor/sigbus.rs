@@ -108,7 +108,7 @@ impl Installed {
             SIG.prev_flags.store(old.sa_flags as usize, Release);
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigbus as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            sa.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
             if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
                 return Err(Error::sys("sigaction(SIGBUS)", crate::sys::errno()));
