@@ -29,15 +29,15 @@ enum Command {
     /// ioctls, privileges and the delivery modes that work.
     Probe(probe::ProbeArgs),
     /// Runs a benchmark workload.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Reproduces the seeds' tables (filemap, swap, populate-churn) with
-    /// the seeds' figures beside ours; about two minutes.
+    /// the seeds' figures beside ours; about a minute on 2 vCPUs.
     Demo(demo::DemoArgs),
     /// Reclaim torture: threads read and write random words of a region at
     /// least 4x the budget while reclaim and write-back run; every read and
     /// the final contents are checked against an exact model (exit 1 on a
     /// mismatch).
-    Torture(torture::TortureArgs),
+    Torture(Box<torture::TortureArgs>),
 }
 
 /// A failure, with the exit code it maps to.

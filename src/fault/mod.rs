@@ -1,5 +1,5 @@
 //! The fault path: one [`Fault`] value flows through the driver
-//! ([`handle_fault`]) into attempts ([`attempt`]) that consult the page
+//! ([`handle_fault`]) into attempts (`attempt.rs`) that consult the page
 //! cache, read the store and install the page.
 //!
 //! ```text
