@@ -127,6 +127,8 @@ fn engine(kind: InstallKind, pages: usize) -> Result<(f64, u64)> {
     let pager = Pager::builder()
         .budget_pages(pages as u64 * 4)
         .kswapd(false)
+        .readahead(0, 1)
+        .fault_around(0)
         .build()?;
     let store = Arc::new(MemoryStore::new((pages * PAGE_SIZE) as u64)?);
     let mut r = pager.map_store(
