@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test deps lint bench
+.PHONY: demo test deps lint bench examples
 
 # userfaultfd-sys generates its bindings with bindgen, which needs libclang.
 deps:
@@ -24,3 +24,9 @@ lint: deps
 
 bench: deps
 	$(CARGO) run --release --quiet -- bench fault-cost
+
+# The embedding examples verify their own results and exit non-zero if not.
+examples: deps
+	$(CARGO) run --release --quiet --example embed_file
+	$(CARGO) run --release --quiet --example out_of_core_sort
+	$(CARGO) run --release --quiet --example anon_swap
