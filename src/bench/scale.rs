@@ -77,25 +77,32 @@ fn run(regions: usize, faults: usize, seed: u64) -> Result<(f64, f64)> {
         .map(|_| pager.map_anonymous(pages_each * PAGE_SIZE))
         .collect::<Result<Vec<_>>>()?;
     let map_s = t.elapsed().as_secs_f64();
-    // Distinct random (region, page) targets.
-    let mut targets: Vec<usize> = (0..regions * pages_each).collect();
-    let mut rng = Rng::new(seed);
-    for i in (1..targets.len()).rev() {
-        targets.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    let bases: Vec<usize> = rs.iter().map(|r| r.as_ptr() as usize).collect();
+    // SAFETY: every base maps `pages_each` writable pages of a live region.
+    let ns = unsafe { time_random_writes(&bases, pages_each, faults, seed) };
+    drop(rs);
+    Ok((ns, map_s))
+}
+
+/// Writes one byte at `faults` distinct random pages of the mappings at
+/// `bases` (`pages_each` pages each); returns ns per write.
+///
+/// # Safety
+/// Each base must map `pages_each` writable pages for the whole call.
+unsafe fn time_random_writes(bases: &[usize], pages_each: usize, faults: usize, seed: u64) -> f64 {
+    let mut targets: Vec<usize> = (0..bases.len() * pages_each).collect();
+    Rng::new(seed).shuffle(&mut targets);
     targets.truncate(faults);
     let addrs: Vec<usize> = targets
         .iter()
-        .map(|&t| rs[t / pages_each].as_ptr() as usize + (t % pages_each) * PAGE_SIZE)
+        .map(|&t| bases[t / pages_each] + (t % pages_each) * PAGE_SIZE)
         .collect();
     let t = Instant::now();
     for &a in &addrs {
-        // SAFETY: `a` is a page of a live region.
+        // SAFETY: `a` is a page of one of the caller's live mappings.
         unsafe { std::ptr::write_volatile(a as *mut u8, 1) };
     }
-    let ns = t.elapsed().as_nanos() as f64 / addrs.len().max(1) as f64;
-    drop(rs);
-    Ok((ns, map_s))
+    t.elapsed().as_nanos() as f64 / addrs.len().max(1) as f64
 }
 
 /// The same fault pattern on plain anonymous mappings, faulted by the
@@ -115,22 +122,8 @@ fn kernel_run(regions: usize, faults: usize, seed: u64) -> Result<f64> {
             keep.push(Mapping::anonymous(PAGE_SIZE).map_err(|e| Error::sys("mmap", e))?);
         }
     }
-    let mut targets: Vec<usize> = (0..regions * pages_each).collect();
-    let mut rng = Rng::new(seed);
-    for i in (1..targets.len()).rev() {
-        targets.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    targets.truncate(faults);
-    let addrs: Vec<usize> = targets
-        .iter()
-        .map(|&t| bases[t / pages_each] + (t % pages_each) * PAGE_SIZE)
-        .collect();
-    let t = Instant::now();
-    for &a in &addrs {
-        // SAFETY: `a` is a page of one of our live private mappings.
-        unsafe { std::ptr::write_volatile(a as *mut u8, 1) };
-    }
-    Ok(t.elapsed().as_nanos() as f64 / addrs.len().max(1) as f64)
+    // SAFETY: every base maps `pages_each` writable pages kept in `keep`.
+    Ok(unsafe { time_random_writes(&bases, pages_each, faults, seed) })
 }
 
 /// Measures fault cost with `few` and with `many` regions, best of

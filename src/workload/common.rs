@@ -205,6 +205,13 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
+
+    /// Shuffles `v` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i as u64 + 1) as usize);
+        }
+    }
 }
 
 /// The byte every page-pattern store holds at `offset`.

@@ -32,10 +32,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
         },
     )?;
     let mut order: Vec<u32> = (0..k.pages as u32).collect();
-    let mut rng = Rng::new(k.seed);
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    Rng::new(k.seed).shuffle(&mut order);
     let base = region.as_ptr() as usize;
     let mismatches = AtomicU64::new(0);
     pager.reset_stats();
