@@ -1,0 +1,137 @@
+//! The command line's argument handling: bad arguments exit with code 2 and
+//! say why on stderr, before any workload runs; `--help` and `probe` exit 0.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// Runs the built binary with `args`.
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_uffd-pager"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running uffd-pager")
+}
+
+/// Asserts that `args` is rejected as a usage error: exit code 2, a message
+/// on stderr that mentions `needle` (case-insensitive), nothing run (fast).
+fn rejects(args: &[&str], needle: &str) {
+    let t = Instant::now();
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{args:?}: want exit 2, got {:?}\nstdout: {}\nstderr: {err}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(
+        !err.trim().is_empty(),
+        "{args:?}: exit 2 without a message on stderr"
+    );
+    assert!(
+        err.to_lowercase().contains(&needle.to_lowercase()),
+        "{args:?}: stderr does not mention {needle:?}:\n{err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "{args:?}: took {:?}; usage errors must be caught before running",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn unknown_subcommand() {
+    rejects(&["frobnicate"], "frobnicate");
+    rejects(&["bench", "nope"], "nope");
+}
+
+#[test]
+fn bad_policy() {
+    rejects(&["bench", "filemap", "--policy", "bogus"], "bogus");
+}
+
+#[test]
+fn zero_threads() {
+    rejects(&["bench", "filemap", "--threads", "0"], "--threads");
+}
+
+#[test]
+fn two_swept_knobs() {
+    rejects(
+        &["bench", "filemap", "--threads", "2,4", "--writers", "1,2"],
+        "--writers",
+    );
+}
+
+#[test]
+fn zero_duration() {
+    rejects(&["bench", "filemap", "--duration", "0"], "--duration");
+}
+
+#[test]
+fn bad_latency() {
+    rejects(&["bench", "swap", "--latency", "fixed:abc"], "--latency");
+}
+
+#[test]
+fn zero_fault_cost_pages() {
+    rejects(&["bench", "fault-cost", "--pages", "0"], "--pages");
+}
+
+#[test]
+fn torture_region_smaller_than_four_budgets() {
+    rejects(
+        &["torture", "--budget", "2048", "--pages", "4096"],
+        "--budget",
+    );
+    rejects(&["torture", "--threads", "0"], "--threads");
+    rejects(&["torture", "--kind", "floppy"], "floppy");
+}
+
+#[test]
+fn zero_launches() {
+    rejects(&["bench", "launch", "--launches", "0"], "--launches");
+}
+
+#[test]
+fn missing_trace() {
+    rejects(
+        &["bench", "launch", "--trace", "/nonexistent/trace"],
+        "/nonexistent/trace",
+    );
+}
+
+#[test]
+fn metadata_zero_pages() {
+    rejects(&["bench", "metadata", "--pages", "0"], "--pages");
+}
+
+#[test]
+fn help_exits_zero() {
+    for args in [
+        &["--help"][..],
+        &["bench", "--help"],
+        &["torture", "--help"],
+        &["bench", "metadata", "--help"],
+    ] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {o:?}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("Usage"), "{args:?}: no usage text:\n{out}");
+    }
+    let o = run(&["--help"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for sub in ["probe", "bench", "torture"] {
+        assert!(out.contains(sub), "--help does not list {sub}:\n{out}");
+    }
+}
+
+#[test]
+fn probe_mentions_sigbus() {
+    let o = run(&["probe"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("SIGBUS"), "probe output:\n{out}");
+}
