@@ -18,6 +18,21 @@ static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
 /// the delivery layer wakes waiters once per batch. Returns whether the
 /// page was moved out of the cache area (which then holds no copy).
 pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
+    // EAGAIN means the kernel could not take the page right now (a page
+    // under migration, a racing change of the mapping): try again.
+    let mut tries = 0;
+    loop {
+        match install_once(mm, vma, i, zero, write) {
+            Err(libc::EAGAIN) if tries < 100 => {
+                tries += 1;
+                std::hint::spin_loop();
+            }
+            r => return r,
+        }
+    }
+}
+
+fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
     let addr = vma.addr_of(i);
     let obj = &vma.object;
     let mut moved = false;
