@@ -104,6 +104,10 @@ enum Unmapped {
     /// Anonymous: the store write failed; the contents were kept in
     /// `data(i)` (dirty).
     KeptDirty,
+    /// Anonymous: the kernel has no page where the engine installed one.
+    /// That breaks the engine's invariant; the contents are gone, so the
+    /// page is poisoned (the next access gets SIGBUS) rather than looping.
+    Lost,
 }
 
 /// Takes installed page `i` out of the user mapping, under the region's
@@ -134,6 +138,10 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
         // either (protect needs the region write lock we exclude), so the
         // installed page itself is read, then dropped.
         Err(libc::EINVAL) if !vma.writable.load(Acquire) => Some(addr),
+        Err(libc::ENOENT) => {
+            r.put_slot(s);
+            return Ok(Unmapped::Lost);
+        }
         Err(_) => None,
     };
     let out = src.map(|src| {
@@ -198,6 +206,16 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
             Ok(Unmapped::KeptDirty) => {
                 obj.cache.unlock(i, DIRTY, MAPPED | MOVED);
                 return Evict::Rotate;
+            }
+            Ok(Unmapped::Lost) => {
+                mm.counters.inc(IO_ERROR);
+                obj.cache.unlock(
+                    i,
+                    crate::page_cache::POISONED,
+                    UPTODATE | MAPPED | MOVED | DIRTY | ON_LRU,
+                );
+                mm.uncharge(1);
+                return Evict::Drop;
             }
         }
         obj.cache.update(i, 0, MAPPED);
