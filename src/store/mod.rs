@@ -14,13 +14,15 @@
 //! Offsets and lengths are always whole pages and within [`Store::len`].
 
 mod file;
+mod latency;
 mod memory;
 mod simulated;
 mod zero;
 
 pub use file::{FileStore, FileStoreOptions};
+pub use latency::LatencyModel;
 pub use memory::MemoryStore;
-pub use simulated::{LatencyModel, LatencyReport, SimulatedStore};
+pub use simulated::{LatencyReport, SimulatedStore};
 pub use zero::ZeroStore;
 
 /// A store error: a plain errno, so that building one never allocates.
