@@ -233,6 +233,18 @@ pub fn pattern_store(pages: usize) -> crate::Result<crate::store::MemoryStore> {
     Ok(s)
 }
 
+/// Runs `f(i)` on `threads` scoped threads (`i` = 0..threads) and sums
+/// what they return (operations done).
+pub fn sum_over_threads(threads: usize, f: impl Fn(usize) -> u64 + Sync) -> u64 {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = (0..threads).map(|i| s.spawn(move || f(i))).collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("workload thread panicked"))
+            .sum()
+    })
+}
+
 /// Runs `f` until `deadline`, counting its calls.
 pub fn until(deadline: Instant, mut f: impl FnMut()) -> u64 {
     let mut n = 0;

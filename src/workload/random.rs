@@ -11,7 +11,7 @@
 //! It is mapped through a [`FileStore`] with `k.install` as install kind
 //! (read-only, except for the anonymous kind: see [`read_map_options`]).
 
-use super::common::{cpu_time, pattern, Knobs, Rng, RunResult, Writers};
+use super::common::{cpu_time, pattern, sum_over_threads, Knobs, Rng, RunResult, Writers};
 use crate::error::{Error, Result};
 use crate::object::InstallKind;
 use crate::store::FileStore;
@@ -174,33 +174,23 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
     let threads = k.threads.max(1);
-    let reads: u64 = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|i| {
-                let mismatches = &mismatches;
-                let mut rng = Rng::new(k.seed.wrapping_add(i as u64));
-                s.spawn(move || {
-                    let mut n = 0u64;
-                    while !n.is_multiple_of(64) || Instant::now() < deadline {
-                        let r = rng.next_u64();
-                        let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
-                        let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
-                        // SAFETY: `off + 8 <= pages * PAGE_SIZE`, the region's
-                        // length; the region outlives the scope; `off` is
-                        // 8-aligned and the region page-aligned.
-                        let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
-                        if v != pattern_word(off) {
-                            mismatches.fetch_add(1, Relaxed);
-                        }
-                        n += 1;
-                    }
-                    n
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("random reader panicked"))
-            .sum()
+    let reads = sum_over_threads(threads, |i| {
+        let mut rng = Rng::new(k.seed.wrapping_add(i as u64));
+        let mut n = 0u64;
+        while !n.is_multiple_of(64) || Instant::now() < deadline {
+            let r = rng.next_u64();
+            let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
+            let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
+            // SAFETY: `off + 8 <= pages * PAGE_SIZE`, the region's length;
+            // the region outlives the threads; `off` is 8-aligned and the
+            // region page-aligned.
+            let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
+            if v != pattern_word(off) {
+                mismatches.fetch_add(1, Relaxed);
+            }
+            n += 1;
+        }
+        n
     });
     let writer_loops = writers.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);

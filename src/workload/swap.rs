@@ -5,7 +5,9 @@
 //! `uptodate-no-retry` case); `writers` threads map and unmap unrelated
 //! regions to contend on the global lock. Throughput is page reads/s.
 
-use super::common::{cpu_time, pattern, pattern_store, Knobs, Rng, RunResult, Writers};
+use super::common::{
+    cpu_time, pattern, pattern_store, sum_over_threads, Knobs, Rng, RunResult, Writers,
+};
 use crate::object::InstallKind;
 use crate::store::{SimulatedStore, Store};
 use crate::sys::PAGE_SIZE;
@@ -39,33 +41,23 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
-    let reads: u64 = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..k.threads)
-            .map(|_| {
-                let (order, mismatches) = (&order, &mismatches);
-                s.spawn(move || {
-                    let mut n = 0u64;
-                    'run: loop {
-                        for &p in order {
-                            if n.is_multiple_of(64) && Instant::now() >= deadline {
-                                break 'run;
-                            }
-                            let off = p as usize * PAGE_SIZE + 8 * (p as usize % 512);
-                            // SAFETY: inside the region, which outlives the scope.
-                            let v = unsafe { std::ptr::read_volatile((base + off) as *const u8) };
-                            if v != pattern(off) {
-                                mismatches.fetch_add(1, Relaxed);
-                            }
-                            n += 1;
-                        }
-                    }
-                    n
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("reader panicked"))
-            .sum()
+    let reads = sum_over_threads(k.threads, |_| {
+        let mut n = 0u64;
+        'run: loop {
+            for &p in &order {
+                if n.is_multiple_of(64) && Instant::now() >= deadline {
+                    break 'run;
+                }
+                let off = p as usize * PAGE_SIZE + 8 * (p as usize % 512);
+                // SAFETY: inside the region, which outlives the threads.
+                let v = unsafe { std::ptr::read_volatile((base + off) as *const u8) };
+                if v != pattern(off) {
+                    mismatches.fetch_add(1, Relaxed);
+                }
+                n += 1;
+            }
+        }
+        n
     });
     let writer_loops = writers.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
