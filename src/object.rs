@@ -209,6 +209,27 @@ impl Object {
         unsafe { std::slice::from_raw_parts_mut(self.data(i), PAGE_SIZE) }
     }
 
+    /// Reads page `i` from the store into the cache. Async-signal-safe.
+    ///
+    /// Shared objects are filled through the memfd ([`Store::read_to_fd`]),
+    /// never by writing through the alias: a page written through the
+    /// alias is dirty in the alias's page table, and the kernel flushes the
+    /// TLB on its own for every dirty shared-file PTE it zaps (before it
+    /// drops the page's rmap), so evicting it would cost a shootdown of its
+    /// own instead of sharing one with its batch.
+    ///
+    /// # Safety
+    /// The caller holds page `i`'s lock and the page is neither cached nor
+    /// installed, so nobody else reads or writes its cached contents.
+    pub unsafe fn fill(&self, i: usize) -> Result<(), crate::store::StoreError> {
+        let off = (i * PAGE_SIZE) as u64;
+        match &self.backing {
+            Backing::Shared { memfd, .. } => self.store.read_to_fd(off, PAGE_SIZE, memfd.fd(), off),
+            // SAFETY: exclusivity is the caller's contract.
+            Backing::Anonymous { .. } => self.store.read(off, unsafe { self.page_mut(i) }),
+        }
+    }
+
     /// The engine's alias mapping of page `i` of a shared object.
     pub fn alias_of(&self, i: usize) -> Option<usize> {
         match &self.backing {

@@ -15,7 +15,7 @@ use crate::lru::{entry, unpack, Entry};
 use crate::object::Object;
 use crate::page_cache::{LOCKED, POISONED, READAHEAD, UPTODATE};
 use crate::stats::Counter::*;
-use crate::sys::{futex, PAGE_SIZE};
+use crate::sys::futex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
@@ -129,8 +129,14 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     let expected = obj.ra_next.swap(i32_ + 1, Relaxed);
     let w = obj.ra_window.load(Relaxed);
     let end = obj.ra_end.load(Relaxed);
-    // Sequential: the next page, or inside what readahead already covers.
-    let sequential = i32_ == expected || (i32_ >= expected && i32_ < end);
+    // Sequential: the next page, or a page a little ahead of it up to the
+    // end of what readahead requested (fault-around maps the cached pages in
+    // between, so a sequential reader's next fault lands further on). The
+    // reach is bounded: `end` only grows, and a random fault that lands
+    // anywhere past the last one must not count as sequential.
+    let reach = max + mm.config.fault_around_pages as u32;
+    let sequential =
+        i32_ == expected || (i32_ >= expected && i32_ <= end && i32_ - expected <= reach);
     let w = if sequential {
         (w * 2).clamp(4, max)
     } else {
@@ -178,10 +184,8 @@ fn read_one(mm: &Mm, e: Entry) {
         return;
     }
     mm.charge(1);
-    // SAFETY: we hold the page lock and the page is absent: nobody else
-    // reads or writes its cached contents.
-    let buf = unsafe { obj.page_mut(j) };
-    if obj.store.read((j * PAGE_SIZE) as u64, buf).is_ok() {
+    // SAFETY: we hold the page lock and the page is absent.
+    if unsafe { obj.fill(j) }.is_ok() {
         mm.counters.inc(RA_PAGES);
         mm.counters.inc(PGREAD);
         obj.cache.unlock(j, UPTODATE | READAHEAD, 0);

@@ -307,10 +307,9 @@ fn prepare_clean_shared<'a>(
             }
         }
     }
-    if let Some(a) = obj.alias_of(i) {
-        zaps[*nz] = (a, PAGE_SIZE);
-        *nz += 1;
-    }
+    // The engine's alias needs no zap here: pages are filled through the
+    // memfd, so the alias maps a page only after a write-back read, and
+    // then the hole punch unmaps it.
     Ok(Some(Pending {
         obj,
         i,
@@ -359,7 +358,7 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
         // Clean shared pages are zapped together: one TLB shootdown for the
         // batch rather than one per page.
         let mut pending: [Option<Pending<'_>>; ISOLATE] = [const { None }; ISOLATE];
-        let mut zaps = [(0usize, 0usize); 2 * ISOLATE];
+        let mut zaps = [(0usize, 0usize); ISOLATE];
         let mut nz = 0;
         for (k, &e) in buf[..n].iter().enumerate() {
             scanned += 1;
@@ -388,19 +387,18 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
                 Evict::Drop => {}
             }
         }
-        if nz > 0 {
-            let ok = dontneed_batch(&zaps[..nz]).is_ok();
-            for (k, p) in pending.iter_mut().enumerate() {
-                let Some(p) = p.take() else { continue };
-                if ok {
-                    finish_clean_shared(mm, p);
-                    freed += 1;
-                    c.inc(PGSTEAL);
-                } else {
-                    p.obj.cache.unlock(p.i, 0, 0);
-                    back[nb] = buf[k];
-                    nb += 1;
-                }
+        // Pages that were not mapped are pending too, with nothing to zap.
+        let ok = nz == 0 || dontneed_batch(&zaps[..nz]).is_ok();
+        for (k, p) in pending.iter_mut().enumerate() {
+            let Some(p) = p.take() else { continue };
+            if ok {
+                finish_clean_shared(mm, p);
+                freed += 1;
+                c.inc(PGSTEAL);
+            } else {
+                p.obj.cache.unlock(p.i, 0, 0);
+                back[nb] = buf[k];
+                nb += 1;
             }
         }
         mm.lru.putback(&back[..nb], c);

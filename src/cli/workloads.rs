@@ -57,6 +57,11 @@ pub struct WorkloadArgs {
     /// Fault-around cluster in pages (0: off).
     #[arg(long, default_value_t = 64)]
     pub fault_around: usize,
+    /// No background reclaimer: faulting threads reclaim for themselves
+    /// (direct reclaim only). On a 2-vCPU machine this avoids a TLB
+    /// shootdown per eviction while a worker runs on the other vCPU.
+    #[arg(long)]
+    pub no_kswapd: bool,
     /// Microseconds each writer pauses between map/unmap loops.
     #[arg(long, default_value_t = 0)]
     pub writer_pause_us: u64,
@@ -174,6 +179,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         pages,
         readahead_pages: a.readahead,
         fault_around_pages: a.fault_around,
+        kswapd: !a.no_kswapd,
     };
     let (knob, values) = if a.writers.len() > 1 {
         ("writers", a.writers.clone())

@@ -3,7 +3,6 @@
 use crate::address_space::Mm;
 use crate::object::Object;
 use crate::stats::Counter::*;
-use crate::sys::PAGE_SIZE;
 
 /// How a load ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,10 +18,9 @@ pub(super) enum LoadResult {
 pub(super) fn load(mm: &Mm, obj: &Object, i: usize) -> LoadResult {
     let attempts = mm.config.read_attempts.max(1);
     for _ in 0..attempts {
-        // SAFETY: the caller holds page `i`'s lock and the page is not
-        // installed, so nobody else reads or writes its cached contents.
-        let buf = unsafe { obj.page_mut(i) };
-        match obj.store.read((i * PAGE_SIZE) as u64, buf) {
+        // SAFETY: the caller holds page `i`'s lock and the page is neither
+        // cached nor installed.
+        match unsafe { obj.fill(i) } {
             Ok(()) => {
                 mm.counters.inc(PGREAD);
                 return LoadResult::Ok;

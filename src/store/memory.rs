@@ -141,6 +141,26 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn read_to_fd(
+        &self,
+        offset: u64,
+        len: usize,
+        fd: std::os::fd::RawFd,
+        fd_offset: u64,
+    ) -> Result<(), StoreError> {
+        if !in_bounds(offset, len, self.len) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above; the mapping outlives the call and the
+        // engine serialises calls per page, so the bytes are not being
+        // written while the kernel copies them.
+        let src = unsafe { std::slice::from_raw_parts(self.base().add(offset as usize), len) };
+        crate::sys::mem::pwrite_all(fd, src, fd_offset).map_err(StoreError)
+    }
+
     fn writable(&self) -> bool {
         self.writable
     }

@@ -43,6 +43,35 @@ pub trait Store: Send + Sync + 'static {
     /// Fills `buf` with the bytes at `offset`. Async-signal-safe.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
+    /// Copies the `len` bytes at `offset` into the file `fd` at `fd_offset`
+    /// (the engine's memfd page cache), so the engine never maps the
+    /// destination to fill it. Async-signal-safe.
+    ///
+    /// The default reads one page at a time into a page-aligned buffer on
+    /// the stack and `pwrite`s it: two copies and two syscalls per page, no
+    /// allocation. Stores that hold their contents in memory override it to
+    /// write straight from there.
+    fn read_to_fd(
+        &self,
+        offset: u64,
+        len: usize,
+        fd: std::os::fd::RawFd,
+        fd_offset: u64,
+    ) -> Result<(), StoreError> {
+        #[repr(C, align(4096))]
+        struct PageBuf([u8; crate::sys::PAGE_SIZE]);
+        let mut buf = PageBuf([0; crate::sys::PAGE_SIZE]);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.0.len());
+            self.read(offset + done as u64, &mut buf.0[..n])?;
+            crate::sys::mem::pwrite_all(fd, &buf.0[..n], fd_offset + done as u64)
+                .map_err(StoreError)?;
+            done += n;
+        }
+        Ok(())
+    }
+
     /// Writes `buf` at `offset`. Async-signal-safe. Stores that are
     /// read-only return `Err(StoreError(libc::EROFS))`.
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError>;

@@ -194,6 +194,34 @@ impl Memfd {
     }
 }
 
+/// Writes all of `buf` to `fd` at `off` (`pwrite`, retried on `EINTR` and
+/// short writes); async-signal-safe.
+pub fn pwrite_all(fd: RawFd, buf: &[u8], off: u64) -> Result<(), i32> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &buf[done..];
+        // SAFETY: `rest` is valid for reads of `rest.len()` bytes; `fd` is
+        // the caller's open descriptor.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                rest.as_ptr().cast(),
+                rest.len(),
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(libc::EIO),
+            _ => match super::errno() {
+                libc::EINTR => {}
+                e => return Err(e),
+            },
+        }
+    }
+    Ok(())
+}
+
 /// `MADV_DONTNEED` over several ranges of this process in one call
 /// (`process_madvise` on `PIDFD_SELF`), so the kernel flushes the TLB once
 /// for all of them; falls back to one `madvise` per range where the kernel

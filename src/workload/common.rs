@@ -44,6 +44,9 @@ pub struct Knobs {
     pub readahead_pages: u32,
     /// Fault-around cluster in pages (0: off).
     pub fault_around_pages: usize,
+    /// Run the background reclaimer (kswapd); without it, faulting threads
+    /// reclaim for themselves (direct reclaim).
+    pub kswapd: bool,
 }
 
 impl Default for Knobs {
@@ -63,6 +66,7 @@ impl Default for Knobs {
             pages: 256,
             readahead_pages: 32,
             fault_around_pages: 64,
+            kswapd: true,
         }
     }
 }
@@ -81,6 +85,7 @@ impl Knobs {
             .budget_pages(self.budget_pages)
             .readahead(self.readahead_pages, 2)
             .fault_around(self.fault_around_pages)
+            .kswapd(self.kswapd)
     }
 }
 
