@@ -29,11 +29,13 @@
 mod engine;
 mod evict;
 mod floor;
+mod random_floor;
 mod scale;
 
 pub use engine::EngineLoop;
 pub use evict::{evict_cost, EvictReport};
 pub use floor::FloorLoop;
+pub use random_floor::{random_floor, RandomFloorReport};
 pub use scale::{scale, ScaleReport};
 
 use crate::delivery::Delivery;

@@ -150,6 +150,41 @@ pub fn file_pages(k: &Knobs) -> usize {
     }
 }
 
+/// The reading loop of `random`, shared with its raw floor: `threads`
+/// threads each read one `u64` at a uniformly random page of the
+/// `pages`-page mapping at `base` (holding [`pattern`]) until `deadline`,
+/// counting words that differ from the pattern in `mismatches`. Returns the
+/// reads done.
+///
+/// # Safety
+/// `base` must map `pages` readable pages for the whole call.
+pub(crate) unsafe fn read_random_words(
+    base: usize,
+    pages: usize,
+    threads: usize,
+    seed: u64,
+    deadline: Instant,
+    mismatches: &AtomicU64,
+) -> u64 {
+    sum_over_threads(threads, |i| {
+        let mut rng = Rng::new(seed.wrapping_add(i as u64));
+        let mut n = 0u64;
+        while !n.is_multiple_of(64) || Instant::now() < deadline {
+            let r = rng.next_u64();
+            let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
+            let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
+            // SAFETY: `off + 8 <= pages * PAGE_SIZE`, inside the caller's
+            // mapping; `off` is 8-aligned and the mapping page-aligned.
+            let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
+            if v != pattern_word(off) {
+                mismatches.fetch_add(1, Relaxed);
+            }
+            n += 1;
+        }
+        n
+    })
+}
+
 /// Runs `random` with its file in [`default_dir`].
 pub fn run(k: &Knobs) -> Result<RunResult> {
     run_in(k, &default_dir())
@@ -158,8 +193,11 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
 /// Runs `random` with its file in `dir`.
 ///
 /// `ops` is page reads (all threads). Extras: `us_per_page` (wall time per
-/// page per thread, `elapsed × threads / ops` in µs), `mismatches` (words
-/// that differed from the pattern; 0 unless the engine is broken),
+/// page per thread, `elapsed × threads / ops` in µs), `floor_us_per_page`
+/// (the same measure for [`crate::bench::random_floor`], run right after
+/// with the same threads, budget and duration; NaN without a budget),
+/// `vs_floor` (their ratio), `mismatches` (words that differed from the
+/// pattern, engine and floor; 0 unless one is broken),
 /// `file_pages`, `writer_loops`.
 pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = file_pages(k);
@@ -174,30 +212,26 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
     let threads = k.threads.max(1);
-    let reads = sum_over_threads(threads, |i| {
-        let mut rng = Rng::new(k.seed.wrapping_add(i as u64));
-        let mut n = 0u64;
-        while !n.is_multiple_of(64) || Instant::now() < deadline {
-            let r = rng.next_u64();
-            let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
-            let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
-            // SAFETY: `off + 8 <= pages * PAGE_SIZE`, the region's length;
-            // the region outlives the threads; `off` is 8-aligned and the
-            // region page-aligned.
-            let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
-            if v != pattern_word(off) {
-                mismatches.fetch_add(1, Relaxed);
-            }
-            n += 1;
-        }
-        n
-    });
+    // SAFETY: the region maps `pages` pages of the file and outlives the call.
+    let reads = unsafe { read_random_words(base, pages, threads, k.seed, deadline, &mismatches) };
     let writer_loops = writers.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let stats = pager.stats();
     drop(region);
     drop(file);
+    drop(pager);
     let us_per_page = elapsed.as_secs_f64() * threads as f64 / reads.max(1) as f64 * 1e6;
+    // The raw floor, same reads, same threads, same budget, right after.
+    let floor_us = if k.budget_pages > 0 {
+        let f =
+            crate::bench::random_floor(dir, k.budget_pages as usize, threads, k.duration, k.seed)?;
+        if f.mismatches != 0 {
+            mismatches.fetch_add(f.mismatches, Relaxed);
+        }
+        f.us_per_page(threads)
+    } else {
+        f64::NAN
+    };
     Ok(RunResult {
         workload: "random",
         label: k.policy.to_string(),
@@ -209,6 +243,8 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
         latency: None,
         extra: vec![
             ("us_per_page", us_per_page),
+            ("floor_us_per_page", floor_us),
+            ("vs_floor", us_per_page / floor_us),
             ("mismatches", mismatches.load(Relaxed) as f64),
             ("file_pages", pages as f64),
             ("writer_loops", writer_loops as f64),

@@ -25,7 +25,7 @@
 //! A failed install leaves the faulting thread with no way forward, so the
 //! floor reports it on stderr and aborts the process.
 
-mod sigbus;
+pub(crate) mod sigbus;
 mod threads;
 
 use super::touch;
@@ -84,7 +84,7 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize, stage: usize) -> std::result::R
 }
 
 /// Writes `msg` to stderr and aborts; async-signal-safe.
-fn fatal(msg: &[u8]) -> ! {
+pub(super) fn fatal(msg: &[u8]) -> ! {
     // SAFETY: write(2) from a live buffer and abort(3) are async-signal-safe.
     unsafe {
         libc::write(2, msg.as_ptr().cast(), msg.len());

@@ -74,7 +74,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
 
 /// Passes a SIGBUS that is not the floor's to the handler installed before
 /// the floor's, or applies the default action.
-fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+pub(crate) fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     crate::delivery::sigbus::chain_to(
         SIG.prev_handler.load(Acquire),
         SIG.prev_flags.load(Acquire) as libc::c_int,
@@ -84,18 +84,17 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
     );
 }
 
-/// The floor's SIGBUS handler, installed while this lives (and the
+/// A SIGBUS handler of the floor's, installed while this lives (and the
 /// [`SERIAL`] guard with it).
 struct Installed {
     old: libc::sigaction,
 }
 
+/// A raw SA_SIGINFO signal handler.
+pub(crate) type RawHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
 impl Installed {
-    fn new(uffd: &Uffd, t: &Target, stage: usize) -> Result<Installed> {
-        SIG.uffd.store(uffd as *const Uffd as usize, Release);
-        SIG.src.store(t.src, Release);
-        SIG.alias.store(t.alias, Release);
-        SIG.stage.store(stage, Release);
+    fn new(handler: RawHandler) -> Result<Installed> {
         // SAFETY: zeroed sigaction structs are valid; we query the current
         // disposition first (so chaining works from the first signal), then
         // install ours with SA_SIGINFO and an empty mask.
@@ -107,7 +106,7 @@ impl Installed {
             SIG.prev_handler.store(old.sa_sigaction, Release);
             SIG.prev_flags.store(old.sa_flags as usize, Release);
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_sigbus as *const () as usize;
+            sa.sa_sigaction = handler as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
             if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
@@ -115,8 +114,6 @@ impl Installed {
             }
             old
         };
-        SIG.len.store(t.len, Release);
-        SIG.base.store(t.base, Release);
         Ok(Installed { old })
     }
 }
@@ -125,10 +122,17 @@ impl Drop for Installed {
     fn drop(&mut self) {
         // SAFETY: restores the disposition saved in `new`.
         unsafe { libc::sigaction(libc::SIGBUS, &self.old, std::ptr::null_mut()) };
-        SIG.base.store(0, Release);
-        SIG.len.store(0, Release);
-        SIG.uffd.store(0, Release);
     }
+}
+
+/// Runs `f` with `handler` as the process's SIGBUS handler (and no other
+/// floor pass running), restoring the previous disposition afterwards. The
+/// handler passes signals that are not its own to [`chain`].
+pub(crate) fn with_raw_handler<R>(handler: RawHandler, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    settle_engine_handler();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let _installed = Installed::new(handler)?;
+    f()
 }
 
 /// Runs `f` with the floor's SIGBUS handler serving `t` (and no other floor
@@ -139,7 +143,17 @@ pub(super) fn with_handler<R>(
     stage: usize,
     f: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let _installed = Installed::new(uffd, t, stage)?;
-    f()
+    with_raw_handler(on_sigbus, || {
+        SIG.uffd.store(uffd as *const Uffd as usize, Release);
+        SIG.src.store(t.src, Release);
+        SIG.alias.store(t.alias, Release);
+        SIG.stage.store(stage, Release);
+        SIG.len.store(t.len, Release);
+        SIG.base.store(t.base, Release);
+        let r = f();
+        SIG.base.store(0, Release);
+        SIG.len.store(0, Release);
+        SIG.uffd.store(0, Release);
+        r
+    })
 }

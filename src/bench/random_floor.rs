@@ -1,0 +1,216 @@
+//! The raw floor for `random`: the same reads over the same kind of file,
+//! served by the smallest in-thread handler that keeps the same budget.
+//!
+//! The file (4 × `budget` pages of [`crate::workload::common::pattern`]) is
+//! mapped through a memfd registered MINOR|MISSING, as the engine maps a
+//! shared region. Each fault, in the faulting thread's SIGBUS handler:
+//!
+//! 1. takes the next slot of a ring of `budget` resident pages and, if the
+//!    slot held a page, punches that page out of the memfd (which also
+//!    unmaps it from the user mapping): FIFO eviction, one page per fault;
+//! 2. reads the faulting page from the file into a stack buffer and
+//!    `pwrite`s it into the memfd (the engine's fill for a file store);
+//! 3. maps it with one `UFFDIO_CONTINUE`, which also wakes.
+//!
+//! No lookup, no locks, no page states, no LRU, no fault-around, no
+//! readahead: what is left is what the kernel charges a userspace pager for
+//! a miss under a budget. Two faulting threads may race on one page (both
+//! fill it; one install wins with `EEXIST`) or evict a page between
+//! another's fill and install (that install fails and the thread simply
+//! faults again); both are rare and cost only time.
+
+use super::floor::fatal;
+use super::floor::sigbus::{chain, with_raw_handler};
+use crate::error::{Error, Result};
+use crate::sys::mem::{pwrite_all, Mapping, Memfd};
+use crate::sys::uffd::{feature, mode, Uffd};
+use crate::sys::PAGE_SIZE;
+use crate::workload::random::{read_random_words, PatternFile};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::time::{Duration, Instant};
+
+const EMPTY: usize = usize::MAX;
+
+/// The handler's state: plain integers and pointers behind atomics, set
+/// before a pass and cleared after it.
+struct State {
+    base: AtomicUsize,
+    len: AtomicUsize,
+    uffd: AtomicUsize,
+    file_fd: AtomicUsize,
+    memfd: AtomicUsize,
+    ring: AtomicUsize,
+    ring_len: AtomicUsize,
+    head: AtomicUsize,
+    faults: AtomicU64,
+}
+
+static ST: State = State {
+    base: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    uffd: AtomicUsize::new(0),
+    file_fd: AtomicUsize::new(0),
+    memfd: AtomicUsize::new(0),
+    ring: AtomicUsize::new(0),
+    ring_len: AtomicUsize::new(0),
+    head: AtomicUsize::new(0),
+    faults: AtomicU64::new(0),
+};
+
+/// What [`random_floor`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct RandomFloorReport {
+    /// Page reads done (all threads).
+    pub reads: u64,
+    /// Faults served.
+    pub faults: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Words that differed from the pattern (0 unless the floor is broken).
+    pub mismatches: u64,
+}
+
+impl RandomFloorReport {
+    /// Wall time per page read per thread, µs (the workload's
+    /// `us_per_page`).
+    pub fn us_per_page(&self, threads: usize) -> f64 {
+        self.elapsed.as_secs_f64() * threads.max(1) as f64 / self.reads.max(1) as f64 * 1e6
+    }
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let (base, len) = (ST.base.load(Acquire), ST.len.load(Acquire));
+    if code <= 0 || base == 0 || addr.wrapping_sub(base) >= len {
+        chain(sig, info, uctx);
+        return;
+    }
+    ST.faults.fetch_add(1, Relaxed);
+    let off = (addr - base) & !(PAGE_SIZE - 1);
+    let memfd = ST.memfd.load(Acquire) as i32;
+    // 1. Evict the oldest resident page.
+    let ring = ST.ring.load(Acquire) as *const AtomicUsize;
+    let slot = ST.head.fetch_add(1, Relaxed) % ST.ring_len.load(Acquire);
+    // SAFETY: `ring` points to `ring_len` atomics that outlive the pass.
+    let victim = unsafe { &*ring.add(slot) }.swap(off, AcqRel);
+    if victim != EMPTY {
+        // SAFETY: fallocate on the floor's memfd, open for the pass.
+        unsafe {
+            libc::fallocate(
+                memfd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                victim as libc::off_t,
+                PAGE_SIZE as libc::off_t,
+            )
+        };
+    }
+    // 2. Fill it from the file.
+    #[repr(C, align(4096))]
+    struct PageBuf([u8; PAGE_SIZE]);
+    let mut buf = PageBuf([0; PAGE_SIZE]);
+    let file_fd = ST.file_fd.load(Acquire) as i32;
+    // SAFETY: `buf` is a live page-sized buffer; the descriptor is open.
+    let n = unsafe {
+        libc::pread(
+            file_fd,
+            buf.0.as_mut_ptr().cast(),
+            PAGE_SIZE,
+            off as libc::off_t,
+        )
+    };
+    if n != PAGE_SIZE as isize || pwrite_all(memfd, &buf.0, off as u64).is_err() {
+        fatal(b"uffd-pager random floor: filling a page failed\n");
+    }
+    // 3. Map it.
+    // SAFETY: the descriptor outlives the pass (set before, cleared after).
+    let uffd = unsafe { &*(ST.uffd.load(Acquire) as *const Uffd) };
+    loop {
+        match uffd.cont(base + off, PAGE_SIZE, 0) {
+            Err(libc::EAGAIN) => continue,
+            // EEXIST: another thread installed it; EFAULT/ENOENT: another
+            // thread evicted it before our install, so we fault again.
+            Ok(_) | Err(libc::EEXIST) | Err(libc::EFAULT) | Err(libc::ENOENT) => return,
+            Err(_) => fatal(b"uffd-pager random floor: UFFDIO_CONTINUE failed\n"),
+        }
+    }
+}
+
+/// Runs the raw floor of `random`: `threads` threads reading for
+/// `duration` over a file of `4 × budget` pages created in `dir`, with at
+/// most `budget` pages resident.
+pub fn random_floor(
+    dir: &Path,
+    budget: usize,
+    threads: usize,
+    duration: Duration,
+    seed: u64,
+) -> Result<RandomFloorReport> {
+    if budget == 0 || threads == 0 {
+        return Err(Error::Config(
+            "the random floor needs a budget and at least one thread".into(),
+        ));
+    }
+    let pages = 4 * budget;
+    let len = pages * PAGE_SIZE;
+    let file = PatternFile::create(dir, "random-floor", pages)?;
+    let memfd =
+        Memfd::new("uffd-pager-random-floor", len).map_err(|e| Error::sys("memfd_create", e))?;
+    let user =
+        Mapping::shared(memfd.fd(), len, 0, false).map_err(|e| Error::sys("mmap memfd", e))?;
+    let uffd = Uffd::open(feature::MINOR_SHMEM | feature::SIGBUS, true, false)
+        .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
+    uffd.register(user.addr(), len, mode::MINOR | mode::MISSING)
+        .map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
+    let ring: Vec<AtomicUsize> = (0..budget).map(|_| AtomicUsize::new(EMPTY)).collect();
+    let mismatches = AtomicU64::new(0);
+    with_raw_handler(on_sigbus, || {
+        ST.uffd.store(&uffd as *const Uffd as usize, Release);
+        ST.file_fd.store(file.file().as_raw_fd() as usize, Release);
+        ST.memfd.store(memfd.fd() as usize, Release);
+        ST.ring.store(ring.as_ptr() as usize, Release);
+        ST.ring_len.store(ring.len(), Release);
+        ST.head.store(0, Release);
+        ST.faults.store(0, Release);
+        ST.len.store(len, Release);
+        ST.base.store(user.addr(), Release);
+        let t0 = Instant::now();
+        // SAFETY: `user` maps `pages` pages and outlives the call.
+        let reads = unsafe {
+            read_random_words(
+                user.addr(),
+                pages,
+                threads,
+                seed,
+                t0 + duration,
+                &mismatches,
+            )
+        };
+        let elapsed = t0.elapsed();
+        ST.base.store(0, Release);
+        ST.len.store(0, Release);
+        Ok(RandomFloorReport {
+            reads,
+            faults: ST.faults.load(Acquire),
+            elapsed,
+            mismatches: mismatches.load(Relaxed),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_reads_the_file_correctly_under_its_budget() {
+        let dir = crate::workload::random::default_dir();
+        let r = random_floor(&dir, 64, 2, Duration::from_millis(200), 3).unwrap();
+        assert_eq!(r.mismatches, 0);
+        assert!(r.reads > 0);
+        // A quarter of the file fits: most reads must have faulted.
+        assert!(r.faults > r.reads / 4, "{r:?}");
+    }
+}
