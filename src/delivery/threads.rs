@@ -4,6 +4,7 @@
 
 use crate::address_space::Mm;
 use crate::fault::{handle_fault, Resolution};
+use crate::stats::Counter::UFFD_WAKE;
 use crate::sys::uffd::{fault_flag, Msg, EVENT_PAGEFAULT};
 use crate::sys::{now_ns, PAGE_SIZE};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -57,18 +58,19 @@ impl Drop for HandlerPool {
 
 fn serve(mm: &Mm, stopfd: i32, spin_us: u32) {
     let mut msgs = [Msg::default(); BATCH];
+    let mut done = [0usize; BATCH];
     loop {
         let n = match read_batch(mm, stopfd, spin_us, &mut msgs) {
             Some(n) => n,
             None => return,
         };
+        let (mut nd, mut oldest) = (0, 0);
         for m in &msgs[..n] {
             if m.event != EVENT_PAGEFAULT {
                 continue;
             }
             let addr = m.arg1 as usize;
             let write = m.arg0 & fault_flag::WRITE != 0;
-            let page = addr & !(PAGE_SIZE - 1);
             match handle_fault(mm, addr, write) {
                 Resolution::Resolved | Resolution::Bus => {}
                 Resolution::Segv => {
@@ -84,11 +86,56 @@ fn serve(mm: &Mm, stopfd: i32, spin_us: u32) {
                     };
                 }
             }
-            // Installs never wake (DONTWAKE): wake the faulter here. A
-            // range that was unregistered meanwhile has no waiters left.
-            let _ = mm.uffd.wake(page, PAGE_SIZE);
+            done[nd] = addr & !(PAGE_SIZE - 1);
+            nd += 1;
+            // A slow fault (a store read) must not hold back the wake-ups
+            // of the ones handled before it: wake early when the first
+            // pending one has waited long enough.
+            let now = now_ns();
+            if nd == 1 {
+                oldest = now;
+            } else if now - oldest > WAKE_DELAY_NS {
+                wake_batch(mm, &mut done[..nd]);
+                nd = 0;
+            }
         }
+        wake_batch(mm, &mut done[..nd]);
     }
+}
+
+/// How long a resolved fault may wait for the rest of its batch before its
+/// thread is woken anyway.
+const WAKE_DELAY_NS: u64 = 10_000;
+
+/// Wakes the faulters of a handled batch. Installs never wake (DONTWAKE),
+/// so this is the one place they are woken: one `UFFDIO_WAKE` per run of
+/// adjacent pages (several threads faulting one page, or a run of
+/// neighbours, take one call). Runs are not merged across gaps: a waiter
+/// in a gap may be a fault not handled yet, which a wake would only send
+/// back to fault again. A range that was unregistered meanwhile has no
+/// waiters left, so errors are ignored.
+fn wake_batch(mm: &Mm, pages: &mut [usize]) {
+    pages.sort_unstable();
+    for (start, len) in runs(pages) {
+        let _ = mm.uffd.wake(start, len);
+        mm.counters.inc(UFFD_WAKE);
+    }
+}
+
+/// The runs of adjacent (or equal) pages in sorted `pages`, as (start,
+/// length in bytes).
+fn runs(pages: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let start = *pages.get(i)?;
+        let mut end = start + PAGE_SIZE;
+        i += 1;
+        while i < pages.len() && pages[i] <= end {
+            end = pages[i] + PAGE_SIZE;
+            i += 1;
+        }
+        Some((start, end - start))
+    })
 }
 
 /// Reads a batch, spinning for `spin_us` then blocking in poll. `None` when
@@ -123,5 +170,19 @@ fn read_batch(mm: &Mm, stopfd: i32, spin_us: u32, msgs: &mut [Msg]) -> Option<us
         if fds[1].revents != 0 {
             return None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wake_runs_merge_equal_and_adjacent_pages_only() {
+        let p = PAGE_SIZE;
+        let pages = [p, p, 2 * p, 3 * p, 5 * p, 9 * p, 9 * p];
+        let got: Vec<_> = runs(&pages).collect();
+        assert_eq!(got, vec![(p, 3 * p), (5 * p, p), (9 * p, p)]);
+        assert_eq!(runs(&[]).count(), 0);
     }
 }

@@ -80,6 +80,9 @@ counters! {
     RA_WASTED => "readahead_wasted",
     /// Pages installed by fault-around (neighbours of a fault).
     FAULT_AROUND => "fault_around",
+    /// `UFFDIO_WAKE` calls by handler threads: one per run of adjacent
+    /// pages in a batch of fault messages (installs never wake).
+    UFFD_WAKE => "uffd_wake",
 }
 
 const N: usize = Counter::ALL.len();
