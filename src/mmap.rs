@@ -189,8 +189,10 @@ impl Mm {
                         .writeprotect(base + i * PAGE_SIZE, PAGE_SIZE, true, false)
                         .is_ok());
             // SAFETY: we hold the page lock; the contents are only read.
-            let buf = unsafe { obj.page_mut(i) };
-            let r = obj.store.write((i * PAGE_SIZE) as u64, buf);
+            let r = match unsafe { obj.page_mut(i) } {
+                Ok(buf) => obj.store.write((i * PAGE_SIZE) as u64, buf),
+                Err(e) => Err(crate::store::StoreError(e)),
+            };
             let clear = if r.is_ok() && reprotected { DIRTY } else { 0 };
             obj.cache.unlock(i, 0, clear);
             r?;

@@ -16,7 +16,7 @@
 
 use crate::page_cache::PageCache;
 use crate::store::Store;
-use crate::sys::mem::{madvise, Mapping, Memfd};
+use crate::sys::mem::{madvise, LazyMapping, Mapping, Memfd};
 use crate::sys::PAGE_SIZE;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
@@ -52,8 +52,16 @@ impl std::fmt::Display for InstallKind {
 
 #[derive(Debug)]
 enum Backing {
-    Anonymous { area: Mapping },
-    Shared { memfd: Memfd, alias: Mapping },
+    /// The cache area is made when a page first needs it (a store read or
+    /// a failed write-back), so a region that only ever gets zero pages
+    /// costs one mapping.
+    Anonymous {
+        area: LazyMapping,
+    },
+    Shared {
+        memfd: Memfd,
+        alias: Mapping,
+    },
 }
 
 /// A mapped object. See the module docs.
@@ -128,11 +136,11 @@ impl Object {
         let bytes = npages * PAGE_SIZE;
         let backing = match kind {
             InstallKind::Anonymous => {
-                let area = Mapping::anonymous(bytes).map_err(|e| ("mmap cache area", e))?;
                 // Installs move single pages out of this area: keep it in
                 // base pages so a move never has to split a huge page.
-                let _ = madvise(area.addr(), bytes, libc::MADV_NOHUGEPAGE);
-                Backing::Anonymous { area }
+                Backing::Anonymous {
+                    area: LazyMapping::new(bytes, libc::MADV_NOHUGEPAGE),
+                }
             }
             InstallKind::Shared => {
                 let memfd = Memfd::new("uffd-pager", bytes).map_err(|e| ("memfd_create", e))?;
@@ -184,18 +192,20 @@ impl Object {
         self.cache.len()
     }
 
-    /// The engine's view of page `i`'s cached contents.
+    /// The engine's view of page `i`'s cached contents; for an anonymous
+    /// object, this makes its cache area on first use (the error is
+    /// mmap's). Async-signal-safe.
     #[inline]
-    pub fn data(&self, i: usize) -> *mut u8 {
+    pub fn data(&self, i: usize) -> Result<*mut u8, i32> {
         debug_assert!(i < self.npages());
         let base = match &self.backing {
-            Backing::Anonymous { area } => area.addr(),
+            Backing::Anonymous { area } => area.get()?,
             Backing::Shared { alias, .. } => alias.addr(),
         };
-        (base + i * PAGE_SIZE) as *mut u8
+        Ok((base + i * PAGE_SIZE) as *mut u8)
     }
 
-    /// Page `i`'s cached contents as a slice.
+    /// Page `i`'s cached contents as a slice (see [`Object::data`]).
     ///
     /// # Safety
     /// The caller holds page `i`'s lock, so nobody else writes it through the
@@ -203,10 +213,11 @@ impl Object {
     /// shared mapping; callers that read for write-back first unmap it).
     #[inline]
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn page_mut(&self, i: usize) -> &mut [u8] {
-        // SAFETY: `data(i)` is a page-sized range of a live mapping owned by
-        // this object; exclusivity is the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.data(i), PAGE_SIZE) }
+    pub unsafe fn page_mut(&self, i: usize) -> Result<&mut [u8], i32> {
+        let p = self.data(i)?;
+        // SAFETY: `p` is a page-sized range of a live mapping owned by this
+        // object; exclusivity is the caller's contract.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, PAGE_SIZE) })
     }
 
     /// Reads page `i` from the store into the cache. Async-signal-safe.
@@ -226,7 +237,10 @@ impl Object {
         match &self.backing {
             Backing::Shared { memfd, .. } => self.store.read_to_fd(off, PAGE_SIZE, memfd.fd(), off),
             // SAFETY: exclusivity is the caller's contract.
-            Backing::Anonymous { .. } => self.store.read(off, unsafe { self.page_mut(i) }),
+            Backing::Anonymous { .. } => {
+                let buf = unsafe { self.page_mut(i) }.map_err(crate::store::StoreError)?;
+                self.store.read(off, buf)
+            }
         }
     }
 
@@ -250,11 +264,10 @@ impl Object {
     /// Async-signal-safe.
     pub fn free_data(&self, i: usize, n: usize) -> Result<(), i32> {
         match &self.backing {
-            Backing::Anonymous { area } => madvise(
-                area.addr() + i * PAGE_SIZE,
-                n * PAGE_SIZE,
-                libc::MADV_DONTNEED,
-            ),
+            Backing::Anonymous { area } => match area.peek() {
+                Some(a) => madvise(a + i * PAGE_SIZE, n * PAGE_SIZE, libc::MADV_DONTNEED),
+                None => Ok(()),
+            },
             Backing::Shared { memfd, .. } => memfd.punch_hole(i * PAGE_SIZE, n * PAGE_SIZE),
         }
     }

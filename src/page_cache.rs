@@ -12,9 +12,12 @@
 //! Waiters sleep on the word itself (futex), with a WAITERS bit so that an
 //! unlock with nobody waiting costs no syscall.
 //!
-//! The words live in an anonymous mapping: a page of metadata costs memory
-//! only once a page in its range is touched, and no word is ever allocated
-//! on the fault path.
+//! A small object's words (up to a page of them) live on the heap, packed
+//! next to other small objects' state, so that many small regions cost no
+//! mapping each and share cache lines and TLB entries. A larger object's
+//! words live in an anonymous mapping of their own: a page of metadata
+//! costs memory only once a page in its range is touched. No word is ever
+//! allocated on the fault path.
 //!
 //! # Cost
 //! 4 bytes per tracked page. Lock/unlock: one CAS each. Async-signal-safe.
@@ -51,8 +54,8 @@ pub const MOVED: u32 = 1 << 11;
 /// Loaded by readahead and not yet used by a fault (`PG_readahead`-ish).
 pub const READAHEAD: u32 = 1 << 12;
 
-/// Word arrays up to this size are populated when created.
-const SMALL_WORDS: usize = 4 * PAGE_SIZE;
+/// Word arrays up to this size live on the heap.
+const SMALL_WORDS: usize = PAGE_SIZE;
 
 /// The four states of `kernel-model.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,20 +91,36 @@ impl PageState {
 /// The state words of one object. See the module docs.
 #[derive(Debug)]
 pub struct PageCache {
-    words: Mapping,
+    words: Words,
     npages: usize,
+}
+
+/// Where the words live.
+#[derive(Debug)]
+enum Words {
+    Heap(Box<[AtomicU32]>),
+    Mapped(Mapping),
+}
+
+impl Words {
+    #[inline]
+    fn base(&self) -> *const AtomicU32 {
+        match self {
+            Words::Heap(b) => b.as_ptr(),
+            Words::Mapped(m) => m.addr() as *const AtomicU32,
+        }
+    }
 }
 
 impl PageCache {
     /// A cache of `npages` absent pages.
     pub fn new(npages: usize) -> Result<PageCache, i32> {
-        let bytes = (npages * 4).div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE;
-        let words = Mapping::anonymous(bytes)?;
-        // A small object's words fit in a few pages: fault them in now, at
-        // map time, rather than in its first faults.
-        if bytes <= SMALL_WORDS {
-            let _ = crate::sys::mem::madvise(words.addr(), bytes, libc::MADV_POPULATE_WRITE);
-        }
+        let words = if npages * 4 <= SMALL_WORDS {
+            Words::Heap((0..npages.max(1)).map(|_| AtomicU32::new(0)).collect())
+        } else {
+            let bytes = (npages * 4).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+            Words::Mapped(Mapping::anonymous(bytes)?)
+        };
         Ok(PageCache { words, npages })
     }
 
@@ -122,9 +141,10 @@ impl PageCache {
     #[inline]
     pub fn word(&self, i: usize) -> &AtomicU32 {
         assert!(i < self.npages, "page {i} out of range {}", self.npages);
-        // SAFETY: the mapping holds `npages` zero-initialised, 4-byte aligned
-        // u32s and lives as long as `self`; AtomicU32 has u32's layout.
-        unsafe { &*(self.words.addr() as *const AtomicU32).add(i) }
+        // SAFETY: `words` holds at least `npages` zero-initialised, 4-byte
+        // aligned u32s (a boxed slice, or a mapping) and lives as long as
+        // `self`; AtomicU32 has u32's layout.
+        unsafe { &*self.words.base().add(i) }
     }
 
     /// Current word of page `i`.

@@ -154,9 +154,15 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
             Unmapped::WrittenBack
         } else {
             mm.counters.inc(IO_ERROR);
-            // SAFETY: the cache page is ours under the page lock.
-            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, obj.data(i), PAGE_SIZE) };
-            Unmapped::KeptDirty
+            match obj.data(i) {
+                Ok(dst) => {
+                    // SAFETY: the cache page is ours under the page lock.
+                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, PAGE_SIZE) };
+                    Unmapped::KeptDirty
+                }
+                // No cache area could be made to keep it in.
+                Err(_) => Unmapped::Lost,
+            }
         }
     });
     if let Some(src) = src {
@@ -224,7 +230,10 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         // SAFETY: page lock held and the page is not mapped: nobody else
         // reads or writes its cached contents.
         let buf = unsafe { obj.page_mut(i) };
-        if obj.store.write((i * PAGE_SIZE) as u64, buf).is_err() {
+        if buf
+            .map(|b| obj.store.write((i * PAGE_SIZE) as u64, b))
+            .map_or(true, |r| r.is_err())
+        {
             mm.counters.inc(IO_ERROR);
             obj.cache.unlock(i, DIRTY, 0);
             return Evict::Rotate;

@@ -510,3 +510,36 @@ fn ops_protect_round_trip_keeps_write_back() {
         assert_bytes(&store.snapshot(), &want, &format!("{d}: dropped"));
     }
 }
+
+/// Kernel VMAs of this process (lines of /proc/self/maps).
+fn vma_count() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .count()
+}
+
+#[test]
+fn small_anonymous_regions_cost_the_kernel_few_vmas() {
+    // An anonymous region needs no mapping besides its own until a page is
+    // swapped or read from a store, so adjacent regions registered alike
+    // merge into one kernel VMA and the kernel's own fault path does not
+    // slow down with the region count. Other threads may map meanwhile, so
+    // the bound is loose: 400 regions must not cost anywhere near one VMA
+    // each.
+    let p = Pager::builder().readahead(0, 1).build().unwrap();
+    let before = vma_count();
+    let rs: Vec<Region> = (0..400)
+        .map(|_| p.map_anonymous(2 * PAGE).unwrap())
+        .collect();
+    for (k, r) in rs.iter().enumerate() {
+        // SAFETY: the region maps two writable pages and outlives the write.
+        unsafe { std::ptr::write_volatile(r.as_ptr(), k as u8) };
+    }
+    let grown = vma_count().saturating_sub(before);
+    assert!(grown < 100, "400 regions added {grown} kernel VMAs");
+    for (k, r) in rs.iter().enumerate() {
+        // SAFETY: as above.
+        assert_eq!(unsafe { std::ptr::read_volatile(r.as_ptr()) }, k as u8);
+    }
+}

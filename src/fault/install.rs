@@ -57,7 +57,7 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         // the cache area's), and a page that is not exclusive cannot move:
         // those are copied.
         (InstallKind::Anonymous, false) => {
-            let src = obj.data(i) as usize;
+            let src = obj.data(i)? as usize;
             match mm.uffd.mv(addr, src, PAGE_SIZE, MODE_DONTWAKE) {
                 Err(libc::EINVAL) | Err(libc::EBUSY) | Err(libc::ENOENT) => {
                     mm.uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)

@@ -1,9 +1,11 @@
-//! An in-memory store, allocated up front as an anonymous mapping so that
-//! pages never written cost nothing.
+//! An in-memory store: an anonymous mapping made on the first write, so
+//! that pages never written cost nothing and a store never written costs
+//! no mapping at all.
 
 use super::zero::{in_bounds, round_up_to_page};
 use super::{Store, StoreError};
-use crate::sys::mem::Mapping;
+use crate::sys::mem::LazyMapping;
+use crate::sys::PAGE_SIZE;
 
 /// A store held in memory: `read` and `write` are plain memcpys.
 ///
@@ -12,8 +14,9 @@ use crate::sys::mem::Mapping;
 /// or locks, so both are async-signal-safe.
 #[derive(Debug)]
 pub struct MemoryStore {
-    /// `None` only for an empty store (mmap refuses zero lengths).
-    map: Option<Mapping>,
+    /// Made on the first write (never for an empty store: mmap refuses
+    /// zero lengths, and empty writes return early).
+    map: LazyMapping,
     len: u64,
     writable: bool,
 }
@@ -23,14 +26,9 @@ impl MemoryStore {
     /// pages.
     pub fn new(len_bytes: u64) -> Result<Self, StoreError> {
         let len = round_up_to_page(len_bytes);
-        let map = if len == 0 {
-            None
-        } else {
-            let n = usize::try_from(len).map_err(|_| StoreError(libc::ENOMEM))?;
-            Some(Mapping::anonymous(n).map_err(StoreError)?)
-        };
+        let n = usize::try_from(len).map_err(|_| StoreError(libc::ENOMEM))?;
         Ok(MemoryStore {
-            map,
+            map: LazyMapping::new(n, 0),
             len,
             writable: true,
         })
@@ -44,7 +42,7 @@ impl MemoryStore {
             // SAFETY: the mapping is at least `data.len()` bytes, freshly
             // created and not yet shared, and cannot overlap `data`.
             unsafe {
-                std::ptr::copy_nonoverlapping(data.as_ptr(), s.base(), data.len());
+                std::ptr::copy_nonoverlapping(data.as_ptr(), s.made()?, data.len());
             }
         }
         Ok(s)
@@ -67,22 +65,23 @@ impl MemoryStore {
     pub fn snapshot(&self) -> Vec<u8> {
         let n = self.len as usize;
         let mut out = vec![0u8; n];
-        if n != 0 {
+        if let Some(base) = self.base() {
             // SAFETY: the mapping holds `n` readable bytes; `out` is a fresh,
             // distinct allocation of `n` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(self.base(), out.as_mut_ptr(), n) };
+            unsafe { std::ptr::copy_nonoverlapping(base, out.as_mut_ptr(), n) };
         }
         out
     }
 
-    /// Start of the mapping (dangling for an empty store, never dereferenced
-    /// then).
+    /// Start of the mapping, if it was made (by a write).
     #[inline]
-    fn base(&self) -> *mut u8 {
-        match &self.map {
-            Some(m) => m.addr() as *mut u8,
-            None => std::ptr::NonNull::dangling().as_ptr(),
-        }
+    fn base(&self) -> Option<*mut u8> {
+        self.map.peek().map(|a| a as *mut u8)
+    }
+
+    /// Start of the mapping, making it now if needed. Async-signal-safe.
+    fn made(&self) -> Result<*mut u8, StoreError> {
+        self.map.get().map(|a| a as *mut u8).map_err(StoreError)
     }
 }
 
@@ -106,12 +105,16 @@ impl Store for MemoryStore {
         // disjoint bytes; the engine's page lock serialises calls on the same
         // page (see the `Store` contract), so no bytes are read while being
         // written.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.base().add(offset as usize),
-                buf.as_mut_ptr(),
-                buf.len(),
-            );
+        match self.base() {
+            Some(base) => unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.add(offset as usize),
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                );
+            },
+            // Never written: all zeros.
+            None => buf.fill(0),
         }
         Ok(())
     }
@@ -131,12 +134,9 @@ impl Store for MemoryStore {
         // `&self` is sound because the contents are never exposed as Rust
         // references, only through raw copies, and the engine serialises
         // calls per page while calls on distinct pages touch disjoint bytes.
+        let base = self.made()?;
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                buf.as_ptr(),
-                self.base().add(offset as usize),
-                buf.len(),
-            );
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), base.add(offset as usize), buf.len());
         }
         Ok(())
     }
@@ -157,7 +157,19 @@ impl Store for MemoryStore {
         // SAFETY: bounds checked above; the mapping outlives the call and the
         // engine serialises calls per page, so the bytes are not being
         // written while the kernel copies them.
-        let src = unsafe { std::slice::from_raw_parts(self.base().add(offset as usize), len) };
+        let Some(base) = self.base() else {
+            // Never written: all zeros.
+            static ZEROS: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(PAGE_SIZE);
+                crate::sys::mem::pwrite_all(fd, &ZEROS[..n], fd_offset + done as u64)
+                    .map_err(StoreError)?;
+                done += n;
+            }
+            return Ok(());
+        };
+        let src = unsafe { std::slice::from_raw_parts(base.add(offset as usize), len) };
         crate::sys::mem::pwrite_all(fd, src, fd_offset).map_err(StoreError)
     }
 
@@ -173,7 +185,6 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::PAGE_SIZE;
     use std::sync::Arc;
 
     #[test]

@@ -114,6 +114,77 @@ impl Drop for Mapping {
     }
 }
 
+/// A private anonymous mapping made on first use, so that an object that
+/// never needs it costs no mapping (and no kernel VMA between its region
+/// and the next one's). [`LazyMapping::get`] is async-signal-safe: one
+/// `mmap` (and `madvise`) at most; when two threads race, the loser unmaps
+/// its mapping and uses the winner's.
+#[derive(Debug)]
+pub struct LazyMapping {
+    addr: std::sync::atomic::AtomicUsize,
+    len: usize,
+    advice: i32,
+}
+
+impl LazyMapping {
+    /// `len` bytes, given `advice` (0: none) when made.
+    pub fn new(len: usize, advice: i32) -> LazyMapping {
+        LazyMapping {
+            addr: std::sync::atomic::AtomicUsize::new(0),
+            len,
+            advice,
+        }
+    }
+
+    /// The mapping's address, making it if it does not exist yet.
+    pub fn get(&self) -> Result<usize, i32> {
+        use std::sync::atomic::Ordering::*;
+        if let Some(a) = self.peek() {
+            return Ok(a);
+        }
+        let (a, len) = Mapping::anonymous(self.len)?.into_raw();
+        if self.advice != 0 {
+            let _ = madvise(a, len, self.advice);
+        }
+        match self.addr.compare_exchange(0, a, AcqRel, Acquire) {
+            Ok(_) => Ok(a),
+            Err(winner) => {
+                // SAFETY: `a` is the mapping we just made and never published.
+                drop(unsafe { Mapping::from_raw(a, len) });
+                Ok(winner)
+            }
+        }
+    }
+
+    /// The mapping's address if it was made.
+    #[inline]
+    pub fn peek(&self) -> Option<usize> {
+        match self.addr.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            a => Some(a),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the length is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for LazyMapping {
+    fn drop(&mut self) {
+        if let Some(a) = self.peek() {
+            // SAFETY: we made and own the range.
+            drop(unsafe { Mapping::from_raw(a, self.len) });
+        }
+    }
+}
+
 /// `madvise(addr, len, advice)`; async-signal-safe.
 #[inline]
 pub fn madvise(addr: usize, len: usize, advice: i32) -> Result<(), i32> {
