@@ -31,12 +31,14 @@ mod evict;
 mod floor;
 mod random_floor;
 mod scale;
+mod wakeup;
 
 pub use engine::EngineLoop;
 pub use evict::{evict_cost, EvictReport};
 pub use floor::FloorLoop;
 pub use random_floor::{random_floor, RandomFloorReport};
 pub use scale::{scale, ScaleReport};
+pub use wakeup::{wakeup_placement, WakeupReport};
 
 use crate::delivery::Delivery;
 use crate::error::{Error, Result};
@@ -161,15 +163,20 @@ pub(crate) fn pattern(i: usize) -> u8 {
 /// `n` pages at `base`. Returns the elapsed time, after checking that every
 /// page held its pattern.
 pub(crate) fn touch(base: usize, n: usize) -> Result<Duration> {
+    touch_from(base, 0, n)
+}
+
+/// [`touch`] over pages `first..first + n` of the mapping at `base`.
+pub(crate) fn touch_from(base: usize, first: usize, n: usize) -> Result<Duration> {
     let mut sum = 0u64;
     let t0 = Instant::now();
-    for i in 0..n {
-        // SAFETY: callers pass a live mapping of at least `n` pages whose
-        // faults are served (by the floor's handler or the engine).
+    for i in first..first + n {
+        // SAFETY: callers pass a live mapping of at least `first + n` pages
+        // whose faults are served (by the floor's handler or the engine).
         sum += unsafe { std::ptr::read_volatile((base + i * PAGE_SIZE) as *const u8) } as u64;
     }
     let elapsed = t0.elapsed();
-    let expected: u64 = (0..n).map(|i| pattern(i) as u64).sum();
+    let expected: u64 = (first..first + n).map(|i| pattern(i) as u64).sum();
     if sum != expected {
         return Err(Error::Io {
             context: "fault-cost pass".into(),

@@ -44,6 +44,9 @@ enum Workload {
     Evict(EvictArgs),
     /// Fault cost with many regions registered against few, same faults.
     Scale(ScaleArgs),
+    /// Handler-thread wake-up placement on the raw floor: one handler, a
+    /// handler per faulter, a spinning handler, one descriptor per region.
+    Wakeup(WakeupArgs),
     /// Engine metadata per tracked page (state words, LRU ring, region
     /// structs), computed and measured on a lazily mapped region.
     Metadata(super::metadata::MetadataArgs),
@@ -63,6 +66,22 @@ struct ScaleArgs {
     /// Passes; the best counts.
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     passes: u64,
+}
+
+#[derive(Debug, Args)]
+struct WakeupArgs {
+    /// Faulting threads, each over its own pages (default: the CPU count).
+    #[arg(long, value_parser = at_least_one)]
+    faulters: Option<u64>,
+    /// Pages each faulter touches per pass.
+    #[arg(long, default_value_t = 2048, value_parser = at_least_one)]
+    pages: u64,
+    /// Passes; the best counts.
+    #[arg(long, default_value_t = 9, value_parser = at_least_one)]
+    passes: u64,
+    /// Install kind; repeatable; default both.
+    #[arg(long, value_name = "KIND")]
+    kind: Vec<InstallKind>,
 }
 
 #[derive(Debug, Args)]
@@ -123,6 +142,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         Workload::Launch(a) => workloads::run(Which::Launch, a),
         Workload::Evict(a) => run_evict(a),
         Workload::Scale(a) => run_scale(a),
+        Workload::Wakeup(a) => run_wakeup(a),
         Workload::Metadata(a) => super::metadata::run(a),
     }
 }
@@ -275,6 +295,31 @@ fn run_scale(a: &ScaleArgs) -> CliResult {
         r.ratio(),
         r.kernel_ratio()
     );
+    Ok(())
+}
+
+fn run_wakeup(a: &WakeupArgs) -> CliResult {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let faulters = a.faulters.map_or(cpus, |f| f as usize);
+    if faulters > 256 || a.pages > 1 << 20 {
+        return Err(CliError::Usage(
+            "--faulters at most 256, --pages at most 1048576".into(),
+        ));
+    }
+    let passes = (a.passes as usize).min(100);
+    for kind in dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]) {
+        let r = uffd_pager::bench::wakeup_placement(kind, faulters, a.pages as usize, passes)
+            .map_err(|e| CliError::Runtime(format!("wakeup: {e}")))?;
+        println!(
+            "wakeup placement, {kind}: {} faulters × {} pages, best of {passes} passes \
+             (raw floor, µs per fault over all faulters)",
+            r.faulters, r.pages
+        );
+        let base = r.rows[0].1;
+        for (name, us) in &r.rows {
+            println!("  {name:<48} {us:>8.2} µs  ({:.2}× the first)", us / base);
+        }
+    }
     Ok(())
 }
 

@@ -226,10 +226,9 @@ impl FloorLoop {
         self.pages
     }
 
-    /// One pass over the first `n` pages (at most [`FloorLoop::pages`]):
-    /// makes them absent (untimed), then touches each once. Returns the
-    /// time of the touches alone.
-    pub fn pass(&mut self, n: usize) -> Result<Duration> {
+    /// Makes the first `n` pages absent again (user mapping and, for a
+    /// shared range, the memfd), so that the next touches fault.
+    pub fn reset(&mut self, n: usize) -> Result<()> {
         let n = n.min(self.pages);
         madvise(self.user.addr(), n * PAGE_SIZE, libc::MADV_DONTNEED)
             .map_err(sys("madvise(MADV_DONTNEED)"))?;
@@ -237,6 +236,28 @@ impl FloorLoop {
             m.punch_hole(0, n * PAGE_SIZE)
                 .map_err(sys("fallocate(PUNCH_HOLE)"))?;
         }
+        Ok(())
+    }
+
+    /// Touches pages `first..first + n` once each from the calling thread
+    /// (served by this loop's handler threads; in-thread loops use
+    /// [`FloorLoop::pass`]). Returns the time of the touches.
+    pub fn touch_slice(&self, first: usize, n: usize) -> Result<Duration> {
+        if self.handlers.is_none() {
+            return Err(Error::Config(
+                "touch_slice needs handler-thread delivery".into(),
+            ));
+        }
+        let n = n.min(self.pages.saturating_sub(first));
+        super::touch_from(self.user.addr(), first, n)
+    }
+
+    /// One pass over the first `n` pages (at most [`FloorLoop::pages`]):
+    /// makes them absent (untimed), then touches each once. Returns the
+    /// time of the touches alone.
+    pub fn pass(&mut self, n: usize) -> Result<Duration> {
+        let n = n.min(self.pages);
+        self.reset(n)?;
         if self.handlers.is_some() {
             return touch(self.user.addr(), n);
         }
