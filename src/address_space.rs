@@ -96,8 +96,14 @@ pub struct Mm {
     pub lock: GlobalLock,
     /// The region table.
     pub table: Rcu<Table>,
-    /// The userfaultfd every region of this address space is registered with.
+    /// The pager's userfaultfd: every region is registered with it, except
+    /// with per-region delivery, where each has its own
+    /// ([`crate::object::Object::uffd`]) and this one holds only reclaim's
+    /// staging area.
     pub uffd: Uffd,
+    /// Per-region descriptors and their handlers (per-region delivery only;
+    /// set once, right after the address space is made).
+    pub per_region: std::sync::OnceLock<crate::delivery::per_region::PerRegion>,
     /// Settings.
     pub config: Config,
     /// Event counters.
@@ -126,6 +132,7 @@ impl Mm {
             lock: GlobalLock::new(),
             table: Rcu::new(Table::default()),
             uffd,
+            per_region: std::sync::OnceLock::new(),
             config,
             counters: Counters::default(),
             resident: AtomicU64::new(0),

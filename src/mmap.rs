@@ -73,9 +73,26 @@ impl Mm {
         if !writable {
             mprotect(start, len, libc::PROT_READ).map_err(|e| Error::sys("mprotect", e))?;
         }
-        if let Err(e) = self.uffd.register(start, len, register_mode(&object)) {
+        let own = match self.per_region.get() {
+            Some(p) => Some(p.open().map_err(|e| {
+                self.objects.remove(slot);
+                Error::Io {
+                    context: "opening a region's userfaultfd".into(),
+                    source: e,
+                }
+            })?),
+            None => None,
+        };
+        let uffd = own.as_deref().unwrap_or(&self.uffd);
+        if let Err(e) = uffd.register(start, len, register_mode(&object)) {
             self.objects.remove(slot);
+            if let (Some(p), Some(u)) = (self.per_region.get(), &own) {
+                p.close(u);
+            }
             return Err(Error::sys("UFFDIO_REGISTER", e));
+        }
+        if let Some(u) = own {
+            let _ = object.region_uffd.set(u);
         }
         let mut vma = Vma::new(start, len, 0, object, writable);
         vma.pinned = pinned;
@@ -111,7 +128,7 @@ impl Mm {
             t
         });
         crate::inject::after_detach(&vma);
-        let _ = self.uffd.unregister(s, e - s);
+        let _ = vma.object.uffd(&self.uffd).unregister(s, e - s);
         // SAFETY: the region owned this range since `map`/`remap`.
         drop(unsafe { Mapping::from_raw(s, e - s) });
         self.table.update(|t| {
@@ -121,6 +138,11 @@ impl Mm {
         });
         vma.lock.write_unlock();
         drop(w);
+        // The region's own handler (per-region delivery) may have been
+        // waiting for the global lock: stop it only now.
+        if let (Some(p), Some(u)) = (self.per_region.get(), vma.object.region_uffd.get()) {
+            p.close(u);
+        }
         let obj = vma.object.clone();
         obj.mapped_at.store(0, std::sync::atomic::Ordering::Release);
         for i in vma.pages() {
@@ -184,8 +206,8 @@ impl Mm {
             let base = obj.mapped_at.load(std::sync::atomic::Ordering::Acquire);
             let reprotected = w & MAPPED == 0
                 || (base != 0
-                    && self
-                        .uffd
+                    && obj
+                        .uffd(&self.uffd)
                         .writeprotect(base + i * PAGE_SIZE, PAGE_SIZE, true, false)
                         .is_ok());
             // SAFETY: we hold the page lock; the contents are only read.
@@ -348,12 +370,10 @@ impl Mm {
         // a moved one also lost its write protection (the kernel clears
         // uffd-wp bits on mremap without EVENT_REMAP): protect it again so
         // the next write to each page is seen.
-        let mut r = self
-            .uffd
-            .register(new_start, new_len, register_mode(&new.object));
+        let uffd = new.object.uffd(&self.uffd);
+        let mut r = uffd.register(new_start, new_len, register_mode(&new.object));
         if r.is_ok() && new.object.tracks_writes() && new_start != start {
-            r = self
-                .uffd
+            r = uffd
                 .writeprotect(new_start, new_len, true, false)
                 .map(|_| 0);
         }

@@ -17,6 +17,7 @@
 use crate::page_cache::PageCache;
 use crate::store::Store;
 use crate::sys::mem::{madvise, LazyMapping, Mapping, Memfd};
+use crate::sys::uffd::Uffd;
 use crate::sys::PAGE_SIZE;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
@@ -88,6 +89,9 @@ pub struct Object {
     pub ra_next: AtomicU32,
     /// Readahead window in pages.
     pub ra_window: AtomicU32,
+    /// The region's own userfaultfd, with per-region delivery (set once, at
+    /// map time); otherwise the pager's descriptor serves it.
+    pub region_uffd: std::sync::OnceLock<Arc<Uffd>>,
     /// One past the last page requested by readahead.
     pub ra_end: AtomicU32,
 }
@@ -160,8 +164,16 @@ impl Object {
             mapped_at: AtomicUsize::new(0),
             ra_next: AtomicU32::new(u32::MAX),
             ra_window: AtomicU32::new(0),
+            region_uffd: std::sync::OnceLock::new(),
             ra_end: AtomicU32::new(0),
         })
+    }
+
+    /// The descriptor this object's mapping is registered with: its own
+    /// (per-region delivery) or `pager`'s. Async-signal-safe (one load).
+    #[inline]
+    pub fn uffd<'a>(&'a self, pager: &'a Uffd) -> &'a Uffd {
+        self.region_uffd.get().map_or(pager, |u| u)
     }
 
     /// Pins the object; call while a lock keeps it alive.

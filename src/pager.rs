@@ -119,14 +119,18 @@ impl PagerBuilder {
         if let Delivery::Threads { threads: 0, .. } = self.config.delivery {
             return Err(Error::Config("handler threads must be at least 1".into()));
         }
-        let open = |umo: bool| Uffd::open(features, umo, !in_thread);
-        let uffd = match self.user_mode_only {
+        let open = |umo: bool| Uffd::open(features, umo, !in_thread).map(|u| (u, umo));
+        let (uffd, umo) = match self.user_mode_only {
             Some(umo) => open(umo),
             None if in_thread => open(true),
             None => open(false).or_else(|_| open(true)),
         }
         .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
         let mm = Arc::new(Mm::new(uffd, self.config.clone()).map_err(|(op, e)| Error::sys(op, e))?);
+        if self.config.delivery == Delivery::PerRegion {
+            let p = crate::delivery::per_region::PerRegion::new(features, umo, Arc::downgrade(&mm));
+            let _ = mm.per_region.set(p);
+        }
         let ra_threads = if self.config.readahead_pages > 0 {
             crate::readahead::start(&mm, self.config.readahead_threads).map_err(|e| Error::Io {
                 context: "starting readahead threads".into(),
@@ -148,6 +152,7 @@ impl PagerBuilder {
                 sigbus::register(&mm).map_err(|e| Error::sys("sigaction(SIGBUS)", e))?;
                 None
             }
+            Delivery::PerRegion => None,
             Delivery::Threads { threads, spin_us } => Some(
                 HandlerPool::start(&mm, threads, spin_us).map_err(|e| Error::Io {
                     context: "starting handler threads".into(),
@@ -226,6 +231,9 @@ impl Drop for PagerInner {
             }
         }
         self.pool.take();
+        if let Some(p) = self.mm.per_region.get() {
+            p.close_all();
+        }
         if self.mm.config.delivery.is_in_thread() {
             sigbus::unregister(&self.mm);
         }

@@ -346,7 +346,7 @@ fn concurrent_pagers_created_and_dropped() {
             })
         };
         for i in 0..20u64 {
-            let d = DELIVERIES[(i % 2) as usize];
+            let d = DELIVERIES[(i % 3) as usize];
             let p: Pager = pager(d);
             let want = pattern_vec(400 + i, 4 * PAGE);
             let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&want).unwrap());

@@ -20,8 +20,8 @@ pub const THREADS: Delivery = Delivery::Threads {
     spin_us: 0,
 };
 
-/// Both delivery modes.
-pub const DELIVERIES: [Delivery; 2] = [Delivery::InThread, THREADS];
+/// Every delivery mode.
+pub const DELIVERIES: [Delivery; 3] = [Delivery::InThread, THREADS, Delivery::PerRegion];
 
 /// Environment variable that turns the child-only tests on.
 pub const CHILD_ENV: &str = "UFFD_CHILD";

@@ -54,6 +54,7 @@ fn slack(cfg: &TortureConfig) -> u64 {
     let handlers = match cfg.delivery {
         Delivery::InThread => 0,
         Delivery::Threads { threads, .. } => threads,
+        Delivery::PerRegion => 1,
     };
     2 * (cfg.threads + handlers) as u64 + 8
 }
@@ -139,6 +140,18 @@ fn anonymous_memory_swap_in_thread() {
 #[test]
 fn anonymous_memory_swap_handler_threads() {
     anon_torture(THREADS, false, 22);
+}
+
+#[test]
+fn file_shared_per_region() {
+    file_torture(Delivery::PerRegion, InstallKind::Shared, 13);
+}
+
+#[test]
+fn anonymous_memory_swap_per_region() {
+    // Eviction moves pages out of the region (its own descriptor) into the
+    // staging area (the pager's): the move is issued on the destination's.
+    anon_torture(Delivery::PerRegion, false, 23);
 }
 
 #[test]

@@ -110,7 +110,16 @@ pub fn fault_cost(cfg: &FaultCostConfig) -> Result<FaultCostReport> {
         return Err(Error::Config("fault-cost needs at least one pass".into()));
     }
     let mut engine = EngineLoop::new(cfg.pages, cfg.kind, cfg.delivery)?;
-    let mut floor = FloorLoop::new(cfg.pages, cfg.kind, cfg.delivery)?;
+    // The floor has one range: with one descriptor per region, that is one
+    // descriptor and one handler thread.
+    let floor_delivery = match cfg.delivery {
+        Delivery::PerRegion => Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        },
+        d => d,
+    };
+    let mut floor = FloorLoop::new(cfg.pages, cfg.kind, floor_delivery)?;
     floor.pass(cfg.pages)?;
     engine.pass(cfg.pages)?;
     let per_page = |d: Duration| d.as_secs_f64() * 1e6 / cfg.pages as f64;
@@ -229,6 +238,12 @@ mod tests {
         };
         small(InstallKind::Anonymous, d);
         small(InstallKind::Shared, d);
+    }
+
+    #[test]
+    fn fault_cost_per_region() {
+        small(InstallKind::Anonymous, Delivery::PerRegion);
+        small(InstallKind::Shared, Delivery::PerRegion);
     }
 
     #[test]

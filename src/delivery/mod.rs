@@ -7,7 +7,11 @@
 //! - **Handler threads** ([`threads`]): a pool reads fault messages from the
 //!   descriptor and resolves them. Serves faults taken inside syscalls too,
 //!   when the descriptor is not user-mode-only.
+//! - **One descriptor per region** ([`per_region`]): handler threads again,
+//!   but every region is registered with a userfaultfd of its own, served
+//!   by a handler thread of its own.
 
+pub mod per_region;
 pub mod sigbus;
 pub mod threads;
 
@@ -27,6 +31,11 @@ pub enum Delivery {
         /// Microseconds to poll the descriptor before blocking (0: block at once).
         spin_us: u32,
     },
+    /// One userfaultfd per region, each served by its own handler thread:
+    /// the kernel's fault wait queue is sharded by region, and a region's
+    /// faults wake only its own handler. Costs a descriptor and a thread
+    /// per region.
+    PerRegion,
 }
 
 impl Delivery {
@@ -34,12 +43,22 @@ impl Delivery {
     pub fn is_in_thread(&self) -> bool {
         matches!(self, Delivery::InThread)
     }
+
+    /// Handler threads serving the whole pager (0 for in-thread and
+    /// per-region delivery, whose handlers come with the regions).
+    pub fn pool_threads(&self) -> usize {
+        match self {
+            Delivery::Threads { threads, .. } => *threads,
+            Delivery::InThread | Delivery::PerRegion => 0,
+        }
+    }
 }
 
 impl fmt::Display for Delivery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Delivery::InThread => f.write_str("in-thread"),
+            Delivery::PerRegion => f.write_str("per-region"),
             Delivery::Threads { threads, spin_us } => {
                 write!(f, "threads:{threads}")?;
                 if *spin_us > 0 {
@@ -51,14 +70,16 @@ impl fmt::Display for Delivery {
     }
 }
 
-/// Parses `in-thread` (or `sigbus`), `threads`, `threads:N`, `threads:N:spinUS`.
+/// Parses `in-thread` (or `sigbus`), `threads`, `threads:N`,
+/// `threads:N:spinUS`, `per-region`.
 impl FromStr for Delivery {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("bad delivery {s:?} (in-thread, threads[:N[:spinUS]])");
+        let bad = || format!("bad delivery {s:?} (in-thread, threads[:N[:spinUS]], per-region)");
         let mut it = s.split(':');
         match it.next() {
             Some("in-thread") | Some("sigbus") if s.find(':').is_none() => Ok(Delivery::InThread),
+            Some("per-region") if s.find(':').is_none() => Ok(Delivery::PerRegion),
             Some("threads") => {
                 let threads = match it.next() {
                     None => 1,
@@ -96,6 +117,9 @@ mod tests {
             })
         );
         assert!("threads:0".parse::<Delivery>().is_err());
+        assert_eq!("per-region".parse(), Ok(Delivery::PerRegion));
+        assert_eq!(Delivery::PerRegion.to_string(), "per-region");
+        assert!("per-region:2".parse::<Delivery>().is_err());
         assert!("bogus".parse::<Delivery>().is_err());
     }
 }

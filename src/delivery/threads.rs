@@ -5,7 +5,7 @@
 use crate::address_space::Mm;
 use crate::fault::{handle_fault, Resolution};
 use crate::stats::Counter::UFFD_WAKE;
-use crate::sys::uffd::{fault_flag, Msg, EVENT_PAGEFAULT};
+use crate::sys::uffd::{fault_flag, Msg, Uffd, EVENT_PAGEFAULT};
 use crate::sys::{now_ns, PAGE_SIZE};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -22,8 +22,20 @@ pub struct HandlerPool {
 }
 
 impl HandlerPool {
-    /// Starts `n` handler threads for `mm`.
+    /// Starts `n` handler threads for `mm`, serving its descriptor.
     pub fn start(mm: &Arc<Mm>, n: usize, spin_us: u32) -> std::io::Result<HandlerPool> {
+        Self::start_on(mm, None, n, spin_us, "uffd-handler")
+    }
+
+    /// Starts `n` handler threads for `mm`, serving `uffd` (one region's
+    /// descriptor), or `mm`'s own descriptor if `None`.
+    pub fn start_on(
+        mm: &Arc<Mm>,
+        uffd: Option<Arc<Uffd>>,
+        n: usize,
+        spin_us: u32,
+        name: &str,
+    ) -> std::io::Result<HandlerPool> {
         // SAFETY: eventfd returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -34,11 +46,14 @@ impl HandlerPool {
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
             let mm = mm.clone();
+            let own = uffd.clone();
             let stopfd = stop.as_raw_fd();
             threads.push(
                 std::thread::Builder::new()
-                    .name(format!("uffd-handler-{i}"))
-                    .spawn(move || serve(&mm, stopfd, spin_us))?,
+                    .name(format!("{name}-{i}"))
+                    .spawn(move || {
+                        serve(&mm, own.as_deref().unwrap_or(&mm.uffd), stopfd, spin_us)
+                    })?,
             );
         }
         Ok(HandlerPool { stop, threads })
@@ -56,11 +71,11 @@ impl Drop for HandlerPool {
     }
 }
 
-fn serve(mm: &Mm, stopfd: i32, spin_us: u32) {
+fn serve(mm: &Mm, uffd: &Uffd, stopfd: i32, spin_us: u32) {
     let mut msgs = [Msg::default(); BATCH];
     let mut done = [0usize; BATCH];
     loop {
-        let n = match read_batch(mm, stopfd, spin_us, &mut msgs) {
+        let n = match read_batch(uffd, stopfd, spin_us, &mut msgs) {
             Some(n) => n,
             None => return,
         };
@@ -95,11 +110,11 @@ fn serve(mm: &Mm, stopfd: i32, spin_us: u32) {
             if nd == 1 {
                 oldest = now;
             } else if now - oldest > WAKE_DELAY_NS {
-                wake_batch(mm, &mut done[..nd]);
+                wake_batch(mm, uffd, &mut done[..nd]);
                 nd = 0;
             }
         }
-        wake_batch(mm, &mut done[..nd]);
+        wake_batch(mm, uffd, &mut done[..nd]);
     }
 }
 
@@ -114,10 +129,10 @@ const WAKE_DELAY_NS: u64 = 10_000;
 /// in a gap may be a fault not handled yet, which a wake would only send
 /// back to fault again. A range that was unregistered meanwhile has no
 /// waiters left, so errors are ignored.
-fn wake_batch(mm: &Mm, pages: &mut [usize]) {
+fn wake_batch(mm: &Mm, uffd: &Uffd, pages: &mut [usize]) {
     pages.sort_unstable();
     for (start, len) in runs(pages) {
-        let _ = mm.uffd.wake(start, len);
+        let _ = uffd.wake(start, len);
         mm.counters.inc(UFFD_WAKE);
     }
 }
@@ -140,10 +155,10 @@ fn runs(pages: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
 
 /// Reads a batch, spinning for `spin_us` then blocking in poll. `None` when
 /// the pool is stopping.
-fn read_batch(mm: &Mm, stopfd: i32, spin_us: u32, msgs: &mut [Msg]) -> Option<usize> {
+fn read_batch(uffd: &Uffd, stopfd: i32, spin_us: u32, msgs: &mut [Msg]) -> Option<usize> {
     let deadline = now_ns() + spin_us as u64 * 1000;
     loop {
-        match mm.uffd.read_msgs(msgs) {
+        match uffd.read_msgs(msgs) {
             Ok(n) if n > 0 => return Some(n),
             Ok(_) => {}
             Err(libc::EINTR) => continue,
@@ -155,7 +170,7 @@ fn read_batch(mm: &Mm, stopfd: i32, spin_us: u32, msgs: &mut [Msg]) -> Option<us
         }
         let mut fds = [
             libc::pollfd {
-                fd: mm.uffd.fd(),
+                fd: uffd.fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },

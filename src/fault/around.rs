@@ -42,7 +42,10 @@ pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize) {
             }
         }
         if k > j {
-            let mapped = match mm.uffd.cont(vma.addr_of(j), (k - j) * PAGE_SIZE, mode) {
+            let mapped = match obj
+                .uffd(&mm.uffd)
+                .cont(vma.addr_of(j), (k - j) * PAGE_SIZE, mode)
+            {
                 Ok(b) => (b as usize / PAGE_SIZE).min(k - j),
                 Err(_) => 0,
             };

@@ -40,13 +40,14 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         // A read of a write-tracked page maps it write-protected; a write
         // maps it writable (the caller marks it dirty).
         (InstallKind::Shared, _) if obj.tracks_writes() && !write => {
-            mm.uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE | MODE_WP)
+            obj.uffd(&mm.uffd)
+                .cont(addr, PAGE_SIZE, MODE_DONTWAKE | MODE_WP)
         }
-        (InstallKind::Shared, _) => mm.uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE),
+        (InstallKind::Shared, _) => obj.uffd(&mm.uffd).cont(addr, PAGE_SIZE, MODE_DONTWAKE),
         (InstallKind::Anonymous, true) if !write => {
-            mm.uffd.zeropage(addr, PAGE_SIZE, MODE_DONTWAKE)
+            obj.uffd(&mm.uffd).zeropage(addr, PAGE_SIZE, MODE_DONTWAKE)
         }
-        (InstallKind::Anonymous, true) => mm.uffd.copy(
+        (InstallKind::Anonymous, true) => obj.uffd(&mm.uffd).copy(
             addr,
             ZERO_PAGE.0.as_ptr() as usize,
             PAGE_SIZE,
@@ -58,9 +59,9 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         // those are copied.
         (InstallKind::Anonymous, false) => {
             let src = obj.data(i)? as usize;
-            match mm.uffd.mv(addr, src, PAGE_SIZE, MODE_DONTWAKE) {
+            match obj.uffd(&mm.uffd).mv(addr, src, PAGE_SIZE, MODE_DONTWAKE) {
                 Err(libc::EINVAL) | Err(libc::EBUSY) | Err(libc::ENOENT) => {
-                    mm.uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
+                    obj.uffd(&mm.uffd).copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
                 }
                 r => {
                     moved = r.is_ok();
@@ -81,7 +82,8 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
 /// Resolves a write-protect fault on installed page `i` (the caller holds
 /// the page lock): the page becomes dirty and writable.
 pub(super) fn make_writable(mm: &Mm, vma: &Vma, i: usize) -> Result<(), i32> {
-    mm.uffd
+    vma.object
+        .uffd(&mm.uffd)
         .writeprotect(vma.addr_of(i), PAGE_SIZE, false, false)
         .map(|_| mm.counters.inc(WP_FAULT))
 }
@@ -89,7 +91,11 @@ pub(super) fn make_writable(mm: &Mm, vma: &Vma, i: usize) -> Result<(), i32> {
 /// Marks the user page of object page `i` poisoned (UFFDIO_POISON), so the
 /// access gets SIGBUS (EFAULT in a syscall), and reports it.
 pub(super) fn poison(mm: &Mm, vma: &Vma, i: usize) -> Outcome {
-    match mm.uffd.poison(vma.addr_of(i), PAGE_SIZE, MODE_DONTWAKE) {
+    match vma
+        .object
+        .uffd(&mm.uffd)
+        .poison(vma.addr_of(i), PAGE_SIZE, MODE_DONTWAKE)
+    {
         Ok(_) => mm.counters.inc(POISONED),
         // Already poisoned by an earlier fault.
         Err(libc::EEXIST) => {}

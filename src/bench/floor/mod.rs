@@ -156,6 +156,11 @@ impl FloorLoop {
                 return Err(Error::Config("handler threads must be at least 1".into()))
             }
             Delivery::Threads { threads, spin_us } => (threads, spin_us),
+            Delivery::PerRegion => {
+                return Err(Error::Config(
+                    "the floor loop has one range: per-region delivery is `bench wakeup`'s".into(),
+                ))
+            }
         };
         let mut features = if shared {
             feature::MINOR_SHMEM
