@@ -12,7 +12,8 @@
 //! Waiters sleep on the word itself (futex), with a WAITERS bit so that an
 //! unlock with nobody waiting costs no syscall.
 //!
-//! A small object's words (up to a page of them) live on the heap, packed
+//! A tiny object's words (up to 8) live inline, in the object itself; a
+//! small object's (up to a page of them) live on the heap, packed
 //! next to other small objects' state, so that many small regions cost no
 //! mapping each and share cache lines and TLB entries. A larger object's
 //! words live in an anonymous mapping of their own: a page of metadata
@@ -95,9 +96,15 @@ pub struct PageCache {
     npages: usize,
 }
 
+/// Objects of up to this many pages keep their words inline (in the
+/// object's own allocation: one cache line fewer to miss per fault when
+/// many small regions are faulted at random).
+const INLINE_WORDS: usize = 8;
+
 /// Where the words live.
 #[derive(Debug)]
 enum Words {
+    Inline([AtomicU32; INLINE_WORDS]),
     Heap(Box<[AtomicU32]>),
     Mapped(Mapping),
 }
@@ -106,6 +113,7 @@ impl Words {
     #[inline]
     fn base(&self) -> *const AtomicU32 {
         match self {
+            Words::Inline(a) => a.as_ptr(),
             Words::Heap(b) => b.as_ptr(),
             Words::Mapped(m) => m.addr() as *const AtomicU32,
         }
@@ -115,7 +123,9 @@ impl Words {
 impl PageCache {
     /// A cache of `npages` absent pages.
     pub fn new(npages: usize) -> Result<PageCache, i32> {
-        let words = if npages * 4 <= SMALL_WORDS {
+        let words = if npages <= INLINE_WORDS {
+            Words::Inline(Default::default())
+        } else if npages * 4 <= SMALL_WORDS {
             Words::Heap((0..npages.max(1)).map(|_| AtomicU32::new(0)).collect())
         } else {
             let bytes = (npages * 4).div_ceil(PAGE_SIZE) * PAGE_SIZE;
