@@ -112,7 +112,8 @@ struct FaultCostArgs {
     /// MINOR + UFFDIO_CONTINUE). Repeatable; default: both.
     #[arg(long, value_name = "KIND")]
     kind: Vec<InstallKind>,
-    /// Delivery: in-thread, or threads[:N[:spinUS]] (e.g. threads:1:spin50).
+    /// Delivery: in-thread, threads[:N[:spinUS]] (N defaults to one per
+    /// CPU; e.g. threads:1:spin50), or per-region.
     /// Repeatable; default: in-thread and threads:1.
     #[arg(long, value_name = "DELIVERY")]
     delivery: Vec<Delivery>,

@@ -49,7 +49,8 @@ pub struct TortureArgs {
     /// MINOR + CONTINUE) or anonymous (the file acts as swap).
     #[arg(long, value_name = "KIND", default_value = "shared")]
     install: InstallKind,
-    /// Delivery: in-thread, or threads[:N[:spinUS]].
+    /// Delivery: in-thread, threads[:N[:spinUS]] (N defaults to one per
+    /// CPU), or per-region.
     #[arg(long, default_value = "in-thread")]
     delivery: Delivery,
     /// Fault-handling policy (global-only, vanilla, retry-once,

@@ -45,7 +45,8 @@ pub struct WorkloadArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Delivery: in-thread, or threads[:N[:spinUS]].
+    /// Delivery: in-thread, threads[:N[:spinUS]] (N defaults to one per
+    /// CPU), or per-region.
     #[arg(long, default_value = "in-thread")]
     pub delivery: Delivery,
     /// Install kind (filemap only; swap is anonymous by definition).

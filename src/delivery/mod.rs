@@ -44,6 +44,15 @@ impl Delivery {
         matches!(self, Delivery::InThread)
     }
 
+    /// The default handler-thread count: one per CPU. `uffd-pager bench
+    /// wakeup`, `random` and `filemap` with several faulting threads all ran
+    /// faster with a handler per CPU than with one; only a lone faulter
+    /// touching pages one after another did better with one (README,
+    /// "Speed").
+    pub fn per_cpu_threads() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+
     /// Handler threads serving the whole pager (0 for in-thread and
     /// per-region delivery, whose handlers come with the regions).
     pub fn pool_threads(&self) -> usize {
@@ -70,8 +79,8 @@ impl fmt::Display for Delivery {
     }
 }
 
-/// Parses `in-thread` (or `sigbus`), `threads`, `threads:N`,
-/// `threads:N:spinUS`, `per-region`.
+/// Parses `in-thread` (or `sigbus`), `threads` (one handler per CPU),
+/// `threads:N`, `threads:N:spinUS`, `per-region`.
 impl FromStr for Delivery {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -82,7 +91,7 @@ impl FromStr for Delivery {
             Some("per-region") if s.find(':').is_none() => Ok(Delivery::PerRegion),
             Some("threads") => {
                 let threads = match it.next() {
-                    None => 1,
+                    None => Delivery::per_cpu_threads(),
                     Some(n) => n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?,
                 };
                 let spin_us = match it.next() {
@@ -117,6 +126,13 @@ mod tests {
             })
         );
         assert!("threads:0".parse::<Delivery>().is_err());
+        assert_eq!(
+            "threads".parse(),
+            Ok(Delivery::Threads {
+                threads: Delivery::per_cpu_threads(),
+                spin_us: 0
+            })
+        );
         assert_eq!("per-region".parse(), Ok(Delivery::PerRegion));
         assert_eq!(Delivery::PerRegion.to_string(), "per-region");
         assert!("per-region:2".parse::<Delivery>().is_err());
