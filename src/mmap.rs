@@ -5,7 +5,9 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{DIRTY, LRU_BATCHED, MAPPED, MOVED, ON_LRU, POISONED, SWAPPED, UPTODATE};
+use crate::page_cache::{
+    CLEAN, DIRTY, LRU_BATCHED, MAPPED, MOVED, ON_LRU, POISONED, SWAPPED, UPTODATE,
+};
 use crate::sys::mem::{mprotect, Mapping};
 use crate::sys::uffd::mode;
 use crate::sys::PAGE_SIZE;
@@ -261,8 +263,11 @@ impl Mm {
                     self.uncharge(1);
                     let _ = obj.free_data(p, 1);
                 }
-                obj.cache
-                    .unlock(p, 0, UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED);
+                obj.cache.unlock(
+                    p,
+                    0,
+                    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN,
+                );
             }
             r.map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e))?;
             i = end;
@@ -284,6 +289,14 @@ impl Mm {
         if r.is_ok() {
             vma.writable
                 .store(writable, std::sync::atomic::Ordering::Release);
+            // Writable now: its anonymous pages may change without a fault,
+            // so none is clean any more. Reclaim re-checks CLEAN under this
+            // region's read lock, which it holds until its zap.
+            if writable && vma.object.kind == InstallKind::Anonymous {
+                for i in vma.pages() {
+                    vma.object.cache.update(i, 0, CLEAN);
+                }
+            }
         }
         vma.lock.write_unlock();
         r.map_err(|e| Error::sys("mprotect", e))
@@ -328,8 +341,11 @@ impl Mm {
                     self.uncharge(1);
                 }
                 let _ = obj.free_data(i, 1);
-                obj.cache
-                    .unlock(i, 0, UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED);
+                obj.cache.unlock(
+                    i,
+                    0,
+                    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN,
+                );
             }
         }
         let flags = match new_addr {

@@ -256,6 +256,15 @@ impl Object {
         }
     }
 
+    /// Where the cache area holds page `i` of an anonymous object, if the
+    /// area was made (the page itself may be absent there).
+    pub fn cached_copy(&self, i: usize) -> Option<usize> {
+        match &self.backing {
+            Backing::Anonymous { area } => area.peek().map(|a| a + i * PAGE_SIZE),
+            Backing::Shared { .. } => None,
+        }
+    }
+
     /// The engine's alias mapping of page `i` of a shared object.
     pub fn alias_of(&self, i: usize) -> Option<usize> {
         match &self.backing {

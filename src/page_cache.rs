@@ -54,6 +54,11 @@ pub const LRU_BATCHED: u32 = 1 << 10;
 pub const MOVED: u32 = 1 << 11;
 /// Loaded by readahead and not yet used by a fault (`PG_readahead`-ish).
 pub const READAHEAD: u32 = 1 << 12;
+/// Anonymous page installed into a read-only region and not writable since
+/// (the region was not made writable): its store, or the zero page if it
+/// was never swapped out, still holds its contents, so reclaim drops it
+/// without writing it anywhere (a clean page of a private file mapping).
+pub const CLEAN: u32 = 1 << 13;
 
 /// Word arrays up to this size live on the heap.
 const SMALL_WORDS: usize = PAGE_SIZE;

@@ -210,7 +210,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
             Ok(Unmapped::InCache) => {}
             Ok(Unmapped::WrittenBack) => written = true,
             Ok(Unmapped::KeptDirty) => {
-                obj.cache.unlock(i, DIRTY, MAPPED | MOVED);
+                obj.cache.unlock(i, DIRTY, MAPPED | MOVED | CLEAN);
                 return Evict::Rotate;
             }
             Ok(Unmapped::Lost) => {
@@ -218,7 +218,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
                 obj.cache.unlock(
                     i,
                     crate::page_cache::POISONED,
-                    UPTODATE | MAPPED | MOVED | DIRTY | ON_LRU,
+                    UPTODATE | MAPPED | MOVED | DIRTY | ON_LRU | CLEAN,
                 );
                 mm.uncharge(1);
                 return Evict::Drop;
@@ -253,13 +253,13 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     obj.cache.unlock(
         i,
         swapped,
-        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD,
+        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD | CLEAN,
     );
     mm.uncharge(1);
     Evict::Evicted
 }
 
-/// A clean shared page locked for eviction, waiting for the batched zap.
+/// A clean page locked for eviction, waiting for the batched zap.
 struct Pending<'a> {
     obj: ObjectPin,
     i: usize,
@@ -268,20 +268,23 @@ struct Pending<'a> {
     _vma: Option<VmaReadGuard<'a>>,
 }
 
-/// First half of evicting a clean shared page: lock it and, if it is
-/// mapped, read-lock its region. The zap (user and alias mappings) is left
-/// to the caller's batch. Returns `Err(decision)` when the page is not such
-/// a page or cannot go now; `Ok(None)` means "use [`evict_page`]".
-fn prepare_clean_shared<'a>(
+/// First half of evicting a clean page (a shared page that is not dirty,
+/// or an anonymous page marked `CLEAN`): lock it and, if it is mapped,
+/// read-lock its region. Its zaps (the user mapping, and an anonymous
+/// page's copy in the cache area) are left to the caller's batch. Returns
+/// `Err(decision)` when the page cannot go now, or `Err((_, Some(obj)))`
+/// when it is not such a page ("use [`evict_page`]").
+fn prepare_clean<'a>(
     mm: &'a Mm,
     obj: ObjectPin,
     i: usize,
     zaps: &mut [(usize, usize)],
     nz: &mut usize,
-) -> Result<Option<Pending<'a>>, (Evict, Option<ObjectPin>)> {
-    if obj.kind != InstallKind::Shared || i >= obj.npages() {
+) -> Result<Pending<'a>, (Evict, Option<ObjectPin>)> {
+    if i >= obj.npages() {
         return Err((Evict::Drop, Some(obj)));
     }
+    let anon = obj.kind == InstallKind::Anonymous;
     let Ok(w) = obj.cache.try_lock(i) else {
         return Err((Evict::Rotate, None));
     };
@@ -291,7 +294,7 @@ fn prepare_clean_shared<'a>(
         Some((Evict::Drop, ON_LRU))
     } else if w & REFERENCED != 0 {
         Some((Evict::Rotate, REFERENCED))
-    } else if w & DIRTY != 0 {
+    } else if w & DIRTY != 0 || (anon && w & CLEAN == 0) {
         obj.cache.unlock(i, 0, 0);
         return Err((Evict::Drop, Some(obj)));
     } else {
@@ -305,7 +308,14 @@ fn prepare_clean_shared<'a>(
     if w & MAPPED != 0 {
         let addr = obj.mapped_at.load(Acquire) + i * PAGE_SIZE;
         match mm.lock_vma_quiet(addr) {
-            Some(g) if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i => {
+            // An anonymous page stays clean only while its region stays
+            // read-only: `protect` clears CLEAN under the region's write
+            // lock, so check again now that we hold its read lock.
+            Some(g)
+                if std::ptr::eq(&*g.object, &*obj)
+                    && g.page_index(addr) == i
+                    && (!anon || obj.cache.load(i) & CLEAN != 0) =>
+            {
                 zaps[*nz] = (addr, PAGE_SIZE);
                 *nz += 1;
                 vma = Some(g);
@@ -316,28 +326,39 @@ fn prepare_clean_shared<'a>(
             }
         }
     }
-    // The engine's alias needs no zap here: pages are filled through the
-    // memfd, so the alias maps a page only after a write-back read, and
-    // then the hole punch unmaps it.
-    Ok(Some(Pending {
+    // An anonymous page may have a copy in the cache area too (installed
+    // by a copy from there): it goes in the same batch. A shared page's
+    // alias needs no zap: pages are filled through the memfd, so the alias
+    // maps a page only after a write-back read, and the hole punch unmaps
+    // it then.
+    if anon && w & MOVED == 0 {
+        if let Some(a) = obj.cached_copy(i) {
+            zaps[*nz] = (a, PAGE_SIZE);
+            *nz += 1;
+        }
+    }
+    Ok(Pending {
         obj,
         i,
         w,
         _vma: vma,
-    }))
+    })
 }
 
-/// Second half: the page is out of every mapping; free it.
-fn finish_clean_shared(mm: &Mm, p: Pending<'_>) {
+/// Second half: the page is out of every mapping; free what is left of it
+/// (a shared page's memfd page; an anonymous page's went with the zap).
+fn finish_clean(mm: &Mm, p: Pending<'_>) {
     let (obj, i) = (&p.obj, p.i);
     if p.w & READAHEAD != 0 {
         mm.counters.inc(RA_WASTED);
     }
-    let _ = obj.free_data(i, 1);
+    if obj.kind == InstallKind::Shared {
+        let _ = obj.free_data(i, 1);
+    }
     obj.cache.unlock(
         i,
         0,
-        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD,
+        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD | CLEAN,
     );
     mm.uncharge(1);
 }
@@ -364,10 +385,12 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
             continue;
         }
         let mut nb = 0;
-        // Clean shared pages are zapped together: one TLB shootdown for the
-        // batch rather than one per page.
+        // Clean pages are zapped together, in one process_madvise: for
+        // anonymous ones that is one TLB flush for the batch; shared ones
+        // installed dirty by UFFDIO_CONTINUE still cost a flush each, but
+        // one syscall.
         let mut pending: [Option<Pending<'_>>; ISOLATE] = [const { None }; ISOLATE];
-        let mut zaps = [(0usize, 0usize); ISOLATE];
+        let mut zaps = [(0usize, 0usize); 2 * ISOLATE];
         let mut nz = 0;
         for (k, &e) in buf[..n].iter().enumerate() {
             scanned += 1;
@@ -375,9 +398,9 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
             let (slot, page) = unpack(e);
             let verdict = match mm.objects.pin(slot) {
                 None => Evict::Drop,
-                Some(obj) => match prepare_clean_shared(mm, obj, page, &mut zaps, &mut nz) {
+                Some(obj) => match prepare_clean(mm, obj, page, &mut zaps, &mut nz) {
                     Ok(p) => {
-                        pending[k] = p;
+                        pending[k] = Some(p);
                         continue;
                     }
                     Err((_, Some(obj))) => evict_page(mm, &obj, page),
@@ -401,7 +424,7 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
         for (k, p) in pending.iter_mut().enumerate() {
             let Some(p) = p.take() else { continue };
             if ok {
-                finish_clean_shared(mm, p);
+                finish_clean(mm, p);
                 freed += 1;
                 c.inc(PGSTEAL);
             } else {

@@ -22,9 +22,10 @@
 use super::floor::fatal;
 use super::floor::sigbus::{chain, with_raw_handler};
 use crate::error::{Error, Result};
+use crate::object::InstallKind;
 use crate::sys::mem::{pwrite_all, Mapping, Memfd};
 use crate::sys::uffd::{feature, mode, Uffd};
-use crate::sys::PAGE_SIZE;
+use crate::sys::{PageBuf, PAGE_SIZE};
 use crate::workload::random::{read_random_words, PatternFile};
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -45,6 +46,8 @@ struct State {
     ring_len: AtomicUsize,
     head: AtomicUsize,
     faults: AtomicU64,
+    /// 1: the anonymous variant (see [`random_floor`]).
+    anon: AtomicUsize,
 }
 
 static ST: State = State {
@@ -57,7 +60,20 @@ static ST: State = State {
     ring_len: AtomicUsize::new(0),
     head: AtomicUsize::new(0),
     faults: AtomicU64::new(0),
+    anon: AtomicUsize::new(0),
 };
+
+/// Victims a thread of the anonymous variant collects before it zaps them
+/// with one `process_madvise`.
+const ZAP_BATCH: usize = 32;
+
+thread_local! {
+    /// The anonymous variant's victims waiting for their batched zap (user
+    /// addresses), per faulting thread. Const-initialised plain cells: no
+    /// lazy allocation, so usable in the signal handler.
+    static PENDING: (std::cell::Cell<usize>, std::cell::Cell<[usize; ZAP_BATCH]>) =
+        const { (std::cell::Cell::new(0), std::cell::Cell::new([0; ZAP_BATCH])) };
+}
 
 /// What [`random_floor`] measured.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +112,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     let slot = ST.head.fetch_add(1, Relaxed) % ST.ring_len.load(Acquire);
     // SAFETY: `ring` points to `ring_len` atomics that outlive the pass.
     let victim = unsafe { &*ring.add(slot) }.swap(off, AcqRel);
+    if ST.anon.load(Acquire) == 1 {
+        if victim != EMPTY {
+            zap_later(base + victim);
+        }
+        anon_fill_and_copy(base, off);
+        return;
+    }
     if victim != EMPTY {
         // SAFETY: fallocate on the floor's memfd, open for the pass.
         unsafe {
@@ -108,20 +131,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         };
     }
     // 2. Fill it from the file.
-    #[repr(C, align(4096))]
-    struct PageBuf([u8; PAGE_SIZE]);
-    let mut buf = PageBuf([0; PAGE_SIZE]);
-    let file_fd = ST.file_fd.load(Acquire) as i32;
-    // SAFETY: `buf` is a live page-sized buffer; the descriptor is open.
-    let n = unsafe {
-        libc::pread(
-            file_fd,
-            buf.0.as_mut_ptr().cast(),
-            PAGE_SIZE,
-            off as libc::off_t,
-        )
-    };
-    if n != PAGE_SIZE as isize || pwrite_all(memfd, &buf.0, off as u64).is_err() {
+    let buf = read_file_page(off);
+    if pwrite_all(memfd, &buf.0, off as u64).is_err() {
         fatal(b"uffd-pager random floor: filling a page failed\n");
     }
     // 3. Map it.
@@ -138,6 +149,62 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     }
 }
 
+/// Reads the file's page at `off` into a buffer on the stack; aborts on a
+/// short read (the floor has no way forward).
+fn read_file_page(off: usize) -> PageBuf {
+    let mut buf = PageBuf::zeroed();
+    let file_fd = ST.file_fd.load(Acquire) as i32;
+    // SAFETY: `buf` is a live page-sized buffer; the descriptor is open.
+    let n = unsafe {
+        libc::pread(
+            file_fd,
+            buf.0.as_mut_ptr().cast(),
+            PAGE_SIZE,
+            off as libc::off_t,
+        )
+    };
+    if n != PAGE_SIZE as isize {
+        fatal(b"uffd-pager random floor: reading a page failed\n");
+    }
+    buf
+}
+
+/// The anonymous variant's eviction: queue the victim's user page and zap
+/// the queue with one `process_madvise(MADV_DONTNEED)` when it is full
+/// (anonymous PTEs need no flush of their own, so the batch costs one
+/// TLB flush).
+fn zap_later(addr: usize) {
+    PENDING.with(|(n, q)| {
+        let mut a = q.get();
+        a[n.get()] = addr;
+        n.set(n.get() + 1);
+        if n.get() == ZAP_BATCH {
+            let mut ranges = [(0usize, 0usize); ZAP_BATCH];
+            for (r, &v) in ranges.iter_mut().zip(&a) {
+                *r = (v, PAGE_SIZE);
+            }
+            let _ = crate::sys::mem::dontneed_batch(&ranges);
+            n.set(0);
+        }
+        q.set(a);
+    });
+}
+
+/// The anonymous variant's install: read the page from the file into a
+/// stack buffer and `UFFDIO_COPY` it into place (which allocates it).
+fn anon_fill_and_copy(base: usize, off: usize) {
+    let buf = read_file_page(off);
+    // SAFETY: the descriptor outlives the pass (set before, cleared after).
+    let uffd = unsafe { &*(ST.uffd.load(Acquire) as *const Uffd) };
+    loop {
+        match uffd.copy(base + off, buf.0.as_ptr() as usize, PAGE_SIZE, 0) {
+            Err(libc::EAGAIN) => continue,
+            Ok(_) | Err(libc::EEXIST) => return,
+            Err(_) => fatal(b"uffd-pager random floor: UFFDIO_COPY failed\n"),
+        }
+    }
+}
+
 /// Runs the raw floor of `random`: `threads` threads reading for
 /// `duration` over a file of `4 × budget` pages created in `dir`, with at
 /// most `budget` pages resident.
@@ -147,6 +214,7 @@ pub fn random_floor(
     threads: usize,
     duration: Duration,
     seed: u64,
+    kind: InstallKind,
 ) -> Result<RandomFloorReport> {
     if budget == 0 || threads == 0 {
         return Err(Error::Config(
@@ -158,11 +226,23 @@ pub fn random_floor(
     let file = PatternFile::create(dir, "random-floor", pages)?;
     let memfd =
         Memfd::new("uffd-pager-random-floor", len).map_err(|e| Error::sys("memfd_create", e))?;
-    let user =
-        Mapping::shared(memfd.fd(), len, 0, false).map_err(|e| Error::sys("mmap memfd", e))?;
-    let uffd = Uffd::open(feature::MINOR_SHMEM | feature::SIGBUS, true, false)
+    let anon = kind == InstallKind::Anonymous;
+    let user = if anon {
+        Mapping::anonymous(len).map_err(|e| Error::sys("mmap", e))?
+    } else {
+        Mapping::shared(memfd.fd(), len, 0, false).map_err(|e| Error::sys("mmap memfd", e))?
+    };
+    let (features, reg) = if anon {
+        (feature::SIGBUS, mode::MISSING)
+    } else {
+        (
+            feature::MINOR_SHMEM | feature::SIGBUS,
+            mode::MINOR | mode::MISSING,
+        )
+    };
+    let uffd = Uffd::open(features, true, false)
         .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
-    uffd.register(user.addr(), len, mode::MINOR | mode::MISSING)
+    uffd.register(user.addr(), len, reg)
         .map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
     let ring: Vec<AtomicUsize> = (0..budget).map(|_| AtomicUsize::new(EMPTY)).collect();
     let mismatches = AtomicU64::new(0);
@@ -174,6 +254,7 @@ pub fn random_floor(
         ST.ring_len.store(ring.len(), Release);
         ST.head.store(0, Release);
         ST.faults.store(0, Release);
+        ST.anon.store(anon as usize, Release);
         ST.len.store(len, Release);
         ST.base.store(user.addr(), Release);
         let t0 = Instant::now();
@@ -207,10 +288,12 @@ mod tests {
     #[test]
     fn floor_reads_the_file_correctly_under_its_budget() {
         let dir = crate::workload::random::default_dir();
-        let r = random_floor(&dir, 64, 2, Duration::from_millis(200), 3).unwrap();
-        assert_eq!(r.mismatches, 0);
-        assert!(r.reads > 0);
-        // A quarter of the file fits: most reads must have faulted.
-        assert!(r.faults > r.reads / 4, "{r:?}");
+        for kind in [InstallKind::Shared, InstallKind::Anonymous] {
+            let r = random_floor(&dir, 64, 2, Duration::from_millis(200), 3, kind).unwrap();
+            assert_eq!(r.mismatches, 0);
+            assert!(r.reads > 0);
+            // A quarter of the file fits: most reads must have faulted.
+            assert!(r.faults > r.reads / 4, "{r:?}");
+        }
     }
 }

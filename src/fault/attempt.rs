@@ -1,17 +1,18 @@
 //! One fault attempt, `attempt(lock, tried)`: steps 1-5 of
 //! `kernel-model.md`.
 
-use super::install::{install, make_writable, poison};
-use super::load::{load, LoadResult};
+use super::install::{copy_in, install, make_writable, poison};
+use super::load::{load, read_with_retries, LoadResult};
 use super::{Fault, LockKind, Outcome};
 use crate::address_space::{Mm, VmaReadGuard};
-use crate::object::Object;
+use crate::object::{InstallKind, Object};
 use crate::page_cache::{
-    PageState, DIRTY, LOCKED, MAPPED, MOVED, PINNED, POISONED, READAHEAD, REFERENCED, SWAPPED,
-    UPTODATE,
+    PageState, CLEAN, DIRTY, LOCKED, MAPPED, MOVED, PINNED, POISONED, READAHEAD, REFERENCED,
+    SWAPPED, UPTODATE,
 };
 use crate::stats::Counter::*;
 use crate::sync::global_lock::ReadGuard;
+use crate::sys::{PageBuf, PAGE_SIZE};
 use crate::vma::Vma;
 use std::sync::atomic::Ordering::*;
 
@@ -146,6 +147,12 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
 
         // Step 5: a major fault.
         f.major = true;
+        if obj.kind == InstallKind::Anonymous
+            && !vma.writable.load(Acquire)
+            && obj.store.synchronous()
+        {
+            return read_and_copy(mm, vma, i, pinned);
+        }
         if !f.tried {
             let pin = obj.pin();
             drop(held);
@@ -174,6 +181,41 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     }
 }
 
+/// Step 5 for an anonymous page of a read-only region whose store never
+/// waits on a device: read it under the lock into a buffer on the stack and
+/// copy it into place, keeping no copy in the cache area (the kernel's
+/// synchronous swap-in, `SWP_SYNCHRONOUS_IO`). The page is clean: reclaim
+/// can drop it with the next batched zap. The caller holds the page lock
+/// and charged the page.
+fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, pinned: u32) -> Outcome {
+    let obj: &Object = &vma.object;
+    let mut buf = PageBuf::zeroed();
+    let off = (i * PAGE_SIZE) as u64;
+    if read_with_retries(mm, || obj.store.read(off, &mut buf.0)) == LoadResult::Failed {
+        obj.cache.unlock(i, POISONED, 0);
+        mm.uncharge(1);
+        return poison(mm, vma, i);
+    }
+    match copy_in(mm, vma, i, buf.0.as_ptr() as usize) {
+        Ok(()) => {
+            obj.cache.unlock(
+                i,
+                UPTODATE | MAPPED | REFERENCED | MOVED | CLEAN | pinned,
+                0,
+            );
+            mm.page_cached(obj, i);
+            Outcome::Done
+        }
+        Err(_) => {
+            // The kernel refused the install (it should not): nothing is
+            // cached; report SIGBUS rather than loop.
+            obj.cache.unlock(i, 0, 0);
+            mm.uncharge(1);
+            Outcome::Bus
+        }
+    }
+}
+
 fn loaded_bits(r: LoadResult) -> u32 {
     match r {
         LoadResult::Ok => UPTODATE,
@@ -196,9 +238,20 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             };
             let pinned = if vma.pinned { PINNED } else { 0 };
             let moved = if moved { MOVED } else { 0 };
+            // An anonymous page mapped read-only cannot change: clean,
+            // unless its cached copy is itself newer than its store (a
+            // write-back that failed).
+            let clean = if obj.kind == InstallKind::Anonymous
+                && !vma.writable.load(Acquire)
+                && obj.cache.load(i) & DIRTY == 0
+            {
+                CLEAN
+            } else {
+                0
+            };
             obj.cache.unlock(
                 i,
-                UPTODATE | MAPPED | REFERENCED | dirty | pinned | moved,
+                UPTODATE | MAPPED | REFERENCED | dirty | pinned | moved | clean,
                 0,
             );
             if fresh {

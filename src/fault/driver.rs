@@ -50,7 +50,7 @@ pub fn handle_fault(mm: &Mm, addr: usize, write: bool) -> Resolution {
     if f.major {
         c.inc(PGMAJFAULT);
     }
-    c.fault_latency.record(now_ns() - t0);
+    c.record_latency(now_ns() - t0);
     match out {
         Outcome::Done => Resolution::Resolved,
         Outcome::Bus => Resolution::Bus,

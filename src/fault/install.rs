@@ -32,6 +32,26 @@ pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> 
     }
 }
 
+/// Copies the page at `src` (a buffer of the caller's) into place as object
+/// page `i` with `UFFDIO_COPY` (which allocates it). Never wakes.
+pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i32> {
+    let uffd = vma.object.uffd(&mm.uffd);
+    let mut tries = 0;
+    loop {
+        match uffd.copy(vma.addr_of(i), src, PAGE_SIZE, MODE_DONTWAKE) {
+            Err(libc::EAGAIN) if tries < 100 => {
+                tries += 1;
+                std::hint::spin_loop();
+            }
+            Ok(_) | Err(libc::EEXIST) => {
+                mm.counters.inc(PGINSTALL);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
     let addr = vma.addr_of(i);
     let obj = &vma.object;

@@ -16,11 +16,19 @@ pub(super) enum LoadResult {
 /// Reads page `i` of `obj` from its store into the cache, retrying up to the
 /// configured number of attempts. The caller holds the page lock.
 pub(super) fn load(mm: &Mm, obj: &Object, i: usize) -> LoadResult {
-    let attempts = mm.config.read_attempts.max(1);
-    for _ in 0..attempts {
-        // SAFETY: the caller holds page `i`'s lock and the page is neither
-        // cached nor installed.
-        match unsafe { obj.fill(i) } {
+    // SAFETY: the caller holds page `i`'s lock and the page is neither
+    // cached nor installed.
+    read_with_retries(mm, || unsafe { obj.fill(i) })
+}
+
+/// Runs `read` up to the configured number of attempts, counting reads and
+/// errors.
+pub(super) fn read_with_retries(
+    mm: &Mm,
+    mut read: impl FnMut() -> Result<(), crate::store::StoreError>,
+) -> LoadResult {
+    for _ in 0..mm.config.read_attempts.max(1) {
+        match read() {
             Ok(()) => {
                 mm.counters.inc(PGREAD);
                 return LoadResult::Ok;

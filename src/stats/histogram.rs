@@ -162,6 +162,22 @@ impl AtomicHistogram {
         self.min.store(u64::MAX, Ordering::Relaxed);
     }
 
+    /// Adds everything recorded in `other` into `self` (for merging per-CPU
+    /// histograms into one for a report).
+    pub fn absorb(&self, other: &AtomicHistogram) {
+        for (a, b) in self.buckets.iter().zip(&other.buckets) {
+            a.fetch_add(b.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.count
+            .fetch_add(other.count.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.sum
+            .fetch_add(other.sum.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.max
+            .fetch_max(other.max.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.min
+            .fetch_min(other.min.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// Copies the bucket counts out (one relaxed load each).
     fn snapshot(&self) -> ([u64; NUM_BUCKETS], u64) {
         let mut counts = [0u64; NUM_BUCKETS];

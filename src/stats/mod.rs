@@ -87,47 +87,93 @@ counters! {
 
 const N: usize = Counter::ALL.len();
 
-/// The live counters of one pager.
+/// One CPU's share of the counters, on cache lines of its own.
+#[repr(align(128))]
 #[derive(Debug)]
-pub struct Counters {
+struct CpuCounters {
     vals: [AtomicU64; N],
     /// Fault service time, ns (first attempt to done).
-    pub fault_latency: AtomicHistogram,
+    latency: AtomicHistogram,
+}
+
+/// The live counters of one pager.
+///
+/// # Cost
+/// Per CPU (the kernel's per-CPU vm event counters): a bump is one relaxed
+/// atomic add on the current CPU's lines (`sched_getcpu` reads the rseq
+/// area), so threads faulting on different CPUs never bounce a counter's
+/// cache line between them. Reading sums every CPU's share.
+#[derive(Debug)]
+pub struct Counters {
+    cpus: Box<[CpuCounters]>,
 }
 
 impl Default for Counters {
     fn default() -> Self {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
         Counters {
-            vals: std::array::from_fn(|_| AtomicU64::new(0)),
-            fault_latency: AtomicHistogram::new(),
+            cpus: (0..n)
+                .map(|_| CpuCounters {
+                    vals: std::array::from_fn(|_| AtomicU64::new(0)),
+                    latency: AtomicHistogram::new(),
+                })
+                .collect(),
         }
     }
 }
 
 impl Counters {
+    /// This CPU's share. Async-signal-safe.
+    #[inline]
+    fn mine(&self) -> &CpuCounters {
+        // SAFETY: sched_getcpu has no preconditions (rseq/vDSO backed).
+        let cpu = unsafe { libc::sched_getcpu() }.max(0) as usize;
+        &self.cpus[cpu % self.cpus.len()]
+    }
+
     /// Adds one.
     #[inline]
     pub fn inc(&self, c: Counter) {
-        self.vals[c as usize].fetch_add(1, Relaxed);
+        self.mine().vals[c as usize].fetch_add(1, Relaxed);
     }
 
     /// Adds `n`.
     #[inline]
     pub fn add(&self, c: Counter, n: u64) {
-        self.vals[c as usize].fetch_add(n, Relaxed);
+        self.mine().vals[c as usize].fetch_add(n, Relaxed);
     }
 
-    /// Current value.
+    /// Current value (summed over CPUs).
     pub fn get(&self, c: Counter) -> u64 {
-        self.vals[c as usize].load(Relaxed)
+        self.cpus
+            .iter()
+            .map(|p| p.vals[c as usize].load(Relaxed))
+            .sum()
+    }
+
+    /// Records one fault's service time. Async-signal-safe.
+    #[inline]
+    pub fn record_latency(&self, ns: u64) {
+        self.mine().latency.record(ns);
+    }
+
+    /// Fault service-time percentiles over every CPU.
+    pub fn latency_percentiles(&self) -> Percentiles {
+        let all = AtomicHistogram::new();
+        for p in self.cpus.iter() {
+            all.absorb(&p.latency);
+        }
+        all.percentiles()
     }
 
     /// Zeroes everything.
     pub fn reset(&self) {
-        for v in &self.vals {
-            v.store(0, Relaxed);
+        for p in self.cpus.iter() {
+            for v in &p.vals {
+                v.store(0, Relaxed);
+            }
+            p.latency.reset();
         }
-        self.fault_latency.reset();
     }
 }
 
@@ -156,9 +202,9 @@ impl Stats {
         budget_pages: u64,
     ) -> Stats {
         Stats {
-            counters: std::array::from_fn(|i| c.vals[i].load(Relaxed)),
+            counters: std::array::from_fn(|i| c.get(Counter::ALL[i])),
             global,
-            fault_latency: c.fault_latency.percentiles(),
+            fault_latency: c.latency_percentiles(),
             resident_pages,
             peak_resident_pages,
             budget_pages,

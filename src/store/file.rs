@@ -43,6 +43,20 @@ pub struct FileStore {
     len: u64,
     writable: bool,
     direct: bool,
+    /// The file lives in memory (tmpfs): reads never wait on a device.
+    in_memory: bool,
+}
+
+/// Whether the file is on tmpfs (its pages live in memory).
+fn on_tmpfs(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: a zeroed statfs is a valid out-parameter; fstatfs fills it
+    // from our open descriptor.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    rc == 0 && st.f_type as i64 == TMPFS_MAGIC
 }
 
 impl FileStore {
@@ -87,12 +101,14 @@ impl FileStore {
 
     fn with_flags(file: File, writable: bool, direct: bool) -> io::Result<Self> {
         let file_len = file.metadata()?.len();
+        let in_memory = !direct && on_tmpfs(&file);
         Ok(FileStore {
             file,
             file_len,
             len: round_up_to_page(file_len),
             writable,
             direct,
+            in_memory,
         })
     }
 
@@ -244,6 +260,11 @@ impl Store for FileStore {
                 e => return Err(StoreError(e)),
             }
         }
+    }
+
+    /// True for a file on tmpfs opened without `O_DIRECT`.
+    fn synchronous(&self) -> bool {
+        self.in_memory
     }
 
     fn name(&self) -> &'static str {

@@ -177,6 +177,10 @@ impl Store for MemoryStore {
         self.writable
     }
 
+    fn synchronous(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

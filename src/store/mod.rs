@@ -58,9 +58,7 @@ pub trait Store: Send + Sync + 'static {
         fd: std::os::fd::RawFd,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
-        #[repr(C, align(4096))]
-        struct PageBuf([u8; crate::sys::PAGE_SIZE]);
-        let mut buf = PageBuf([0; crate::sys::PAGE_SIZE]);
+        let mut buf = crate::sys::PageBuf::zeroed();
         let mut done = 0;
         while done < len {
             let n = (len - done).min(buf.0.len());
@@ -83,6 +81,15 @@ pub trait Store: Send + Sync + 'static {
     /// signal handlers.
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Whether a read completes without waiting on a device (memory,
+    /// tmpfs): the engine may then read an anonymous page under the region
+    /// lock and install it at once, as the kernel swaps in from a
+    /// `SWP_SYNCHRONOUS_IO` device (zram) in `do_swap_page` without
+    /// dropping the lock. Default false.
+    fn synchronous(&self) -> bool {
+        false
     }
 
     /// A short name for reports.

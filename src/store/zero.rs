@@ -59,6 +59,10 @@ impl Store for ZeroStore {
         false
     }
 
+    fn synchronous(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "zero"
     }

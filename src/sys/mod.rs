@@ -9,6 +9,19 @@ pub mod uffd;
 
 /// The page size the engine works in. x86-64 base pages.
 pub const PAGE_SIZE: usize = 4096;
+
+/// One page-aligned page of bytes, for reading a page on the stack (a
+/// signal handler cannot allocate; `O_DIRECT` needs the alignment).
+#[repr(C, align(4096))]
+pub struct PageBuf(pub [u8; PAGE_SIZE]);
+
+impl PageBuf {
+    /// A page of zeros.
+    #[inline]
+    pub const fn zeroed() -> PageBuf {
+        PageBuf([0; PAGE_SIZE])
+    }
+}
 /// `log2(PAGE_SIZE)`.
 pub const PAGE_SHIFT: u32 = 12;
 

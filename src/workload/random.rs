@@ -123,19 +123,13 @@ impl PatternFile {
     }
 }
 
-/// Map options for a region the workloads only read, of install `kind`.
-///
-/// Shared-kind regions are mapped read-only. Anonymous-kind (private,
-/// copy-installed) regions are mapped writable over a writable store: the
-/// engine writes every anonymous page it evicts to the store (the swap-out
-/// analog), and evicting a page of a *read-only* anonymous region currently
-/// dies with SIGBUS (reclaim's copy fallback writes into its
-/// userfaultfd-registered staging area). The workloads never write, so what
-/// is written back is what was read.
+/// Map options for a region the workloads only read, of install `kind`:
+/// read-only, so reclaim can drop its pages without writing them anywhere
+/// (shared pages are never dirty; anonymous ones are `CLEAN`).
 pub fn read_map_options(kind: InstallKind) -> MapOptions {
     MapOptions {
         kind,
-        writable: kind == InstallKind::Anonymous,
+        writable: false,
         ..MapOptions::default()
     }
 }
@@ -223,8 +217,14 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let us_per_page = elapsed.as_secs_f64() * threads as f64 / reads.max(1) as f64 * 1e6;
     // The raw floor, same reads, same threads, same budget, right after.
     let floor_us = if k.budget_pages > 0 {
-        let f =
-            crate::bench::random_floor(dir, k.budget_pages as usize, threads, k.duration, k.seed)?;
+        let f = crate::bench::random_floor(
+            dir,
+            k.budget_pages as usize,
+            threads,
+            k.duration,
+            k.seed,
+            k.install,
+        )?;
         if f.mismatches != 0 {
             mismatches.fetch_add(f.mismatches, Relaxed);
         }
