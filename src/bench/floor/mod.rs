@@ -5,13 +5,16 @@
 //! from a store, and nothing else:
 //!
 //! - **Anonymous**: a private anonymous range registered MISSING. Each fault
-//!   copies its page's 4 KiB from a source buffer into an absent staging
-//!   page (the kernel allocates it on that first touch), then UFFDIO_MOVE
-//!   moves it into place (and wakes); the staging page is absent again.
+//!   is one UFFDIO_COPY of its page's 4 KiB straight from the source buffer
+//!   (the kernel allocates the page, copies and wakes): the least any
+//!   handler can do for a page that comes from elsewhere. (The engine reads
+//!   a read-only region's page from its store into a buffer and copies it
+//!   in the same way; a writable region's page is read into the cache area
+//!   and moved into place.)
 //! - **Shared**: a memfd mapping registered MINOR|MISSING. Each pass starts
 //!   with the memfd's pages punched out (absent from the page cache, as the
 //!   engine's are) and the user mapping's page-table entries dropped. Each
-//!   fault copies 4 KiB from the source into the memfd through an alias
+//!   fault `pwrite`s 4 KiB from the source into the memfd
 //!   (allocating the page) and UFFDIO_CONTINUE maps it (and wakes).
 //!
 //! One page per ioctl, one ioctl per fault: the same granularity as the
@@ -48,32 +51,30 @@ struct Target {
     len: usize,
     /// The source buffer (same layout as the user range).
     src: usize,
-    /// The memfd alias for shared ranges; 0 for anonymous ones.
-    alias: usize,
+    /// The memfd of a shared range; -1 for anonymous ones.
+    memfd: i32,
 }
 
 /// Resolves the fault at `addr` (inside `t`) with one page-sized install
-/// that also wakes. `stage` is a page the caller owns exclusively.
+/// that also wakes.
 /// Async-signal-safe: a memcpy and ioctls.
-fn resolve(uffd: &Uffd, t: &Target, addr: usize, stage: usize) -> std::result::Result<(), i32> {
+fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32> {
     let page = addr & !(PAGE_SIZE - 1);
     let off = page.wrapping_sub(t.base);
     if off >= t.len {
         return Err(libc::EFAULT);
     }
-    let dst = if t.alias != 0 { t.alias + off } else { stage };
-    // SAFETY: `t.src + off` is a page of the live source buffer (same length
-    // as the user range, and `off < t.len` was checked); `dst` is either the matching
-    // page of the live memfd alias or the caller's staging page. Neither is
-    // referenced as a Rust object, and the ranges are distinct mappings.
-    unsafe {
-        std::ptr::copy_nonoverlapping((t.src + off) as *const u8, dst as *mut u8, PAGE_SIZE);
+    if t.memfd >= 0 {
+        // SAFETY: `t.src + off` is a page of the live source buffer (same
+        // length as the user range, and `off < t.len` was checked).
+        let page_src = unsafe { std::slice::from_raw_parts((t.src + off) as *const u8, PAGE_SIZE) };
+        crate::sys::mem::pwrite_all(t.memfd, page_src, off as u64)?;
     }
     loop {
-        let r = if t.alias != 0 {
+        let r = if t.memfd >= 0 {
             uffd.cont(page, PAGE_SIZE, 0)
         } else {
-            uffd.mv(page, stage, PAGE_SIZE, 0)
+            uffd.copy(page, t.src + off, PAGE_SIZE, 0)
         };
         match r {
             Ok(_) | Err(libc::EEXIST) => return Ok(()),
@@ -101,16 +102,14 @@ pub struct FloorLoop {
     uffd: Arc<Uffd>,
     user: Mapping,
     _src: Mapping,
-    stage: Mapping,
     _memfd: Option<Memfd>,
-    _alias: Option<Mapping>,
 }
 
 impl std::fmt::Debug for FloorLoop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FloorLoop")
             .field("pages", &self.pages)
-            .field("shared", &(self.target.alias != 0))
+            .field("shared", &(self.target.memfd >= 0))
             .field(
                 "handler_threads",
                 &self.handlers.as_ref().map(|h| h.threads.len()),
@@ -182,18 +181,13 @@ impl FloorLoop {
 
         let src = Mapping::anonymous(len).map_err(sys("mmap source"))?;
         fill(src.addr(), pages);
-        let stage = Mapping::anonymous(nthreads.max(1) * PAGE_SIZE).map_err(sys("mmap stage"))?;
-        // The staging pages stay absent: each fault's copy allocates one and
-        // UFFDIO_MOVE takes it away again, as in the engine.
-        let (memfd, alias, user) = if shared {
+        let (memfd, user) = if shared {
             let memfd = Memfd::new("uffd-pager-floor", len).map_err(sys("memfd_create"))?;
-            let alias = Mapping::shared(memfd.fd(), len, 0, false).map_err(sys("mmap alias"))?;
-            fill(alias.addr(), pages);
             let user = Mapping::shared(memfd.fd(), len, 0, false).map_err(sys("mmap memfd"))?;
-            (Some(memfd), Some(alias), user)
+            (Some(memfd), user)
         } else {
             let user = Mapping::anonymous(len).map_err(sys("mmap"))?;
-            (None, None, user)
+            (None, user)
         };
         let reg_mode = if shared {
             mode::MINOR | mode::MISSING
@@ -206,10 +200,10 @@ impl FloorLoop {
             base: user.addr(),
             len,
             src: src.addr(),
-            alias: alias.as_ref().map_or(0, |a| a.addr()),
+            memfd: memfd.as_ref().map_or(-1, |m| m.fd()),
         };
         let handlers = if nthreads > 0 {
-            Some(Handlers::start(&uffd, target, &stage, nthreads, spin_us)?)
+            Some(Handlers::start(&uffd, target, nthreads, spin_us)?)
         } else {
             None
         };
@@ -220,9 +214,7 @@ impl FloorLoop {
             uffd,
             user,
             _src: src,
-            stage,
             _memfd: memfd,
-            _alias: alias,
         })
     }
 
@@ -266,9 +258,7 @@ impl FloorLoop {
         if self.handlers.is_some() {
             return touch(self.user.addr(), n);
         }
-        sigbus::with_handler(&self.uffd, &self.target, self.stage.addr(), || {
-            touch(self.user.addr(), n)
-        })
+        sigbus::with_handler(&self.uffd, &self.target, || touch(self.user.addr(), n))
     }
 }
 

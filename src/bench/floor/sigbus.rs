@@ -16,8 +16,7 @@ struct SigState {
     base: AtomicUsize,
     len: AtomicUsize,
     src: AtomicUsize,
-    alias: AtomicUsize,
-    stage: AtomicUsize,
+    memfd: AtomicUsize,
     prev_handler: AtomicUsize,
     prev_flags: AtomicUsize,
 }
@@ -27,8 +26,7 @@ static SIG: SigState = SigState {
     base: AtomicUsize::new(0),
     len: AtomicUsize::new(0),
     src: AtomicUsize::new(0),
-    alias: AtomicUsize::new(0),
-    stage: AtomicUsize::new(0),
+    memfd: AtomicUsize::new(0),
     prev_handler: AtomicUsize::new(0),
     prev_flags: AtomicUsize::new(0),
 };
@@ -59,12 +57,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             base,
             len,
             src: SIG.src.load(Acquire),
-            alias: SIG.alias.load(Acquire),
+            memfd: SIG.memfd.load(Acquire) as i32,
         };
         // SAFETY: `uffd` points to the floor's descriptor, which outlives
         // the pass; `base` is non-zero only during the pass.
         let uffd = unsafe { &*(SIG.uffd.load(Acquire) as *const Uffd) };
-        if resolve(uffd, &t, addr, SIG.stage.load(Acquire)).is_err() {
+        if resolve(uffd, &t, addr).is_err() {
             fatal(b"uffd-pager floor: install failed in the SIGBUS handler\n");
         }
         return;
@@ -137,17 +135,11 @@ pub(crate) fn with_raw_handler<R>(handler: RawHandler, f: impl FnOnce() -> Resul
 
 /// Runs `f` with the floor's SIGBUS handler serving `t` (and no other floor
 /// pass running), restoring the previous disposition afterwards.
-pub(super) fn with_handler<R>(
-    uffd: &Uffd,
-    t: &Target,
-    stage: usize,
-    f: impl FnOnce() -> Result<R>,
-) -> Result<R> {
+pub(super) fn with_handler<R>(uffd: &Uffd, t: &Target, f: impl FnOnce() -> Result<R>) -> Result<R> {
     with_raw_handler(on_sigbus, || {
         SIG.uffd.store(uffd as *const Uffd as usize, Release);
         SIG.src.store(t.src, Release);
-        SIG.alias.store(t.alias, Release);
-        SIG.stage.store(stage, Release);
+        SIG.memfd.store(t.memfd as usize, Release);
         SIG.len.store(t.len, Release);
         SIG.base.store(t.base, Release);
         let r = f();

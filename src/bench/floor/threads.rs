@@ -4,9 +4,8 @@
 
 use super::{resolve, Target};
 use crate::error::{Error, Result};
-use crate::sys::mem::Mapping;
+use crate::sys::now_ns;
 use crate::sys::uffd::{Msg, Uffd, EVENT_PAGEFAULT};
-use crate::sys::{now_ns, PAGE_SIZE};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -28,7 +27,7 @@ impl Drop for Handlers {
     }
 }
 
-fn serve(uffd: &Uffd, t: Target, stop: RawFd, spin_us: u32, stage: usize) {
+fn serve(uffd: &Uffd, t: Target, stop: RawFd, spin_us: u32) {
     let mut msgs = [Msg::default(); 16];
     let spin_ns = spin_us as u64 * 1000;
     let mut deadline = now_ns() + spin_ns;
@@ -36,7 +35,7 @@ fn serve(uffd: &Uffd, t: Target, stop: RawFd, spin_us: u32, stage: usize) {
         match uffd.read_msgs(&mut msgs) {
             Ok(n) if n > 0 => {
                 for m in msgs[..n].iter().filter(|m| m.event == EVENT_PAGEFAULT) {
-                    if let Err(e) = resolve(uffd, &t, m.arg1 as usize, stage) {
+                    if let Err(e) = resolve(uffd, &t, m.arg1 as usize) {
                         let e = std::io::Error::from_raw_os_error(e);
                         eprintln!("uffd-pager floor: install failed in a handler thread: {e}");
                         std::process::abort();
@@ -77,12 +76,10 @@ fn serve(uffd: &Uffd, t: Target, stop: RawFd, spin_us: u32, stage: usize) {
 }
 
 impl Handlers {
-    /// Starts `n` threads serving `target`; thread `i` stages pages in page
-    /// `i` of `stage`.
+    /// Starts `n` threads serving `target`.
     pub(super) fn start(
         uffd: &Arc<Uffd>,
         target: Target,
-        stage: &Mapping,
         n: usize,
         spin_us: u32,
     ) -> Result<Handlers> {
@@ -100,10 +97,9 @@ impl Handlers {
         for i in 0..n {
             let uffd = uffd.clone();
             let stopfd = h.stop.as_raw_fd();
-            let page = stage.addr() + i * PAGE_SIZE;
             let t = std::thread::Builder::new()
                 .name(format!("uffd-floor-{i}"))
-                .spawn(move || serve(&uffd, target, stopfd, spin_us, page))
+                .spawn(move || serve(&uffd, target, stopfd, spin_us))
                 .map_err(|e| Error::Io {
                     context: "starting floor handler threads".into(),
                     source: e,
