@@ -49,7 +49,8 @@ pub struct WorkloadArgs {
     /// CPU), or per-region.
     #[arg(long, default_value = "in-thread")]
     pub delivery: Delivery,
-    /// Install kind (filemap only; swap is anonymous by definition).
+    /// Install kind (filemap, random, scan, launch; swap is anonymous by
+    /// definition). Default: shared.
     #[arg(long)]
     pub kind: Option<InstallKind>,
     /// Largest readahead window in pages (0: off).

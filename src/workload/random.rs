@@ -8,8 +8,8 @@
 //! The file is created (and unlinked at once) in [`default_dir`] — tmpfs
 //! `/dev/shm` when it exists, so the store's `pread`s measure the pager
 //! rather than a disk — or in a directory the caller names ([`run_in`]).
-//! It is mapped through a [`FileStore`] with `k.install` as install kind
-//! (read-only, except for the anonymous kind: see [`read_map_options`]).
+//! It is mapped read-only through a read-only [`FileStore`] with
+//! `k.install` as install kind (see [`read_map_options`]).
 
 use super::common::{cpu_time, pattern, sum_over_threads, Knobs, Rng, RunResult, Writers};
 use crate::error::{Error, Result};
@@ -93,18 +93,14 @@ impl PatternFile {
         &self.file
     }
 
-    /// A [`FileStore`] over the file for a region of `kind` mapped with
-    /// [`read_map_options`]: writable for the anonymous kind (see there).
-    pub fn store(&self, kind: InstallKind) -> Result<FileStore> {
+    /// A read-only [`FileStore`] over the file, for a region mapped with
+    /// [`read_map_options`] (of either install kind).
+    pub fn store(&self) -> Result<FileStore> {
         let io = |e| Error::Io {
             context: "opening a store over a pattern file".into(),
             source: e,
         };
-        FileStore::from_file(
-            self.file.try_clone().map_err(io)?,
-            kind == InstallKind::Anonymous,
-        )
-        .map_err(io)
+        FileStore::from_file(self.file.try_clone().map_err(io)?, false).map_err(io)
     }
 
     /// Length in pages.
@@ -198,7 +194,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let file = PatternFile::create(dir, "random", pages)?;
     let pager = Arc::new(k.pager()?);
     let opts = read_map_options(k.install);
-    let region = pager.map_store(Arc::new(file.store(k.install)?), pages * PAGE_SIZE, &opts)?;
+    let region = pager.map_store(Arc::new(file.store()?), pages * PAGE_SIZE, &opts)?;
     let base = region.as_ptr() as usize;
     let mismatches = AtomicU64::new(0);
     pager.reset_stats();

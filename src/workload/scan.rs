@@ -125,7 +125,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
         k.budget_pages.max(pages as u64 + 64)
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
-    let store = Arc::new(file.store(k.install)?);
+    let store = Arc::new(file.store()?);
     let region = pager.map_store(store, len, &read_map_options(k.install))?;
     let kmap = KernelMap::new(file.file(), len)?;
     let (ebase, kbase) = (region.as_ptr() as usize, kmap.addr);
