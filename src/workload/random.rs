@@ -183,7 +183,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
 /// Runs `random` with its file in `dir`.
 ///
 /// `ops` is page reads (all threads). Extras: `us_per_page` (wall time per
-/// page per thread, `elapsed × threads / ops` in µs), `floor_us_per_page`
+/// page per thread, `elapsed × threads / ops` in µs), `us_per_page_overall`
+/// (`elapsed / ops`: wall time per page of the whole run), `floor_us_per_page`
 /// (the same measure for [`crate::bench::random_floor`], run right after
 /// with the same threads, budget and duration; NaN without a budget),
 /// `vs_floor` (their ratio), `mismatches` (words that differed from the
@@ -239,6 +240,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
         latency: None,
         extra: vec![
             ("us_per_page", us_per_page),
+            ("us_per_page_overall", us_per_page / threads as f64),
             ("floor_us_per_page", floor_us),
             ("vs_floor", us_per_page / floor_us),
             ("mismatches", mismatches.load(Relaxed) as f64),
