@@ -97,15 +97,15 @@ impl Store for MemoryStore {
         if buf.is_empty() {
             return Ok(());
         }
-        // SAFETY: `[offset, offset + buf.len())` is within the mapping (checked
-        // above), which lives as long as `self`, and `buf` is a distinct
-        // caller-owned buffer, so the ranges do not overlap. The mapping is
-        // not borrowed as a Rust reference anywhere: it is only ever touched
-        // by these raw copies. Concurrent calls on *distinct* pages touch
-        // disjoint bytes; the engine's page lock serialises calls on the same
-        // page (see the `Store` contract), so no bytes are read while being
-        // written.
         match self.base() {
+            // SAFETY: `[offset, offset + buf.len())` is within the mapping
+            // (checked above), which lives as long as `self`, and `buf` is a
+            // distinct caller-owned buffer, so the ranges do not overlap. The
+            // mapping is not borrowed as a Rust reference anywhere: it is
+            // only ever touched by these raw copies. Concurrent calls on
+            // *distinct* pages touch disjoint bytes; the engine's page lock
+            // serialises calls on the same page (see the `Store` contract),
+            // so no bytes are read while being written.
             Some(base) => unsafe {
                 std::ptr::copy_nonoverlapping(
                     base.add(offset as usize),
@@ -154,9 +154,6 @@ impl Store for MemoryStore {
         if len == 0 {
             return Ok(());
         }
-        // SAFETY: bounds checked above; the mapping outlives the call and the
-        // engine serialises calls per page, so the bytes are not being
-        // written while the kernel copies them.
         let Some(base) = self.base() else {
             // Never written: all zeros.
             static ZEROS: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
@@ -169,6 +166,9 @@ impl Store for MemoryStore {
             }
             return Ok(());
         };
+        // SAFETY: bounds checked above; the mapping outlives the call and the
+        // engine serialises calls per page, so the bytes are not being
+        // written while the kernel copies them.
         let src = unsafe { std::slice::from_raw_parts(base.add(offset as usize), len) };
         crate::sys::mem::pwrite_all(fd, src, fd_offset).map_err(StoreError)
     }
