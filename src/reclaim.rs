@@ -345,15 +345,40 @@ fn prepare_clean<'a>(
     })
 }
 
-/// Second half: the page is out of every mapping; free what is left of it
-/// (a shared page's memfd page; an anonymous page's went with the zap).
+/// Frees the memfd pages of the shared pages among `pending` (out of every
+/// mapping now): one hole punch per run of adjacent pages of one object.
+/// An anonymous page's copies went with the zap.
+fn free_clean_shared(pending: &[Option<Pending<'_>>]) {
+    // (object address, page, index into `pending`), sorted into runs.
+    let mut order = [(0usize, 0usize, 0usize); ISOLATE];
+    let mut n = 0;
+    for (k, p) in pending.iter().enumerate() {
+        if let Some(p) = p.as_ref().filter(|p| p.obj.kind == InstallKind::Shared) {
+            order[n] = (&*p.obj as *const Object as usize, p.i, k);
+            n += 1;
+        }
+    }
+    order[..n].sort_unstable();
+    let mut k = 0;
+    while k < n {
+        let (o, start, first) = order[k];
+        let mut len = 1;
+        while k + len < n && (order[k + len].0, order[k + len].1) == (o, start + len) {
+            len += 1;
+        }
+        if let Some(p) = &pending[first] {
+            let _ = p.obj.free_data(start, len);
+        }
+        k += len;
+    }
+}
+
+/// Last step: the page is out of every mapping and freed; unlock it as
+/// absent.
 fn finish_clean(mm: &Mm, p: Pending<'_>) {
     let (obj, i) = (&p.obj, p.i);
     if p.w & READAHEAD != 0 {
         mm.counters.inc(RA_WASTED);
-    }
-    if obj.kind == InstallKind::Shared {
-        let _ = obj.free_data(i, 1);
     }
     obj.cache.unlock(
         i,
@@ -420,7 +445,11 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
             }
         }
         // Pages that were not mapped are pending too, with nothing to zap.
+        let nz = crate::sys::mem::coalesce_ranges(&mut zaps[..nz]);
         let ok = nz == 0 || dontneed_batch(&zaps[..nz]).is_ok();
+        if ok {
+            free_clean_shared(&pending);
+        }
         for (k, p) in pending.iter_mut().enumerate() {
             let Some(p) = p.take() else { continue };
             if ok {

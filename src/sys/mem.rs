@@ -293,6 +293,23 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], off: u64) -> Result<(), i32> {
     Ok(())
 }
 
+/// Sorts `ranges` by address and merges the ones that touch; returns how
+/// many are left (at the front). No allocation.
+pub fn coalesce_ranges(ranges: &mut [(usize, usize)]) -> usize {
+    ranges.sort_unstable_by_key(|r| r.0);
+    let mut n = 0;
+    for k in 0..ranges.len() {
+        let (a, l) = ranges[k];
+        if n > 0 && ranges[n - 1].0 + ranges[n - 1].1 == a {
+            ranges[n - 1].1 += l;
+        } else {
+            ranges[n] = (a, l);
+            n += 1;
+        }
+    }
+    n
+}
+
 /// `MADV_DONTNEED` over several ranges of this process in one call
 /// (`process_madvise` on `PIDFD_SELF`), so the kernel flushes the TLB once
 /// for all of them; falls back to one `madvise` per range where the kernel
@@ -330,4 +347,25 @@ pub fn dontneed_batch(ranges: &[(usize, usize)]) -> Result<(), i32> {
         madvise(a, l, libc::MADV_DONTNEED)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_touching_ranges_only() {
+        let mut r = [
+            (0x5000, 0x1000),
+            (0x1000, 0x1000),
+            (0x2000, 0x2000),
+            (0x9000, 0x1000),
+        ];
+        let n = coalesce_ranges(&mut r);
+        assert_eq!(
+            &r[..n],
+            &[(0x1000, 0x3000), (0x5000, 0x1000), (0x9000, 0x1000)]
+        );
+        assert_eq!(coalesce_ranges(&mut []), 0);
+    }
 }
