@@ -211,6 +211,31 @@ mod tests {
     }
 
     #[test]
+    fn never_written_store_reads_zeros_without_a_mapping() {
+        let s = MemoryStore::new(2 * PAGE_SIZE as u64).unwrap();
+        let mut back = vec![1u8; PAGE_SIZE];
+        s.read(PAGE_SIZE as u64, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        assert!(s.base().is_none(), "a read made the mapping");
+        // read_to_fd writes zeros too (into a memfd, read back with pread).
+        let m = crate::sys::mem::Memfd::new("memstore-test", 2 * PAGE_SIZE).unwrap();
+        crate::sys::mem::pwrite_all(m.fd(), &[7u8; PAGE_SIZE], 0).unwrap();
+        s.read_to_fd(0, PAGE_SIZE, m.fd(), 0).unwrap();
+        let mut out = vec![1u8; PAGE_SIZE];
+        // SAFETY: pread into a live buffer from our memfd.
+        let n = unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), PAGE_SIZE, 0) };
+        assert_eq!(n, PAGE_SIZE as isize);
+        assert!(out.iter().all(|&b| b == 0));
+        // After a write, read_to_fd copies the written bytes.
+        s.write(PAGE_SIZE as u64, &[9u8; PAGE_SIZE]).unwrap();
+        s.read_to_fd(PAGE_SIZE as u64, PAGE_SIZE, m.fd(), 0)
+            .unwrap();
+        // SAFETY: as above.
+        unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), PAGE_SIZE, 0) };
+        assert!(out.iter().all(|&b| b == 9));
+    }
+
+    #[test]
     fn from_bytes_pads_to_pages() {
         let data: Vec<u8> = (0..PAGE_SIZE + 10).map(|i| i as u8 | 1).collect();
         let s = MemoryStore::from_bytes(&data).unwrap();

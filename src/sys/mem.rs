@@ -354,6 +354,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn lazy_mapping_is_made_once_under_a_race() {
+        let m = std::sync::Arc::new(LazyMapping::new(4 * 4096, libc::MADV_NOHUGEPAGE));
+        assert!(m.peek().is_none());
+        let addrs: Vec<usize> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || m.get().unwrap())
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        assert!(addrs.iter().all(|&a| a == addrs[0]));
+        assert_eq!(m.peek(), Some(addrs[0]));
+        // SAFETY: the mapping is 4 pages, readable and writable, and ours.
+        unsafe {
+            std::ptr::write_volatile((addrs[0] + 3 * 4096) as *mut u8, 5);
+            assert_eq!(
+                std::ptr::read_volatile((addrs[0] + 3 * 4096) as *const u8),
+                5
+            );
+        }
+    }
+
+    #[test]
     fn coalesce_merges_touching_ranges_only() {
         let mut r = [
             (0x5000, 0x1000),
