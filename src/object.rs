@@ -265,14 +265,6 @@ impl Object {
         }
     }
 
-    /// The engine's alias mapping of page `i` of a shared object.
-    pub fn alias_of(&self, i: usize) -> Option<usize> {
-        match &self.backing {
-            Backing::Shared { alias, .. } => Some(alias.addr() + i * PAGE_SIZE),
-            Backing::Anonymous { .. } => None,
-        }
-    }
-
     /// The memfd, for shared objects (mapped by the user's region).
     pub fn memfd(&self) -> Option<&Memfd> {
         match &self.backing {

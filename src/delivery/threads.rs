@@ -168,21 +168,7 @@ fn read_batch(uffd: &Uffd, stopfd: i32, spin_us: u32, msgs: &mut [Msg]) -> Optio
             std::hint::spin_loop();
             continue;
         }
-        let mut fds = [
-            libc::pollfd {
-                fd: uffd.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stopfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if fds[1].revents != 0 {
+        if uffd.wait_or_stop(stopfd) {
             return None;
         }
     }

@@ -18,11 +18,16 @@ static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
 /// the delivery layer wakes waiters once per batch. Returns whether the
 /// page was moved out of the cache area (which then holds no copy).
 pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
-    // EAGAIN means the kernel could not take the page right now (a page
-    // under migration, a racing change of the mapping): try again.
+    retry_eagain(|| install_once(mm, vma, i, zero, write))
+}
+
+/// Runs an install ioctl again while it fails with EAGAIN (the kernel could
+/// not take the page right now: a page under migration, a racing change of
+/// the mapping), at most 100 times.
+fn retry_eagain<T>(mut op: impl FnMut() -> Result<T, i32>) -> Result<T, i32> {
     let mut tries = 0;
     loop {
-        match install_once(mm, vma, i, zero, write) {
+        match op() {
             Err(libc::EAGAIN) if tries < 100 => {
                 tries += 1;
                 std::hint::spin_loop();
@@ -36,38 +41,29 @@ pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> 
 /// page `i` with `UFFDIO_COPY` (which allocates it). Never wakes.
 pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i32> {
     let uffd = vma.object.uffd(&mm.uffd);
-    let mut tries = 0;
-    loop {
-        match uffd.copy(vma.addr_of(i), src, PAGE_SIZE, MODE_DONTWAKE) {
-            Err(libc::EAGAIN) if tries < 100 => {
-                tries += 1;
-                std::hint::spin_loop();
-            }
-            Ok(_) | Err(libc::EEXIST) => {
-                mm.counters.inc(PGINSTALL);
-                return Ok(());
-            }
-            Err(e) => return Err(e),
+    match retry_eagain(|| uffd.copy(vma.addr_of(i), src, PAGE_SIZE, MODE_DONTWAKE)) {
+        Ok(_) | Err(libc::EEXIST) => {
+            mm.counters.inc(PGINSTALL);
+            Ok(())
         }
+        Err(e) => Err(e),
     }
 }
 
 fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
     let addr = vma.addr_of(i);
     let obj = &vma.object;
+    let uffd = obj.uffd(&mm.uffd);
     let mut moved = false;
     let r = match (obj.kind, zero) {
         // A read of a write-tracked page maps it write-protected; a write
         // maps it writable (the caller marks it dirty).
         (InstallKind::Shared, _) if obj.tracks_writes() && !write => {
-            obj.uffd(&mm.uffd)
-                .cont(addr, PAGE_SIZE, MODE_DONTWAKE | MODE_WP)
+            uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE | MODE_WP)
         }
-        (InstallKind::Shared, _) => obj.uffd(&mm.uffd).cont(addr, PAGE_SIZE, MODE_DONTWAKE),
-        (InstallKind::Anonymous, true) if !write => {
-            obj.uffd(&mm.uffd).zeropage(addr, PAGE_SIZE, MODE_DONTWAKE)
-        }
-        (InstallKind::Anonymous, true) => obj.uffd(&mm.uffd).copy(
+        (InstallKind::Shared, _) => uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE),
+        (InstallKind::Anonymous, true) if !write => uffd.zeropage(addr, PAGE_SIZE, MODE_DONTWAKE),
+        (InstallKind::Anonymous, true) => uffd.copy(
             addr,
             ZERO_PAGE.0.as_ptr() as usize,
             PAGE_SIZE,
@@ -79,9 +75,9 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         // those are copied.
         (InstallKind::Anonymous, false) => {
             let src = obj.data(i)? as usize;
-            match obj.uffd(&mm.uffd).mv(addr, src, PAGE_SIZE, MODE_DONTWAKE) {
+            match uffd.mv(addr, src, PAGE_SIZE, MODE_DONTWAKE) {
                 Err(libc::EINVAL) | Err(libc::EBUSY) | Err(libc::ENOENT) => {
-                    obj.uffd(&mm.uffd).copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
+                    uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
                 }
                 r => {
                     moved = r.is_ok();

@@ -405,6 +405,26 @@ impl Uffd {
         )
     }
 
+    /// Blocks in poll(2) until the descriptor is readable or `stop` (an
+    /// eventfd) is; returns true when `stop` fired. For handler threads.
+    pub fn wait_or_stop(&self, stop: RawFd) -> bool {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        fds[1].revents != 0
+    }
+
     /// Reads up to `buf.len()` messages; returns how many were read.
     /// `Ok(0)` means none were ready (non-blocking descriptor).
     pub fn read_msgs(&self, buf: &mut [Msg]) -> Result<usize, i32> {

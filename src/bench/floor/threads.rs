@@ -55,21 +55,7 @@ fn serve(uffd: &Uffd, t: Target, stop: RawFd, spin_us: u32) {
             std::hint::spin_loop();
             continue;
         }
-        let mut fds = [
-            libc::pollfd {
-                fd: uffd.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if fds[1].revents != 0 {
+        if uffd.wait_or_stop(stop) {
             return;
         }
     }
