@@ -161,7 +161,10 @@ impl Mm {
     fn lookup_and_lock(&self, addr: usize, count: bool) -> Result<VmaReadGuard<'_>, LookupFail> {
         loop {
             let r = self.table.read(|t| {
-                let v = t.find(addr).ok_or(TryReadError::WriteLocked)?;
+                let e = t.find_entry(addr).ok_or(TryReadError::WriteLocked)?;
+                // The object's lines load while we lock the region.
+                e.prefetch_object();
+                let v = e.vma();
                 crate::inject::after_lookup(v);
                 v.lock.try_read()?;
                 if !v.contains(addr) {
