@@ -217,7 +217,11 @@ impl Mm {
     #[inline]
     pub fn charge(&self, n: u64) {
         let now = self.resident.fetch_add(n, Relaxed) + n;
-        self.peak_resident.fetch_max(now, Relaxed);
+        // Read first: at steady state the peak does not move, and a plain
+        // load leaves its cache line shared between the faulting CPUs.
+        if now > self.peak_resident.load(Relaxed) {
+            self.peak_resident.fetch_max(now, Relaxed);
+        }
         let budget = self.config.budget_pages;
         if budget > 0 {
             if now > budget {

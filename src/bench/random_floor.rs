@@ -8,9 +8,17 @@
 //! 1. takes the next slot of a ring of `budget` resident pages and, if the
 //!    slot held a page, punches that page out of the memfd (which also
 //!    unmaps it from the user mapping): FIFO eviction, one page per fault;
-//! 2. reads the faulting page from the file into a stack buffer and
-//!    `pwrite`s it into the memfd (the engine's fill for a file store);
+//! 2. fills the faulting page of the memfd from the file with the store's
+//!    [`Store::read_to_fd`], as the engine does (for a file on tmpfs one
+//!    `pwrite` from the store's view of the file);
 //! 3. maps it with one `UFFDIO_CONTINUE`, which also wakes.
+//!
+//! The anonymous variant maps a private anonymous area registered MISSING,
+//! queues its victims for one `process_madvise(MADV_DONTNEED)` per 32, and
+//! installs with one `UFFDIO_COPY`, from the file's page where the store
+//! has it in memory ([`Store::page_in_memory`]: a file on tmpfs), as the
+//! engine's clean anonymous path does, or else from a stack buffer it read
+//! the page into.
 //!
 //! No lookup, no locks, no page states, no LRU, no fault-around, no
 //! readahead: what is left is what the kernel charges a userspace pager for
@@ -23,7 +31,8 @@ use super::floor::fatal;
 use super::floor::sigbus::{chain, with_raw_handler};
 use crate::error::{Error, Result};
 use crate::object::InstallKind;
-use crate::sys::mem::{pwrite_all, Mapping, Memfd};
+use crate::store::{FileStore, Store};
+use crate::sys::mem::{Mapping, Memfd};
 use crate::sys::uffd::{feature, mode, Uffd};
 use crate::sys::{PageBuf, PAGE_SIZE};
 use crate::workload::random::{read_random_words, PatternFile};
@@ -48,6 +57,8 @@ struct State {
     faults: AtomicU64,
     /// 1: the anonymous variant (see [`random_floor`]).
     anon: AtomicUsize,
+    /// The store over the file (a `*const FileStore`).
+    store: AtomicUsize,
 }
 
 static ST: State = State {
@@ -61,6 +72,7 @@ static ST: State = State {
     head: AtomicUsize::new(0),
     faults: AtomicU64::new(0),
     anon: AtomicUsize::new(0),
+    store: AtomicUsize::new(0),
 };
 
 /// Victims a thread of the anonymous variant collects before it zaps them
@@ -130,9 +142,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             )
         };
     }
-    // 2. Fill it from the file.
-    let buf = read_file_page(off);
-    if pwrite_all(memfd, &buf.0, off as u64).is_err() {
+    // 2. Fill it from the file, as the engine fills its memfd.
+    // SAFETY: the store outlives the pass (set before, cleared after).
+    let store = unsafe { &*(ST.store.load(Acquire) as *const FileStore) };
+    if store
+        .read_to_fd(off as u64, PAGE_SIZE, memfd, off as u64)
+        .is_err()
+    {
         fatal(b"uffd-pager random floor: filling a page failed\n");
     }
     // 3. Map it.
@@ -190,14 +206,21 @@ fn zap_later(addr: usize) {
     });
 }
 
-/// The anonymous variant's install: read the page from the file into a
-/// stack buffer and `UFFDIO_COPY` it into place (which allocates it).
+/// The anonymous variant's install: `UFFDIO_COPY` the page into place
+/// (which allocates it) from the store's page in memory, or else from a
+/// stack buffer the page is read into.
 fn anon_fill_and_copy(base: usize, off: usize) {
-    let buf = read_file_page(off);
+    // SAFETY: the store outlives the pass (set before, cleared after).
+    let store = unsafe { &*(ST.store.load(Acquire) as *const FileStore) };
+    let mut buf = None;
+    let src = match store.page_in_memory(off as u64) {
+        Some(src) => src,
+        None => buf.insert(read_file_page(off)).0.as_ptr() as usize,
+    };
     // SAFETY: the descriptor outlives the pass (set before, cleared after).
     let uffd = unsafe { &*(ST.uffd.load(Acquire) as *const Uffd) };
     loop {
-        match uffd.copy(base + off, buf.0.as_ptr() as usize, PAGE_SIZE, 0) {
+        match uffd.copy(base + off, src, PAGE_SIZE, 0) {
             Err(libc::EAGAIN) => continue,
             Ok(_) | Err(libc::EEXIST) => return,
             Err(_) => fatal(b"uffd-pager random floor: UFFDIO_COPY failed\n"),
@@ -224,6 +247,7 @@ pub fn random_floor(
     let pages = 4 * budget;
     let len = pages * PAGE_SIZE;
     let file = PatternFile::create(dir, "random-floor", pages)?;
+    let store = file.store()?;
     let memfd =
         Memfd::new("uffd-pager-random-floor", len).map_err(|e| Error::sys("memfd_create", e))?;
     let anon = kind == InstallKind::Anonymous;
@@ -255,6 +279,7 @@ pub fn random_floor(
         ST.head.store(0, Release);
         ST.faults.store(0, Release);
         ST.anon.store(anon as usize, Release);
+        ST.store.store(&store as *const FileStore as usize, Release);
         ST.len.store(len, Release);
         ST.base.store(user.addr(), Release);
         let t0 = Instant::now();

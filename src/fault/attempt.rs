@@ -189,23 +189,32 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
 /// and charged the page.
 fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, pinned: u32) -> Outcome {
     let obj: &Object = &vma.object;
-    let mut buf = PageBuf::zeroed();
     let off = (i * PAGE_SIZE) as u64;
+    let installed = |mm: &Mm| {
+        obj.cache.unlock(
+            i,
+            UPTODATE | MAPPED | REFERENCED | MOVED | CLEAN | pinned,
+            0,
+        );
+        mm.page_cached(obj, i);
+        Outcome::Done
+    };
+    // Where the store's page already sits in memory, copy straight from
+    // there; if the kernel cannot read it, take the plain way below.
+    if let Some(src) = obj.store.page_in_memory(off) {
+        if copy_in(mm, vma, i, src).is_ok() {
+            mm.counters.inc(PGREAD);
+            return installed(mm);
+        }
+    }
+    let mut buf = PageBuf::zeroed();
     if read_with_retries(mm, || obj.store.read(off, &mut buf.0)) == LoadResult::Failed {
         obj.cache.unlock(i, POISONED, 0);
         mm.uncharge(1);
         return poison(mm, vma, i);
     }
     match copy_in(mm, vma, i, buf.0.as_ptr() as usize) {
-        Ok(()) => {
-            obj.cache.unlock(
-                i,
-                UPTODATE | MAPPED | REFERENCED | MOVED | CLEAN | pinned,
-                0,
-            );
-            mm.page_cached(obj, i);
-            Outcome::Done
-        }
+        Ok(()) => installed(mm),
         Err(_) => {
             // The kernel refused the install (it should not): nothing is
             // cached; report SIGBUS rather than loop.

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use super::zero::{in_bounds, round_up_to_page};
 use super::{Store, StoreError};
+use crate::sys::mem::Mapping;
 use crate::sys::{errno, PAGE_SIZE};
 
 /// How [`FileStore::open`] opens its file.
@@ -45,6 +46,9 @@ pub struct FileStore {
     direct: bool,
     /// The file lives in memory (tmpfs): reads never wait on a device.
     in_memory: bool,
+    /// A tmpfs file mapped read-only, so that installs can copy straight
+    /// from its pages ([`Store::page_in_memory`]).
+    view: Option<Mapping>,
 }
 
 /// Whether the file is on tmpfs (its pages live in memory).
@@ -102,13 +106,21 @@ impl FileStore {
     fn with_flags(file: File, writable: bool, direct: bool) -> io::Result<Self> {
         let file_len = file.metadata()?.len();
         let in_memory = !direct && on_tmpfs(&file);
+        let len = round_up_to_page(file_len);
+        // Mapping is an optimisation: without the view, reads go through
+        // `pread` as for any other file.
+        let view = match usize::try_from(len) {
+            Ok(n) if in_memory && n > 0 => Mapping::read_only(file.as_raw_fd(), n).ok(),
+            _ => None,
+        };
         Ok(FileStore {
             file,
             file_len,
-            len: round_up_to_page(file_len),
+            len,
             writable,
             direct,
             in_memory,
+            view,
         })
     }
 
@@ -265,6 +277,42 @@ impl Store for FileStore {
     /// True for a file on tmpfs opened without `O_DIRECT`.
     fn synchronous(&self) -> bool {
         self.in_memory
+    }
+
+    /// From a tmpfs file's view straight into `fd`: the kernel copies the
+    /// file's pages into the engine's memfd, one copy and no buffer. If the
+    /// view cannot be read (the file shrank), the buffered way reports
+    /// what `pread` sees.
+    fn read_to_fd(
+        &self,
+        offset: u64,
+        len: usize,
+        fd: RawFd,
+        fd_offset: u64,
+    ) -> Result<(), StoreError> {
+        if let Some(src) = self.page_in_memory(offset) {
+            let end = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(len));
+            if end.is_some_and(|e| e <= self.view.as_ref().map_or(0, Mapping::len)) {
+                // SAFETY: `[src, src + len)` lies inside the view (checked
+                // above), which is mapped for the store's life.
+                let r = unsafe {
+                    crate::sys::mem::pwrite_all_raw(fd, src as *const u8, len, fd_offset)
+                };
+                if r.is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        super::read_to_fd_buffered(self, offset, len, fd, fd_offset)
+    }
+
+    /// A tmpfs file's page, in the store's read-only view of the file.
+    fn page_in_memory(&self, offset: u64) -> Option<usize> {
+        let view = self.view.as_ref()?;
+        let off = usize::try_from(offset).ok()?;
+        (off < view.len()).then(|| view.addr() + off)
     }
 
     fn name(&self) -> &'static str {
@@ -492,5 +540,45 @@ mod tests {
             s.write(0, &bytes[8..PAGE_SIZE + 8]),
             Err(StoreError(libc::EINVAL))
         );
+    }
+
+    /// A file on tmpfs: its pages can be read in place, through the store's
+    /// view, and `read_to_fd` copies from there; elsewhere (or with
+    /// `O_DIRECT`) there is no view.
+    #[test]
+    fn tmpfs_file_is_read_in_place() {
+        let shm = std::path::Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return;
+        }
+        let path = shm.join(format!("uffd-pager-filestore-view-{}", std::process::id()));
+        let data: Vec<u8> = (0..3 * PAGE_SIZE - 5).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let s = FileStore::from_file(File::open(&path).unwrap(), false).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(s.synchronous());
+        let at = s.page_in_memory(PAGE_SIZE as u64).unwrap();
+        // SAFETY: the view maps the whole (rounded-up) file for `s`'s life.
+        let view = unsafe { std::slice::from_raw_parts(at as *const u8, PAGE_SIZE) };
+        assert_eq!(view, &data[PAGE_SIZE..2 * PAGE_SIZE]);
+        assert_eq!(s.page_in_memory(3 * PAGE_SIZE as u64), None);
+        // Two pages, the last one partial: zeros past the end of file.
+        let m = crate::sys::mem::Memfd::new("filestore-view-test", 2 * PAGE_SIZE).unwrap();
+        s.read_to_fd(PAGE_SIZE as u64, 2 * PAGE_SIZE, m.fd(), 0)
+            .unwrap();
+        let mut out = vec![1u8; 2 * PAGE_SIZE];
+        // SAFETY: pread into a live buffer from our memfd.
+        let n = unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), out.len(), 0) };
+        assert_eq!(n, out.len() as isize);
+        assert_eq!(&out[..2 * PAGE_SIZE - 5], &data[PAGE_SIZE..]);
+        assert!(out[2 * PAGE_SIZE - 5..].iter().all(|&b| b == 0));
+
+        // A file on disk has no view.
+        let p = TempPath::new("noview");
+        std::fs::write(&p.0, &data).unwrap();
+        let s = FileStore::from_file(File::open(&p.0).unwrap(), false).unwrap();
+        if !s.synchronous() {
+            assert_eq!(s.page_in_memory(0), None);
+        }
     }
 }

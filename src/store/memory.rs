@@ -90,6 +90,15 @@ impl Store for MemoryStore {
         self.len
     }
 
+    /// The page in the store's own memory, once it has been made (before
+    /// the first write every page reads as zeros, from nowhere).
+    fn page_in_memory(&self, offset: u64) -> Option<usize> {
+        let off = usize::try_from(offset).ok()?;
+        (offset < self.len)
+            .then(|| self.base().map(|b| b as usize + off))
+            .flatten()
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         if !in_bounds(offset, buf.len(), self.len) {
             return Err(StoreError(libc::EINVAL));
@@ -217,6 +226,7 @@ mod tests {
         s.read(PAGE_SIZE as u64, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0));
         assert!(s.base().is_none(), "a read made the mapping");
+        assert_eq!(s.page_in_memory(0), None, "no memory to read in place yet");
         // read_to_fd writes zeros too (into a memfd, read back with pread).
         let m = crate::sys::mem::Memfd::new("memstore-test", 2 * PAGE_SIZE).unwrap();
         crate::sys::mem::pwrite_all(m.fd(), &[7u8; PAGE_SIZE], 0).unwrap();
@@ -233,6 +243,11 @@ mod tests {
         // SAFETY: as above.
         unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), PAGE_SIZE, 0) };
         assert!(out.iter().all(|&b| b == 9));
+        // Now the page can be read in place, and only inside the store.
+        let at = s.page_in_memory(PAGE_SIZE as u64).unwrap();
+        // SAFETY: the store's own mapping, alive with `s`; nothing writes.
+        assert_eq!(unsafe { *(at as *const u8) }, 9);
+        assert_eq!(s.page_in_memory(2 * PAGE_SIZE as u64), None);
     }
 
     #[test]

@@ -58,16 +58,7 @@ pub trait Store: Send + Sync + 'static {
         fd: std::os::fd::RawFd,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
-        let mut buf = crate::sys::PageBuf::zeroed();
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(buf.0.len());
-            self.read(offset + done as u64, &mut buf.0[..n])?;
-            crate::sys::mem::pwrite_all(fd, &buf.0[..n], fd_offset + done as u64)
-                .map_err(StoreError)?;
-            done += n;
-        }
-        Ok(())
+        read_to_fd_buffered(self, offset, len, fd, fd_offset)
     }
 
     /// Writes `buf` at `offset`. Async-signal-safe. Stores that are
@@ -92,6 +83,21 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Where the page at `offset` can be read in place, for a store whose
+    /// contents already sit in this process's memory: a memory store, or a
+    /// file on tmpfs, which the store maps read-only. The engine then
+    /// installs an anonymous page with one `UFFDIO_COPY` straight from
+    /// there: one copy, where [`Store::read`] and a copy make two.
+    ///
+    /// The address must stay mapped for the store's life. Reading it may
+    /// fail (a file shrunk behind the store's back): the kernel's copy then
+    /// fails with `EFAULT`, no signal is raised, and the engine falls back
+    /// to [`Store::read`]. Async-signal-safe. Default: `None`.
+    fn page_in_memory(&self, offset: u64) -> Option<usize> {
+        let _ = offset;
+        None
+    }
+
     /// A short name for reports.
     fn name(&self) -> &'static str;
 
@@ -99,4 +105,25 @@ pub trait Store: Send + Sync + 'static {
     fn latency_report(&self) -> Option<LatencyReport> {
         None
     }
+}
+
+/// [`Store::read_to_fd`]'s default: one page at a time through a
+/// page-aligned buffer on the stack. Async-signal-safe.
+pub fn read_to_fd_buffered<S: Store + ?Sized>(
+    store: &S,
+    offset: u64,
+    len: usize,
+    fd: std::os::fd::RawFd,
+    fd_offset: u64,
+) -> Result<(), StoreError> {
+    let mut buf = crate::sys::PageBuf::zeroed();
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.0.len());
+        store.read(offset + done as u64, &mut buf.0[..n])?;
+        crate::sys::mem::pwrite_all(fd, &buf.0[..n], fd_offset + done as u64)
+            .map_err(StoreError)?;
+        done += n;
+    }
+    Ok(())
 }

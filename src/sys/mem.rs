@@ -76,6 +76,27 @@ impl Mapping {
         Ok(Mapping { addr, len })
     }
 
+    /// A shared read-only mapping of the first `len` bytes of `fd`,
+    /// wherever the kernel puts it. Pages past the file's end within the
+    /// last page read as zeros; a read past that page faults (`SIGBUS`, or
+    /// `EFAULT` for a system call reading it).
+    pub fn read_only(fd: RawFd, len: usize) -> Result<Mapping, i32> {
+        // SAFETY: a fresh mapping of a descriptor we hold open; nothing
+        // else is at the address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        let addr = check(p)?;
+        Ok(Mapping { addr, len })
+    }
+
     /// Start address.
     pub fn addr(&self) -> usize {
         self.addr
@@ -268,16 +289,27 @@ impl Memfd {
 /// Writes all of `buf` to `fd` at `off` (`pwrite`, retried on `EINTR` and
 /// short writes); async-signal-safe.
 pub fn pwrite_all(fd: RawFd, buf: &[u8], off: u64) -> Result<(), i32> {
+    // SAFETY: `buf` is valid for reads of its length.
+    unsafe { pwrite_all_raw(fd, buf.as_ptr(), buf.len(), off) }
+}
+
+/// As [`pwrite_all`], from `len` bytes at `src` that only the kernel reads
+/// (a file's pages mapped by a store): no Rust reference to them is made.
+/// If the kernel cannot read them, the error is `EFAULT`.
+///
+/// # Safety
+/// `[src, src + len)` must be a mapped range of this process for the call
+/// (reading it may still fail, which is reported, not faulted on).
+pub unsafe fn pwrite_all_raw(fd: RawFd, src: *const u8, len: usize, off: u64) -> Result<(), i32> {
     let mut done = 0;
-    while done < buf.len() {
-        let rest = &buf[done..];
-        // SAFETY: `rest` is valid for reads of `rest.len()` bytes; `fd` is
-        // the caller's open descriptor.
+    while done < len {
+        // SAFETY: the caller's range, of which `[done, len)` is left; `fd`
+        // is the caller's open descriptor. The kernel reads the bytes.
         let n = unsafe {
             libc::pwrite(
                 fd,
-                rest.as_ptr().cast(),
-                rest.len(),
+                src.add(done).cast(),
+                len - done,
                 (off + done as u64) as libc::off_t,
             )
         };

@@ -62,43 +62,6 @@ fn timed(f: impl FnOnce() -> u64) -> (u64, Duration, Duration) {
     (bad, t.elapsed(), cpu_time() - c)
 }
 
-/// A read-only shared kernel mapping of `file`, unmapped on drop.
-struct KernelMap {
-    addr: usize,
-    len: usize,
-}
-
-impl KernelMap {
-    fn new(file: &std::fs::File, len: usize) -> Result<KernelMap> {
-        // SAFETY: a fresh shared read-only mapping of an open file; no
-        // existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::sys("mmap", crate::sys::errno()));
-        }
-        Ok(KernelMap {
-            addr: p as usize,
-            len,
-        })
-    }
-}
-
-impl Drop for KernelMap {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping made in `new`.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
 /// Runs `scan` with its file in [`default_dir`].
 pub fn run(k: &Knobs) -> Result<RunResult> {
     run_in(k, &default_dir())
@@ -127,8 +90,10 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
     let store = Arc::new(file.store()?);
     let region = pager.map_store(store, len, &read_map_options(k.install))?;
-    let kmap = KernelMap::new(file.file(), len)?;
-    let (ebase, kbase) = (region.as_ptr() as usize, kmap.addr);
+    // The kernel's own mapping of the same file, for comparison.
+    let kmap = crate::sys::mem::Mapping::read_only(file.file().as_raw_fd(), len)
+        .map_err(|e| Error::sys("mmap", e))?;
+    let (ebase, kbase) = (region.as_ptr() as usize, kmap.addr());
     // Untimed warm-up: fill both page caches (the engine's from the store).
     // SAFETY (both scans): the mappings hold the pattern file and outlive
     // the calls.

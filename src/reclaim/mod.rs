@@ -16,18 +16,19 @@
 //!
 //! A write-back failure keeps the page cached and dirty.
 
+mod unmap_batch;
+
 use crate::address_space::Mm;
-use crate::address_space::VmaReadGuard;
 use crate::lru::{unpack, Entry};
-use crate::object::ObjectPin;
 use crate::object::{InstallKind, Object};
 use crate::page_cache::*;
 use crate::stats::Counter::*;
-use crate::sys::mem::{dontneed_batch, madvise, Mapping};
+use crate::sys::mem::{madvise, Mapping};
 use crate::sys::uffd::{mode, MODE_DONTWAKE};
 use crate::sys::{futex, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
+use unmap_batch::UnmapBatch;
 
 /// Staging slots for anonymous eviction (one per concurrent evictor).
 const STAGING_SLOTS: usize = 64;
@@ -259,136 +260,10 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     Evict::Evicted
 }
 
-/// A clean page locked for eviction, waiting for the batched zap.
-struct Pending<'a> {
-    obj: ObjectPin,
-    i: usize,
-    w: u32,
-    /// Keeps the user address valid until the zap (writers excluded).
-    _vma: Option<VmaReadGuard<'a>>,
-}
-
-/// First half of evicting a clean page (a shared page that is not dirty,
-/// or an anonymous page marked `CLEAN`): lock it and, if it is mapped,
-/// read-lock its region. Its zaps (the user mapping, and an anonymous
-/// page's copy in the cache area) are left to the caller's batch. Returns
-/// `Err(decision)` when the page cannot go now, or `Err((_, Some(obj)))`
-/// when it is not such a page ("use [`evict_page`]").
-fn prepare_clean<'a>(
-    mm: &'a Mm,
-    obj: ObjectPin,
-    i: usize,
-    zaps: &mut [(usize, usize)],
-    nz: &mut usize,
-) -> Result<Pending<'a>, (Evict, Option<ObjectPin>)> {
-    if i >= obj.npages() {
-        return Err((Evict::Drop, Some(obj)));
-    }
-    let anon = obj.kind == InstallKind::Anonymous;
-    let Ok(w) = obj.cache.try_lock(i) else {
-        return Err((Evict::Rotate, None));
-    };
-    let verdict = if w & UPTODATE == 0 || w & ON_LRU == 0 {
-        Some((Evict::Drop, 0))
-    } else if w & PINNED != 0 {
-        Some((Evict::Drop, ON_LRU))
-    } else if w & REFERENCED != 0 {
-        Some((Evict::Rotate, REFERENCED))
-    } else if w & DIRTY != 0 || (anon && w & CLEAN == 0) {
-        obj.cache.unlock(i, 0, 0);
-        return Err((Evict::Drop, Some(obj)));
-    } else {
-        None
-    };
-    if let Some((v, clear)) = verdict {
-        obj.cache.unlock(i, 0, clear);
-        return Err((v, None));
-    }
-    let mut vma = None;
-    if w & MAPPED != 0 {
-        let addr = obj.mapped_at.load(Acquire) + i * PAGE_SIZE;
-        match mm.lock_vma_quiet(addr) {
-            // An anonymous page stays clean only while its region stays
-            // read-only: `protect` clears CLEAN under the region's write
-            // lock, so check again now that we hold its read lock.
-            Some(g)
-                if std::ptr::eq(&*g.object, &*obj)
-                    && g.page_index(addr) == i
-                    && (!anon || obj.cache.load(i) & CLEAN != 0) =>
-            {
-                zaps[*nz] = (addr, PAGE_SIZE);
-                *nz += 1;
-                vma = Some(g);
-            }
-            _ => {
-                obj.cache.unlock(i, 0, 0);
-                return Err((Evict::Rotate, None));
-            }
-        }
-    }
-    // An anonymous page may have a copy in the cache area too (installed
-    // by a copy from there): it goes in the same batch. A shared page's
-    // alias needs no zap: pages are filled through the memfd, so the alias
-    // maps a page only after a write-back read, and the hole punch unmaps
-    // it then.
-    if anon && w & MOVED == 0 {
-        if let Some(a) = obj.cached_copy(i) {
-            zaps[*nz] = (a, PAGE_SIZE);
-            *nz += 1;
-        }
-    }
-    Ok(Pending {
-        obj,
-        i,
-        w,
-        _vma: vma,
-    })
-}
-
-/// Frees the memfd pages of the shared pages among `pending` (out of every
-/// mapping now): one hole punch per run of adjacent pages of one object.
-/// An anonymous page's copies went with the zap.
-fn free_clean_shared(pending: &[Option<Pending<'_>>]) {
-    // (object address, page, index into `pending`), sorted into runs.
-    let mut order = [(0usize, 0usize, 0usize); ISOLATE];
-    let mut n = 0;
-    for (k, p) in pending.iter().enumerate() {
-        if let Some(p) = p.as_ref().filter(|p| p.obj.kind == InstallKind::Shared) {
-            order[n] = (&*p.obj as *const Object as usize, p.i, k);
-            n += 1;
-        }
-    }
-    order[..n].sort_unstable();
-    let mut k = 0;
-    while k < n {
-        let (o, start, first) = order[k];
-        let mut len = 1;
-        while k + len < n && (order[k + len].0, order[k + len].1) == (o, start + len) {
-            len += 1;
-        }
-        if let Some(p) = &pending[first] {
-            let _ = p.obj.free_data(start, len);
-        }
-        k += len;
-    }
-}
-
-/// Last step: the page is out of every mapping and freed; unlock it as
-/// absent.
-fn finish_clean(mm: &Mm, p: Pending<'_>) {
-    let (obj, i) = (&p.obj, p.i);
-    if p.w & READAHEAD != 0 {
-        mm.counters.inc(RA_WASTED);
-    }
-    obj.cache.unlock(
-        i,
-        0,
-        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD | CLEAN,
-    );
-    mm.uncharge(1);
-}
-
 /// Frees up to `nr` pages from the LRU; returns how many were freed.
+/// Clean pages wait in an unmap batch (`reclaim/unmap_batch.rs`) and
+/// leave together, one zap per 32 of them, however many rounds of
+/// isolation that takes (rotated pages do not shrink the batch).
 /// Async-signal-safe.
 pub fn shrink(mm: &Mm, nr: u64) -> u64 {
     let c = &mm.counters;
@@ -398,34 +273,32 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
     let mut drained = false;
     let mut buf = [0 as Entry; ISOLATE];
     let mut back = [0 as Entry; ISOLATE];
-    while freed < nr && scanned < max_scan {
+    let mut batch = UnmapBatch::new();
+    while freed + (batch.len() as u64) < nr && scanned < max_scan {
         let n = mm.lru.isolate(&mut buf, c);
         if n == 0 {
             if drained {
                 break;
             }
-            // Pages may be sitting in add batches: drain them all once.
+            // Pages may be sitting in add batches: drain them all once,
+            // with no page of ours left locked.
+            freed += batch.flush(mm);
             mm.lru.drain_all(&mm.objects, c);
             drained = true;
             continue;
         }
         let mut nb = 0;
-        // Clean pages are zapped together, in one process_madvise: for
-        // anonymous ones that is one TLB flush for the batch; shared ones
-        // installed dirty by UFFDIO_CONTINUE still cost a flush each, but
-        // one syscall.
-        let mut pending: [Option<Pending<'_>>; ISOLATE] = [const { None }; ISOLATE];
-        let mut zaps = [(0usize, 0usize); 2 * ISOLATE];
-        let mut nz = 0;
-        for (k, &e) in buf[..n].iter().enumerate() {
+        for &e in &buf[..n] {
             scanned += 1;
             c.inc(PGSCAN);
             let (slot, page) = unpack(e);
             let verdict = match mm.objects.pin(slot) {
                 None => Evict::Drop,
-                Some(obj) => match prepare_clean(mm, obj, page, &mut zaps, &mut nz) {
-                    Ok(p) => {
-                        pending[k] = Some(p);
+                Some(obj) => match batch.try_add(mm, obj, page, e) {
+                    Ok(()) => {
+                        if batch.is_full() {
+                            freed += batch.flush(mm);
+                        }
                         continue;
                     }
                     Err((_, Some(obj))) => evict_page(mm, &obj, page),
@@ -444,27 +317,9 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
                 Evict::Drop => {}
             }
         }
-        // Pages that were not mapped are pending too, with nothing to zap.
-        let nz = crate::sys::mem::coalesce_ranges(&mut zaps[..nz]);
-        let ok = nz == 0 || dontneed_batch(&zaps[..nz]).is_ok();
-        if ok {
-            free_clean_shared(&pending);
-        }
-        for (k, p) in pending.iter_mut().enumerate() {
-            let Some(p) = p.take() else { continue };
-            if ok {
-                finish_clean(mm, p);
-                freed += 1;
-                c.inc(PGSTEAL);
-            } else {
-                p.obj.cache.unlock(p.i, 0, 0);
-                back[nb] = buf[k];
-                nb += 1;
-            }
-        }
         mm.lru.putback(&back[..nb], c);
     }
-    freed
+    freed + batch.flush(mm)
 }
 
 /// Direct reclaim: called in the faulting context after a charge took the

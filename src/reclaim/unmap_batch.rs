@@ -1,0 +1,256 @@
+//! Batched unmapping of clean pages (`try_to_unmap` with
+//! `TTU_BATCH_FLUSH`, then `try_to_unmap_flush`): reclaim locks each clean
+//! page it picks, and the batch takes them all out of their mappings with
+//! one `process_madvise(MADV_DONTNEED)` (adjacent pages merged into one
+//! range), so [`BATCH`] evictions share one TLB flush, which on a machine
+//! where another thread of the process runs is an IPI to its CPU. Shared
+//! pages then leave the memfd with one hole punch per run of adjacent
+//! pages.
+//!
+//! # Contract
+//! A page in a batch is page-locked, off the LRU, and (if mapped) its
+//! region is read-locked, so no writer can move or unmap it before the
+//! zap; a fault on it waits for the page lock. [`UnmapBatch::flush`] must
+//! run before the caller waits on anything (the batch's pages would stay
+//! locked), and before it drops the batch. Nothing here allocates:
+//! direct reclaim runs it in the signal handler.
+
+use super::Evict;
+use crate::address_space::{Mm, VmaReadGuard};
+use crate::lru::Entry;
+use crate::object::{InstallKind, Object, ObjectPin};
+use crate::page_cache::*;
+use crate::stats::Counter::*;
+use crate::sys::mem::dontneed_batch;
+use crate::sys::PAGE_SIZE;
+use std::sync::atomic::Ordering::*;
+
+/// Clean pages per zap (`SWAP_CLUSTER_MAX`).
+pub const BATCH: usize = 32;
+
+/// Why a page did not join the batch: what to do with its LRU entry, and
+/// the object back if the page needs [`super::evict_page`] instead.
+pub type Refused = (Evict, Option<ObjectPin>);
+
+/// Clean pages locked for eviction, and the ranges to zap for them. See
+/// the module docs.
+pub struct UnmapBatch<'a> {
+    pending: [Option<Pending<'a>>; BATCH],
+    /// Each pending page's LRU entry, put back if the zap fails.
+    entries: [Entry; BATCH],
+    n: usize,
+    /// A user mapping and an anonymous cache-area copy at most, per page.
+    zaps: [(usize, usize); 2 * BATCH],
+    nz: usize,
+}
+
+impl<'a> UnmapBatch<'a> {
+    /// An empty batch.
+    pub fn new() -> Self {
+        UnmapBatch {
+            pending: [const { None }; BATCH],
+            entries: [0; BATCH],
+            n: 0,
+            zaps: [(0, 0); 2 * BATCH],
+            nz: 0,
+        }
+    }
+
+    /// Pages waiting.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether it must be flushed before another page can join.
+    pub fn is_full(&self) -> bool {
+        self.n == BATCH
+    }
+
+    /// Adds page `i` of `obj` (LRU entry `e`) if it is a clean page that
+    /// can go now: a shared page that is not dirty, or an anonymous page
+    /// marked `CLEAN`. The batch must not be full.
+    pub fn try_add(
+        &mut self,
+        mm: &'a Mm,
+        obj: ObjectPin,
+        i: usize,
+        e: Entry,
+    ) -> Result<(), Refused> {
+        debug_assert!(!self.is_full());
+        let p = prepare_clean(mm, obj, i, &mut self.zaps, &mut self.nz)?;
+        self.pending[self.n] = Some(p);
+        self.entries[self.n] = e;
+        self.n += 1;
+        Ok(())
+    }
+
+    /// Zaps every pending page's mappings at once, frees what they cached
+    /// and unlocks them as absent; returns how many were freed. If the zap
+    /// fails, the pages are unlocked as they were and go back on the LRU.
+    pub fn flush(&mut self, mm: &Mm) -> u64 {
+        if self.n == 0 {
+            return 0;
+        }
+        let nz = crate::sys::mem::coalesce_ranges(&mut self.zaps[..self.nz]);
+        // Pages that were not mapped are pending too, with nothing to zap.
+        let ok = nz == 0 || dontneed_batch(&self.zaps[..nz]).is_ok();
+        if ok {
+            free_clean_shared(&self.pending[..self.n]);
+        }
+        let mut freed = 0;
+        let mut back = 0;
+        for k in 0..self.n {
+            let Some(p) = self.pending[k].take() else {
+                continue;
+            };
+            if ok {
+                finish_clean(mm, p);
+                freed += 1;
+                mm.counters.inc(PGSTEAL);
+            } else {
+                p.obj.cache.unlock(p.i, 0, 0);
+                self.entries[back] = self.entries[k];
+                back += 1;
+            }
+        }
+        mm.lru.putback(&self.entries[..back], &mm.counters);
+        self.n = 0;
+        self.nz = 0;
+        freed
+    }
+}
+
+impl Drop for UnmapBatch<'_> {
+    fn drop(&mut self) {
+        debug_assert_eq!(self.n, 0, "an unmap batch dropped with pages locked");
+    }
+}
+
+/// A clean page locked for eviction, waiting for the batched zap.
+struct Pending<'a> {
+    obj: ObjectPin,
+    i: usize,
+    w: u32,
+    /// Keeps the user address valid until the zap (writers excluded).
+    _vma: Option<VmaReadGuard<'a>>,
+}
+
+/// First half of evicting a clean page (a shared page that is not dirty,
+/// or an anonymous page marked `CLEAN`): lock it and, if it is mapped,
+/// read-lock its region. Its zaps (the user mapping, and an anonymous
+/// page's copy in the cache area) are left to the caller's batch. Returns
+/// `Err(decision)` when the page cannot go now, or `Err((_, Some(obj)))`
+/// when it is not such a page ("use [`evict_page`]").
+fn prepare_clean<'a>(
+    mm: &'a Mm,
+    obj: ObjectPin,
+    i: usize,
+    zaps: &mut [(usize, usize)],
+    nz: &mut usize,
+) -> Result<Pending<'a>, Refused> {
+    if i >= obj.npages() {
+        return Err((Evict::Drop, Some(obj)));
+    }
+    let anon = obj.kind == InstallKind::Anonymous;
+    let Ok(w) = obj.cache.try_lock(i) else {
+        return Err((Evict::Rotate, None));
+    };
+    let verdict = if w & UPTODATE == 0 || w & ON_LRU == 0 {
+        Some((Evict::Drop, 0))
+    } else if w & PINNED != 0 {
+        Some((Evict::Drop, ON_LRU))
+    } else if w & REFERENCED != 0 {
+        Some((Evict::Rotate, REFERENCED))
+    } else if w & DIRTY != 0 || (anon && w & CLEAN == 0) {
+        obj.cache.unlock(i, 0, 0);
+        return Err((Evict::Drop, Some(obj)));
+    } else {
+        None
+    };
+    if let Some((v, clear)) = verdict {
+        obj.cache.unlock(i, 0, clear);
+        return Err((v, None));
+    }
+    let mut vma = None;
+    if w & MAPPED != 0 {
+        let addr = obj.mapped_at.load(Acquire) + i * PAGE_SIZE;
+        match mm.lock_vma_quiet(addr) {
+            // An anonymous page stays clean only while its region stays
+            // read-only: `protect` clears CLEAN under the region's write
+            // lock, so check again now that we hold its read lock.
+            Some(g)
+                if std::ptr::eq(&*g.object, &*obj)
+                    && g.page_index(addr) == i
+                    && (!anon || obj.cache.load(i) & CLEAN != 0) =>
+            {
+                zaps[*nz] = (addr, PAGE_SIZE);
+                *nz += 1;
+                vma = Some(g);
+            }
+            _ => {
+                obj.cache.unlock(i, 0, 0);
+                return Err((Evict::Rotate, None));
+            }
+        }
+    }
+    // An anonymous page may have a copy in the cache area too (installed
+    // by a copy from there): it goes in the same batch. A shared page's
+    // alias needs no zap: pages are filled through the memfd, so the alias
+    // maps a page only after a write-back read, and the hole punch unmaps
+    // it then.
+    if anon && w & MOVED == 0 {
+        if let Some(a) = obj.cached_copy(i) {
+            zaps[*nz] = (a, PAGE_SIZE);
+            *nz += 1;
+        }
+    }
+    Ok(Pending {
+        obj,
+        i,
+        w,
+        _vma: vma,
+    })
+}
+
+/// Frees the memfd pages of the shared pages among `pending` (out of every
+/// mapping now): one hole punch per run of adjacent pages of one object.
+/// An anonymous page's copies went with the zap.
+fn free_clean_shared(pending: &[Option<Pending<'_>>]) {
+    // (object address, page, index into `pending`), sorted into runs.
+    let mut order = [(0usize, 0usize, 0usize); BATCH];
+    let mut n = 0;
+    for (k, p) in pending.iter().enumerate() {
+        if let Some(p) = p.as_ref().filter(|p| p.obj.kind == InstallKind::Shared) {
+            order[n] = (&*p.obj as *const Object as usize, p.i, k);
+            n += 1;
+        }
+    }
+    order[..n].sort_unstable();
+    let mut k = 0;
+    while k < n {
+        let (o, start, first) = order[k];
+        let mut len = 1;
+        while k + len < n && (order[k + len].0, order[k + len].1) == (o, start + len) {
+            len += 1;
+        }
+        if let Some(p) = &pending[first] {
+            let _ = p.obj.free_data(start, len);
+        }
+        k += len;
+    }
+}
+
+/// Last step: the page is out of every mapping and freed; unlock it as
+/// absent.
+fn finish_clean(mm: &Mm, p: Pending<'_>) {
+    let (obj, i) = (&p.obj, p.i);
+    if p.w & READAHEAD != 0 {
+        mm.counters.inc(RA_WASTED);
+    }
+    obj.cache.unlock(
+        i,
+        0,
+        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD | CLEAN,
+    );
+    mm.uncharge(1);
+}
