@@ -147,18 +147,7 @@ impl std::fmt::Debug for Lru {
     }
 }
 
-fn ncpus() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .max(1)
-}
-
-#[inline]
-fn this_cpu() -> usize {
-    // SAFETY: sched_getcpu has no preconditions (vDSO/rseq backed).
-    let c = unsafe { libc::sched_getcpu() };
-    c.max(0) as usize
-}
+use crate::sys::{cpu_count as ncpus, this_cpu};
 
 impl Lru {
     /// An LRU with `shards` shards, sized for a budget of `budget` pages.

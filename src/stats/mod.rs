@@ -110,7 +110,7 @@ pub struct Counters {
 
 impl Default for Counters {
     fn default() -> Self {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n = crate::sys::cpu_count();
         Counters {
             cpus: (0..n)
                 .map(|_| CpuCounters {
@@ -126,9 +126,7 @@ impl Counters {
     /// This CPU's share. Async-signal-safe.
     #[inline]
     fn mine(&self) -> &CpuCounters {
-        // SAFETY: sched_getcpu has no preconditions (rseq/vDSO backed).
-        let cpu = unsafe { libc::sched_getcpu() }.max(0) as usize;
-        &self.cpus[cpu % self.cpus.len()]
+        &self.cpus[crate::sys::this_cpu() % self.cpus.len()]
     }
 
     /// Adds one.

@@ -5,28 +5,36 @@
 //! This is what region lookup stands on (the engine's `lock_vma_under_rcu`).
 //! General-purpose crates such as arc-swap keep per-thread state that is set
 //! up lazily (allocation), which is not allowed in a signal handler; this
-//! cell's read side is two atomic RMWs on a shared counter and a load.
+//! cell's read side is two atomic RMWs on the current CPU's own counter
+//! and two loads of a line that only writers change.
 //!
 //! # Contract and cost
 //! - [`Rcu::read`]: async-signal-safe, never blocks; the reference it passes
-//!   is valid only inside the closure.
+//!   is valid only inside the closure. Its counter is per CPU, as SRCU's
+//!   are: faulting threads on different CPUs share no written cache line
+//!   (with one shared counter, every fault bounced it between CPUs). A
+//!   reader that moves to another CPU mid-read still decrements the counter
+//!   it incremented.
 //! - [`Rcu::replace`]: serialised internally; spins (yielding) until every
-//!   reader that could see the old snapshot has left, then returns it.
-//!   Readers are short (a lookup and a trylock), so the wait is short.
+//!   reader that could see the old snapshot has left (the old parity's
+//!   counters of every CPU sum to zero), then returns it. Readers are short
+//!   (a lookup and a trylock), so the wait is short; it reads one line per
+//!   CPU.
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
+/// One CPU's reader counts, one per epoch parity, on a line of their own.
 #[repr(align(64))]
 #[derive(Debug, Default)]
-struct Padded(AtomicU64);
+struct CpuReaders([AtomicU64; 2]);
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct Rcu<T> {
     ptr: AtomicPtr<T>,
     epoch: AtomicU64,
-    readers: [Padded; 2],
+    readers: Box<[CpuReaders]>,
     writer: Mutex<()>,
 }
 
@@ -42,7 +50,9 @@ impl<T> Rcu<T> {
         Rcu {
             ptr: AtomicPtr::new(Box::into_raw(Box::new(value))),
             epoch: AtomicU64::new(0),
-            readers: Default::default(),
+            readers: (0..crate::sys::cpu_count())
+                .map(|_| CpuReaders::default())
+                .collect(),
             writer: Mutex::new(()),
         }
     }
@@ -50,9 +60,10 @@ impl<T> Rcu<T> {
     /// Runs `f` on the current snapshot. Async-signal-safe.
     #[inline]
     pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        let cpu = &self.readers[crate::sys::this_cpu() % self.readers.len()];
         let slot = loop {
             let e = self.epoch.load(SeqCst);
-            let slot = &self.readers[(e & 1) as usize].0;
+            let slot = &cpu.0[(e & 1) as usize];
             slot.fetch_add(1, SeqCst);
             if self.epoch.load(SeqCst) == e {
                 break slot;
@@ -84,9 +95,20 @@ impl<T> Rcu<T> {
         let new = f(unsafe { &*self.ptr.load(SeqCst) });
         let old = self.ptr.swap(Box::into_raw(Box::new(new)), SeqCst);
         let e = self.epoch.fetch_add(1, SeqCst);
-        let slot = &self.readers[(e & 1) as usize].0;
+        let parity = (e & 1) as usize;
+        // A reader of the old parity that a CPU's count misses because it
+        // incremented after we read that count sees the new epoch on its
+        // recheck and backs out (all accesses are SeqCst), so a zero sum
+        // means no reader can hold `old`.
+        let busy = || {
+            self.readers
+                .iter()
+                .map(|c| c.0[parity].load(SeqCst))
+                .fold(0u64, u64::wrapping_add)
+                != 0
+        };
         let mut spins = 0u32;
-        while slot.load(SeqCst) != 0 {
+        while busy() {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();

@@ -45,6 +45,22 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The CPU the calling thread runs on (it may move right after), for
+/// picking a per-CPU shard. One load from the rseq area (or a vDSO call);
+/// async-signal-safe.
+#[inline]
+pub fn this_cpu() -> usize {
+    // SAFETY: sched_getcpu has no preconditions (rseq/vDSO backed).
+    let c = unsafe { libc::sched_getcpu() };
+    c.max(0) as usize
+}
+
+/// CPUs this process may run on (at least 1): how many per-CPU shards to
+/// make. Shards are picked by [`this_cpu`] modulo this count.
+pub fn cpu_count() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The calling thread's kernel thread id.
 #[inline]
 pub fn gettid() -> i32 {
