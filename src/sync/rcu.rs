@@ -163,4 +163,50 @@ mod tests {
         r.join().unwrap();
         assert!(reads.load(Relaxed) > 0);
     }
+
+    /// Pins the calling thread to `cpu`; false if it cannot run there.
+    fn pin_to(cpu: usize) -> bool {
+        // SAFETY: a zeroed cpu_set_t is empty; we set one CPU and pass its
+        // size; sched_setaffinity(0, ..) applies to the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) == 0
+        }
+    }
+
+    /// A reader that moves to another CPU inside its read section still
+    /// holds the grace period: the writer returns only after it left.
+    #[test]
+    fn a_reader_that_changes_cpu_holds_the_grace_period() {
+        if crate::sys::cpu_count() < 2 {
+            return;
+        }
+        let c = Arc::new(Rcu::new(1u64));
+        let inside = Arc::new(std::sync::Barrier::new(2));
+        let left = Arc::new(AtomicU64::new(0));
+        let r = {
+            let (c, inside, left) = (c.clone(), inside.clone(), left.clone());
+            std::thread::spawn(move || {
+                assert!(pin_to(0));
+                c.read(|v| {
+                    assert_eq!(*v, 1);
+                    inside.wait();
+                    // Move, so the decrement lands on another CPU's line
+                    // than the one the increment's CPU would use.
+                    assert!(pin_to(1));
+                    assert_eq!(crate::sys::this_cpu(), 1);
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    left.store(crate::sys::now_ns(), SeqCst);
+                });
+            })
+        };
+        inside.wait();
+        let old = c.replace(2);
+        let returned = crate::sys::now_ns();
+        assert_eq!(old, 1);
+        r.join().unwrap();
+        let left = left.load(SeqCst);
+        assert!(left != 0 && returned >= left, "the writer did not wait");
+    }
 }
