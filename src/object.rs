@@ -94,6 +94,12 @@ pub struct Object {
     pub region_uffd: std::sync::OnceLock<Arc<Uffd>>,
     /// One past the last page requested by readahead.
     pub ra_end: AtomicU32,
+    /// Fault-around state ([`crate::fault`]'s `around`): where a
+    /// sequential reader's next fault is expected (the page after the last
+    /// cluster), and the current cluster in pages.
+    pub fa_next: AtomicU32,
+    /// Fault-around cluster in pages (0: the configured base).
+    pub fa_window: AtomicU32,
 }
 
 /// Keeps an object alive while a fault works on it with its lock dropped
@@ -166,6 +172,8 @@ impl Object {
             ra_window: AtomicU32::new(0),
             region_uffd: std::sync::OnceLock::new(),
             ra_end: AtomicU32::new(0),
+            fa_next: AtomicU32::new(u32::MAX),
+            fa_window: AtomicU32::new(0),
         })
     }
 

@@ -78,10 +78,11 @@ impl PagerBuilder {
         self
     }
 
-    /// Fault-around cluster in pages (default 64 = 256 KiB; the kernel's
-    /// `fault_around_bytes` default is 16 pages, but a userspace fault costs
-    /// a signal or a thread hop, so the engine maps more per fault; 0 or 1
-    /// turns it off). Rounded down to a power of two.
+    /// Fault-around base cluster in pages (default 64 = 256 KiB; the
+    /// kernel's `fault_around_bytes` default is 16 pages, but a userspace
+    /// fault costs a signal or a thread hop, so the engine maps more per
+    /// fault; 0 or 1 turns it off). Rounded down to a power of two. A
+    /// sequential reader's cluster doubles at each fault, up to 8× this.
     pub fn fault_around(mut self, pages: usize) -> Self {
         self.config.fault_around_pages = if pages <= 1 {
             0

@@ -134,7 +134,7 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     // between, so a sequential reader's next fault lands further on). The
     // reach is bounded: `end` only grows, and a random fault that lands
     // anywhere past the last one must not count as sequential.
-    let reach = max + mm.config.fault_around_pages as u32;
+    let reach = max + (mm.config.fault_around_pages * crate::fault::FAULT_AROUND_GROWTH) as u32;
     let sequential =
         i32_ == expected || (i32_ >= expected && i32_ <= end && i32_ - expected <= reach);
     let w = if sequential {

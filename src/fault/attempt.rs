@@ -236,7 +236,16 @@ fn loaded_bits(r: LoadResult) -> u32 {
 /// just became resident (it joins the LRU).
 fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bool) -> Outcome {
     let obj: &Object = &vma.object;
-    match install(mm, vma, i, zero, f.write) {
+    // A read fault on a shared object maps the page with its cached
+    // neighbours (fault-around); alone if that did not map it.
+    let around = !f.write && obj.kind == InstallKind::Shared && mm.config.fault_around_pages > 1;
+    let installed = if around && super::around::map_pages(mm, vma, i) {
+        mm.counters.inc(PGINSTALL);
+        Ok(false)
+    } else {
+        install(mm, vma, i, zero, f.write)
+    };
+    match installed {
         Ok(moved) => {
             // A write fault on a write-tracked page installs it writable:
             // it is dirty from now on.
@@ -265,9 +274,6 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             );
             if fresh {
                 mm.page_cached(obj, i);
-            }
-            if !f.write && obj.kind == crate::object::InstallKind::Shared {
-                super::around::map_pages(mm, vma, i);
             }
             Outcome::Done
         }

@@ -9,6 +9,7 @@
 //! ```
 
 mod around;
+pub(crate) use around::GROWTH as FAULT_AROUND_GROWTH;
 mod attempt;
 mod driver;
 mod install;
