@@ -65,6 +65,11 @@ enum Backing {
     },
 }
 
+/// A value alone on its cache line.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct OwnLine<T>(T);
+
 /// A mapped object. See the module docs.
 pub struct Object {
     /// How its pages are installed.
@@ -77,8 +82,12 @@ pub struct Object {
     /// store read): anonymous memory with a swap store.
     pub zero_fill: bool,
     backing: Backing,
-    /// Attempts working on this object with their lock dropped.
-    pins: AtomicU32,
+    /// Attempts working on this object with their lock dropped, and
+    /// reclaim's references while it evicts a page. On a cache line of its
+    /// own: reclaim takes and drops a pin for every page it scans, and
+    /// those writes must not evict the fields every fault reads from the
+    /// faulting CPUs' caches.
+    pins: OwnLine<AtomicU32>,
     /// Slot in the pager's reverse map ([`crate::rmap`]); `u32::MAX` if none.
     pub slot: AtomicU32,
     /// User address where page 0 is mapped (0: not mapped). Changed by
@@ -121,7 +130,7 @@ impl std::ops::Deref for ObjectPin {
 
 impl Drop for ObjectPin {
     fn drop(&mut self) {
-        self.pins.fetch_sub(1, Release);
+        self.pins.0.fetch_sub(1, Release);
     }
 }
 
@@ -165,7 +174,7 @@ impl Object {
             cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,
             zero_fill,
             backing,
-            pins: AtomicU32::new(0),
+            pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),
             mapped_at: AtomicUsize::new(0),
             ra_next: AtomicU32::new(u32::MAX),
@@ -186,7 +195,7 @@ impl Object {
 
     /// Pins the object; call while a lock keeps it alive.
     pub fn pin(&self) -> ObjectPin {
-        self.pins.fetch_add(1, Acquire);
+        self.pins.0.fetch_add(1, Acquire);
         ObjectPin { obj: self }
     }
 
@@ -194,7 +203,7 @@ impl Object {
     /// object's regions left the table and were write-locked, so no new pin
     /// can be taken.
     pub fn wait_unpinned(&self) {
-        while self.pins.load(Acquire) != 0 {
+        while self.pins.0.load(Acquire) != 0 {
             std::thread::yield_now();
         }
     }

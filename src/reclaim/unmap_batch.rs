@@ -113,6 +113,9 @@ impl<'a> UnmapBatch<'a> {
                 back += 1;
             }
         }
+        // One update of the shared resident count for the batch, not one
+        // per page: its cache line is written by every faulting CPU.
+        mm.uncharge(freed);
         mm.lru.putback(&self.entries[..back], &mm.counters);
         self.n = 0;
         self.nz = 0;
@@ -241,7 +244,7 @@ fn free_clean_shared(pending: &[Option<Pending<'_>>]) {
 }
 
 /// Last step: the page is out of every mapping and freed; unlock it as
-/// absent.
+/// absent (the caller uncharges the batch).
 fn finish_clean(mm: &Mm, p: Pending<'_>) {
     let (obj, i) = (&p.obj, p.i);
     if p.w & READAHEAD != 0 {
@@ -252,5 +255,4 @@ fn finish_clean(mm: &Mm, p: Pending<'_>) {
         0,
         UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD | CLEAN,
     );
-    mm.uncharge(1);
 }
