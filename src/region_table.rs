@@ -102,12 +102,13 @@ impl<'a> Entry<'a> {
         self.vma
     }
 
-    /// Starts loading the first cache lines of the region's object, where
-    /// the fault path reads its flags and state words, so that the miss
-    /// overlaps the region's own. A hint only.
+    /// Starts loading the region's object (its fields and inline state
+    /// words: four cache lines), so that the miss overlaps the region's
+    /// own. A hint only.
     #[inline]
     pub fn prefetch_object(self) {
-        prefetch_lines(self.object as *const i8, 3);
+        let lines = std::mem::size_of::<Object>().div_ceil(64).min(4);
+        prefetch_lines(self.object as *const i8, lines);
     }
 }
 
