@@ -21,16 +21,42 @@ pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> 
     retry_eagain(|| install_once(mm, vma, i, zero, write))
 }
 
-/// Runs an install ioctl again while it fails with EAGAIN (the kernel could
-/// not take the page right now: a page under migration, a racing change of
-/// the mapping), at most 100 times.
-fn retry_eagain<T>(mut op: impl FnMut() -> Result<T, i32>) -> Result<T, i32> {
-    let mut tries = 0;
+/// How long an install keeps retrying EAGAIN before it reports the error.
+const EAGAIN_PATIENCE_NS: u64 = 1_000_000_000;
+
+/// Runs an install ioctl again while it fails with EAGAIN: the kernel could
+/// not take the page right now (a folio locked for migration or
+/// compaction, a racing change of the mapping). The first 100 retries spin;
+/// after that each one yields the CPU first, since whoever holds the folio
+/// may need it (on 2 vCPUs a spin alone can run out while the holder
+/// waits for a CPU). Only EAGAIN that lasts [`EAGAIN_PATIENCE_NS`] is
+/// reported. Async-signal-safe (`sched_yield`, `clock_gettime`).
+fn retry_eagain<T>(op: impl FnMut() -> Result<T, i32>) -> Result<T, i32> {
+    retry_eagain_within(EAGAIN_PATIENCE_NS, op)
+}
+
+fn retry_eagain_within<T>(
+    patience_ns: u64,
+    mut op: impl FnMut() -> Result<T, i32>,
+) -> Result<T, i32> {
+    let mut tries = 0u32;
+    let mut deadline = 0u64;
     loop {
         match op() {
-            Err(libc::EAGAIN) if tries < 100 => {
+            Err(libc::EAGAIN) => {
                 tries += 1;
-                std::hint::spin_loop();
+                if tries < 100 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let now = crate::sys::now_ns();
+                if deadline == 0 {
+                    deadline = now + patience_ns;
+                } else if now > deadline {
+                    return Err(libc::EAGAIN);
+                }
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
             }
             r => return r,
         }
@@ -118,4 +144,36 @@ pub(super) fn poison(mm: &Mm, vma: &Vma, i: usize) -> Outcome {
         Err(_) => {}
     }
     Outcome::Bus
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eagain_is_retried_past_the_spins_and_reported_only_when_it_lasts() {
+        // Fails 500 times (past the 100 spins), then succeeds.
+        let mut n = 0;
+        let r = retry_eagain(|| {
+            n += 1;
+            if n <= 500 {
+                Err(libc::EAGAIN)
+            } else {
+                Ok(n)
+            }
+        });
+        assert_eq!(r, Ok(501));
+        // Other errors are returned at once.
+        let mut calls = 0;
+        let r: Result<(), i32> = retry_eagain(|| {
+            calls += 1;
+            Err(libc::EEXIST)
+        });
+        assert_eq!((r, calls), (Err(libc::EEXIST), 1));
+        // EAGAIN that lasts is reported once the patience runs out.
+        let t = std::time::Instant::now();
+        let r: Result<(), i32> = retry_eagain_within(20_000_000, || Err(libc::EAGAIN));
+        assert_eq!(r, Err(libc::EAGAIN));
+        assert!(t.elapsed() >= std::time::Duration::from_millis(20));
+    }
 }
