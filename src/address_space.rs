@@ -42,7 +42,8 @@ pub struct Config {
     pub readahead_pages: u32,
     /// Readahead I/O threads.
     pub readahead_threads: usize,
-    /// Fault-around cluster in pages (≤ 1: off).
+    /// Fault-around base cluster in pages (≤ 1: off); a sequential
+    /// reader's cluster grows to 8× this.
     pub fault_around_pages: usize,
 }
 

@@ -56,7 +56,7 @@ pub struct WorkloadArgs {
     /// Largest readahead window in pages (0: off).
     #[arg(long, default_value_t = 32)]
     pub readahead: u32,
-    /// Fault-around cluster in pages (0: off).
+    /// Fault-around base cluster in pages (0: off); a sequential reader's grows to 8x.
     #[arg(long, default_value_t = 64)]
     pub fault_around: usize,
     /// No background reclaimer: faulting threads reclaim for themselves

@@ -42,7 +42,7 @@ pub struct Knobs {
     pub pages: usize,
     /// Largest readahead window in pages (0: off).
     pub readahead_pages: u32,
-    /// Fault-around cluster in pages (0: off).
+    /// Fault-around base cluster in pages (0: off); a sequential reader's grows to 8x.
     pub fault_around_pages: usize,
     /// Run the background reclaimer (kswapd); without it, faulting threads
     /// reclaim for themselves (direct reclaim).
