@@ -108,7 +108,11 @@ fn cluster(obj: &Object, i: usize, base: usize, pages: &std::ops::Range<usize>) 
         obj.fa_window.store(n as u32, Relaxed);
         (i, (i + n).min(pages.end))
     } else {
-        obj.fa_window.store(base as u32, Relaxed);
+        // Written only when it changes: a random reader's faults then leave
+        // the object's line unwritten.
+        if obj.fa_window.load(Relaxed) != base as u32 {
+            obj.fa_window.store(base as u32, Relaxed);
+        }
         let first = (i - i % base).max(pages.start);
         (first, (first + base).min(pages.end))
     }

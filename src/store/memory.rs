@@ -5,7 +5,6 @@
 use super::zero::{in_bounds, round_up_to_page};
 use super::{Store, StoreError};
 use crate::sys::mem::LazyMapping;
-use crate::sys::PAGE_SIZE;
 
 /// A store held in memory: `read` and `write` are plain memcpys.
 ///
@@ -164,16 +163,8 @@ impl Store for MemoryStore {
             return Ok(());
         }
         let Some(base) = self.base() else {
-            // Never written: all zeros.
-            static ZEROS: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
-            let mut done = 0;
-            while done < len {
-                let n = (len - done).min(PAGE_SIZE);
-                crate::sys::mem::pwrite_all(fd, &ZEROS[..n], fd_offset + done as u64)
-                    .map_err(StoreError)?;
-                done += n;
-            }
-            return Ok(());
+            // Never written: `read` gives zeros without making the mapping.
+            return super::read_to_fd_buffered(self, offset, len, fd, fd_offset);
         };
         // SAFETY: bounds checked above; the mapping outlives the call and the
         // engine serialises calls per page, so the bytes are not being
@@ -198,6 +189,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::PAGE_SIZE;
     use std::sync::Arc;
 
     #[test]
