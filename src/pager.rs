@@ -10,7 +10,7 @@ use crate::object::{InstallKind, Object};
 use crate::region::Region;
 use crate::stats::Stats;
 use crate::store::{FileStore, FileStoreOptions, Store, ZeroStore};
-use crate::sys::uffd::{feature, Uffd};
+use crate::sys::uffd::{feature, Descriptor, Uffd, Want};
 use crate::sys::PAGE_SIZE;
 use std::path::Path;
 use std::sync::Arc;
@@ -120,13 +120,18 @@ impl PagerBuilder {
         if let Delivery::Threads { threads: 0, .. } = self.config.delivery {
             return Err(Error::Config("handler threads must be at least 1".into()));
         }
-        let open = |umo: bool| Uffd::open(features, umo, !in_thread).map(|u| (u, umo));
-        let (uffd, umo) = match self.user_mode_only {
-            Some(umo) => open(umo),
-            None if in_thread => open(true),
-            None => open(false).or_else(|_| open(true)),
-        }
-        .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
+        let want = match self.user_mode_only {
+            Some(true) => Want::UserModeOnly,
+            Some(false) => Want::Full,
+            // In-thread delivery cannot serve faults inside syscalls
+            // whatever the descriptor, so it asks for what any process may
+            // open.
+            None if in_thread => Want::UserModeOnly,
+            None => Want::Any,
+        };
+        let uffd = Uffd::open_as(features, want, !in_thread)
+            .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
+        let umo = uffd.descriptor().user_mode_only;
         let mm = Arc::new(Mm::new(uffd, self.config.clone()).map_err(|(op, e)| Error::sys(op, e))?);
         if self.config.delivery == Delivery::PerRegion {
             let p = crate::delivery::per_region::PerRegion::new(features, umo, Arc::downgrade(&mm));
@@ -450,6 +455,13 @@ impl Pager {
     /// The policy.
     pub fn policy(&self) -> Policy {
         self.inner.mm.config.policy
+    }
+
+    /// The userfaultfd descriptor the pager got: through `/dev/userfaultfd`
+    /// or the system call, and whether it is user-mode-only (faults inside
+    /// system calls fail with `EFAULT`; see [`Region::prefault`]).
+    pub fn descriptor(&self) -> Descriptor {
+        self.inner.mm.uffd.descriptor()
     }
 
     /// The delivery mode.

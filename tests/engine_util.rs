@@ -108,9 +108,37 @@ pub fn is_child() -> bool {
     std::env::var_os(CHILD_ENV).is_some()
 }
 
+/// The user id the unprivileged tests run as (`nobody`).
+pub const NOBODY: u32 = 65534;
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// As [`run_child`], but the child runs as user and group [`NOBODY`] with no
+/// supplementary groups when this process is root (otherwise it already
+/// runs unprivileged, as the current user).
+pub fn run_child_unprivileged(name: &str, envs: &[(&str, &str)]) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = child_command(name, envs);
+    if is_root() {
+        // As root, std drops the supplementary groups when it sets the uid.
+        cmd.uid(NOBODY).gid(NOBODY);
+    }
+    cmd.output().expect("spawning child test process")
+}
+
 /// Runs the test `name` of the current test binary in a child process with
 /// `UFFD_CHILD=1` plus `envs`, and returns its output.
 pub fn run_child(name: &str, envs: &[(&str, &str)]) -> Output {
+    child_command(name, envs)
+        .output()
+        .expect("spawning child test process")
+}
+
+fn child_command(name: &str, envs: &[(&str, &str)]) -> Command {
     let exe = std::env::current_exe().expect("current_exe");
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
@@ -119,7 +147,7 @@ pub fn run_child(name: &str, envs: &[(&str, &str)]) -> Output {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.output().expect("spawning child test process")
+    cmd
 }
 
 /// The signal that ended a child, if any.

@@ -20,7 +20,7 @@
 
 use super::threads::HandlerPool;
 use crate::address_space::Mm;
-use crate::sys::uffd::Uffd;
+use crate::sys::uffd::{Uffd, Want};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -53,7 +53,12 @@ impl PerRegion {
         let mm = self.mm.upgrade().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "the pager is gone")
         })?;
-        let uffd = Uffd::open(self.features, self.user_mode_only, true)
+        let want = if self.user_mode_only {
+            Want::UserModeOnly
+        } else {
+            Want::Full
+        };
+        let uffd = Uffd::open_as(self.features, want, true)
             .map(Arc::new)
             .map_err(std::io::Error::other)?;
         let pool = HandlerPool::start_on(&mm, Some(uffd.clone()), 1, 0, "uffd-region")?;

@@ -50,6 +50,16 @@ pub mod feature {
     ];
 }
 
+/// The kernel names of the feature bits in `bits`, `|`-separated.
+pub fn feature_names(bits: u64) -> String {
+    let names: Vec<&str> = feature::NAMES
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    names.join("|")
+}
+
 #[allow(missing_docs)]
 /// ioctl numbers (`_UFFDIO_*`), as bit positions in `uffdio_api.ioctls`.
 pub mod nr {
@@ -97,6 +107,16 @@ pub mod fault_flag {
 
 /// `UFFD_EVENT_PAGEFAULT`.
 pub const EVENT_PAGEFAULT: u8 = 0x12;
+/// `UFFD_EVENT_FORK`.
+pub const EVENT_FORK: u8 = 0x13;
+/// `UFFD_EVENT_REMAP`: `arg0` = from, `arg1` = to, `arg2` = length.
+pub const EVENT_REMAP: u8 = 0x14;
+/// `UFFD_EVENT_REMOVE` (`madvise(MADV_DONTNEED/REMOVE/FREE)`): `arg0` =
+/// start, `arg1` = end.
+pub const EVENT_REMOVE: u8 = 0x15;
+/// `UFFD_EVENT_UNMAP` (`munmap`, or the tail an `mremap` dropped): `arg0`
+/// = start, `arg1` = end.
+pub const EVENT_UNMAP: u8 = 0x16;
 const UFFD_API: u64 = 0xAA;
 const UFFDIO: u32 = 0xAA;
 const UFFD_USER_MODE_ONLY: i32 = 1;
@@ -211,26 +231,195 @@ fn ioctl<T>(fd: RawFd, req: libc::c_ulong, arg: &mut T) -> Result<(), i32> {
     }
 }
 
-/// A userfaultfd descriptor. Created through the `userfaultfd` crate's
-/// builder, so that `/dev/userfaultfd` is used where it exists.
+/// Where a descriptor came from, and so which faults it sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Opened through `/dev/userfaultfd` (`USERFAULTFD_IOC_NEW`) rather
+    /// than the `userfaultfd(2)` system call.
+    pub device: bool,
+    /// `UFFD_USER_MODE_ONLY`: only faults taken in user mode are delivered;
+    /// a fault the kernel takes inside a system call (a `read(2)` into an
+    /// absent page) fails with `EFAULT` instead. What an unprivileged
+    /// process gets where `vm.unprivileged_userfaultfd` is 0 and
+    /// `/dev/userfaultfd` is root-only, the usual defaults.
+    pub user_mode_only: bool,
+}
+
+impl std::fmt::Display for Descriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.device {
+            "/dev/userfaultfd"
+        } else {
+            "userfaultfd(2)"
+        })?;
+        if self.user_mode_only {
+            f.write_str(", user-mode only")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which descriptor [`Uffd::open`] should get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// A full descriptor (faults inside system calls are delivered too), or
+    /// an error.
+    Full,
+    /// A user-mode-only descriptor.
+    UserModeOnly,
+    /// A full descriptor if the process may open one, else user-mode-only.
+    Any,
+}
+
+/// A userfaultfd descriptor: an owned descriptor of the `userfaultfd`
+/// crate, opened here because that crate has no fallback from
+/// `/dev/userfaultfd` to the system call and no `UFFD_USER_MODE_ONLY`
+/// path for unprivileged processes.
 #[derive(Debug)]
 pub struct Uffd {
     inner: userfaultfd::Uffd,
     features: u64,
+    descriptor: Descriptor,
+}
+
+/// `USERFAULTFD_IOC_NEW` (`_IO(0xAA, 0x00)`) on `/dev/userfaultfd`.
+const USERFAULTFD_IOC_NEW: libc::c_ulong = (UFFDIO as libc::c_ulong) << 8;
+
+/// A raw descriptor from `/dev/userfaultfd`, or the errno of whatever
+/// refused it.
+fn open_device(flags: i32) -> Result<RawFd, i32> {
+    let path = c"/dev/userfaultfd";
+    // SAFETY: a valid C string; open returns a new descriptor or -1.
+    let dev = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if dev < 0 {
+        return Err(super::errno());
+    }
+    // SAFETY: USERFAULTFD_IOC_NEW takes the flags by value and returns a
+    // new descriptor or -1; `dev` is ours and closed once.
+    let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, flags) };
+    let e = super::errno();
+    // SAFETY: as above.
+    unsafe { libc::close(dev) };
+    if fd < 0 {
+        Err(e)
+    } else {
+        Ok(fd)
+    }
+}
+
+/// A raw descriptor from the `userfaultfd(2)` system call.
+fn open_syscall(flags: i32) -> Result<RawFd, i32> {
+    // SAFETY: plain syscall; returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+    if fd < 0 {
+        Err(super::errno())
+    } else {
+        Ok(fd as RawFd)
+    }
+}
+
+/// Opens a raw descriptor as `want` says: a full one through the device,
+/// then the system call; a user-mode-only one through the system call.
+fn open_raw(want: Want, flags: i32) -> Result<(RawFd, Descriptor), String> {
+    let full = || {
+        let dev = open_device(flags);
+        if let Ok(fd) = dev {
+            return Ok((
+                fd,
+                Descriptor {
+                    device: true,
+                    user_mode_only: false,
+                },
+            ));
+        }
+        open_syscall(flags)
+            .map(|fd| {
+                (
+                    fd,
+                    Descriptor {
+                        device: false,
+                        user_mode_only: false,
+                    },
+                )
+            })
+            .map_err(|e| (dev.unwrap_err(), e))
+    };
+    let umo = || {
+        open_syscall(flags | UFFD_USER_MODE_ONLY).map(|fd| {
+            (
+                fd,
+                Descriptor {
+                    device: false,
+                    user_mode_only: true,
+                },
+            )
+        })
+    };
+    let full_err = |(dev, sys): (i32, i32)| {
+        format!(
+            "a full descriptor was refused: /dev/userfaultfd: {}; userfaultfd(2): {} \
+             (root, read-write access to /dev/userfaultfd, or vm.unprivileged_userfaultfd = 1 \
+             gives one)",
+            std::io::Error::from_raw_os_error(dev),
+            std::io::Error::from_raw_os_error(sys)
+        )
+    };
+    let umo_err = |e: i32| {
+        format!(
+            "userfaultfd(2) with UFFD_USER_MODE_ONLY: {}",
+            std::io::Error::from_raw_os_error(e)
+        )
+    };
+    match want {
+        Want::Full => full().map_err(full_err),
+        Want::UserModeOnly => umo().map_err(umo_err),
+        Want::Any => {
+            full().or_else(|fe| umo().map_err(|ue| format!("{}; {}", full_err(fe), umo_err(ue))))
+        }
+    }
 }
 
 impl Uffd {
-    /// Opens a descriptor and enables `features`. `user_mode_only` restricts it
-    /// to faults from user mode (what unprivileged processes may use).
+    /// Opens a descriptor and enables `features` (`UFFDIO_API`).
+    /// `user_mode_only` asks for a user-mode-only descriptor (what any
+    /// process may open); otherwise a full one, or an error.
     pub fn open(features: u64, user_mode_only: bool, nonblocking: bool) -> Result<Uffd, String> {
-        let inner = userfaultfd::UffdBuilder::new()
-            .close_on_exec(true)
-            .non_blocking(nonblocking)
-            .user_mode_only(user_mode_only)
-            .require_features(userfaultfd::FeatureFlags::from_bits_retain(features))
-            .create()
-            .map_err(|e| format!("{e}"))?;
-        Ok(Uffd { inner, features })
+        let want = if user_mode_only {
+            Want::UserModeOnly
+        } else {
+            Want::Full
+        };
+        Self::open_as(features, want, nonblocking)
+    }
+
+    /// Opens a descriptor as `want` says and enables `features`.
+    pub fn open_as(features: u64, want: Want, nonblocking: bool) -> Result<Uffd, String> {
+        let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
+        let (fd, descriptor) = open_raw(want, flags)?;
+        // SAFETY: `fd` is a fresh descriptor that we own from here on.
+        let inner = unsafe { <userfaultfd::Uffd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let mut a = ApiArg {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
+        ioctl(fd, iowr(nr::API, std::mem::size_of::<ApiArg>()), &mut a).map_err(|e| {
+            format!(
+                "UFFDIO_API with features {features:#x} ({}): {}",
+                feature_names(features),
+                std::io::Error::from_raw_os_error(e)
+            )
+        })?;
+        Ok(Uffd {
+            inner,
+            features,
+            descriptor,
+        })
+    }
+
+    /// How the descriptor was opened.
+    pub fn descriptor(&self) -> Descriptor {
+        self.descriptor
     }
 
     /// The features this descriptor was opened with.

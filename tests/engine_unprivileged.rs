@@ -1,0 +1,107 @@
+//! The pager as an ordinary user: with `vm.unprivileged_userfaultfd = 0`
+//! and a root-only `/dev/userfaultfd` (this machine's defaults, and most
+//! distributions'), only `userfaultfd(2)` with `UFFD_USER_MODE_ONLY` is
+//! allowed. Every delivery mode must still work, on a descriptor it reports
+//! as user-mode-only. The checks run in a child process as user `nobody`
+//! (when the tests run as root; otherwise as the current user).
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Delivery, MapOptions, Pager};
+use util::*;
+
+const CHILD_OK: &str = "UNPRIVILEGED-CHILD-OK";
+
+/// What the child runs, as the unprivileged user.
+fn unprivileged_body() {
+    assert!(!is_root(), "the child must not run as root");
+    for d in DELIVERIES {
+        let pager = Pager::builder()
+            .delivery(d)
+            .budget_pages(64)
+            .build()
+            .unwrap_or_else(|e| panic!("{d}: building a pager as an ordinary user: {e}"));
+        let desc = pager.descriptor();
+        assert!(
+            desc.user_mode_only && !desc.device,
+            "{d}: an ordinary user gets userfaultfd(2) user-mode-only, got {desc}"
+        );
+        // Anonymous memory 4x the budget: written, evicted, read back.
+        let pages = 256;
+        let mut anon = pager.map_anonymous(pages * PAGE).expect("map_anonymous");
+        for p in 0..pages {
+            anon.as_mut_slice()[p * PAGE + 7] = p as u8 ^ 0x5a;
+        }
+        for p in 0..pages {
+            assert_eq!(
+                anon.as_slice()[p * PAGE + 7],
+                p as u8 ^ 0x5a,
+                "{d}: page {p}"
+            );
+        }
+        // A store-backed shared region.
+        let data = pattern_vec(3, 128 * PAGE);
+        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+        let r = pager
+            .map_store(store, data.len(), &MapOptions::default())
+            .expect("map_store");
+        assert_bytes(r.as_slice(), &data, &format!("{d}: store region"));
+        // A file mapped and written back.
+        let f = TempFile::with_contents("unpriv", &pattern_vec(4, 64 * PAGE));
+        let mut fr = pager
+            .map_file(f.path(), None, &MapOptions::default())
+            .expect("map_file");
+        fr.as_mut_slice()[5 * PAGE] = 0xee;
+        fr.flush().expect("flush");
+        drop(fr);
+        assert_eq!(f.read()[5 * PAGE], 0xee, "{d}: file written back");
+        assert!(
+            pager.stats().get(uffd_pager::Counter::PGSTEAL) > 0,
+            "{d}: evicted"
+        );
+    }
+    println!("{CHILD_OK}");
+}
+
+#[test]
+fn every_delivery_mode_works_for_an_ordinary_user() {
+    if is_child() {
+        unprivileged_body();
+        return;
+    }
+    let out = run_child_unprivileged("every_delivery_mode_works_for_an_ordinary_user", &[]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains(CHILD_OK),
+        "{}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn root_handler_threads_get_a_full_descriptor() {
+    if !is_root() {
+        eprintln!("skipping: needs root for a full descriptor");
+        return;
+    }
+    let pager = Pager::builder()
+        .delivery(THREADS)
+        .build()
+        .expect("handler-thread pager");
+    let d = pager.descriptor();
+    assert!(!d.user_mode_only, "root gets a full descriptor, got {d}");
+    let in_thread = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .expect("in-thread pager");
+    assert!(in_thread.descriptor().user_mode_only);
+    // Asking for a full descriptor explicitly works for root too.
+    let full = Pager::builder()
+        .delivery(THREADS)
+        .user_mode_only(false)
+        .build()
+        .expect("full descriptor");
+    assert!(!full.descriptor().user_mode_only);
+}
