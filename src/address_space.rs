@@ -128,7 +128,7 @@ impl Mm {
     pub fn new(uffd: Uffd, config: Config) -> Result<Mm, (&'static str, i32)> {
         let lru = Lru::new(config.lru_shards, config.budget_pages as usize)
             .map_err(|e| ("mmap LRU", e))?;
-        let reclaim = Reclaim::new(&uffd)?;
+        let reclaim = Reclaim::new()?;
         Ok(Mm {
             lock: GlobalLock::new(),
             table: Rcu::new(Table::default()),
@@ -210,6 +210,18 @@ impl Mm {
     /// Whether `addr` is this address space's (a region or a dying range).
     pub fn claims(&self, addr: usize) -> bool {
         self.table.read(|t| t.claims(addr))
+    }
+
+    /// Whether a live region of this address space holds `addr`.
+    /// Async-signal-safe.
+    pub fn owns_live(&self, addr: usize) -> bool {
+        self.table.read(|t| t.find(addr).is_some())
+    }
+
+    /// Whether `addr` lies in a range this address space is unmapping.
+    /// Async-signal-safe.
+    pub fn claims_dying(&self, addr: usize) -> bool {
+        self.table.read(|t| t.dying_claims(addr))
     }
 
     /// Charges `n` pages to the resident count; over the budget, reclaims

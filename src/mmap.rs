@@ -6,7 +6,7 @@ use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
 use crate::page_cache::{
-    CLEAN, DIRTY, LRU_BATCHED, MAPPED, MOVED, ON_LRU, POISONED, SWAPPED, UPTODATE,
+    CLEAN, DIRTY, LRU_BATCHED, MAPPED, MOVED, ON_LRU, POISONED, READAHEAD, SWAPPED, UPTODATE,
 };
 use crate::sys::mem::{mprotect, Mapping};
 use crate::sys::uffd::mode;
@@ -24,6 +24,28 @@ fn register_mode(obj: &Object) -> u64 {
         // alias and UFFDIO_CONTINUE.
         InstallKind::Shared => mode::MINOR | mode::MISSING,
     }
+}
+
+/// The state bits a page loses when its contents are dropped.
+pub(crate) const DISCARDED: u32 =
+    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN | READAHEAD;
+
+/// Drops page `i` of `obj` as `MADV_DONTNEED` drops a private page: its
+/// contents revert to the object's source (zeros for anonymous memory, or
+/// the store), any copy in the cache area, the memfd or swap is dropped
+/// (the swap copy by forgetting it: `SWAPPED` goes), and a resident page
+/// is uncharged. The caller holds the page lock and unlocks it clearing the
+/// returned bits; the page's LRU entry, if any, goes stale and is dropped
+/// when reclaim reaches it. `w` is the word as the caller locked it.
+/// Async-signal-safe.
+pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
+    if w & UPTODATE != 0 {
+        mm.uncharge(1);
+    }
+    if w & MOVED == 0 {
+        let _ = obj.free_data(i, 1);
+    }
+    DISCARDED
 }
 
 /// Where a new mapping goes.
@@ -259,15 +281,8 @@ impl Mm {
                     obj.cache.unlock(p, 0, if r.is_ok() { MAPPED } else { 0 });
                     continue;
                 }
-                if obj.cache.load(p) & UPTODATE != 0 {
-                    self.uncharge(1);
-                    let _ = obj.free_data(p, 1);
-                }
-                obj.cache.unlock(
-                    p,
-                    0,
-                    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN,
-                );
+                let clear = discard_page(self, obj, p, obj.cache.load(p));
+                obj.cache.unlock(p, 0, clear);
             }
             r.map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e))?;
             i = end;
@@ -337,15 +352,8 @@ impl Mm {
                     continue;
                 }
                 let w = obj.cache.lock(i);
-                if w & UPTODATE != 0 {
-                    self.uncharge(1);
-                }
-                let _ = obj.free_data(i, 1);
-                obj.cache.unlock(
-                    i,
-                    0,
-                    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN,
-                );
+                let clear = discard_page(self, obj, i, w);
+                obj.cache.unlock(i, 0, clear);
             }
         }
         let flags = match new_addr {

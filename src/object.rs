@@ -74,12 +74,17 @@ struct OwnLine<T>(T);
 pub struct Object {
     /// How its pages are installed.
     pub kind: InstallKind,
-    /// Where pages come from and go to.
+    /// Where pages come from: the store a region maps. A shared object's
+    /// dirty pages go back to it; an anonymous object's never do (a private
+    /// mapping: they go to [`Object::swap`]).
     pub store: Arc<dyn Store>,
+    /// Where an anonymous object's evicted dirty pages go, and come back
+    /// from (`SWAPPED`). `None` for shared objects.
+    swap: Option<Arc<dyn Store>>,
     /// The page state words.
     pub cache: PageCache,
-    /// An anonymous page that was never written back is a zero page (no
-    /// store read): anonymous memory with a swap store.
+    /// The source is all zeros (anonymous memory): a page that was never
+    /// swapped out is a zero page, with no store read.
     pub zero_fill: bool,
     backing: Backing,
     /// Attempts working on this object with their lock dropped, and
@@ -145,13 +150,19 @@ impl std::fmt::Debug for Object {
 }
 
 impl Object {
-    /// An object of `npages` pages over `store`.
+    /// An object of `npages` pages over `store`. Anonymous objects need
+    /// `swap`, where their dirty pages go when evicted; shared objects take
+    /// none (their dirty pages go back to `store`).
     pub fn new(
         kind: InstallKind,
         store: Arc<dyn Store>,
+        swap: Option<Arc<dyn Store>>,
         npages: usize,
         zero_fill: bool,
     ) -> Result<Object, (&'static str, i32)> {
+        if (kind == InstallKind::Anonymous) != swap.is_some() {
+            return Err(("an anonymous object needs a swap store", libc::EINVAL));
+        }
         let bytes = npages * PAGE_SIZE;
         let backing = match kind {
             InstallKind::Anonymous => {
@@ -171,6 +182,7 @@ impl Object {
         Ok(Object {
             kind,
             store,
+            swap,
             cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,
             zero_fill,
             backing,
@@ -249,6 +261,24 @@ impl Object {
         Ok(unsafe { std::slice::from_raw_parts_mut(p, PAGE_SIZE) })
     }
 
+    /// Where dirty pages go when they are written back or evicted: the
+    /// store for a shared object, the swap for an anonymous one.
+    #[inline]
+    pub fn swap(&self) -> &dyn Store {
+        self.swap.as_deref().unwrap_or(&*self.store)
+    }
+
+    /// Where page `i`'s contents are read from, given its state word `w`:
+    /// the swap if an anonymous page was swapped out, the store otherwise.
+    #[inline]
+    pub fn source(&self, w: u32) -> &dyn Store {
+        if w & crate::page_cache::SWAPPED != 0 {
+            self.swap()
+        } else {
+            &*self.store
+        }
+    }
+
     /// Reads page `i` from the store into the cache. Async-signal-safe.
     ///
     /// Shared objects are filled through the memfd ([`Store::read_to_fd`]),
@@ -267,8 +297,9 @@ impl Object {
             Backing::Shared { memfd, .. } => self.store.read_to_fd(off, PAGE_SIZE, memfd.fd(), off),
             // SAFETY: exclusivity is the caller's contract.
             Backing::Anonymous { .. } => {
+                let src = self.source(self.cache.load(i));
                 let buf = unsafe { self.page_mut(i) }.map_err(crate::store::StoreError)?;
-                self.store.read(off, buf)
+                src.read(off, buf)
             }
         }
     }

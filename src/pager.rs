@@ -306,15 +306,12 @@ impl Pager {
     }
 
     /// Maps `len` bytes of anonymous private memory (zero-filled; pages that
-    /// are reclaimed go to an in-memory swap store).
+    /// are reclaimed go to the swap store: in memory, or a file in
+    /// [`PagerBuilder::swap_dir`]).
     pub fn map_anonymous(&self, len: usize) -> Result<Region> {
         check_len(len)?;
-        let store: Arc<dyn Store> = match &self.swap_dir {
-            None => Arc::new(crate::store::MemoryStore::new(len as u64)?),
-            Some(dir) => Arc::new(swap_file(dir, len)?),
-        };
         self.map_object(
-            store,
+            Arc::new(ZeroStore::new(len as u64)),
             len,
             true,
             &MapOptions {
@@ -322,6 +319,14 @@ impl Pager {
                 ..MapOptions::default()
             },
         )
+    }
+
+    /// A swap store of `len` bytes for an anonymous object.
+    fn swap_store(&self, len: usize) -> Result<Arc<dyn Store>> {
+        Ok(match &self.swap_dir {
+            None => Arc::new(crate::store::MemoryStore::new(len as u64)?),
+            Some(dir) => Arc::new(swap_file(dir, len)?),
+        })
     }
 
     /// Maps the file at `path`: the whole file if `len` is `None`.
@@ -376,6 +381,8 @@ impl Pager {
                 needed: len as u64,
             });
         }
+        // A shared mapping writes to its store; an anonymous one is a
+        // private copy (writes go to its swap), so any store will do.
         if opts.writable && !store.writable() && opts.kind == InstallKind::Shared {
             return Err(Error::ReadOnlyStore);
         }
@@ -407,7 +414,11 @@ impl Pager {
     ) -> Result<Region> {
         check_fixed(opts.fixed_addr)?;
         let npages = (store.len() as usize / PAGE_SIZE).max(len / PAGE_SIZE);
-        let obj = Object::new(opts.kind, store, npages, zero_fill)
+        let swap = match opts.kind {
+            InstallKind::Anonymous => Some(self.swap_store(npages * PAGE_SIZE)?),
+            InstallKind::Shared => None,
+        };
+        let obj = Object::new(opts.kind, store, swap, npages, zero_fill)
             .map_err(|(op, e)| Error::sys(op, e))?;
         let start = self.inner.mm.map(
             Arc::new(obj),

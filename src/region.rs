@@ -82,7 +82,9 @@ impl Region {
         let mm = &self.owner.mm;
         let mut a = start;
         while a < end {
-            if crate::fault::handle_fault(mm, a, write) != crate::fault::Resolution::Resolved {
+            if crate::fault::handle_fault(mm, a, crate::fault::Access::engine(write))
+                != crate::fault::Resolution::Resolved
+            {
                 return Err(Error::Store(crate::store::StoreError(libc::EIO)));
             }
             a += PAGE_SIZE;

@@ -230,7 +230,12 @@ impl Table {
     /// Whether `addr` belongs to this address space (a region or a range
     /// being torn down).
     pub fn claims(&self, addr: usize) -> bool {
-        self.find(addr).is_some() || self.dying.iter().any(|&(s, e)| addr >= s && addr < e)
+        self.find(addr).is_some() || self.dying_claims(addr)
+    }
+
+    /// Whether `addr` lies in a range being unmapped (not a live region).
+    pub fn dying_claims(&self, addr: usize) -> bool {
+        self.dying.iter().any(|&(s, e)| addr >= s && addr < e)
     }
 
     /// Every region, in address order.
@@ -341,7 +346,7 @@ mod tests {
     /// A one-page object for the regions to map.
     fn object() -> Arc<Object> {
         let store = Arc::new(ZeroStore::new(4096));
-        Arc::new(Object::new(InstallKind::Anonymous, store, 1, true).unwrap())
+        Arc::new(Object::new(InstallKind::Anonymous, store.clone(), Some(store), 1, true).unwrap())
     }
 
     #[test]

@@ -9,19 +9,31 @@
 use crate::address_space::Mm;
 use crate::fault::{handle_fault, Resolution};
 use crate::sync::rcu::Rcu;
-use std::sync::{Arc, Once, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// Registered address spaces, as raw pointers kept alive by the pagers
 /// (a pager unregisters, waiting out readers, before it frees its `Mm`).
 static REGISTRY: OnceLock<Rcu<Vec<usize>>> = OnceLock::new();
+/// The SIGBUS action in place before ours: read before ours is installed,
+/// so the handler never runs without it.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
-static INSTALL: Once = Once::new();
+/// The outcome of the one attempt to install the handler (an errno).
+static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
 
 fn registry() -> &'static Rcu<Vec<usize>> {
     REGISTRY.get_or_init(|| Rcu::new(Vec::new()))
 }
 
-/// Installs the handler once per process, remembering the previous one.
+/// Installs the handler once per process, remembering the previous one;
+/// every later call reports the first attempt's outcome.
+///
+/// The previous action is read first and ours installed after, so a SIGBUS
+/// that arrives as soon as ours is live already has somewhere to go. (A
+/// handler that another thread installs between the two calls is lost; a
+/// program that installs SIGBUS handlers concurrently with building its
+/// first pager has a race of its own anyway.) An application that installs
+/// its own SIGBUS handler later replaces ours: in-thread delivery then
+/// stops, and every fault on a region goes to the application's handler.
 ///
 /// Without `SA_ONSTACK`: the fault path (reclaim included) needs several
 /// KiB of stack, more than the small alternate signal stacks that runtimes
@@ -29,29 +41,27 @@ fn registry() -> &'static Rcu<Vec<usize>> {
 /// runs on the faulting thread's own stack, as the kernel's fault path runs
 /// on the task's kernel stack.
 fn ensure_installed() -> Result<(), i32> {
-    let mut err = 0;
-    INSTALL.call_once(|| {
+    *INSTALLED.get_or_init(|| {
         registry();
-        // SAFETY: zeroed sigaction structs are valid; we fill the handler,
-        // flags and an empty mask, and pass valid pointers to sigaction.
+        // SAFETY: zeroed sigaction structs are valid; we read the current
+        // action, then fill ours (handler, flags, empty mask) and pass
+        // valid pointers to sigaction.
         unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+                return Err(crate::sys::errno());
+            }
+            let _ = PREVIOUS.set(old);
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigbus as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
-                err = crate::sys::errno();
-                return;
+            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
+                return Err(crate::sys::errno());
             }
-            let _ = PREVIOUS.set(old);
         }
-    });
-    if err != 0 {
-        Err(err)
-    } else {
         Ok(())
-    }
+    })
 }
 
 /// Adds an address space to the dispatch registry.
@@ -72,41 +82,72 @@ pub fn unregister(mm: &Mm) {
     registry().update(|v| v.iter().copied().filter(|&x| x != p).collect());
 }
 
+/// `BUS_ADRERR`: what the kernel sends for a userfaultfd fault in SIGBUS
+/// mode. Memory errors (`BUS_MCEERR_AR`/`AO`, and accesses to pages the
+/// engine poisoned) and `BUS_ADRALN` are not faults to serve.
+const BUS_ADRERR: i32 = 2;
+
+/// x86-64 page-fault error code bits (`X86_PF_*`) in `REG_ERR`.
+const PF_PROT: i64 = 1 << 0;
+const PF_WRITE: i64 = 1 << 1;
+
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    // The interrupted code's errno is restored on every way out: the fault
+    // path makes syscalls, and code that reads errno after touching region
+    // memory must see its own.
+    let saved = crate::sys::errno();
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
-    // si_code > 0: raised by the kernel for a fault (not kill/tgkill).
-    if code > 0 {
-        let write = {
+    if code == BUS_ADRERR {
+        let (write, present) = {
             // SAFETY: for SA_SIGINFO handlers `uctx` points to the
             // interrupted context; on x86-64 gregs[REG_ERR] holds the page
-            // fault error code, whose bit 1 means "write".
+            // fault error code: bit 1 "write", bit 0 "the page was present"
+            // (a protection fault: a write to a write-protected page).
             let uc = unsafe { &*(uctx as *const libc::ucontext_t) };
-            uc.uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0
+            let err = uc.uc_mcontext.gregs[libc::REG_ERR as usize];
+            (err & PF_WRITE != 0, err & PF_PROT != 0)
         };
         let handled = registry().read(|mms| {
-            for &p in mms {
-                // SAFETY: registered pointers are live `Mm`s until
-                // `unregister` has waited out this read section.
-                let mm = unsafe { &*(p as *const Mm) };
-                if mm.claims(addr) {
-                    return Some(handle_fault(mm, addr, write));
-                }
+            // SAFETY: registered pointers are live `Mm`s until `unregister`
+            // has waited out this read section.
+            let mms = || mms.iter().map(|&p| unsafe { &*(p as *const Mm) });
+            // A live region first: another pager may still list the same
+            // range as dying after unmapping it, and a fault on this
+            // pager's new region there must not go to it.
+            if let Some(mm) = mms().find(|mm| mm.owns_live(addr)) {
+                let present = Some(present);
+                return Some(handle_fault(
+                    mm,
+                    addr,
+                    crate::fault::Access { write, present },
+                ));
             }
-            None
+            // A fault raised on a range while its pager unmapped it: the
+            // access is to memory that is going away.
+            mms().find(|mm| mm.claims_dying(addr)).map(|mm| {
+                mm.counters.inc(crate::stats::Counter::SEGV);
+                Resolution::Segv
+            })
         });
         match handled {
-            Some(Resolution::Resolved) => return,
+            Some(Resolution::Resolved) => {
+                crate::sys::set_errno(saved);
+                return;
+            }
             Some(Resolution::Segv) => {
                 // SAFETY: raise is async-signal-safe; SIGSEGV is not blocked
                 // here, so it is delivered as the handler returns.
                 unsafe { libc::raise(libc::SIGSEGV) };
+                crate::sys::set_errno(saved);
                 return;
             }
             Some(Resolution::Bus) | None => {}
         }
     }
+    crate::sys::set_errno(saved);
     chain(sig, info, uctx);
+    crate::sys::set_errno(saved);
 }
 
 /// Passes a SIGBUS that is not ours (or a poisoned page) to the handler

@@ -85,8 +85,11 @@ fn serve(mm: &Mm, uffd: &Uffd, stopfd: i32, spin_us: u32) {
                 continue;
             }
             let addr = m.arg1 as usize;
-            let write = m.arg0 & fault_flag::WRITE != 0;
-            match handle_fault(mm, addr, write) {
+            let access = crate::fault::Access {
+                write: m.arg0 & fault_flag::WRITE != 0,
+                present: Some(m.arg0 & fault_flag::WP != 0),
+            };
+            match handle_fault(mm, addr, access) {
                 Resolution::Resolved | Resolution::Bus => {}
                 Resolution::Segv => {
                     // SAFETY: plain syscalls; the thread id came from the

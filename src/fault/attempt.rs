@@ -1,7 +1,7 @@
 //! One fault attempt, `attempt(lock, tried)`: steps 1-5 of
 //! `kernel-model.md`.
 
-use super::install::{copy_in, install, make_writable, poison};
+use super::install::{copy_in, install, poison, recheck_installed, Recheck};
 use super::load::{load, read_with_retries, LoadResult};
 use super::{Fault, LockKind, Outcome};
 use crate::address_space::{Mm, VmaReadGuard};
@@ -81,29 +81,36 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             return Outcome::Retry { major: false };
         }
         match PageState::of(w) {
-            // A write to a write-protected (clean, write-tracked) page: the
-            // `page_mkwrite` path.
-            // (A dirty page may be write-protected again, by write-back or
-            // after a move; the fault then just lifts the protection.)
-            PageState::Installed if f.write && obj.tracks_writes() => {
+            // Installed: a racing fault mapped it, this is a write to a
+            // write-protected page (the `page_mkwrite` path), or it left
+            // the mapping behind the engine's back; see `recheck_installed`.
+            PageState::Installed => {
                 if obj.cache.try_lock(i).is_err() {
                     continue;
                 }
-                if obj.cache.load(i) & MAPPED == 0 {
+                let w = obj.cache.load(i);
+                if w & (UPTODATE | MAPPED) != UPTODATE | MAPPED {
                     obj.cache.unlock(i, 0, 0);
                     continue;
                 }
-                let r = make_writable(mm, vma, i);
-                obj.cache
-                    .unlock(i, if r.is_ok() { DIRTY | REFERENCED } else { 0 }, 0);
-                return if r.is_ok() {
-                    Outcome::Done
-                } else {
-                    Outcome::Bus
-                };
+                match recheck_installed(mm, vma, f, i, w) {
+                    Recheck::Present { dirty } => {
+                        let dirty = if dirty { DIRTY } else { 0 };
+                        obj.cache.unlock(i, REFERENCED | dirty, 0);
+                        return Outcome::Done;
+                    }
+                    Recheck::Gone => {
+                        mm.counters.inc(PAGE_DROPPED);
+                        let clear = crate::mmap::discard_page(mm, obj, i, w);
+                        obj.cache.unlock(i, 0, clear);
+                        continue;
+                    }
+                    Recheck::Failed => {
+                        obj.cache.unlock(i, 0, 0);
+                        return Outcome::Bus;
+                    }
+                }
             }
-            // Already present: a racing faulter installed it.
-            PageState::Installed => return Outcome::Done,
             // Step 3: cached: install it.
             PageState::Cached => {
                 if obj.cache.try_lock(i).is_err() {
@@ -149,9 +156,9 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
         f.major = true;
         if obj.kind == InstallKind::Anonymous
             && !vma.writable.load(Acquire)
-            && obj.store.synchronous()
+            && obj.source(prev).synchronous()
         {
-            return read_and_copy(mm, vma, i, pinned);
+            return read_and_copy(mm, vma, i, prev, pinned);
         }
         if !f.tried {
             let pin = obj.pin();
@@ -187,13 +194,17 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
 /// synchronous swap-in, `SWP_SYNCHRONOUS_IO`). The page is clean: reclaim
 /// can drop it with the next batched zap. The caller holds the page lock
 /// and charged the page.
-fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, pinned: u32) -> Outcome {
+fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
     let obj: &Object = &vma.object;
     let off = (i * PAGE_SIZE) as u64;
+    let source = obj.source(w);
+    // A page read back from swap holds writes its source lacks: clean only
+    // if it comes from the source itself.
+    let clean = if w & SWAPPED == 0 { CLEAN } else { 0 };
     let installed = |mm: &Mm| {
         obj.cache.unlock(
             i,
-            UPTODATE | MAPPED | REFERENCED | MOVED | CLEAN | pinned,
+            UPTODATE | MAPPED | REFERENCED | MOVED | clean | pinned,
             0,
         );
         mm.page_cached(obj, i);
@@ -201,14 +212,14 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, pinned: u32) -> Outcome {
     };
     // Where the store's page already sits in memory, copy straight from
     // there; if the kernel cannot read it, take the plain way below.
-    if let Some(src) = obj.store.page_in_memory(off) {
+    if let Some(src) = source.page_in_memory(off) {
         if copy_in(mm, vma, i, src).is_ok() {
             mm.counters.inc(PGREAD);
             return installed(mm);
         }
     }
     let mut buf = PageBuf::zeroed();
-    if read_with_retries(mm, || obj.store.read(off, &mut buf.0)) == LoadResult::Failed {
+    if read_with_retries(mm, || source.read(off, &mut buf.0)) == LoadResult::Failed {
         obj.cache.unlock(i, POISONED, 0);
         mm.uncharge(1);
         return poison(mm, vma, i);
@@ -257,11 +268,11 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             let pinned = if vma.pinned { PINNED } else { 0 };
             let moved = if moved { MOVED } else { 0 };
             // An anonymous page mapped read-only cannot change: clean,
-            // unless its cached copy is itself newer than its store (a
-            // write-back that failed).
+            // unless its contents are newer than its source (a write-back
+            // that failed, or a page read back from swap).
             let clean = if obj.kind == InstallKind::Anonymous
                 && !vma.writable.load(Acquire)
-                && obj.cache.load(i) & DIRTY == 0
+                && obj.cache.load(i) & (DIRTY | SWAPPED) == 0
             {
                 CLEAN
             } else {

@@ -2,17 +2,17 @@
 //! Reads top to bottom like `do_user_addr_fault`.
 
 use super::attempt::attempt;
-use super::{Fault, LockKind, Outcome, PolicyKind, Resolution};
+use super::{Access, Fault, LockKind, Outcome, PolicyKind, Resolution};
 use crate::address_space::Mm;
 use crate::stats::Counter::*;
 use crate::sys::now_ns;
 
 /// Handles one fault at `addr` in `mm` to completion. Async-signal-safe.
-pub fn handle_fault(mm: &Mm, addr: usize, write: bool) -> Resolution {
+pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
     let t0 = now_ns();
     let c = &mm.counters;
     c.inc(PGFAULT);
-    let mut f = Fault::new(addr, write);
+    let mut f = Fault::new(addr, access);
     let policy = mm.config.policy.kind;
 
     let out = 'done: {

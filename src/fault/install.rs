@@ -102,13 +102,27 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         (InstallKind::Anonymous, false) => {
             let src = obj.data(i)? as usize;
             match uffd.mv(addr, src, PAGE_SIZE, MODE_DONTWAKE) {
-                Err(libc::EINVAL) | Err(libc::EBUSY) | Err(libc::ENOENT) => {
+                Ok(n) => {
+                    moved = true;
+                    Ok(n)
+                }
+                Err(libc::EINVAL) | Err(libc::EBUSY) => {
                     uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
                 }
-                r => {
-                    moved = r.is_ok();
-                    r
+                // MOVE can report an error after it moved the page (see
+                // `reclaim`'s hazard note): if the page left the cache
+                // area and one is in place, it is ours (we hold its lock).
+                Err(e) if e != libc::EAGAIN => {
+                    use crate::sys::mem::page_present;
+                    if page_present(src) == Ok(false) && page_present(addr) == Ok(true) {
+                        mm.counters.inc(IOCTL_DID_WORK);
+                        moved = true;
+                        Ok(PAGE_SIZE as u64)
+                    } else {
+                        Err(e)
+                    }
                 }
+                Err(e) => Err(e),
             }
         }
     };
@@ -118,6 +132,80 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
             Ok(moved)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// How a fault on a page the engine believes installed ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Recheck {
+    /// The page is mapped (a racing fault had mapped it, or this mapped it
+    /// again); `dirty`: it is mapped writable and now dirty.
+    Present {
+        /// The page was made writable for a write to a write-tracked page.
+        dirty: bool,
+    },
+    /// Its contents are gone: an anonymous page left the mapping (the
+    /// application dropped it), or a shared page left the memfd. The caller
+    /// drops the page and starts over from its source.
+    Gone,
+    /// The kernel refused for another reason.
+    Failed,
+}
+
+/// A fault found page `i` installed (the caller holds its page lock, the
+/// state says MAPPED). Either another fault raced this one and mapped it,
+/// or it left the user mapping behind the engine's back: the kernel's
+/// reclaim or DAMON unmaps shared pages (their contents stay in the memfd,
+/// or in swap, and `UFFDIO_CONTINUE` brings them back), and the
+/// application's own `madvise(MADV_DONTNEED)` drops anonymous ones. So the
+/// page is looked at again rather than reported done, which would let the
+/// access fault forever.
+///
+/// A write-protect fault (`present`) on a write-tracked page takes the one
+/// `UFFDIO_WRITEPROTECT` of the `page_mkwrite` path; every other case costs
+/// one syscall that the common paths never reach.
+pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, w: u32) -> Recheck {
+    let obj = &vma.object;
+    let addr = vma.addr_of(i);
+    match obj.kind {
+        InstallKind::Shared => {
+            let tracked = obj.tracks_writes();
+            let wp_fault = f.write && tracked;
+            if wp_fault && f.present == Some(true) {
+                return match make_writable(mm, vma, i) {
+                    Ok(()) => Recheck::Present { dirty: true },
+                    Err(_) => Recheck::Failed,
+                };
+            }
+            // Map it again: write-protected for a read of a clean tracked
+            // page, writable otherwise. EEXIST: it is present.
+            let wp = tracked && !f.write && w & crate::page_cache::DIRTY == 0;
+            let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
+            let uffd = obj.uffd(&mm.uffd);
+            match retry_eagain(|| uffd.cont(addr, PAGE_SIZE, mode)) {
+                Ok(_) => {
+                    mm.counters.inc(REINSTALL);
+                    Recheck::Present { dirty: wp_fault }
+                }
+                Err(libc::EEXIST) if wp_fault => match make_writable(mm, vma, i) {
+                    Ok(()) => Recheck::Present { dirty: true },
+                    Err(_) => Recheck::Failed,
+                },
+                Err(libc::EEXIST) => Recheck::Present { dirty: false },
+                // No page in the memfd at that offset: it was punched
+                // (`MADV_REMOVE` through the mapping).
+                Err(libc::EFAULT) | Err(libc::ENOENT) => Recheck::Gone,
+                Err(_) => Recheck::Failed,
+            }
+        }
+        // An anonymous page is never unmapped by the kernel (it swaps it out
+        // behind a swap PTE and faults it back itself), so a missing PTE
+        // means the application dropped the page.
+        InstallKind::Anonymous => match crate::sys::mem::page_present(addr) {
+            Ok(true) => Recheck::Present { dirty: false },
+            Ok(false) => Recheck::Gone,
+            Err(_) => Recheck::Failed,
+        },
     }
 }
 

@@ -126,6 +126,28 @@ impl FromStr for Policy {
     }
 }
 
+/// What the hardware (or the kernel's fault message) said about an
+/// access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// A write.
+    pub write: bool,
+    /// Whether the page was present: `Some(true)` for a write-protect
+    /// fault, `Some(false)` for a missing or minor fault, `None` where the
+    /// engine faults a page in itself (prefault, populate) and nobody knows.
+    pub present: Option<bool>,
+}
+
+impl Access {
+    /// An access of unknown kind by the engine itself (populate, prefault).
+    pub const fn engine(write: bool) -> Access {
+        Access {
+            write,
+            present: None,
+        }
+    }
+}
+
 /// One fault as it flows through the driver: the kernel's `vm_fault` plus
 /// its `FAULT_FLAG_TRIED`.
 #[derive(Debug, Clone, Copy)]
@@ -134,6 +156,8 @@ pub struct Fault {
     pub addr: usize,
     /// A write access.
     pub write: bool,
+    /// Whether the page was present at the access (see [`Access`]).
+    pub present: Option<bool>,
     /// `FAULT_FLAG_TRIED`: the lock may be held across I/O and waits.
     pub tried: bool,
     /// This fault did store I/O (counted once in `PGMAJFAULT`).
@@ -142,10 +166,11 @@ pub struct Fault {
 
 impl Fault {
     /// A fresh fault.
-    pub fn new(addr: usize, write: bool) -> Fault {
+    pub fn new(addr: usize, access: Access) -> Fault {
         Fault {
             addr,
-            write,
+            write: access.write,
+            present: access.present,
             tried: false,
             major: false,
         }

@@ -24,7 +24,7 @@ use crate::object::{InstallKind, Object};
 use crate::page_cache::*;
 use crate::stats::Counter::*;
 use crate::sys::mem::{madvise, Mapping};
-use crate::sys::uffd::{mode, MODE_DONTWAKE};
+use crate::sys::uffd::{feature, mode, Uffd, Want, MODE_DONTWAKE};
 use crate::sys::{futex, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
@@ -38,7 +38,17 @@ const ISOLATE: usize = 32;
 /// Per-pager reclaim state.
 #[derive(Debug)]
 pub struct Reclaim {
+    /// Staging slots that anonymous pages are moved into before they are
+    /// written to swap: read-write for pages of writable mappings, and a
+    /// read-only twin for pages of read-only ones (`UFFDIO_MOVE` moves only
+    /// between mappings of the same protection).
     staging: Mapping,
+    staging_ro: Mapping,
+    /// The descriptor the staging areas are registered with (a `UFFDIO_MOVE`
+    /// is issued on its destination's descriptor). It asks for no
+    /// non-cooperative events, so emptying a slot with `MADV_DONTNEED`
+    /// blocks on no event reader.
+    uffd: Uffd,
     free_slots: AtomicU64,
     kswapd_seq: AtomicU32,
     kswapd_sleeping: AtomicBool,
@@ -57,20 +67,59 @@ pub enum Evict {
 }
 
 impl Reclaim {
-    /// Staging area registered (MISSING) with the pager's descriptor, so it
-    /// can be a `UFFDIO_MOVE` destination.
-    pub fn new(uffd: &crate::sys::uffd::Uffd) -> Result<Reclaim, (&'static str, i32)> {
+    /// Staging areas registered (MISSING) with a descriptor of their own,
+    /// so they can be `UFFDIO_MOVE` destinations.
+    pub fn new() -> Result<Reclaim, (&'static str, i32)> {
+        let uffd = Uffd::open_as(feature::MOVE, Want::UserModeOnly, false)
+            .map_err(|_| ("userfaultfd for staging", libc::EPERM))?;
         let staging =
             Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
-        uffd.register(staging.addr(), staging.len(), mode::MISSING)
-            .map_err(|e| ("UFFDIO_REGISTER staging", e))?;
+        let staging_ro =
+            Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
+        crate::sys::mem::mprotect(staging_ro.addr(), staging_ro.len(), libc::PROT_READ)
+            .map_err(|e| ("mprotect staging", e))?;
+        for area in [&staging, &staging_ro] {
+            uffd.register(area.addr(), area.len(), mode::MISSING)
+                .map_err(|e| ("UFFDIO_REGISTER staging", e))?;
+        }
         Ok(Reclaim {
             staging,
+            staging_ro,
+            uffd,
             free_slots: AtomicU64::new(u64::MAX),
             kswapd_seq: AtomicU32::new(0),
             kswapd_sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         })
+    }
+
+    /// Moves the page at `addr` into staging slot `s`, the read-only slot if
+    /// `read_only`. Returns where the page is now, or the errno if it did
+    /// not move.
+    ///
+    /// # Hazard
+    /// This kernel's `UFFDIO_MOVE` can return an error (EEXIST, seen with
+    /// a racing write that changed the source PTE) after it moved the page
+    /// (`shared/tools/uffd-move-eexist.c`). The slot was empty and is ours,
+    /// so on any error the slot itself says whether the page arrived.
+    fn move_to_slot(&self, mm: &Mm, addr: usize, s: usize, read_only: bool) -> Result<usize, i32> {
+        let area = if read_only {
+            &self.staging_ro
+        } else {
+            &self.staging
+        };
+        let slot = area.addr() + s * PAGE_SIZE;
+        match self.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
+            Ok(_) => Ok(slot),
+            Err(e) => {
+                if crate::sys::mem::page_present(slot) == Ok(true) {
+                    mm.counters.inc(IOCTL_DID_WORK);
+                    Ok(slot)
+                } else {
+                    Err(e)
+                }
+            }
+        }
     }
 
     fn take_slot(&self) -> usize {
@@ -105,16 +154,17 @@ enum Unmapped {
     /// Anonymous: the store write failed; the contents were kept in
     /// `data(i)` (dirty).
     KeptDirty,
-    /// Anonymous: the kernel has no page where the engine installed one.
-    /// That breaks the engine's invariant; the contents are gone, so the
-    /// page is poisoned (the next access gets SIGBUS) rather than looping.
-    Lost,
+    /// Anonymous: no page was mapped where the engine had installed one:
+    /// the application dropped it (its own `madvise(MADV_DONTNEED)`), so its
+    /// contents are the object's source again.
+    Dropped,
 }
 
 /// Takes installed page `i` out of the user mapping, under the region's
 /// read lock. The caller holds the page lock. Anonymous pages are moved
-/// out atomically (`UFFDIO_MOVE`) to a staging page and written to the
-/// store from there.
+/// out atomically (`UFFDIO_MOVE`) to a staging page and written to swap
+/// from there: the engine never reads the user's mapping, where a page
+/// dropped behind its back would fault in the engine itself.
 fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     let base = obj.mapped_at.load(Acquire);
     if base == 0 {
@@ -131,46 +181,56 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     }
     let r = &mm.reclaim;
     let s = r.take_slot();
-    let slot = r.staging.addr() + s * PAGE_SIZE;
-    // Where the page's contents are once it is out of the way of writers.
-    let src = match mm.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
-        Ok(_) => Some(slot),
-        // A read-only region cannot be a MOVE source; nobody can write it
-        // either (protect needs the region write lock we exclude), so the
-        // installed page itself is read, then dropped.
-        Err(libc::EINVAL) if !vma.writable.load(Acquire) => Some(addr),
+    // A read-write slot first; a read-only mapping (the region's, or one
+    // the application made with its own mprotect) takes the read-only one.
+    let moved = match r.move_to_slot(mm, addr, s, false) {
+        Err(libc::EINVAL) => r.move_to_slot(mm, addr, s, true),
+        m => m,
+    };
+    let src = match moved {
+        Ok(src) => src,
         Err(libc::ENOENT) => {
             r.put_slot(s);
-            return Ok(Unmapped::Lost);
+            return Ok(Unmapped::Dropped);
         }
-        Err(_) => None,
+        // Busy (EAGAIN, EBUSY: a page shared with another process), or a
+        // mapping neither slot matches: try again later.
+        Err(_) => {
+            r.put_slot(s);
+            return Err(());
+        }
     };
-    let out = src.map(|src| {
-        // SAFETY: `src` is a present page: the staging slot we just moved
-        // into (ours until `put_slot`), or the installed page of a read-only
-        // region under our page lock.
-        let page = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
-        if obj.store.write((i * PAGE_SIZE) as u64, page).is_ok() {
-            mm.counters.inc(WRITEBACK);
-            Unmapped::WrittenBack
-        } else {
-            mm.counters.inc(IO_ERROR);
-            match obj.data(i) {
-                Ok(dst) => {
-                    // SAFETY: the cache page is ours under the page lock.
-                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, PAGE_SIZE) };
-                    Unmapped::KeptDirty
+    // SAFETY: `src` is a present page of a staging slot that is ours
+    // until `put_slot`.
+    let page = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
+    let out = if obj.swap().write((i * PAGE_SIZE) as u64, page).is_ok() {
+        mm.counters.inc(WRITEBACK);
+        Unmapped::WrittenBack
+    } else {
+        mm.counters.inc(IO_ERROR);
+        match obj.data(i) {
+            Ok(dst) => {
+                // SAFETY: the cache page is ours under the page lock.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, PAGE_SIZE) };
+                Unmapped::KeptDirty
+            }
+            Err(_) => {
+                // No cache area could be made to keep it in, and the page
+                // must not be lost: put it back where it was.
+                let back = obj.uffd(&mm.uffd).mv(addr, src, PAGE_SIZE, MODE_DONTWAKE);
+                let home = back.is_ok() || crate::sys::mem::page_present(src) != Ok(true);
+                if home {
+                    r.put_slot(s);
                 }
-                // No cache area could be made to keep it in.
-                Err(_) => Unmapped::Lost,
+                return Err(());
             }
         }
-    });
-    if let Some(src) = src {
-        let _ = madvise(src, PAGE_SIZE, libc::MADV_DONTNEED);
-    }
+    };
+    // Empty the slot before it is reused (the staging descriptor asks for
+    // no events, so this blocks on nothing).
+    let _ = madvise(src, PAGE_SIZE, libc::MADV_DONTNEED);
     r.put_slot(s);
-    out.ok_or(())
+    Ok(out)
 }
 
 /// Tries to evict page `i` of `obj`. Async-signal-safe.
@@ -214,25 +274,22 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
                 obj.cache.unlock(i, DIRTY, MAPPED | MOVED | CLEAN);
                 return Evict::Rotate;
             }
-            Ok(Unmapped::Lost) => {
-                mm.counters.inc(IO_ERROR);
-                obj.cache.unlock(
-                    i,
-                    crate::page_cache::POISONED,
-                    UPTODATE | MAPPED | MOVED | DIRTY | ON_LRU | CLEAN,
-                );
-                mm.uncharge(1);
+            Ok(Unmapped::Dropped) => {
+                mm.counters.inc(PAGE_DROPPED);
+                let clear = crate::mmap::discard_page(mm, obj, i, w);
+                obj.cache
+                    .unlock(i, 0, clear | ON_LRU | LRU_BATCHED | REFERENCED);
                 return Evict::Drop;
             }
         }
         obj.cache.update(i, 0, MAPPED);
     }
-    if dirty && !written && obj.store.writable() {
+    if dirty && !written && obj.swap().writable() {
         // SAFETY: page lock held and the page is not mapped: nobody else
         // reads or writes its cached contents.
         let buf = unsafe { obj.page_mut(i) };
         if buf
-            .map(|b| obj.store.write((i * PAGE_SIZE) as u64, b))
+            .map(|b| obj.swap().write((i * PAGE_SIZE) as u64, b))
             .map_or(true, |r| r.is_err())
         {
             mm.counters.inc(IO_ERROR);
@@ -250,7 +307,14 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     if w & MOVED == 0 {
         let _ = obj.free_data(i, 1);
     }
-    let swapped = if obj.zero_fill && dirty { SWAPPED } else { 0 };
+    // An anonymous page written out now lives in swap; one dropped clean
+    // keeps whatever it had (its source, or an older swap copy that is
+    // still its contents).
+    let swapped = if obj.kind == InstallKind::Anonymous && dirty {
+        SWAPPED
+    } else {
+        0
+    };
     obj.cache.unlock(
         i,
         swapped,

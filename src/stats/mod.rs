@@ -83,6 +83,24 @@ counters! {
     /// `UFFDIO_WAKE` calls by handler threads: one per run of adjacent
     /// pages in a batch of fault messages (installs never wake).
     UFFD_WAKE => "uffd_wake",
+    /// Faults on a page the engine had installed that was no longer mapped
+    /// (the kernel unmapped a shared page, e.g. DAMON's pageout), mapped
+    /// again.
+    REINSTALL => "reinstall",
+    /// Faults on a page the engine had installed whose contents were gone
+    /// (the application dropped an anonymous page with madvise, or punched
+    /// a shared page's memory): the page started over from its source.
+    PAGE_DROPPED => "page_dropped",
+    /// Install or eviction ioctls that reported an error although they had
+    /// done their work (this kernel's `UFFDIO_MOVE` can return EEXIST after
+    /// moving the page), found out by looking where the page is.
+    IOCTL_DID_WORK => "ioctl_did_work",
+    /// Non-cooperative events read: `madvise(MADV_DONTNEED)` and the like.
+    EVENT_REMOVE => "event_remove",
+    /// Non-cooperative events read: `munmap` of region memory.
+    EVENT_UNMAP => "event_unmap",
+    /// Non-cooperative events read: `mremap` that moved region memory.
+    EVENT_REMAP => "event_remap",
 }
 
 const N: usize = Counter::ALL.len();

@@ -219,6 +219,24 @@ pub fn madvise(addr: usize, len: usize, advice: i32) -> Result<(), i32> {
     }
 }
 
+/// Whether the page at `addr` is present in this process's page tables
+/// (`mincore`): what an ioctl's error code may not say. For private
+/// anonymous memory, present means mapped by a PTE. Never touches the
+/// page, so it cannot fault. `Err` if `addr` is not mapped at all.
+/// Async-signal-safe.
+#[inline]
+pub fn page_present(addr: usize) -> Result<bool, i32> {
+    let mut v = 0u8;
+    // SAFETY: mincore writes one byte per page of the (one-page) range
+    // into `v`; it only inspects page tables.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, 4096, &mut v) };
+    if rc == 0 {
+        Ok(v & 1 != 0)
+    } else {
+        Err(super::errno())
+    }
+}
+
 /// `mprotect`.
 pub fn mprotect(addr: usize, len: usize, prot: i32) -> Result<(), i32> {
     // SAFETY: changes protection of a range the engine owns.

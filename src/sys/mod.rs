@@ -32,6 +32,14 @@ pub fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
+/// Sets the calling thread's `errno` (the SIGBUS handler restores the
+/// interrupted code's). Async-signal-safe.
+#[inline]
+pub fn set_errno(e: i32) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e };
+}
+
 /// Monotonic clock in nanoseconds. `clock_gettime` is async-signal-safe (and
 /// served from the vDSO).
 #[inline]
