@@ -97,11 +97,23 @@ pub struct Mm {
     pub lock: GlobalLock,
     /// The region table.
     pub table: Rcu<Table>,
-    /// The pager's userfaultfd: every region is registered with it, except
-    /// with per-region delivery, where each has its own
-    /// ([`crate::object::Object::uffd`]) and this one holds only reclaim's
-    /// staging area.
+    /// The pager's userfaultfd for regions whose pages the application's
+    /// `madvise` must reach ([`crate::events`]): anonymous regions mapped
+    /// writable. It reports `munmap`, `mremap` and `madvise` on them. With
+    /// per-region delivery every region has a descriptor of its own
+    /// instead ([`Mm::uffd_for`]).
     pub uffd: Uffd,
+    /// The pager's userfaultfd for the other regions (shared ones, and
+    /// anonymous ones mapped read-only): it reports `munmap` and `mremap`
+    /// only, so reclaim's batched `MADV_DONTNEED` of their clean pages
+    /// raises no event.
+    pub uffd_quiet: Uffd,
+    /// The application's own calls on region memory, and the gate that
+    /// keeps faults and reclaim out while the engine applies them.
+    pub events: crate::events::Events,
+    /// Live pieces of each region (by region id): their start addresses.
+    pub(crate) regions: std::sync::Mutex<std::collections::HashMap<u64, Vec<usize>>>,
+    next_id: AtomicU64,
     /// Per-region descriptors and their handlers (per-region delivery only;
     /// set once, right after the address space is made).
     pub per_region: std::sync::OnceLock<crate::delivery::per_region::PerRegion>,
@@ -124,8 +136,9 @@ pub struct Mm {
 }
 
 impl Mm {
-    /// A new, empty address space over `uffd`.
-    pub fn new(uffd: Uffd, config: Config) -> Result<Mm, (&'static str, i32)> {
+    /// A new, empty address space over `uffd` (and `uffd_quiet`: see the
+    /// fields).
+    pub fn new(uffd: Uffd, uffd_quiet: Uffd, config: Config) -> Result<Mm, (&'static str, i32)> {
         let lru = Lru::new(config.lru_shards, config.budget_pages as usize)
             .map_err(|e| ("mmap LRU", e))?;
         let reclaim = Reclaim::new()?;
@@ -133,6 +146,10 @@ impl Mm {
             lock: GlobalLock::new(),
             table: Rcu::new(Table::default()),
             uffd,
+            uffd_quiet,
+            events: Default::default(),
+            regions: Default::default(),
+            next_id: AtomicU64::new(1),
             per_region: std::sync::OnceLock::new(),
             config,
             counters: Counters::default(),
@@ -143,6 +160,32 @@ impl Mm {
             reclaim,
             readahead: Default::default(),
         })
+    }
+
+    /// The descriptor `obj`'s mapping is registered with: its own
+    /// (per-region delivery) or one of the pager's. Async-signal-safe (two
+    /// loads).
+    #[inline]
+    pub fn uffd_for<'a>(&'a self, obj: &'a Object) -> &'a Uffd {
+        match obj.region_uffd.get() {
+            Some(u) => u,
+            None => self.pager_uffd(obj.quiet),
+        }
+    }
+
+    /// The pager's descriptor for quiet or event-reporting regions.
+    #[inline]
+    pub fn pager_uffd(&self, quiet: bool) -> &Uffd {
+        if quiet {
+            &self.uffd_quiet
+        } else {
+            &self.uffd
+        }
+    }
+
+    /// A fresh region id.
+    pub(crate) fn next_region_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Relaxed)
     }
 
     /// `lock_vma_under_rcu`: finds the region of `addr` without the global

@@ -21,6 +21,7 @@ pub mod address_space;
 pub mod bench;
 pub mod delivery;
 pub mod error;
+pub mod events;
 pub mod fault;
 pub mod inject;
 pub mod lru;

@@ -1,28 +1,36 @@
-//! Writers on the address space: map, unmap, remap, protect. Each takes the
-//! global lock for write and write-locks every region it touches, as the
-//! kernel's `mmap_write_lock` + `vma_start_write`.
+//! Writers on the address space: map, unmap, remap, protect, dontneed.
+//! Each takes the global lock for write and write-locks every region it
+//! touches, as the kernel's `mmap_write_lock` + `vma_start_write`.
+//!
+//! The engine's own calls never raise a non-cooperative event (they would
+//! block on the event reader): a range is unregistered before the engine
+//! unmaps or moves it, and anonymous pages leave mappings by `UFFDIO_MOVE`.
+//! The application's own calls do raise them; [`crate::events`] applies
+//! them with the helpers at the end of this file.
 
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
-use crate::object::{InstallKind, Object};
+use crate::object::{InstallKind, Object, Window};
 use crate::page_cache::{
     CLEAN, DIRTY, LRU_BATCHED, MAPPED, MOVED, ON_LRU, POISONED, READAHEAD, SWAPPED, UPTODATE,
 };
-use crate::sys::mem::{mprotect, Mapping};
+use crate::sys::mem::{madvise, mprotect, Mapping};
 use crate::sys::uffd::mode;
 use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
+use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
 fn register_mode(obj: &Object) -> u64 {
-    let wp = if obj.tracks_writes() { mode::WP } else { 0 };
-    wp | match obj.kind {
+    match obj.kind {
         InstallKind::Anonymous => mode::MISSING,
         // MINOR catches pages present in the memfd but not mapped; MISSING
         // catches holes (absent pages), which would otherwise be zero-filled
-        // by the kernel. Both are resolved by filling the memfd through the
-        // alias and UFFDIO_CONTINUE.
-        InstallKind::Shared => mode::MINOR | mode::MISSING,
+        // by the kernel. Both are resolved by filling the memfd and
+        // UFFDIO_CONTINUE. WP: pages are installed write-protected (see
+        // `Object::install_wp`), for dirty tracking over a writable store
+        // and to refuse writes to a read-only one.
+        InstallKind::Shared => mode::MINOR | mode::MISSING | mode::WP,
     }
 }
 
@@ -57,6 +65,7 @@ pub struct Placement {
 
 impl Mm {
     /// Maps `len` bytes of `object` (from page 0) and registers the range.
+    /// Returns the region's id and start.
     pub fn map(
         &self,
         object: Arc<Object>,
@@ -64,7 +73,8 @@ impl Mm {
         writable: bool,
         at: Placement,
         pinned: bool,
-    ) -> Result<usize> {
+    ) -> Result<(u64, usize)> {
+        self.events.quiesce();
         let _w = self.lock.write();
         let (hint, fixed) = at.fixed.map_or((0, false), |a| (a, true));
         if fixed && self.table.read(|t| t.overlaps(hint, hint + len, None)) {
@@ -82,32 +92,38 @@ impl Mm {
             e => Error::sys("mmap", e),
         })?;
         let start = m.addr();
+        // The kernel gave us this range, so whatever the table still holds
+        // there was unmapped by the application and its event is not read
+        // yet: apply it now.
+        self.events.apply_stale(self, start, start + len);
+        // A fork()ed child gets no copy of region memory: its touches are a
+        // clean SIGSEGV, and the engine refuses to work in a child (see
+        // `crate::fork`).
+        madvise(start, len, libc::MADV_DONTFORK).map_err(|e| Error::sys("madvise", e))?;
+        if !writable {
+            mprotect(start, len, libc::PROT_READ).map_err(|e| Error::sys("mprotect", e))?;
+        }
         let Some(slot) = self.objects.insert(&object) else {
             return Err(Error::Config(format!(
                 "too many mapped objects (at most {})",
                 crate::rmap::MAX_OBJECTS
             )));
         };
-        object
-            .slot
-            .store(slot, std::sync::atomic::Ordering::Release);
-        object
-            .mapped_at
-            .store(start, std::sync::atomic::Ordering::Release);
-        if !writable {
-            mprotect(start, len, libc::PROT_READ).map_err(|e| Error::sys("mprotect", e))?;
-        }
+        object.slot.store(slot, Release);
         let own = match self.per_region.get() {
-            Some(p) => Some(p.open().map_err(|e| {
-                self.objects.remove(slot);
-                Error::Io {
-                    context: "opening a region's userfaultfd".into(),
-                    source: e,
+            Some(p) => match p.open(object.quiet) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    self.objects.remove(slot);
+                    return Err(Error::Io {
+                        context: "opening a region's userfaultfd".into(),
+                        source: e,
+                    });
                 }
-            })?),
+            },
             None => None,
         };
-        let uffd = own.as_deref().unwrap_or(&self.uffd);
+        let uffd = own.as_deref().unwrap_or(self.pager_uffd(object.quiet));
         if let Err(e) = uffd.register(start, len, register_mode(&object)) {
             self.objects.remove(slot);
             if let (Some(p), Some(u)) = (self.per_region.get(), &own) {
@@ -118,62 +134,133 @@ impl Mm {
         if let Some(u) = own {
             let _ = object.region_uffd.set(u);
         }
+        let id = self.next_region_id();
         let mut vma = Vma::new(start, len, 0, object, writable);
         vma.pinned = pinned;
-        let vma = Arc::new(vma);
-        self.table.update(|t| {
-            let mut t = t.clone();
-            t.insert(vma.clone());
-            t
-        });
+        vma.id = id;
+        vma.object.windows.set(&[vma.window()]);
+        self.publish(&[], &[Arc::new(vma)]);
         // The region now owns the range; unmap releases it.
         let _ = m.into_raw();
-        Ok(start)
+        Ok((id, start))
     }
 
-    fn find_exact(&self, start: usize) -> Result<Arc<Vma>> {
-        self.table
-            .read(|t| t.find(start).filter(|v| v.start == start).cloned())
-            .ok_or(Error::Config(format!("no region starts at {start:#x}")))
+    /// The pieces of region `id`, in address order.
+    pub(crate) fn pieces(&self, id: u64) -> Vec<Arc<Vma>> {
+        let spans = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(starts) = spans.get(&id) else {
+            return Vec::new();
+        };
+        self.table.read(|t| {
+            starts
+                .iter()
+                .filter_map(|&s| t.find(s).filter(|v| v.start == s && v.id == id).cloned())
+                .collect()
+        })
     }
 
-    /// Unmaps the region starting at `start`: detach, unregister, unmap,
-    /// write back (shared objects over writable stores) and free.
-    pub fn unmap(&self, start: usize) -> Result<()> {
+    /// The one piece of region `id`, or an error if the application split
+    /// it or unmapped it all.
+    fn only_piece(&self, id: u64) -> Result<Arc<Vma>> {
+        let mut p = self.pieces(id);
+        match p.len() {
+            1 => Ok(p.pop().unwrap()),
+            0 => Err(Error::Config(
+                "the region's memory was unmapped by the application".into(),
+            )),
+            n => Err(Error::Config(format!(
+                "the application split the region into {n} pieces with its own munmap/mremap"
+            ))),
+        }
+    }
+
+    /// Replaces `old` VMAs by `new` ones in the table and in the region
+    /// index (the caller holds the global lock for write).
+    pub(crate) fn publish(&self, old: &[Arc<Vma>], new: &[Arc<Vma>]) {
+        self.table.update(|t| {
+            let mut t = t.clone();
+            for v in old {
+                t.remove(v);
+            }
+            for v in new {
+                t.insert(v.clone());
+            }
+            t
+        });
+        let mut r = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        for v in old {
+            if let Some(s) = r.get_mut(&v.id) {
+                s.retain(|&x| x != v.start);
+                if s.is_empty() {
+                    r.remove(&v.id);
+                }
+            }
+        }
+        for v in new {
+            let s = r.entry(v.id).or_default();
+            if let Err(k) = s.binary_search(&v.start) {
+                s.insert(k, v.start);
+            }
+        }
+    }
+
+    /// Unmaps every piece of region `id`: detach, unregister, unmap, and
+    /// release the object (writing back a shared object over a writable
+    /// store).
+    pub fn unmap(&self, id: u64) -> Result<()> {
+        self.events.quiesce();
         let w = self.lock.write();
-        let vma = self.find_exact(start)?;
-        vma.lock.write_lock();
-        vma.lock.mark_detached();
-        let (s, e) = (vma.start, vma.end);
-        self.table.update(|t| {
-            let mut t = t.clone();
-            t.remove(&vma);
-            t.dying.push((s, e));
-            t
-        });
-        crate::inject::after_detach(&vma);
-        let _ = vma.object.uffd(&self.uffd).unregister(s, e - s);
-        // SAFETY: the region owned this range since `map`/`remap`.
-        drop(unsafe { Mapping::from_raw(s, e - s) });
-        self.table.update(|t| {
-            let mut t = t.clone();
-            t.dying.retain(|&r| r != (s, e));
-            t
-        });
-        vma.lock.write_unlock();
+        let pieces = self.pieces(id);
+        let mut objects = Vec::new();
+        for vma in &pieces {
+            vma.lock.write_lock();
+            vma.lock.mark_detached();
+            let (s, e) = (vma.start, vma.end);
+            self.table.update(|t| {
+                let mut t = t.clone();
+                t.dying.push((s, e));
+                t
+            });
+            self.publish(std::slice::from_ref(vma), &[]);
+            crate::inject::after_detach(vma);
+            // Unregistered first, so that the munmap raises no event.
+            let _ = self.uffd_for(&vma.object).unregister(s, e - s);
+            // The dying range leaves the table before the range is freed:
+            // another pager may map it next, and its faults must not find
+            // this one's claim.
+            self.table.update(|t| {
+                let mut t = t.clone();
+                t.dying.retain(|&r| r != (s, e));
+                t
+            });
+            // SAFETY: the region owned this range since `map`/`remap`.
+            drop(unsafe { Mapping::from_raw(s, e - s) });
+            vma.lock.write_unlock();
+            let (first, end, _) = vma.window();
+            vma.object.windows.replace(first, end, &[]);
+            for i in first..end {
+                vma.object.cache.update(i, 0, MAPPED);
+            }
+            objects.push(vma.object.clone());
+        }
+        drop(pieces);
         drop(w);
         // The region's own handler (per-region delivery) may have been
         // waiting for the global lock: stop it only now.
-        if let (Some(p), Some(u)) = (self.per_region.get(), vma.object.region_uffd.get()) {
-            p.close(u);
+        let mut r = Ok(());
+        objects.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        for obj in objects {
+            if let (Some(p), Some(u)) = (self.per_region.get(), obj.region_uffd.get()) {
+                if obj.windows.get().is_empty() {
+                    p.close(u);
+                }
+            }
+            let x = self.release_object(obj);
+            if r.is_ok() {
+                r = x;
+            }
         }
-        let obj = vma.object.clone();
-        obj.mapped_at.store(0, std::sync::atomic::Ordering::Release);
-        for i in vma.pages() {
-            obj.cache.update(i, 0, MAPPED);
-        }
-        drop(vma);
-        self.release_object(obj)
+        r
     }
 
     /// Drops a reference to `obj`; the last one writes dirty pages back,
@@ -184,7 +271,7 @@ impl Mm {
         }
         // No region maps it any more: take it out of the rmap so reclaim
         // cannot reach it, then wait for evictions already under way.
-        let slot = obj.slot.load(std::sync::atomic::Ordering::Acquire);
+        let slot = obj.slot.load(Acquire);
         self.objects.remove(slot);
         obj.wait_unpinned();
         let r = self.writeback_object(&obj);
@@ -210,7 +297,7 @@ impl Mm {
 
     /// Writes every dirty page of a shared object back to its store (the
     /// msync analog), write-protecting mapped pages again so the next write
-    /// is seen.
+    /// is seen. Anonymous objects are private copies: nothing to write.
     pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
         if obj.kind != InstallKind::Shared || !obj.store.writable() {
             return Ok(());
@@ -227,13 +314,12 @@ impl Mm {
             // A mapped page is write-protected again first, so a write that
             // races the write-back faults, waits for the page lock and
             // marks the page dirty anew.
-            let base = obj.mapped_at.load(std::sync::atomic::Ordering::Acquire);
             let reprotected = w & MAPPED == 0
-                || (base != 0
-                    && obj
-                        .uffd(&self.uffd)
-                        .writeprotect(base + i * PAGE_SIZE, PAGE_SIZE, true, false)
-                        .is_ok());
+                || obj.windows.addr_of(i).is_some_and(|a| {
+                    self.uffd_for(obj)
+                        .writeprotect(a, PAGE_SIZE, true, false)
+                        .is_ok()
+                });
             // SAFETY: we hold the page lock; the contents are only read.
             let r = match unsafe { obj.page_mut(i) } {
                 Ok(buf) => obj.store.write((i * PAGE_SIZE) as u64, buf),
@@ -251,17 +337,33 @@ impl Mm {
     /// `MADV_DONTNEED` over `[addr, addr+len)` of one region: the pages
     /// leave the user mapping. Shared pages stay in the page cache (the next
     /// access is a minor fault); anonymous contents are discarded (the next
-    /// access reads zeros), as with the kernel's madvise. Takes the global
-    /// lock for read, as madvise takes `mmap_lock`.
+    /// access reads what the source holds), as with the kernel's madvise.
     pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
         const CHUNK: usize = 64;
+        self.events.quiesce();
+        let quiet = {
+            let _g = self.lock.read();
+            let vma = self
+                .find_vma_locked(addr)
+                .filter(|v| addr + len <= v.end)
+                .ok_or(Error::Config(format!(
+                    "{addr:#x}+{len:#x} is not inside one region"
+                )))?;
+            vma.object.quiet
+        };
+        if !quiet {
+            // The region's descriptor reports the application's madvise:
+            // this one is applied by the same event, as the application's
+            // own would be. No engine lock is held across it (the event
+            // reader takes them).
+            return madvise(addr, len, libc::MADV_DONTNEED)
+                .map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e));
+        }
         let _g = self.lock.read();
         let vma = self
             .find_vma_locked(addr)
             .filter(|v| addr + len <= v.end)
-            .ok_or(Error::Config(format!(
-                "{addr:#x}+{len:#x} is not inside one region"
-            )))?;
+            .ok_or(Error::Config("the region changed".into()))?;
         let obj = &vma.object;
         let first = vma.page_index(addr);
         let last = vma.page_index(addr + len - 1) + 1;
@@ -271,11 +373,7 @@ impl Mm {
             for p in i..end {
                 obj.cache.lock(p);
             }
-            let r = crate::sys::mem::madvise(
-                vma.addr_of(i),
-                (end - i) * PAGE_SIZE,
-                libc::MADV_DONTNEED,
-            );
+            let r = madvise(vma.addr_of(i), (end - i) * PAGE_SIZE, libc::MADV_DONTNEED);
             for p in i..end {
                 if obj.kind == InstallKind::Shared || r.is_err() {
                     obj.cache.unlock(p, 0, if r.is_ok() { MAPPED } else { 0 });
@@ -290,39 +388,51 @@ impl Mm {
         Ok(())
     }
 
-    /// Changes the protection of the region at `start`.
-    pub fn protect(&self, start: usize, writable: bool) -> Result<()> {
+    /// Changes the protection of every piece of region `id`.
+    pub fn protect(&self, id: u64, writable: bool) -> Result<()> {
+        self.events.quiesce();
         let _w = self.lock.write();
-        let vma = self.find_exact(start)?;
-        vma.lock.write_lock();
+        let pieces = self.pieces(id);
+        if let Some(v) = pieces.first() {
+            if writable && v.object.kind == InstallKind::Shared && !v.object.store.writable() {
+                return Err(Error::ReadOnlyStore);
+            }
+        }
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
         } else {
             libc::PROT_READ
         };
-        let r = mprotect(vma.start, vma.len(), prot);
-        if r.is_ok() {
-            vma.writable
-                .store(writable, std::sync::atomic::Ordering::Release);
-            // Writable now: its anonymous pages may change without a fault,
-            // so none is clean any more. Reclaim re-checks CLEAN under this
-            // region's read lock, which it holds until its zap.
-            if writable && vma.object.kind == InstallKind::Anonymous {
-                for i in vma.pages() {
-                    vma.object.cache.update(i, 0, CLEAN);
+        for vma in &pieces {
+            vma.lock.write_lock();
+            let r = mprotect(vma.start, vma.len(), prot);
+            if r.is_ok() {
+                vma.writable.store(writable, Release);
+                // Writable now: its anonymous pages may change without a
+                // fault, so none is clean any more. Reclaim re-checks CLEAN
+                // under this region's read lock, which it holds until its
+                // zap.
+                if writable && vma.object.kind == InstallKind::Anonymous {
+                    for i in vma.pages() {
+                        vma.object.cache.update(i, 0, CLEAN);
+                    }
                 }
             }
+            vma.lock.write_unlock();
+            r.map_err(|e| Error::sys("mprotect", e))?;
         }
-        vma.lock.write_unlock();
-        r.map_err(|e| Error::sys("mprotect", e))
+        Ok(())
     }
 
-    /// Grows, shrinks or moves the region at `start` to `new_len` bytes
-    /// (at `new_addr` if given). Returns the new start. The old region is
-    /// detached and a new one published, as the kernel replaces VMAs.
-    pub fn remap(&self, start: usize, new_len: usize, new_addr: Option<usize>) -> Result<usize> {
+    /// Grows, shrinks or moves region `id`, which starts at `start`, to
+    /// `new_len` bytes (at `new_addr` if given). Returns the new start. The
+    /// old region is detached and a new one published, as the kernel
+    /// replaces VMAs.
+    pub fn remap(&self, id: u64, new_len: usize, new_addr: Option<usize>) -> Result<usize> {
+        self.events.quiesce();
         let _w = self.lock.write();
-        let old = self.find_exact(start)?;
+        let old = self.only_piece(id)?;
+        let start = old.start;
         let old_len = old.len();
         let cap = (old.object.npages() - old.pgoff) * PAGE_SIZE;
         if new_len > cap {
@@ -332,15 +442,36 @@ impl Mm {
                 region_len: cap,
             });
         }
-        if let Some(a) = new_addr {
-            if self.table.read(|t| t.overlaps(a, a + new_len, Some(&old))) {
+        // A fixed target is reserved first (never replacing anything that
+        // is mapped there: the heap, a stack, another library's memory),
+        // and mremap then replaces only our own reservation.
+        let target = match new_addr {
+            Some(a) if self.table.read(|t| t.overlaps(a, a + new_len, Some(&old))) => {
                 return Err(Error::Overlap {
                     addr: a,
                     len: new_len,
-                });
+                })
             }
-        }
+            Some(a) if a < start + old_len && start < a + new_len => {
+                return Err(Error::Overlap {
+                    addr: a,
+                    len: new_len,
+                })
+            }
+            Some(a) => Some(Mapping::reserve_at(a, new_len).map_err(|e| match e {
+                libc::EEXIST => Error::Overlap {
+                    addr: a,
+                    len: new_len,
+                },
+                e => Error::sys("mmap", e),
+            })?),
+            None => None,
+        };
         old.lock.write_lock();
+        // Unregistered first, so the move (and the tail a shrink unmaps)
+        // raises no event.
+        let uffd = self.uffd_for(&old.object);
+        let _ = uffd.unregister(start, old_len);
         // Shrinking drops the tail's PTEs. Shared pages stay in the memfd
         // (cached); anonymous memory past the end is discarded, as the
         // kernel does: those pages read as zeros if the region grows again.
@@ -362,8 +493,7 @@ impl Mm {
             None => 0,
         };
         // SAFETY: remaps a range the region owns; with MREMAP_FIXED the
-        // target was checked free of regions (the kernel replaces whatever
-        // else is there, as mremap(2) documents).
+        // target is our own reservation (made above, over free addresses).
         let p = unsafe {
             libc::mremap(
                 start as *mut libc::c_void,
@@ -374,36 +504,91 @@ impl Mm {
             )
         };
         if p == libc::MAP_FAILED {
+            let e = crate::sys::errno();
+            let _ = uffd.register(start, old_len, register_mode(&old.object));
             old.lock.write_unlock();
-            return Err(Error::sys("mremap", crate::sys::errno()));
+            return Err(Error::sys("mremap", e));
+        }
+        if let Some(t) = target {
+            // mremap replaced the reservation.
+            let _ = t.into_raw();
         }
         let new_start = p as usize;
-        old.object
-            .mapped_at
-            .store(new_start, std::sync::atomic::Ordering::Release);
         let new = Arc::new(old.resized(new_start, new_len));
         new.lock.write_lock();
         old.lock.mark_detached();
-        self.table.update(|t| {
-            let mut t = t.clone();
-            t.remove(&old);
-            t.insert(new.clone());
-            t
-        });
-        // A moved or grown range may have lost (or lack) its registration;
-        // a moved one also lost its write protection (the kernel clears
-        // uffd-wp bits on mremap without EVENT_REMAP): protect it again so
-        // the next write to each page is seen.
-        let uffd = new.object.uffd(&self.uffd);
-        let mut r = uffd.register(new_start, new_len, register_mode(&new.object));
-        if r.is_ok() && new.object.tracks_writes() && new_start != start {
-            r = uffd
-                .writeprotect(new_start, new_len, true, false)
-                .map(|_| 0);
+        let (first, end, _) = old.window();
+        old.object.windows.replace(first, end, &[new.window()]);
+        self.publish(std::slice::from_ref(&old), std::slice::from_ref(&new));
+        // Registered again; the unregister cleared the write protection of
+        // tracked pages, so they are protected again and the next write to
+        // each is seen.
+        let r = uffd.register(new_start, new_len, register_mode(&new.object));
+        if r.is_ok()
+            && new.object.kind == InstallKind::Shared
+            && uffd.writeprotect(new_start, new_len, true, false).is_err()
+        {
+            // EAGAIN: an event is waiting, and it cannot be applied while
+            // we hold the global lock. Without the protection a write to a
+            // clean page would go unseen, so every mapped page counts as
+            // dirty instead (written back once, needlessly at worst).
+            if new.object.tracks_writes() {
+                for i in new.pages() {
+                    if new.object.cache.load(i) & MAPPED != 0 {
+                        new.object.cache.update(i, DIRTY, 0);
+                    }
+                }
+            }
         }
         old.lock.write_unlock();
         new.lock.write_unlock();
         r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
         Ok(new_start)
     }
+}
+
+/// What the application's own `munmap` or `mremap` did to one VMA: the
+/// pieces it leaves in place, and the piece it moved (and where).
+pub(crate) struct Cut {
+    /// New VMAs for the parts of the old one outside the range.
+    pub kept: Vec<Arc<Vma>>,
+    /// The part inside the range, moved to a new start (`mremap`), if any.
+    pub moved: Option<Arc<Vma>>,
+}
+
+/// Cuts `[s, e)` out of `vma` (the caller holds the global write lock and
+/// the event gate): the parts outside stay; the part inside moves to `to`
+/// (an `mremap` the application made), or is gone (`munmap`): then its
+/// anonymous pages are discarded and its shared pages stay cached,
+/// unmapped. Updates the object's windows; the caller publishes.
+pub(crate) fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<usize>) -> Cut {
+    let (cs, ce) = (s.max(vma.start), e.min(vma.end));
+    vma.lock.write_lock();
+    vma.lock.mark_detached();
+    let obj = &vma.object;
+    if to.is_none() {
+        for i in vma.page_index(cs)..vma.page_index(ce - 1) + 1 {
+            if obj.kind == InstallKind::Shared {
+                obj.cache.update(i, 0, MAPPED);
+                continue;
+            }
+            let w = obj.cache.lock(i);
+            let clear = discard_page(mm, obj, i, w);
+            obj.cache.unlock(i, 0, clear);
+        }
+    }
+    let mut kept = Vec::new();
+    if vma.start < cs {
+        kept.push(Arc::new(vma.slice(vma.start, cs, vma.start)));
+    }
+    if ce < vma.end {
+        kept.push(Arc::new(vma.slice(ce, vma.end, ce)));
+    }
+    let moved = to.map(|t| Arc::new(vma.slice(cs, ce, t + (cs - s))));
+    let mut windows: Vec<Window> = kept.iter().map(|v| v.window()).collect();
+    windows.extend(moved.iter().map(|v| v.window()));
+    let (first, end, _) = vma.window();
+    obj.windows.replace(first, end, &windows);
+    vma.lock.write_unlock();
+    Cut { kept, moved }
 }

@@ -86,6 +86,12 @@ pub struct Object {
     /// The source is all zeros (anonymous memory): a page that was never
     /// swapped out is a zero page, with no store read.
     pub zero_fill: bool,
+    /// Registered with the pager's quiet descriptor, which reports the
+    /// application's `munmap` and `mremap` but not its `madvise`: shared
+    /// objects (whose data `MADV_DONTNEED` keeps) and anonymous objects
+    /// mapped read-only (whose pages equal their source). Set before the
+    /// object is mapped.
+    pub quiet: bool,
     backing: Backing,
     /// Attempts working on this object with their lock dropped, and
     /// reclaim's references while it evicts a page. On a cache line of its
@@ -95,9 +101,9 @@ pub struct Object {
     pins: OwnLine<AtomicU32>,
     /// Slot in the pager's reverse map ([`crate::rmap`]); `u32::MAX` if none.
     pub slot: AtomicU32,
-    /// User address where page 0 is mapped (0: not mapped). Changed by
-    /// writers under the global write lock; read by reclaim.
-    pub mapped_at: AtomicUsize,
+    /// Where the object's pages are mapped: the reverse map reclaim and
+    /// write-back use to find a page's user address.
+    pub windows: Windows,
     /// Readahead state (`file_ra_state`): where the next sequential fault
     /// is expected, the current window, and the end of what was requested.
     pub ra_next: AtomicU32,
@@ -114,6 +120,88 @@ pub struct Object {
     pub fa_next: AtomicU32,
     /// Fault-around cluster in pages (0: the configured base).
     pub fa_window: AtomicU32,
+}
+
+/// Most windows one object can be mapped through at once. A region the
+/// application splits with its own `munmap` maps its object through one
+/// window per piece; pieces past this many are not found by reclaim, so
+/// their pages stay resident until the region goes.
+pub const WINDOWS: usize = 4;
+
+/// The object's mapped windows: `(first page, end page, base)` where page
+/// `i` of the window is at `base + i * PAGE_SIZE`. Written by address-space
+/// writers (under the global write lock, so one at a time), read
+/// locklessly by reclaim under a sequence count (a seqlock).
+#[derive(Debug, Default)]
+pub struct Windows {
+    seq: AtomicU32,
+    w: [[AtomicUsize; 3]; WINDOWS],
+}
+
+/// One window: object pages `[first, end)` at `base + i * PAGE_SIZE`.
+pub type Window = (usize, usize, usize);
+
+impl Windows {
+    /// The user address of page `i`, if a window maps it. Async-signal-safe.
+    #[inline]
+    pub fn addr_of(&self, i: usize) -> Option<usize> {
+        loop {
+            let s = self.seq.load(Acquire);
+            if s & 1 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut found = None;
+            for w in &self.w {
+                let (first, end) = (w[0].load(Relaxed), w[1].load(Relaxed));
+                if i >= first && i < end {
+                    found = Some(w[2].load(Relaxed).wrapping_add(i * PAGE_SIZE));
+                    break;
+                }
+            }
+            std::sync::atomic::fence(Acquire);
+            if self.seq.load(Relaxed) == s {
+                return found;
+            }
+        }
+    }
+
+    /// The windows now (for writers).
+    pub fn get(&self) -> Vec<Window> {
+        self.w
+            .iter()
+            .map(|w| (w[0].load(Relaxed), w[1].load(Relaxed), w[2].load(Relaxed)))
+            .filter(|w| w.1 > w.0)
+            .collect()
+    }
+
+    /// Replaces the windows (the caller holds the global write lock).
+    /// Returns false if there were more than [`WINDOWS`] (the rest are
+    /// dropped: their pages are then out of reclaim's reach).
+    pub fn set(&self, list: &[Window]) -> bool {
+        self.seq.fetch_add(1, Acquire);
+        std::sync::atomic::fence(Release);
+        for (k, w) in self.w.iter().enumerate() {
+            let (first, end, base) = list.get(k).copied().unwrap_or((0, 0, 0));
+            w[0].store(first, Relaxed);
+            w[1].store(end, Relaxed);
+            w[2].store(base, Relaxed);
+        }
+        self.seq.fetch_add(1, Release);
+        list.len() <= WINDOWS
+    }
+
+    /// Replaces the window covering exactly `[first, end)` (if any) by
+    /// `new`; returns [`Windows::set`]'s answer.
+    pub fn replace(&self, first: usize, end: usize, new: &[Window]) -> bool {
+        let mut list: Vec<Window> = self
+            .get()
+            .into_iter()
+            .filter(|w| (w.0, w.1) != (first, end))
+            .collect();
+        list.extend(new.iter().copied().filter(|w| w.1 > w.0));
+        self.set(&list)
+    }
 }
 
 /// Keeps an object alive while a fault works on it with its lock dropped
@@ -185,10 +273,11 @@ impl Object {
             swap,
             cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,
             zero_fill,
+            quiet: kind == InstallKind::Shared,
             backing,
             pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),
-            mapped_at: AtomicUsize::new(0),
+            windows: Windows::default(),
             ra_next: AtomicU32::new(u32::MAX),
             ra_window: AtomicU32::new(0),
             region_uffd: std::sync::OnceLock::new(),
@@ -196,13 +285,6 @@ impl Object {
             fa_next: AtomicU32::new(u32::MAX),
             fa_window: AtomicU32::new(0),
         })
-    }
-
-    /// The descriptor this object's mapping is registered with: its own
-    /// (per-region delivery) or `pager`'s. Async-signal-safe (one load).
-    #[inline]
-    pub fn uffd<'a>(&'a self, pager: &'a Uffd) -> &'a Uffd {
-        self.region_uffd.get().map_or(pager, |u| u)
     }
 
     /// Pins the object; call while a lock keeps it alive.
@@ -226,6 +308,16 @@ impl Object {
     /// (the kernel's `page_mkwrite` for shared file mappings).
     pub fn tracks_writes(&self) -> bool {
         self.kind == InstallKind::Shared && self.store.writable()
+    }
+
+    /// Whether a shared page is mapped write-protected: always, but for a
+    /// write to a page over a writable store (which makes it dirty). Over a
+    /// read-only store every page stays protected, so a write (after the
+    /// application's own `mprotect(PROT_WRITE)`) faults and is refused with
+    /// SIGSEGV instead of changing a page no write-back would save.
+    #[inline]
+    pub fn install_wp(&self, write: bool) -> bool {
+        self.kind == InstallKind::Shared && !(write && self.store.writable())
     }
 
     /// Pages in the object.

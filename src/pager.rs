@@ -1,7 +1,7 @@
 //! The embedding API: [`Pager::builder`] → [`Pager`] → [`Region`]s.
 
 use crate::address_space::{Config, Mm};
-use crate::delivery::threads::HandlerPool;
+use crate::delivery::threads::{HandlerPool, Serve};
 use crate::delivery::{sigbus, Delivery};
 use crate::error::{Error, Result};
 use crate::fault::Policy;
@@ -129,50 +129,62 @@ impl PagerBuilder {
             None if in_thread => Want::UserModeOnly,
             None => Want::Any,
         };
-        let uffd = Uffd::open_as(features, want, !in_thread)
-            .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
+        let open = |quiet: bool| {
+            Uffd::open_as(crate::events::features(features, quiet), want, true)
+                .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))
+        };
+        let uffd = open(false)?;
+        let uffd_quiet = open(true)?;
         let umo = uffd.descriptor().user_mode_only;
-        let mm = Arc::new(Mm::new(uffd, self.config.clone()).map_err(|(op, e)| Error::sys(op, e))?);
+        let mm = Arc::new(
+            Mm::new(uffd, uffd_quiet, self.config.clone()).map_err(|(op, e)| Error::sys(op, e))?,
+        );
         if self.config.delivery == Delivery::PerRegion {
             let p = crate::delivery::per_region::PerRegion::new(features, umo, Arc::downgrade(&mm));
             let _ = mm.per_region.set(p);
         }
-        let ra_threads = if self.config.readahead_pages > 0 {
-            crate::readahead::start(&mm, self.config.readahead_threads).map_err(|e| Error::Io {
-                context: "starting readahead threads".into(),
-                source: e,
-            })?
-        } else {
-            Vec::new()
+        // Threads start one by one into `inner`: if a later step fails,
+        // dropping it stops and joins the ones already running.
+        let mut inner = PagerInner {
+            mm: mm.clone(),
+            pool: None,
+            kswapd: None,
+            ra_threads: Vec::new(),
+            in_registry: false,
         };
-        let kswapd = if self.config.budget_pages > 0 && self.config.kswapd {
-            Some(crate::reclaim::start_kswapd(&mm).map_err(|e| Error::Io {
-                context: "starting kswapd".into(),
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |e| Error::Io {
+                context: format!("starting {what}"),
                 source: e,
-            })?)
-        } else {
-            None
-        };
-        let pool = match self.config.delivery {
-            Delivery::InThread => {
-                sigbus::register(&mm).map_err(|e| Error::sys("sigaction(SIGBUS)", e))?;
-                None
             }
-            Delivery::PerRegion => None,
-            Delivery::Threads { threads, spin_us } => Some(
-                HandlerPool::start(&mm, threads, spin_us).map_err(|e| Error::Io {
-                    context: "starting handler threads".into(),
-                    source: e,
-                })?,
-            ),
         };
+        if self.config.readahead_pages > 0 {
+            inner.ra_threads =
+                crate::readahead::start(&mm, self.config.readahead_threads, &mut inner.ra_threads)
+                    .map_err(io("readahead threads"))?;
+        }
+        if self.config.budget_pages > 0 && self.config.kswapd {
+            inner.kswapd = Some(crate::reclaim::start_kswapd(&mm).map_err(io("kswapd"))?);
+        }
+        inner.pool = match self.config.delivery {
+            // The descriptors carry events only: one thread reads them.
+            Delivery::InThread => Some(
+                HandlerPool::start_on(&mm, Serve::Events, 1, 0, "uffd-events")
+                    .map_err(io("the event reader"))?,
+            ),
+            // Every region has a descriptor and a thread of its own.
+            Delivery::PerRegion => None,
+            Delivery::Threads { threads, spin_us } => {
+                Some(HandlerPool::start(&mm, threads, spin_us).map_err(io("handler threads"))?)
+            }
+        };
+        if self.config.delivery.is_in_thread() {
+            sigbus::register(&mm).map_err(|e| Error::sys("sigaction(SIGBUS)", e))?;
+            inner.in_registry = true;
+        }
         Ok(Pager {
-            inner: Arc::new(PagerInner {
-                mm,
-                pool,
-                kswapd,
-                ra_threads,
-            }),
+            inner: Arc::new(inner),
             swap_dir: self.swap_dir,
         })
     }
@@ -220,6 +232,8 @@ pub(crate) struct PagerInner {
     pool: Option<HandlerPool>,
     kswapd: Option<std::thread::JoinHandle<()>>,
     ra_threads: Vec<std::thread::JoinHandle<()>>,
+    /// In the SIGBUS handler's registry.
+    in_registry: bool,
 }
 
 impl Drop for PagerInner {
@@ -240,7 +254,7 @@ impl Drop for PagerInner {
         if let Some(p) = self.mm.per_region.get() {
             p.close_all();
         }
-        if self.mm.config.delivery.is_in_thread() {
+        if self.in_registry {
             sigbus::unregister(&self.mm);
         }
     }
@@ -418,9 +432,12 @@ impl Pager {
             InstallKind::Anonymous => Some(self.swap_store(npages * PAGE_SIZE)?),
             InstallKind::Shared => None,
         };
-        let obj = Object::new(opts.kind, store, swap, npages, zero_fill)
+        let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill)
             .map_err(|(op, e)| Error::sys(op, e))?;
-        let start = self.inner.mm.map(
+        // Only a writable anonymous region needs to hear of the
+        // application's madvise (see `Object::quiet`).
+        obj.quiet = opts.kind == InstallKind::Shared || !opts.writable;
+        let (id, start) = self.inner.mm.map(
             Arc::new(obj),
             len,
             opts.writable,
@@ -429,7 +446,7 @@ impl Pager {
             },
             opts.pinned,
         )?;
-        let region = Region::new(self.inner.clone(), start, len);
+        let region = Region::new(self.inner.clone(), id, start, len);
         if opts.populate {
             region.populate(0, len)?;
         }

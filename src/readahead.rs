@@ -198,11 +198,17 @@ fn read_one(mm: &Mm, e: Entry) {
     }
 }
 
-/// Starts `n` readahead I/O threads for `mm`.
-pub fn start(mm: &Arc<Mm>, n: usize) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
-    (0..n)
-        .map(|k| {
-            let mm = mm.clone();
+/// Starts `n` readahead I/O threads for `mm`, pushing each onto `started`
+/// as it starts (so a failure leaves the caller what to stop), and returns
+/// them all.
+pub fn start(
+    mm: &Arc<Mm>,
+    n: usize,
+    started: &mut Vec<std::thread::JoinHandle<()>>,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    for k in 0..n {
+        let mm = mm.clone();
+        started.push(
             std::thread::Builder::new()
                 .name(format!("uffd-readahead-{k}"))
                 .spawn(move || {
@@ -219,9 +225,10 @@ pub fn start(mm: &Arc<Mm>, n: usize) -> std::io::Result<Vec<std::thread::JoinHan
                         }
                         ra.sleepers.fetch_sub(1, SeqCst);
                     }
-                })
-        })
-        .collect()
+                })?,
+        );
+    }
+    Ok(std::mem::take(started))
 }
 
 /// Stops the I/O threads (they exit at their next wake-up).

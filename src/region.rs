@@ -25,13 +25,19 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Region {
     owner: Arc<PagerInner>,
+    id: u64,
     start: usize,
     len: usize,
 }
 
 impl Region {
-    pub(crate) fn new(owner: Arc<PagerInner>, start: usize, len: usize) -> Region {
-        Region { owner, start, len }
+    pub(crate) fn new(owner: Arc<PagerInner>, id: u64, start: usize, len: usize) -> Region {
+        Region {
+            owner,
+            id,
+            start,
+            len,
+        }
     }
 
     /// First address.
@@ -148,7 +154,9 @@ impl Region {
     /// minor fault; an anonymous region's contents there are discarded (the
     /// next access reads what the store holds: zeros for
     /// [`Pager::map_anonymous`](crate::Pager::map_anonymous)).
-    pub fn dontneed(&self, offset: usize, len: usize) -> Result<()> {
+    ///
+    /// Takes `&mut self`: the bytes change under any slice of the region.
+    pub fn dontneed(&mut self, offset: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -158,7 +166,7 @@ impl Region {
 
     /// Makes the region read-only (`false`) or read-write (`true`).
     pub fn protect(&self, writable: bool) -> Result<()> {
-        self.owner.mm.protect(self.start, writable)
+        self.owner.mm.protect(self.id, writable)
     }
 
     /// Grows or shrinks the region in place if possible, moving it if it
@@ -186,7 +194,7 @@ impl Region {
                 });
             }
         }
-        self.start = self.owner.mm.remap(self.start, new_len, addr)?;
+        self.start = self.owner.mm.remap(self.id, new_len, addr)?;
         self.len = new_len;
         Ok(())
     }
@@ -194,10 +202,12 @@ impl Region {
     /// Writes cached pages back to the store (the msync analog).
     pub fn flush(&self) -> Result<()> {
         let mm = &self.owner.mm;
-        let obj = mm
-            .table
-            .read(|t| t.find(self.start).map(|v| v.object.clone()))
-            .ok_or_else(|| Error::Config("region vanished".into()))?;
+        let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
+            // The application unmapped it all itself; the unmap wrote it
+            // back.
+            return Ok(());
+        };
+        let _section = mm.events.section();
         mm.writeback_object(&obj)
     }
 
@@ -205,7 +215,7 @@ impl Region {
     /// same but can only log them).
     pub fn unmap(self) -> Result<()> {
         let me = std::mem::ManuallyDrop::new(self);
-        let r = me.owner.mm.unmap(me.start);
+        let r = me.owner.mm.unmap(me.id);
         // SAFETY: `me` is never used again; we move the Arc out exactly once.
         drop(unsafe { std::ptr::read(&me.owner) });
         r
@@ -214,7 +224,7 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if let Err(e) = self.owner.mm.unmap(self.start) {
+        if let Err(e) = self.owner.mm.unmap(self.id) {
             tracing::error!(start = self.start, error = %e, "unmapping region");
         }
     }

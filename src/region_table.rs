@@ -285,6 +285,36 @@ impl Table {
         }
     }
 
+    /// The regions that overlap `[start, end)`, in address order.
+    pub fn overlapping(&self, start: usize, end: usize) -> Vec<Arc<Vma>> {
+        let mut out = Vec::new();
+        let Some(last) = end.checked_sub(1) else {
+            return out;
+        };
+        let Some(mut c) = self.chunk_of(last) else {
+            return out;
+        };
+        let mut i = self.chunks[c].count_below(end);
+        'walk: loop {
+            let chunk = &self.chunks[c];
+            while i > 0 {
+                i -= 1;
+                let v = chunk.vma(i);
+                if v.end <= start {
+                    break 'walk;
+                }
+                out.push(v.clone());
+            }
+            if c == 0 {
+                break;
+            }
+            c -= 1;
+            i = self.chunks[c].len();
+        }
+        out.reverse();
+        out
+    }
+
     /// Replaces chunk `c` by `entries` (sorted), split in halves if there
     /// are more than [`CHUNK_MAX`], or removed if there are none.
     fn replace_chunk(&mut self, c: usize, mut entries: Vec<Arc<Vma>>) {

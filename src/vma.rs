@@ -29,6 +29,10 @@ pub struct Vma {
     pub anon_prepared: AtomicBool,
     /// Never evicted (the mlock analog).
     pub pinned: bool,
+    /// The [`crate::Region`] this VMA belongs to: pieces of one region (the
+    /// application split it with its own `munmap`, or moved part of it)
+    /// share it.
+    pub id: u64,
 }
 
 impl Vma {
@@ -43,7 +47,36 @@ impl Vma {
             writable: AtomicBool::new(writable),
             anon_prepared: AtomicBool::new(false),
             pinned: false,
+            id: 0,
         }
+    }
+
+    /// The piece `[start, end)` of this VMA (inside it), at `at` (`start`
+    /// unless the piece moved): same object window, flags and region, a
+    /// fresh lock.
+    pub fn slice(&self, start: usize, end: usize, at: usize) -> Vma {
+        debug_assert!(start >= self.start && end <= self.end && start < end);
+        let mut v = Vma::new(
+            at,
+            end - start,
+            self.page_index(start),
+            self.object.clone(),
+            self.writable.load(Relaxed),
+        );
+        v.pinned = self.pinned;
+        v.id = self.id;
+        v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
+        v
+    }
+
+    /// This VMA's window of its object: `(first page, end page, base)`.
+    pub fn window(&self) -> crate::object::Window {
+        let first = self.pgoff;
+        (
+            first,
+            first + self.len() / PAGE_SIZE,
+            self.start.wrapping_sub(first * PAGE_SIZE),
+        )
     }
 
     /// A copy with new bounds (for remap): same object and flags, fresh lock.
@@ -56,6 +89,7 @@ impl Vma {
             self.writable.load(Relaxed),
         );
         v.pinned = self.pinned;
+        v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
         v
     }

@@ -24,7 +24,7 @@ fn cached_region(d: Delivery, data: &[u8]) -> (Pager, Region) {
         .build()
         .unwrap();
     let store = Arc::new(MemoryStore::from_bytes(data).unwrap());
-    let r = pager
+    let mut r = pager
         .map_store(
             store,
             data.len(),

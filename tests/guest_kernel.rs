@@ -7,7 +7,7 @@
 #[path = "engine_util.rs"]
 mod util;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uffd_pager::store::MemoryStore;
 use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager};
@@ -126,70 +126,91 @@ fn shared_dontneed_by_the_application_keeps_data() {
 
 /// Eviction takes an anonymous page out of the mapping with `UFFDIO_MOVE`.
 /// This kernel's MOVE can return EEXIST after it moved the page when the
-/// source PTE changes during the move (`shared/tools/uffd-move-eexist.c`):
-/// here a writer keeps turning zero-page PTEs into real pages (a write to a
-/// page installed by a read copies the zero page) while reclaim evicts
-/// them. No write may be lost and no page poisoned.
+/// source PTE changes during the move (`shared/tools/uffd-move-eexist.c`:
+/// a write that replaces a zero-page PTE). Here, over and over: a page is
+/// dropped (never-written memory again), read (a zero-page install), and
+/// then evicted by one thread while another writes it after a varying
+/// delay. Every write must be read back and no page may be poisoned; the
+/// count of ioctls that did their work despite the error shows the race
+/// was met.
 #[test]
 fn eviction_survives_a_move_that_reports_eexist_after_moving() {
-    with_deadline(240, "move eexist", || {
+    with_deadline(300, "move eexist", || {
         let pager = Pager::builder()
             .delivery(Delivery::InThread)
-            .budget_pages(16)
+            .budget_pages(64)
+            .kswapd(false)
             .readahead(0, 1)
             .build()
             .unwrap();
-        let pages = 64;
-        let region = pager.map_anonymous(pages * PAGE).unwrap();
+        let mut region = pager.map_anonymous(PAGE).unwrap();
         let base = region.as_ptr() as usize;
-        let stop = AtomicBool::new(false);
+        let go = std::sync::atomic::AtomicU64::new(0);
+        let done = std::sync::atomic::AtomicU64::new(0);
+        let cycles = 50_000u64;
         std::thread::scope(|sc| {
             sc.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    pager.reclaim_pages(64);
+                // The two racing threads on different CPUs, where there are two.
+                pin_to_cpu(1);
+                for k in 1..=cycles {
+                    // Spinning keeps this CPU busy and ready; the event
+                    // reader applies the DONTNEED on the writer's CPU while
+                    // the writer waits in it.
+                    while go.load(Ordering::Acquire) < k {
+                        std::hint::spin_loop();
+                    }
+                    // The first pass clears the page's referenced bit, the
+                    // second evicts it: a MOVE of its zero-page PTE.
+                    pager.reclaim_pages(1);
+                    pager.reclaim_pages(1);
+                    done.store(k, Ordering::Release);
                 }
             });
-            // Each round: drop every page (back to never-written memory),
-            // read every page (zero-page installs), then write every page
-            // once, racing the reclaimer's moves of the zero-page PTEs.
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                for round in 0..3000u32 {
-                    region_dontneed(base, pages);
-                    for p in 0..pages {
-                        // SAFETY: inside the region; byte reads.
-                        let v =
-                            unsafe { std::ptr::read_volatile((base + p * PAGE + 64) as *const u8) };
-                        assert_eq!(v, 0, "round {round} page {p}: not zero after DONTNEED");
-                    }
-                    for p in 0..pages {
-                        let m = (round as u8).wrapping_add(p as u8) | 1;
-                        // SAFETY: as above, byte writes.
-                        unsafe { std::ptr::write_volatile((base + p * PAGE + 64) as *mut u8, m) };
-                    }
-                    for p in 0..pages {
-                        let m = (round as u8).wrapping_add(p as u8) | 1;
-                        // SAFETY: as above.
-                        let v =
-                            unsafe { std::ptr::read_volatile((base + p * PAGE + 64) as *const u8) };
-                        assert_eq!(v, m, "round {round} page {p}: lost write");
-                    }
+            pin_to_cpu(0);
+            for k in 1..=cycles {
+                region.dontneed(0, PAGE).unwrap();
+                // SAFETY: inside the region; volatile byte accesses.
+                let z = unsafe { std::ptr::read_volatile(base as *const u8) };
+                assert_eq!(z, 0, "cycle {k}: not zero after DONTNEED");
+                go.store(k, Ordering::Release);
+                for _ in 0..(k % 97) * 13 {
+                    std::hint::spin_loop();
                 }
-            }));
-            stop.store(true, Ordering::Relaxed);
-            if let Err(e) = result {
-                std::panic::resume_unwind(e);
+                let v = (k as u8) | 1;
+                // SAFETY: as above.
+                unsafe { std::ptr::write_volatile(base as *mut u8, v) };
+                while done.load(Ordering::Acquire) < k {
+                    std::thread::yield_now();
+                }
+                // SAFETY: as above.
+                let r = unsafe { std::ptr::read_volatile(base as *const u8) };
+                assert_eq!(r, v, "cycle {k}: lost write");
             }
         });
         let s = pager.stats();
         assert_eq!(s.get(Counter::POISONED), 0, "{s}");
-        assert!(s.get(Counter::PGSTEAL) > 10_000, "too few evictions: {s}");
+        assert!(
+            s.get(Counter::PGSTEAL) > cycles / 2,
+            "too few evictions: {s}"
+        );
         eprintln!(
             "evictions {} ioctl_did_work {}",
             s.get(Counter::PGSTEAL),
             s.get(Counter::IOCTL_DID_WORK)
         );
-        drop(region);
     });
+}
+
+/// Pins the calling thread to CPU `cpu` modulo the CPUs there are.
+fn pin_to_cpu(cpu: usize) {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity
+    // only read and write it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu % n, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 fn region_dontneed(base: usize, pages: usize) {

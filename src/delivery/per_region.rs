@@ -18,7 +18,7 @@
 //! One descriptor and one thread per region, made at map time and closed at
 //! unmap (the thread is joined). Meant for a few large regions, not 10⁵.
 
-use super::threads::HandlerPool;
+use super::threads::{HandlerPool, Serve};
 use crate::address_space::Mm;
 use crate::sys::uffd::{Uffd, Want};
 use std::os::fd::RawFd;
@@ -49,7 +49,9 @@ impl PerRegion {
     }
 
     /// Opens a descriptor for a new region and starts its handler thread.
-    pub fn open(&self) -> std::io::Result<Arc<Uffd>> {
+    /// `quiet`: the descriptor does not report `madvise` (see
+    /// [`crate::object::Object::quiet`]).
+    pub fn open(&self, quiet: bool) -> std::io::Result<Arc<Uffd>> {
         let mm = self.mm.upgrade().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "the pager is gone")
         })?;
@@ -58,10 +60,10 @@ impl PerRegion {
         } else {
             Want::Full
         };
-        let uffd = Uffd::open_as(self.features, want, true)
+        let uffd = Uffd::open_as(crate::events::features(self.features, quiet), want, true)
             .map(Arc::new)
             .map_err(std::io::Error::other)?;
-        let pool = HandlerPool::start_on(&mm, Some(uffd.clone()), 1, 0, "uffd-region")?;
+        let pool = HandlerPool::start_on(&mm, Serve::Region(uffd.clone()), 1, 0, "uffd-region")?;
         self.lock().push((uffd.fd(), pool));
         Ok(uffd)
     }

@@ -112,23 +112,38 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             // SAFETY: registered pointers are live `Mm`s until `unregister`
             // has waited out this read section.
             let mms = || mms.iter().map(|&p| unsafe { &*(p as *const Mm) });
-            // A live region first: another pager may still list the same
-            // range as dying after unmapping it, and a fault on this
-            // pager's new region there must not go to it.
-            if let Some(mm) = mms().find(|mm| mm.owns_live(addr)) {
-                let present = Some(present);
-                return Some(handle_fault(
-                    mm,
-                    addr,
-                    crate::fault::Access { write, present },
-                ));
+            loop {
+                let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+                // A live region first: another pager may still list the
+                // same range as dying after unmapping it, and a fault on
+                // this pager's new region there must not go to it.
+                if let Some(mm) = mms().find(|mm| mm.owns_live(addr)) {
+                    let present = Some(present);
+                    let access = crate::fault::Access { write, present };
+                    return Some(handle_fault(mm, addr, access));
+                }
+                // A fault raised on a range while its pager unmapped it:
+                // the access is to memory that is going away.
+                if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
+                    mm.counters.inc(crate::stats::Counter::SEGV);
+                    return Some(Resolution::Segv);
+                }
+                // No pager's, unless an event that puts a region here is
+                // being applied: the application's mremap returns once its
+                // event is read, so its next access can come before the
+                // region is published. Wait for the event, then look again.
+                let mut waited = false;
+                for mm in mms() {
+                    if mm.events.pending() {
+                        mm.events.gate.wait_for_writers();
+                        waited = true;
+                    }
+                }
+                let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+                if !waited && now == epochs {
+                    return None;
+                }
             }
-            // A fault raised on a range while its pager unmapped it: the
-            // access is to memory that is going away.
-            mms().find(|mm| mm.claims_dying(addr)).map(|mm| {
-                mm.counters.inc(crate::stats::Counter::SEGV);
-                Resolution::Segv
-            })
         });
         match handled {
             Some(Resolution::Resolved) => {
@@ -142,7 +157,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 crate::sys::set_errno(saved);
                 return;
             }
-            Some(Resolution::Bus) | None => {}
+            // `handle_fault` restarts faults itself.
+            Some(Resolution::Bus) | Some(Resolution::Restart) | None => {}
         }
     }
     crate::sys::set_errno(saved);

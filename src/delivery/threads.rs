@@ -3,7 +3,7 @@
 //! on the non-blocking descriptor before blocking in poll(2).
 
 use crate::address_space::Mm;
-use crate::fault::{handle_fault, Resolution};
+use crate::fault::{handle_fault_once, Resolution};
 use crate::stats::Counter::UFFD_WAKE;
 use crate::sys::uffd::{fault_flag, Msg, Uffd, EVENT_PAGEFAULT};
 use crate::sys::{now_ns, PAGE_SIZE};
@@ -21,17 +21,28 @@ pub struct HandlerPool {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// What a pool serves.
+#[derive(Debug, Clone)]
+pub enum Serve {
+    /// Fault messages and events on the pager's two descriptors.
+    Faults,
+    /// Fault messages and events on one region's own descriptor.
+    Region(Arc<Uffd>),
+    /// Events only, on the pager's two descriptors (in-thread delivery:
+    /// faults arrive as SIGBUS, so the descriptors carry nothing else).
+    Events,
+}
+
 impl HandlerPool {
-    /// Starts `n` handler threads for `mm`, serving its descriptor.
+    /// Starts `n` handler threads for `mm`, serving its descriptors.
     pub fn start(mm: &Arc<Mm>, n: usize, spin_us: u32) -> std::io::Result<HandlerPool> {
-        Self::start_on(mm, None, n, spin_us, "uffd-handler")
+        Self::start_on(mm, Serve::Faults, n, spin_us, "uffd-handler")
     }
 
-    /// Starts `n` handler threads for `mm`, serving `uffd` (one region's
-    /// descriptor), or `mm`'s own descriptor if `None`.
+    /// Starts `n` threads for `mm` serving `what`.
     pub fn start_on(
         mm: &Arc<Mm>,
-        uffd: Option<Arc<Uffd>>,
+        what: Serve,
         n: usize,
         spin_us: u32,
         name: &str,
@@ -43,20 +54,32 @@ impl HandlerPool {
         }
         // SAFETY: a fresh descriptor that we now own.
         let stop = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut threads = Vec::with_capacity(n);
+        let mut pool = HandlerPool {
+            stop,
+            threads: Vec::with_capacity(n),
+        };
         for i in 0..n {
             let mm = mm.clone();
-            let own = uffd.clone();
-            let stopfd = stop.as_raw_fd();
-            threads.push(
+            let what = what.clone();
+            let stopfd = pool.stop.as_raw_fd();
+            // Dropping `pool` on a failed spawn stops the threads started.
+            pool.threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
                     .spawn(move || {
-                        serve(&mm, own.as_deref().unwrap_or(&mm.uffd), stopfd, spin_us)
+                        let fds: Vec<&Uffd> = match &what {
+                            Serve::Faults | Serve::Events => vec![&mm.uffd, &mm.uffd_quiet],
+                            Serve::Region(u) => vec![u],
+                        };
+                        if matches!(what, Serve::Events) {
+                            serve_events(&mm, &fds, stopfd)
+                        } else {
+                            serve(&mm, &fds, stopfd, spin_us)
+                        }
                     })?,
             );
         }
-        Ok(HandlerPool { stop, threads })
+        Ok(pool)
     }
 }
 
@@ -71,53 +94,163 @@ impl Drop for HandlerPool {
     }
 }
 
-fn serve(mm: &Mm, uffd: &Uffd, stopfd: i32, spin_us: u32) {
+/// In-thread delivery's event reader: when a descriptor becomes readable,
+/// takes the event gate *first* (faults and reclaim leave their sections),
+/// then reads and applies every event. The application's call stays
+/// blocked until the read, so nothing acts on the range before the engine
+/// knows what happened to it.
+fn serve_events(mm: &Mm, fds: &[&Uffd], stopfd: i32) {
     let mut msgs = [Msg::default(); BATCH];
-    let mut done = [0usize; BATCH];
     loop {
-        let n = match read_batch(uffd, stopfd, spin_us, &mut msgs) {
-            Some(n) => n,
-            None => return,
-        };
-        let (mut nd, mut oldest) = (0, 0);
-        for m in &msgs[..n] {
-            if m.event != EVENT_PAGEFAULT {
-                continue;
-            }
-            let addr = m.arg1 as usize;
-            let access = crate::fault::Access {
-                write: m.arg0 & fault_flag::WRITE != 0,
-                present: Some(m.arg0 & fault_flag::WP != 0),
-            };
-            match handle_fault(mm, addr, access) {
-                Resolution::Resolved | Resolution::Bus => {}
-                Resolution::Segv => {
-                    // SAFETY: plain syscalls; the thread id came from the
-                    // kernel (UFFD_FEATURE_THREAD_ID).
-                    unsafe {
-                        libc::syscall(
-                            libc::SYS_tgkill,
-                            libc::getpid(),
-                            m.arg2 as libc::c_int,
-                            libc::SIGSEGV,
-                        )
-                    };
+        if wait_readable(fds, stopfd) {
+            return;
+        }
+        let gate = mm.events.gate.write();
+        for u in fds {
+            while let Ok(n) = mm.events.read(u, &mut msgs) {
+                if n == 0 {
+                    break;
                 }
             }
-            done[nd] = addr & !(PAGE_SIZE - 1);
-            nd += 1;
-            // A slow fault (a store read) must not hold back the wake-ups
-            // of the ones handled before it: wake early when the first
-            // pending one has waited long enough.
-            let now = now_ns();
-            if nd == 1 {
-                oldest = now;
-            } else if now - oldest > WAKE_DELAY_NS {
-                wake_batch(mm, uffd, &mut done[..nd]);
-                nd = 0;
+        }
+        mm.events.apply_queued_locked(mm, &gate);
+    }
+}
+
+/// Blocks in poll(2) until one of `fds` or `stop` (an eventfd) is
+/// readable; returns true when `stop` fired. EINTR is retried.
+fn wait_readable(fds: &[&Uffd], stop: i32) -> bool {
+    let mut p = [libc::pollfd {
+        fd: stop,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 3];
+    for (k, u) in fds.iter().enumerate().take(2) {
+        p[k + 1].fd = u.fd();
+    }
+    let n = fds.len().min(2) + 1;
+    loop {
+        // SAFETY: `p` holds `n` valid pollfds.
+        let rc = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, -1) };
+        if rc >= 0 || crate::sys::errno() != libc::EINTR {
+            return p[0].revents != 0;
+        }
+    }
+}
+
+/// Faults resolved and waiting to be woken, per descriptor.
+struct Done {
+    pages: [usize; BATCH],
+    n: usize,
+    oldest: u64,
+}
+
+impl Done {
+    fn new() -> Self {
+        Done {
+            pages: [0; BATCH],
+            n: 0,
+            oldest: 0,
+        }
+    }
+
+    fn push(&mut self, mm: &Mm, uffd: &Uffd, addr: usize) {
+        if self.n == BATCH {
+            self.wake(mm, uffd);
+        }
+        self.pages[self.n] = addr & !(PAGE_SIZE - 1);
+        self.n += 1;
+        // A slow fault (a store read) must not hold back the wake-ups of
+        // the ones handled before it: wake early when the first pending one
+        // has waited long enough.
+        let now = now_ns();
+        if self.n == 1 {
+            self.oldest = now;
+        } else if now - self.oldest > WAKE_DELAY_NS {
+            self.wake(mm, uffd);
+        }
+    }
+
+    fn wake(&mut self, mm: &Mm, uffd: &Uffd) {
+        wake_batch(mm, uffd, &mut self.pages[..self.n]);
+        self.n = 0;
+    }
+}
+
+/// Handles one fault message; returns false if it must be retried after
+/// the events waiting are applied.
+fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
+    let addr = m.arg1 as usize;
+    let access = crate::fault::Access {
+        write: m.arg0 & fault_flag::WRITE != 0,
+        present: Some(m.arg0 & fault_flag::WP != 0),
+    };
+    match handle_fault_once(mm, addr, access) {
+        Resolution::Restart => return false,
+        Resolution::Resolved | Resolution::Bus => {}
+        Resolution::Segv => {
+            // SAFETY: plain syscalls; the thread id came from the kernel
+            // (UFFD_FEATURE_THREAD_ID).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    m.arg2 as libc::c_int,
+                    libc::SIGSEGV,
+                )
+            };
+        }
+    }
+    done.push(mm, uffd, addr);
+    true
+}
+
+fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
+    let mut msgs = [Msg::default(); BATCH];
+    let mut done = [Done::new(), Done::new()];
+    // Faults that met an unread event, with the descriptor they came from.
+    let mut again: Vec<(usize, Msg)> = Vec::new();
+    loop {
+        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs) else {
+            return;
+        };
+        // Events first (in read order, under the gate), then the faults: a
+        // fault that raced the application's call on its page may be
+        // served either side of it.
+        mm.events.apply_queued(mm);
+        for m in &msgs[..n] {
+            if m.event == EVENT_PAGEFAULT && !handle_msg(mm, fds[k], m, &mut done[k]) {
+                again.push((k, *m));
             }
         }
-        wake_batch(mm, uffd, &mut done[..nd]);
+        for (j, u) in fds.iter().enumerate() {
+            done[j].wake(mm, u);
+        }
+        // Faults that met an event: read what is waiting (the event among
+        // it), apply it, and try them again.
+        while !again.is_empty() {
+            for (j, u) in fds.iter().enumerate() {
+                while let Ok(n) = mm.events.read(u, &mut msgs) {
+                    if n == 0 {
+                        break;
+                    }
+                    again.extend(
+                        msgs[..n]
+                            .iter()
+                            .filter(|m| m.event == EVENT_PAGEFAULT)
+                            .map(|m| (j, *m)),
+                    );
+                }
+            }
+            mm.events.apply_queued(mm);
+            again.retain(|(j, m)| !handle_msg(mm, fds[*j], m, &mut done[*j]));
+            for (j, u) in fds.iter().enumerate() {
+                done[j].wake(mm, u);
+            }
+            if !again.is_empty() {
+                std::thread::yield_now();
+            }
+        }
     }
 }
 
@@ -156,22 +289,49 @@ fn runs(pages: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
     })
 }
 
-/// Reads a batch, spinning for `spin_us` then blocking in poll. `None` when
-/// the pool is stopping.
-fn read_batch(uffd: &Uffd, stopfd: i32, spin_us: u32, msgs: &mut [Msg]) -> Option<usize> {
+/// Reads a batch from whichever descriptor has one, spinning for
+/// `spin_us` then blocking in poll. `None` when the pool is stopping; a
+/// descriptor that fails for good is logged and the thread goes on with the
+/// others (a handler thread that left silently would strand its faults).
+fn read_batch(
+    mm: &Mm,
+    fds: &[&Uffd],
+    stopfd: i32,
+    spin_us: u32,
+    msgs: &mut [Msg],
+) -> Option<(usize, usize)> {
     let deadline = now_ns() + spin_us as u64 * 1000;
+    let mut failed = [false; 2];
     loop {
-        match uffd.read_msgs(msgs) {
-            Ok(n) if n > 0 => return Some(n),
-            Ok(_) => {}
-            Err(libc::EINTR) => continue,
-            Err(_) => return None,
+        for (k, u) in fds.iter().enumerate() {
+            if failed[k] {
+                continue;
+            }
+            match mm.events.read(u, msgs) {
+                Ok(n) if n > 0 => return Some((k, n)),
+                Ok(_) | Err(libc::EINTR) => {}
+                Err(e) => {
+                    tracing::error!(
+                        errno = e,
+                        "reading a userfaultfd failed; this handler stops reading it"
+                    );
+                    failed[k] = true;
+                }
+            }
+        }
+        if failed.iter().take(fds.len()).all(|&f| f) {
+            // Nothing left to read: wait for the stop signal only.
+            return if wait_readable(&[], stopfd) {
+                None
+            } else {
+                Some((0, 0))
+            };
         }
         if spin_us > 0 && now_ns() < deadline {
             std::hint::spin_loop();
             continue;
         }
-        if uffd.wait_or_stop(stopfd) {
+        if wait_readable(fds, stopfd) {
             return None;
         }
     }

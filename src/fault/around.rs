@@ -24,7 +24,7 @@ pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize) -> bool {
     let obj = &vma.object;
     let pages = vma.pages();
     let (first, last) = cluster(obj, i, mm.config.fault_around_pages.max(1), &pages);
-    let mode = MODE_DONTWAKE | if obj.tracks_writes() { MODE_WP } else { 0 };
+    let mode = MODE_DONTWAKE | if obj.install_wp(false) { MODE_WP } else { 0 };
     let pinned = if vma.pinned { PINNED } else { 0 };
     let mut i_mapped = false;
     let mut j = first;
@@ -51,8 +51,8 @@ pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize) -> bool {
             }
         }
         if k > j {
-            let mapped = match obj
-                .uffd(&mm.uffd)
+            let mapped = match mm
+                .uffd_for(obj)
                 .cont(vma.addr_of(j), (k - j) * PAGE_SIZE, mode)
             {
                 Ok(b) => (b as usize / PAGE_SIZE).min(k - j),

@@ -105,6 +105,14 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                         obj.cache.unlock(i, 0, clear);
                         continue;
                     }
+                    Recheck::Again => {
+                        obj.cache.unlock(i, 0, 0);
+                        return Outcome::Restart;
+                    }
+                    Recheck::Denied => {
+                        obj.cache.unlock(i, 0, 0);
+                        return Outcome::Segv;
+                    }
                     Recheck::Failed => {
                         obj.cache.unlock(i, 0, 0);
                         return Outcome::Bus;
@@ -212,10 +220,26 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
     };
     // Where the store's page already sits in memory, copy straight from
     // there; if the kernel cannot read it, take the plain way below.
+    let not_installed = |e: i32| {
+        // Nothing is cached: the page is absent again. EAGAIN: an event
+        // first; otherwise the kernel refused the install (it should not):
+        // report SIGBUS rather than loop.
+        obj.cache.unlock(i, 0, 0);
+        mm.uncharge(1);
+        if e == libc::EAGAIN {
+            Outcome::Restart
+        } else {
+            Outcome::Bus
+        }
+    };
     if let Some(src) = source.page_in_memory(off) {
-        if copy_in(mm, vma, i, src).is_ok() {
-            mm.counters.inc(PGREAD);
-            return installed(mm);
+        match copy_in(mm, vma, i, src) {
+            Ok(()) => {
+                mm.counters.inc(PGREAD);
+                return installed(mm);
+            }
+            Err(libc::EAGAIN) => return not_installed(libc::EAGAIN),
+            Err(_) => {}
         }
     }
     let mut buf = PageBuf::zeroed();
@@ -226,13 +250,7 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
     }
     match copy_in(mm, vma, i, buf.0.as_ptr() as usize) {
         Ok(()) => installed(mm),
-        Err(_) => {
-            // The kernel refused the install (it should not): nothing is
-            // cached; report SIGBUS rather than loop.
-            obj.cache.unlock(i, 0, 0);
-            mm.uncharge(1);
-            Outcome::Bus
-        }
+        Err(e) => not_installed(e),
     }
 }
 
@@ -288,11 +306,27 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             }
             Outcome::Done
         }
-        Err(_) => {
-            // The kernel refused the install (it should not): leave the page
-            // cached and report SIGBUS rather than loop.
-            obj.cache.unlock(i, 0, 0);
-            Outcome::Bus
+        Err(e) => {
+            // Not installed: the page goes back to what it was before this
+            // install. A fresh zero page is absent again; a page this fault
+            // just read is cached; a cached page stays cached.
+            if zero {
+                obj.cache.unlock(i, 0, 0);
+                mm.uncharge(1);
+            } else if fresh {
+                let pinned = if vma.pinned { PINNED } else { 0 };
+                obj.cache.unlock(i, UPTODATE | pinned, MOVED);
+                mm.page_cached(obj, i);
+            } else {
+                obj.cache.unlock(i, 0, 0);
+            }
+            // EAGAIN: an event first. Otherwise the kernel refused (it
+            // should not): report SIGBUS rather than loop.
+            if e == libc::EAGAIN {
+                Outcome::Restart
+            } else {
+                Outcome::Bus
+            }
         }
     }
 }

@@ -7,11 +7,33 @@ use crate::address_space::Mm;
 use crate::stats::Counter::*;
 use crate::sys::now_ns;
 
-/// Handles one fault at `addr` in `mm` to completion. Async-signal-safe.
+/// Handles one fault at `addr` in `mm` to completion, restarting it while
+/// non-cooperative events are applied. Async-signal-safe.
 pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
+    loop {
+        match handle_fault_once(mm, addr, access) {
+            Resolution::Restart => {
+                // The event reader takes the gate to apply what it read:
+                // wait for it (or, if it has not woken yet, let it run).
+                if mm.events.pending() {
+                    mm.events.quiesce();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Handles one fault at `addr` in `mm`, inside one read section of the
+/// event gate; [`Resolution::Restart`] if an event must be applied first.
+/// Async-signal-safe.
+pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access) -> Resolution {
+    let _section = mm.events.section();
+    let epoch = mm.events.epoch();
     let t0 = now_ns();
     let c = &mm.counters;
-    c.inc(PGFAULT);
     let mut f = Fault::new(addr, access);
     let policy = mm.config.policy.kind;
 
@@ -37,6 +59,7 @@ pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
                     c.inc(VMA_LOCK_ABORT);
                     break;
                 }
+                Outcome::Restart => break 'done Outcome::Restart,
                 done => {
                     c.inc(VMA_LOCK_SUCCESS);
                     break 'done done;
@@ -47,6 +70,13 @@ pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
         global(mm, &mut f)
     };
 
+    // No region, while events may be half applied: the application may
+    // have just moved or mapped what this fault is for. Try again once they
+    // are applied (a true SIGSEGV stays one).
+    if out == Outcome::Restart || (out == Outcome::Segv && mm.events.unsettled_since(epoch)) {
+        return Resolution::Restart;
+    }
+    c.inc(PGFAULT);
     if f.major {
         c.inc(PGMAJFAULT);
     }
@@ -54,6 +84,7 @@ pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
     match out {
         Outcome::Done => Resolution::Resolved,
         Outcome::Bus => Resolution::Bus,
+        Outcome::Restart => Resolution::Restart,
         // Abort and Retry never leave `global`.
         Outcome::Segv | Outcome::Abort | Outcome::Retry { .. } => {
             c.inc(SEGV);

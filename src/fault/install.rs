@@ -18,25 +18,33 @@ static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
 /// the delivery layer wakes waiters once per batch. Returns whether the
 /// page was moved out of the cache area (which then holds no copy).
 pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
-    retry_eagain(|| install_once(mm, vma, i, zero, write))
+    retry_eagain(mm, || install_once(mm, vma, i, zero, write))
 }
 
 /// How long an install keeps retrying EAGAIN before it reports the error.
 const EAGAIN_PATIENCE_NS: u64 = 1_000_000_000;
 
-/// Runs an install ioctl again while it fails with EAGAIN: the kernel could
-/// not take the page right now (a folio locked for migration or
-/// compaction, a racing change of the mapping). The first 100 retries spin;
-/// after that each one yields the CPU first, since whoever holds the folio
-/// may need it (on 2 vCPUs a spin alone can run out while the holder
-/// waits for a CPU). Only EAGAIN that lasts [`EAGAIN_PATIENCE_NS`] is
-/// reported. Async-signal-safe (`sched_yield`, `clock_gettime`).
-fn retry_eagain<T>(op: impl FnMut() -> Result<T, i32>) -> Result<T, i32> {
-    retry_eagain_within(EAGAIN_PATIENCE_NS, op)
+/// Runs an install ioctl again while it fails with EAGAIN.
+///
+/// EAGAIN has two causes. The kernel could not take the page right now (a
+/// folio locked for migration or compaction, a racing change of the
+/// mapping): the first 100 retries spin, then each yields the CPU first,
+/// since whoever holds the folio may need it. Or a non-cooperative event is
+/// waiting to be read (the application's munmap, mremap or madvise): then
+/// spinning would only hold the event reader up, so the install gives up at
+/// once with EAGAIN, and the fault restarts once the event is applied
+/// ([`crate::events`]). Handler threads give up at once in both cases: the
+/// event may be theirs to read. EAGAIN that lasts [`EAGAIN_PATIENCE_NS`]
+/// is reported as ETIMEDOUT. Async-signal-safe (`sched_yield`,
+/// `clock_gettime`).
+pub(super) fn retry_eagain<T>(mm: &Mm, op: impl FnMut() -> Result<T, i32>) -> Result<T, i32> {
+    let give_up = || mm.events.pending() || !mm.config.delivery.is_in_thread();
+    retry_eagain_within(EAGAIN_PATIENCE_NS, give_up, op)
 }
 
 fn retry_eagain_within<T>(
     patience_ns: u64,
+    give_up: impl Fn() -> bool,
     mut op: impl FnMut() -> Result<T, i32>,
 ) -> Result<T, i32> {
     let mut tries = 0u32;
@@ -44,6 +52,9 @@ fn retry_eagain_within<T>(
     loop {
         match op() {
             Err(libc::EAGAIN) => {
+                if give_up() {
+                    return Err(libc::EAGAIN);
+                }
                 tries += 1;
                 if tries < 100 {
                     std::hint::spin_loop();
@@ -53,7 +64,7 @@ fn retry_eagain_within<T>(
                 if deadline == 0 {
                     deadline = now + patience_ns;
                 } else if now > deadline {
-                    return Err(libc::EAGAIN);
+                    return Err(libc::ETIMEDOUT);
                 }
                 // SAFETY: sched_yield has no preconditions.
                 unsafe { libc::sched_yield() };
@@ -66,8 +77,10 @@ fn retry_eagain_within<T>(
 /// Copies the page at `src` (a buffer of the caller's) into place as object
 /// page `i` with `UFFDIO_COPY` (which allocates it). Never wakes.
 pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i32> {
-    let uffd = vma.object.uffd(&mm.uffd);
-    match retry_eagain(|| uffd.copy(vma.addr_of(i), src, PAGE_SIZE, MODE_DONTWAKE)) {
+    let uffd = mm.uffd_for(&vma.object);
+    match retry_eagain(mm, || {
+        uffd.copy(vma.addr_of(i), src, PAGE_SIZE, MODE_DONTWAKE)
+    }) {
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
             Ok(())
@@ -79,15 +92,15 @@ pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i3
 fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
     let addr = vma.addr_of(i);
     let obj = &vma.object;
-    let uffd = obj.uffd(&mm.uffd);
+    let uffd = mm.uffd_for(obj);
     let mut moved = false;
     let r = match (obj.kind, zero) {
-        // A read of a write-tracked page maps it write-protected; a write
+        // A read maps it write-protected; a write to a write-tracked page
         // maps it writable (the caller marks it dirty).
-        (InstallKind::Shared, _) if obj.tracks_writes() && !write => {
-            uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE | MODE_WP)
+        (InstallKind::Shared, _) => {
+            let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
+            uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE | wp)
         }
-        (InstallKind::Shared, _) => uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE),
         (InstallKind::Anonymous, true) if !write => uffd.zeropage(addr, PAGE_SIZE, MODE_DONTWAKE),
         (InstallKind::Anonymous, true) => uffd.copy(
             addr,
@@ -148,6 +161,11 @@ pub(super) enum Recheck {
     /// application dropped it), or a shared page left the memfd. The caller
     /// drops the page and starts over from its source.
     Gone,
+    /// An event is waiting to be read (EAGAIN): restart the fault.
+    Again,
+    /// A write to a page of a read-only store (the application made the
+    /// mapping writable itself): refused, SIGSEGV.
+    Denied,
     /// The kernel refused for another reason.
     Failed,
 }
@@ -169,32 +187,37 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
     let addr = vma.addr_of(i);
     match obj.kind {
         InstallKind::Shared => {
-            let tracked = obj.tracks_writes();
-            let wp_fault = f.write && tracked;
+            if f.write && !obj.store.writable() {
+                return Recheck::Denied;
+            }
+            let wp_fault = f.write;
             if wp_fault && f.present == Some(true) {
                 return match make_writable(mm, vma, i) {
                     Ok(()) => Recheck::Present { dirty: true },
+                    Err(libc::EAGAIN) => Recheck::Again,
                     Err(_) => Recheck::Failed,
                 };
             }
             // Map it again: write-protected for a read of a clean tracked
             // page, writable otherwise. EEXIST: it is present.
-            let wp = tracked && !f.write && w & crate::page_cache::DIRTY == 0;
+            let wp = obj.install_wp(f.write) && w & crate::page_cache::DIRTY == 0;
             let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
-            let uffd = obj.uffd(&mm.uffd);
-            match retry_eagain(|| uffd.cont(addr, PAGE_SIZE, mode)) {
+            let uffd = mm.uffd_for(obj);
+            match retry_eagain(mm, || uffd.cont(addr, PAGE_SIZE, mode)) {
                 Ok(_) => {
                     mm.counters.inc(REINSTALL);
                     Recheck::Present { dirty: wp_fault }
                 }
                 Err(libc::EEXIST) if wp_fault => match make_writable(mm, vma, i) {
                     Ok(()) => Recheck::Present { dirty: true },
+                    Err(libc::EAGAIN) => Recheck::Again,
                     Err(_) => Recheck::Failed,
                 },
                 Err(libc::EEXIST) => Recheck::Present { dirty: false },
                 // No page in the memfd at that offset: it was punched
                 // (`MADV_REMOVE` through the mapping).
                 Err(libc::EFAULT) | Err(libc::ENOENT) => Recheck::Gone,
+                Err(libc::EAGAIN) => Recheck::Again,
                 Err(_) => Recheck::Failed,
             }
         }
@@ -212,23 +235,23 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
 /// Resolves a write-protect fault on installed page `i` (the caller holds
 /// the page lock): the page becomes dirty and writable.
 pub(super) fn make_writable(mm: &Mm, vma: &Vma, i: usize) -> Result<(), i32> {
-    vma.object
-        .uffd(&mm.uffd)
-        .writeprotect(vma.addr_of(i), PAGE_SIZE, false, false)
-        .map(|_| mm.counters.inc(WP_FAULT))
+    let uffd = mm.uffd_for(&vma.object);
+    retry_eagain(mm, || {
+        uffd.writeprotect(vma.addr_of(i), PAGE_SIZE, false, false)
+    })
+    .map(|_| mm.counters.inc(WP_FAULT))
 }
 
 /// Marks the user page of object page `i` poisoned (UFFDIO_POISON), so the
 /// access gets SIGBUS (EFAULT in a syscall), and reports it.
 pub(super) fn poison(mm: &Mm, vma: &Vma, i: usize) -> Outcome {
-    match vma
-        .object
-        .uffd(&mm.uffd)
-        .poison(vma.addr_of(i), PAGE_SIZE, MODE_DONTWAKE)
-    {
+    let uffd = mm.uffd_for(&vma.object);
+    match retry_eagain(mm, || uffd.poison(vma.addr_of(i), PAGE_SIZE, MODE_DONTWAKE)) {
         Ok(_) => mm.counters.inc(POISONED),
-        // Already poisoned by an earlier fault.
-        Err(libc::EEXIST) => {}
+        // An event first: the page may not be there any more.
+        Err(libc::EAGAIN) => return Outcome::Restart,
+        // Already poisoned by an earlier fault, or the kernel refused: the
+        // access gets SIGBUS either way.
         Err(_) => {}
     }
     Outcome::Bus
@@ -242,7 +265,8 @@ mod tests {
     fn eagain_is_retried_past_the_spins_and_reported_only_when_it_lasts() {
         // Fails 500 times (past the 100 spins), then succeeds.
         let mut n = 0;
-        let r = retry_eagain(|| {
+        let never = || false;
+        let r = retry_eagain_within(EAGAIN_PATIENCE_NS, never, || {
             n += 1;
             if n <= 500 {
                 Err(libc::EAGAIN)
@@ -253,15 +277,26 @@ mod tests {
         assert_eq!(r, Ok(501));
         // Other errors are returned at once.
         let mut calls = 0;
-        let r: Result<(), i32> = retry_eagain(|| {
+        let r: Result<(), i32> = retry_eagain_within(EAGAIN_PATIENCE_NS, never, || {
             calls += 1;
             Err(libc::EEXIST)
         });
         assert_eq!((r, calls), (Err(libc::EEXIST), 1));
         // EAGAIN that lasts is reported once the patience runs out.
         let t = std::time::Instant::now();
-        let r: Result<(), i32> = retry_eagain_within(20_000_000, || Err(libc::EAGAIN));
-        assert_eq!(r, Err(libc::EAGAIN));
+        let r: Result<(), i32> = retry_eagain_within(20_000_000, never, || Err(libc::EAGAIN));
+        assert_eq!(r, Err(libc::ETIMEDOUT));
         assert!(t.elapsed() >= std::time::Duration::from_millis(20));
+        // With an event waiting, EAGAIN is given up at once.
+        let mut calls = 0;
+        let r: Result<(), i32> = retry_eagain_within(
+            EAGAIN_PATIENCE_NS,
+            || true,
+            || {
+                calls += 1;
+                Err(libc::EAGAIN)
+            },
+        );
+        assert_eq!((r, calls), (Err(libc::EAGAIN), 1));
     }
 }

@@ -15,8 +15,7 @@ mod driver;
 mod install;
 mod load;
 
-pub use driver::handle_fault;
-
+pub use driver::{handle_fault, handle_fault_once};
 use std::fmt;
 use std::str::FromStr;
 
@@ -193,6 +192,10 @@ pub enum Outcome {
     Segv,
     /// The page is poisoned (store read failed for good).
     Bus,
+    /// An event is waiting to be read (an ioctl failed with EAGAIN): the
+    /// attempt undid what it had started; restart the fault once the event
+    /// is applied.
+    Restart,
 }
 
 /// What the delivery layer must do for the faulting thread.
@@ -204,6 +207,9 @@ pub enum Resolution {
     Segv,
     /// SIGBUS semantics: the page is poisoned.
     Bus,
+    /// Not resolved yet: a non-cooperative event must be read and applied
+    /// first (handler threads read it, then call again).
+    Restart,
 }
 
 /// Which lock an attempt runs under.

@@ -166,11 +166,7 @@ enum Unmapped {
 /// from there: the engine never reads the user's mapping, where a page
 /// dropped behind its back would fault in the engine itself.
 fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
-    let base = obj.mapped_at.load(Acquire);
-    if base == 0 {
-        return Err(());
-    }
-    let addr = base + i * PAGE_SIZE;
+    let addr = obj.windows.addr_of(i).ok_or(())?;
     let vma = mm.lock_vma_quiet(addr).ok_or(())?;
     if !std::ptr::eq(&*vma.object, obj) || vma.page_index(addr) != i {
         return Err(());
@@ -217,7 +213,7 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
             Err(_) => {
                 // No cache area could be made to keep it in, and the page
                 // must not be lost: put it back where it was.
-                let back = obj.uffd(&mm.uffd).mv(addr, src, PAGE_SIZE, MODE_DONTWAKE);
+                let back = mm.uffd_for(obj).mv(addr, src, PAGE_SIZE, MODE_DONTWAKE);
                 let home = back.is_ok() || crate::sys::mem::page_present(src) != Ok(true);
                 if home {
                     r.put_slot(s);

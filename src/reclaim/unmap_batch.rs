@@ -23,7 +23,6 @@ use crate::page_cache::*;
 use crate::stats::Counter::*;
 use crate::sys::mem::dontneed_batch;
 use crate::sys::PAGE_SIZE;
-use std::sync::atomic::Ordering::*;
 
 /// Clean pages per zap (`SWAP_CLUSTER_MAX`).
 pub const BATCH: usize = 32;
@@ -164,7 +163,10 @@ fn prepare_clean<'a>(
         Some((Evict::Drop, ON_LRU))
     } else if w & REFERENCED != 0 {
         Some((Evict::Rotate, REFERENCED))
-    } else if w & DIRTY != 0 || (anon && w & CLEAN == 0) {
+    } else if w & DIRTY != 0 || (anon && (w & CLEAN == 0 || !obj.quiet)) {
+        // Not clean, or a clean anonymous page of a region whose
+        // descriptor reports `madvise` (one made read-only by `protect`):
+        // zapping it would raise an event, so `evict_page` moves it out.
         obj.cache.unlock(i, 0, 0);
         return Err((Evict::Drop, Some(obj)));
     } else {
@@ -176,7 +178,10 @@ fn prepare_clean<'a>(
     }
     let mut vma = None;
     if w & MAPPED != 0 {
-        let addr = obj.mapped_at.load(Acquire) + i * PAGE_SIZE;
+        let Some(addr) = obj.windows.addr_of(i) else {
+            obj.cache.unlock(i, 0, 0);
+            return Err((Evict::Rotate, None));
+        };
         match mm.lock_vma_quiet(addr) {
             // An anonymous page stays clean only while its region stays
             // read-only: `protect` clears CLEAN under the region's write

@@ -9,5 +9,6 @@
 
 pub mod global_lock;
 pub mod mutex;
+pub mod percpu_rwsem;
 pub mod rcu;
 pub mod region_lock;

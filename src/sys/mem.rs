@@ -76,6 +76,32 @@ impl Mapping {
         Ok(Mapping { addr, len })
     }
 
+    /// Reserves `[addr, addr+len)` exactly with an inaccessible mapping,
+    /// failing with `EEXIST` if anything is mapped there.
+    pub fn reserve_at(addr: usize, len: usize) -> Result<Mapping, i32> {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        let a = check(p)?;
+        let m = Mapping { addr: a, len };
+        if a != addr {
+            // An old kernel that ignores MAP_FIXED_NOREPLACE.
+            return Err(libc::EEXIST);
+        }
+        Ok(m)
+    }
+
     /// A shared read-only mapping of the first `len` bytes of `fd`,
     /// wherever the kernel puts it. Pages past the file's end within the
     /// last page read as zeros; a read past that page faults (`SIGBUS`, or

@@ -89,7 +89,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
     let store = Arc::new(file.store()?);
-    let region = pager.map_store(store, len, &read_map_options(k.install))?;
+    let mut region = pager.map_store(store, len, &read_map_options(k.install))?;
     // The kernel's own mapping of the same file, for comparison.
     let kmap = crate::sys::mem::Mapping::read_only(file.file().as_raw_fd(), len)
         .map_err(|e| Error::sys("mmap", e))?;

@@ -1,0 +1,311 @@
+//! Non-cooperative events: the application's own `munmap`, `mremap` and
+//! `madvise(MADV_DONTNEED)` on region memory (`UFFD_EVENT_UNMAP`, `REMAP`,
+//! `REMOVE`), and what the engine does about them.
+//!
+//! The kernel makes the calling thread wait until the event is read, and
+//! until then every userfaultfd ioctl on the descriptor fails with EAGAIN.
+//! So every delivery mode has a reader (in-thread delivery gets a thread of
+//! its own, `uffd-events`; handler threads read events among fault
+//! messages), and EAGAIN means "let the events be read, then retry".
+//!
+//! # The gate
+//! Applying an event changes what the engine believes about a range: the
+//! range is gone, has moved, or its pages read as their source again. A
+//! fault or an eviction that looked at the range before must not act on it
+//! after (an eviction that moved a page out of a range the application has
+//! since mapped its own memory into would take the application's page). So
+//! every piece of engine work that issues ioctls on user addresses runs in
+//! a read section of [`Events::gate`] (a per-CPU rwsem: two RMWs on the
+//! CPU's own line), and events are applied under its write side:
+//!
+//! - With in-thread delivery the event thread takes the gate *before* it
+//!   reads: the calling thread stays blocked in its `munmap` until the
+//!   engine knows, and nothing can race the change. Faults that hit EAGAIN
+//!   while the gate is wanted leave their section and wait.
+//! - With handler threads the read comes first (events arrive among fault
+//!   messages), then the gate; in the moment between, a fault another
+//!   handler is finishing can still complete on the old view. A fault
+//!   re-checks its page when it meets the result (`fault::install`'s
+//!   recheck), so the window only matters for a page that an application
+//!   thread touches at the very time another thread unmaps or drops it.
+//!
+//! What each event does:
+//! - `REMOVE` (only anonymous regions mapped writable report it): the pages
+//!   in the range read as their source again (zeros, or the store): cached
+//!   and swapped copies are dropped, installed pages are marked absent (the
+//!   caller's zap follows the read).
+//! - `UNMAP`: the range is no longer the region's. Pieces outside it stay;
+//!   anonymous pages inside are discarded, shared ones stay cached.
+//! - `REMAP`: the part inside the moved range is published at its new
+//!   address (the kernel moved its PTEs and its registration with it).
+
+use crate::address_space::Mm;
+use crate::mmap::{cut, Cut};
+use crate::stats::Counter;
+use crate::sync::percpu_rwsem::{PercpuRwsem, ReadGuard, WriteGuard};
+use crate::sys::uffd::{Msg, Uffd, EVENT_REMAP, EVENT_REMOVE, EVENT_UNMAP};
+use crate::vma::Vma;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+/// The event features a descriptor asks for on top of `base`: `munmap`
+/// and `mremap` always; `madvise` unless `quiet`.
+pub fn features(base: u64, quiet: bool) -> u64 {
+    use crate::sys::uffd::feature;
+    let f = base | feature::EVENT_UNMAP | feature::EVENT_REMAP;
+    if quiet {
+        f
+    } else {
+        f | feature::EVENT_REMOVE
+    }
+}
+
+/// Per-pager event state. See the module docs.
+#[derive(Debug, Default)]
+pub struct Events {
+    /// Read: engine work on user addresses. Write: applying events.
+    pub gate: PercpuRwsem,
+    /// Serialises handler threads' reads of their descriptors, so the
+    /// events they return are queued in the order they were read. The
+    /// kernel sends one event at a time (the caller waits until it is
+    /// read), and one call can send several (an `mremap` that moves a range
+    /// reports the move, then the unmap of what was there before): applied
+    /// out of order they would undo each other.
+    reads: Mutex<()>,
+    /// Events read and not applied yet, in read order.
+    queue: Mutex<VecDeque<Event>>,
+    /// Reads in flight plus events queued and not yet applied.
+    busy: AtomicU32,
+    /// Events applied so far.
+    applied: AtomicU64,
+    /// Ranges a `map` already applied an unread `UNMAP` to (the kernel
+    /// handed the range to the new mapping): the event, when it is read,
+    /// must not touch the new region there.
+    pre_applied: Mutex<Vec<(usize, usize)>>,
+}
+
+/// One event, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// `madvise` dropped `[start, end)`.
+    Remove(usize, usize),
+    /// `munmap` removed `[start, end)`.
+    Unmap(usize, usize),
+    /// `mremap` moved `len` bytes from `from` to `to`.
+    Remap {
+        /// Old start.
+        from: usize,
+        /// New start.
+        to: usize,
+        /// Bytes moved.
+        len: usize,
+    },
+}
+
+impl Event {
+    /// The event in a message, if it is one the engine applies.
+    pub fn of(m: &Msg) -> Option<Event> {
+        match m.event {
+            EVENT_REMOVE => Some(Event::Remove(m.arg0 as usize, m.arg1 as usize)),
+            EVENT_UNMAP => Some(Event::Unmap(m.arg0 as usize, m.arg1 as usize)),
+            EVENT_REMAP => Some(Event::Remap {
+                from: m.arg0 as usize,
+                to: m.arg1 as usize,
+                len: m.arg2 as usize,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Events {
+    /// Enters a read section (see the module docs). Async-signal-safe.
+    #[inline]
+    pub fn section(&self) -> ReadGuard<'_> {
+        self.gate.read()
+    }
+
+    /// Whether events are waiting to be applied: a section that meets
+    /// EAGAIN leaves instead of retrying. One load.
+    #[inline]
+    pub fn pending(&self) -> bool {
+        self.gate.writer_waiting()
+    }
+
+    /// Events applied so far: a fault notes it when it starts (one load of
+    /// a line written once per event).
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.applied.load(SeqCst)
+    }
+
+    /// Whether events may have changed the address space under a fault
+    /// that started at `epoch`: some were applied since, or some are being
+    /// read or wait to be applied. A fault that found no region then
+    /// restarts instead of raising SIGSEGV: the region may be about to
+    /// appear where the application moved it.
+    #[inline]
+    pub fn unsettled_since(&self, epoch: u64) -> bool {
+        self.pending() || self.busy.load(SeqCst) != 0 || self.applied.load(SeqCst) != epoch
+    }
+
+    /// Waits until no event is being read, waits or is being applied.
+    /// Address-space writers call it before they take the global lock
+    /// (which applying an event needs), so that an application that
+    /// unmapped or moved region memory and then drops the region finds the
+    /// engine up to date: its call returned only once the event was read.
+    pub fn quiesce(&self) {
+        loop {
+            self.gate.wait_for_writers();
+            if self.busy.load(SeqCst) == 0 {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Reads up to `msgs.len()` messages from `uffd` (non-blocking; `Ok(0)`:
+    /// none) in read order with the other readers, and queues the events
+    /// among them for [`Events::apply_queued`].
+    pub fn read(&self, uffd: &Uffd, msgs: &mut [Msg]) -> Result<usize, i32> {
+        let _order = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        self.busy.fetch_add(1, SeqCst);
+        let r = uffd.read_msgs(msgs);
+        if let Ok(n) = r {
+            let mut q = self.lock_queue();
+            for e in msgs[..n].iter().filter_map(Event::of) {
+                self.busy.fetch_add(1, SeqCst);
+                q.push_back(e);
+            }
+        }
+        self.busy.fetch_sub(1, SeqCst);
+        r
+    }
+
+    /// Applies every queued event, in read order, under the gate's write
+    /// side. The caller holds no engine lock and no read section.
+    pub fn apply_queued(&self, mm: &Mm) {
+        if self.lock_queue().is_empty() {
+            return;
+        }
+        let gate = self.gate.write();
+        self.apply_queued_locked(mm, &gate);
+    }
+
+    /// As [`Events::apply_queued`], for a caller that holds the gate's
+    /// write side already.
+    pub fn apply_queued_locked(&self, mm: &Mm, _gate: &WriteGuard<'_>) {
+        loop {
+            let Some(e) = self.lock_queue().pop_front() else {
+                return;
+            };
+            apply_all(mm, &[e]);
+            self.busy.fetch_sub(1, SeqCst);
+        }
+    }
+
+    fn lock_queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A `map` found table entries overlapping `[start, end)`, which the
+    /// kernel just gave it: the application unmapped them and the event is
+    /// not read yet. Applies the unmap now and remembers the range. The
+    /// caller holds the global write lock.
+    pub(crate) fn apply_stale(&self, mm: &Mm, start: usize, end: usize) {
+        if mm.table.read(|t| t.overlaps(start, end, None)) {
+            apply(mm, Event::Unmap(start, end), &[]);
+            self.lock_pre_applied().push((start, end));
+        }
+    }
+
+    fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
+        self.pre_applied.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Applies `events` (the caller holds the gate's write side, not the
+/// global lock).
+pub fn apply_all(mm: &Mm, events: &[Event]) {
+    if events.is_empty() {
+        return;
+    }
+    let _w = mm.lock.write();
+    let pre: Vec<(usize, usize)> = std::mem::take(&mut *mm.events.lock_pre_applied());
+    for &e in events {
+        apply(mm, e, &pre);
+    }
+    mm.events.applied.fetch_add(1, SeqCst);
+}
+
+/// Applies one event under the global write lock, leaving alone regions
+/// that lie wholly inside a `pre` range (mapped after the kernel freed it).
+fn apply(mm: &Mm, e: Event, pre: &[(usize, usize)]) {
+    let (s, end) = match e {
+        Event::Remove(s, end) | Event::Unmap(s, end) => (s, end),
+        Event::Remap { from, len, .. } => (from, from + len),
+    };
+    let inside_pre = |v: &Vma| pre.iter().any(|&(a, b)| v.start >= a && v.end <= b);
+    let vmas: Vec<Arc<Vma>> = mm
+        .table
+        .read(|t| t.overlapping(s, end))
+        .into_iter()
+        .filter(|v| !inside_pre(v))
+        .collect();
+    match e {
+        Event::Remove(..) => {
+            mm.counters.inc(Counter::EVENT_REMOVE);
+            for v in &vmas {
+                remove(mm, v, s, end);
+            }
+        }
+        Event::Unmap(..) => {
+            mm.counters.inc(Counter::EVENT_UNMAP);
+            let mut released = Vec::new();
+            for v in &vmas {
+                let Cut { kept, .. } = cut(mm, v, s, end, None);
+                mm.publish(std::slice::from_ref(v), &kept);
+                released.push(v.object.clone());
+            }
+            drop(vmas);
+            for obj in released {
+                // The last piece of an object gone: its dirty shared pages
+                // are written back, as a file mapping's are after munmap.
+                if let Err(err) = mm.release_object(obj) {
+                    tracing::error!(error = %err, "writing back a region the application unmapped");
+                }
+            }
+        }
+        Event::Remap { to, .. } => {
+            mm.counters.inc(Counter::EVENT_REMAP);
+            for v in &vmas {
+                let Cut { mut kept, moved } = cut(mm, v, s, end, Some(to));
+                kept.extend(moved);
+                mm.publish(std::slice::from_ref(v), &kept);
+            }
+        }
+    }
+}
+
+/// `REMOVE` on one region: its anonymous pages in `[s, e)` read as their
+/// source again. Shared regions keep their data (their descriptor does not
+/// report `madvise`; a fault on a page dropped from their mapping maps it
+/// again).
+fn remove(mm: &Mm, v: &Vma, s: usize, e: usize) {
+    let obj = &v.object;
+    if obj.kind != crate::object::InstallKind::Anonymous {
+        return;
+    }
+    let (cs, ce) = (s.max(v.start), e.min(v.end));
+    if cs >= ce {
+        return;
+    }
+    v.lock.write_lock();
+    for i in v.page_index(cs)..v.page_index(ce - 1) + 1 {
+        let w = obj.cache.lock(i);
+        let clear = crate::mmap::discard_page(mm, obj, i, w);
+        obj.cache.unlock(i, 0, clear);
+    }
+    v.lock.write_unlock();
+}

@@ -1,0 +1,306 @@
+//! Living inside someone else's process, the application's side
+//! (`shared/design/guest.md`): its own `munmap`, `mremap`, `mprotect` and
+//! `madvise` on region memory give what they give on a plain mapping, and
+//! the engine never touches memory that is no longer the region's.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager, Region};
+use util::*;
+
+const KINDS: [InstallKind; 2] = [InstallKind::Anonymous, InstallKind::Shared];
+
+/// A pager with a small budget, so that reclaim runs all the time.
+fn small_pager(d: Delivery) -> Pager {
+    Pager::builder()
+        .delivery(d)
+        .budget_pages(16)
+        .build()
+        .unwrap_or_else(|e| panic!("{d}: {e}"))
+}
+
+/// A writable region of `pages` pages holding [`pattern`] `seed`: anonymous
+/// memory written by the test, or a shared region over a memory store.
+fn region(p: &Pager, kind: InstallKind, pages: usize, seed: u64) -> (Region, Vec<u8>) {
+    let data = pattern_vec(seed, pages * PAGE);
+    match kind {
+        InstallKind::Anonymous => {
+            let mut r = p.map_anonymous(pages * PAGE).unwrap();
+            r.as_mut_slice().copy_from_slice(&data);
+            (r, data)
+        }
+        InstallKind::Shared => {
+            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+            let r = p
+                .map_store(store, data.len(), &MapOptions::default())
+                .unwrap();
+            (r, data)
+        }
+    }
+}
+
+fn byte(addr: usize) -> u8 {
+    // SAFETY: callers pass addresses inside live mappings.
+    unsafe { std::ptr::read_volatile(addr as *const u8) }
+}
+
+/// The application's own anonymous mapping at exactly `addr`.
+fn app_mmap_at(addr: usize, len: usize) -> usize {
+    // SAFETY: MAP_FIXED_NOREPLACE maps only free addresses.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p as usize != addr {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        let near: Vec<&str> = maps
+            .lines()
+            .filter(|l| {
+                let a = usize::from_str_radix(l.split('-').next().unwrap_or("0"), 16).unwrap_or(0);
+                a.abs_diff(addr) < (1 << 24)
+            })
+            .collect();
+        panic!(
+            "the range {addr:#x}+{len:#x} is not free: {}\n{}",
+            errno(),
+            near.join("\n")
+        );
+    }
+    p as usize
+}
+
+/// The application unmaps part of a region, and maps its own memory over
+/// another part (`mmap(MAP_FIXED)`: an unmap and a map in one call, so no
+/// other thread can take the range in between). Its memory is its own
+/// (the engine never reads, zaps or moves it, however hard reclaim runs),
+/// the rest of the region keeps its data, and dropping the region leaves
+/// the application's mapping alone.
+#[test]
+fn munmap_of_part_then_the_applications_own_mmap_in_the_hole() {
+    for d in DELIVERIES {
+        for kind in KINDS {
+            with_deadline(120, "munmap hole", move || {
+                let ctx = format!("{d} {kind}");
+                let p = small_pager(d);
+                let pages = 64;
+                let (r, want) = region(&p, kind, pages, 21);
+                let base = r.as_ptr() as usize;
+                let gone = base + 16 * PAGE;
+                // SAFETY: the application unmaps region memory itself.
+                assert_eq!(
+                    unsafe { libc::munmap(gone as *mut libc::c_void, 16 * PAGE) },
+                    0
+                );
+                let mine = base + 40 * PAGE;
+                // SAFETY: the application maps its own memory over region
+                // memory.
+                let q = unsafe {
+                    libc::mmap(
+                        mine as *mut libc::c_void,
+                        8 * PAGE,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                        -1,
+                        0,
+                    )
+                };
+                assert_eq!(q as usize, mine, "mmap(MAP_FIXED): {}", errno());
+                for k in 0..8 * PAGE {
+                    // SAFETY: the application's own mapping.
+                    unsafe { *((mine + k) as *mut u8) = 0xA5 };
+                }
+                let kept = (0..16).chain(32..40).chain(48..pages);
+                for round in 0..4 {
+                    for pg in kept.clone() {
+                        let a = base + pg * PAGE;
+                        assert_eq!(
+                            byte(a + 5),
+                            want[pg * PAGE + 5],
+                            "{ctx}: page {pg} r{round}"
+                        );
+                    }
+                    p.reclaim_pages(64);
+                    for k in (0..8 * PAGE).step_by(512) {
+                        assert_eq!(byte(mine + k), 0xA5, "{ctx}: the application's page");
+                    }
+                }
+                assert!(
+                    p.stats().get(Counter::EVENT_UNMAP) >= 2,
+                    "{ctx}: {}",
+                    p.stats()
+                );
+                drop(r);
+                for k in (0..8 * PAGE).step_by(512) {
+                    assert_eq!(byte(mine + k), 0xA5, "{ctx}: after the region went");
+                }
+                // SAFETY: the application's own mapping.
+                assert_eq!(
+                    unsafe { libc::munmap(mine as *mut libc::c_void, 8 * PAGE) },
+                    0
+                );
+            });
+        }
+    }
+}
+
+/// The application moves a whole region with its own `mremap`: its data
+/// (resident or evicted) is read at the new address, faults there are
+/// served, and dropping the region unmaps it there. In a child process, as
+/// it probes which ranges are free.
+#[test]
+fn mremap_by_the_application_moves_the_region() {
+    if !is_child() {
+        let out = run_child("mremap_by_the_application_moves_the_region", &[]);
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    for d in DELIVERIES {
+        for kind in KINDS {
+            with_deadline(120, "mremap", move || {
+                let ctx = format!("{d} {kind}");
+                let p = small_pager(d);
+                let pages = 64;
+                let (r, want) = region(&p, kind, pages, 22);
+                let old = r.as_ptr() as usize;
+                let to = free_range(pages * PAGE);
+                // SAFETY: the application moves region memory itself.
+                let q = unsafe {
+                    libc::mremap(
+                        old as *mut libc::c_void,
+                        pages * PAGE,
+                        pages * PAGE,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                        to as *mut libc::c_void,
+                    )
+                };
+                assert_eq!(q as usize, to, "mremap: {}", errno());
+                for round in 0..3 {
+                    for pg in 0..pages {
+                        assert_eq!(
+                            byte(to + pg * PAGE + 9),
+                            want[pg * PAGE + 9],
+                            "{ctx}: r{round}"
+                        );
+                    }
+                    p.reclaim_pages(64);
+                }
+                assert!(
+                    p.stats().get(Counter::EVENT_REMAP) >= 1,
+                    "{ctx}: {}",
+                    p.stats()
+                );
+                drop(r);
+                // The moved range went with the region.
+                app_mmap_at(to, pages * PAGE);
+                // SAFETY: our own probe mapping.
+                unsafe { libc::munmap(to as *mut libc::c_void, pages * PAGE) };
+            });
+        }
+    }
+}
+
+/// `madvise(MADV_DONTNEED)` by the application on a private mapping of a
+/// store (the anonymous install kind): written pages, resident or evicted,
+/// read the store's contents again, as on a `MAP_PRIVATE` file mapping.
+#[test]
+fn dontneed_on_a_private_store_mapping_reads_the_store_again() {
+    for d in DELIVERIES {
+        with_deadline(60, "private dontneed", move || {
+            let p = small_pager(d);
+            let pages = 64;
+            let data = pattern_vec(23, pages * PAGE);
+            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+            let opts = MapOptions {
+                kind: InstallKind::Anonymous,
+                ..MapOptions::default()
+            };
+            let mut r = p.map_store(store, data.len(), &opts).unwrap();
+            r.as_mut_slice().fill(0x3C);
+            // SAFETY: the application's own call on region memory.
+            let rc = unsafe { libc::madvise(r.as_ptr().cast(), r.len(), libc::MADV_DONTNEED) };
+            assert_eq!(rc, 0);
+            assert_bytes(r.as_slice(), &data, &format!("{d}: after DONTNEED"));
+        });
+    }
+}
+
+/// The application makes a writable anonymous region read-only with its
+/// own `mprotect`: reads keep working while reclaim moves its pages in and
+/// out, and its data survives.
+#[test]
+fn mprotect_read_only_by_the_application_keeps_data_through_reclaim() {
+    for d in DELIVERIES {
+        with_deadline(60, "mprotect ro", move || {
+            let p = small_pager(d);
+            let pages = 64;
+            let (r, want) = region(&p, InstallKind::Anonymous, pages, 24);
+            // SAFETY: the application's own call on region memory.
+            let rc = unsafe { libc::mprotect(r.as_ptr().cast(), r.len(), libc::PROT_READ) };
+            assert_eq!(rc, 0);
+            for round in 0..3 {
+                assert_bytes(r.as_slice(), &want, &format!("{d}: round {round}"));
+                p.reclaim_pages(64);
+            }
+        });
+    }
+}
+
+/// A child writes to a shared region over a read-only store that the
+/// application made writable with its own `mprotect`: the write is refused
+/// with SIGSEGV (a write that no write-back could keep), as the kernel
+/// refuses `PROT_WRITE` on a read-only file.
+#[test]
+fn child_write_to_read_only_store_after_mprotect() {
+    if !is_child() {
+        return;
+    }
+    let d: Delivery = std::env::var("UFFD_DELIVERY").unwrap().parse().unwrap();
+    let p = pager(d);
+    let data = pattern_vec(25, 4 * PAGE);
+    let store = Arc::new(MemoryStore::read_only(&data).unwrap());
+    let opts = MapOptions {
+        writable: false,
+        ..MapOptions::default()
+    };
+    let r = p.map_store(store, data.len(), &opts).unwrap();
+    assert_eq!(byte(r.as_ptr() as usize), data[0]);
+    // SAFETY: the application's own call on region memory.
+    let rc = unsafe {
+        libc::mprotect(
+            r.as_ptr().cast(),
+            r.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(rc, 0);
+    println!("about to write");
+    // SAFETY: a write the engine must refuse.
+    unsafe { std::ptr::write_volatile(r.as_ptr().add(PAGE), 1u8) };
+    println!("the write went through");
+}
+
+#[test]
+fn writes_to_a_read_only_store_are_refused_after_mprotect() {
+    for d in DELIVERIES {
+        let out = run_child(
+            "child_write_to_read_only_store_after_mprotect",
+            &[("UFFD_DELIVERY", &d.to_string())],
+        );
+        assert_eq!(
+            exit_signal(&out),
+            Some(libc::SIGSEGV),
+            "{d}: {}",
+            describe(&out)
+        );
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("went through"));
+    }
+}
