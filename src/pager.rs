@@ -462,7 +462,9 @@ impl Pager {
     /// style); returns how many were freed. Pages of pinned regions and
     /// pages in use (locked) are skipped.
     pub fn reclaim_pages(&self, nr: u64) -> u64 {
-        crate::reclaim::shrink(&self.inner.mm, nr)
+        let mm = &self.inner.mm;
+        let _section = mm.events.section();
+        crate::reclaim::shrink(mm, nr)
     }
 
     /// LRU-lock (acquisitions, contended acquisitions) per shard.

@@ -117,9 +117,15 @@ fn serve_events(mm: &Mm, fds: &[&Uffd], stopfd: i32) {
     }
 }
 
+/// What poll(2) found readable: the stop eventfd, and each descriptor.
+struct Ready {
+    stop: bool,
+    fds: [bool; 2],
+}
+
 /// Blocks in poll(2) until one of `fds` or `stop` (an eventfd) is
-/// readable; returns true when `stop` fired. EINTR is retried.
-fn wait_readable(fds: &[&Uffd], stop: i32) -> bool {
+/// readable. EINTR is retried.
+fn wait_ready(fds: &[&Uffd], stop: i32) -> Ready {
     let mut p = [libc::pollfd {
         fd: stop,
         events: libc::POLLIN,
@@ -133,9 +139,17 @@ fn wait_readable(fds: &[&Uffd], stop: i32) -> bool {
         // SAFETY: `p` holds `n` valid pollfds.
         let rc = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, -1) };
         if rc >= 0 || crate::sys::errno() != libc::EINTR {
-            return p[0].revents != 0;
+            return Ready {
+                stop: p[0].revents != 0,
+                fds: [p[1].revents != 0, n > 2 && p[2].revents != 0],
+            };
         }
     }
+}
+
+/// Blocks until one of `fds` or `stop` is readable; true when `stop` fired.
+fn wait_readable(fds: &[&Uffd], stop: i32) -> bool {
+    wait_ready(fds, stop).stop
 }
 
 /// Faults resolved and waiting to be woken, per descriptor.
@@ -210,8 +224,9 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
     let mut done = [Done::new(), Done::new()];
     // Faults that met an unread event, with the descriptor they came from.
     let mut again: Vec<(usize, Msg)> = Vec::new();
+    let mut ready = [true; 2];
     loop {
-        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs) else {
+        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs, &mut ready) else {
             return;
         };
         // Events first (in read order, under the gate), then the faults: a
@@ -299,17 +314,25 @@ fn read_batch(
     stopfd: i32,
     spin_us: u32,
     msgs: &mut [Msg],
+    ready: &mut [bool; 2],
 ) -> Option<(usize, usize)> {
     let deadline = now_ns() + spin_us as u64 * 1000;
     let mut failed = [false; 2];
     loop {
+        // Only descriptors that may hold messages are read: the one the
+        // last batch came from, and those poll(2) reports. A read of the
+        // other descriptor after every fault would cost a syscall each.
         for (k, u) in fds.iter().enumerate() {
-            if failed[k] {
+            if failed[k] || !(ready[k] || spin_us > 0) {
                 continue;
             }
             match mm.events.read(u, msgs) {
-                Ok(n) if n > 0 => return Some((k, n)),
-                Ok(_) | Err(libc::EINTR) => {}
+                Ok(n) if n > 0 => {
+                    *ready = [false; 2];
+                    ready[k] = true;
+                    return Some((k, n));
+                }
+                Ok(_) | Err(libc::EINTR) => ready[k] = false,
                 Err(e) => {
                     tracing::error!(
                         errno = e,
@@ -331,9 +354,11 @@ fn read_batch(
             std::hint::spin_loop();
             continue;
         }
-        if wait_readable(fds, stopfd) {
+        let r = wait_ready(fds, stopfd);
+        if r.stop {
             return None;
         }
+        *ready = r.fds;
     }
 }
 

@@ -433,7 +433,11 @@ pub fn start_kswapd(mm: &Arc<Mm>) -> std::io::Result<std::thread::JoinHandle<()>
                 let resident = mm.resident.load(Relaxed);
                 if resident > high {
                     mm.counters.inc(KSWAPD_WAKE);
+                    // In a section of the event gate: eviction issues
+                    // ioctls on user addresses (see `crate::events`).
+                    let section = mm.events.section();
                     let got = shrink(&mm, resident - low);
+                    drop(section);
                     if got == 0 {
                         std::thread::sleep(std::time::Duration::from_millis(1));
                     }
