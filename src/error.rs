@@ -32,6 +32,10 @@ pub enum Error {
         /// Bytes the region needs.
         needed: u64,
     },
+    /// The path to map is not a regular file (a directory, a device, a
+    /// socket): its pages cannot be read with `pread`.
+    #[error("{} is not a regular file", .0.display())]
+    NotRegularFile(std::path::PathBuf),
     /// A read-only file or store was mapped writable.
     #[error("the backing store is read-only but the region was requested writable")]
     ReadOnlyStore,

@@ -64,19 +64,29 @@ impl std::fmt::Display for DrainPolicy {
     }
 }
 
-/// An LRU entry: object slot in the high half, page index in the low half.
+/// An LRU entry: the object's slot in the top [`SLOT_BITS`] bits, the page
+/// index in the rest (44 bits: more pages than x86-64's 47-bit user address
+/// space holds).
 pub type Entry = u64;
 
-/// Packs an entry.
+/// Bits of an entry that hold the object slot.
+pub const SLOT_BITS: u32 = 20;
+const PAGE_BITS: u32 = 64 - SLOT_BITS;
+const _: () = assert!(crate::rmap::MAX_OBJECTS <= 1 << SLOT_BITS);
+
+/// Packs an entry (`slot < 2^20`, `page < 2^44`).
 #[inline]
 pub fn entry(slot: u32, page: usize) -> Entry {
-    ((slot as u64) << 32) | page as u64
+    ((slot as u64) << PAGE_BITS) | (page as u64 & ((1 << PAGE_BITS) - 1))
 }
 
 /// Unpacks an entry.
 #[inline]
 pub fn unpack(e: Entry) -> (u32, usize) {
-    ((e >> 32) as u32, (e & 0xffff_ffff) as usize)
+    (
+        (e >> PAGE_BITS) as u32,
+        (e & ((1 << PAGE_BITS) - 1)) as usize,
+    )
 }
 
 struct Ring {
@@ -351,5 +361,22 @@ impl Lru {
     /// Whether all rings are empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_keep_page_indices_past_32_bits() {
+        for &(slot, page) in &[
+            (0u32, 0usize),
+            (7, 1 << 32),
+            (1 << 19, (1 << 44) - 1),
+            (3, 123_456_789_012),
+        ] {
+            assert_eq!(unpack(entry(slot, page)), (slot, page));
+        }
     }
 }

@@ -106,18 +106,18 @@ pub struct Object {
     pub windows: Windows,
     /// Readahead state (`file_ra_state`): where the next sequential fault
     /// is expected, the current window, and the end of what was requested.
-    pub ra_next: AtomicU32,
+    pub ra_next: AtomicUsize,
     /// Readahead window in pages.
     pub ra_window: AtomicU32,
     /// The region's own userfaultfd, with per-region delivery (set once, at
     /// map time); otherwise the pager's descriptor serves it.
     pub region_uffd: std::sync::OnceLock<Arc<Uffd>>,
     /// One past the last page requested by readahead.
-    pub ra_end: AtomicU32,
+    pub ra_end: AtomicUsize,
     /// Fault-around state ([`crate::fault`]'s `around`): where a
     /// sequential reader's next fault is expected (the page after the last
     /// cluster), and the current cluster in pages.
-    pub fa_next: AtomicU32,
+    pub fa_next: AtomicUsize,
     /// Fault-around cluster in pages (0: the configured base).
     pub fa_window: AtomicU32,
 }
@@ -278,11 +278,11 @@ impl Object {
             pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),
             windows: Windows::default(),
-            ra_next: AtomicU32::new(u32::MAX),
+            ra_next: AtomicUsize::new(usize::MAX),
             ra_window: AtomicU32::new(0),
             region_uffd: std::sync::OnceLock::new(),
-            ra_end: AtomicU32::new(0),
-            fa_next: AtomicU32::new(u32::MAX),
+            ra_end: AtomicUsize::new(0),
+            fa_next: AtomicUsize::new(usize::MAX),
             fa_window: AtomicU32::new(0),
         })
     }
@@ -330,7 +330,9 @@ impl Object {
     /// mmap's). Async-signal-safe.
     #[inline]
     pub fn data(&self, i: usize) -> Result<*mut u8, i32> {
-        debug_assert!(i < self.npages());
+        if i >= self.npages() {
+            return Err(libc::EINVAL);
+        }
         let base = match &self.backing {
             Backing::Anonymous { area } => area.get()?,
             Backing::Shared { alias, .. } => alias.addr(),

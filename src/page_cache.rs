@@ -211,7 +211,6 @@ impl PageCache {
                 Some((c | set) & !(clear | LOCKED | WAITERS))
             })
             .unwrap_or_else(|c| c);
-        debug_assert!(prev & LOCKED != 0, "unlocking an unlocked page");
         if prev & WAITERS != 0 {
             futex::wake_all(w);
         }

@@ -345,6 +345,13 @@ impl Pager {
 
     /// Maps the file at `path`: the whole file if `len` is `None`.
     pub fn map_file(&self, path: &Path, len: Option<usize>, opts: &MapOptions) -> Result<Region> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::Io {
+            context: format!("stat {}", path.display()),
+            source: e,
+        })?;
+        if !meta.is_file() {
+            return Err(Error::NotRegularFile(path.to_path_buf()));
+        }
         let store = FileStore::open(
             path,
             &FileStoreOptions {

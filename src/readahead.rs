@@ -125,8 +125,7 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     if max == 0 {
         return;
     }
-    let i32_ = i as u32;
-    let expected = obj.ra_next.swap(i32_ + 1, Relaxed);
+    let expected = obj.ra_next.swap(i + 1, Relaxed);
     let w = obj.ra_window.load(Relaxed);
     let end = obj.ra_end.load(Relaxed);
     // Sequential: the next page, or a page a little ahead of it up to the
@@ -134,9 +133,8 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     // between, so a sequential reader's next fault lands further on). The
     // reach is bounded: `end` only grows, and a random fault that lands
     // anywhere past the last one must not count as sequential.
-    let reach = max + (mm.config.fault_around_pages * crate::fault::FAULT_AROUND_GROWTH) as u32;
-    let sequential =
-        i32_ == expected || (i32_ >= expected && i32_ <= end && i32_ - expected <= reach);
+    let reach = max as usize + mm.config.fault_around_pages * crate::fault::FAULT_AROUND_GROWTH;
+    let sequential = i == expected || (i >= expected && i <= end && i - expected <= reach);
     let w = if sequential {
         (w * 2).clamp(4, max)
     } else {
@@ -146,19 +144,19 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     if w == 0 {
         return;
     }
-    let from = (i32_ + 1).max(if sequential { end } else { 0 });
-    let to = (i32_ + 1 + w).min(obj.npages() as u32);
+    let from = (i + 1).max(if sequential { end } else { 0 });
+    let to = (i + 1 + w as usize).min(obj.npages());
     if from >= to {
         return;
     }
     let slot = obj.slot.load(Relaxed);
     let mut last = from;
     for j in from..to {
-        if obj.cache.load(j as usize) & (UPTODATE | LOCKED | POISONED) != 0 {
+        if obj.cache.load(j) & (UPTODATE | LOCKED | POISONED) != 0 {
             last = j + 1;
             continue;
         }
-        if !mm.readahead.push(entry(slot, j as usize)) {
+        if !mm.readahead.push(entry(slot, j)) {
             break;
         }
         last = j + 1;

@@ -135,3 +135,13 @@ fn probe_mentions_sigbus() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("SIGBUS"), "probe output:\n{out}");
 }
+
+/// `random` sizes its file from the budget: a budget of 0 is refused
+/// rather than printing NaN ratios.
+#[test]
+fn random_needs_a_budget() {
+    rejects(
+        &["bench", "random", "--budget", "0", "--duration", "1"],
+        "--budget",
+    );
+}

@@ -419,3 +419,67 @@ fn errors_leave_pager_usable() {
         assert_bytes(r.as_slice(), &want, "after errors");
     }
 }
+
+/// A directory (or any path that is not a regular file) is refused at map
+/// time, instead of a region whose first touch dies of SIGBUS.
+#[test]
+fn errors_map_file_of_a_directory() {
+    let p = pager(Delivery::InThread);
+    let dir = std::env::temp_dir();
+    let r = p.map_file(&dir, Some(PAGE), &MapOptions::default());
+    assert!(matches!(r, Err(Error::NotRegularFile(_))), "{r:?}");
+    let r = p.map_file(
+        std::path::Path::new("/dev/null"),
+        Some(PAGE),
+        &shared(false),
+    );
+    assert!(matches!(r, Err(Error::NotRegularFile(_))), "{r:?}");
+    // The pager still works.
+    let mut a = p.map_anonymous(PAGE).unwrap();
+    a.as_mut_slice()[0] = 1;
+    assert_eq!(a.as_slice()[0], 1);
+}
+
+/// A shared region over a read-only store cannot be made writable (its
+/// writes would have nowhere to go), as mprotect(PROT_WRITE) on a file
+/// opened read-only fails.
+#[test]
+fn errors_protect_writable_over_a_read_only_store() {
+    let p = pager(Delivery::InThread);
+    let data = pattern_vec(5, 4 * PAGE);
+    let store = Arc::new(MemoryStore::read_only(&data).unwrap());
+    let r = p.map_store(store, data.len(), &shared(false)).unwrap();
+    let e = r.protect(true);
+    assert!(matches!(e, Err(Error::ReadOnlyStore)), "{e:?}");
+    assert_bytes(r.as_slice(), &data, "still readable");
+}
+
+/// An anonymous (private) mapping of a read-only store may be writable:
+/// its writes go to its own swap, never to the store, and survive eviction.
+#[test]
+fn private_mapping_of_a_read_only_store_keeps_its_writes_through_eviction() {
+    for d in DELIVERIES {
+        let p = Pager::builder()
+            .delivery(d)
+            .budget_pages(8)
+            .build()
+            .unwrap();
+        let data = pattern_vec(6, 64 * PAGE);
+        let store = Arc::new(MemoryStore::read_only(&data).unwrap());
+        let mut r = p
+            .map_store(store.clone(), data.len(), &anon_opts(true))
+            .unwrap();
+        let mut want = data.clone();
+        for pg in 0..64 {
+            r.as_mut_slice()[pg * PAGE + 3] = 0x77;
+            want[pg * PAGE + 3] = 0x77;
+        }
+        p.reclaim_pages(1000);
+        assert_bytes(r.as_slice(), &want, &format!("{d}: after eviction"));
+        assert_bytes(
+            &store.snapshot(),
+            &data,
+            &format!("{d}: the store is untouched"),
+        );
+    }
+}

@@ -160,6 +160,13 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
     if a.policy.is_empty() {
         return Err(CliError::Usage("--policy needs at least one policy".into()));
     }
+    // `random` sizes its file from the budget (4x) and compares against a
+    // floor that keeps the same budget: it needs one.
+    if w == Which::Random && a.budget == Some(0) {
+        return Err(CliError::Usage(
+            "--budget must be at least 1 page for random (its file is 4x the budget)".into(),
+        ));
+    }
     let pages = a.pages.unwrap_or(pages);
     if (pages == 0 && w != Which::Random) || pages > (1 << 24) {
         return Err(CliError::Usage(format!(

@@ -80,7 +80,7 @@ pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize) -> bool {
         if (j..k).contains(&i) && i_mapped {
             // A sequential reader faults next at `k`, the first page after
             // `i` that this left unmapped.
-            obj.fa_next.store(k as u32, Relaxed);
+            obj.fa_next.store(k, Relaxed);
         }
         j = k + 1;
     }
@@ -101,7 +101,7 @@ const _: () = assert!(GROWTH >= 2, "a sequential cluster must be able to double"
 /// `fault_around_bytes` window). So a scan pays a signal per 512 pages
 /// at most, and a random reader maps no more than before.
 fn cluster(obj: &Object, i: usize, base: usize, pages: &std::ops::Range<usize>) -> (usize, usize) {
-    let sequential = obj.fa_next.load(Relaxed) == i as u32;
+    let sequential = obj.fa_next.load(Relaxed) == i;
     if sequential {
         let w = (obj.fa_window.load(Relaxed) as usize).clamp(base, base * GROWTH / 2);
         let n = w * 2;

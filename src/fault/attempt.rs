@@ -137,7 +137,8 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                 }
                 return finish_install(mm, vma, f, i, false, false);
             }
-            PageState::Loading => unreachable!("Loading always has LOCKED"),
+            // (Loading always has LOCKED, handled above.)
+            PageState::Loading => continue,
             PageState::Absent => {}
         }
 

@@ -238,7 +238,10 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         return Evict::Rotate;
     };
     if w & UPTODATE == 0 || w & ON_LRU == 0 {
-        obj.cache.unlock(i, 0, 0);
+        // A stale entry (the page left residency: dropped, shrunk away,
+        // unmapped by the application). It was the page's one entry, so
+        // the page is off the LRU now: when it comes back it is added anew.
+        obj.cache.unlock(i, 0, ON_LRU | LRU_BATCHED);
         return Evict::Drop;
     }
     if w & PINNED != 0 {

@@ -75,7 +75,10 @@ impl<'a> UnmapBatch<'a> {
         i: usize,
         e: Entry,
     ) -> Result<(), Refused> {
-        debug_assert!(!self.is_full());
+        if self.is_full() {
+            // The caller flushes a full batch first; never overrun it.
+            self.flush(mm);
+        }
         let p = prepare_clean(mm, obj, i, &mut self.zaps, &mut self.nz)?;
         self.pending[self.n] = Some(p);
         self.entries[self.n] = e;
@@ -123,8 +126,16 @@ impl<'a> UnmapBatch<'a> {
 }
 
 impl Drop for UnmapBatch<'_> {
+    /// Pending pages are locked: a batch dropped unflushed would strand
+    /// them (callers flush; this is the backstop, and it needs no panic,
+    /// which a signal handler must not raise).
     fn drop(&mut self) {
-        debug_assert_eq!(self.n, 0, "an unmap batch dropped with pages locked");
+        for k in 0..self.n {
+            if let Some(p) = self.pending[k].take() {
+                p.obj.cache.unlock(p.i, 0, 0);
+            }
+        }
+        self.n = 0;
     }
 }
 
@@ -158,7 +169,8 @@ fn prepare_clean<'a>(
         return Err((Evict::Rotate, None));
     };
     let verdict = if w & UPTODATE == 0 || w & ON_LRU == 0 {
-        Some((Evict::Drop, 0))
+        // A stale entry: see `evict_page`.
+        Some((Evict::Drop, ON_LRU | LRU_BATCHED))
     } else if w & PINNED != 0 {
         Some((Evict::Drop, ON_LRU))
     } else if w & REFERENCED != 0 {
