@@ -111,6 +111,8 @@ pub struct Mm {
     /// The application's own calls on region memory, and the gate that
     /// keeps faults and reclaim out while the engine applies them.
     pub events: crate::events::Events,
+    /// The process that made the address space (see [`crate::fork`]).
+    pub pid: i32,
     /// Live pieces of each region (by region id): their start addresses.
     pub(crate) regions: std::sync::Mutex<std::collections::HashMap<u64, Vec<usize>>>,
     next_id: AtomicU64,
@@ -148,6 +150,7 @@ impl Mm {
             uffd,
             uffd_quiet,
             events: Default::default(),
+            pid: crate::fork::pid(),
             regions: Default::default(),
             next_id: AtomicU64::new(1),
             per_region: std::sync::OnceLock::new(),
@@ -181,6 +184,23 @@ impl Mm {
         } else {
             &self.uffd
         }
+    }
+
+    /// `Err(ForkedChild)` in a `fork()`ed child (see [`crate::fork`]).
+    #[inline]
+    pub fn check_owner(&self) -> crate::error::Result<()> {
+        if crate::fork::is_child_of(self.pid) {
+            Err(crate::error::Error::ForkedChild)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether this is a `fork()`ed child of the process that made the
+    /// address space.
+    #[inline]
+    pub fn in_child(&self) -> bool {
+        crate::fork::is_child_of(self.pid)
     }
 
     /// A fresh region id.

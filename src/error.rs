@@ -71,6 +71,10 @@ pub enum Error {
     /// A store operation failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Called in a `fork()`ed child of the process that made the pager: its
+    /// regions are not mapped there, and the engine cannot serve it.
+    #[error("this process is a fork()ed child of the one that made the pager; the pager cannot be used here")]
+    ForkedChild,
     /// The builder was given an inconsistent configuration.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -23,6 +23,7 @@ pub mod delivery;
 pub mod error;
 pub mod events;
 pub mod fault;
+pub mod fork;
 pub mod inject;
 pub mod lru;
 pub mod mmap;

@@ -74,6 +74,7 @@ impl Mm {
         at: Placement,
         pinned: bool,
     ) -> Result<(u64, usize)> {
+        self.check_owner()?;
         self.events.quiesce();
         let _w = self.lock.write();
         let (hint, fixed) = at.fixed.map_or((0, false), |a| (a, true));
@@ -208,6 +209,7 @@ impl Mm {
     /// release the object (writing back a shared object over a writable
     /// store).
     pub fn unmap(&self, id: u64) -> Result<()> {
+        self.check_owner()?;
         self.events.quiesce();
         let w = self.lock.write();
         let pieces = self.pieces(id);
@@ -340,6 +342,7 @@ impl Mm {
     /// access reads what the source holds), as with the kernel's madvise.
     pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
         const CHUNK: usize = 64;
+        self.check_owner()?;
         self.events.quiesce();
         let quiet = {
             let _g = self.lock.read();
@@ -390,6 +393,7 @@ impl Mm {
 
     /// Changes the protection of every piece of region `id`.
     pub fn protect(&self, id: u64, writable: bool) -> Result<()> {
+        self.check_owner()?;
         self.events.quiesce();
         let _w = self.lock.write();
         let pieces = self.pieces(id);
@@ -429,6 +433,7 @@ impl Mm {
     /// old region is detached and a new one published, as the kernel
     /// replaces VMAs.
     pub fn remap(&self, id: u64, new_len: usize, new_addr: Option<usize>) -> Result<usize> {
+        self.check_owner()?;
         self.events.quiesce();
         let _w = self.lock.write();
         let old = self.only_piece(id)?;

@@ -109,6 +109,7 @@ impl PagerBuilder {
 
     /// Opens the descriptor and starts delivery.
     pub fn build(self) -> Result<Pager> {
+        crate::fork::watch();
         let in_thread = self.config.delivery.is_in_thread();
         let mut features =
             feature::MINOR_SHMEM | feature::MOVE | feature::POISON | feature::WP_HUGETLBFS_SHMEM;
@@ -238,6 +239,14 @@ pub(crate) struct PagerInner {
 
 impl Drop for PagerInner {
     fn drop(&mut self) {
+        // A fork()ed child has none of the engine's threads to stop: joining
+        // them would wait forever. Its copy of the state is left as it is.
+        if self.mm.in_child() {
+            std::mem::forget(self.pool.take());
+            std::mem::forget(self.kswapd.take());
+            std::mem::forget(std::mem::take(&mut self.ra_threads));
+            return;
+        }
         // Stop delivery before the address space goes: join the handler
         // threads, or leave the SIGBUS registry (waiting out running faults).
         if let Some(k) = self.kswapd.take() {
@@ -470,6 +479,9 @@ impl Pager {
     /// pages in use (locked) are skipped.
     pub fn reclaim_pages(&self, nr: u64) -> u64 {
         let mm = &self.inner.mm;
+        if mm.in_child() {
+            return 0;
+        }
         let _section = mm.events.section();
         crate::reclaim::shrink(mm, nr)
     }

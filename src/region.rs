@@ -55,16 +55,33 @@ impl Region {
         self.len == 0
     }
 
+    /// Panics in a `fork()`ed child, where the region is not mapped (see
+    /// [`crate::fork`]): a slice of it there would point at nothing.
+    #[inline]
+    fn assert_mapped_here(&self) {
+        if self.owner.mm.in_child() {
+            panic!("a Region cannot be used in a fork()ed child: its memory is not mapped there");
+        }
+    }
+
     /// The region's bytes.
+    ///
+    /// # Panics
+    /// In a `fork()`ed child of the process that made the region.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the range is mapped for as long as `self` lives; see the
-        // memory contract above.
+        self.assert_mapped_here();
+        // SAFETY: the range is mapped for as long as `self` lives, in the
+        // process that made it (checked above); see the memory contract.
         unsafe { std::slice::from_raw_parts(self.start as *const u8, self.len) }
     }
 
     /// The region's bytes, writable. Writing a region mapped read-only
     /// (see [`Region::protect`]) raises SIGSEGV, as it would with mmap.
+    ///
+    /// # Panics
+    /// In a `fork()`ed child of the process that made the region.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.assert_mapped_here();
         // SAFETY: as above, and `&mut self` makes this the only view.
         unsafe { std::slice::from_raw_parts_mut(self.start as *mut u8, self.len) }
     }
@@ -86,6 +103,7 @@ impl Region {
     /// Runs the engine's fault path on every page of `[start, end)`.
     fn fault_span(&self, (start, end): (usize, usize), write: bool) -> Result<()> {
         let mm = &self.owner.mm;
+        mm.check_owner()?;
         let mut a = start;
         while a < end {
             if crate::fault::handle_fault(mm, a, crate::fault::Access::engine(write))
@@ -202,6 +220,7 @@ impl Region {
     /// Writes cached pages back to the store (the msync analog).
     pub fn flush(&self) -> Result<()> {
         let mm = &self.owner.mm;
+        mm.check_owner()?;
         let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
             // The application unmapped it all itself; the unmap wrote it
             // back.
@@ -224,6 +243,11 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // In a fork()ed child there is nothing of the region to release
+        // (and the parent's must not be touched).
+        if self.owner.mm.in_child() {
+            return;
+        }
         if let Err(e) = self.owner.mm.unmap(self.id) {
             tracing::error!(start = self.start, error = %e, "unmapping region");
         }

@@ -111,7 +111,14 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         let handled = registry().read(|mms| {
             // SAFETY: registered pointers are live `Mm`s until `unregister`
             // has waited out this read section.
-            let mms = || mms.iter().map(|&p| unsafe { &*(p as *const Mm) });
+            // In a fork()ed child the parent's pagers serve nothing (their
+            // regions are not mapped here, and their ioctls would act on
+            // the parent).
+            let mms = || {
+                mms.iter()
+                    .map(|&p| unsafe { &*(p as *const Mm) })
+                    .filter(|mm| !mm.in_child())
+            };
             loop {
                 let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
                 // A live region first: another pager may still list the

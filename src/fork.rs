@@ -1,0 +1,51 @@
+//! `fork()`: region memory is not copied into a child, and the engine
+//! refuses to work in one.
+//!
+//! Without `UFFD_FEATURE_EVENT_FORK` (which needs `CAP_SYS_PTRACE` and a
+//! monitor for every child) a child's copy of a registered range is not
+//! registered: its absent anonymous pages would read as zeros, and every
+//! ioctl the child issued on the inherited descriptor would act on the
+//! *parent's* address space. So regions are mapped `MADV_DONTFORK`: the
+//! child gets no mapping there (a touch is a clean SIGSEGV), and every
+//! engine entry point in a child is refused (`Error::ForkedChild`) or, for
+//! drops, does nothing. The engine's threads do not exist in a child, so a
+//! pager dropped there leaks its state instead of joining them.
+//!
+//! A child is recognised by a `pthread_atfork` handler that marks the
+//! process, then by its pid: one load on every path that checks, a
+//! `getpid` only in a child. A child made by a raw `clone` system call
+//! that skips the atfork handlers is not recognised.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Once;
+
+/// Set in a child by the atfork handler.
+static FORKED: AtomicBool = AtomicBool::new(false);
+static INSTALL: Once = Once::new();
+
+extern "C" fn mark_child() {
+    FORKED.store(true, Relaxed);
+}
+
+/// Installs the atfork handler (once per process).
+pub fn watch() {
+    INSTALL.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic, which
+        // is async-signal-safe as a fork child handler must be.
+        unsafe { libc::pthread_atfork(None, None, Some(mark_child)) };
+    });
+}
+
+/// The calling process's pid.
+pub fn pid() -> i32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() }
+}
+
+/// Whether this process is a `fork()`ed child of process `owner` (the one
+/// that made a pager). Async-signal-safe: one load, and `getpid` in a
+/// child only.
+#[inline]
+pub fn is_child_of(owner: i32) -> bool {
+    FORKED.load(Relaxed) && pid() != owner
+}

@@ -1,0 +1,168 @@
+//! `fork()` with live regions (`shared/design/guest.md`): the child gets no
+//! copy of region memory (a touch is a clean SIGSEGV, never zeros), every
+//! engine call in the child is refused or does nothing, and nothing the
+//! child does reaches the parent's pages.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager, Region};
+use util::*;
+
+const PAGES: usize = 1024;
+
+fn region(p: &Pager, kind: InstallKind, seed: u64) -> (Region, Vec<u8>) {
+    let data = pattern_vec(seed, PAGES * PAGE);
+    match kind {
+        InstallKind::Anonymous => {
+            let mut r = p.map_anonymous(PAGES * PAGE).unwrap();
+            r.as_mut_slice().copy_from_slice(&data);
+            (r, data)
+        }
+        InstallKind::Shared => {
+            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+            let r = p
+                .map_store(store, data.len(), &MapOptions::default())
+                .unwrap();
+            (r, data)
+        }
+    }
+}
+
+/// Waits for `pid` for up to `secs`, killing it if it hangs; returns the
+/// wait status.
+fn wait_with_watchdog(pid: libc::pid_t, secs: u64) -> i32 {
+    let t = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return status;
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: as above.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            panic!("the child hung");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// In a child: whether `addr` is mapped here (mincore fails with ENOMEM on
+/// unmapped addresses). Async-signal-safe enough for a child of fork.
+fn mapped(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore only inspects page tables.
+    unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut v) == 0 }
+}
+
+/// The child's part: exits 0 if every check passes, with a distinct code
+/// for the first that fails.
+fn child(p: Pager, mut r: Region) -> ! {
+    let base = r.as_ptr() as usize;
+    let code = (|| {
+        // Region memory is not mapped in the child.
+        if (0..PAGES).step_by(97).any(|pg| mapped(base + pg * PAGE)) {
+            return 10;
+        }
+        // Engine calls are refused, and do nothing to the parent.
+        if !matches!(r.flush(), Err(Error::ForkedChild)) {
+            return 11;
+        }
+        if !matches!(r.prefault(0, PAGE), Err(Error::ForkedChild)) {
+            return 12;
+        }
+        if !matches!(r.dontneed(0, PAGES * PAGE), Err(Error::ForkedChild)) {
+            return 13;
+        }
+        if !matches!(r.protect(false), Err(Error::ForkedChild)) {
+            return 14;
+        }
+        if p.reclaim_pages(1 << 20) != 0 {
+            return 15;
+        }
+        if !matches!(p.map_anonymous(PAGE), Err(Error::ForkedChild)) {
+            return 16;
+        }
+        // Dropping them does nothing (and does not hang).
+        drop(r);
+        drop(p);
+        0
+    })();
+    // SAFETY: leave the child without running the parent's atexit handlers.
+    unsafe { libc::_exit(code) }
+}
+
+#[test]
+fn fork_leaves_the_parent_intact() {
+    if !is_child() {
+        // Forks in a process of its own, with few threads besides ours.
+        let out = run_child("fork_leaves_the_parent_intact", &[]);
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    for d in DELIVERIES {
+        for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+            let ctx = format!("{d} {kind}");
+            let p = Pager::builder()
+                .delivery(d)
+                .budget_pages(256)
+                .build()
+                .unwrap();
+            let (r, want) = region(&p, kind, 31);
+            // SAFETY: fork; the child only runs `child`, then _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: {}", errno());
+            if pid == 0 {
+                child(p, r);
+            }
+            let status = wait_with_watchdog(pid, 60);
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "{ctx}: child status {status:#x} (exit code {})",
+                libc::WEXITSTATUS(status)
+            );
+            // The parent's region is whole, and still served.
+            for round in 0..2 {
+                assert_bytes(r.as_slice(), &want, &format!("{ctx}: round {round}"));
+                p.reclaim_pages(1 << 20);
+            }
+        }
+    }
+}
+
+/// A child that touches region memory gets SIGSEGV (no mapping there), not
+/// a page of zeros.
+#[test]
+fn child_touching_region_memory_gets_sigsegv() {
+    if !is_child() {
+        let out = run_child("child_touching_region_memory_gets_sigsegv", &[]);
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    for d in [Delivery::InThread, THREADS] {
+        let p = pager(d);
+        let (r, _) = region(&p, InstallKind::Anonymous, 32);
+        let base = r.as_ptr() as usize;
+        // SAFETY: fork; the child only reads one byte, then _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: a read the kernel must refuse (nothing is mapped).
+            let v = unsafe { std::ptr::read_volatile((base + 5 * PAGE) as *const u8) };
+            // SAFETY: leave without the parent's atexit handlers.
+            unsafe { libc::_exit(100 + (v == 0) as i32) };
+        }
+        let status = wait_with_watchdog(pid, 30);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV,
+            "{d}: child status {status:#x}"
+        );
+        drop(r);
+    }
+}
