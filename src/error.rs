@@ -49,6 +49,14 @@ pub enum Error {
         /// The region's length.
         region_len: usize,
     },
+    /// A range that must stay resident is larger than the memory budget.
+    #[error("{pages} pages cannot be kept resident under a budget of {budget} pages")]
+    OverBudget {
+        /// Pages asked for.
+        pages: u64,
+        /// The pager's budget.
+        budget: u64,
+    },
     /// The kernel lacks something this configuration needs.
     #[error("unsupported by this kernel or process: {0}")]
     Unsupported(String),

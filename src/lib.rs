@@ -34,6 +34,7 @@ pub mod readahead;
 pub mod reclaim;
 pub mod region;
 pub mod region_table;
+pub mod resident;
 pub mod rmap;
 pub mod stats;
 pub mod store;
@@ -49,6 +50,7 @@ pub use lru::DrainPolicy;
 pub use object::InstallKind;
 pub use pager::{MapOptions, Pager, PagerBuilder};
 pub use region::Region;
+pub use resident::ResidentGuard;
 pub use stats::{Counter, Stats};
 
 /// The README's examples, compiled and run as doc tests.

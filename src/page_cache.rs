@@ -60,6 +60,13 @@ pub const READAHEAD: u32 = 1 << 12;
 /// without writing it anywhere (a clean page of a private file mapping).
 pub const CLEAN: u32 = 1 << 13;
 
+/// One residency guard on the page ([`crate::ResidentGuard`], the mlock
+/// analog): reclaim leaves a page with any alone. The count takes the top
+/// 16 bits.
+pub const GUARD_ONE: u32 = 1 << 16;
+/// The residency guard count.
+pub const GUARDS: u32 = 0xFFFF << 16;
+
 /// Word arrays up to this size live on the heap.
 const SMALL_WORDS: usize = PAGE_SIZE;
 
@@ -222,6 +229,22 @@ impl PageCache {
         self.word(i)
             .fetch_update(AcqRel, Relaxed, |c| Some((c | set) & !clear))
             .unwrap_or_else(|c| c)
+    }
+
+    /// Adds a residency guard to page `i`; false if it has the most it can
+    /// count (65535).
+    pub fn guard(&self, i: usize) -> bool {
+        self.word(i)
+            .fetch_update(AcqRel, Relaxed, |c| {
+                (c & GUARDS != GUARDS).then_some(c + GUARD_ONE)
+            })
+            .is_ok()
+    }
+
+    /// Drops a residency guard of page `i` (one that [`PageCache::guard`]
+    /// added).
+    pub fn unguard(&self, i: usize) {
+        self.word(i).fetch_sub(GUARD_ONE, Release);
     }
 
     /// Sleeps until page `i` is not locked (returns at once if it is not).

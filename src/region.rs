@@ -138,10 +138,51 @@ impl Region {
     /// write (a syscall such as `read(2)` may write them; write-tracked
     /// pages become dirty). Pages may be evicted again later under a memory
     /// budget, so prefault right before the syscall.
+    ///
+    /// A range larger than the budget is refused ([`Error::OverBudget`]):
+    /// its first pages would be evicted before the call. Prefaulting is
+    /// best-effort: another thread can keep the pager at its budget and
+    /// evict the buffer again before the call; [`Region::lock_resident`]
+    /// keeps it resident until the guard is dropped.
     pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
         let span = self.page_span(offset, len)?;
+        let budget = self.owner.mm.config.budget_pages;
+        let pages = ((span.1 - span.0).div_ceil(PAGE_SIZE)) as u64;
+        if budget > 0 && pages > budget {
+            return Err(Error::OverBudget { pages, budget });
+        }
         let (_, writable, _) = self.vma_flags();
         self.fault_span(span, writable)
+    }
+
+    /// Faults `[offset, offset+len)` in and keeps it resident until the
+    /// guard is dropped (the `mlock` analog; see [`crate::resident`]): for
+    /// a buffer that a system call reads or writes while other threads
+    /// keep the pager at its budget. Pages of a writable region are faulted
+    /// in as for a write. A range larger than the budget is refused
+    /// ([`Error::OverBudget`]).
+    ///
+    /// ```no_run
+    /// use std::io::Read;
+    /// use uffd_pager::Pager;
+    ///
+    /// let pager = Pager::builder().budget_pages(1024).build()?;
+    /// let mut region = pager.map_anonymous(64 << 20)?;
+    /// let mut file = std::fs::File::open("/etc/hostname").unwrap();
+    /// let guard = region.lock_resident(0, 4096)?;
+    /// // SAFETY: the guard keeps the first page resident and mapped
+    /// // writable; nothing else refers to it meanwhile.
+    /// let buf = unsafe { std::slice::from_raw_parts_mut(region.as_ptr(), 4096) };
+    /// let n = file.read(buf).unwrap(); // a syscall writing region memory
+    /// drop(guard);
+    /// # let _ = n;
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn lock_resident(&self, offset: usize, len: usize) -> Result<crate::ResidentGuard<'_>> {
+        let (start, end) = self.page_span(offset, len)?;
+        let end = end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let (_, writable, _) = self.vma_flags();
+        crate::resident::lock(&self.owner.mm, start, end, writable)
     }
 
     /// Faults in `[offset, offset+len)` through the engine without touching

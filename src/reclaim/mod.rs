@@ -248,6 +248,11 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         obj.cache.unlock(i, 0, ON_LRU);
         return Evict::Drop;
     }
+    // A system call is about to use it (a residency guard): later.
+    if w & GUARDS != 0 {
+        obj.cache.unlock(i, 0, 0);
+        return Evict::Rotate;
+    }
     if w & REFERENCED != 0 {
         obj.cache.unlock(i, 0, REFERENCED);
         return Evict::Rotate;

@@ -173,6 +173,9 @@ fn prepare_clean<'a>(
         Some((Evict::Drop, ON_LRU | LRU_BATCHED))
     } else if w & PINNED != 0 {
         Some((Evict::Drop, ON_LRU))
+    } else if w & GUARDS != 0 {
+        // Guarded for a system call: later.
+        Some((Evict::Rotate, 0))
     } else if w & REFERENCED != 0 {
         Some((Evict::Rotate, REFERENCED))
     } else if w & DIRTY != 0 || (anon && (w & CLEAN == 0 || !obj.quiet)) {

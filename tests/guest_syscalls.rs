@@ -1,0 +1,115 @@
+//! System calls on region memory with in-thread delivery: the kernel does
+//! not deliver a fault taken inside a syscall (EFAULT), so a buffer must be
+//! resident for the whole call. `Region::lock_resident` keeps it so while
+//! another thread holds the pager at its budget; `prefault` of a range
+//! larger than the budget is refused.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use uffd_pager::{Delivery, Error, Pager};
+use util::*;
+
+const BUDGET: u64 = 64;
+
+#[test]
+fn syscalls_on_guarded_buffers_never_fail_while_reclaim_runs() {
+    for d in [Delivery::InThread, Delivery::PerRegion] {
+        with_deadline(180, "guarded syscalls", move || {
+            let p = Pager::builder()
+                .delivery(d)
+                .budget_pages(BUDGET)
+                .user_mode_only(true)
+                .build()
+                .unwrap();
+            let pages = 1024;
+            let mut r = p.map_anonymous(pages * PAGE).unwrap();
+            let base = r.as_ptr() as usize;
+            let data = pattern_vec(41, 4 * PAGE);
+            let f = TempFile::with_contents("guard", &data);
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(f.path())
+                .unwrap();
+            let stop = AtomicBool::new(false);
+            let (mut efault, mut calls) = (0, 0);
+            std::thread::scope(|sc| {
+                // Keeps the pager at its budget: evictions all the time.
+                sc.spawn(|| {
+                    let mut k = 0usize;
+                    while !stop.load(Ordering::Relaxed) {
+                        let a = base + (512 + k % 512) * PAGE;
+                        // SAFETY: inside the region, a page no call uses.
+                        unsafe { std::ptr::write_volatile(a as *mut u8, k as u8) };
+                        k = k.wrapping_mul(7).wrapping_add(13);
+                    }
+                });
+                for round in 0..600usize {
+                    let off = (round % 120) * 4 * PAGE;
+                    let g = r.lock_resident(off, 4 * PAGE).unwrap();
+                    // read(2) into region memory (the kernel writes it).
+                    file.rewind().unwrap();
+                    // SAFETY: the guarded range, mapped and writable.
+                    let buf = unsafe {
+                        std::slice::from_raw_parts_mut((base + off) as *mut u8, 4 * PAGE)
+                    };
+                    calls += 1;
+                    match file.read(buf) {
+                        Ok(n) => assert_eq!(n, 4 * PAGE),
+                        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => efault += 1,
+                        Err(e) => panic!("read: {e}"),
+                    }
+                    // write(2) from region memory (the kernel reads it).
+                    file.rewind().unwrap();
+                    calls += 1;
+                    match file.write(buf) {
+                        Ok(n) => assert_eq!(n, 4 * PAGE),
+                        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => efault += 1,
+                        Err(e) => panic!("write: {e}"),
+                    }
+                    drop(g);
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            assert_eq!(
+                efault, 0,
+                "{d}: {efault} of {calls} syscalls failed with EFAULT"
+            );
+            assert_bytes(
+                &r.as_slice()[..4 * PAGE],
+                &data,
+                &format!("{d}: the read landed"),
+            );
+            let _ = file.as_raw_fd();
+            assert!(
+                p.stats().get(uffd_pager::Counter::PGSTEAL) > 1000,
+                "{d}: {}",
+                p.stats()
+            );
+        });
+    }
+}
+
+#[test]
+fn prefault_and_guards_larger_than_the_budget_are_refused() {
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(BUDGET)
+        .build()
+        .unwrap();
+    let r = p.map_anonymous(1024 * PAGE).unwrap();
+    let big = (BUDGET as usize + 1) * PAGE;
+    assert!(matches!(r.prefault(0, big), Err(Error::OverBudget { .. })));
+    assert!(matches!(
+        r.lock_resident(0, big),
+        Err(Error::OverBudget { .. })
+    ));
+    // Within the budget both work.
+    r.prefault(0, 8 * PAGE).unwrap();
+    let g = r.lock_resident(0, 8 * PAGE).unwrap();
+    drop(g);
+}
