@@ -26,7 +26,7 @@ fn syscalls_on_guarded_buffers_never_fail_while_reclaim_runs() {
                 .build()
                 .unwrap();
             let pages = 1024;
-            let mut r = p.map_anonymous(pages * PAGE).unwrap();
+            let r = p.map_anonymous(pages * PAGE).unwrap();
             let base = r.as_ptr() as usize;
             let data = pattern_vec(41, 4 * PAGE);
             let f = TempFile::with_contents("guard", &data);
