@@ -45,6 +45,11 @@ pub struct Config {
     /// Fault-around base cluster in pages (≤ 1: off); a sequential
     /// reader's cluster grows to 8× this.
     pub fault_around_pages: usize,
+    /// I/O worker threads, for stores that are not signal-safe.
+    pub io_threads: usize,
+    /// How long a store call on an I/O worker may take before it counts as
+    /// failed, in ns.
+    pub io_timeout_ns: u64,
 }
 
 impl Default for Config {
@@ -60,6 +65,8 @@ impl Default for Config {
             readahead_pages: 32,
             readahead_threads: 2,
             fault_around_pages: 64,
+            io_threads: 2,
+            io_timeout_ns: 30_000_000_000,
         }
     }
 }
@@ -135,6 +142,8 @@ pub struct Mm {
     pub reclaim: Reclaim,
     /// Readahead request queue.
     pub readahead: crate::readahead::Readahead,
+    /// Requests to the I/O workers (stores that are not signal-safe).
+    pub io: crate::io::Io,
 }
 
 impl Mm {
@@ -144,6 +153,7 @@ impl Mm {
         let lru = Lru::new(config.lru_shards, config.budget_pages as usize)
             .map_err(|e| ("mmap LRU", e))?;
         let reclaim = Reclaim::new()?;
+        let io = crate::io::Io::new(config.io_timeout_ns).map_err(|e| ("mmap I/O buffers", e))?;
         Ok(Mm {
             lock: GlobalLock::new(),
             table: Rcu::new(Table::default()),
@@ -162,6 +172,7 @@ impl Mm {
             lru,
             reclaim,
             readahead: Default::default(),
+            io,
         })
     }
 

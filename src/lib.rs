@@ -25,6 +25,7 @@ pub mod events;
 pub mod fault;
 pub mod fork;
 pub mod inject;
+pub mod io;
 pub mod lru;
 pub mod mmap;
 pub mod object;

@@ -324,7 +324,7 @@ impl Mm {
                 });
             // SAFETY: we hold the page lock; the contents are only read.
             let r = match unsafe { obj.page_mut(i) } {
-                Ok(buf) => obj.store.write((i * PAGE_SIZE) as u64, buf),
+                Ok(buf) => crate::io::write(&self.io, &obj.store, (i * PAGE_SIZE) as u64, buf),
                 Err(e) => Err(crate::store::StoreError(e)),
             };
             let clear = if r.is_ok() && reprotected { DIRTY } else { 0 };

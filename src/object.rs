@@ -358,22 +358,24 @@ impl Object {
     /// Where dirty pages go when they are written back or evicted: the
     /// store for a shared object, the swap for an anonymous one.
     #[inline]
-    pub fn swap(&self) -> &dyn Store {
-        self.swap.as_deref().unwrap_or(&*self.store)
+    pub fn swap(&self) -> &Arc<dyn Store> {
+        self.swap.as_ref().unwrap_or(&self.store)
     }
 
     /// Where page `i`'s contents are read from, given its state word `w`:
     /// the swap if an anonymous page was swapped out, the store otherwise.
     #[inline]
-    pub fn source(&self, w: u32) -> &dyn Store {
+    pub fn source(&self, w: u32) -> &Arc<dyn Store> {
         if w & crate::page_cache::SWAPPED != 0 {
             self.swap()
         } else {
-            &*self.store
+            &self.store
         }
     }
 
-    /// Reads page `i` from the store into the cache. Async-signal-safe.
+    /// Reads page `i` from its source into the cache (through the I/O
+    /// workers for a store that is not signal-safe, see [`crate::io`]).
+    /// Async-signal-safe.
     ///
     /// Shared objects are filled through the memfd ([`Store::read_to_fd`]),
     /// never by writing through the alias: a page written through the
@@ -385,15 +387,27 @@ impl Object {
     /// # Safety
     /// The caller holds page `i`'s lock and the page is neither cached nor
     /// installed, so nobody else reads or writes its cached contents.
-    pub unsafe fn fill(&self, i: usize) -> Result<(), crate::store::StoreError> {
+    pub unsafe fn fill(
+        &self,
+        i: usize,
+        io: &crate::io::Io,
+    ) -> Result<(), crate::store::StoreError> {
         let off = (i * PAGE_SIZE) as u64;
+        let src = self.source(self.cache.load(i));
         match &self.backing {
-            Backing::Shared { memfd, .. } => self.store.read_to_fd(off, PAGE_SIZE, memfd.fd(), off),
+            Backing::Shared { memfd, .. } if src.signal_safe() => {
+                src.read_to_fd(off, PAGE_SIZE, memfd.fd(), off)
+            }
+            Backing::Shared { memfd, .. } => {
+                let mut buf = crate::sys::PageBuf::zeroed();
+                io.read(src, off, &mut buf.0)?;
+                crate::sys::mem::pwrite_all(memfd.fd(), &buf.0, off)
+                    .map_err(crate::store::StoreError)
+            }
             // SAFETY: exclusivity is the caller's contract.
             Backing::Anonymous { .. } => {
-                let src = self.source(self.cache.load(i));
                 let buf = unsafe { self.page_mut(i) }.map_err(crate::store::StoreError)?;
-                src.read(off, buf)
+                crate::io::read(io, src, off, buf)
             }
         }
     }

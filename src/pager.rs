@@ -92,6 +92,22 @@ impl PagerBuilder {
         self
     }
 
+    /// How long a call to a store that is not signal-safe may take before
+    /// it counts as failed (default 30 s): a read that never returns then
+    /// takes the read-error path (the access gets SIGBUS), a write-back
+    /// keeps the page dirty. See [`crate::io`].
+    pub fn io_timeout(mut self, t: std::time::Duration) -> Self {
+        self.config.io_timeout_ns = t.as_nanos().clamp(1, u64::MAX as u128) as u64;
+        self
+    }
+
+    /// I/O worker threads for stores that are not signal-safe (default 2,
+    /// at least 1).
+    pub fn io_threads(mut self, n: usize) -> Self {
+        self.config.io_threads = n.max(1);
+        self
+    }
+
     /// Run the background reclaimer (default true; only with a budget).
     pub fn kswapd(mut self, on: bool) -> Self {
         self.config.kswapd = on;
@@ -151,6 +167,7 @@ impl PagerBuilder {
             pool: None,
             kswapd: None,
             ra_threads: Vec::new(),
+            io_threads: Vec::new(),
             in_registry: false,
         };
         let io = |what: &str| {
@@ -160,6 +177,13 @@ impl PagerBuilder {
                 source: e,
             }
         };
+        crate::io::start(
+            &mm,
+            |mm| &mm.io,
+            self.config.io_threads,
+            &mut inner.io_threads,
+        )
+        .map_err(io("I/O workers"))?;
         if self.config.readahead_pages > 0 {
             inner.ra_threads =
                 crate::readahead::start(&mm, self.config.readahead_threads, &mut inner.ra_threads)
@@ -233,6 +257,7 @@ pub(crate) struct PagerInner {
     pool: Option<HandlerPool>,
     kswapd: Option<std::thread::JoinHandle<()>>,
     ra_threads: Vec<std::thread::JoinHandle<()>>,
+    io_threads: Vec<std::thread::JoinHandle<()>>,
     /// In the SIGBUS handler's registry.
     in_registry: bool,
 }
@@ -245,6 +270,7 @@ impl Drop for PagerInner {
             std::mem::forget(self.pool.take());
             std::mem::forget(self.kswapd.take());
             std::mem::forget(std::mem::take(&mut self.ra_threads));
+            std::mem::forget(std::mem::take(&mut self.io_threads));
             return;
         }
         // Stop delivery before the address space goes: join the handler
@@ -262,6 +288,19 @@ impl Drop for PagerInner {
         self.pool.take();
         if let Some(p) = self.mm.per_region.get() {
             p.close_all();
+        }
+        // Workers last: anything above may have waited on them. A worker
+        // stuck in a store call that never returns is left behind (its
+        // requests were abandoned already).
+        self.mm.io.stop();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        for t in self.io_threads.drain(..) {
+            while !t.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
         }
         if self.in_registry {
             sigbus::unregister(&self.mm);

@@ -15,104 +15,22 @@ use crate::lru::{entry, unpack, Entry};
 use crate::object::Object;
 use crate::page_cache::{LOCKED, POISONED, READAHEAD, UPTODATE};
 use crate::stats::Counter::*;
-use crate::sys::futex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use crate::sync::work_queue::WorkQueue;
+use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
 const QUEUE: usize = 4096;
 
-struct Cell {
-    seq: AtomicUsize,
-    val: AtomicU64,
-}
-
-/// The request queue and the I/O threads' wake-up word.
+/// The request queue the I/O threads drain.
+#[derive(Debug)]
 pub struct Readahead {
-    cells: Box<[Cell]>,
-    head: AtomicUsize,
-    tail: AtomicUsize,
-    wake: AtomicU32,
-    sleepers: AtomicU32,
-    stop: AtomicBool,
-}
-
-impl std::fmt::Debug for Readahead {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Readahead").finish_non_exhaustive()
-    }
+    queue: WorkQueue,
 }
 
 impl Default for Readahead {
     fn default() -> Self {
         Readahead {
-            cells: (0..QUEUE)
-                .map(|i| Cell {
-                    seq: AtomicUsize::new(i),
-                    val: AtomicU64::new(0),
-                })
-                .collect(),
-            head: AtomicUsize::new(0),
-            tail: AtomicUsize::new(0),
-            wake: AtomicU32::new(0),
-            sleepers: AtomicU32::new(0),
-            stop: AtomicBool::new(false),
-        }
-    }
-}
-
-impl Readahead {
-    /// Enqueues a request; false if the queue is full. Lock-free and
-    /// async-signal-safe (a bounded MPMC ring with per-cell sequences).
-    fn push(&self, e: Entry) -> bool {
-        let mut pos = self.tail.load(Relaxed);
-        loop {
-            let c = &self.cells[pos % QUEUE];
-            let seq = c.seq.load(Acquire);
-            match seq as isize - pos as isize {
-                0 => match self
-                    .tail
-                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
-                {
-                    Ok(_) => {
-                        c.val.store(e, Relaxed);
-                        c.seq.store(pos + 1, Release);
-                        return true;
-                    }
-                    Err(p) => pos = p,
-                },
-                d if d < 0 => return false,
-                _ => pos = self.tail.load(Relaxed),
-            }
-        }
-    }
-
-    fn pop(&self) -> Option<Entry> {
-        let mut pos = self.head.load(Relaxed);
-        loop {
-            let c = &self.cells[pos % QUEUE];
-            let seq = c.seq.load(Acquire);
-            match seq as isize - (pos + 1) as isize {
-                0 => match self
-                    .head
-                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
-                {
-                    Ok(_) => {
-                        let v = c.val.load(Relaxed);
-                        c.seq.store(pos + QUEUE, Release);
-                        return Some(v);
-                    }
-                    Err(p) => pos = p,
-                },
-                d if d < 0 => return None,
-                _ => pos = self.head.load(Relaxed),
-            }
-        }
-    }
-
-    fn kick(&self) {
-        self.wake.fetch_add(1, Release);
-        if self.sleepers.load(SeqCst) > 0 {
-            futex::wake(&self.wake, 1);
+            queue: WorkQueue::new(QUEUE),
         }
     }
 }
@@ -156,13 +74,13 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
             last = j + 1;
             continue;
         }
-        if !mm.readahead.push(entry(slot, j)) {
+        if !mm.readahead.queue.push(entry(slot, j)) {
             break;
         }
         last = j + 1;
     }
     obj.ra_end.fetch_max(last, Relaxed);
-    mm.readahead.kick();
+    mm.readahead.queue.kick();
 }
 
 /// Reads one requested page, if it is still absent.
@@ -183,7 +101,7 @@ fn read_one(mm: &Mm, e: Entry) {
     }
     mm.charge(1);
     // SAFETY: we hold the page lock and the page is absent.
-    if unsafe { obj.fill(j) }.is_ok() {
+    if unsafe { obj.fill(j, &mm.io) }.is_ok() {
         mm.counters.inc(RA_PAGES);
         mm.counters.inc(PGREAD);
         obj.cache.unlock(j, UPTODATE | READAHEAD, 0);
@@ -210,18 +128,8 @@ pub fn start(
             std::thread::Builder::new()
                 .name(format!("uffd-readahead-{k}"))
                 .spawn(move || {
-                    let ra = &mm.readahead;
-                    while !ra.stop.load(Acquire) {
-                        let seq = ra.wake.load(Acquire);
-                        if let Some(e) = ra.pop() {
-                            read_one(&mm, e);
-                            continue;
-                        }
-                        ra.sleepers.fetch_add(1, SeqCst);
-                        if ra.wake.load(SeqCst) == seq && !ra.stop.load(Acquire) {
-                            futex::wait(&ra.wake, seq);
-                        }
-                        ra.sleepers.fetch_sub(1, SeqCst);
+                    while let Some(e) = mm.readahead.queue.next() {
+                        read_one(&mm, e);
                     }
                 })?,
         );
@@ -231,25 +139,5 @@ pub fn start(
 
 /// Stops the I/O threads (they exit at their next wake-up).
 pub fn stop(mm: &Mm) {
-    mm.readahead.stop.store(true, Release);
-    mm.readahead.wake.fetch_add(1, Release);
-    futex::wake_all(&mm.readahead.wake);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn queue_is_fifo_and_bounded() {
-        let q = Readahead::default();
-        for i in 0..QUEUE as u64 {
-            assert!(q.push(i));
-        }
-        assert!(!q.push(99), "full");
-        for i in 0..QUEUE as u64 {
-            assert_eq!(q.pop(), Some(i));
-        }
-        assert_eq!(q.pop(), None);
-    }
+    mm.readahead.queue.stop();
 }

@@ -199,20 +199,27 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
         write: m.arg0 & fault_flag::WRITE != 0,
         present: Some(m.arg0 & fault_flag::WP != 0),
     };
-    match handle_fault_once(mm, addr, access) {
-        Resolution::Restart => return false,
-        Resolution::Resolved | Resolution::Bus => {}
-        Resolution::Segv => {
-            // SAFETY: plain syscalls; the thread id came from the kernel
-            // (UFFD_FEATURE_THREAD_ID).
-            unsafe {
-                libc::syscall(
-                    libc::SYS_tgkill,
-                    libc::getpid(),
-                    m.arg2 as libc::c_int,
-                    libc::SIGSEGV,
-                )
-            };
+    let signal_thread = |sig: libc::c_int| {
+        // SAFETY: plain syscalls; the thread id came from the kernel
+        // (UFFD_FEATURE_THREAD_ID).
+        unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), m.arg2 as libc::c_int, sig) };
+    };
+    // A panic here is an engine bug (stores run on the I/O workers, which
+    // catch theirs): the faulting thread gets SIGBUS instead of waiting
+    // forever for a handler that left.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handle_fault_once(mm, addr, access)
+    }));
+    match r {
+        Ok(Resolution::Restart) => return false,
+        Ok(Resolution::Resolved) | Ok(Resolution::Bus) => {}
+        Ok(Resolution::Segv) => signal_thread(libc::SIGSEGV),
+        Err(_) => {
+            tracing::error!(
+                addr,
+                "the fault handler panicked; the faulting thread gets SIGBUS"
+            );
+            signal_thread(libc::SIGBUS);
         }
     }
     done.push(mm, uffd, addr);

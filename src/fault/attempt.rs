@@ -166,6 +166,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
         if obj.kind == InstallKind::Anonymous
             && !vma.writable.load(Acquire)
             && obj.source(prev).synchronous()
+            && obj.source(prev).signal_safe()
         {
             return read_and_copy(mm, vma, i, prev, pinned);
         }
@@ -244,7 +245,9 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
         }
     }
     let mut buf = PageBuf::zeroed();
-    if read_with_retries(mm, || source.read(off, &mut buf.0)) == LoadResult::Failed {
+    if read_with_retries(mm, || crate::io::read(&mm.io, source, off, &mut buf.0))
+        == LoadResult::Failed
+    {
         obj.cache.unlock(i, POISONED, 0);
         mm.uncharge(1);
         return poison(mm, vma, i);

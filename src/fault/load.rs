@@ -18,7 +18,7 @@ pub(super) enum LoadResult {
 pub(super) fn load(mm: &Mm, obj: &Object, i: usize) -> LoadResult {
     // SAFETY: the caller holds page `i`'s lock and the page is neither
     // cached nor installed.
-    read_with_retries(mm, || unsafe { obj.fill(i) })
+    read_with_retries(mm, || unsafe { obj.fill(i, &mm.io) })
 }
 
 /// Runs `read` up to the configured number of attempts, counting reads and

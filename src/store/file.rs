@@ -275,6 +275,11 @@ impl Store for FileStore {
     }
 
     /// True for a file on tmpfs opened without `O_DIRECT`.
+    /// Plain syscalls and copies: async-signal-safe.
+    fn signal_safe(&self) -> bool {
+        true
+    }
+
     fn synchronous(&self) -> bool {
         self.in_memory
     }

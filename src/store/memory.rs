@@ -177,6 +177,11 @@ impl Store for MemoryStore {
         self.writable
     }
 
+    /// Plain syscalls and copies: async-signal-safe.
+    fn signal_safe(&self) -> bool {
+        true
+    }
+
     fn synchronous(&self) -> bool {
         true
     }

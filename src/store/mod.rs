@@ -74,6 +74,18 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether the engine may call this store in the faulting thread, that
+    /// is inside its SIGBUS handler: every method async-signal-safe (no
+    /// allocation, no locks application code could hold, no logging) and
+    /// finishing in bounded time. Default false: the store is called only
+    /// from the engine's I/O worker threads ([`crate::io`]), as ordinary
+    /// Rust (it may allocate, lock, log and block), and a call that takes
+    /// longer than [`crate::PagerBuilder::io_timeout`] counts as failed.
+    /// The stores in this module are signal-safe.
+    fn signal_safe(&self) -> bool {
+        false
+    }
+
     /// Whether a read completes without waiting on a device (memory,
     /// tmpfs): the engine may then read an anonymous page under the region
     /// lock and install it at once, as the kernel swaps in from a

@@ -271,6 +271,12 @@ impl Store for SimulatedStore {
         self.inner.len()
     }
 
+    /// As signal-safe as the store it wraps (its own waits are futexes
+    /// and sleeps).
+    fn signal_safe(&self) -> bool {
+        self.inner.signal_safe()
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let (r, took) = self.simulate(|| {
             if self.take_injected_failure() {

@@ -59,6 +59,11 @@ impl Store for ZeroStore {
         false
     }
 
+    /// Plain syscalls and copies: async-signal-safe.
+    fn signal_safe(&self) -> bool {
+        true
+    }
+
     fn synchronous(&self) -> bool {
         true
     }

@@ -12,3 +12,4 @@ pub mod mutex;
 pub mod percpu_rwsem;
 pub mod rcu;
 pub mod region_lock;
+pub mod work_queue;

@@ -1,0 +1,385 @@
+//! I/O workers: where the engine calls stores that must not run in the
+//! faulting thread, and how every such call ends within a timeout.
+//!
+//! A store that is not [`Store::signal_safe`] (any store of the
+//! application's own, by default) may allocate, lock, log or block, so the
+//! engine never calls it in a signal handler: the faulting thread posts the
+//! request on a lock-free queue and sleeps on the request's state word (a
+//! futex), as `filemap_fault` sleeps on the folio after submitting the read.
+//! A worker thread makes the call, as ordinary Rust, into the request's own
+//! page buffer, and wakes it.
+//!
+//! **Every wait ends.** If the call has not returned within
+//! [`crate::PagerBuilder::io_timeout`], the faulting thread abandons the
+//! request and takes the read-error path (the page is poisoned and the
+//! access gets SIGBUS, as with any failed read; a failed write-back keeps
+//! the page dirty). The worker, whenever its call returns, finds the
+//! request abandoned and frees it: it only ever wrote the request's buffer,
+//! never a page of the engine's, so a late answer changes nothing. A store
+//! that panics is a failed call (the panic is caught on the worker).
+//!
+//! # Cost
+//! A thread hop per call (tens of µs on an idle vCPU) and a page copy; none
+//! for signal-safe stores, which keep the in-thread path. Requests are a
+//! fixed table ([`SLOTS`] of them, their buffers mapped on first use): a
+//! request that finds every slot taken (that many calls stuck) fails at
+//! once.
+
+use crate::store::{Store, StoreError};
+use crate::sync::work_queue::WorkQueue;
+use crate::sys::mem::Mapping;
+use crate::sys::{futex, now_ns, PAGE_SIZE};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+/// Requests in flight at most.
+pub const SLOTS: usize = 64;
+
+const FREE: u32 = 0;
+/// Claimed by a caller, being filled in.
+const CLAIMED: u32 = 1;
+const PENDING: u32 = 2;
+const RUNNING: u32 = 3;
+const DONE: u32 = 4;
+/// The caller gave up waiting; the worker frees the slot.
+const ABANDONED: u32 = 5;
+
+const READ: u32 = 0;
+const WRITE: u32 = 1;
+
+struct Slot {
+    state: AtomicU32,
+    op: AtomicU32,
+    off: AtomicU64,
+    len: AtomicU64,
+    /// 0, or the errno of the failed call.
+    result: AtomicI32,
+    /// Set by the caller while CLAIMED, taken by the worker while RUNNING.
+    store: UnsafeCell<Option<Arc<dyn Store>>>,
+}
+
+/// The I/O workers' shared state. See the module docs.
+pub struct Io {
+    slots: Box<[Slot]>,
+    /// One page per slot, mapped on first use.
+    bufs: Mapping,
+    queue: WorkQueue,
+    timeout_ns: u64,
+}
+
+// SAFETY: a slot's `store` cell is written only by the caller that claimed
+// the slot (CLAIMED) and taken only by the worker that moved it to RUNNING
+// (or that found it ABANDONED before running), so no two threads touch it
+// at once; its buffer likewise (caller while CLAIMED or after DONE, worker
+// while RUNNING). Everything else is atomic.
+unsafe impl Sync for Io {}
+// SAFETY: as above; the stores are `Send + Sync`.
+unsafe impl Send for Io {}
+
+impl std::fmt::Debug for Io {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Io")
+            .field("timeout_ns", &self.timeout_ns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Io {
+    /// Request state for `timeout_ns`-bounded calls.
+    pub fn new(timeout_ns: u64) -> Result<Io, i32> {
+        Ok(Io {
+            slots: (0..SLOTS)
+                .map(|_| Slot {
+                    state: AtomicU32::new(FREE),
+                    op: AtomicU32::new(READ),
+                    off: AtomicU64::new(0),
+                    len: AtomicU64::new(0),
+                    result: AtomicI32::new(0),
+                    store: UnsafeCell::new(None),
+                })
+                .collect(),
+            bufs: Mapping::anonymous(SLOTS * PAGE_SIZE)?,
+            queue: WorkQueue::new(SLOTS * 2),
+            timeout_ns,
+        })
+    }
+
+    fn buf(&self, k: usize) -> *mut u8 {
+        (self.bufs.addr() + k * PAGE_SIZE) as *mut u8
+    }
+
+    /// Reads `buf.len()` (at most a page) bytes at `off` from `store` on a
+    /// worker, waiting at most the timeout. Async-signal-safe.
+    pub fn read(&self, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let k = self.submit(store, READ, off, buf.len(), |_| {})?;
+        self.wait(k, |p| {
+            // SAFETY: the slot is DONE and ours again: the worker wrote its
+            // buffer and no longer touches it.
+            buf.copy_from_slice(unsafe { std::slice::from_raw_parts(p, buf.len()) })
+        })
+    }
+
+    /// Writes `data` (at most a page) at `off` to `store` on a worker,
+    /// waiting at most the timeout. Async-signal-safe.
+    pub fn write(&self, store: &Arc<dyn Store>, off: u64, data: &[u8]) -> Result<(), StoreError> {
+        let k = self.submit(store, WRITE, off, data.len(), |p| {
+            // SAFETY: the slot is CLAIMED by us: nobody else touches its
+            // buffer, which holds a page.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+        })?;
+        self.wait(k, |_| {})
+    }
+
+    /// Claims a slot, fills it in and queues it.
+    fn submit(
+        &self,
+        store: &Arc<dyn Store>,
+        op: u32,
+        off: u64,
+        len: usize,
+        fill: impl FnOnce(*mut u8),
+    ) -> Result<usize, StoreError> {
+        if len > PAGE_SIZE {
+            return Err(StoreError(libc::EINVAL));
+        }
+        let k = (0..SLOTS)
+            .find(|&k| {
+                self.slots[k]
+                    .state
+                    .compare_exchange(FREE, CLAIMED, Acquire, Relaxed)
+                    .is_ok()
+            })
+            .ok_or(StoreError(libc::EBUSY))?;
+        let s = &self.slots[k];
+        s.op.store(op, Relaxed);
+        s.off.store(off, Relaxed);
+        s.len.store(len as u64, Relaxed);
+        s.result.store(0, Relaxed);
+        // SAFETY: CLAIMED: this thread alone touches the cell (see the
+        // `Sync` impl). Cloning an Arc is one atomic increment, and the old
+        // value is `None` (workers take it), so nothing is dropped here.
+        unsafe { *s.store.get() = Some(store.clone()) };
+        fill(self.buf(k));
+        s.state.store(PENDING, Release);
+        if !self.queue.push(k as u64) {
+            // Cannot happen (the queue holds twice the slots); undo.
+            // SAFETY: still ours (nobody was told of it).
+            drop(unsafe { (*s.store.get()).take() });
+            s.state.store(FREE, Release);
+            return Err(StoreError(libc::EBUSY));
+        }
+        self.queue.kick();
+        Ok(k)
+    }
+
+    /// Waits for slot `k` until DONE or the timeout; `done` gets its
+    /// buffer, then the slot is freed. On timeout the slot is abandoned to
+    /// the worker.
+    fn wait(&self, k: usize, done: impl FnOnce(*mut u8)) -> Result<(), StoreError> {
+        let s = &self.slots[k];
+        let deadline = now_ns().saturating_add(self.timeout_ns);
+        loop {
+            let st = s.state.load(Acquire);
+            if st == DONE {
+                let r = s.result.load(Relaxed);
+                if r == 0 {
+                    done(self.buf(k));
+                }
+                s.state.store(FREE, Release);
+                return if r == 0 { Ok(()) } else { Err(StoreError(r)) };
+            }
+            let now = now_ns();
+            if now >= deadline {
+                if s.state
+                    .compare_exchange(st, ABANDONED, AcqRel, Relaxed)
+                    .is_ok()
+                {
+                    return Err(StoreError(libc::ETIMEDOUT));
+                }
+                continue;
+            }
+            futex::wait_timeout(&s.state, st, deadline - now);
+        }
+    }
+
+    /// One worker's loop: runs requests until the queue is stopped.
+    fn work(&self) {
+        while let Some(k) = self.queue.next() {
+            let s = &self.slots[k as usize];
+            if s.state
+                .compare_exchange(PENDING, RUNNING, AcqRel, Acquire)
+                .is_err()
+            {
+                // Abandoned before it ran.
+                self.release(s);
+                continue;
+            }
+            // SAFETY: RUNNING: this worker alone touches the cell.
+            let store = unsafe { (*s.store.get()).take() };
+            let (off, len) = (s.off.load(Relaxed), s.len.load(Relaxed) as usize);
+            // SAFETY: RUNNING: this worker alone touches the buffer, a page.
+            let buf = unsafe { std::slice::from_raw_parts_mut(self.buf(k as usize), len) };
+            let op = s.op.load(Relaxed);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match (&store, op) {
+                (Some(st), READ) => st.read(off, buf),
+                (Some(st), _) => st.write(off, buf),
+                (None, _) => Err(StoreError(libc::EINVAL)),
+            }));
+            let errno = match r {
+                Ok(Ok(())) => 0,
+                Ok(Err(StoreError(e))) => e.max(1),
+                Err(_) => {
+                    tracing::error!("a store panicked; the call counts as failed");
+                    libc::EIO
+                }
+            };
+            drop(store);
+            s.result.store(errno, Relaxed);
+            if s.state
+                .compare_exchange(RUNNING, DONE, AcqRel, Acquire)
+                .is_ok()
+            {
+                futex::wake_all(&s.state);
+            } else {
+                // The caller gave up: nobody wants the answer.
+                self.release(s);
+            }
+        }
+    }
+
+    /// Frees an abandoned slot.
+    fn release(&self, s: &Slot) {
+        // SAFETY: the slot is ABANDONED: its caller left, and only this
+        // worker (the one that popped it) touches it now.
+        drop(unsafe { (*s.store.get()).take() });
+        s.state.store(FREE, Release);
+    }
+
+    /// Stops the workers.
+    pub fn stop(&self) {
+        self.queue.stop();
+    }
+}
+
+/// Starts `n` I/O worker threads over `io` (kept alive by `owner`).
+pub fn start<T: Send + Sync + 'static>(
+    owner: &Arc<T>,
+    io: fn(&T) -> &Io,
+    n: usize,
+    started: &mut Vec<std::thread::JoinHandle<()>>,
+) -> std::io::Result<()> {
+    for k in 0..n {
+        let owner = owner.clone();
+        started.push(
+            std::thread::Builder::new()
+                .name(format!("uffd-io-{k}"))
+                .spawn(move || io(&owner).work())?,
+        );
+    }
+    Ok(())
+}
+
+/// Reads from `store`: in the calling thread if it is signal-safe, else on
+/// a worker within the timeout. Async-signal-safe.
+#[inline]
+pub fn read(io: &Io, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    if store.signal_safe() {
+        store.read(off, buf)
+    } else {
+        io.read(store, off, buf)
+    }
+}
+
+/// Writes to `store`, as [`read`]. Async-signal-safe.
+#[inline]
+pub fn write(io: &Io, store: &Arc<dyn Store>, off: u64, data: &[u8]) -> Result<(), StoreError> {
+    if store.signal_safe() {
+        store.write(off, data)
+    } else {
+        io.write(store, off, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    /// A store that is not signal-safe and whose reads of page 1 never
+    /// return (until `release`), and whose page 2 panics.
+    struct Stuck {
+        inner: MemoryStore,
+        release: std::sync::Mutex<bool>,
+        cv: std::sync::Condvar,
+    }
+
+    impl Store for Stuck {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+            match off / PAGE_SIZE as u64 {
+                1 => {
+                    let mut g = self.release.lock().unwrap();
+                    while !*g {
+                        g = self.cv.wait(g).unwrap();
+                    }
+                }
+                2 => panic!("a store bug"),
+                _ => {}
+            }
+            self.inner.read(off, buf)
+        }
+        fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+            self.inner.write(off, buf)
+        }
+        fn writable(&self) -> bool {
+            true
+        }
+        fn name(&self) -> &'static str {
+            "stuck"
+        }
+    }
+
+    #[test]
+    fn calls_end_within_the_timeout_and_late_answers_are_dropped() {
+        let io = Arc::new(Io::new(50_000_000).unwrap());
+        let mut workers = Vec::new();
+        start(&io, |io| io, 2, &mut workers).unwrap();
+        let stuck = Arc::new(Stuck {
+            inner: MemoryStore::from_bytes(&[7u8; 4 * PAGE_SIZE]).unwrap(),
+            release: std::sync::Mutex::new(false),
+            cv: std::sync::Condvar::new(),
+        });
+        let store: Arc<dyn Store> = stuck.clone();
+        let mut buf = [0u8; PAGE_SIZE];
+        io.read(&store, 0, &mut buf).unwrap();
+        assert_eq!(buf[9], 7);
+        let t = std::time::Instant::now();
+        assert_eq!(
+            io.read(&store, PAGE_SIZE as u64, &mut buf),
+            Err(StoreError(libc::ETIMEDOUT))
+        );
+        assert!(t.elapsed() >= std::time::Duration::from_millis(50));
+        assert_eq!(
+            io.read(&store, 2 * PAGE_SIZE as u64, &mut buf),
+            Err(StoreError(libc::EIO)),
+            "a panic is a failed read"
+        );
+        io.write(&store, 3 * PAGE_SIZE as u64, &[5u8; PAGE_SIZE])
+            .unwrap();
+        io.read(&store, 3 * PAGE_SIZE as u64, &mut buf).unwrap();
+        assert_eq!(buf[0], 5);
+        // The stuck call returns late; its slot is freed, nothing else.
+        *stuck.release.lock().unwrap() = true;
+        stuck.cv.notify_all();
+        for _ in 0..SLOTS * 2 {
+            io.read(&store, 0, &mut buf).unwrap();
+        }
+        io.stop();
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+}
