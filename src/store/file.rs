@@ -49,6 +49,11 @@ pub struct FileStore {
     /// A tmpfs file mapped read-only, so that installs can copy straight
     /// from its pages ([`Store::page_in_memory`]).
     view: Option<Mapping>,
+    /// Under `O_DIRECT`, a second descriptor of the same file without it:
+    /// the final partial page is written through it, byte-exact, so the
+    /// file's length never changes (an aligned write would extend it, and
+    /// truncating back would cut whatever was appended since the open).
+    tail: Option<File>,
 }
 
 /// Whether the file is on tmpfs (its pages live in memory).
@@ -113,6 +118,18 @@ impl FileStore {
             Ok(n) if in_memory && n > 0 => Mapping::read_only(file.as_raw_fd(), n).ok(),
             _ => None,
         };
+        // Any page can become the last one (the file may be truncated), so
+        // the plain descriptor is there whenever O_DIRECT writes are.
+        let tail = if direct && writable {
+            Some(
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_CLOEXEC)
+                    .open(format!("/proc/self/fd/{}", file.as_raw_fd()))?,
+            )
+        } else {
+            None
+        };
         Ok(FileStore {
             file,
             file_len,
@@ -121,6 +138,7 @@ impl FileStore {
             direct,
             in_memory,
             view,
+            tail,
         })
     }
 
@@ -142,6 +160,19 @@ impl FileStore {
     #[inline]
     fn fd(&self) -> RawFd {
         self.file.as_raw_fd()
+    }
+
+    /// The file's length now (it may have been truncated since the open).
+    /// Async-signal-safe (`fstat`).
+    fn current_len(&self) -> Result<u64, StoreError> {
+        // SAFETY: a zeroed stat is a valid out-parameter for fstat on our
+        // open descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(self.fd(), &mut st) } != 0 {
+            return Err(StoreError(errno()));
+        }
+        Ok(st.st_size as u64)
     }
 
     /// Under `O_DIRECT`, whether a transfer meets the alignment rules.
@@ -197,6 +228,17 @@ impl Store for FileStore {
                 break;
             }
         }
+        // Short of the bytes the file had at open: it was truncated behind
+        // the store. Past its new end a mapping of the file gets SIGBUS, so
+        // this read fails (the page is poisoned); in the page that holds the
+        // new end, the rest reads as zeros, as in any last page.
+        let in_file_at_open = self.file_len.saturating_sub(offset).min(buf.len() as u64) as usize;
+        if done < in_file_at_open {
+            let now = self.current_len()?;
+            if offset >= now.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64 {
+                return Err(StoreError(libc::EIO));
+            }
+        }
         buf[done..].fill(0);
         Ok(())
     }
@@ -213,18 +255,36 @@ impl Store for FileStore {
         if self.direct && !Self::aligned(buf.as_ptr(), offset, buf.len()) {
             return Err(StoreError(libc::EINVAL));
         }
-        // Under O_DIRECT the whole (aligned) buffer must be written; the file
-        // is truncated back afterwards. Otherwise only the in-file part is.
-        let in_file = self.file_len.saturating_sub(offset).min(buf.len() as u64) as usize;
-        let want = if self.direct { buf.len() } else { in_file };
+        // Only the bytes inside the file are written, so its length never
+        // changes: the bytes it had at open, or fewer if it was truncated
+        // since. A page wholly past a truncation is dropped, as the kernel
+        // drops a truncated file's cached pages: writing it would extend
+        // the file again.
+        let now = self.current_len()?;
+        let in_file = self
+            .file_len
+            .min(now)
+            .saturating_sub(offset)
+            .min(buf.len() as u64) as usize;
+        if in_file == 0 {
+            return Ok(());
+        }
+        // Under O_DIRECT a partial page goes through the plain descriptor
+        // (an aligned write could not stop at the end of the file).
+        let partial = in_file < buf.len();
+        let fd = match (&self.tail, self.direct && partial) {
+            (Some(t), true) => t.as_raw_fd(),
+            (None, true) => return Err(StoreError(libc::EINVAL)),
+            _ => self.fd(),
+        };
         let mut done = 0usize;
-        while done < want {
-            let rest = &buf[done..want];
+        while done < in_file {
+            let rest = &buf[done..in_file];
             // SAFETY: `rest` is valid for reads of `rest.len()` bytes and the
             // descriptor is open for the lifetime of `self`.
             let n = unsafe {
                 libc::pwrite(
-                    self.fd(),
+                    fd,
                     rest.as_ptr().cast(),
                     rest.len(),
                     (offset + done as u64) as libc::off_t,
@@ -240,17 +300,8 @@ impl Store for FileStore {
                 return Err(StoreError(libc::EIO));
             }
             done += n as usize;
-            if self.direct && done < want && !done.is_multiple_of(PAGE_SIZE) {
+            if self.direct && !partial && done < in_file && !done.is_multiple_of(PAGE_SIZE) {
                 return Err(StoreError(libc::EIO));
-            }
-        }
-        if want > in_file {
-            // Only the final partial page gets here, and calls for it are
-            // serialised by the engine, so nothing else writes past
-            // `file_len` concurrently.
-            // SAFETY: ftruncate on our descriptor; async-signal-safe.
-            if unsafe { libc::ftruncate(self.fd(), self.file_len as libc::off_t) } != 0 {
-                return Err(StoreError(errno()));
             }
         }
         Ok(())
@@ -420,6 +471,91 @@ mod tests {
         assert_eq!(contents.len(), data.len());
         assert!(contents[PAGE_SIZE..].iter().all(|&b| b == 7));
         assert_eq!(&contents[..PAGE_SIZE], &data[..PAGE_SIZE]);
+    }
+
+    /// Under O_DIRECT the final partial page is written byte-exact: bytes
+    /// another writer appended after the open survive (an aligned write
+    /// then a truncate back to the length at open would cut them).
+    #[test]
+    fn direct_partial_page_write_keeps_what_was_appended() {
+        let p = TempPath::new("direct-tail");
+        let data: Vec<u8> = (0..PAGE_SIZE + 100).map(|i| (i as u8) | 1).collect();
+        File::create(&p.0).unwrap().write_all(&data).unwrap();
+        let s = match FileStore::open(
+            &p.0,
+            &FileStoreOptions {
+                writable: true,
+                direct: true,
+                ..Default::default()
+            },
+        ) {
+            Ok(s) => s,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                eprintln!(
+                    "skipping: O_DIRECT unsupported in {:?}",
+                    std::env::temp_dir()
+                );
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p.0)
+            .unwrap()
+            .write_all(&[0xAB; 50])
+            .unwrap();
+        let page = AlignedPage([7u8; PAGE_SIZE]);
+        s.write(PAGE_SIZE as u64, &page.0).unwrap();
+        let contents = std::fs::read(&p.0).unwrap();
+        assert_eq!(
+            contents.len(),
+            data.len() + 50,
+            "the file kept its new length"
+        );
+        assert!(contents[PAGE_SIZE..PAGE_SIZE + 100].iter().all(|&b| b == 7));
+        assert!(
+            contents[PAGE_SIZE + 100..].iter().all(|&b| b == 0xAB),
+            "appended bytes survive"
+        );
+    }
+
+    /// A file truncated behind the store: reads past its new end fail (a
+    /// mapping of the file would get SIGBUS there) instead of reading
+    /// zeros, and write-back does not extend it again.
+    #[test]
+    fn truncated_underneath_reads_fail_and_writes_do_not_extend() {
+        let p = TempPath::new("truncated");
+        let data: Vec<u8> = (0..4 * PAGE_SIZE).map(|i| (i as u8) | 1).collect();
+        File::create(&p.0).unwrap().write_all(&data).unwrap();
+        let s = FileStore::open(
+            &p.0,
+            &FileStoreOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p.0)
+            .unwrap()
+            .set_len(PAGE_SIZE as u64 + 10)
+            .unwrap();
+        let mut back = vec![0u8; PAGE_SIZE];
+        assert_eq!(
+            s.read(3 * PAGE_SIZE as u64, &mut back),
+            Err(StoreError(libc::EIO))
+        );
+        // The page holding the new end reads its bytes, then zeros.
+        s.read(PAGE_SIZE as u64, &mut back).unwrap();
+        assert_eq!(&back[..10], &data[PAGE_SIZE..PAGE_SIZE + 10]);
+        assert!(back[10..].iter().all(|&b| b == 0));
+        s.write(3 * PAGE_SIZE as u64, &[9u8; PAGE_SIZE]).unwrap();
+        s.write(PAGE_SIZE as u64, &[9u8; PAGE_SIZE]).unwrap();
+        let contents = std::fs::read(&p.0).unwrap();
+        assert_eq!(contents.len(), PAGE_SIZE + 10, "not extended again");
+        assert!(contents[PAGE_SIZE..].iter().all(|&b| b == 9));
     }
 
     #[test]
