@@ -4,6 +4,7 @@
 use crate::util::{check, Guarded};
 use loom::thread;
 use std::sync::Arc;
+use uffd_pager::sync::model::{set_futex_mode, FutexMode};
 use uffd_pager::sync::region_lock::{RegionLock, TryReadError};
 
 struct Region {
@@ -33,9 +34,9 @@ fn fault(r: &Region) -> Result<u64, TryReadError> {
 /// got the lock never overlaps the writer (loom sees the race otherwise),
 /// the writer always wakes from its drain, and trylocks fail with
 /// `WriteLocked` only while a writer is in.
-#[test]
-fn readers_never_overlap_the_writer() {
-    check(|| {
+fn readers_and_a_writer(mode: FutexMode) {
+    check(move || {
+        set_futex_mode(mode);
         let r = region();
         let readers: Vec<_> = (0..2)
             .map(|_| {
@@ -62,6 +63,17 @@ fn readers_never_overlap_the_writer() {
         assert_eq!(r.lock.seq(), 2);
         assert_eq!(fault(&r), Ok(2));
     });
+}
+
+#[test]
+fn readers_never_overlap_the_writer() {
+    readers_and_a_writer(FutexMode::Exact);
+}
+
+/// As above with the writer's drain waits returning early (signals).
+#[test]
+fn readers_never_overlap_the_writer_with_spurious_wakeups() {
+    readers_and_a_writer(FutexMode::Spurious(2));
 }
 
 /// Unmap: write-lock, detach, free, unlock. A reader either got in before
