@@ -36,7 +36,9 @@ impl Snapshot {
 
     /// What a reader does with the snapshot: checks it is not freed.
     fn check(&self) -> u64 {
-        // SAFETY: a checked read (see the Sync impl).
+        // SAFETY: `p` points into `self`, which the RCU cell keeps alive for
+        // the reader's closure (the property under test); loom fails the
+        // model if the read races the write in `drop`.
         assert!(self.live.with(|p| unsafe { *p }), "read a freed snapshot");
         self.version
     }
@@ -44,7 +46,8 @@ impl Snapshot {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        // SAFETY: a checked write (see the Sync impl).
+        // SAFETY: `p` points into `self` (`&mut`, alive); loom fails the
+        // model if a reader's access races this write.
         self.live.with_mut(|p| unsafe { *p = false });
     }
 }

@@ -61,13 +61,15 @@ unsafe impl Sync for Guarded {}
 impl Guarded {
     /// Reads the value; the caller claims to hold the lock (shared).
     pub fn read(&self) -> u64 {
-        // SAFETY: loom checks this read against concurrent writes.
+        // SAFETY: `p` points to the cell's value, alive as long as `self`;
+        // loom fails the model if this read races a write.
         self.0.with(|p| unsafe { *p })
     }
 
     /// Adds one; the caller claims to hold the lock (exclusive).
     pub fn bump(&self) {
-        // SAFETY: loom checks this write against every concurrent access.
+        // SAFETY: `p` points to the cell's value, alive as long as `self`;
+        // loom fails the model if this write races any other access.
         self.0.with_mut(|p| unsafe { *p += 1 })
     }
 
