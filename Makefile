@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test deps lint bench examples
+.PHONY: demo test deps lint bench examples model-check
 
 # userfaultfd-sys generates its bindings with bindgen, which needs libclang.
 deps:
@@ -16,6 +16,13 @@ demo: deps
 
 test: deps
 	$(CARGO) test --features fault-inject
+
+# Model-checks the concurrency primitives (page lock, region lock, global
+# lock, RCU) with loom: tests/loom_sync/. `--cfg loom` changes every crate's
+# flags, so it builds in a target directory of its own instead of
+# invalidating the normal one. LOOM_MAX_PREEMPTIONS=N overrides the bound.
+model-check: deps
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test --release --test loom_sync
 
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -23,8 +23,9 @@
 //! # Cost
 //! 4 bytes per tracked page. Lock/unlock: one CAS each. Async-signal-safe.
 
-use crate::sys::{futex, mem::Mapping, PAGE_SIZE};
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use crate::sync::model::{futex, AtomicU32};
+use crate::sys::{mem::Mapping, PAGE_SIZE};
+use std::sync::atomic::Ordering::*;
 
 /// Page lock held (loading, installing or evicting).
 pub const LOCKED: u32 = 1 << 0;
@@ -137,7 +138,9 @@ impl PageCache {
     pub fn new(npages: usize) -> Result<PageCache, i32> {
         let words = if npages <= INLINE_WORDS {
             Words::Inline(Default::default())
-        } else if npages * 4 <= SMALL_WORDS {
+        } else if npages * 4 <= SMALL_WORDS || cfg!(loom) {
+            // (A mapping of zeros is no array of loom's atomics: under the
+            // model checker every word array lives on the heap.)
             Words::Heap((0..npages.max(1)).map(|_| AtomicU32::new(0)).collect())
         } else {
             let bytes = (npages * 4).div_ceil(PAGE_SIZE) * PAGE_SIZE;

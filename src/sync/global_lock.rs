@@ -17,8 +17,8 @@
 //!   reads and writes separately ([`GlobalLock::contention`]).
 //! - Async-signal-safe (see [`crate::sync`]).
 
-use crate::sys::{futex, now_ns};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use crate::sync::model::{const_fn_unless_loom, futex, now_ns, AtomicU32, AtomicU64};
+use std::sync::atomic::Ordering::*;
 
 const READERS: u32 = (1 << 28) - 1;
 const READER_HANDOFF: u32 = 1 << 28;
@@ -28,6 +28,18 @@ pub const HANDOFF_NS: u64 = 4_000_000;
 const READER_PARKED: u32 = 1 << 29;
 const WRITER_WAITING: u32 = 1 << 30;
 const WRITER_HELD: u32 = 1 << 31;
+
+/// The handoff threshold: [`HANDOFF_NS`], or the model test's choice under
+/// loom (whose clock stands still).
+#[cfg(not(loom))]
+#[inline(always)]
+fn handoff_after() -> u64 {
+    HANDOFF_NS
+}
+#[cfg(loom)]
+fn handoff_after() -> u64 {
+    crate::sync::model::handoff_ns()
+}
 
 /// Global-lock contention figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,20 +80,22 @@ pub struct GlobalLock {
 }
 
 impl GlobalLock {
-    /// An unlocked lock.
-    pub const fn new() -> Self {
-        GlobalLock {
-            state: AtomicU32::new(0),
-            writer_seq: AtomicU32::new(0),
-            writer_mutex: AtomicU32::new(0),
-            writers_pending: AtomicU32::new(0),
-            readers_sleeping: AtomicU32::new(0),
-            read_acq: AtomicU64::new(0),
-            read_cont: AtomicU64::new(0),
-            read_wait: AtomicU64::new(0),
-            write_acq: AtomicU64::new(0),
-            write_cont: AtomicU64::new(0),
-            write_wait: AtomicU64::new(0),
+    const_fn_unless_loom! {
+        /// An unlocked lock.
+        pub fn new() -> Self {
+            GlobalLock {
+                state: AtomicU32::new(0),
+                writer_seq: AtomicU32::new(0),
+                writer_mutex: AtomicU32::new(0),
+                writers_pending: AtomicU32::new(0),
+                readers_sleeping: AtomicU32::new(0),
+                read_acq: AtomicU64::new(0),
+                read_cont: AtomicU64::new(0),
+                read_wait: AtomicU64::new(0),
+                write_acq: AtomicU64::new(0),
+                write_cont: AtomicU64::new(0),
+                write_wait: AtomicU64::new(0),
+            }
         }
     }
 
@@ -128,7 +142,7 @@ impl GlobalLock {
                 }
                 continue;
             }
-            if !handoff && now_ns() - t0 >= HANDOFF_NS {
+            if !handoff && now_ns() - t0 >= handoff_after() {
                 handoff = true;
                 self.state.fetch_or(READER_HANDOFF, Relaxed);
                 continue;
@@ -268,6 +282,18 @@ impl GlobalLock {
     /// Whether a writer holds the lock.
     pub fn is_write_locked(&self) -> bool {
         self.state.load(Relaxed) & WRITER_HELD != 0
+    }
+
+    /// Writers inside `write()`, waiting or holding (for model tests).
+    #[cfg(loom)]
+    pub fn writers_pending(&self) -> u32 {
+        self.writers_pending.load(Relaxed)
+    }
+
+    /// Whether a reader has asked for the handoff (for model tests).
+    #[cfg(loom)]
+    pub fn handoff_requested(&self) -> bool {
+        self.state.load(Relaxed) & READER_HANDOFF != 0
     }
 
     /// Acquisition and contention counts since creation or the last reset.

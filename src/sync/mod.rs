@@ -8,6 +8,10 @@
 //! never interrupt code that holds one of these locks.
 
 pub mod global_lock;
+#[cfg(loom)]
+pub mod model;
+#[cfg(not(loom))]
+pub(crate) mod model;
 pub mod mutex;
 pub mod percpu_rwsem;
 pub mod rcu;

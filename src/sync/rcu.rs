@@ -21,8 +21,8 @@
 //!   (a lookup and a trylock), so the wait is short; it reads one line per
 //!   CPU.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
-use std::sync::Mutex;
+use crate::sync::model::{cpu_count, spin_loop, this_cpu, yield_now, AtomicPtr, AtomicU64, Mutex};
+use std::sync::atomic::Ordering::*;
 
 /// One CPU's reader counts, one per epoch parity, on a line of their own.
 #[repr(align(64))]
@@ -50,9 +50,7 @@ impl<T> Rcu<T> {
         Rcu {
             ptr: AtomicPtr::new(Box::into_raw(Box::new(value))),
             epoch: AtomicU64::new(0),
-            readers: (0..crate::sys::cpu_count())
-                .map(|_| CpuReaders::default())
-                .collect(),
+            readers: (0..cpu_count()).map(|_| CpuReaders::default()).collect(),
             writer: Mutex::new(()),
         }
     }
@@ -60,11 +58,13 @@ impl<T> Rcu<T> {
     /// Runs `f` on the current snapshot. Async-signal-safe.
     #[inline]
     pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        let cpu = &self.readers[crate::sys::this_cpu() % self.readers.len()];
+        let cpu = &self.readers[this_cpu() % self.readers.len()];
         let slot = loop {
             let e = self.epoch.load(SeqCst);
             let slot = &cpu.0[(e & 1) as usize];
             slot.fetch_add(1, SeqCst);
+            #[cfg(loom)]
+            crate::sync::model::loom_store_load_fence();
             if self.epoch.load(SeqCst) == e {
                 break slot;
             }
@@ -96,6 +96,8 @@ impl<T> Rcu<T> {
         let old = self.ptr.swap(Box::into_raw(Box::new(new)), SeqCst);
         let e = self.epoch.fetch_add(1, SeqCst);
         let parity = (e & 1) as usize;
+        #[cfg(loom)]
+        crate::sync::model::loom_store_load_fence();
         // A reader of the old parity that a CPU's count misses because it
         // incremented after we read that count sees the new epoch on its
         // recheck and backs out (all accesses are SeqCst), so a zero sum
@@ -111,9 +113,9 @@ impl<T> Rcu<T> {
         while busy() {
             spins += 1;
             if spins < 64 {
-                std::hint::spin_loop();
+                spin_loop();
             } else {
-                std::thread::yield_now();
+                yield_now();
             }
         }
         // SAFETY: `old` came from `Box::into_raw`; the grace period above
@@ -124,8 +126,13 @@ impl<T> Rcu<T> {
 
 impl<T> Drop for Rcu<T> {
     fn drop(&mut self) {
-        // SAFETY: `&mut self`: no readers remain.
-        drop(unsafe { Box::from_raw(*self.ptr.get_mut()) });
+        #[cfg(not(loom))]
+        let p = *self.ptr.get_mut();
+        #[cfg(loom)]
+        let p = self.ptr.with_mut(|p| *p);
+        // SAFETY: `&mut self`: no readers remain, and `p` came from
+        // `Box::into_raw`.
+        drop(unsafe { Box::from_raw(p) });
     }
 }
 

@@ -13,8 +13,8 @@
 //! Read trylock: one load and one CAS. Read unlock: one atomic RMW, plus a
 //! futex wake only when a writer sleeps. Async-signal-safe.
 
-use crate::sys::futex;
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use crate::sync::model::{const_fn_unless_loom, futex, AtomicU32};
+use std::sync::atomic::Ordering::*;
 
 const READERS: u32 = (1 << 28) - 1;
 const WRITER_SLEEPING: u32 = 1 << 29;
@@ -39,11 +39,13 @@ pub struct RegionLock {
 }
 
 impl RegionLock {
-    /// An unlocked, attached lock.
-    pub const fn new() -> Self {
-        RegionLock {
-            state: AtomicU32::new(0),
-            seq: AtomicU32::new(0),
+    const_fn_unless_loom! {
+        /// An unlocked, attached lock.
+        pub fn new() -> Self {
+            RegionLock {
+                state: AtomicU32::new(0),
+                seq: AtomicU32::new(0),
+            }
         }
     }
 
