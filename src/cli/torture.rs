@@ -30,9 +30,18 @@ pub enum Kind {
 #[derive(Debug, Args)]
 pub struct TortureArgs {
     /// Operations in total, split evenly over the threads (rounded up to a
-    /// multiple of the thread count).
-    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
-    ops: u64,
+    /// multiple of the thread count). Default 1000000, or as many as fit
+    /// in --duration.
+    #[arg(long, value_name = "N")]
+    ops: Option<u64>,
+    /// Run for this long (a soak): `90s`, `30m`, `2h`, or seconds. The
+    /// threads stop at --ops or at the deadline, whichever comes first.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    duration: Option<std::time::Duration>,
+    /// One more thread maps, remaps, protects, drops and unmaps side
+    /// regions of the same pager all along, checking every byte of them.
+    #[arg(long)]
+    churn: bool,
     /// Application threads.
     #[arg(long, value_name = "T", default_value_t = 2)]
     threads: usize,
@@ -72,6 +81,28 @@ pub struct TortureArgs {
     json: bool,
 }
 
+/// Parses `90s`, `30m`, `2h` or plain seconds (at most a day).
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let scale = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("bad duration {s:?} (90s, 30m, 2h, or seconds)")),
+    };
+    let secs: f64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (90s, 30m, 2h, or seconds)"))?;
+    let secs = secs * scale;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("duration {s:?} must be in (0, 24h]"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
 /// The largest region accepted, in pages (64 GiB).
 const MAX_PAGES: usize = 1 << 24;
 
@@ -93,7 +124,14 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     if a.threads == 0 {
         return usage("--threads must be at least 1".into());
     }
-    if a.ops == 0 {
+    // With a duration and no --ops, as many as 32-bit sequence numbers
+    // allow.
+    let ops = match (a.ops, a.duration) {
+        (Some(n), _) => n,
+        (None, Some(_)) => u64::from(u32::MAX) - 1 - a.threads as u64,
+        (None, None) => 1_000_000,
+    };
+    if ops == 0 {
         return usage("--ops must be at least 1".into());
     }
     if a.budget == 0 {
@@ -121,11 +159,11 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     if a.write_pct > 100 {
         return usage(format!("--write-pct {} is over 100", a.write_pct));
     }
-    let ops_per_thread = a.ops.div_ceil(a.threads as u64);
+    let ops_per_thread = ops.div_ceil(a.threads as u64);
     if ops_per_thread.saturating_mul(a.threads as u64) >= u64::from(u32::MAX) {
         return usage(format!(
             "--ops {} is too many: sequence numbers are 32-bit (fewer than {})",
-            a.ops,
+            ops,
             u32::MAX
         ));
     }
@@ -151,6 +189,8 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
         install: a.install,
         delivery: a.delivery,
         policy: a.policy,
+        duration: a.duration,
+        churn: a.churn,
     })
 }
 
@@ -267,6 +307,13 @@ fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
         "  background      flushes {} reclaimed {} pages",
         r.background_flushes, r.background_reclaimed
     );
+    if cfg.churn {
+        let _ = writeln!(
+            s,
+            "  churn           {} address-space operations on side regions",
+            r.churn_ops
+        );
+    }
     let over = if st.peak_resident_pages > st.budget_pages {
         format!(
             " (over by {} in flight)",

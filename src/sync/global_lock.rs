@@ -71,6 +71,10 @@ pub struct GlobalLock {
     writers_pending: AtomicU32,
     /// Readers currently sleeping (for scripted tests and reports).
     readers_sleeping: AtomicU32,
+    /// Readers that asked for the handoff and are not in yet: the bit stays
+    /// set until the last of them is served (the first one in must not
+    /// clear it for the others).
+    handoff_askers: AtomicU32,
     read_acq: AtomicU64,
     read_cont: AtomicU64,
     read_wait: AtomicU64,
@@ -89,6 +93,7 @@ impl GlobalLock {
                 writer_mutex: AtomicU32::new(0),
                 writers_pending: AtomicU32::new(0),
                 readers_sleeping: AtomicU32::new(0),
+                handoff_askers: AtomicU32::new(0),
                 read_acq: AtomicU64::new(0),
                 read_cont: AtomicU64::new(0),
                 read_wait: AtomicU64::new(0),
@@ -127,11 +132,12 @@ impl GlobalLock {
         let t0 = now_ns();
         let mut handoff = false;
         loop {
-            let s = self.state.load(Relaxed);
+            let s = self.state.load(SeqCst);
             // New readers queue behind waiting writers, except during a
-            // handoff to the readers that waited too long.
-            let blocked =
-                s & WRITER_HELD != 0 || (s & WRITER_WAITING != 0 && s & READER_HANDOFF == 0);
+            // handoff to the readers that waited too long (while any of
+            // them is still out).
+            let blocked = s & WRITER_HELD != 0
+                || (s & WRITER_WAITING != 0 && self.handoff_askers.load(SeqCst) == 0);
             if !blocked {
                 if self
                     .state
@@ -144,7 +150,8 @@ impl GlobalLock {
             }
             if !handoff && now_ns() - t0 >= handoff_after() {
                 handoff = true;
-                self.state.fetch_or(READER_HANDOFF, Relaxed);
+                self.handoff_askers.fetch_add(1, SeqCst);
+                self.state.fetch_or(READER_HANDOFF, SeqCst);
                 continue;
             }
             if s & READER_PARKED == 0
@@ -161,13 +168,12 @@ impl GlobalLock {
             futex::wait_timeout(&self.state, s | READER_PARKED, HANDOFF_NS);
             self.readers_sleeping.fetch_sub(1, Relaxed);
         }
-        if handoff {
-            // Served: writers may go again.
-            let prev = self.state.fetch_and(!READER_HANDOFF, Relaxed);
-            if prev & READER_HANDOFF != 0 {
-                self.writer_seq.fetch_add(1, Release);
-                futex::wake(&self.writer_seq, 1);
-            }
+        if handoff && self.handoff_askers.fetch_sub(1, SeqCst) == 1 {
+            // The last reader that asked is served: writers may go again.
+            // (The bit is a hint for wake-ups; the count decides.)
+            self.state.fetch_and(!READER_HANDOFF, SeqCst);
+            self.writer_seq.fetch_add(1, Release);
+            futex::wake(&self.writer_seq, 1);
         }
         self.read_acq.fetch_add(1, Relaxed);
         // A read that found a writer in the way counts as contended even if it
@@ -222,8 +228,9 @@ impl GlobalLock {
         // readers to drain.
         loop {
             let seq = self.writer_seq.load(Acquire);
-            let s = self.state.fetch_or(WRITER_WAITING, Acquire) | WRITER_WAITING;
-            if s & READERS == 0 && s & READER_HANDOFF == 0 {
+            let s = self.state.fetch_or(WRITER_WAITING, SeqCst) | WRITER_WAITING;
+            let handing_off = self.handoff_askers.load(SeqCst) != 0;
+            if s & READERS == 0 && !handing_off {
                 let more = self.writers_pending.load(Relaxed) > 1;
                 let new = (s & READER_PARKED) | WRITER_HELD | if more { WRITER_WAITING } else { 0 };
                 if self
@@ -237,7 +244,7 @@ impl GlobalLock {
             }
             // During a handoff, poll: the handing-off reader wakes us, but a
             // reader that gave up waiting must not leave us asleep.
-            if s & READER_HANDOFF != 0 {
+            if handing_off {
                 futex::wait_timeout(&self.writer_seq, seq, HANDOFF_NS);
             } else {
                 futex::wait(&self.writer_seq, seq);
@@ -260,7 +267,7 @@ impl GlobalLock {
                     Some((s & !WRITER_HELD) | WRITER_WAITING)
                 })
                 .unwrap_or_else(|s| s);
-            if prev & READER_HANDOFF != 0 && prev & READER_PARKED != 0 {
+            if self.handoff_askers.load(SeqCst) != 0 && prev & READER_PARKED != 0 {
                 futex::wake_all(&self.state);
             }
         } else {

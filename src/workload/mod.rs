@@ -8,6 +8,7 @@ pub mod filemap;
 pub mod launch;
 pub mod random;
 pub mod scan;
+pub mod soak;
 pub mod swap;
 pub mod torture;
 

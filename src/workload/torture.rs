@@ -104,6 +104,13 @@ pub struct TortureConfig {
     pub delivery: Delivery,
     /// Fault-handling policy.
     pub policy: Policy,
+    /// Run for this long instead (each thread stops at `ops_per_thread`
+    /// or the deadline, whichever comes first): a soak.
+    pub duration: Option<Duration>,
+    /// One more thread maps, remaps, protects, drops and unmaps side
+    /// regions of the same pager all along, checking their bytes
+    /// ([`crate::workload::soak`]).
+    pub churn: bool,
 }
 
 impl Default for TortureConfig {
@@ -121,6 +128,8 @@ impl Default for TortureConfig {
             install: InstallKind::Shared,
             delivery: Delivery::InThread,
             policy: Policy::default(),
+            duration: None,
+            churn: false,
         }
     }
 }
@@ -201,6 +210,8 @@ pub struct TortureReport {
     pub background_flushes: u64,
     /// Pages freed by the background thread's `reclaim_pages` calls.
     pub background_reclaimed: u64,
+    /// The side-region churn's operations (0 without churn).
+    pub churn_ops: u64,
     /// Wall time of the concurrent phase.
     pub elapsed: Duration,
     /// The pager's statistics after the final checks (for file-backed
@@ -375,7 +386,11 @@ fn worker(
     let pages = cfg.pages;
     let mut rng = Rng(mix(cfg.seed) ^ mix(t as u64 + 1));
     let (mut reads, mut writes) = (0, 0);
-    for _ in 0..cfg.ops_per_thread {
+    let deadline = cfg.duration.map(|d| Instant::now() + d);
+    for n in 0..cfg.ops_per_thread {
+        if n % 1024 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
         let write = (rng.below(100) as u32) < cfg.write_pct;
         let mut page = rng.below(pages as u64) as usize;
         if write {
@@ -495,8 +510,11 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
 
     let stop = AtomicBool::new(false);
     let started = Instant::now();
-    let (reads, writes, bg) = std::thread::scope(|s| {
+    let (reads, writes, bg, churn) = std::thread::scope(|s| {
         let bg = s.spawn(|| background(&pager, &region, cfg.budget_pages, &stop));
+        let churn = cfg
+            .churn
+            .then(|| s.spawn(|| crate::workload::soak::churn(&pager, mix(cfg.seed), &stop)));
         let hs: Vec<_> = (0..cfg.threads)
             .map(|t| {
                 let (model, findings) = (&model, &findings);
@@ -511,10 +529,15 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
         }
         stop.store(true, Release);
         let bg = bg.join().expect("torture background thread panicked");
-        (reads, writes, bg)
+        let churn = churn.map(|c| c.join().expect("torture churn thread panicked"));
+        (reads, writes, bg, churn)
     });
     let elapsed = started.elapsed();
     let (background_flushes, background_reclaimed) = bg?;
+    let churn = churn.transpose()?.unwrap_or_default();
+    if churn.mismatches > 0 {
+        findings.count.fetch_add(churn.mismatches, Relaxed);
+    }
 
     // Final read-back through the region (faults every page back in).
     let mut words_verified = verify_words(
@@ -566,6 +589,7 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
         words_verified,
         background_flushes,
         background_reclaimed,
+        churn_ops: churn.ops,
         elapsed,
         stats: pager.stats(),
     })

@@ -168,14 +168,10 @@ fn handoff_lets_a_waiting_reader_in_when_timeouts_fire() {
 
 /// Two readers have asked for the handoff (both sleep with the bit set)
 /// when the holder leaves: the module docs promise that writers do not
-/// take the lock "until those readers are through".
-///
-/// Fails: the first reader in clears the bit for both, and the second,
-/// which never asks again, can land behind the queued writer (and behind
-/// every writer after it while writers keep queueing). Ignored so that
-/// `make model-check` passes; run it with `-- --ignored`.
+/// take the lock "until those readers are through". (It failed when the
+/// first reader in cleared the handoff for both; a count of the readers
+/// asking now decides.)
 #[test]
-#[ignore = "finding: a handoff serves only the first reader through"]
 fn handoff_lets_every_asking_reader_in() {
     check_bounded(2, || {
         set_handoff_ns(0);

@@ -1,0 +1,159 @@
+//! The soak's address-space churn: while the torture's threads fault and
+//! reclaim runs, one more thread keeps mapping, writing, remapping (grow,
+//! shrink, move), protecting, dropping (`dontneed`) and unmapping side
+//! regions of the same pager, anonymous and shared, and checks every byte
+//! of them after each step against what it wrote.
+//!
+//! The side regions share the pager's budget, so their pages are evicted
+//! and faulted back like the tortured region's; every address-space writer
+//! races the faults, kswapd and the explicit reclaimer.
+
+use crate::error::Result;
+use crate::object::InstallKind;
+use crate::pager::{MapOptions, Pager};
+use crate::region::Region;
+use crate::store::MemoryStore;
+use crate::sys::PAGE_SIZE;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+
+/// Side regions alive at once, at most.
+const LIVE: usize = 6;
+/// Pages of a side region, at most.
+const MAX_PAGES: usize = 48;
+
+/// What the churn did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChurnReport {
+    /// Address-space operations (map, remap, protect, dontneed, unmap).
+    pub ops: u64,
+    /// Bytes of side regions that did not hold what was written.
+    pub mismatches: u64,
+}
+
+/// A side region and what it must hold.
+struct Side {
+    region: Region,
+    want: Vec<u8>,
+    kind: InstallKind,
+    writable: bool,
+}
+
+/// A small generator (xorshift): deterministic per seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+fn fill(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(31) ^ seed) as u8 | 1)
+        .collect()
+}
+
+/// Runs the churn on `pager` until `stop`.
+pub fn churn(pager: &Pager, seed: u64, stop: &AtomicBool) -> Result<ChurnReport> {
+    let mut rng = Rng(seed | 1);
+    let mut live: Vec<Side> = Vec::new();
+    let mut r = ChurnReport::default();
+    while !stop.load(Acquire) {
+        let op = if live.is_empty() { 0 } else { rng.below(6) };
+        match op {
+            // Map a new side region and write it.
+            0 if live.len() < LIVE => {
+                let pages = 4 + rng.below(MAX_PAGES as u64 - 4) as usize;
+                let len = pages * PAGE_SIZE;
+                let data = fill(rng.below(u64::MAX), len);
+                let side = if rng.below(2) == 0 {
+                    let mut region = pager.map_anonymous(len)?;
+                    region.as_mut_slice().copy_from_slice(&data);
+                    Side {
+                        region,
+                        want: data,
+                        kind: InstallKind::Anonymous,
+                        writable: true,
+                    }
+                } else {
+                    let store = Arc::new(MemoryStore::from_bytes(&data)?);
+                    let region = pager.map_store(store, len, &MapOptions::default())?;
+                    Side {
+                        region,
+                        want: data,
+                        kind: InstallKind::Shared,
+                        writable: true,
+                    }
+                };
+                live.push(side);
+            }
+            0 | 1 => {
+                // Unmap one.
+                let k = rng.below(live.len() as u64) as usize;
+                live.swap_remove(k).region.unmap()?;
+            }
+            2 => {
+                // Grow, shrink or move one (within what its object holds).
+                let k = rng.below(live.len() as u64) as usize;
+                let s = &mut live[k];
+                let cap = s.want.len().div_ceil(PAGE_SIZE);
+                let cur = s.region.len() / PAGE_SIZE;
+                let new = 1 + rng.below(cap as u64) as usize;
+                s.region.remap(new * PAGE_SIZE)?;
+                // Anonymous memory shrunk away reads as zeros when it comes
+                // back; a shared region's store keeps it.
+                if s.kind == InstallKind::Anonymous && new < cur {
+                    s.want[new * PAGE_SIZE..cur * PAGE_SIZE].fill(0);
+                }
+            }
+            3 => {
+                // Toggle its protection.
+                let k = rng.below(live.len() as u64) as usize;
+                let s = &mut live[k];
+                s.writable = !s.writable;
+                s.region.protect(s.writable)?;
+            }
+            4 => {
+                // Drop a range (anonymous: zeros after; shared: kept).
+                let k = rng.below(live.len() as u64) as usize;
+                let s = &mut live[k];
+                let pages = s.region.len() / PAGE_SIZE;
+                let first = rng.below(pages as u64) as usize;
+                let n = 1 + rng.below((pages - first) as u64) as usize;
+                s.region.dontneed(first * PAGE_SIZE, n * PAGE_SIZE)?;
+                if s.kind == InstallKind::Anonymous {
+                    s.want[first * PAGE_SIZE..(first + n) * PAGE_SIZE].fill(0);
+                }
+            }
+            _ => {
+                // Rewrite a page of a writable one.
+                let k = rng.below(live.len() as u64) as usize;
+                let s = &mut live[k];
+                if s.writable {
+                    let pages = s.region.len() / PAGE_SIZE;
+                    let p = rng.below(pages as u64) as usize;
+                    let v = rng.below(255) as u8 | 1;
+                    s.region.as_mut_slice()[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(v);
+                    s.want[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(v);
+                }
+            }
+        }
+        r.ops += 1;
+        for s in &live {
+            let n = s.region.len();
+            r.mismatches += s.region.as_slice()[..n]
+                .iter()
+                .zip(&s.want[..n])
+                .filter(|(a, b)| a != b)
+                .count() as u64;
+        }
+    }
+    for s in live {
+        s.region.unmap()?;
+    }
+    Ok(r)
+}
