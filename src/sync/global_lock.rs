@@ -20,8 +20,13 @@
 use crate::sync::model::{const_fn_unless_loom, futex, now_ns, AtomicU32, AtomicU64};
 use std::sync::atomic::Ordering::*;
 
-const READERS: u32 = (1 << 28) - 1;
-const READER_HANDOFF: u32 = 1 << 28;
+const READERS: u32 = (1 << 20) - 1;
+/// Readers that waited too long and asked for the handoff, and are not in
+/// yet: while any is out, readers may pass waiting writers and writers do
+/// not take the lock. A count, in the lock word itself, so that the first
+/// reader in cannot end the handoff for the others.
+const ASKER_ONE: u32 = 1 << 20;
+const ASKERS: u32 = 0xFF << 20;
 
 /// How long a reader waits behind writers before it asks for a handoff.
 pub const HANDOFF_NS: u64 = 4_000_000;
@@ -71,10 +76,6 @@ pub struct GlobalLock {
     writers_pending: AtomicU32,
     /// Readers currently sleeping (for scripted tests and reports).
     readers_sleeping: AtomicU32,
-    /// Readers that asked for the handoff and are not in yet: the bit stays
-    /// set until the last of them is served (the first one in must not
-    /// clear it for the others).
-    handoff_askers: AtomicU32,
     read_acq: AtomicU64,
     read_cont: AtomicU64,
     read_wait: AtomicU64,
@@ -93,7 +94,6 @@ impl GlobalLock {
                 writer_mutex: AtomicU32::new(0),
                 writers_pending: AtomicU32::new(0),
                 readers_sleeping: AtomicU32::new(0),
-                handoff_askers: AtomicU32::new(0),
                 read_acq: AtomicU64::new(0),
                 read_cont: AtomicU64::new(0),
                 read_wait: AtomicU64::new(0),
@@ -132,26 +132,31 @@ impl GlobalLock {
         let t0 = now_ns();
         let mut handoff = false;
         loop {
-            let s = self.state.load(SeqCst);
+            let s = self.state.load(Relaxed);
             // New readers queue behind waiting writers, except during a
-            // handoff to the readers that waited too long (while any of
-            // them is still out).
-            let blocked = s & WRITER_HELD != 0
-                || (s & WRITER_WAITING != 0 && self.handoff_askers.load(SeqCst) == 0);
+            // handoff to the readers that waited too long.
+            let blocked = s & WRITER_HELD != 0 || (s & WRITER_WAITING != 0 && s & ASKERS == 0);
             if !blocked {
+                // A reader that asked takes itself off the count as it
+                // gets in, in the same step.
+                let new = if handoff { s + 1 - ASKER_ONE } else { s + 1 };
                 if self
                     .state
-                    .compare_exchange_weak(s, s + 1, Acquire, Relaxed)
+                    .compare_exchange_weak(s, new, Acquire, Relaxed)
                     .is_ok()
                 {
                     break;
                 }
                 continue;
             }
-            if !handoff && now_ns() - t0 >= handoff_after() {
-                handoff = true;
-                self.handoff_askers.fetch_add(1, SeqCst);
-                self.state.fetch_or(READER_HANDOFF, SeqCst);
+            if !handoff && s & ASKERS != ASKERS && now_ns() - t0 >= handoff_after() {
+                if self
+                    .state
+                    .compare_exchange_weak(s, s + ASKER_ONE, Relaxed, Relaxed)
+                    .is_ok()
+                {
+                    handoff = true;
+                }
                 continue;
             }
             if s & READER_PARKED == 0
@@ -168,10 +173,8 @@ impl GlobalLock {
             futex::wait_timeout(&self.state, s | READER_PARKED, HANDOFF_NS);
             self.readers_sleeping.fetch_sub(1, Relaxed);
         }
-        if handoff && self.handoff_askers.fetch_sub(1, SeqCst) == 1 {
-            // The last reader that asked is served: writers may go again.
-            // (The bit is a hint for wake-ups; the count decides.)
-            self.state.fetch_and(!READER_HANDOFF, SeqCst);
+        if handoff {
+            // Served; if this was the last that asked, writers may go again.
             self.writer_seq.fetch_add(1, Release);
             futex::wake(&self.writer_seq, 1);
         }
@@ -185,7 +188,7 @@ impl GlobalLock {
 
     fn read_unlock(&self) {
         let prev = self.state.fetch_sub(1, Release);
-        if prev & READERS == 1 && prev & (WRITER_WAITING | READER_HANDOFF) != 0 {
+        if prev & READERS == 1 && prev & WRITER_WAITING != 0 {
             self.writer_seq.fetch_add(1, Release);
             futex::wake(&self.writer_seq, 1);
         }
@@ -228,9 +231,8 @@ impl GlobalLock {
         // readers to drain.
         loop {
             let seq = self.writer_seq.load(Acquire);
-            let s = self.state.fetch_or(WRITER_WAITING, SeqCst) | WRITER_WAITING;
-            let handing_off = self.handoff_askers.load(SeqCst) != 0;
-            if s & READERS == 0 && !handing_off {
+            let s = self.state.fetch_or(WRITER_WAITING, Acquire) | WRITER_WAITING;
+            if s & READERS == 0 && s & ASKERS == 0 {
                 let more = self.writers_pending.load(Relaxed) > 1;
                 let new = (s & READER_PARKED) | WRITER_HELD | if more { WRITER_WAITING } else { 0 };
                 if self
@@ -244,7 +246,7 @@ impl GlobalLock {
             }
             // During a handoff, poll: the handing-off reader wakes us, but a
             // reader that gave up waiting must not leave us asleep.
-            if handing_off {
+            if s & ASKERS != 0 {
                 futex::wait_timeout(&self.writer_seq, seq, HANDOFF_NS);
             } else {
                 futex::wait(&self.writer_seq, seq);
@@ -267,11 +269,13 @@ impl GlobalLock {
                     Some((s & !WRITER_HELD) | WRITER_WAITING)
                 })
                 .unwrap_or_else(|s| s);
-            if self.handoff_askers.load(SeqCst) != 0 && prev & READER_PARKED != 0 {
+            if prev & ASKERS != 0 && prev & READER_PARKED != 0 {
                 futex::wake_all(&self.state);
             }
         } else {
-            let prev = self.state.swap(0, Release);
+            // Free; readers that asked for the handoff stay counted until
+            // they are in.
+            let prev = self.state.fetch_and(ASKERS, Release);
             if prev & READER_PARKED != 0 {
                 futex::wake_all(&self.state);
             }
@@ -300,7 +304,7 @@ impl GlobalLock {
     /// Whether a reader has asked for the handoff (for model tests).
     #[cfg(loom)]
     pub fn handoff_requested(&self) -> bool {
-        self.state.load(Relaxed) & READER_HANDOFF != 0
+        self.state.load(Relaxed) & ASKERS != 0
     }
 
     /// Acquisition and contention counts since creation or the last reset.
