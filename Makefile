@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test deps lint bench examples model-check
+.PHONY: demo test deps lint bench examples model-check unprivileged
 
 # userfaultfd-sys generates its bindings with bindgen, which needs libclang.
 deps:
@@ -37,3 +37,18 @@ examples: deps
 	$(CARGO) run --release --quiet --example embed_file
 	$(CARGO) run --release --quiet --example out_of_core_sort
 	$(CARGO) run --release --quiet --example anon_swap
+
+# The examples and short tortures as an ordinary user (uid 65534, as
+# vm.unprivileged_userfaultfd = 0 and a root-only /dev/userfaultfd leave
+# it): user-mode-only userfaultfd(2). Run as root; the binaries are copied
+# where that user can run them.
+UNPRIV := setpriv --reuid=65534 --regid=65534 --clear-groups
+unprivileged: deps
+	$(CARGO) build --release --quiet --examples --bin uffd-pager
+	rm -rf /tmp/uffd-pager-unpriv && install -d -m 755 /tmp/uffd-pager-unpriv
+	install -m 755 target/release/uffd-pager target/release/examples/embed_file \
+		target/release/examples/out_of_core_sort target/release/examples/anon_swap /tmp/uffd-pager-unpriv/
+	cd /tmp && for e in embed_file out_of_core_sort anon_swap; do $(UNPRIV) /tmp/uffd-pager-unpriv/$$e || exit 1; done
+	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 --kind anonymous --dir /tmp
+	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 --delivery threads --dir /tmp
+	rm -rf /tmp/uffd-pager-unpriv
