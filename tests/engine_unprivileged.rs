@@ -105,3 +105,52 @@ fn root_handler_threads_get_a_full_descriptor() {
         .expect("full descriptor");
     assert!(!full.descriptor().user_mode_only);
 }
+
+/// Threads of this process now.
+fn threads_now() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// The child: with room for only a few more threads, building a pager
+/// fails part-way; the threads it had started must be stopped, not leaked.
+#[test]
+fn child_build_fails_part_way() {
+    if !is_child() {
+        return;
+    }
+    let before = threads_now();
+    // RLIMIT_NPROC counts this user's threads: allow three more.
+    let lim = libc::rlimit {
+        rlim_cur: (before + 3) as libc::rlim_t,
+        rlim_max: (before + 3) as libc::rlim_t,
+    };
+    // SAFETY: lowering our own limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) }, 0);
+    for _ in 0..3 {
+        let r = Pager::builder()
+            .delivery(THREADS)
+            .budget_pages(64)
+            .readahead(32, 4)
+            .build();
+        assert!(r.is_err(), "the build should run out of threads");
+        // Joined threads are gone at once; give the kernel a moment anyway.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(threads_now(), before, "a failed build left threads behind");
+    }
+    println!("{CHILD_OK}");
+}
+
+#[test]
+fn a_failed_build_leaves_no_threads_behind() {
+    // As nobody: RLIMIT_NPROC does not bind root.
+    let out = run_child_unprivileged("child_build_fails_part_way", &[]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains(CHILD_OK),
+        "{}",
+        describe(&out)
+    );
+}
