@@ -302,10 +302,6 @@ fn remove(mm: &Mm, v: &Vma, s: usize, e: usize) {
         return;
     }
     v.lock.write_lock();
-    for i in v.page_index(cs)..v.page_index(ce - 1) + 1 {
-        let w = obj.cache.lock(i);
-        let clear = crate::mmap::discard_page(mm, obj, i, w);
-        obj.cache.unlock(i, 0, clear);
-    }
+    crate::mmap::give_up_pages(mm, obj, v.page_index(cs)..v.page_index(ce - 1) + 1);
     v.lock.write_unlock();
 }

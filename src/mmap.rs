@@ -56,6 +56,22 @@ pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
     DISCARDED
 }
 
+/// Pages `pages` of `obj` leave the mapping for good (an unmap, a
+/// shrink): a shared page stays cached in the memfd, unmapped; an
+/// anonymous page is discarded ([`discard_page`]), as the kernel discards
+/// private memory that is unmapped.
+pub(crate) fn give_up_pages(mm: &Mm, obj: &Object, pages: std::ops::Range<usize>) {
+    for i in pages {
+        if obj.kind == InstallKind::Shared {
+            obj.cache.update(i, 0, MAPPED);
+            continue;
+        }
+        let w = obj.cache.lock(i);
+        let clear = discard_page(mm, obj, i, w);
+        obj.cache.unlock(i, 0, clear);
+    }
+}
+
 /// Where a new mapping goes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Placement {
@@ -481,16 +497,8 @@ impl Mm {
         // (cached); anonymous memory past the end is discarded, as the
         // kernel does: those pages read as zeros if the region grows again.
         if new_len < old_len {
-            let obj = &old.object;
-            for i in old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE {
-                if obj.kind == InstallKind::Shared {
-                    obj.cache.update(i, 0, MAPPED);
-                    continue;
-                }
-                let w = obj.cache.lock(i);
-                let clear = discard_page(self, obj, i, w);
-                obj.cache.unlock(i, 0, clear);
-            }
+            let tail = old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE;
+            give_up_pages(self, &old.object, tail);
         }
         let flags = match new_addr {
             Some(_) => libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
@@ -572,15 +580,7 @@ pub(crate) fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<usize>
     vma.lock.mark_detached();
     let obj = &vma.object;
     if to.is_none() {
-        for i in vma.page_index(cs)..vma.page_index(ce - 1) + 1 {
-            if obj.kind == InstallKind::Shared {
-                obj.cache.update(i, 0, MAPPED);
-                continue;
-            }
-            let w = obj.cache.lock(i);
-            let clear = discard_page(mm, obj, i, w);
-            obj.cache.unlock(i, 0, clear);
-        }
+        give_up_pages(mm, obj, vma.page_index(cs)..vma.page_index(ce - 1) + 1);
     }
     let mut kept = Vec::new();
     if vma.start < cs {

@@ -69,6 +69,33 @@ pub fn pager(d: Delivery) -> Pager {
         .unwrap_or_else(|e| panic!("building a {d} pager: {e}"))
 }
 
+/// A writable region of `pages` pages holding [`pattern`] `seed`, and its
+/// expected contents: anonymous memory written by the test, or a shared
+/// region over a memory store.
+pub fn filled_region(
+    p: &Pager,
+    kind: uffd_pager::InstallKind,
+    pages: usize,
+    seed: u64,
+) -> (uffd_pager::Region, Vec<u8>) {
+    use uffd_pager::store::MemoryStore;
+    let data = pattern_vec(seed, pages * PAGE);
+    match kind {
+        uffd_pager::InstallKind::Anonymous => {
+            let mut r = p.map_anonymous(pages * PAGE).unwrap();
+            r.as_mut_slice().copy_from_slice(&data);
+            (r, data)
+        }
+        uffd_pager::InstallKind::Shared => {
+            let store = std::sync::Arc::new(MemoryStore::from_bytes(&data).unwrap());
+            let r = p
+                .map_store(store, data.len(), &uffd_pager::MapOptions::default())
+                .unwrap();
+            (r, data)
+        }
+    }
+}
+
 /// A file in the temporary directory, removed on drop.
 #[derive(Debug)]
 pub struct TempFile {

@@ -8,7 +8,7 @@ mod util;
 
 use std::sync::Arc;
 use uffd_pager::store::MemoryStore;
-use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager, Region};
+use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager};
 use util::*;
 
 const KINDS: [InstallKind; 2] = [InstallKind::Anonymous, InstallKind::Shared];
@@ -20,26 +20,6 @@ fn small_pager(d: Delivery) -> Pager {
         .budget_pages(16)
         .build()
         .unwrap_or_else(|e| panic!("{d}: {e}"))
-}
-
-/// A writable region of `pages` pages holding [`pattern`] `seed`: anonymous
-/// memory written by the test, or a shared region over a memory store.
-fn region(p: &Pager, kind: InstallKind, pages: usize, seed: u64) -> (Region, Vec<u8>) {
-    let data = pattern_vec(seed, pages * PAGE);
-    match kind {
-        InstallKind::Anonymous => {
-            let mut r = p.map_anonymous(pages * PAGE).unwrap();
-            r.as_mut_slice().copy_from_slice(&data);
-            (r, data)
-        }
-        InstallKind::Shared => {
-            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let r = p
-                .map_store(store, data.len(), &MapOptions::default())
-                .unwrap();
-            (r, data)
-        }
-    }
 }
 
 fn byte(addr: usize) -> u8 {
@@ -92,7 +72,7 @@ fn munmap_of_part_then_the_applications_own_mmap_in_the_hole() {
                 let ctx = format!("{d} {kind}");
                 let p = small_pager(d);
                 let pages = 64;
-                let (r, want) = region(&p, kind, pages, 21);
+                let (r, want) = filled_region(&p, kind, pages, 21);
                 let base = r.as_ptr() as usize;
                 let gone = base + 16 * PAGE;
                 // SAFETY: the application unmaps region memory itself.
@@ -169,7 +149,7 @@ fn mremap_by_the_application_moves_the_region() {
                 let ctx = format!("{d} {kind}");
                 let p = small_pager(d);
                 let pages = 64;
-                let (r, want) = region(&p, kind, pages, 22);
+                let (r, want) = filled_region(&p, kind, pages, 22);
                 let old = r.as_ptr() as usize;
                 let to = free_range(pages * PAGE);
                 // SAFETY: the application moves region memory itself.
@@ -242,7 +222,7 @@ fn mprotect_read_only_by_the_application_keeps_data_through_reclaim() {
         with_deadline(60, "mprotect ro", move || {
             let p = small_pager(d);
             let pages = 64;
-            let (r, want) = region(&p, InstallKind::Anonymous, pages, 24);
+            let (r, want) = filled_region(&p, InstallKind::Anonymous, pages, 24);
             // SAFETY: the application's own call on region memory.
             let rc = unsafe { libc::mprotect(r.as_ptr().cast(), r.len(), libc::PROT_READ) };
             assert_eq!(rc, 0);

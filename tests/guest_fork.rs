@@ -6,31 +6,11 @@
 #[path = "engine_util.rs"]
 mod util;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uffd_pager::store::MemoryStore;
-use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager, Region};
+use uffd_pager::{Delivery, Error, InstallKind, Pager, Region};
 use util::*;
 
 const PAGES: usize = 1024;
-
-fn region(p: &Pager, kind: InstallKind, seed: u64) -> (Region, Vec<u8>) {
-    let data = pattern_vec(seed, PAGES * PAGE);
-    match kind {
-        InstallKind::Anonymous => {
-            let mut r = p.map_anonymous(PAGES * PAGE).unwrap();
-            r.as_mut_slice().copy_from_slice(&data);
-            (r, data)
-        }
-        InstallKind::Shared => {
-            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let r = p
-                .map_store(store, data.len(), &MapOptions::default())
-                .unwrap();
-            (r, data)
-        }
-    }
-}
 
 /// Waits for `pid` for up to `secs`, killing it if it hangs; returns the
 /// wait status.
@@ -115,7 +95,7 @@ fn fork_leaves_the_parent_intact() {
                 .budget_pages(256)
                 .build()
                 .unwrap();
-            let (r, want) = region(&p, kind, 31);
+            let (r, want) = filled_region(&p, kind, PAGES, 31);
             // SAFETY: fork; the child only runs `child`, then _exit.
             let pid = unsafe { libc::fork() };
             assert!(pid >= 0, "fork: {}", errno());
@@ -148,7 +128,7 @@ fn child_touching_region_memory_gets_sigsegv() {
     }
     for d in [Delivery::InThread, THREADS] {
         let p = pager(d);
-        let (r, _) = region(&p, InstallKind::Anonymous, 32);
+        let (r, _) = filled_region(&p, InstallKind::Anonymous, PAGES, 32);
         let base = r.as_ptr() as usize;
         // SAFETY: fork; the child only reads one byte, then _exit.
         let pid = unsafe { libc::fork() };
