@@ -40,7 +40,6 @@
 //!   address (the kernel moved its PTEs and its registration with it).
 
 use crate::address_space::Mm;
-use crate::mmap::{cut, Cut};
 use crate::stats::Counter;
 use crate::sync::percpu_rwsem::{PercpuRwsem, ReadGuard, WriteGuard};
 use crate::sys::uffd::{Msg, Uffd, EVENT_REMAP, EVENT_REMOVE, EVENT_UNMAP};
@@ -302,6 +301,44 @@ fn remove(mm: &Mm, v: &Vma, s: usize, e: usize) {
         return;
     }
     v.lock.write_lock();
-    crate::mmap::give_up_pages(mm, obj, v.page_index(cs)..v.page_index(ce - 1) + 1);
+    crate::discard::give_up_pages(mm, obj, v.page_index(cs)..v.page_index(ce - 1) + 1);
     v.lock.write_unlock();
+}
+
+/// What the application's own `munmap` or `mremap` did to one VMA: the
+/// pieces it leaves in place, and the piece it moved (and where).
+struct Cut {
+    /// New VMAs for the parts of the old one outside the range.
+    kept: Vec<Arc<Vma>>,
+    /// The part inside the range, moved to a new start (`mremap`), if any.
+    moved: Option<Arc<Vma>>,
+}
+
+/// Cuts `[s, e)` out of `vma` (the caller holds the global write lock and
+/// the event gate): the parts outside stay; the part inside moves to `to`
+/// (an `mremap` the application made), or is gone (`munmap`): then its
+/// anonymous pages are discarded and its shared pages stay cached,
+/// unmapped. Updates the object's windows; the caller publishes.
+fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<usize>) -> Cut {
+    let (cs, ce) = (s.max(vma.start), e.min(vma.end));
+    vma.lock.write_lock();
+    vma.lock.mark_detached();
+    let obj = &vma.object;
+    if to.is_none() {
+        crate::discard::give_up_pages(mm, obj, vma.page_index(cs)..vma.page_index(ce - 1) + 1);
+    }
+    let mut kept = Vec::new();
+    if vma.start < cs {
+        kept.push(Arc::new(vma.slice(vma.start, cs, vma.start)));
+    }
+    if ce < vma.end {
+        kept.push(Arc::new(vma.slice(ce, vma.end, ce)));
+    }
+    let moved = to.map(|t| Arc::new(vma.slice(cs, ce, t + (cs - s))));
+    let mut windows: Vec<crate::object::Window> = kept.iter().map(|v| v.window()).collect();
+    windows.extend(moved.iter().map(|v| v.window()));
+    let (first, end, _) = vma.window();
+    obj.windows.replace(first, end, &windows);
+    vma.lock.write_unlock();
+    Cut { kept, moved }
 }

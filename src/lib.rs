@@ -20,6 +20,7 @@
 pub mod address_space;
 pub mod bench;
 pub mod delivery;
+pub mod discard;
 pub mod error;
 pub mod events;
 pub mod fault;

@@ -10,10 +10,8 @@
 
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
-use crate::object::{InstallKind, Object, Window};
-use crate::page_cache::{
-    CLEAN, DIRTY, LRU_BATCHED, MAPPED, MOVED, ON_LRU, POISONED, READAHEAD, SWAPPED, UPTODATE,
-};
+use crate::object::{InstallKind, Object};
+use crate::page_cache::{CLEAN, DIRTY, LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
 use crate::sys::mem::{madvise, mprotect, Mapping};
 use crate::sys::uffd::mode;
 use crate::sys::PAGE_SIZE;
@@ -31,44 +29,6 @@ fn register_mode(obj: &Object) -> u64 {
         // `Object::install_wp`), for dirty tracking over a writable store
         // and to refuse writes to a read-only one.
         InstallKind::Shared => mode::MINOR | mode::MISSING | mode::WP,
-    }
-}
-
-/// The state bits a page loses when its contents are dropped.
-pub(crate) const DISCARDED: u32 =
-    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN | READAHEAD;
-
-/// Drops page `i` of `obj` as `MADV_DONTNEED` drops a private page: its
-/// contents revert to the object's source (zeros for anonymous memory, or
-/// the store), any copy in the cache area, the memfd or swap is dropped
-/// (the swap copy by forgetting it: `SWAPPED` goes), and a resident page
-/// is uncharged. The caller holds the page lock and unlocks it clearing the
-/// returned bits; the page's LRU entry, if any, goes stale and is dropped
-/// when reclaim reaches it. `w` is the word as the caller locked it.
-/// Async-signal-safe.
-pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
-    if w & UPTODATE != 0 {
-        mm.uncharge(1);
-    }
-    if w & MOVED == 0 {
-        let _ = obj.free_data(i, 1);
-    }
-    DISCARDED
-}
-
-/// Pages `pages` of `obj` leave the mapping for good (an unmap, a
-/// shrink): a shared page stays cached in the memfd, unmapped; an
-/// anonymous page is discarded ([`discard_page`]), as the kernel discards
-/// private memory that is unmapped.
-pub(crate) fn give_up_pages(mm: &Mm, obj: &Object, pages: std::ops::Range<usize>) {
-    for i in pages {
-        if obj.kind == InstallKind::Shared {
-            obj.cache.update(i, 0, MAPPED);
-            continue;
-        }
-        let w = obj.cache.lock(i);
-        let clear = discard_page(mm, obj, i, w);
-        obj.cache.unlock(i, 0, clear);
     }
 }
 
@@ -398,7 +358,7 @@ impl Mm {
                     obj.cache.unlock(p, 0, if r.is_ok() { MAPPED } else { 0 });
                     continue;
                 }
-                let clear = discard_page(self, obj, p, obj.cache.load(p));
+                let clear = crate::discard::discard_page(self, obj, p, obj.cache.load(p));
                 obj.cache.unlock(p, 0, clear);
             }
             r.map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e))?;
@@ -498,7 +458,7 @@ impl Mm {
         // kernel does: those pages read as zeros if the region grows again.
         if new_len < old_len {
             let tail = old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE;
-            give_up_pages(self, &old.object, tail);
+            crate::discard::give_up_pages(self, &old.object, tail);
         }
         let flags = match new_addr {
             Some(_) => libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
@@ -558,42 +518,4 @@ impl Mm {
         r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
         Ok(new_start)
     }
-}
-
-/// What the application's own `munmap` or `mremap` did to one VMA: the
-/// pieces it leaves in place, and the piece it moved (and where).
-pub(crate) struct Cut {
-    /// New VMAs for the parts of the old one outside the range.
-    pub kept: Vec<Arc<Vma>>,
-    /// The part inside the range, moved to a new start (`mremap`), if any.
-    pub moved: Option<Arc<Vma>>,
-}
-
-/// Cuts `[s, e)` out of `vma` (the caller holds the global write lock and
-/// the event gate): the parts outside stay; the part inside moves to `to`
-/// (an `mremap` the application made), or is gone (`munmap`): then its
-/// anonymous pages are discarded and its shared pages stay cached,
-/// unmapped. Updates the object's windows; the caller publishes.
-pub(crate) fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<usize>) -> Cut {
-    let (cs, ce) = (s.max(vma.start), e.min(vma.end));
-    vma.lock.write_lock();
-    vma.lock.mark_detached();
-    let obj = &vma.object;
-    if to.is_none() {
-        give_up_pages(mm, obj, vma.page_index(cs)..vma.page_index(ce - 1) + 1);
-    }
-    let mut kept = Vec::new();
-    if vma.start < cs {
-        kept.push(Arc::new(vma.slice(vma.start, cs, vma.start)));
-    }
-    if ce < vma.end {
-        kept.push(Arc::new(vma.slice(ce, vma.end, ce)));
-    }
-    let moved = to.map(|t| Arc::new(vma.slice(cs, ce, t + (cs - s))));
-    let mut windows: Vec<Window> = kept.iter().map(|v| v.window()).collect();
-    windows.extend(moved.iter().map(|v| v.window()));
-    let (first, end, _) = vma.window();
-    obj.windows.replace(first, end, &windows);
-    vma.lock.write_unlock();
-    Cut { kept, moved }
 }

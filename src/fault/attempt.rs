@@ -101,7 +101,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                     }
                     Recheck::Gone => {
                         mm.counters.inc(PAGE_DROPPED);
-                        let clear = crate::mmap::discard_page(mm, obj, i, w);
+                        let clear = crate::discard::discard_page(mm, obj, i, w);
                         obj.cache.unlock(i, 0, clear);
                         continue;
                     }

@@ -280,7 +280,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
             }
             Ok(Unmapped::Dropped) => {
                 mm.counters.inc(PAGE_DROPPED);
-                let clear = crate::mmap::discard_page(mm, obj, i, w);
+                let clear = crate::discard::discard_page(mm, obj, i, w);
                 obj.cache
                     .unlock(i, 0, clear | ON_LRU | LRU_BATCHED | REFERENCED);
                 return Evict::Drop;

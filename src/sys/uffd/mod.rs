@@ -216,6 +216,9 @@ pub const MODE_DONTWAKE: u64 = 1 << 0;
 /// `UFFDIO_COPY_MODE_WP` / `UFFDIO_CONTINUE_MODE_WP`: install write-protected.
 pub const MODE_WP: u64 = 1 << 1;
 
+mod open;
+pub use open::{probe_api, Descriptor, Grants, Want};
+
 /// Result of an ioctl: the kernel's count (bytes for COPY/MOVE/CONTINUE) or the errno.
 pub type IoResult = Result<u64, i32>;
 
@@ -231,46 +234,6 @@ fn ioctl<T>(fd: RawFd, req: libc::c_ulong, arg: &mut T) -> Result<(), i32> {
     }
 }
 
-/// Where a descriptor came from, and so which faults it sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Descriptor {
-    /// Opened through `/dev/userfaultfd` (`USERFAULTFD_IOC_NEW`) rather
-    /// than the `userfaultfd(2)` system call.
-    pub device: bool,
-    /// `UFFD_USER_MODE_ONLY`: only faults taken in user mode are delivered;
-    /// a fault the kernel takes inside a system call (a `read(2)` into an
-    /// absent page) fails with `EFAULT` instead. What an unprivileged
-    /// process gets where `vm.unprivileged_userfaultfd` is 0 and
-    /// `/dev/userfaultfd` is root-only, the usual defaults.
-    pub user_mode_only: bool,
-}
-
-impl std::fmt::Display for Descriptor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.device {
-            "/dev/userfaultfd"
-        } else {
-            "userfaultfd(2)"
-        })?;
-        if self.user_mode_only {
-            f.write_str(", user-mode only")?;
-        }
-        Ok(())
-    }
-}
-
-/// Which descriptor [`Uffd::open`] should get.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
-    /// A full descriptor (faults inside system calls are delivered too), or
-    /// an error.
-    Full,
-    /// A user-mode-only descriptor.
-    UserModeOnly,
-    /// A full descriptor if the process may open one, else user-mode-only.
-    Any,
-}
-
 /// A userfaultfd descriptor: an owned descriptor of the `userfaultfd`
 /// crate, opened here because that crate has no fallback from
 /// `/dev/userfaultfd` to the system call and no `UFFD_USER_MODE_ONLY`
@@ -280,103 +243,6 @@ pub struct Uffd {
     inner: userfaultfd::Uffd,
     features: u64,
     descriptor: Descriptor,
-}
-
-/// `USERFAULTFD_IOC_NEW` (`_IO(0xAA, 0x00)`) on `/dev/userfaultfd`.
-const USERFAULTFD_IOC_NEW: libc::c_ulong = (UFFDIO as libc::c_ulong) << 8;
-
-/// A raw descriptor from `/dev/userfaultfd`, or the errno of whatever
-/// refused it.
-fn open_device(flags: i32) -> Result<RawFd, i32> {
-    let path = c"/dev/userfaultfd";
-    // SAFETY: a valid C string; open returns a new descriptor or -1.
-    let dev = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if dev < 0 {
-        return Err(super::errno());
-    }
-    // SAFETY: USERFAULTFD_IOC_NEW takes the flags by value and returns a
-    // new descriptor or -1; `dev` is ours and closed once.
-    let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, flags) };
-    let e = super::errno();
-    // SAFETY: as above.
-    unsafe { libc::close(dev) };
-    if fd < 0 {
-        Err(e)
-    } else {
-        Ok(fd)
-    }
-}
-
-/// A raw descriptor from the `userfaultfd(2)` system call.
-fn open_syscall(flags: i32) -> Result<RawFd, i32> {
-    // SAFETY: plain syscall; returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
-    if fd < 0 {
-        Err(super::errno())
-    } else {
-        Ok(fd as RawFd)
-    }
-}
-
-/// Opens a raw descriptor as `want` says: a full one through the device,
-/// then the system call; a user-mode-only one through the system call.
-fn open_raw(want: Want, flags: i32) -> Result<(RawFd, Descriptor), String> {
-    let full = || {
-        let dev = open_device(flags);
-        if let Ok(fd) = dev {
-            return Ok((
-                fd,
-                Descriptor {
-                    device: true,
-                    user_mode_only: false,
-                },
-            ));
-        }
-        open_syscall(flags)
-            .map(|fd| {
-                (
-                    fd,
-                    Descriptor {
-                        device: false,
-                        user_mode_only: false,
-                    },
-                )
-            })
-            .map_err(|e| (dev.unwrap_err(), e))
-    };
-    let umo = || {
-        open_syscall(flags | UFFD_USER_MODE_ONLY).map(|fd| {
-            (
-                fd,
-                Descriptor {
-                    device: false,
-                    user_mode_only: true,
-                },
-            )
-        })
-    };
-    let full_err = |(dev, sys): (i32, i32)| {
-        format!(
-            "a full descriptor was refused: /dev/userfaultfd: {}; userfaultfd(2): {} \
-             (root, read-write access to /dev/userfaultfd, or vm.unprivileged_userfaultfd = 1 \
-             gives one)",
-            std::io::Error::from_raw_os_error(dev),
-            std::io::Error::from_raw_os_error(sys)
-        )
-    };
-    let umo_err = |e: i32| {
-        format!(
-            "userfaultfd(2) with UFFD_USER_MODE_ONLY: {}",
-            std::io::Error::from_raw_os_error(e)
-        )
-    };
-    match want {
-        Want::Full => full().map_err(full_err),
-        Want::UserModeOnly => umo().map_err(umo_err),
-        Want::Any => {
-            full().or_else(|fe| umo().map_err(|ue| format!("{}; {}", full_err(fe), umo_err(ue))))
-        }
-    }
 }
 
 impl Uffd {
@@ -395,7 +261,7 @@ impl Uffd {
     /// Opens a descriptor as `want` says and enables `features`.
     pub fn open_as(features: u64, want: Want, nonblocking: bool) -> Result<Uffd, String> {
         let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
-        let (fd, descriptor) = open_raw(want, flags)?;
+        let (fd, descriptor) = open::open_raw(want, flags)?;
         // SAFETY: `fd` is a fresh descriptor that we own from here on.
         let inner = unsafe { <userfaultfd::Uffd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let mut a = ApiArg {
@@ -636,45 +502,6 @@ fn partial(r: Result<(), i32>, count: i64) -> IoResult {
         Err(libc::EAGAIN) if count > 0 => Ok(count as u64),
         Err(e) => Err(e),
     }
-}
-
-/// What the kernel grants: the result of opening a descriptor with no
-/// features requested and asking `UFFDIO_API` for everything.
-#[derive(Debug, Clone, Copy)]
-pub struct Grants {
-    /// Feature bits the kernel offers.
-    pub features: u64,
-    /// ioctl bits the descriptor offers (`1 << nr`).
-    pub ioctls: u64,
-}
-
-/// Opens a raw descriptor (syscall, not /dev/userfaultfd) and probes it.
-/// Returns the errno of the syscall if it is refused.
-pub fn probe_api(user_mode_only: bool) -> Result<Grants, i32> {
-    let flags = libc::O_CLOEXEC
-        | if user_mode_only {
-            UFFD_USER_MODE_ONLY
-        } else {
-            0
-        };
-    // SAFETY: plain syscall; returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
-    if fd < 0 {
-        return Err(super::errno());
-    }
-    let mut a = ApiArg {
-        api: UFFD_API,
-        features: 0,
-        ioctls: 0,
-    };
-    let r = ioctl(fd, iowr(nr::API, std::mem::size_of::<ApiArg>()), &mut a);
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
-    r?;
-    Ok(Grants {
-        features: a.features,
-        ioctls: a.ioctls,
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,46 @@
+//! Discarding pages: what happens to a page whose contents the engine no
+//! longer keeps (the application dropped it, or the range left the region):
+//! the kernel's `zap_page_range` for the mapping and, for private memory,
+//! freeing the page and its swap copy.
+
+use crate::address_space::Mm;
+use crate::object::{InstallKind, Object};
+use crate::page_cache::{CLEAN, DIRTY, MAPPED, MOVED, POISONED, READAHEAD, SWAPPED, UPTODATE};
+
+/// The state bits a page loses when its contents are dropped.
+pub const DISCARDED: u32 =
+    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN | READAHEAD;
+
+/// Drops page `i` of `obj` as `MADV_DONTNEED` drops a private page: its
+/// contents revert to the object's source (zeros for anonymous memory, or
+/// the store), any copy in the cache area, the memfd or swap is dropped
+/// (the swap copy by forgetting it: `SWAPPED` goes), and a resident page
+/// is uncharged. The caller holds the page lock and unlocks it clearing the
+/// returned bits; the page's LRU entry, if any, goes stale and is dropped
+/// when reclaim reaches it. `w` is the word as the caller locked it.
+/// Async-signal-safe.
+pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
+    if w & UPTODATE != 0 {
+        mm.uncharge(1);
+    }
+    if w & MOVED == 0 {
+        let _ = obj.free_data(i, 1);
+    }
+    DISCARDED
+}
+
+/// Pages `pages` of `obj` leave the mapping for good (an unmap, a
+/// shrink): a shared page stays cached in the memfd, unmapped; an
+/// anonymous page is discarded ([`discard_page`]), as the kernel discards
+/// private memory that is unmapped.
+pub(crate) fn give_up_pages(mm: &Mm, obj: &Object, pages: std::ops::Range<usize>) {
+    for i in pages {
+        if obj.kind == InstallKind::Shared {
+            obj.cache.update(i, 0, MAPPED);
+            continue;
+        }
+        let w = obj.cache.lock(i);
+        let clear = discard_page(mm, obj, i, w);
+        obj.cache.unlock(i, 0, clear);
+    }
+}
