@@ -201,7 +201,13 @@ impl Mm {
             });
             self.publish(std::slice::from_ref(vma), &[]);
             crate::inject::after_detach(vma);
-            // Unregistered first, so that the munmap raises no event.
+            // Unregistered first, so that the munmap raises no event; made
+            // inaccessible before that, so that an access racing the unmap
+            // (a fault the unregister wakes, or one made between it and the
+            // munmap) gets SIGSEGV, as on a plain mapping being unmapped,
+            // and not a page the kernel makes up (zeros) once the range is
+            // no longer registered.
+            let _ = mprotect(s, e - s, libc::PROT_NONE);
             let _ = self.uffd_for(&vma.object).unregister(s, e - s);
             // The dying range leaves the table before the range is freed:
             // another pager may map it next, and its faults must not find
@@ -450,7 +456,14 @@ impl Mm {
         };
         old.lock.write_lock();
         // Unregistered first, so the move (and the tail a shrink unmaps)
-        // raises no event.
+        // raises no event; inaccessible meanwhile, so that an access racing
+        // the remap gets SIGSEGV rather than a page the kernel makes up.
+        let prot = if old.writable.load(Acquire) {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let _ = mprotect(start, old_len, libc::PROT_NONE);
         let uffd = self.uffd_for(&old.object);
         let _ = uffd.unregister(start, old_len);
         // Shrinking drops the tail's PTEs. Shared pages stay in the memfd
@@ -479,6 +492,7 @@ impl Mm {
         if p == libc::MAP_FAILED {
             let e = crate::sys::errno();
             let _ = uffd.register(start, old_len, register_mode(&old.object));
+            let _ = mprotect(start, old_len, prot);
             old.lock.write_unlock();
             return Err(Error::sys("mremap", e));
         }
@@ -497,6 +511,7 @@ impl Mm {
         // tracked pages, so they are protected again and the next write to
         // each is seen.
         let r = uffd.register(new_start, new_len, register_mode(&new.object));
+        let r = r.and_then(|m| mprotect(new_start, new_len, prot).map(|_| m));
         if r.is_ok()
             && new.object.kind == InstallKind::Shared
             && uffd.writeprotect(new_start, new_len, true, false).is_err()

@@ -428,6 +428,10 @@ fn errors_map_file_of_a_directory() {
     let dir = std::env::temp_dir();
     let r = p.map_file(&dir, Some(PAGE), &MapOptions::default());
     assert!(matches!(r, Err(Error::NotRegularFile(_))), "{r:?}");
+    // Read-only too (a directory opens read-only; the old code mapped it,
+    // and the first touch died of SIGBUS).
+    let r = p.map_file(&dir, Some(PAGE), &shared(false));
+    assert!(matches!(r, Err(Error::NotRegularFile(_))), "{r:?}");
     let r = p.map_file(
         std::path::Path::new("/dev/null"),
         Some(PAGE),

@@ -199,17 +199,21 @@ fn child_drop_with_a_fault_in_flight() {
         .fault_around(0)
         .build()
         .unwrap();
-    let (store, _) = misbehaving(Mode::Slow);
+    let (store, data) = misbehaving(Mode::Slow);
     let r = p
         .map_store(store, PAGES * PAGE, &MapOptions::default())
         .unwrap();
     let addr = r.as_ptr() as usize + PAGE;
+    let want = data[PAGE];
     std::thread::spawn(move || {
         // SAFETY: a read of region memory that the main thread unmaps while
         // the fault is in flight: it must end (SIGSEGV, or the data if the
-        // fault wins), never hang.
+        // fault wins), never hang, and never read anything but the data.
         let v = unsafe { std::ptr::read_volatile(addr as *const u8) };
-        println!("the racing read got {v}");
+        println!("the racing read got {v}, want {want}");
+        if v != want {
+            println!("WRONG DATA");
+        }
     });
     std::thread::sleep(Duration::from_millis(50));
     let t = Instant::now();
@@ -232,6 +236,7 @@ fn dropping_with_a_fault_in_flight_does_not_hang() {
         // drop finished) or a SIGSEGV after it, which ends the process;
         // either way nothing hung.
         let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("WRONG DATA"), "{d}: {}", describe(&out));
         assert!(
             (out.status.success() && stdout.contains("dropped in"))
                 || exit_signal(&out) == Some(libc::SIGSEGV),
