@@ -487,3 +487,48 @@ fn private_mapping_of_a_read_only_store_keeps_its_writes_through_eviction() {
         );
     }
 }
+
+/// `remap_to` onto memory that is not a region's (the heap, a stack, the
+/// application's own mapping) is refused, and that memory is untouched:
+/// a safe call must not replace whatever is mapped there.
+#[test]
+fn errors_remap_onto_a_foreign_mapping_is_refused() {
+    for d in DELIVERIES {
+        let p = pager(d);
+        let mut region = p.map_store(mem(8, 17), 4 * PAGE, &shared(true)).unwrap();
+        // The application's own mapping, holding its data.
+        let mut mine = vec![0x5Au8; 8 * PAGE];
+        let heap = mine.as_mut_ptr() as usize;
+        let page_in_heap = (heap + PAGE - 1) & !(PAGE - 1);
+        let r = region.remap_to(4 * PAGE, Some(page_in_heap));
+        assert!(matches!(r, Err(Error::Overlap { .. })), "{d}: {r:?}");
+        assert!(
+            mine.iter().all(|&b| b == 0x5A),
+            "{d}: the heap was replaced"
+        );
+        // SAFETY: a fresh anonymous mapping of the test's own.
+        let own = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as usize;
+        // SAFETY: our own mapping.
+        unsafe { *(own as *mut u8) = 0x3C };
+        let r = region.remap_to(4 * PAGE, Some(own));
+        assert!(matches!(r, Err(Error::Overlap { .. })), "{d}: {r:?}");
+        // SAFETY: still our own mapping, untouched.
+        assert_eq!(unsafe { *(own as *const u8) }, 0x3C, "{d}");
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(own as *mut libc::c_void, 4 * PAGE) };
+        assert_bytes(
+            region.as_slice(),
+            &pattern_vec(17, 4 * PAGE),
+            "region intact",
+        );
+    }
+}
