@@ -68,3 +68,55 @@ fn pages_shrunk_away_by_remap_rejoin_the_lru() {
         assert_evictable(&p, &r, &format!("{d}"));
     }
 }
+
+/// A region of more than 2^32 pages (16 TiB of address space, touched in a
+/// few places): pages past index 2^32 are evicted and read back as
+/// themselves. LRU entries and readahead once kept 32-bit page indices, so
+/// page 2^32 + k stood for page k.
+#[test]
+fn pages_past_index_2_pow_32_are_evicted_as_themselves() {
+    if !is_child() {
+        let out = run_child("pages_past_index_2_pow_32_are_evicted_as_themselves", &[]);
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(8)
+        .build()
+        .unwrap();
+    let pages = (1usize << 32) + 64;
+    let r = match p.map_anonymous(pages * PAGE) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("skipping: cannot map 16 TiB here: {e}");
+            return;
+        }
+    };
+    let base = r.as_ptr() as usize;
+    let at = |pg: usize| (base + pg * PAGE + 8) as *mut u64;
+    let high: Vec<usize> = (0..32).map(|k| (1usize << 32) + k).collect();
+    let low: Vec<usize> = (0..32).collect();
+    for &pg in high.iter().chain(&low) {
+        // SAFETY: inside the region.
+        unsafe { std::ptr::write_volatile(at(pg), pg as u64 ^ 0x5555) };
+    }
+    // Every page is evictable: an entry that stood for another page left
+    // the high ones resident for good.
+    p.reclaim_pages(1000);
+    let left = p.stats().resident_pages;
+    assert!(left <= 8, "{left} pages could not be reclaimed");
+    for &pg in high.iter().chain(&low) {
+        // SAFETY: as above.
+        let v = unsafe { std::ptr::read_volatile(at(pg)) };
+        assert_eq!(v, pg as u64 ^ 0x5555, "page {pg:#x}");
+    }
+    assert!(p.stats().get(uffd_pager::Counter::PGSTEAL) >= 56);
+    // Unmapping visits every page's state word (16 GiB of them here): the
+    // child leaves without it.
+    std::mem::forget(r);
+    std::mem::forget(p);
+    println!("ok");
+    // SAFETY: ends the child at once, skipping the leaked pager's drop.
+    unsafe { libc::_exit(0) };
+}
