@@ -11,7 +11,7 @@
 //! The pager's own descriptor stays: reclaim's staging area is registered
 //! there (a `UFFDIO_MOVE` is issued on the descriptor of its destination,
 //! whatever the source's). A region's descriptor lives in its object
-//! ([`crate::object::Object::uffd`]); every ioctl on the region's range goes
+//! ([`crate::object::Object::region_uffd`]); every ioctl on the region's range goes
 //! through it.
 //!
 //! # Cost

@@ -33,7 +33,7 @@ impl std::fmt::Display for Descriptor {
     }
 }
 
-/// Which descriptor [`Uffd::open`] should get.
+/// Which descriptor [`super::Uffd::open`] should get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Want {
     /// A full descriptor (faults inside system calls are delivered too), or
