@@ -12,10 +12,10 @@ deps:
 	fi
 
 demo: deps
-	$(CARGO) run --release --quiet -- demo
+	$(CARGO) run --release --quiet --bin uffd-pager -- demo
 
 test: deps
-	$(CARGO) test --features fault-inject
+	$(CARGO) test --workspace --features uffd-pager/fault-inject
 
 # Model-checks the concurrency primitives (page lock, region lock, global
 # lock, RCU) with loom: tests/loom_sync/. `--cfg loom` changes every crate's
@@ -26,11 +26,11 @@ model-check: deps
 
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets --features fault-inject -- -D warnings
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --quiet
+	$(CARGO) clippy --workspace --all-targets --features uffd-pager/fault-inject -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 
 bench: deps
-	$(CARGO) run --release --quiet -- bench fault-cost
+	$(CARGO) run --release --quiet --bin uffd-pager -- bench fault-cost
 
 # The embedding examples verify their own results and exit non-zero if not.
 examples: deps

@@ -6,12 +6,12 @@
 //!
 //! `cargo bench --bench fault_cost`; `FAULT_COST_PAGES` sets the pages per
 //! pass (default 1024). Floor and engine benchmarks run one after the
-//! other, never concurrently (see `uffd_pager::bench`).
+//! other, never concurrently (see `uffd_pager_cli::bench`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
-use uffd_pager::bench::{EngineLoop, FloorLoop};
 use uffd_pager::{Delivery, InstallKind};
+use uffd_pager_cli::bench::{EngineLoop, FloorLoop};
 
 /// Runs `iters` faults as passes of at most `pages` pages each, summing
 /// the timed part of every pass.

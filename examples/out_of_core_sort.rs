@@ -13,8 +13,6 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use uffd_pager::workload::common::Rng;
-use uffd_pager::workload::random::default_dir;
 use uffd_pager::{Counter, InstallKind, MapOptions, Pager};
 
 const WORDS: usize = 4 << 20;
@@ -112,12 +110,21 @@ fn kernel_sort(path: &Path) -> std::io::Result<Duration> {
 }
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let dir = default_dir();
+    // Scratch files go to the system's temporary directory (tmpfs or disk).
+    let dir = std::env::temp_dir();
     let tag = std::process::id();
     let a = TempFile(dir.join(format!("uffd-sort-engine-{tag}.bin")));
     let b = TempFile(dir.join(format!("uffd-sort-kernel-{tag}.bin")));
-    let mut rng = Rng::new(42);
-    let input: Vec<u64> = (0..WORDS).map(|_| rng.next_u64()).collect();
+    // A fixed xorshift sequence: varied input, the same on every run.
+    let mut x = 42u64;
+    let input: Vec<u64> = (0..WORDS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        })
+        .collect();
     let sum_in = checksum(&input);
     let bytes: Vec<u8> = input.iter().flat_map(|w| w.to_le_bytes()).collect();
     for f in [&a, &b] {

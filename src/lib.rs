@@ -18,7 +18,6 @@
 #![warn(missing_docs)]
 
 pub mod address_space;
-pub mod bench;
 pub mod delivery;
 pub mod discard;
 pub mod error;
@@ -43,7 +42,6 @@ pub mod store;
 pub mod sync;
 pub mod sys;
 pub mod vma;
-pub mod workload;
 
 pub use delivery::Delivery;
 pub use error::{Error, Result};

@@ -430,23 +430,29 @@ mod tests {
     /// the bytes around it, and the overlap queries.
     #[test]
     fn matches_a_sorted_list_under_random_updates() {
-        use crate::workload::common::Rng;
+        // A xorshift generator: any fixed sequence of varied values will do.
+        let mut x = 7u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
         let obj = object();
-        let mut rng = Rng::new(7);
         let mut t = Table::default();
         let mut model: Vec<Arc<Vma>> = Vec::new();
         // Slots of 4 pages; a region takes 1 to 3 pages at the start of its
         // slot, so neighbours never overlap and gaps vary.
         let slots = 3 * CHUNK_MAX;
         for step in 0..6 * CHUNK_MAX {
-            let slot = (rng.next_u64() % slots as u64) as usize;
+            let slot = (next() % slots as u64) as usize;
             let start = 0x4000_0000 + slot * 0x4000;
             if let Some(k) = model.iter().position(|v| v.start == start) {
                 let v = model.remove(k);
                 assert!(t.remove(&v), "step {step}");
                 assert!(!t.remove(&v), "removed twice at step {step}");
             } else {
-                let pages = 1 + (rng.next_u64() % 3) as usize;
+                let pages = 1 + (next() % 3) as usize;
                 let v = Arc::new(Vma::new(start, pages * 0x1000, 0, obj.clone(), true));
                 let k = model.partition_point(|m| m.start < start);
                 model.insert(k, v.clone());

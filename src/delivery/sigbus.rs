@@ -189,7 +189,7 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) 
 /// Calls the SIGBUS handler `handler` (a `sa_sigaction` value, with its
 /// `sa_flags`) as the kernel would have, or applies the default action
 /// (the process dies of SIGBUS) or ignores the signal. Async-signal-safe.
-pub(crate) fn chain_to(
+pub fn chain_to(
     handler: libc::sighandler_t,
     flags: libc::c_int,
     sig: libc::c_int,

@@ -29,17 +29,17 @@
 
 use super::floor::fatal;
 use super::floor::sigbus::{chain, with_raw_handler};
-use crate::error::{Error, Result};
-use crate::object::InstallKind;
-use crate::store::{FileStore, Store};
-use crate::sys::mem::{Mapping, Memfd};
-use crate::sys::uffd::{feature, mode, Uffd};
-use crate::sys::{PageBuf, PAGE_SIZE};
 use crate::workload::random::{read_random_words, PatternFile};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
+use uffd_pager::error::{Error, Result};
+use uffd_pager::object::InstallKind;
+use uffd_pager::store::{FileStore, Store};
+use uffd_pager::sys::mem::{Mapping, Memfd};
+use uffd_pager::sys::uffd::{feature, mode, Uffd};
+use uffd_pager::sys::{PageBuf, PAGE_SIZE};
 
 const EMPTY: usize = usize::MAX;
 
@@ -199,7 +199,7 @@ fn zap_later(addr: usize) {
             for (r, &v) in ranges.iter_mut().zip(&a) {
                 *r = (v, PAGE_SIZE);
             }
-            let _ = crate::sys::mem::dontneed_batch(&ranges);
+            let _ = uffd_pager::sys::mem::dontneed_batch(&ranges);
             n.set(0);
         }
         q.set(a);
@@ -248,13 +248,13 @@ pub fn random_floor(
     let len = pages * PAGE_SIZE;
     let file = PatternFile::create(dir, "random-floor", pages)?;
     let store = file.store()?;
-    let memfd =
-        Memfd::new("uffd-pager-random-floor", len).map_err(|e| Error::sys("memfd_create", e))?;
+    let memfd = Memfd::new("uffd-pager-random-floor", len)
+        .map_err(|e| crate::sys_error("memfd_create", e))?;
     let anon = kind == InstallKind::Anonymous;
     let user = if anon {
-        Mapping::anonymous(len).map_err(|e| Error::sys("mmap", e))?
+        Mapping::anonymous(len).map_err(|e| crate::sys_error("mmap", e))?
     } else {
-        Mapping::shared(memfd.fd(), len, 0, false).map_err(|e| Error::sys("mmap memfd", e))?
+        Mapping::shared(memfd.fd(), len, 0, false).map_err(|e| crate::sys_error("mmap memfd", e))?
     };
     let (features, reg) = if anon {
         (feature::SIGBUS, mode::MISSING)
@@ -267,7 +267,7 @@ pub fn random_floor(
     let uffd = Uffd::open(features, true, false)
         .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
     uffd.register(user.addr(), len, reg)
-        .map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
+        .map_err(|e| crate::sys_error("UFFDIO_REGISTER", e))?;
     let ring: Vec<AtomicUsize> = (0..budget).map(|_| AtomicUsize::new(EMPTY)).collect();
     let mismatches = AtomicU64::new(0);
     with_raw_handler(on_sigbus, || {

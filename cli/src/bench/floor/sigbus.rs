@@ -3,12 +3,12 @@
 //! atomics.
 
 use super::{fatal, resolve, Target};
-use crate::delivery::Delivery;
-use crate::error::{Error, Result};
-use crate::pager::Pager;
-use crate::sys::uffd::Uffd;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Mutex, Once, PoisonError};
+use uffd_pager::delivery::Delivery;
+use uffd_pager::error::Result;
+use uffd_pager::pager::Pager;
+use uffd_pager::sys::uffd::Uffd;
 
 /// The in-thread floor's state, read by its SIGBUS handler.
 struct SigState {
@@ -73,7 +73,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
 /// Passes a SIGBUS that is not the floor's to the handler installed before
 /// the floor's, or applies the default action.
 pub(crate) fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
-    crate::delivery::sigbus::chain_to(
+    uffd_pager::delivery::sigbus::chain_to(
         SIG.prev_handler.load(Acquire),
         SIG.prev_flags.load(Acquire) as libc::c_int,
         sig,
@@ -99,7 +99,10 @@ impl Installed {
         let old = unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
-                return Err(Error::sys("sigaction(SIGBUS)", crate::sys::errno()));
+                return Err(crate::sys_error(
+                    "sigaction(SIGBUS)",
+                    uffd_pager::sys::errno(),
+                ));
             }
             SIG.prev_handler.store(old.sa_sigaction, Release);
             SIG.prev_flags.store(old.sa_flags as usize, Release);
@@ -108,7 +111,10 @@ impl Installed {
             sa.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
             if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
-                return Err(Error::sys("sigaction(SIGBUS)", crate::sys::errno()));
+                return Err(crate::sys_error(
+                    "sigaction(SIGBUS)",
+                    uffd_pager::sys::errno(),
+                ));
             }
             old
         };

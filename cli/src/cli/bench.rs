@@ -6,9 +6,9 @@ use super::workloads::{self, Which, WorkloadArgs};
 use super::{CliError, CliResult};
 use clap::{Args, Subcommand};
 use std::io::Write;
-use uffd_pager::bench::{fault_cost, FaultCostConfig, FaultCostReport};
 use uffd_pager::sys::PAGE_SIZE;
 use uffd_pager::{Delivery, InstallKind};
+use uffd_pager_cli::bench::{fault_cost, FaultCostConfig, FaultCostReport};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -112,7 +112,7 @@ struct FaultCostArgs {
     /// MINOR + UFFDIO_CONTINUE). Repeatable; default: both.
     #[arg(long, value_name = "KIND")]
     kind: Vec<InstallKind>,
-    /// Delivery: in-thread, threads[:N[:spinUS]] (N defaults to one per
+    /// Delivery: in-thread, threads\[:N\[:spinUS\]\] (N defaults to one per
     /// CPU; e.g. threads:1:spin50), or per-region.
     /// Repeatable; default: in-thread and threads:1.
     #[arg(long, value_name = "DELIVERY")]
@@ -270,7 +270,7 @@ fn run_scale(a: &ScaleArgs) -> CliResult {
             "--few/--many at most 1000000 regions, --faults at most 10000000".into(),
         ));
     }
-    let r = uffd_pager::bench::scale(
+    let r = uffd_pager_cli::bench::scale(
         a.few as usize,
         a.many as usize,
         a.faults as usize,
@@ -309,7 +309,7 @@ fn run_wakeup(a: &WakeupArgs) -> CliResult {
     }
     let passes = (a.passes as usize).min(100);
     for kind in dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]) {
-        let r = uffd_pager::bench::wakeup_placement(kind, faulters, a.pages as usize, passes)
+        let r = uffd_pager_cli::bench::wakeup_placement(kind, faulters, a.pages as usize, passes)
             .map_err(|e| CliError::Runtime(format!("wakeup: {e}")))?;
         println!(
             "wakeup placement, {kind}: {} faulters × {} pages, best of {passes} passes \
@@ -346,7 +346,7 @@ fn run_evict(a: &EvictArgs) -> CliResult {
         .map_err(io)?;
     }
     for kind in kinds {
-        let r = uffd_pager::bench::evict_cost(kind, pages, passes)
+        let r = uffd_pager_cli::bench::evict_cost(kind, pages, passes)
             .map_err(|e| CliError::Runtime(format!("evict {kind}: {e}")))?;
         if a.json {
             rows.push(Json::obj([

@@ -17,10 +17,10 @@
 //! the same run.
 
 use super::FloorLoop;
-use crate::delivery::Delivery;
-use crate::error::{Error, Result};
-use crate::object::InstallKind;
 use std::time::{Duration, Instant};
+use uffd_pager::delivery::Delivery;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::object::InstallKind;
 
 /// What [`wakeup_placement`] measured.
 #[derive(Debug, Clone)]

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 use uffd_pager::store::LatencyModel;
-use uffd_pager::workload::{churn, filemap, swap, Knobs};
 use uffd_pager::{Counter, DrainPolicy, InstallKind, Policy, PolicyKind};
+use uffd_pager_cli::workload::{churn, filemap, swap, Knobs};
 
 fn knobs(policy: PolicyKind) -> Knobs {
     Knobs {

@@ -8,14 +8,14 @@
 //! and faulted back like the tortured region's; every address-space writer
 //! races the faults, kswapd and the explicit reclaimer.
 
-use crate::error::Result;
-use crate::object::InstallKind;
-use crate::pager::{MapOptions, Pager};
-use crate::region::Region;
-use crate::store::MemoryStore;
-use crate::sys::PAGE_SIZE;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
+use uffd_pager::error::Result;
+use uffd_pager::object::InstallKind;
+use uffd_pager::pager::{MapOptions, Pager};
+use uffd_pager::region::Region;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::sys::PAGE_SIZE;
 
 /// Side regions alive at once, at most.
 const LIVE: usize = 6;

@@ -12,17 +12,17 @@
 //! `k.install` as install kind (see [`read_map_options`]).
 
 use super::common::{cpu_time, pattern, sum_over_threads, Knobs, Rng, RunResult, Writers};
-use crate::error::{Error, Result};
-use crate::object::InstallKind;
-use crate::store::FileStore;
-use crate::sys::PAGE_SIZE;
-use crate::MapOptions;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::object::InstallKind;
+use uffd_pager::store::FileStore;
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::MapOptions;
 
 /// Where the workloads create their files by default: `/dev/shm` (tmpfs)
 /// if it is a directory, else [`std::env::temp_dir`].

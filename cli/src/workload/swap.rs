@@ -8,13 +8,13 @@
 use super::common::{
     cpu_time, pattern, pattern_store, sum_over_threads, Knobs, Rng, RunResult, Writers,
 };
-use crate::object::InstallKind;
-use crate::store::{SimulatedStore, Store};
-use crate::sys::PAGE_SIZE;
-use crate::{MapOptions, Result};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
+use uffd_pager::object::InstallKind;
+use uffd_pager::store::{SimulatedStore, Store};
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{MapOptions, Result};
 
 /// Runs `swap`; `k.pages` is the region size in pages.
 pub fn run(k: &Knobs) -> Result<RunResult> {

@@ -3,7 +3,7 @@
 //! mapping and unmapping, `launches` times.
 //!
 //! Each launch is one new process's worth of state: a fresh
-//! [`Pager`](crate::Pager) (its own address space and global lock), its
+//! [`Pager`](uffd_pager::Pager) (its own address space and global lock), its
 //! writer threads, and a fresh region over the app's "binary" — a
 //! [`SimulatedStore`] (`k.latency`, `k.max_inflight`) over
 //! [`pattern`](super::common::pattern) contents, shared by all launches —
@@ -23,13 +23,13 @@
 
 use super::common::{cpu_time, pattern_store, Knobs, Rng, RunResult, Writers};
 use super::random::{pattern_word, read_map_options};
-use crate::error::{Error, Result};
-use crate::store::{SimulatedStore, Store};
-use crate::sys::PAGE_SIZE;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uffd_pager::error::{Error, Result};
+use uffd_pager::store::{SimulatedStore, Store};
+use uffd_pager::sys::PAGE_SIZE;
 
 /// One access of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,7 +255,7 @@ pub fn synthetic_trace(pages: usize, len: usize, seed: u64) -> Trace {
 
 /// The shipped synthetic trace (`data/launch-trace.txt`).
 pub fn default_trace() -> Trace {
-    Trace::parse(include_str!("../../data/launch-trace.txt")).expect("shipped trace parses")
+    Trace::parse(include_str!("../../../data/launch-trace.txt")).expect("shipped trace parses")
 }
 
 /// Replays `trace` on the region at `base`; returns the words that differ
@@ -311,7 +311,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
         // backstop.
         let backstop = Instant::now() + Duration::from_secs(3600);
         let writers = Writers::start(&pager, k.writers, k.writer_pause, backstop);
-        let one = || -> Result<(Duration, u64, crate::Stats)> {
+        let one = || -> Result<(Duration, u64, uffd_pager::Stats)> {
             let s0 = pager.stats();
             let t = Instant::now();
             let region = pager.map_store(store.clone(), pages * PAGE_SIZE, &opts)?;
@@ -327,7 +327,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
         times.push(dt.as_secs_f64() * 1e3);
         waits.push(d.global.read_wait_ns as f64 / 1e3);
         mismatches += bad;
-        majfaults += d.get(crate::Counter::PGMAJFAULT);
+        majfaults += d.get(uffd_pager::Counter::PGMAJFAULT);
         last = Some(d);
     }
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);

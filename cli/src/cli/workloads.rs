@@ -9,8 +9,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 use uffd_pager::store::LatencyModel;
-use uffd_pager::workload::{churn, filemap, launch, random, scan, swap, Knobs, RunResult};
 use uffd_pager::{Delivery, DrainPolicy, InstallKind, Policy};
+use uffd_pager_cli::workload::{churn, filemap, launch, random, scan, swap, Knobs, RunResult};
 
 /// Knobs shared by the workload subcommands. Lists are comma-separated;
 /// at most one of `--threads` / `--writers` may list several values (the
@@ -45,7 +45,7 @@ pub struct WorkloadArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Delivery: in-thread, threads[:N[:spinUS]] (N defaults to one per
+    /// Delivery: in-thread, threads\[:N\[:spinUS\]\] (N defaults to one per
     /// CPU), or per-region.
     #[arg(long, default_value = "in-thread")]
     pub delivery: Delivery,

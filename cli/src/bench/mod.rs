@@ -14,7 +14,7 @@
 //! | shared | memcpy 4 KiB into a punched-out memfd page through an alias, UFFDIO_CONTINUE | store read (memcpy into its punched-out memfd page), lookup, locks, UFFDIO_CONTINUE |
 //!
 //! The engine side maps a fresh region over a pre-filled
-//! [`MemoryStore`](crate::store::MemoryStore) per pass, so every page is a
+//! [`MemoryStore`](uffd_pager::store::MemoryStore) per pass, so every page is a
 //! major fault; map and unmap are outside the timed loop. The floor's pages
 //! are made absent again with `MADV_DONTNEED` between passes (also untimed).
 //!
@@ -40,11 +40,11 @@ pub use random_floor::{random_floor, RandomFloorReport};
 pub use scale::{scale, ScaleReport};
 pub use wakeup::{wakeup_placement, WakeupReport};
 
-use crate::delivery::Delivery;
-use crate::error::{Error, Result};
-use crate::object::InstallKind;
-use crate::sys::PAGE_SIZE;
 use std::time::{Duration, Instant};
+use uffd_pager::delivery::Delivery;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::object::InstallKind;
+use uffd_pager::sys::PAGE_SIZE;
 
 /// What [`fault_cost`] measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,14 +8,14 @@
 //! read-fault CONTINUE does not; read-only keeps the ioctls the same.
 
 use super::{pattern, touch};
-use crate::delivery::Delivery;
-use crate::error::{Error, Result};
-use crate::object::InstallKind;
-use crate::pager::{MapOptions, Pager};
-use crate::store::{MemoryStore, Store};
-use crate::sys::PAGE_SIZE;
 use std::sync::Arc;
 use std::time::Duration;
+use uffd_pager::delivery::Delivery;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::object::InstallKind;
+use uffd_pager::pager::{MapOptions, Pager};
+use uffd_pager::store::{MemoryStore, Store};
+use uffd_pager::sys::PAGE_SIZE;
 
 /// Engine passes: each maps a fresh region (so every page is absent),
 /// touches it, and unmaps it; only the touches are timed.

@@ -4,11 +4,11 @@
 //! way out (release). Compares drain policies and LRU shards.
 
 use super::common::{cpu_time, Knobs, RunResult};
-use crate::lru::DrainPolicy;
-use crate::stats::Counter;
-use crate::sys::PAGE_SIZE;
-use crate::Result;
 use std::time::Instant;
+use uffd_pager::lru::DrainPolicy;
+use uffd_pager::stats::Counter;
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::Result;
 
 /// Runs `populate-churn` with `drain` and `shards`.
 pub fn run(k: &Knobs, drain: DrainPolicy, shards: usize) -> Result<RunResult> {

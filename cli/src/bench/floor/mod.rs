@@ -32,15 +32,15 @@ pub(crate) mod sigbus;
 mod threads;
 
 use super::touch;
-use crate::delivery::Delivery;
-use crate::error::{Error, Result};
-use crate::object::InstallKind;
-use crate::sys::mem::{madvise, Mapping, Memfd};
-use crate::sys::uffd::{feature, mode, Uffd};
-use crate::sys::PAGE_SIZE;
 use std::sync::Arc;
 use std::time::Duration;
 use threads::Handlers;
+use uffd_pager::delivery::Delivery;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::object::InstallKind;
+use uffd_pager::sys::mem::{madvise, Mapping, Memfd};
+use uffd_pager::sys::uffd::{feature, mode, Uffd};
+use uffd_pager::sys::PAGE_SIZE;
 
 /// The addresses a fault is resolved with. Plain integers, so that the
 /// signal handler can rebuild it from atomics.
@@ -68,7 +68,7 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32>
         // SAFETY: `t.src + off` is a page of the live source buffer (same
         // length as the user range, and `off < t.len` was checked).
         let page_src = unsafe { std::slice::from_raw_parts((t.src + off) as *const u8, PAGE_SIZE) };
-        crate::sys::mem::pwrite_all(t.memfd, page_src, off as u64)?;
+        uffd_pager::sys::mem::pwrite_all(t.memfd, page_src, off as u64)?;
     }
     loop {
         let r = if t.memfd >= 0 {
@@ -119,7 +119,7 @@ impl std::fmt::Debug for FloorLoop {
 }
 
 fn sys(op: &'static str) -> impl Fn(i32) -> Error {
-    move |e| Error::sys(op, e)
+    move |e| crate::sys_error(op, e)
 }
 
 /// Sets every byte of page `i` of the `pages`-page range at `base` to its

@@ -1,5 +1,5 @@
 //! `uffd-pager torture`: the reclaim torture of
-//! [`uffd_pager::workload::torture`] from the command line. Several threads
+//! [`uffd_pager_cli::workload::torture`] from the command line. Several threads
 //! read and write random words of a region at least four times the memory
 //! budget while reclaim and write-back run; every read is checked against
 //! an exact model, and so is the whole region (and file) at the end.
@@ -13,8 +13,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use uffd_pager::stats::Counter;
 use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::workload::torture::{self, TortureConfig, TortureKind, TortureReport};
 use uffd_pager::{Delivery, InstallKind, Policy};
+use uffd_pager_cli::workload::torture::{self, TortureConfig, TortureKind, TortureReport};
 
 /// What backs the tortured region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -58,7 +58,7 @@ pub struct TortureArgs {
     /// MINOR + CONTINUE) or anonymous (the file acts as swap).
     #[arg(long, value_name = "KIND", default_value = "shared")]
     install: InstallKind,
-    /// Delivery: in-thread, threads[:N[:spinUS]] (N defaults to one per
+    /// Delivery: in-thread, threads\[:N\[:spinUS\]\] (N defaults to one per
     /// CPU), or per-region.
     #[arg(long, default_value = "in-thread")]
     delivery: Delivery,

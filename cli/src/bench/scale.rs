@@ -7,11 +7,11 @@
 //! costs the fault path: the lockless lookup in a bigger table, and less
 //! cache-resident per-region state.
 
-use crate::error::{Error, Result};
-use crate::sys::PAGE_SIZE;
 use crate::workload::common::Rng;
-use crate::Pager;
 use std::time::Instant;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::Pager;
 
 /// The result of [`scale`].
 #[derive(Debug, Clone, Copy)]
@@ -111,11 +111,13 @@ unsafe fn time_random_writes(bases: &[usize], pages_each: usize, faults: usize, 
 /// until it swaps), so adjacent ones may merge into one kernel VMA just as
 /// the engine's do.
 fn kernel_run(regions: usize, faults: usize, seed: u64) -> Result<f64> {
-    use crate::sys::mem::Mapping;
+    use uffd_pager::sys::mem::Mapping;
     let pages_each = faults.div_ceil(regions).max(1);
     let mut keep = Vec::with_capacity(regions);
     for _ in 0..regions {
-        keep.push(Mapping::anonymous(pages_each * PAGE_SIZE).map_err(|e| Error::sys("mmap", e))?);
+        keep.push(
+            Mapping::anonymous(pages_each * PAGE_SIZE).map_err(|e| crate::sys_error("mmap", e))?,
+        );
     }
     let bases: Vec<usize> = keep.iter().map(|m| m.addr()).collect();
     // SAFETY: every base maps `pages_each` writable pages kept in `keep`.

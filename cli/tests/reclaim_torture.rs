@@ -1,11 +1,11 @@
-//! Reclaim torture ([`uffd_pager::workload::torture`]): random checked reads
+//! Reclaim torture ([`uffd_pager_cli::workload::torture`]): random checked reads
 //! and writes over a region four to eight times the budget, with reclaim
 //! and write-back running all the time, for every backing and delivery.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use uffd_pager::workload::torture::{run, TortureConfig, TortureKind, TortureReport};
 use uffd_pager::{Counter, Delivery, InstallKind};
+use uffd_pager_cli::workload::torture::{run, TortureConfig, TortureKind, TortureReport};
 
 const THREADS: Delivery = Delivery::Threads {
     threads: 2,

@@ -9,16 +9,16 @@
 //! back (anonymous pages to swap; shared pages only if dirty, and these are
 //! clean) and freed.
 
-use crate::error::{Error, Result};
-use crate::object::InstallKind;
-use crate::stats::Counter;
-use crate::store::MemoryStore;
-use crate::sys::mem::{madvise, Mapping, Memfd};
-use crate::sys::uffd::{feature, mode, Uffd};
-use crate::sys::PAGE_SIZE;
-use crate::{MapOptions, Pager};
 use std::sync::Arc;
 use std::time::Instant;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::object::InstallKind;
+use uffd_pager::stats::Counter;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::sys::mem::{madvise, Mapping, Memfd};
+use uffd_pager::sys::uffd::{feature, mode, Uffd};
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{MapOptions, Pager};
 
 /// The result of [`evict_cost`].
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +52,7 @@ impl EvictReport {
 }
 
 fn sys(op: &'static str) -> impl Fn(i32) -> Error {
-    move |e| Error::sys(op, e)
+    move |e| crate::sys_error(op, e)
 }
 
 fn touch_all(base: usize, pages: usize) {

@@ -4,7 +4,7 @@
 use super::json::Json;
 use std::fmt::Write as _;
 use uffd_pager::stats::Counter;
-use uffd_pager::workload::RunResult;
+use uffd_pager_cli::workload::RunResult;
 
 /// Runs of one workload over a swept knob and several labels (policies).
 #[derive(Debug, Default)]

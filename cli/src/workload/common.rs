@@ -1,15 +1,15 @@
 //! What every workload shares: the knobs, the result, the global-lock
 //! writer threads and small helpers.
 
-use crate::delivery::Delivery;
-use crate::fault::Policy;
-use crate::object::InstallKind;
-use crate::stats::Stats;
-use crate::store::{LatencyModel, LatencyReport};
-use crate::{Pager, PagerBuilder};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uffd_pager::delivery::Delivery;
+use uffd_pager::fault::Policy;
+use uffd_pager::object::InstallKind;
+use uffd_pager::stats::Stats;
+use uffd_pager::store::{LatencyModel, LatencyReport};
+use uffd_pager::{Pager, PagerBuilder};
 
 /// Knobs every workload takes.
 #[derive(Debug, Clone)]
@@ -73,7 +73,7 @@ impl Default for Knobs {
 
 impl Knobs {
     /// A pager configured from the knobs.
-    pub fn pager(&self) -> crate::Result<Pager> {
+    pub fn pager(&self) -> uffd_pager::Result<Pager> {
         self.builder().build()
     }
 
@@ -159,7 +159,7 @@ impl Writers {
                 let (p, stop, loops) = (pager.clone(), stop.clone(), loops.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Relaxed) && Instant::now() < deadline {
-                        if let Ok(r) = p.map_anonymous(crate::sys::PAGE_SIZE) {
+                        if let Ok(r) = p.map_anonymous(uffd_pager::sys::PAGE_SIZE) {
                             drop(r);
                         }
                         loops.fetch_add(1, Relaxed);
@@ -226,14 +226,14 @@ pub fn pattern(offset: usize) -> u8 {
 }
 
 /// A memory store of `pages` pages filled with [`pattern`].
-pub fn pattern_store(pages: usize) -> crate::Result<crate::store::MemoryStore> {
-    let s = crate::store::MemoryStore::new((pages * crate::sys::PAGE_SIZE) as u64)?;
-    let mut buf = vec![0u8; crate::sys::PAGE_SIZE];
+pub fn pattern_store(pages: usize) -> uffd_pager::Result<uffd_pager::store::MemoryStore> {
+    let s = uffd_pager::store::MemoryStore::new((pages * uffd_pager::sys::PAGE_SIZE) as u64)?;
+    let mut buf = vec![0u8; uffd_pager::sys::PAGE_SIZE];
     for p in 0..pages {
         for (i, b) in buf.iter_mut().enumerate() {
-            *b = pattern(p * crate::sys::PAGE_SIZE + i);
+            *b = pattern(p * uffd_pager::sys::PAGE_SIZE + i);
         }
-        crate::store::Store::write(&s, (p * crate::sys::PAGE_SIZE) as u64, &buf)?;
+        uffd_pager::store::Store::write(&s, (p * uffd_pager::sys::PAGE_SIZE) as u64, &buf)?;
     }
     Ok(s)
 }

@@ -3,12 +3,12 @@
 //! per fault message.
 
 use super::{resolve, Target};
-use crate::error::{Error, Result};
-use crate::sys::now_ns;
-use crate::sys::uffd::{Msg, Uffd, EVENT_PAGEFAULT};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use uffd_pager::error::{Error, Result};
+use uffd_pager::sys::now_ns;
+use uffd_pager::sys::uffd::{Msg, Uffd, EVENT_PAGEFAULT};
 
 /// Handler threads of the floor; stopped and joined on drop.
 pub(super) struct Handlers {
@@ -72,7 +72,7 @@ impl Handlers {
         // SAFETY: eventfd returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
-            return Err(Error::sys("eventfd", crate::sys::errno()));
+            return Err(crate::sys_error("eventfd", uffd_pager::sys::errno()));
         }
         // SAFETY: a fresh descriptor that we now own.
         let stop = unsafe { OwnedFd::from_raw_fd(fd) };

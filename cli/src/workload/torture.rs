@@ -39,19 +39,19 @@
 //! reinstalled) shows up as a sequence number below `m1`, or for the owner
 //! as any difference; data from another page shows up as a wrong tag.
 
-use crate::error::{Error, Result};
-use crate::fault::Policy;
-use crate::object::InstallKind;
-use crate::pager::{MapOptions, Pager};
-use crate::region::Region;
-use crate::stats::Stats;
-use crate::sys::PAGE_SIZE;
-use crate::Delivery;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use uffd_pager::error::{Error, Result};
+use uffd_pager::fault::Policy;
+use uffd_pager::object::InstallKind;
+use uffd_pager::pager::{MapOptions, Pager};
+use uffd_pager::region::Region;
+use uffd_pager::stats::Stats;
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::Delivery;
 
 /// Words per page.
 const WORDS_PER_PAGE: usize = PAGE_SIZE / 8;
@@ -71,7 +71,7 @@ pub enum TortureKind {
     /// Anonymous memory swapped to the default in-memory swap store.
     Anonymous,
     /// Anonymous memory swapped to an unlinked swap file in `dir`
-    /// ([`crate::PagerBuilder::swap_dir`]).
+    /// ([`uffd_pager::PagerBuilder::swap_dir`]).
     Swapfile {
         /// Directory for the swap file.
         dir: PathBuf,
@@ -228,7 +228,7 @@ impl TortureReport {
 
 impl fmt::Display for TortureReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::stats::Counter::*;
+        use uffd_pager::stats::Counter::*;
         let s = &self.stats;
         write!(
             f,

@@ -11,8 +11,8 @@
 //! dropped (`MADV_DONTNEED`, untimed) before each timed pass, so every page
 //! of a pass is a minor fault served from the page cache:
 //!
-//! - **engine**: one region ([`Pager::map_store`](crate::Pager::map_store)
-//!   of a [`FileStore`](crate::store::FileStore) over the file, `k.install` kind), read once untimed
+//! - **engine**: one region ([`Pager::map_store`](uffd_pager::Pager::map_store)
+//!   of a [`FileStore`](uffd_pager::store::FileStore) over the file, `k.install` kind), read once untimed
 //!   to fill the engine's page cache, then [`Region::dontneed`] before each
 //!   pass; faults are served by the engine (fault-around and readahead as
 //!   configured);
@@ -28,16 +28,16 @@
 //! scanner); `k.writers` writer threads run on the engine's pager
 //! throughout.
 //!
-//! [`Region::dontneed`]: crate::Region::dontneed
+//! [`Region::dontneed`]: uffd_pager::Region::dontneed
 
 use super::common::{cpu_time, Knobs, RunResult, Writers};
 use super::random::{default_dir, pattern_word, read_map_options, PatternFile};
-use crate::error::{Error, Result};
-use crate::sys::PAGE_SIZE;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uffd_pager::error::Result;
+use uffd_pager::sys::PAGE_SIZE;
 
 /// Reads one word per page of `[base, base + pages × PAGE_SIZE)` in order;
 /// returns the words that differ from the pattern.
@@ -91,8 +91,8 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let store = Arc::new(file.store()?);
     let mut region = pager.map_store(store, len, &read_map_options(k.install))?;
     // The kernel's own mapping of the same file, for comparison.
-    let kmap = crate::sys::mem::Mapping::read_only(file.file().as_raw_fd(), len)
-        .map_err(|e| Error::sys("mmap", e))?;
+    let kmap = uffd_pager::sys::mem::Mapping::read_only(file.file().as_raw_fd(), len)
+        .map_err(|e| crate::sys_error("mmap", e))?;
     let (ebase, kbase) = (region.as_ptr() as usize, kmap.addr());
     // Untimed warm-up: fill both page caches (the engine's from the store).
     // SAFETY (both scans): the mappings hold the pattern file and outlive
@@ -112,8 +112,8 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             mismatches += bad;
             ewall += w;
             ecpu += c;
-            crate::sys::mem::madvise(kbase, len, libc::MADV_DONTNEED)
-                .map_err(|e| Error::sys("madvise", e))?;
+            uffd_pager::sys::mem::madvise(kbase, len, libc::MADV_DONTNEED)
+                .map_err(|e| crate::sys_error("madvise", e))?;
             let (bad, w, _) = timed(|| unsafe { scan_pass(kbase, pages) });
             mismatches += bad;
             kwall += w;

@@ -5,12 +5,12 @@
 //! `threads × pages`, so reclaim runs all the time. Throughput is rounds/s.
 
 use super::common::{cpu_time, pattern, pattern_store, Knobs, RunResult, Writers};
-use crate::store::{SimulatedStore, Store};
-use crate::sys::PAGE_SIZE;
-use crate::{MapOptions, Result};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
+use uffd_pager::store::{SimulatedStore, Store};
+use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{MapOptions, Result};
 
 /// Runs `filemap` with `k`; `k.pages` is the per-worker file size in pages.
 pub fn run(k: &Knobs) -> Result<RunResult> {

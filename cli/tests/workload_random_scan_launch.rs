@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 use uffd_pager::store::LatencyModel;
-use uffd_pager::workload::launch::{self, synthetic_trace, Access, Trace, TraceRecorder};
-use uffd_pager::workload::{random, scan, Knobs};
 use uffd_pager::{Counter, Delivery, InstallKind};
+use uffd_pager_cli::workload::launch::{self, synthetic_trace, Access, Trace, TraceRecorder};
+use uffd_pager_cli::workload::{random, scan, Knobs};
 
 fn knobs() -> Knobs {
     Knobs {
@@ -98,7 +98,7 @@ fn pattern_file_holds_the_pattern() {
     assert!(bytes
         .iter()
         .enumerate()
-        .all(|(i, &b)| b == uffd_pager::workload::common::pattern(i)));
+        .all(|(i, &b)| b == uffd_pager_cli::workload::common::pattern(i)));
     let w = u64::from_le_bytes(bytes[4096 + 16..4096 + 24].try_into().unwrap());
     assert_eq!(w, random::pattern_word(4096 + 16));
 }
@@ -212,7 +212,7 @@ fn launch_runs_the_shipped_trace() {
 
 #[test]
 fn shipped_trace_is_the_synthetic_one() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/launch-trace.txt");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/launch-trace.txt");
     let want = synthetic_trace(
         launch::SYNTHETIC_PAGES,
         launch::SYNTHETIC_LEN,
