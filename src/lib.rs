@@ -52,6 +52,9 @@ pub use pager::{MapOptions, Pager, PagerBuilder};
 pub use region::Region;
 pub use resident::ResidentGuard;
 pub use stats::{Counter, Stats};
+pub use sys::uffd::Descriptor;
+/// The page size the engine works in (bytes): x86-64's base page.
+pub use sys::PAGE_SIZE;
 
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
