@@ -9,17 +9,22 @@ use crate::fault::Policy;
 use crate::lru::{entry, DrainPolicy, Lru};
 use crate::object::Object;
 use crate::page_cache::{LRU_BATCHED, ON_LRU};
-use crate::reclaim::Reclaim;
+use crate::reclaim::staging::Reclaim;
 pub use crate::region_table::Table;
 use crate::rmap::ObjectTable;
 use crate::stats::{Counter, Counters, Stats};
 use crate::sync::global_lock::GlobalLock;
 use crate::sync::rcu::Rcu;
 use crate::sync::region_lock::TryReadError;
+use crate::sync::work_queue::WorkQueue;
 use crate::sys::uffd::Uffd;
 use crate::vma::Vma;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
+
+/// Readahead requests that can wait at once; more are dropped (readahead
+/// is a hint).
+const READAHEAD_QUEUE: usize = 4096;
 
 /// Per-pager settings fixed at build time.
 #[derive(Debug, Clone)]
@@ -69,6 +74,22 @@ impl Default for Config {
             io_timeout_ns: 30_000_000_000,
         }
     }
+}
+
+/// Descriptors of their own for regions, opened as regions are mapped and
+/// closed as they go (per-region delivery: `crate::delivery::per_region`
+/// implements it and serves each descriptor with a thread). The address
+/// space knows only this much of how faults are delivered.
+pub trait RegionDescriptors: Send + Sync + std::fmt::Debug {
+    /// Opens a descriptor for a new region and starts serving it.
+    /// `quiet`: the descriptor does not report `madvise` (see
+    /// [`Object::quiet`]).
+    fn open(&self, quiet: bool) -> std::io::Result<Arc<Uffd>>;
+    /// Stops serving `uffd`. Called without the global lock held: its
+    /// server may be waiting for it.
+    fn close(&self, uffd: &Uffd);
+    /// Stops serving every descriptor (the pager is going).
+    fn close_all(&self);
 }
 
 /// Why a lockless lookup gave up.
@@ -125,7 +146,7 @@ pub struct Mm {
     next_id: AtomicU64,
     /// Per-region descriptors and their handlers (per-region delivery only;
     /// set once, right after the address space is made).
-    pub per_region: std::sync::OnceLock<crate::delivery::per_region::PerRegion>,
+    pub per_region: std::sync::OnceLock<Box<dyn RegionDescriptors>>,
     /// Settings.
     pub config: Config,
     /// Event counters.
@@ -140,8 +161,9 @@ pub struct Mm {
     pub lru: Lru,
     /// Reclaim state (staging area, kswapd wake-ups).
     pub reclaim: Reclaim,
-    /// Readahead request queue.
-    pub readahead: crate::readahead::Readahead,
+    /// Readahead requests, drained by the readahead threads
+    /// ([`crate::readahead`]).
+    pub readahead: WorkQueue,
     /// Requests to the I/O workers (stores that are not signal-safe).
     pub io: crate::io::Io,
 }
@@ -171,7 +193,7 @@ impl Mm {
             objects: ObjectTable::new().map_err(|e| ("mmap object table", e))?,
             lru,
             reclaim,
-            readahead: Default::default(),
+            readahead: WorkQueue::new(READAHEAD_QUEUE),
             io,
         })
     }
@@ -296,26 +318,6 @@ impl Mm {
     /// Async-signal-safe.
     pub fn claims_dying(&self, addr: usize) -> bool {
         self.table.read(|t| t.dying_claims(addr))
-    }
-
-    /// Charges `n` pages to the resident count; over the budget, reclaims
-    /// directly in the calling (faulting) context, and wakes kswapd past
-    /// its watermark. Async-signal-safe.
-    #[inline]
-    pub fn charge(&self, n: u64) {
-        let now = self.resident.fetch_add(n, Relaxed) + n;
-        // Read first: at steady state the peak does not move, and a plain
-        // load leaves its cache line shared between the faulting CPUs.
-        if now > self.peak_resident.load(Relaxed) {
-            self.peak_resident.fetch_max(now, Relaxed);
-        }
-        let budget = self.config.budget_pages;
-        if budget > 0 {
-            if now > budget {
-                crate::reclaim::direct(self);
-            }
-            crate::reclaim::maybe_wake_kswapd(self, now);
-        }
     }
 
     /// A page of `obj` became resident (cached or installed): the LRU add

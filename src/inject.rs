@@ -10,7 +10,24 @@ mod imp {
     use std::sync::atomic::{AtomicUsize, Ordering::*};
 
     /// A hook: a plain function pointer, so calling it allocates nothing.
-    pub type Hook = fn(&Vma);
+    pub type Hook = fn(&Site<'_>);
+
+    /// The region a hook is called for.
+    #[derive(Debug)]
+    pub struct Site<'a>(&'a Vma);
+
+    impl Site<'_> {
+        /// The region's start address.
+        pub fn start(&self) -> usize {
+            self.0.start
+        }
+
+        /// Whether the region has been detached (taken out of the table by
+        /// a writer), so a read lock on it now fails.
+        pub fn is_detached(&self) -> bool {
+            self.0.lock.is_detached()
+        }
+    }
 
     static AFTER_LOOKUP: AtomicUsize = AtomicUsize::new(0);
     static AFTER_DETACH: AtomicUsize = AtomicUsize::new(0);
@@ -20,7 +37,7 @@ mod imp {
         if p != 0 {
             // SAFETY: only `set_*` store here, and they store valid `Hook`s.
             let f: Hook = unsafe { std::mem::transmute::<usize, Hook>(p) };
-            f(v);
+            f(&Site(v));
         }
     }
 
@@ -46,7 +63,7 @@ mod imp {
 }
 
 #[cfg(feature = "fault-inject")]
-pub use imp::{set_after_detach, set_after_lookup, Hook};
+pub use imp::{set_after_detach, set_after_lookup, Hook, Site};
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{after_detach, after_lookup};
@@ -58,34 +75,3 @@ pub(crate) fn after_lookup(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_detach(_: &Vma) {}
-
-/// Holds the global lock for write and one region write-locked, as a
-/// writer in the middle of `mprotect` would; released on drop.
-#[cfg(feature = "fault-inject")]
-pub struct RegionWriteHold<'a> {
-    _global: crate::sync::global_lock::WriteGuard<'a>,
-    vma: std::sync::Arc<Vma>,
-}
-
-#[cfg(feature = "fault-inject")]
-impl crate::pager::Pager {
-    /// Takes the global write lock and write-locks `region` (test hook).
-    pub fn hold_region_write<'a>(&'a self, region: &crate::Region) -> RegionWriteHold<'a> {
-        let mm = self.mm();
-        let g = mm.lock.write();
-        let start = region.as_ptr() as usize;
-        let vma = mm
-            .table
-            .read(|t| t.find(start).cloned())
-            .expect("region is mapped");
-        vma.lock.write_lock();
-        RegionWriteHold { _global: g, vma }
-    }
-}
-
-#[cfg(feature = "fault-inject")]
-impl Drop for RegionWriteHold<'_> {
-    fn drop(&mut self) {
-        self.vma.lock.write_unlock();
-    }
-}

@@ -56,6 +56,15 @@ pub use sys::uffd::Descriptor;
 /// The page size the engine works in (bytes): x86-64's base page.
 pub use sys::PAGE_SIZE;
 
+/// Test hooks for the scripted scenario tests (feature `fault-inject`,
+/// never on in a normal build): functions called at chosen points of the
+/// fault path and of unmap, and holds on a pager's locks.
+#[cfg(feature = "fault-inject")]
+pub mod testing {
+    pub use crate::inject::{set_after_detach, set_after_lookup, Hook, Site};
+    pub use crate::pager::inject::{GlobalWriteHold, RegionWriteHold};
+}
+
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

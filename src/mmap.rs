@@ -72,7 +72,7 @@ impl Mm {
         // The kernel gave us this range, so whatever the table still holds
         // there was unmapped by the application and its event is not read
         // yet: apply it now.
-        self.events.apply_stale(self, start, start + len);
+        crate::events::apply::stale(self, start, start + len);
         // A fork()ed child gets no copy of region memory: its touches are a
         // clean SIGSEGV, and the engine refuses to work in a child (see
         // `crate::fork`).

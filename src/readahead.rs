@@ -15,25 +15,8 @@ use crate::lru::{entry, unpack, Entry};
 use crate::object::Object;
 use crate::page_cache::{LOCKED, POISONED, READAHEAD, UPTODATE};
 use crate::stats::Counter::*;
-use crate::sync::work_queue::WorkQueue;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
-
-const QUEUE: usize = 4096;
-
-/// The request queue the I/O threads drain.
-#[derive(Debug)]
-pub struct Readahead {
-    queue: WorkQueue,
-}
-
-impl Default for Readahead {
-    fn default() -> Self {
-        Readahead {
-            queue: WorkQueue::new(QUEUE),
-        }
-    }
-}
 
 /// After a fault on page `i` of `obj` (a miss, or a hit on a read-ahead
 /// page), updates the window and requests the pages past what was already
@@ -74,13 +57,13 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
             last = j + 1;
             continue;
         }
-        if !mm.readahead.queue.push(entry(slot, j)) {
+        if !mm.readahead.push(entry(slot, j)) {
             break;
         }
         last = j + 1;
     }
     obj.ra_end.fetch_max(last, Relaxed);
-    mm.readahead.queue.kick();
+    mm.readahead.kick();
 }
 
 /// Reads one requested page, if it is still absent.
@@ -99,7 +82,7 @@ fn read_one(mm: &Mm, e: Entry) {
         obj.cache.unlock(j, 0, 0);
         return;
     }
-    mm.charge(1);
+    crate::reclaim::charge(mm, 1);
     // SAFETY: we hold the page lock and the page is absent.
     if unsafe { obj.fill(j, &mm.io) }.is_ok() {
         mm.counters.inc(RA_PAGES);
@@ -128,7 +111,7 @@ pub fn start(
             std::thread::Builder::new()
                 .name(format!("uffd-readahead-{k}"))
                 .spawn(move || {
-                    while let Some(e) = mm.readahead.queue.next() {
+                    while let Some(e) = mm.readahead.next() {
                         read_one(&mm, e);
                     }
                 })?,
@@ -139,5 +122,5 @@ pub fn start(
 
 /// Stops the I/O threads (they exit at their next wake-up).
 pub fn stop(mm: &Mm) {
-    mm.readahead.queue.stop();
+    mm.readahead.stop();
 }

@@ -1,7 +1,7 @@
 //! [`Region`]: a mapped range whose faults the engine serves.
 
 use crate::error::{Error, Result};
-use crate::pager::PagerInner;
+use crate::pager::inner::PagerInner;
 use crate::sys::PAGE_SIZE;
 use std::sync::Arc;
 

@@ -117,10 +117,10 @@ fn vanilla_retries_once_then_contends_on_the_global_lock() {
         let s = setup(PolicyKind::Vanilla, d);
         let t = touch(&s.region);
         wait_until("the read to start", || s.store.entered.load(SeqCst) == 1);
-        let w = s.pager.global_lock().write();
+        let w = s.pager.hold_global_write();
         s.store.open.store(true, SeqCst);
         wait_until("the fault to queue on the global lock", || {
-            s.pager.global_lock().readers_sleeping() == 1
+            s.pager.global_readers_sleeping() == 1
         });
         drop(w);
         assert_eq!(t.join().unwrap(), 1, "page 0 holds 1s");
@@ -142,7 +142,7 @@ fn retry_once_completes_under_the_region_lock() {
         let s = setup(PolicyKind::RetryOnce, d);
         let t = touch(&s.region);
         wait_until("the read to start", || s.store.entered.load(SeqCst) == 1);
-        let w = s.pager.global_lock().write();
+        let w = s.pager.hold_global_write();
         s.store.open.store(true, SeqCst);
         // The fault completes while the writer still holds the global lock.
         assert_eq!(t.join().unwrap(), 1);
@@ -175,10 +175,13 @@ fn write_locked_region_aborts_to_the_global_lock() {
     for d in both_deliveries() {
         let s = setup(PolicyKind::RetryOnce, d);
         s.store.open.store(true, SeqCst);
-        let hold = s.pager.hold_region_write(&s.region);
+        let hold = s
+            .pager
+            .hold_region_write(&s.region)
+            .expect("region is mapped");
         let t = touch(&s.region);
         wait_until("the fault to queue on the global lock", || {
-            s.pager.global_lock().readers_sleeping() == 1
+            s.pager.global_readers_sleeping() == 1
         });
         drop(hold);
         assert_eq!(t.join().unwrap(), 1);
@@ -192,14 +195,14 @@ fn write_locked_region_aborts_to_the_global_lock() {
 static TARGET: AtomicUsize = AtomicUsize::new(0);
 static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
 
-fn wait_for_detach(v: &uffd_pager::vma::Vma) {
-    if v.start != TARGET.load(SeqCst) {
+fn wait_for_detach(v: &uffd_pager::testing::Site<'_>) {
+    if v.start() != TARGET.load(SeqCst) {
         return;
     }
     if HOOK_CALLS.fetch_add(1, SeqCst) == 0 {
         // First lookup: let the remap detach this region before we lock it.
         let t = Instant::now();
-        while !v.lock.is_detached() && t.elapsed() < Duration::from_secs(10) {
+        while !v.is_detached() && t.elapsed() < Duration::from_secs(10) {
             std::thread::yield_now();
         }
     }
@@ -212,14 +215,14 @@ fn region_detached_during_lookup_counts_a_miss() {
     s.store.open.store(true, SeqCst);
     TARGET.store(s.region.as_ptr() as usize, SeqCst);
     HOOK_CALLS.store(0, SeqCst);
-    uffd_pager::inject::set_after_lookup(Some(wait_for_detach));
+    uffd_pager::testing::set_after_lookup(Some(wait_for_detach));
     let t = touch(&s.region);
     wait_until("the lookup", || HOOK_CALLS.load(SeqCst) >= 1);
     // Same length: the kernel keeps the range; the engine still replaces
     // the region, detaching the old one.
     s.region.remap(4 * PAGE).unwrap();
     let v = t.join().unwrap();
-    uffd_pager::inject::set_after_lookup(None);
+    uffd_pager::testing::set_after_lookup(None);
     assert_eq!(v, 1);
     let st = s.pager.stats();
     assert!(st.get(Counter::VMA_LOCK_MISS) >= 1, "{st}");
@@ -255,10 +258,10 @@ fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
         wait_until("the read to start", || store.entered.load(SeqCst) == 1);
         // A writer holds the global lock: the vanilla retry queues behind it
         // with the page Cached and unlocked, i.e. reclaimable.
-        let w = pager.global_lock().write();
+        let w = pager.hold_global_write();
         store.open.store(true, SeqCst);
         wait_until("the fault to queue on the global lock", || {
-            pager.global_lock().readers_sleeping() == 1
+            pager.global_readers_sleeping() == 1
         });
         assert_eq!(pager.reclaim_pages(1), 1, "{d}: the loaded page is evicted");
         drop(w);

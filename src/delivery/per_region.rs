@@ -11,7 +11,8 @@
 //! The pager's own descriptor stays: reclaim's staging area is registered
 //! there (a `UFFDIO_MOVE` is issued on the descriptor of its destination,
 //! whatever the source's). A region's descriptor lives in its object
-//! ([`crate::object::Object::region_uffd`]); every ioctl on the region's range goes
+//! ([`crate::object::Object::region_uffd`], opened through
+//! [`RegionDescriptors`]); every ioctl on the region's range goes
 //! through it.
 //!
 //! # Cost
@@ -19,7 +20,7 @@
 //! unmap (the thread is joined). Meant for a few large regions, not 10⁵.
 
 use super::threads::{HandlerPool, Serve};
-use crate::address_space::Mm;
+use crate::address_space::{Mm, RegionDescriptors};
 use crate::sys::uffd::{Uffd, Want};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -48,10 +49,19 @@ impl PerRegion {
         }
     }
 
+    /// Handler threads running now.
+    pub fn handlers(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(RawFd, HandlerPool)>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl RegionDescriptors for PerRegion {
     /// Opens a descriptor for a new region and starts its handler thread.
-    /// `quiet`: the descriptor does not report `madvise` (see
-    /// [`crate::object::Object::quiet`]).
-    pub fn open(&self, quiet: bool) -> std::io::Result<Arc<Uffd>> {
+    fn open(&self, quiet: bool) -> std::io::Result<Arc<Uffd>> {
         let mm = self.mm.upgrade().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "the pager is gone")
         })?;
@@ -68,9 +78,8 @@ impl PerRegion {
         Ok(uffd)
     }
 
-    /// Stops the handler of `uffd` (joins it). Call without the global lock
-    /// held: the handler may be waiting for it.
-    pub fn close(&self, uffd: &Uffd) {
+    /// Stops the handler of `uffd` (joins it).
+    fn close(&self, uffd: &Uffd) {
         let pool = {
             let mut live = self.lock();
             live.iter()
@@ -81,17 +90,8 @@ impl PerRegion {
     }
 
     /// Stops every handler (the pager is going).
-    pub fn close_all(&self) {
+    fn close_all(&self) {
         let all = std::mem::take(&mut *self.lock());
         drop(all);
-    }
-
-    /// Handler threads running now.
-    pub fn handlers(&self) -> usize {
-        self.lock().len()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(RawFd, HandlerPool)>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

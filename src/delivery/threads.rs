@@ -113,7 +113,7 @@ fn serve_events(mm: &Mm, fds: &[&Uffd], stopfd: i32) {
                 }
             }
         }
-        mm.events.apply_queued_locked(mm, &gate);
+        crate::events::apply::queued_locked(mm, &gate);
     }
 }
 
@@ -239,7 +239,7 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
         // Events first (in read order, under the gate), then the faults: a
         // fault that raced the application's call on its page may be
         // served either side of it.
-        mm.events.apply_queued(mm);
+        crate::events::apply::queued(mm);
         for m in &msgs[..n] {
             if m.event == EVENT_PAGEFAULT && !handle_msg(mm, fds[k], m, &mut done[k]) {
                 again.push((k, *m));
@@ -264,7 +264,7 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
                     );
                 }
             }
-            mm.events.apply_queued(mm);
+            crate::events::apply::queued(mm);
             again.retain(|(j, m)| !handle_msg(mm, fds[*j], m, &mut done[*j]));
             for (j, u) in fds.iter().enumerate() {
                 done[j].wake(mm, u);

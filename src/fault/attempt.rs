@@ -154,7 +154,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             continue;
         }
         let pinned = if vma.pinned { PINNED } else { 0 };
-        mm.charge(1);
+        crate::reclaim::charge(mm, 1);
 
         // An anonymous page never written back: a minor zero-page fault.
         if obj.zero_fill && prev & SWAPPED == 0 {

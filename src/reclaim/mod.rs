@@ -16,6 +16,7 @@
 //!
 //! A write-back failure keeps the page cached and dirty.
 
+pub mod staging;
 mod unmap_batch;
 
 use crate::address_space::Mm;
@@ -23,37 +24,16 @@ use crate::lru::{unpack, Entry};
 use crate::object::{InstallKind, Object};
 use crate::page_cache::*;
 use crate::stats::Counter::*;
-use crate::sys::mem::{madvise, Mapping};
-use crate::sys::uffd::{feature, mode, Uffd, Want, MODE_DONTWAKE};
+use crate::sys::mem::madvise;
+use crate::sys::uffd::MODE_DONTWAKE;
 use crate::sys::{futex, PAGE_SIZE};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+pub use staging::Reclaim;
+use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use unmap_batch::UnmapBatch;
 
-/// Staging slots for anonymous eviction (one per concurrent evictor).
-const STAGING_SLOTS: usize = 64;
 /// Entries isolated from the LRU per round.
 const ISOLATE: usize = 32;
-
-/// Per-pager reclaim state.
-#[derive(Debug)]
-pub struct Reclaim {
-    /// Staging slots that anonymous pages are moved into before they are
-    /// written to swap: read-write for pages of writable mappings, and a
-    /// read-only twin for pages of read-only ones (`UFFDIO_MOVE` moves only
-    /// between mappings of the same protection).
-    staging: Mapping,
-    staging_ro: Mapping,
-    /// The descriptor the staging areas are registered with (a `UFFDIO_MOVE`
-    /// is issued on its destination's descriptor). It asks for no
-    /// non-cooperative events, so emptying a slot with `MADV_DONTNEED`
-    /// blocks on no event reader.
-    uffd: Uffd,
-    free_slots: AtomicU64,
-    kswapd_seq: AtomicU32,
-    kswapd_sleeping: AtomicBool,
-    stop: AtomicBool,
-}
 
 /// What happened to one LRU entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,85 +44,6 @@ pub enum Evict {
     Rotate,
     /// Stale or unevictable: drop the entry.
     Drop,
-}
-
-impl Reclaim {
-    /// Staging areas registered (MISSING) with a descriptor of their own,
-    /// so they can be `UFFDIO_MOVE` destinations.
-    pub fn new() -> Result<Reclaim, (&'static str, i32)> {
-        let uffd = Uffd::open_as(feature::MOVE, Want::UserModeOnly, false)
-            .map_err(|_| ("userfaultfd for staging", libc::EPERM))?;
-        let staging =
-            Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
-        let staging_ro =
-            Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
-        crate::sys::mem::mprotect(staging_ro.addr(), staging_ro.len(), libc::PROT_READ)
-            .map_err(|e| ("mprotect staging", e))?;
-        for area in [&staging, &staging_ro] {
-            uffd.register(area.addr(), area.len(), mode::MISSING)
-                .map_err(|e| ("UFFDIO_REGISTER staging", e))?;
-        }
-        Ok(Reclaim {
-            staging,
-            staging_ro,
-            uffd,
-            free_slots: AtomicU64::new(u64::MAX),
-            kswapd_seq: AtomicU32::new(0),
-            kswapd_sleeping: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-        })
-    }
-
-    /// Moves the page at `addr` into staging slot `s`, the read-only slot if
-    /// `read_only`. Returns where the page is now, or the errno if it did
-    /// not move.
-    ///
-    /// # Hazard
-    /// This kernel's `UFFDIO_MOVE` can return an error (EEXIST, seen with
-    /// a racing write that changed the source PTE) after it moved the page
-    /// (`shared/tools/uffd-move-eexist.c`). The slot was empty and is ours,
-    /// so on any error the slot itself says whether the page arrived.
-    fn move_to_slot(&self, mm: &Mm, addr: usize, s: usize, read_only: bool) -> Result<usize, i32> {
-        let area = if read_only {
-            &self.staging_ro
-        } else {
-            &self.staging
-        };
-        let slot = area.addr() + s * PAGE_SIZE;
-        match self.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
-            Ok(_) => Ok(slot),
-            Err(e) => {
-                if crate::sys::mem::page_present(slot) == Ok(true) {
-                    mm.counters.inc(IOCTL_DID_WORK);
-                    Ok(slot)
-                } else {
-                    Err(e)
-                }
-            }
-        }
-    }
-
-    fn take_slot(&self) -> usize {
-        loop {
-            let f = self.free_slots.load(Acquire);
-            if f == 0 {
-                std::thread::yield_now();
-                continue;
-            }
-            let b = f.trailing_zeros() as u64;
-            if self
-                .free_slots
-                .compare_exchange(f, f & !(1 << b), AcqRel, Relaxed)
-                .is_ok()
-            {
-                return b as usize;
-            }
-        }
-    }
-
-    fn put_slot(&self, s: usize) {
-        self.free_slots.fetch_or(1 << s, Release);
-    }
 }
 
 /// How an installed page left the user mapping.
@@ -179,8 +80,8 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     let s = r.take_slot();
     // A read-write slot first; a read-only mapping (the region's, or one
     // the application made with its own mprotect) takes the read-only one.
-    let moved = match r.move_to_slot(mm, addr, s, false) {
-        Err(libc::EINVAL) => r.move_to_slot(mm, addr, s, true),
+    let moved = match r.move_to_slot(&mm.counters, addr, s, false) {
+        Err(libc::EINVAL) => r.move_to_slot(&mm.counters, addr, s, true),
         m => m,
     };
     let src = match moved {
@@ -388,6 +289,26 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
         mm.lru.putback(&back[..nb], c);
     }
     freed + batch.flush(mm)
+}
+
+/// Charges `n` pages to the resident count; over the budget, reclaims
+/// directly in the calling (faulting) context, and wakes kswapd past
+/// its watermark. Async-signal-safe.
+#[inline]
+pub fn charge(mm: &Mm, n: u64) {
+    let now = mm.resident.fetch_add(n, Relaxed) + n;
+    // Read first: at steady state the peak does not move, and a plain
+    // load leaves its cache line shared between the faulting CPUs.
+    if now > mm.peak_resident.load(Relaxed) {
+        mm.peak_resident.fetch_max(now, Relaxed);
+    }
+    let budget = mm.config.budget_pages;
+    if budget > 0 {
+        if now > budget {
+            direct(mm);
+        }
+        maybe_wake_kswapd(mm, now);
+    }
 }
 
 /// Direct reclaim: called in the faulting context after a charge took the

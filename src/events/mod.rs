@@ -39,14 +39,13 @@
 //! - `REMAP`: the part inside the moved range is published at its new
 //!   address (the kernel moved its PTEs and its registration with it).
 
-use crate::address_space::Mm;
-use crate::stats::Counter;
-use crate::sync::percpu_rwsem::{PercpuRwsem, ReadGuard, WriteGuard};
+use crate::sync::percpu_rwsem::{PercpuRwsem, ReadGuard};
 use crate::sys::uffd::{Msg, Uffd, EVENT_REMAP, EVENT_REMOVE, EVENT_UNMAP};
-use crate::vma::Vma;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+
+pub mod apply;
 
 /// The event features a descriptor asks for on top of `base`: `munmap`
 /// and `mremap` always; `madvise` unless `quiet`.
@@ -166,7 +165,7 @@ impl Events {
 
     /// Reads up to `msgs.len()` messages from `uffd` (non-blocking; `Ok(0)`:
     /// none) in read order with the other readers, and queues the events
-    /// among them for [`Events::apply_queued`].
+    /// among them for [`apply::queued`].
     pub fn read(&self, uffd: &Uffd, msgs: &mut [Msg]) -> Result<usize, i32> {
         let _order = self.reads.lock().unwrap_or_else(|e| e.into_inner());
         self.busy.fetch_add(1, SeqCst);
@@ -182,163 +181,11 @@ impl Events {
         r
     }
 
-    /// Applies every queued event, in read order, under the gate's write
-    /// side. The caller holds no engine lock and no read section.
-    pub fn apply_queued(&self, mm: &Mm) {
-        if self.lock_queue().is_empty() {
-            return;
-        }
-        let gate = self.gate.write();
-        self.apply_queued_locked(mm, &gate);
-    }
-
-    /// As [`Events::apply_queued`], for a caller that holds the gate's
-    /// write side already.
-    pub fn apply_queued_locked(&self, mm: &Mm, _gate: &WriteGuard<'_>) {
-        loop {
-            let Some(e) = self.lock_queue().pop_front() else {
-                return;
-            };
-            apply_all(mm, &[e]);
-            self.busy.fetch_sub(1, SeqCst);
-        }
-    }
-
     fn lock_queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A `map` found table entries overlapping `[start, end)`, which the
-    /// kernel just gave it: the application unmapped them and the event is
-    /// not read yet. Applies the unmap now and remembers the range. The
-    /// caller holds the global write lock.
-    pub(crate) fn apply_stale(&self, mm: &Mm, start: usize, end: usize) {
-        if mm.table.read(|t| t.overlaps(start, end, None)) {
-            apply(mm, Event::Unmap(start, end), &[]);
-            self.lock_pre_applied().push((start, end));
-        }
     }
 
     fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
         self.pre_applied.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// Applies `events` (the caller holds the gate's write side, not the
-/// global lock).
-pub fn apply_all(mm: &Mm, events: &[Event]) {
-    if events.is_empty() {
-        return;
-    }
-    let _w = mm.lock.write();
-    let pre: Vec<(usize, usize)> = std::mem::take(&mut *mm.events.lock_pre_applied());
-    for &e in events {
-        apply(mm, e, &pre);
-    }
-    mm.events.applied.fetch_add(1, SeqCst);
-}
-
-/// Applies one event under the global write lock, leaving alone regions
-/// that lie wholly inside a `pre` range (mapped after the kernel freed it).
-fn apply(mm: &Mm, e: Event, pre: &[(usize, usize)]) {
-    let (s, end) = match e {
-        Event::Remove(s, end) | Event::Unmap(s, end) => (s, end),
-        Event::Remap { from, len, .. } => (from, from + len),
-    };
-    let inside_pre = |v: &Vma| pre.iter().any(|&(a, b)| v.start >= a && v.end <= b);
-    let vmas: Vec<Arc<Vma>> = mm
-        .table
-        .read(|t| t.overlapping(s, end))
-        .into_iter()
-        .filter(|v| !inside_pre(v))
-        .collect();
-    match e {
-        Event::Remove(..) => {
-            mm.counters.inc(Counter::EVENT_REMOVE);
-            for v in &vmas {
-                remove(mm, v, s, end);
-            }
-        }
-        Event::Unmap(..) => {
-            mm.counters.inc(Counter::EVENT_UNMAP);
-            let mut released = Vec::new();
-            for v in &vmas {
-                let Cut { kept, .. } = cut(mm, v, s, end, None);
-                mm.publish(std::slice::from_ref(v), &kept);
-                released.push(v.object.clone());
-            }
-            drop(vmas);
-            for obj in released {
-                // The last piece of an object gone: its dirty shared pages
-                // are written back, as a file mapping's are after munmap.
-                if let Err(err) = mm.release_object(obj) {
-                    tracing::error!(error = %err, "writing back a region the application unmapped");
-                }
-            }
-        }
-        Event::Remap { to, .. } => {
-            mm.counters.inc(Counter::EVENT_REMAP);
-            for v in &vmas {
-                let Cut { mut kept, moved } = cut(mm, v, s, end, Some(to));
-                kept.extend(moved);
-                mm.publish(std::slice::from_ref(v), &kept);
-            }
-        }
-    }
-}
-
-/// `REMOVE` on one region: its anonymous pages in `[s, e)` read as their
-/// source again. Shared regions keep their data (their descriptor does not
-/// report `madvise`; a fault on a page dropped from their mapping maps it
-/// again).
-fn remove(mm: &Mm, v: &Vma, s: usize, e: usize) {
-    let obj = &v.object;
-    if obj.kind != crate::object::InstallKind::Anonymous {
-        return;
-    }
-    let (cs, ce) = (s.max(v.start), e.min(v.end));
-    if cs >= ce {
-        return;
-    }
-    v.lock.write_lock();
-    crate::discard::give_up_pages(mm, obj, v.page_index(cs)..v.page_index(ce - 1) + 1);
-    v.lock.write_unlock();
-}
-
-/// What the application's own `munmap` or `mremap` did to one VMA: the
-/// pieces it leaves in place, and the piece it moved (and where).
-struct Cut {
-    /// New VMAs for the parts of the old one outside the range.
-    kept: Vec<Arc<Vma>>,
-    /// The part inside the range, moved to a new start (`mremap`), if any.
-    moved: Option<Arc<Vma>>,
-}
-
-/// Cuts `[s, e)` out of `vma` (the caller holds the global write lock and
-/// the event gate): the parts outside stay; the part inside moves to `to`
-/// (an `mremap` the application made), or is gone (`munmap`): then its
-/// anonymous pages are discarded and its shared pages stay cached,
-/// unmapped. Updates the object's windows; the caller publishes.
-fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<usize>) -> Cut {
-    let (cs, ce) = (s.max(vma.start), e.min(vma.end));
-    vma.lock.write_lock();
-    vma.lock.mark_detached();
-    let obj = &vma.object;
-    if to.is_none() {
-        crate::discard::give_up_pages(mm, obj, vma.page_index(cs)..vma.page_index(ce - 1) + 1);
-    }
-    let mut kept = Vec::new();
-    if vma.start < cs {
-        kept.push(Arc::new(vma.slice(vma.start, cs, vma.start)));
-    }
-    if ce < vma.end {
-        kept.push(Arc::new(vma.slice(ce, vma.end, ce)));
-    }
-    let moved = to.map(|t| Arc::new(vma.slice(cs, ce, t + (cs - s))));
-    let mut windows: Vec<crate::object::Window> = kept.iter().map(|v| v.window()).collect();
-    windows.extend(moved.iter().map(|v| v.window()));
-    let (first, end, _) = vma.window();
-    obj.windows.replace(first, end, &windows);
-    vma.lock.write_unlock();
-    Cut { kept, moved }
 }

@@ -5,15 +5,16 @@ use crate::delivery::threads::{HandlerPool, Serve};
 use crate::delivery::{sigbus, Delivery};
 use crate::error::{Error, Result};
 use crate::fault::Policy;
-use crate::mmap::Placement;
-use crate::object::{InstallKind, Object};
-use crate::region::Region;
+use crate::object::InstallKind;
 use crate::stats::Stats;
-use crate::store::{FileStore, FileStoreOptions, Store, ZeroStore};
 use crate::sys::uffd::{feature, Descriptor, Uffd, Want};
-use crate::sys::PAGE_SIZE;
-use std::path::Path;
+use inner::PagerInner;
 use std::sync::Arc;
+
+#[cfg(feature = "fault-inject")]
+pub(crate) mod inject;
+pub(crate) mod inner;
+mod map;
 
 /// Builds a [`Pager`].
 #[derive(Debug, Clone, Default)]
@@ -158,7 +159,7 @@ impl PagerBuilder {
         );
         if self.config.delivery == Delivery::PerRegion {
             let p = crate::delivery::per_region::PerRegion::new(features, umo, Arc::downgrade(&mm));
-            let _ = mm.per_region.set(p);
+            let _ = mm.per_region.set(Box::new(p));
         }
         // Threads start one by one into `inner`: if a later step fails,
         // dropping it stops and joins the ones already running.
@@ -250,64 +251,6 @@ pub struct Pager {
     swap_dir: Option<std::path::PathBuf>,
 }
 
-/// What a pager's regions keep alive: the address space and its delivery.
-#[derive(Debug)]
-pub(crate) struct PagerInner {
-    pub(crate) mm: Arc<Mm>,
-    pool: Option<HandlerPool>,
-    kswapd: Option<std::thread::JoinHandle<()>>,
-    ra_threads: Vec<std::thread::JoinHandle<()>>,
-    io_threads: Vec<std::thread::JoinHandle<()>>,
-    /// In the SIGBUS handler's registry.
-    in_registry: bool,
-}
-
-impl Drop for PagerInner {
-    fn drop(&mut self) {
-        // A fork()ed child has none of the engine's threads to stop: joining
-        // them would wait forever. Its copy of the state is left as it is.
-        if self.mm.in_child() {
-            std::mem::forget(self.pool.take());
-            std::mem::forget(self.kswapd.take());
-            std::mem::forget(std::mem::take(&mut self.ra_threads));
-            std::mem::forget(std::mem::take(&mut self.io_threads));
-            return;
-        }
-        // Stop delivery before the address space goes: join the handler
-        // threads, or leave the SIGBUS registry (waiting out running faults).
-        if let Some(k) = self.kswapd.take() {
-            crate::reclaim::stop_kswapd(&self.mm);
-            let _ = k.join();
-        }
-        if !self.ra_threads.is_empty() {
-            crate::readahead::stop(&self.mm);
-            for t in self.ra_threads.drain(..) {
-                let _ = t.join();
-            }
-        }
-        self.pool.take();
-        if let Some(p) = self.mm.per_region.get() {
-            p.close_all();
-        }
-        // Workers last: anything above may have waited on them. A worker
-        // stuck in a store call that never returns is left behind (its
-        // requests were abandoned already).
-        self.mm.io.stop();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        for t in self.io_threads.drain(..) {
-            while !t.is_finished() && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            if t.is_finished() {
-                let _ = t.join();
-            }
-        }
-        if self.in_registry {
-            sigbus::unregister(&self.mm);
-        }
-    }
-}
-
 impl std::fmt::Debug for Pager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pager")
@@ -317,195 +260,10 @@ impl std::fmt::Debug for Pager {
     }
 }
 
-/// An unlinked swap file of `len` bytes in `dir`.
-fn swap_file(dir: &Path, len: usize) -> Result<FileStore> {
-    let io = |e| Error::Io {
-        context: format!("creating a swap file in {}", dir.display()),
-        source: e,
-    };
-    let f = tempfile_in(dir).map_err(io)?;
-    f.set_len(len as u64).map_err(io)?;
-    FileStore::from_file(f, true).map_err(io)
-}
-
-/// An anonymous (O_TMPFILE) file in `dir`.
-fn tempfile_in(dir: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .open(dir)
-}
-
-fn check_len(len: usize) -> Result<()> {
-    if len == 0 {
-        return Err(Error::ZeroLength);
-    }
-    if !len.is_multiple_of(PAGE_SIZE) {
-        return Err(Error::Unaligned {
-            what: "length",
-            value: len,
-        });
-    }
-    Ok(())
-}
-
-fn check_fixed(a: Option<usize>) -> Result<()> {
-    match a {
-        Some(a) if a % PAGE_SIZE != 0 || a == 0 => Err(Error::Unaligned {
-            what: "address",
-            value: a,
-        }),
-        _ => Ok(()),
-    }
-}
-
 impl Pager {
     /// A builder with the defaults: `retry-once`, in-thread delivery.
     pub fn builder() -> PagerBuilder {
         PagerBuilder::default()
-    }
-
-    /// Maps `len` bytes of anonymous private memory (zero-filled; pages that
-    /// are reclaimed go to the swap store: in memory, or a file in
-    /// [`PagerBuilder::swap_dir`]).
-    pub fn map_anonymous(&self, len: usize) -> Result<Region> {
-        check_len(len)?;
-        self.map_object(
-            Arc::new(ZeroStore::new(len as u64)),
-            len,
-            true,
-            &MapOptions {
-                kind: InstallKind::Anonymous,
-                ..MapOptions::default()
-            },
-        )
-    }
-
-    /// A swap store of `len` bytes for an anonymous object.
-    fn swap_store(&self, len: usize) -> Result<Arc<dyn Store>> {
-        Ok(match &self.swap_dir {
-            None => Arc::new(crate::store::MemoryStore::new(len as u64)?),
-            Some(dir) => Arc::new(swap_file(dir, len)?),
-        })
-    }
-
-    /// Maps the file at `path`: the whole file if `len` is `None`.
-    pub fn map_file(&self, path: &Path, len: Option<usize>, opts: &MapOptions) -> Result<Region> {
-        let meta = std::fs::metadata(path).map_err(|e| Error::Io {
-            context: format!("stat {}", path.display()),
-            source: e,
-        })?;
-        if !meta.is_file() {
-            return Err(Error::NotRegularFile(path.to_path_buf()));
-        }
-        let store = FileStore::open(
-            path,
-            &FileStoreOptions {
-                writable: opts.writable,
-                ..FileStoreOptions::default()
-            },
-        )
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) if opts.writable => {
-                Error::ReadOnlyStore
-            }
-            _ => Error::Io {
-                context: format!("opening {}", path.display()),
-                source: e,
-            },
-        })?;
-        let file_len = std::fs::metadata(path)
-            .map_err(|e| Error::Io {
-                context: format!("stat {}", path.display()),
-                source: e,
-            })?
-            .len();
-        let len = match len {
-            Some(l) => l,
-            None => (file_len as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE,
-        };
-        check_len(len)?;
-        if (len as u64) > file_len.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64 {
-            return Err(Error::FileTooShort {
-                file_len,
-                needed: len as u64,
-            });
-        }
-        self.map_store(Arc::new(store), len, opts)
-    }
-
-    /// Maps `len` bytes backed by `store`.
-    pub fn map_store(
-        &self,
-        store: Arc<dyn Store>,
-        len: usize,
-        opts: &MapOptions,
-    ) -> Result<Region> {
-        check_len(len)?;
-        if store.len() < len as u64 {
-            return Err(Error::FileTooShort {
-                file_len: store.len(),
-                needed: len as u64,
-            });
-        }
-        // A shared mapping writes to its store; an anonymous one is a
-        // private copy (writes go to its swap), so any store will do.
-        if opts.writable && !store.writable() && opts.kind == InstallKind::Shared {
-            return Err(Error::ReadOnlyStore);
-        }
-        self.map_object(store, len, false, opts)
-    }
-
-    /// A zero-filled region that is never written back (a read-mostly
-    /// scratch mapping over [`ZeroStore`]).
-    pub fn map_zero(&self, len: usize, kind: InstallKind) -> Result<Region> {
-        check_len(len)?;
-        self.map_object(
-            Arc::new(ZeroStore::new(len as u64)),
-            len,
-            false,
-            &MapOptions {
-                kind,
-                writable: kind == InstallKind::Anonymous,
-                ..MapOptions::default()
-            },
-        )
-    }
-
-    fn map_object(
-        &self,
-        store: Arc<dyn Store>,
-        len: usize,
-        zero_fill: bool,
-        opts: &MapOptions,
-    ) -> Result<Region> {
-        check_fixed(opts.fixed_addr)?;
-        let npages = (store.len() as usize / PAGE_SIZE).max(len / PAGE_SIZE);
-        let swap = match opts.kind {
-            InstallKind::Anonymous => Some(self.swap_store(npages * PAGE_SIZE)?),
-            InstallKind::Shared => None,
-        };
-        let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill)
-            .map_err(|(op, e)| Error::sys(op, e))?;
-        // Only a writable anonymous region needs to hear of the
-        // application's madvise (see `Object::quiet`).
-        obj.quiet = opts.kind == InstallKind::Shared || !opts.writable;
-        let (id, start) = self.inner.mm.map(
-            Arc::new(obj),
-            len,
-            opts.writable,
-            Placement {
-                fixed: opts.fixed_addr,
-            },
-            opts.pinned,
-        )?;
-        let region = Region::new(self.inner.clone(), id, start, len);
-        if opts.populate {
-            region.populate(0, len)?;
-        }
-        Ok(region)
     }
 
     #[allow(dead_code)]
@@ -555,12 +313,5 @@ impl Pager {
     /// The delivery mode.
     pub fn delivery(&self) -> Delivery {
         self.inner.mm.config.delivery
-    }
-
-    /// The global lock, for writers outside the engine (benchmarks'
-    /// map/unmap threads, scripted tests). Holding it for write blocks
-    /// faults that fall back to it, exactly like `mmap_write_lock`.
-    pub fn global_lock(&self) -> &crate::sync::global_lock::GlobalLock {
-        &self.inner.mm.lock
     }
 }

@@ -1,0 +1,64 @@
+//! What a pager's regions keep alive, and the order it stops in.
+
+use crate::address_space::Mm;
+use crate::delivery::sigbus;
+use crate::delivery::threads::HandlerPool;
+use std::sync::Arc;
+
+/// What a pager's regions keep alive: the address space and its delivery.
+#[derive(Debug)]
+pub(crate) struct PagerInner {
+    pub(crate) mm: Arc<Mm>,
+    pub(super) pool: Option<HandlerPool>,
+    pub(super) kswapd: Option<std::thread::JoinHandle<()>>,
+    pub(super) ra_threads: Vec<std::thread::JoinHandle<()>>,
+    pub(super) io_threads: Vec<std::thread::JoinHandle<()>>,
+    /// In the SIGBUS handler's registry.
+    pub(super) in_registry: bool,
+}
+
+impl Drop for PagerInner {
+    fn drop(&mut self) {
+        // A fork()ed child has none of the engine's threads to stop: joining
+        // them would wait forever. Its copy of the state is left as it is.
+        if self.mm.in_child() {
+            std::mem::forget(self.pool.take());
+            std::mem::forget(self.kswapd.take());
+            std::mem::forget(std::mem::take(&mut self.ra_threads));
+            std::mem::forget(std::mem::take(&mut self.io_threads));
+            return;
+        }
+        // Stop delivery before the address space goes: join the handler
+        // threads, or leave the SIGBUS registry (waiting out running faults).
+        if let Some(k) = self.kswapd.take() {
+            crate::reclaim::stop_kswapd(&self.mm);
+            let _ = k.join();
+        }
+        if !self.ra_threads.is_empty() {
+            crate::readahead::stop(&self.mm);
+            for t in self.ra_threads.drain(..) {
+                let _ = t.join();
+            }
+        }
+        self.pool.take();
+        if let Some(p) = self.mm.per_region.get() {
+            p.close_all();
+        }
+        // Workers last: anything above may have waited on them. A worker
+        // stuck in a store call that never returns is left behind (its
+        // requests were abandoned already).
+        self.mm.io.stop();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        for t in self.io_threads.drain(..) {
+            while !t.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+        if self.in_registry {
+            sigbus::unregister(&self.mm);
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Reclaim's own state: the staging slots anonymous pages are moved into
+//! on their way to swap, and kswapd's wake-up word.
+
+use crate::stats::Counter::IOCTL_DID_WORK;
+use crate::stats::Counters;
+use crate::sys::mem::Mapping;
+use crate::sys::uffd::{feature, mode, Uffd, Want, MODE_DONTWAKE};
+use crate::sys::PAGE_SIZE;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+
+/// Staging slots for anonymous eviction (one per concurrent evictor).
+const STAGING_SLOTS: usize = 64;
+
+/// Per-pager reclaim state.
+#[derive(Debug)]
+pub struct Reclaim {
+    /// Staging slots that anonymous pages are moved into before they are
+    /// written to swap: read-write for pages of writable mappings, and a
+    /// read-only twin for pages of read-only ones (`UFFDIO_MOVE` moves only
+    /// between mappings of the same protection).
+    staging: Mapping,
+    staging_ro: Mapping,
+    /// The descriptor the staging areas are registered with (a `UFFDIO_MOVE`
+    /// is issued on its destination's descriptor). It asks for no
+    /// non-cooperative events, so emptying a slot with `MADV_DONTNEED`
+    /// blocks on no event reader.
+    uffd: Uffd,
+    pub(super) free_slots: AtomicU64,
+    pub(super) kswapd_seq: AtomicU32,
+    pub(super) kswapd_sleeping: AtomicBool,
+    pub(super) stop: AtomicBool,
+}
+
+impl Reclaim {
+    /// Staging areas registered (MISSING) with a descriptor of their own,
+    /// so they can be `UFFDIO_MOVE` destinations.
+    pub fn new() -> Result<Reclaim, (&'static str, i32)> {
+        let uffd = Uffd::open_as(feature::MOVE, Want::UserModeOnly, false)
+            .map_err(|_| ("userfaultfd for staging", libc::EPERM))?;
+        let staging =
+            Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
+        let staging_ro =
+            Mapping::anonymous(STAGING_SLOTS * PAGE_SIZE).map_err(|e| ("mmap staging", e))?;
+        crate::sys::mem::mprotect(staging_ro.addr(), staging_ro.len(), libc::PROT_READ)
+            .map_err(|e| ("mprotect staging", e))?;
+        for area in [&staging, &staging_ro] {
+            uffd.register(area.addr(), area.len(), mode::MISSING)
+                .map_err(|e| ("UFFDIO_REGISTER staging", e))?;
+        }
+        Ok(Reclaim {
+            staging,
+            staging_ro,
+            uffd,
+            free_slots: AtomicU64::new(u64::MAX),
+            kswapd_seq: AtomicU32::new(0),
+            kswapd_sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Moves the page at `addr` into staging slot `s`, the read-only slot if
+    /// `read_only`. Returns where the page is now, or the errno if it did
+    /// not move.
+    ///
+    /// # Hazard
+    /// This kernel's `UFFDIO_MOVE` can return an error (EEXIST, seen with
+    /// a racing write that changed the source PTE) after it moved the page
+    /// (`shared/tools/uffd-move-eexist.c`). The slot was empty and is ours,
+    /// so on any error the slot itself says whether the page arrived.
+    pub(super) fn move_to_slot(
+        &self,
+        counters: &Counters,
+        addr: usize,
+        s: usize,
+        read_only: bool,
+    ) -> Result<usize, i32> {
+        let area = if read_only {
+            &self.staging_ro
+        } else {
+            &self.staging
+        };
+        let slot = area.addr() + s * PAGE_SIZE;
+        match self.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
+            Ok(_) => Ok(slot),
+            Err(e) => {
+                if crate::sys::mem::page_present(slot) == Ok(true) {
+                    counters.inc(IOCTL_DID_WORK);
+                    Ok(slot)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    pub(super) fn take_slot(&self) -> usize {
+        loop {
+            let f = self.free_slots.load(Acquire);
+            if f == 0 {
+                std::thread::yield_now();
+                continue;
+            }
+            let b = f.trailing_zeros() as u64;
+            if self
+                .free_slots
+                .compare_exchange(f, f & !(1 << b), AcqRel, Relaxed)
+                .is_ok()
+            {
+                return b as usize;
+            }
+        }
+    }
+
+    pub(super) fn put_slot(&self, s: usize) {
+        self.free_slots.fetch_or(1 << s, Release);
+    }
+}
