@@ -10,12 +10,8 @@
 use super::{pattern, touch};
 use std::sync::Arc;
 use std::time::Duration;
-use uffd_pager::delivery::Delivery;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::object::InstallKind;
-use uffd_pager::pager::{MapOptions, Pager};
 use uffd_pager::store::{MemoryStore, Store};
-use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager, Result, PAGE_SIZE};
 
 /// Engine passes: each maps a fresh region (so every page is absent),
 /// touches it, and unmaps it; only the touches are timed.

@@ -9,16 +9,14 @@
 //! back (anonymous pages to swap; shared pages only if dirty, and these are
 //! clean) and freed.
 
+use crate::io_error as sys;
+use crate::os::mem::{self, Memfd};
+use crate::os::uffd::{feature, RegisterMode, Uffd};
+use memmap2::{MmapMut, UncheckedAdvice};
 use std::sync::Arc;
 use std::time::Instant;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::object::InstallKind;
-use uffd_pager::stats::Counter;
 use uffd_pager::store::MemoryStore;
-use uffd_pager::sys::mem::{madvise, Mapping, Memfd};
-use uffd_pager::sys::uffd::{feature, mode, Uffd};
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::{MapOptions, Pager};
+use uffd_pager::{Counter, Error, InstallKind, MapOptions, Pager, Result, PAGE_SIZE};
 
 /// The result of [`evict_cost`].
 #[derive(Debug, Clone, Copy)]
@@ -51,8 +49,12 @@ impl EvictReport {
     }
 }
 
-fn sys(op: &'static str) -> impl Fn(i32) -> Error {
-    move |e| crate::sys_error(op, e)
+/// `MADV_DONTNEED` of page `p` of `m`.
+fn dontneed_page(m: &MmapMut, p: usize) -> Result<()> {
+    // SAFETY: the raw loops below touch their mappings only through raw
+    // pointers and hold no reference into them.
+    unsafe { m.unchecked_advise_range(UncheckedAdvice::DontNeed, p * PAGE_SIZE, PAGE_SIZE) }
+        .map_err(sys("madvise"))
 }
 
 fn touch_all(base: usize, pages: usize) {
@@ -68,12 +70,11 @@ fn per_page(t: Instant, pages: usize) -> f64 {
 
 /// Raw `MADV_DONTNEED` of one page at a time.
 fn raw_dontneed(pages: usize) -> Result<f64> {
-    let m = Mapping::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
-    touch_all(m.addr(), pages);
+    let m = mem::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
+    touch_all(m.as_ptr() as usize, pages);
     let t = Instant::now();
     for p in 0..pages {
-        madvise(m.addr() + p * PAGE_SIZE, PAGE_SIZE, libc::MADV_DONTNEED)
-            .map_err(sys("madvise"))?;
+        dontneed_page(&m, p)?;
     }
     Ok(per_page(t, pages))
 }
@@ -82,42 +83,49 @@ fn raw_dontneed(pages: usize) -> Result<f64> {
 /// then copied out and dropped (what the engine does per page).
 fn raw_move(pages: usize) -> Result<f64> {
     let uffd = Uffd::open(feature::MOVE, true, false).map_err(Error::Unsupported)?;
-    let m = Mapping::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
-    let stage = Mapping::anonymous(PAGE_SIZE).map_err(sys("mmap"))?;
-    let sink = Mapping::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
-    uffd.register(stage.addr(), PAGE_SIZE, mode::MISSING)
-        .map_err(sys("UFFDIO_REGISTER"))?;
-    touch_all(m.addr(), pages);
-    touch_all(sink.addr(), pages);
+    let m = mem::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
+    let stage = mem::anonymous(PAGE_SIZE).map_err(sys("mmap"))?;
+    let sink = mem::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
+    let (base, stage_at, sink_at) = (
+        m.as_ptr() as usize,
+        stage.as_ptr() as usize,
+        sink.as_ptr() as usize,
+    );
+    uffd.register(stage_at, PAGE_SIZE, RegisterMode::MISSING)
+        .map_err(|e| crate::sys_error("UFFDIO_REGISTER", e))?;
+    touch_all(base, pages);
+    touch_all(sink_at, pages);
     let t = Instant::now();
     for p in 0..pages {
-        uffd.mv(stage.addr(), m.addr() + p * PAGE_SIZE, PAGE_SIZE, 0)
-            .map_err(sys("UFFDIO_MOVE"))?;
+        // SAFETY: both pages are ours and only reached through raw
+        // pointers; the staging page is absent (dropped below), as MOVE
+        // needs.
+        unsafe { uffd.mv(stage_at, base + p * PAGE_SIZE, PAGE_SIZE) }
+            .map_err(|e| crate::sys_error("UFFDIO_MOVE", e))?;
         // SAFETY: the staging page is present (just moved in); the sink page
         // is ours.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                stage.addr() as *const u8,
-                (sink.addr() + p * PAGE_SIZE) as *mut u8,
+                stage_at as *const u8,
+                (sink_at + p * PAGE_SIZE) as *mut u8,
                 PAGE_SIZE,
             )
         };
-        madvise(stage.addr(), PAGE_SIZE, libc::MADV_DONTNEED).map_err(sys("madvise"))?;
+        dontneed_page(&stage, 0)?;
     }
     Ok(per_page(t, pages))
 }
 
 /// Raw shared eviction of one page: zap the mapping, punch the memfd.
 fn raw_zap_punch(pages: usize) -> Result<f64> {
-    let fd = Memfd::new("evict-floor", pages * PAGE_SIZE).map_err(sys("memfd_create"))?;
-    let m = Mapping::shared(fd.fd(), pages * PAGE_SIZE, 0, false).map_err(sys("mmap"))?;
-    touch_all(m.addr(), pages);
+    let fd = Memfd::new(c"evict-floor", pages * PAGE_SIZE).map_err(sys("memfd_create"))?;
+    let m = fd.map_shared(pages * PAGE_SIZE).map_err(sys("mmap"))?;
+    touch_all(m.as_ptr() as usize, pages);
     let t = Instant::now();
     for p in 0..pages {
-        madvise(m.addr() + p * PAGE_SIZE, PAGE_SIZE, libc::MADV_DONTNEED)
-            .map_err(sys("madvise"))?;
+        dontneed_page(&m, p)?;
         fd.punch_hole(p * PAGE_SIZE, PAGE_SIZE)
-            .map_err(sys("fallocate"))?;
+            .map_err(|e| crate::sys_error("fallocate", e as i32))?;
     }
     Ok(per_page(t, pages))
 }

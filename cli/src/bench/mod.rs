@@ -41,10 +41,7 @@ pub use scale::{scale, ScaleReport};
 pub use wakeup::{wakeup_placement, WakeupReport};
 
 use std::time::{Duration, Instant};
-use uffd_pager::delivery::Delivery;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::object::InstallKind;
-use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{Delivery, Error, InstallKind, Result, PAGE_SIZE};
 
 /// What [`fault_cost`] measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

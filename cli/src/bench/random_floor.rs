@@ -28,20 +28,23 @@
 //! faults again); both are rare and cost only time.
 
 use super::floor::fatal;
-use super::floor::sigbus::{chain, with_raw_handler};
+use super::floor::sigbus::with_raw_handler;
+use crate::os::mem::{self, Memfd};
+use crate::os::signal::{chain, ErrnoGuard};
+use crate::os::uffd::{feature, RegisterMode, Uffd};
 use crate::workload::random::{read_random_words, PatternFile};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
-use uffd_pager::error::{Error, Result};
-use uffd_pager::object::InstallKind;
 use uffd_pager::store::{FileStore, Store};
-use uffd_pager::sys::mem::{Mapping, Memfd};
-use uffd_pager::sys::uffd::{feature, mode, Uffd};
-use uffd_pager::sys::{PageBuf, PAGE_SIZE};
+use uffd_pager::{Error, InstallKind, Result, PAGE_SIZE};
 
 const EMPTY: usize = usize::MAX;
+
+/// One page-aligned page on the stack (the handler cannot allocate).
+#[repr(C, align(4096))]
+struct PageBuf([u8; PAGE_SIZE]);
 
 /// The handler's state: plain integers and pointers behind atomics, set
 /// before a pass and cleared after it.
@@ -109,6 +112,7 @@ impl RandomFloorReport {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    let _errno = ErrnoGuard::save();
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
     let (base, len) = (ST.base.load(Acquire), ST.len.load(Acquire));
@@ -132,15 +136,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         return;
     }
     if victim != EMPTY {
-        // SAFETY: fallocate on the floor's memfd, open for the pass.
-        unsafe {
-            libc::fallocate(
-                memfd,
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                victim as libc::off_t,
-                PAGE_SIZE as libc::off_t,
-            )
-        };
+        // The floor's memfd, open for the pass.
+        let _ = mem::punch_hole(memfd, victim, PAGE_SIZE);
     }
     // 2. Fill it from the file, as the engine fills its memfd.
     // SAFETY: the store outlives the pass (set before, cleared after).
@@ -155,7 +152,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     // SAFETY: the descriptor outlives the pass (set before, cleared after).
     let uffd = unsafe { &*(ST.uffd.load(Acquire) as *const Uffd) };
     loop {
-        match uffd.cont(base + off, PAGE_SIZE, 0) {
+        match uffd.cont(base + off, PAGE_SIZE) {
             Err(libc::EAGAIN) => continue,
             // EEXIST: another thread installed it; EFAULT/ENOENT: another
             // thread evicted it before our install, so we fault again.
@@ -168,7 +165,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
 /// Reads the file's page at `off` into a buffer on the stack; aborts on a
 /// short read (the floor has no way forward).
 fn read_file_page(off: usize) -> PageBuf {
-    let mut buf = PageBuf::zeroed();
+    let mut buf = PageBuf([0; PAGE_SIZE]);
     let file_fd = ST.file_fd.load(Acquire) as i32;
     // SAFETY: `buf` is a live page-sized buffer; the descriptor is open.
     let n = unsafe {
@@ -199,7 +196,10 @@ fn zap_later(addr: usize) {
             for (r, &v) in ranges.iter_mut().zip(&a) {
                 *r = (v, PAGE_SIZE);
             }
-            let _ = uffd_pager::sys::mem::dontneed_batch(&ranges);
+            // SAFETY: the victims are pages of the floor's user mapping,
+            // which the readers only read through raw pointers (a zapped
+            // page faults again and is refilled).
+            let _ = unsafe { mem::dontneed_batch(&ranges) };
             n.set(0);
         }
         q.set(a);
@@ -220,7 +220,9 @@ fn anon_fill_and_copy(base: usize, off: usize) {
     // SAFETY: the descriptor outlives the pass (set before, cleared after).
     let uffd = unsafe { &*(ST.uffd.load(Acquire) as *const Uffd) };
     loop {
-        match uffd.copy(base + off, src, PAGE_SIZE, 0) {
+        // SAFETY: `src` is the store's mapped page or `buf`, both readable
+        // for a page; the user page is only read through raw pointers.
+        match unsafe { uffd.copy(base + off, src, PAGE_SIZE) } {
             Err(libc::EAGAIN) => continue,
             Ok(_) | Err(libc::EEXIST) => return,
             Err(_) => fatal(b"uffd-pager random floor: UFFDIO_COPY failed\n"),
@@ -248,25 +250,26 @@ pub fn random_floor(
     let len = pages * PAGE_SIZE;
     let file = PatternFile::create(dir, "random-floor", pages)?;
     let store = file.store()?;
-    let memfd = Memfd::new("uffd-pager-random-floor", len)
-        .map_err(|e| crate::sys_error("memfd_create", e))?;
+    let io = crate::io_error;
+    let memfd = Memfd::new(c"uffd-pager-random-floor", len).map_err(io("memfd_create"))?;
     let anon = kind == InstallKind::Anonymous;
     let user = if anon {
-        Mapping::anonymous(len).map_err(|e| crate::sys_error("mmap", e))?
+        mem::anonymous(len).map_err(io("mmap"))?
     } else {
-        Mapping::shared(memfd.fd(), len, 0, false).map_err(|e| crate::sys_error("mmap memfd", e))?
+        memfd.map_shared(len).map_err(io("mmap memfd"))?
     };
+    let user_base = user.as_ptr() as usize;
     let (features, reg) = if anon {
-        (feature::SIGBUS, mode::MISSING)
+        (feature::SIGBUS, RegisterMode::MISSING)
     } else {
         (
             feature::MINOR_SHMEM | feature::SIGBUS,
-            mode::MINOR | mode::MISSING,
+            RegisterMode::MINOR | RegisterMode::MISSING,
         )
     };
     let uffd = Uffd::open(features, true, false)
         .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
-    uffd.register(user.addr(), len, reg)
+    uffd.register(user_base, len, reg)
         .map_err(|e| crate::sys_error("UFFDIO_REGISTER", e))?;
     let ring: Vec<AtomicUsize> = (0..budget).map(|_| AtomicUsize::new(EMPTY)).collect();
     let mismatches = AtomicU64::new(0);
@@ -281,18 +284,11 @@ pub fn random_floor(
         ST.anon.store(anon as usize, Release);
         ST.store.store(&store as *const FileStore as usize, Release);
         ST.len.store(len, Release);
-        ST.base.store(user.addr(), Release);
+        ST.base.store(user_base, Release);
         let t0 = Instant::now();
         // SAFETY: `user` maps `pages` pages and outlives the call.
         let reads = unsafe {
-            read_random_words(
-                user.addr(),
-                pages,
-                threads,
-                seed,
-                t0 + duration,
-                &mismatches,
-            )
+            read_random_words(user_base, pages, threads, seed, t0 + duration, &mismatches)
         };
         let elapsed = t0.elapsed();
         ST.base.store(0, Release);

@@ -9,9 +9,7 @@
 
 use crate::workload::common::Rng;
 use std::time::Instant;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::Pager;
+use uffd_pager::{Error, Pager, Result, PAGE_SIZE};
 
 /// The result of [`scale`].
 #[derive(Debug, Clone, Copy)]
@@ -111,15 +109,14 @@ unsafe fn time_random_writes(bases: &[usize], pages_each: usize, faults: usize, 
 /// until it swaps), so adjacent ones may merge into one kernel VMA just as
 /// the engine's do.
 fn kernel_run(regions: usize, faults: usize, seed: u64) -> Result<f64> {
-    use uffd_pager::sys::mem::Mapping;
     let pages_each = faults.div_ceil(regions).max(1);
     let mut keep = Vec::with_capacity(regions);
     for _ in 0..regions {
         keep.push(
-            Mapping::anonymous(pages_each * PAGE_SIZE).map_err(|e| crate::sys_error("mmap", e))?,
+            crate::os::mem::anonymous(pages_each * PAGE_SIZE).map_err(crate::io_error("mmap"))?,
         );
     }
-    let bases: Vec<usize> = keep.iter().map(|m| m.addr()).collect();
+    let bases: Vec<usize> = keep.iter().map(|m| m.as_ptr() as usize).collect();
     // SAFETY: every base maps `pages_each` writable pages kept in `keep`.
     Ok(unsafe { time_random_writes(&bases, pages_each, faults, seed) })
 }

@@ -18,9 +18,7 @@
 
 use super::FloorLoop;
 use std::time::{Duration, Instant};
-use uffd_pager::delivery::Delivery;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::object::InstallKind;
+use uffd_pager::{Delivery, Error, InstallKind, Result};
 
 /// What [`wakeup_placement`] measured.
 #[derive(Debug, Clone)]

@@ -6,8 +6,7 @@ use super::workloads::{self, Which, WorkloadArgs};
 use super::{CliError, CliResult};
 use clap::{Args, Subcommand};
 use std::io::Write;
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::{Delivery, InstallKind};
+use uffd_pager::{Delivery, InstallKind, PAGE_SIZE};
 use uffd_pager_cli::bench::{fault_cost, FaultCostConfig, FaultCostReport};
 
 #[derive(Debug, Args)]

@@ -21,9 +21,9 @@ use std::io::Write;
 use uffd_pager::lru::Lru;
 use uffd_pager::object::Object;
 use uffd_pager::page_cache::PageCache;
-use uffd_pager::sys::PAGE_SIZE;
 use uffd_pager::vma::Vma;
 use uffd_pager::Pager;
+use uffd_pager::PAGE_SIZE;
 
 /// Bytes of one LRU ring entry ([`uffd_pager::lru::Entry`]).
 const RING_ENTRY_BYTES: usize = std::mem::size_of::<uffd_pager::lru::Entry>();

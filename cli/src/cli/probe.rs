@@ -3,9 +3,11 @@
 use super::json::Json;
 use super::CliResult;
 use clap::Args;
-use uffd_pager::sys::mem::{Mapping, Memfd};
-use uffd_pager::sys::uffd::{feature, mode, nr, probe_api, Grants, Uffd};
-use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::PAGE_SIZE;
+use uffd_pager_cli::os::mem::{self, Memfd};
+use uffd_pager_cli::os::uffd::{
+    feature, feature_names, ioctl, ioctl_names, probe, Grants, RegisterMode, Uffd,
+};
 
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
@@ -81,47 +83,37 @@ fn kernel_release() -> String {
     }
 }
 
-fn feature_names(bits: u64) -> Vec<&'static str> {
-    feature::NAMES
-        .iter()
-        .filter(|(b, _)| bits & b != 0)
-        .map(|&(_, n)| n)
-        .collect()
-}
-
-fn ioctl_names(bits: u64) -> Vec<&'static str> {
-    nr::NAMES
-        .iter()
-        .filter(|(b, _)| bits & (1u64 << b) != 0)
-        .map(|&(_, n)| n)
-        .collect()
-}
-
 fn register_sample(uffd: &Uffd, shared: bool) -> RangeProbe {
     let len = RANGE_PAGES * PAGE_SIZE;
     let (what, mode_name, m) = if shared {
-        ("memfd shared", "MINOR|MISSING", mode::MINOR | mode::MISSING)
+        (
+            "memfd shared",
+            "MINOR|MISSING",
+            RegisterMode::MINOR | RegisterMode::MISSING,
+        )
     } else {
-        ("anonymous", "MISSING|WP", mode::MISSING | mode::WP)
+        (
+            "anonymous",
+            "MISSING|WP",
+            RegisterMode::MISSING | RegisterMode::WRITE_PROTECT,
+        )
     };
     let ioctls = (|| {
         let memfd = if shared {
-            Some(
-                Memfd::new("uffd-pager-probe", len)
-                    .map_err(|e| format!("memfd: {}", errno_str(e)))?,
-            )
+            Some(Memfd::new(c"uffd-pager-probe", len).map_err(|e| format!("memfd: {e}"))?)
         } else {
             None
         };
         let map = match &memfd {
-            Some(fd) => Mapping::shared(fd.fd(), len, 0, false),
-            None => Mapping::anonymous(len),
+            Some(fd) => fd.map_shared(len),
+            None => mem::anonymous(len),
         }
-        .map_err(|e| format!("mmap: {}", errno_str(e)))?;
+        .map_err(|e| format!("mmap: {e}"))?;
+        let addr = map.as_ptr() as usize;
         let r = uffd
-            .register(map.addr(), len, m)
+            .register(addr, len, m)
             .map_err(|e| format!("UFFDIO_REGISTER: {}", errno_str(e)));
-        let _ = uffd.unregister(map.addr(), len);
+        let _ = uffd.unregister(addr, len);
         r
     })();
     RangeProbe {
@@ -132,8 +124,8 @@ fn register_sample(uffd: &Uffd, shared: bool) -> RangeProbe {
 }
 
 fn gather() -> Report {
-    let umo = probe_api(true);
-    let full = probe_api(false);
+    let umo = probe(true);
+    let full = probe(false);
     let dev = std::path::Path::new("/dev/userfaultfd");
     let dev_present = dev.exists();
     let dev_open = std::fs::OpenOptions::new()
@@ -187,10 +179,10 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
-fn range_has(r: &Report, n: u32) -> Vec<&'static str> {
+fn range_has(r: &Report, bit: u64) -> Vec<&'static str> {
     r.ranges
         .iter()
-        .filter(|p| p.ioctls.as_ref().is_ok_and(|b| b & (1 << n) != 0))
+        .filter(|p| p.ioctls.as_ref().is_ok_and(|b| b & bit != 0))
         .map(|p| p.what)
         .collect()
 }
@@ -223,7 +215,7 @@ fn print_human(r: &Report) {
     println!("non-UMO works (root/dev)     {}", yes(r.non_umo()));
     let feats = |g: &Result<Grants, i32>| g.as_ref().map_or(0, |g| g.features);
     println!("\nfeatures                     user-mode-only  all faults");
-    for &(bit, name) in feature::NAMES {
+    for (bit, name) in feature::all() {
         let (u, f) = (feats(&r.umo) & bit != 0, feats(&r.full) & bit != 0);
         println!("  {name:<26} {:<15} {}", yes(u), yes(f));
     }
@@ -271,10 +263,10 @@ fn print_human(r: &Report) {
                 }
             }
             for (n, name) in [
-                (nr::MOVE, "MOVE"),
-                (nr::POISON, "POISON"),
-                (nr::CONTINUE, "CONTINUE"),
-                (nr::WRITEPROTECT, "WRITEPROTECT"),
+                (ioctl::MOVE, "MOVE"),
+                (ioctl::POISON, "POISON"),
+                (ioctl::CONTINUE, "CONTINUE"),
+                (ioctl::WRITEPROTECT, "WRITEPROTECT"),
             ] {
                 let on = range_has(r, n);
                 let s = if on.is_empty() {

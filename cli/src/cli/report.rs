@@ -3,7 +3,7 @@
 
 use super::json::Json;
 use std::fmt::Write as _;
-use uffd_pager::stats::Counter;
+use uffd_pager::Counter;
 use uffd_pager_cli::workload::RunResult;
 
 /// Runs of one workload over a swept knob and several labels (policies).

@@ -11,9 +11,7 @@ use super::{CliError, CliResult};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use uffd_pager::stats::Counter;
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::{Delivery, InstallKind, Policy};
+use uffd_pager::{Counter, Delivery, InstallKind, Policy, PAGE_SIZE};
 use uffd_pager_cli::workload::torture::{self, TortureConfig, TortureKind, TortureReport};
 
 /// What backs the tortured region.

@@ -5,10 +5,7 @@
 
 use super::common::{cpu_time, Knobs, RunResult};
 use std::time::Instant;
-use uffd_pager::lru::DrainPolicy;
-use uffd_pager::stats::Counter;
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::Result;
+use uffd_pager::{Counter, DrainPolicy, Result, PAGE_SIZE};
 
 /// Runs `populate-churn` with `drain` and `shards`.
 pub fn run(k: &Knobs, drain: DrainPolicy, shards: usize) -> Result<RunResult> {

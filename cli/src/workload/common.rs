@@ -4,12 +4,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uffd_pager::delivery::Delivery;
-use uffd_pager::fault::Policy;
-use uffd_pager::object::InstallKind;
-use uffd_pager::stats::Stats;
 use uffd_pager::store::{LatencyModel, LatencyReport};
-use uffd_pager::{Pager, PagerBuilder};
+use uffd_pager::{Delivery, InstallKind, Pager, PagerBuilder, Policy, Stats};
 
 /// Knobs every workload takes.
 #[derive(Debug, Clone)]
@@ -159,7 +155,7 @@ impl Writers {
                 let (p, stop, loops) = (pager.clone(), stop.clone(), loops.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Relaxed) && Instant::now() < deadline {
-                        if let Ok(r) = p.map_anonymous(uffd_pager::sys::PAGE_SIZE) {
+                        if let Ok(r) = p.map_anonymous(uffd_pager::PAGE_SIZE) {
                             drop(r);
                         }
                         loops.fetch_add(1, Relaxed);
@@ -227,13 +223,13 @@ pub fn pattern(offset: usize) -> u8 {
 
 /// A memory store of `pages` pages filled with [`pattern`].
 pub fn pattern_store(pages: usize) -> uffd_pager::Result<uffd_pager::store::MemoryStore> {
-    let s = uffd_pager::store::MemoryStore::new((pages * uffd_pager::sys::PAGE_SIZE) as u64)?;
-    let mut buf = vec![0u8; uffd_pager::sys::PAGE_SIZE];
+    let s = uffd_pager::store::MemoryStore::new((pages * uffd_pager::PAGE_SIZE) as u64)?;
+    let mut buf = vec![0u8; uffd_pager::PAGE_SIZE];
     for p in 0..pages {
         for (i, b) in buf.iter_mut().enumerate() {
-            *b = pattern(p * uffd_pager::sys::PAGE_SIZE + i);
+            *b = pattern(p * uffd_pager::PAGE_SIZE + i);
         }
-        uffd_pager::store::Store::write(&s, (p * uffd_pager::sys::PAGE_SIZE) as u64, &buf)?;
+        uffd_pager::store::Store::write(&s, (p * uffd_pager::PAGE_SIZE) as u64, &buf)?;
     }
     Ok(s)
 }

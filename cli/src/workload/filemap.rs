@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
 use uffd_pager::store::{SimulatedStore, Store};
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::{MapOptions, Result};
+use uffd_pager::{MapOptions, Result, PAGE_SIZE};
 
 /// Runs `filemap` with `k`; `k.pages` is the per-worker file size in pages.
 pub fn run(k: &Knobs) -> Result<RunResult> {

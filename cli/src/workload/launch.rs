@@ -27,9 +27,8 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uffd_pager::error::{Error, Result};
 use uffd_pager::store::{SimulatedStore, Store};
-use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{Error, Result, PAGE_SIZE};
 
 /// One access of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

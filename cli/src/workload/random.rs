@@ -18,11 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::object::InstallKind;
 use uffd_pager::store::FileStore;
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::MapOptions;
+use uffd_pager::{Error, InstallKind, MapOptions, Result, PAGE_SIZE};
 
 /// Where the workloads create their files by default: `/dev/shm` (tmpfs)
 /// if it is a directory, else [`std::env::temp_dir`].

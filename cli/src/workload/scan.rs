@@ -32,12 +32,11 @@
 
 use super::common::{cpu_time, Knobs, RunResult, Writers};
 use super::random::{default_dir, pattern_word, read_map_options, PatternFile};
-use std::os::fd::AsRawFd;
+use memmap2::{MmapOptions, UncheckedAdvice};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uffd_pager::error::Result;
-use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{Result, PAGE_SIZE};
 
 /// Reads one word per page of `[base, base + pages × PAGE_SIZE)` in order;
 /// returns the words that differ from the pattern.
@@ -91,9 +90,11 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let store = Arc::new(file.store()?);
     let mut region = pager.map_store(store, len, &read_map_options(k.install))?;
     // The kernel's own mapping of the same file, for comparison.
-    let kmap = uffd_pager::sys::mem::Mapping::read_only(file.file().as_raw_fd(), len)
-        .map_err(|e| crate::sys_error("mmap", e))?;
-    let (ebase, kbase) = (region.as_ptr() as usize, kmap.addr());
+    let io = crate::io_error;
+    // SAFETY: the file is this run's own, and nothing writes it while it
+    // is mapped; the mapping is read only through raw pointers.
+    let kmap = unsafe { MmapOptions::new().len(len).map(file.file()) }.map_err(io("mmap"))?;
+    let (ebase, kbase) = (region.as_ptr() as usize, kmap.as_ptr() as usize);
     // Untimed warm-up: fill both page caches (the engine's from the store).
     // SAFETY (both scans): the mappings hold the pattern file and outlive
     // the calls.
@@ -112,8 +113,9 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             mismatches += bad;
             ewall += w;
             ecpu += c;
-            uffd_pager::sys::mem::madvise(kbase, len, libc::MADV_DONTNEED)
-                .map_err(|e| crate::sys_error("madvise", e))?;
+            // SAFETY: no reference into the mapping is held (the scans read
+            // it through raw pointers); its pages come back from the file.
+            unsafe { kmap.unchecked_advise(UncheckedAdvice::DontNeed) }.map_err(io("madvise"))?;
             let (bad, w, _) = timed(|| unsafe { scan_pass(kbase, pages) });
             mismatches += bad;
             kwall += w;

@@ -10,12 +10,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
-use uffd_pager::error::Result;
-use uffd_pager::object::InstallKind;
-use uffd_pager::pager::{MapOptions, Pager};
-use uffd_pager::region::Region;
 use uffd_pager::store::MemoryStore;
-use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{InstallKind, MapOptions, Pager, Region, Result, PAGE_SIZE};
 
 /// Side regions alive at once, at most.
 const LIVE: usize = 6;

@@ -11,10 +11,8 @@ use super::common::{
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
-use uffd_pager::object::InstallKind;
 use uffd_pager::store::{SimulatedStore, Store};
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::{MapOptions, Result};
+use uffd_pager::{InstallKind, MapOptions, Result, PAGE_SIZE};
 
 /// Runs `swap`; `k.pages` is the region size in pages.
 pub fn run(k: &Knobs) -> Result<RunResult> {

@@ -44,14 +44,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use uffd_pager::error::{Error, Result};
-use uffd_pager::fault::Policy;
-use uffd_pager::object::InstallKind;
-use uffd_pager::pager::{MapOptions, Pager};
-use uffd_pager::region::Region;
-use uffd_pager::stats::Stats;
-use uffd_pager::sys::PAGE_SIZE;
-use uffd_pager::Delivery;
+use uffd_pager::{
+    Delivery, Error, InstallKind, MapOptions, Pager, Policy, Region, Result, Stats, PAGE_SIZE,
+};
 
 /// Words per page.
 const WORDS_PER_PAGE: usize = PAGE_SIZE / 8;
@@ -228,7 +223,7 @@ impl TortureReport {
 
 impl fmt::Display for TortureReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use uffd_pager::stats::Counter::*;
+        use uffd_pager::Counter::*;
         let s = &self.stats;
         write!(
             f,

@@ -32,15 +32,15 @@ pub(crate) mod sigbus;
 mod threads;
 
 use super::touch;
+use crate::io_error as sys;
+use crate::os::mem::{self, Memfd};
+use crate::os::uffd::{feature, RegisterMode, Uffd};
+use memmap2::{MmapMut, UncheckedAdvice};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 use threads::Handlers;
-use uffd_pager::delivery::Delivery;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::object::InstallKind;
-use uffd_pager::sys::mem::{madvise, Mapping, Memfd};
-use uffd_pager::sys::uffd::{feature, mode, Uffd};
-use uffd_pager::sys::PAGE_SIZE;
+use uffd_pager::{Delivery, Error, InstallKind, Result, PAGE_SIZE};
 
 /// The addresses a fault is resolved with. Plain integers, so that the
 /// signal handler can rebuild it from atomics.
@@ -66,18 +66,24 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32>
     }
     if t.memfd >= 0 {
         // SAFETY: `t.src + off` is a page of the live source buffer (same
-        // length as the user range, and `off < t.len` was checked).
+        // length as the user range, and `off < t.len` was checked), which
+        // nothing writes while the floor runs.
         let page_src = unsafe { std::slice::from_raw_parts((t.src + off) as *const u8, PAGE_SIZE) };
-        uffd_pager::sys::mem::pwrite_all(t.memfd, page_src, off as u64)?;
+        // SAFETY: `t.memfd` is the floor's memfd, open as long as the
+        // `FloorLoop` whose faults are being resolved.
+        let memfd = unsafe { BorrowedFd::borrow_raw(t.memfd) };
+        mem::pwrite_all(memfd, page_src, off as u64).map_err(|e| e as i32)?;
     }
     loop {
         let r = if t.memfd >= 0 {
-            uffd.cont(page, PAGE_SIZE, 0)
+            uffd.cont(page, PAGE_SIZE).map(drop)
         } else {
-            uffd.copy(page, t.src + off, PAGE_SIZE, 0)
+            // SAFETY: the source page is readable (as above), and the user
+            // page is only ever read through raw pointers by the touch loop.
+            unsafe { uffd.copy(page, t.src + off, PAGE_SIZE) }.map(drop)
         };
         match r {
-            Ok(_) | Err(libc::EEXIST) => return Ok(()),
+            Ok(()) | Err(libc::EEXIST) => return Ok(()),
             Err(libc::EAGAIN) => continue,
             Err(e) => return Err(e),
         }
@@ -100,8 +106,8 @@ pub struct FloorLoop {
     target: Target,
     handlers: Option<Handlers>,
     uffd: Arc<Uffd>,
-    user: Mapping,
-    _src: Mapping,
+    user: MmapMut,
+    _src: MmapMut,
     _memfd: Option<Memfd>,
 }
 
@@ -118,8 +124,8 @@ impl std::fmt::Debug for FloorLoop {
     }
 }
 
-fn sys(op: &'static str) -> impl Fn(i32) -> Error {
-    move |e| crate::sys_error(op, e)
+fn sys_errno(op: &'static str) -> impl Fn(nix::errno::Errno) -> Error {
+    move |e| crate::sys_error(op, e as i32)
 }
 
 /// Sets every byte of page `i` of the `pages`-page range at `base` to its
@@ -179,27 +185,27 @@ impl FloorLoop {
         .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))?;
         let uffd = Arc::new(uffd);
 
-        let src = Mapping::anonymous(len).map_err(sys("mmap source"))?;
-        fill(src.addr(), pages);
+        let src = mem::anonymous(len).map_err(sys("mmap source"))?;
+        fill(src.as_ptr() as usize, pages);
         let (memfd, user) = if shared {
-            let memfd = Memfd::new("uffd-pager-floor", len).map_err(sys("memfd_create"))?;
-            let user = Mapping::shared(memfd.fd(), len, 0, false).map_err(sys("mmap memfd"))?;
+            let memfd = Memfd::new(c"uffd-pager-floor", len).map_err(sys("memfd_create"))?;
+            let user = memfd.map_shared(len).map_err(sys("mmap memfd"))?;
             (Some(memfd), user)
         } else {
-            let user = Mapping::anonymous(len).map_err(sys("mmap"))?;
+            let user = mem::anonymous(len).map_err(sys("mmap"))?;
             (None, user)
         };
         let reg_mode = if shared {
-            mode::MINOR | mode::MISSING
+            RegisterMode::MINOR | RegisterMode::MISSING
         } else {
-            mode::MISSING
+            RegisterMode::MISSING
         };
-        uffd.register(user.addr(), len, reg_mode)
-            .map_err(sys("UFFDIO_REGISTER"))?;
+        uffd.register(user.as_ptr() as usize, len, reg_mode)
+            .map_err(|e| crate::sys_error("UFFDIO_REGISTER", e))?;
         let target = Target {
-            base: user.addr(),
+            base: user.as_ptr() as usize,
             len,
-            src: src.addr(),
+            src: src.as_ptr() as usize,
             memfd: memfd.as_ref().map_or(-1, |m| m.fd()),
         };
         let handlers = if nthreads > 0 {
@@ -227,11 +233,16 @@ impl FloorLoop {
     /// shared range, the memfd), so that the next touches fault.
     pub fn reset(&mut self, n: usize) -> Result<()> {
         let n = n.min(self.pages);
-        madvise(self.user.addr(), n * PAGE_SIZE, libc::MADV_DONTNEED)
-            .map_err(sys("madvise(MADV_DONTNEED)"))?;
+        // SAFETY: the user range is only ever read through raw pointers
+        // (the touch loops), and no pass is running (`&mut self`).
+        unsafe {
+            self.user
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, 0, n * PAGE_SIZE)
+        }
+        .map_err(sys("madvise(MADV_DONTNEED)"))?;
         if let Some(m) = &self._memfd {
             m.punch_hole(0, n * PAGE_SIZE)
-                .map_err(sys("fallocate(PUNCH_HOLE)"))?;
+                .map_err(sys_errno("fallocate(PUNCH_HOLE)"))?;
         }
         Ok(())
     }
@@ -246,7 +257,7 @@ impl FloorLoop {
             ));
         }
         let n = n.min(self.pages.saturating_sub(first));
-        super::touch_from(self.user.addr(), first, n)
+        super::touch_from(self.user.as_ptr() as usize, first, n)
     }
 
     /// One pass over the first `n` pages (at most [`FloorLoop::pages`]):
@@ -256,9 +267,10 @@ impl FloorLoop {
         let n = n.min(self.pages);
         self.reset(n)?;
         if self.handlers.is_some() {
-            return touch(self.user.addr(), n);
+            return touch(self.user.as_ptr() as usize, n);
         }
-        sigbus::with_handler(&self.uffd, &self.target, || touch(self.user.addr(), n))
+        let base = self.user.as_ptr() as usize;
+        sigbus::with_handler(&self.uffd, &self.target, || touch(base, n))
     }
 }
 

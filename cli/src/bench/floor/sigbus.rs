@@ -3,12 +3,11 @@
 //! atomics.
 
 use super::{fatal, resolve, Target};
+use crate::os::signal::{chain, ErrnoGuard, Installed, RawHandler};
+use crate::os::uffd::Uffd;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Mutex, Once, PoisonError};
-use uffd_pager::delivery::Delivery;
-use uffd_pager::error::Result;
-use uffd_pager::pager::Pager;
-use uffd_pager::sys::uffd::Uffd;
+use uffd_pager::{Delivery, Pager, Result};
 
 /// The in-thread floor's state, read by its SIGBUS handler.
 struct SigState {
@@ -17,8 +16,6 @@ struct SigState {
     len: AtomicUsize,
     src: AtomicUsize,
     memfd: AtomicUsize,
-    prev_handler: AtomicUsize,
-    prev_flags: AtomicUsize,
 }
 
 static SIG: SigState = SigState {
@@ -27,8 +24,6 @@ static SIG: SigState = SigState {
     len: AtomicUsize::new(0),
     src: AtomicUsize::new(0),
     memfd: AtomicUsize::new(0),
-    prev_handler: AtomicUsize::new(0),
-    prev_flags: AtomicUsize::new(0),
 };
 
 /// One in-thread floor pass at a time, process-wide (they share [`SIG`] and
@@ -47,6 +42,7 @@ pub(super) fn settle_engine_handler() {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    let _errno = ErrnoGuard::save();
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
     let base = SIG.base.load(Acquire);
@@ -70,72 +66,14 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     chain(sig, info, uctx);
 }
 
-/// Passes a SIGBUS that is not the floor's to the handler installed before
-/// the floor's, or applies the default action.
-pub(crate) fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
-    uffd_pager::delivery::sigbus::chain_to(
-        SIG.prev_handler.load(Acquire),
-        SIG.prev_flags.load(Acquire) as libc::c_int,
-        sig,
-        info,
-        uctx,
-    );
-}
-
-/// A SIGBUS handler of the floor's, installed while this lives (and the
-/// [`SERIAL`] guard with it).
-struct Installed {
-    old: libc::sigaction,
-}
-
-/// A raw SA_SIGINFO signal handler.
-pub(crate) type RawHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
-
-impl Installed {
-    fn new(handler: RawHandler) -> Result<Installed> {
-        // SAFETY: zeroed sigaction structs are valid; we query the current
-        // disposition first (so chaining works from the first signal), then
-        // install ours with SA_SIGINFO and an empty mask.
-        let old = unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
-                return Err(crate::sys_error(
-                    "sigaction(SIGBUS)",
-                    uffd_pager::sys::errno(),
-                ));
-            }
-            SIG.prev_handler.store(old.sa_sigaction, Release);
-            SIG.prev_flags.store(old.sa_flags as usize, Release);
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = handler as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO;
-            libc::sigemptyset(&mut sa.sa_mask);
-            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
-                return Err(crate::sys_error(
-                    "sigaction(SIGBUS)",
-                    uffd_pager::sys::errno(),
-                ));
-            }
-            old
-        };
-        Ok(Installed { old })
-    }
-}
-
-impl Drop for Installed {
-    fn drop(&mut self) {
-        // SAFETY: restores the disposition saved in `new`.
-        unsafe { libc::sigaction(libc::SIGBUS, &self.old, std::ptr::null_mut()) };
-    }
-}
-
 /// Runs `f` with `handler` as the process's SIGBUS handler (and no other
 /// floor pass running), restoring the previous disposition afterwards. The
 /// handler passes signals that are not its own to [`chain`].
 pub(crate) fn with_raw_handler<R>(handler: RawHandler, f: impl FnOnce() -> Result<R>) -> Result<R> {
     settle_engine_handler();
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let _installed = Installed::new(handler)?;
+    let _installed =
+        Installed::new(handler).map_err(|e| crate::sys_error("sigaction(SIGBUS)", e as i32))?;
     f()
 }
 
@@ -154,4 +92,36 @@ pub(super) fn with_handler<R>(uffd: &Uffd, t: &Target, f: impl FnOnce() -> Resul
         SIG.uffd.store(0, Release);
         r
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uffd_pager::PAGE_SIZE;
+
+    #[test]
+    fn faults_outside_the_floor_chain_to_the_engine() {
+        let pager = Pager::builder()
+            .delivery(Delivery::InThread)
+            .build()
+            .unwrap();
+        let mut r = pager.map_anonymous(4 * PAGE_SIZE).unwrap();
+        // No floor range is set: every SIGBUS the floor's handler sees is
+        // someone else's, here the engine's, and must reach its handler.
+        let sum = with_raw_handler(on_sigbus, || {
+            // SAFETY: a zeroed sigaction is a valid buffer to read into.
+            let cur = unsafe {
+                let mut cur: libc::sigaction = std::mem::zeroed();
+                assert_eq!(libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur), 0);
+                cur
+            };
+            assert_eq!(cur.sa_sigaction, on_sigbus as RawHandler as usize);
+            let s = r.as_mut_slice();
+            s[0] = 1;
+            s[3 * PAGE_SIZE] = 2;
+            Ok(s[0] + s[3 * PAGE_SIZE] + s[PAGE_SIZE])
+        })
+        .unwrap();
+        assert_eq!(sum, 3);
+    }
 }

@@ -3,55 +3,60 @@
 //! per fault message.
 
 use super::{resolve, Target};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use crate::os::uffd::{EventBuffer, Uffd};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use uffd_pager::error::{Error, Result};
-use uffd_pager::sys::now_ns;
-use uffd_pager::sys::uffd::{Msg, Uffd, EVENT_PAGEFAULT};
+use std::time::{Duration, Instant};
+use uffd_pager::{Error, Result};
+
+/// Fault messages one read takes at most.
+const BATCH: usize = 16;
 
 /// Handler threads of the floor; stopped and joined on drop.
 pub(super) struct Handlers {
-    stop: OwnedFd,
+    stop: Arc<EventFd>,
     pub(super) threads: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Handlers {
     fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = self.stop.write(1);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-fn serve(uffd: &Uffd, t: Target, stop: RawFd, spin_us: u32) {
-    let mut msgs = [Msg::default(); 16];
-    let spin_ns = spin_us as u64 * 1000;
-    let mut deadline = now_ns() + spin_ns;
+fn serve(uffd: &Uffd, t: Target, stop: &EventFd, spin_us: u32) {
+    let mut events = EventBuffer::new(BATCH);
+    let spin = Duration::from_micros(spin_us as u64);
+    let mut deadline = Instant::now() + spin;
     loop {
-        match uffd.read_msgs(&mut msgs) {
-            Ok(n) if n > 0 => {
-                for m in msgs[..n].iter().filter(|m| m.event == EVENT_PAGEFAULT) {
-                    if let Err(e) = resolve(uffd, &t, m.arg1 as usize) {
+        match uffd.read_faults(&mut events) {
+            Ok(faults) => {
+                let mut any = false;
+                for addr in faults {
+                    any = true;
+                    if let Err(e) = resolve(uffd, &t, addr) {
                         let e = std::io::Error::from_raw_os_error(e);
                         eprintln!("uffd-pager floor: install failed in a handler thread: {e}");
                         std::process::abort();
                     }
                 }
-                deadline = now_ns() + spin_ns;
-                continue;
+                if any {
+                    deadline = Instant::now() + spin;
+                    continue;
+                }
             }
-            Ok(_) | Err(libc::EINTR) => {}
+            Err(libc::EINTR) => {}
             Err(e) => {
                 let e = std::io::Error::from_raw_os_error(e);
                 eprintln!("uffd-pager floor: reading fault messages: {e}");
                 std::process::abort();
             }
         }
-        if spin_ns > 0 && now_ns() < deadline {
+        if spin_us > 0 && Instant::now() < deadline {
             std::hint::spin_loop();
             continue;
         }
@@ -69,23 +74,18 @@ impl Handlers {
         n: usize,
         spin_us: u32,
     ) -> Result<Handlers> {
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(crate::sys_error("eventfd", uffd_pager::sys::errno()));
-        }
-        // SAFETY: a fresh descriptor that we now own.
-        let stop = unsafe { OwnedFd::from_raw_fd(fd) };
+        let stop = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map_err(|e| crate::sys_error("eventfd", e as i32))?;
         let mut h = Handlers {
-            stop,
+            stop: Arc::new(stop),
             threads: Vec::with_capacity(n),
         };
         for i in 0..n {
             let uffd = uffd.clone();
-            let stopfd = h.stop.as_raw_fd();
+            let stop = h.stop.clone();
             let t = std::thread::Builder::new()
                 .name(format!("uffd-floor-{i}"))
-                .spawn(move || serve(&uffd, target, stopfd, spin_us))
+                .spawn(move || serve(&uffd, target, &stop, spin_us))
                 .map_err(|e| Error::Io {
                     context: "starting floor handler threads".into(),
                     source: e,
