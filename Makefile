@@ -22,7 +22,7 @@ test: deps
 # flags, so it builds in a target directory of its own instead of
 # invalidating the normal one. LOOM_MAX_PREEMPTIONS=N overrides the bound.
 model-check: deps
-	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test --release --test loom_sync
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test --release -p uffd-pager --test loom_sync
 
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -236,6 +236,11 @@ impl Mm {
         crate::fork::is_child_of(self.pid)
     }
 
+    /// Regions mapped now.
+    pub fn region_count(&self) -> usize {
+        self.regions.lock().map_or(0, |r| r.len())
+    }
+
     /// A fresh region id.
     pub(crate) fn next_region_id(&self) -> u64 {
         self.next_id.fetch_add(1, Relaxed)
@@ -301,11 +306,6 @@ impl Mm {
         self.table
             .read(|t| t.find(addr).map(Arc::as_ptr))
             .map(|p| unsafe { &*p })
-    }
-
-    /// Whether `addr` is this address space's (a region or a dying range).
-    pub fn claims(&self, addr: usize) -> bool {
-        self.table.read(|t| t.claims(addr))
     }
 
     /// Whether a live region of this address space holds `addr`.

@@ -15,37 +15,48 @@
 //! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
-pub mod address_space;
-pub mod delivery;
-pub mod discard;
-pub mod error;
-pub mod events;
-pub mod fault;
-pub mod fork;
-pub mod inject;
-pub mod io;
-pub mod lru;
-pub mod mmap;
-pub mod object;
+mod address_space;
+mod delivery;
+mod discard;
+mod error;
+mod events;
+mod fault;
+mod footprint;
+mod fork;
+mod inject;
+mod io;
+mod lru;
+mod madvise;
+mod mmap;
+mod mprotect;
+mod mremap;
+mod object;
+#[cfg(loom)]
 pub mod page_cache;
-pub mod pager;
-pub mod readahead;
-pub mod reclaim;
-pub mod region;
-pub mod region_table;
-pub mod resident;
-pub mod rmap;
-pub mod stats;
+#[cfg(not(loom))]
+mod page_cache;
+mod pager;
+mod readahead;
+mod reclaim;
+mod region;
+mod region_table;
+mod resident;
+mod rmap;
+mod stats;
 pub mod store;
+#[cfg(loom)]
 pub mod sync;
-pub mod sys;
-pub mod vma;
+#[cfg(not(loom))]
+mod sync;
+mod sys;
+mod vma;
 
 pub use delivery::Delivery;
 pub use error::{Error, Result};
 pub use fault::{Policy, PolicyKind};
+pub use footprint::Footprint;
 pub use lru::DrainPolicy;
 pub use object::InstallKind;
 pub use pager::{MapOptions, Pager, PagerBuilder};

@@ -141,6 +141,8 @@ pub struct Lru {
     cursor: AtomicUsize,
     /// Entries dropped because a ring was full (should stay 0).
     pub overflow: AtomicUsize,
+    /// Bytes of the rings' mappings.
+    ring_bytes: usize,
 }
 
 // SAFETY: the UnsafeCells are only touched under their shard lock or the
@@ -160,18 +162,24 @@ impl std::fmt::Debug for Lru {
 use crate::sys::{cpu_count as ncpus, this_cpu};
 
 impl Lru {
+    /// Bytes of address space the rings take.
+    pub fn ring_bytes(&self) -> usize {
+        self.ring_bytes
+    }
+
     /// An LRU with `shards` shards, sized for a budget of `budget` pages.
     pub fn new(shards: usize, budget: usize) -> Result<Lru, i32> {
         let shards = shards.max(1);
         // Resident pages are at most the budget plus a few in flight; stale
         // entries add to that until reached. Generous and lazily touched.
         let cap = (budget * 4 + 4096) / shards + 1024;
+        let ring_len = (cap * 8).div_ceil(4096) * 4096;
         let mut v = Vec::with_capacity(shards);
         for _ in 0..shards {
             v.push(Shard {
                 lock: CountingMutex::new(),
                 ring: UnsafeCell::new(Ring {
-                    buf: Mapping::anonymous((cap * 8).div_ceil(4096) * 4096)?,
+                    buf: Mapping::anonymous(ring_len)?,
                     cap,
                     head: 0,
                     len: 0,
@@ -190,12 +198,8 @@ impl Lru {
             batches,
             cursor: AtomicUsize::new(0),
             overflow: AtomicUsize::new(0),
+            ring_bytes: ring_len * shards,
         })
-    }
-
-    /// Number of shards.
-    pub fn nshards(&self) -> usize {
-        self.shards.len()
     }
 
     /// The shard of an object slot.
@@ -347,20 +351,6 @@ impl Lru {
     /// entries go stale and are dropped when reached.
     pub fn release_lock_once(&self, slot: u32, c: &Counters) {
         let _g = self.lock_shard(self.shard_of(slot), c);
-    }
-
-    /// Entries in all rings (live and stale).
-    pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            // SAFETY: racy length read, for reports.
-            .map(|s| unsafe { &*s.ring.get() }.len)
-            .sum()
-    }
-
-    /// Whether all rings are empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

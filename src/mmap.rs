@@ -11,7 +11,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{CLEAN, DIRTY, LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
+use crate::page_cache::{DIRTY, LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
 use crate::sys::mem::{madvise, mprotect, Mapping};
 use crate::sys::uffd::mode;
 use crate::sys::PAGE_SIZE;
@@ -19,7 +19,7 @@ use crate::vma::Vma;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
-fn register_mode(obj: &Object) -> u64 {
+pub(crate) fn register_mode(obj: &Object) -> u64 {
     match obj.kind {
         InstallKind::Anonymous => mode::MISSING,
         // MINOR catches pages present in the memfd but not mapped; MISSING
@@ -138,7 +138,7 @@ impl Mm {
 
     /// The one piece of region `id`, or an error if the application split
     /// it or unmapped it all.
-    fn only_piece(&self, id: u64) -> Result<Arc<Vma>> {
+    pub(crate) fn only_piece(&self, id: u64) -> Result<Arc<Vma>> {
         let mut p = self.pieces(id);
         match p.len() {
             1 => Ok(p.pop().unwrap()),
@@ -316,221 +316,5 @@ impl Mm {
         }
         obj.store.sync()?;
         Ok(())
-    }
-
-    /// `MADV_DONTNEED` over `[addr, addr+len)` of one region: the pages
-    /// leave the user mapping. Shared pages stay in the page cache (the next
-    /// access is a minor fault); anonymous contents are discarded (the next
-    /// access reads what the source holds), as with the kernel's madvise.
-    pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
-        const CHUNK: usize = 64;
-        self.check_owner()?;
-        self.events.quiesce();
-        let quiet = {
-            let _g = self.lock.read();
-            let vma = self
-                .find_vma_locked(addr)
-                .filter(|v| addr + len <= v.end)
-                .ok_or(Error::Config(format!(
-                    "{addr:#x}+{len:#x} is not inside one region"
-                )))?;
-            vma.object.quiet
-        };
-        if !quiet {
-            // The region's descriptor reports the application's madvise:
-            // this one is applied by the same event, as the application's
-            // own would be. No engine lock is held across it (the event
-            // reader takes them).
-            return madvise(addr, len, libc::MADV_DONTNEED)
-                .map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e));
-        }
-        let _g = self.lock.read();
-        let vma = self
-            .find_vma_locked(addr)
-            .filter(|v| addr + len <= v.end)
-            .ok_or(Error::Config("the region changed".into()))?;
-        let obj = &vma.object;
-        let first = vma.page_index(addr);
-        let last = vma.page_index(addr + len - 1) + 1;
-        let mut i = first;
-        while i < last {
-            let end = (i + CHUNK).min(last);
-            for p in i..end {
-                obj.cache.lock(p);
-            }
-            let r = madvise(vma.addr_of(i), (end - i) * PAGE_SIZE, libc::MADV_DONTNEED);
-            for p in i..end {
-                if obj.kind == InstallKind::Shared || r.is_err() {
-                    obj.cache.unlock(p, 0, if r.is_ok() { MAPPED } else { 0 });
-                    continue;
-                }
-                let clear = crate::discard::discard_page(self, obj, p, obj.cache.load(p));
-                obj.cache.unlock(p, 0, clear);
-            }
-            r.map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e))?;
-            i = end;
-        }
-        Ok(())
-    }
-
-    /// Changes the protection of every piece of region `id`.
-    pub fn protect(&self, id: u64, writable: bool) -> Result<()> {
-        self.check_owner()?;
-        self.events.quiesce();
-        let _w = self.lock.write();
-        let pieces = self.pieces(id);
-        if let Some(v) = pieces.first() {
-            if writable && v.object.kind == InstallKind::Shared && !v.object.store.writable() {
-                return Err(Error::ReadOnlyStore);
-            }
-        }
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        for vma in &pieces {
-            vma.lock.write_lock();
-            let r = mprotect(vma.start, vma.len(), prot);
-            if r.is_ok() {
-                vma.writable.store(writable, Release);
-                // Writable now: its anonymous pages may change without a
-                // fault, so none is clean any more. Reclaim re-checks CLEAN
-                // under this region's read lock, which it holds until its
-                // zap.
-                if writable && vma.object.kind == InstallKind::Anonymous {
-                    for i in vma.pages() {
-                        vma.object.cache.update(i, 0, CLEAN);
-                    }
-                }
-            }
-            vma.lock.write_unlock();
-            r.map_err(|e| Error::sys("mprotect", e))?;
-        }
-        Ok(())
-    }
-
-    /// Grows, shrinks or moves region `id`, which starts at `start`, to
-    /// `new_len` bytes (at `new_addr` if given). Returns the new start. The
-    /// old region is detached and a new one published, as the kernel
-    /// replaces VMAs.
-    pub fn remap(&self, id: u64, new_len: usize, new_addr: Option<usize>) -> Result<usize> {
-        self.check_owner()?;
-        self.events.quiesce();
-        let _w = self.lock.write();
-        let old = self.only_piece(id)?;
-        let start = old.start;
-        let old_len = old.len();
-        let cap = (old.object.npages() - old.pgoff) * PAGE_SIZE;
-        if new_len > cap {
-            return Err(Error::OutOfRange {
-                offset: 0,
-                len: new_len,
-                region_len: cap,
-            });
-        }
-        // A fixed target is reserved first (never replacing anything that
-        // is mapped there: the heap, a stack, another library's memory),
-        // and mremap then replaces only our own reservation.
-        let target = match new_addr {
-            Some(a) if self.table.read(|t| t.overlaps(a, a + new_len, Some(&old))) => {
-                return Err(Error::Overlap {
-                    addr: a,
-                    len: new_len,
-                })
-            }
-            Some(a) if a < start + old_len && start < a + new_len => {
-                return Err(Error::Overlap {
-                    addr: a,
-                    len: new_len,
-                })
-            }
-            Some(a) => Some(Mapping::reserve_at(a, new_len).map_err(|e| match e {
-                libc::EEXIST => Error::Overlap {
-                    addr: a,
-                    len: new_len,
-                },
-                e => Error::sys("mmap", e),
-            })?),
-            None => None,
-        };
-        old.lock.write_lock();
-        // Unregistered first, so the move (and the tail a shrink unmaps)
-        // raises no event; inaccessible meanwhile, so that an access racing
-        // the remap gets SIGSEGV rather than a page the kernel makes up.
-        let prot = if old.writable.load(Acquire) {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        let _ = mprotect(start, old_len, libc::PROT_NONE);
-        let uffd = self.uffd_for(&old.object);
-        let _ = uffd.unregister(start, old_len);
-        // Shrinking drops the tail's PTEs. Shared pages stay in the memfd
-        // (cached); anonymous memory past the end is discarded, as the
-        // kernel does: those pages read as zeros if the region grows again.
-        if new_len < old_len {
-            let tail = old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE;
-            crate::discard::give_up_pages(self, &old.object, tail);
-        }
-        let flags = match new_addr {
-            Some(_) => libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            None if new_len > old_len => libc::MREMAP_MAYMOVE,
-            None => 0,
-        };
-        // SAFETY: remaps a range the region owns; with MREMAP_FIXED the
-        // target is our own reservation (made above, over free addresses).
-        let p = unsafe {
-            libc::mremap(
-                start as *mut libc::c_void,
-                old_len,
-                new_len,
-                flags,
-                new_addr.unwrap_or(0) as *mut libc::c_void,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = crate::sys::errno();
-            let _ = uffd.register(start, old_len, register_mode(&old.object));
-            let _ = mprotect(start, old_len, prot);
-            old.lock.write_unlock();
-            return Err(Error::sys("mremap", e));
-        }
-        if let Some(t) = target {
-            // mremap replaced the reservation.
-            let _ = t.into_raw();
-        }
-        let new_start = p as usize;
-        let new = Arc::new(old.resized(new_start, new_len));
-        new.lock.write_lock();
-        old.lock.mark_detached();
-        let (first, end, _) = old.window();
-        old.object.windows.replace(first, end, &[new.window()]);
-        self.publish(std::slice::from_ref(&old), std::slice::from_ref(&new));
-        // Registered again; the unregister cleared the write protection of
-        // tracked pages, so they are protected again and the next write to
-        // each is seen.
-        let r = uffd.register(new_start, new_len, register_mode(&new.object));
-        let r = r.and_then(|m| mprotect(new_start, new_len, prot).map(|_| m));
-        if r.is_ok()
-            && new.object.kind == InstallKind::Shared
-            && uffd.writeprotect(new_start, new_len, true, false).is_err()
-        {
-            // EAGAIN: an event is waiting, and it cannot be applied while
-            // we hold the global lock. Without the protection a write to a
-            // clean page would go unseen, so every mapped page counts as
-            // dirty instead (written back once, needlessly at worst).
-            if new.object.tracks_writes() {
-                for i in new.pages() {
-                    if new.object.cache.load(i) & MAPPED != 0 {
-                        new.object.cache.update(i, DIRTY, 0);
-                    }
-                }
-            }
-        }
-        old.lock.write_unlock();
-        new.lock.write_unlock();
-        r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
-        Ok(new_start)
     }
 }

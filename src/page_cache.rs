@@ -149,14 +149,19 @@ impl PageCache {
         Ok(PageCache { words, npages })
     }
 
+    /// Bytes the words take outside the object: none inline, the array on
+    /// the heap, or the whole mapping.
+    pub fn words_bytes(&self) -> usize {
+        match &self.words {
+            Words::Inline(_) => 0,
+            Words::Heap(b) => std::mem::size_of_val(&**b),
+            Words::Mapped(m) => m.len(),
+        }
+    }
+
     /// Number of pages tracked.
     pub fn len(&self) -> usize {
         self.npages
-    }
-
-    /// Whether no pages are tracked.
-    pub fn is_empty(&self) -> bool {
-        self.npages == 0
     }
 
     /// Metadata bytes per tracked page.
@@ -178,6 +183,7 @@ impl PageCache {
         self.word(i).load(Acquire)
     }
 
+    #[cfg(test)]
     /// Current state of page `i`.
     #[inline]
     pub fn state(&self, i: usize) -> PageState {
@@ -268,6 +274,7 @@ impl PageCache {
         }
     }
 
+    #[cfg(test)]
     /// Counts pages per state (a linear scan; for reports and tests).
     pub fn census(&self) -> [usize; 4] {
         let mut c = [0; 4];

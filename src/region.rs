@@ -22,12 +22,28 @@ use std::sync::Arc;
 /// In in-thread delivery (and with user-mode-only descriptors) a fault taken
 /// *inside a system call* is not delivered: `read(2)` into an absent page
 /// fails with EFAULT. Call [`Region::prefault`] on the buffer first.
-#[derive(Debug)]
 pub struct Region {
     owner: Arc<PagerInner>,
     id: u64,
     start: usize,
     len: usize,
+}
+
+/// `Region { addr: 0x7f.., len: 65536, kind: Shared, writable: true }`:
+/// where it is and what it is, not the engine state behind it.
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (pinned, writable, kind) = self.vma_flags();
+        let mut d = f.debug_struct("Region");
+        d.field("addr", &format_args!("{:#x}", self.start))
+            .field("len", &self.len)
+            .field("kind", &kind)
+            .field("writable", &writable);
+        if pinned {
+            d.field("pinned", &true);
+        }
+        d.finish()
+    }
 }
 
 impl Region {
@@ -104,6 +120,10 @@ impl Region {
     fn fault_span(&self, (start, end): (usize, usize), write: bool) -> Result<()> {
         let mm = &self.owner.mm;
         mm.check_owner()?;
+        // An event the application's own `madvise` or `munmap` raised may
+        // be read and not applied yet (handler-thread delivery): apply it
+        // first, or these faults would act on the old view.
+        mm.events.quiesce();
         let mut a = start;
         while a < end {
             if crate::fault::handle_fault(mm, a, crate::fault::Access::engine(write))
@@ -156,7 +176,7 @@ impl Region {
     }
 
     /// Faults `[offset, offset+len)` in and keeps it resident until the
-    /// guard is dropped (the `mlock` analog; see [`crate::resident`]): for
+    /// guard is dropped (the `mlock` analog; see [`ResidentGuard`](crate::ResidentGuard)): for
     /// a buffer that a system call reads or writes while other threads
     /// keep the pager at its budget. Pages of a writable region are faulted
     /// in as for a write. A range larger than the budget is refused

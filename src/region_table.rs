@@ -227,30 +227,21 @@ impl Table {
         self.find_entry(addr).map(Entry::vma)
     }
 
-    /// Whether `addr` belongs to this address space (a region or a range
-    /// being torn down).
-    pub fn claims(&self, addr: usize) -> bool {
-        self.find(addr).is_some() || self.dying_claims(addr)
-    }
-
     /// Whether `addr` lies in a range being unmapped (not a live region).
     pub fn dying_claims(&self, addr: usize) -> bool {
         self.dying.iter().any(|&(s, e)| addr >= s && addr < e)
     }
 
     /// Every region, in address order.
+    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Vma>> {
         self.chunks.iter().flat_map(|c| c.vmas())
     }
 
     /// Number of regions.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.chunks.iter().map(|c| c.len()).sum()
-    }
-
-    /// Whether there are no regions.
-    pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
     }
 
     /// Whether `[start, end)` overlaps a region other than `except`.

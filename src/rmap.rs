@@ -84,9 +84,4 @@ impl ObjectTable {
             (p != 0).then(|| unsafe { &*(p as *const Object) }.pin())
         })
     }
-
-    /// Whether slot `i` holds an object.
-    pub fn is_live(&self, i: u32) -> bool {
-        (i as usize) < MAX_OBJECTS && self.slot(i).load(Acquire) != 0
-    }
 }

@@ -99,11 +99,6 @@ impl Vma {
         self.end - self.start
     }
 
-    /// Whether the VMA is empty (never).
-    pub fn is_empty(&self) -> bool {
-        self.end == self.start
-    }
-
     /// Whether `addr` is inside.
     #[inline]
     pub fn contains(&self, addr: usize) -> bool {

@@ -553,3 +553,22 @@ fn small_anonymous_regions_cost_the_kernel_few_vmas() {
         assert_eq!(unsafe { std::ptr::read_volatile(r.as_ptr()) }, k as u8);
     }
 }
+
+/// `{:?}` of a pager and a region says what they are in one line, not the
+/// engine state behind them.
+#[test]
+fn debug_output_is_short() {
+    let pager = Pager::builder().budget_pages(64).build().unwrap();
+    let region = pager.map_anonymous(16 * PAGE).unwrap();
+    let p = format!("{pager:?}");
+    let r = format!("{region:?}");
+    assert!(
+        p.contains("budget_pages: 64") && p.contains("regions: 1"),
+        "{p}"
+    );
+    assert!(
+        r.contains(&format!("len: {}", 16 * PAGE)) && r.contains("Anonymous"),
+        "{r}"
+    );
+    assert!(p.len() < 200 && r.len() < 200, "{p}\n{r}");
+}

@@ -49,11 +49,6 @@ impl PerRegion {
         }
     }
 
-    /// Handler threads running now.
-    pub fn handlers(&self) -> usize {
-        self.lock().len()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(RawFd, HandlerPool)>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }

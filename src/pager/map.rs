@@ -58,7 +58,7 @@ fn check_fixed(a: Option<usize>) -> Result<()> {
 impl Pager {
     /// Maps `len` bytes of anonymous private memory (zero-filled; pages that
     /// are reclaimed go to the swap store: in memory, or a file in
-    /// [`PagerBuilder::swap_dir`]).
+    /// [`PagerBuilder::swap_dir`](crate::PagerBuilder::swap_dir)).
     pub fn map_anonymous(&self, len: usize) -> Result<Region> {
         check_len(len)?;
         self.map_object(

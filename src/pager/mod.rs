@@ -96,7 +96,7 @@ impl PagerBuilder {
     /// How long a call to a store that is not signal-safe may take before
     /// it counts as failed (default 30 s): a read that never returns then
     /// takes the read-error path (the access gets SIGBUS), a write-back
-    /// keeps the page dirty. See [`crate::io`].
+    /// keeps the page dirty. (The worker pool is described in the README's "Living in someone else's process".)
     pub fn io_timeout(mut self, t: std::time::Duration) -> Self {
         self.config.io_timeout_ns = t.as_nanos().clamp(1, u64::MAX as u128) as u64;
         self
@@ -251,11 +251,17 @@ pub struct Pager {
     swap_dir: Option<std::path::PathBuf>,
 }
 
+/// `Pager { policy: Policy { .. }, delivery: InThread, budget_pages: 4096,
+/// regions: 2 }`: its settings and how many regions it has, not the engine
+/// state behind them.
 impl std::fmt::Debug for Pager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mm = &self.inner.mm;
         f.debug_struct("Pager")
-            .field("policy", &self.inner.mm.config.policy)
-            .field("delivery", &self.inner.mm.config.delivery)
+            .field("policy", &mm.config.policy)
+            .field("delivery", &mm.config.delivery)
+            .field("budget_pages", &mm.config.budget_pages)
+            .field("regions", &mm.region_count())
             .finish()
     }
 }
@@ -305,7 +311,7 @@ impl Pager {
 
     /// The userfaultfd descriptor the pager got: through `/dev/userfaultfd`
     /// or the system call, and whether it is user-mode-only (faults inside
-    /// system calls fail with `EFAULT`; see [`Region::prefault`]).
+    /// system calls fail with `EFAULT`; see [`Region::prefault`](crate::Region::prefault)).
     pub fn descriptor(&self) -> Descriptor {
         self.inner.mm.uffd.descriptor()
     }

@@ -27,7 +27,7 @@ use crate::stats::Counter::*;
 use crate::sys::mem::madvise;
 use crate::sys::uffd::MODE_DONTWAKE;
 use crate::sys::{futex, PAGE_SIZE};
-pub use staging::Reclaim;
+
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use unmap_batch::UnmapBatch;

@@ -78,7 +78,7 @@ pub trait Store: Send + Sync + 'static {
     /// is inside its SIGBUS handler: every method async-signal-safe (no
     /// allocation, no locks application code could hold, no logging) and
     /// finishing in bounded time. Default false: the store is called only
-    /// from the engine's I/O worker threads ([`crate::io`]), as ordinary
+    /// from the engine's I/O worker threads, as ordinary
     /// Rust (it may allocate, lock, log and block), and a call that takes
     /// longer than [`crate::PagerBuilder::io_timeout`] counts as failed.
     /// The stores in this module are signal-safe.

@@ -285,14 +285,10 @@ impl GlobalLock {
         }
     }
 
+    #[cfg(any(loom, feature = "fault-inject"))]
     /// Readers sleeping on the lock right now.
     pub fn readers_sleeping(&self) -> u32 {
         self.readers_sleeping.load(Relaxed)
-    }
-
-    /// Whether a writer holds the lock.
-    pub fn is_write_locked(&self) -> bool {
-        self.state.load(Relaxed) & WRITER_HELD != 0
     }
 
     /// Writers inside `write()`, waiting or holding (for model tests).

@@ -28,6 +28,7 @@ impl CountingMutex {
         }
     }
 
+    #[cfg(test)]
     /// Locks; returns a guard.
     pub fn lock(&self) -> MutexGuard<'_> {
         self.lock_contended().0
@@ -53,12 +54,6 @@ impl CountingMutex {
             self.acquisitions.load(Relaxed),
             self.contended.load(Relaxed),
         )
-    }
-
-    /// Zeroes the counts.
-    pub fn reset_counts(&self) {
-        self.acquisitions.store(0, Relaxed);
-        self.contended.store(0, Relaxed);
     }
 }
 

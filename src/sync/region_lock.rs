@@ -110,6 +110,7 @@ impl RegionLock {
         self.state.fetch_or(DETACHED, Release);
     }
 
+    #[cfg(any(loom, feature = "fault-inject"))]
     /// Whether the region is detached.
     pub fn is_detached(&self) -> bool {
         self.state.load(Acquire) & DETACHED != 0
@@ -120,11 +121,13 @@ impl RegionLock {
         self.state.load(Acquire) & WRITE_LOCKED != 0
     }
 
+    #[cfg(any(test, loom))]
     /// Readers inside right now.
     pub fn readers(&self) -> u32 {
         self.state.load(Relaxed) & READERS
     }
 
+    #[cfg(any(test, loom))]
     /// Write-lock epochs so far.
     pub fn seq(&self) -> u32 {
         self.seq.load(Relaxed)

@@ -128,14 +128,10 @@ impl Mapping {
         self.addr
     }
 
-    /// Length in bytes.
+    /// Length in bytes (never zero: mmap refuses zero lengths).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether the mapping is empty (never: mmap refuses zero lengths).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Gives up ownership: the range is no longer unmapped on drop.
@@ -210,16 +206,6 @@ impl LazyMapping {
             0 => None,
             a => Some(a),
         }
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the length is zero.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 

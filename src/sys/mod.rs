@@ -68,10 +68,3 @@ pub fn this_cpu() -> usize {
 pub fn cpu_count() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
-
-/// The calling thread's kernel thread id.
-#[inline]
-pub fn gettid() -> i32 {
-    // SAFETY: gettid takes no arguments and cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}

@@ -32,7 +32,7 @@ use super::floor::sigbus::with_raw_handler;
 use crate::os::mem::{self, Memfd};
 use crate::os::signal::{chain, ErrnoGuard};
 use crate::os::uffd::{feature, RegisterMode, Uffd};
-use crate::workload::random::{read_random_words, PatternFile};
+use crate::workload::pattern_file::{read_random_words, PatternFile};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn floor_reads_the_file_correctly_under_its_budget() {
-        let dir = crate::workload::random::default_dir();
+        let dir = crate::workload::pattern_file::default_dir();
         for kind in [InstallKind::Shared, InstallKind::Anonymous] {
             let r = random_floor(&dir, 64, 2, Duration::from_millis(200), 3, kind).unwrap();
             assert_eq!(r.mismatches, 0);

@@ -2,12 +2,11 @@
 //! tracked page, computed from its data structures and measured on a real
 //! (lazily mapped) anonymous region.
 //!
-//! - Page-state words: [`PageCache::BYTES_PER_PAGE`] per tracked page, in
-//!   an anonymous mapping of their own (measured: the virtual size a
-//!   `PageCache` of `--pages` pages adds).
-//! - The LRU ring: 8 bytes per entry, its capacity fixed by the budget, not
-//!   by the region (measured: the virtual size an `Lru` for the budget adds).
-//! - Fixed per-region structs: one `Vma` and one `Object`.
+//! - Page-state words: [`Footprint::state_bytes_per_page`] per tracked
+//!   page, in an anonymous mapping of their own ([`Footprint::state_bytes`]).
+//! - The LRU ring: [`Footprint::lru_entry_bytes`] per entry, its capacity
+//!   fixed by the budget, not by the region ([`Footprint::lru_bytes`]).
+//! - Fixed per-region structs ([`Footprint::region_bytes`]).
 //!
 //! Then a pager with the budget maps an anonymous region of `--pages` pages
 //! and VmRSS (and the region's own Rss from `/proc/self/smaps`) is read
@@ -18,15 +17,8 @@ use super::json::Json;
 use super::{CliError, CliResult};
 use clap::Args;
 use std::io::Write;
-use uffd_pager::lru::Lru;
-use uffd_pager::object::Object;
-use uffd_pager::page_cache::PageCache;
-use uffd_pager::vma::Vma;
-use uffd_pager::Pager;
-use uffd_pager::PAGE_SIZE;
+use uffd_pager::{Footprint, Pager, PAGE_SIZE};
 
-/// Bytes of one LRU ring entry ([`uffd_pager::lru::Entry`]).
-const RING_ENTRY_BYTES: usize = std::mem::size_of::<uffd_pager::lru::Entry>();
 /// The goal: metadata bytes per tracked page.
 const GOAL_BYTES_PER_PAGE: f64 = 16.0;
 /// Regions at least this large are told apart from every other mapping
@@ -110,29 +102,6 @@ fn mem_now() -> Result<Mem, CliError> {
     Ok(m)
 }
 
-/// Total size of the anonymous mappings without a name (what `mmap` of
-/// `MAP_ANONYMOUS` creates; not the brk heap, not stacks, not files).
-fn anon_mapped() -> Result<u64, CliError> {
-    let s =
-        std::fs::read_to_string("/proc/self/maps").map_err(io_err("reading /proc/self/maps"))?;
-    let mut total = 0;
-    for line in s.lines() {
-        let mut f = line.split_whitespace();
-        let range = f.next().unwrap_or("");
-        // perms, offset, dev, inode, then the optional path.
-        let path = f.nth(4);
-        if path.is_some_and(|p| !p.starts_with("[anon")) {
-            continue;
-        }
-        if let Some((a, b)) = range.split_once('-') {
-            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                total += b.saturating_sub(a);
-            }
-        }
-    }
-    Ok(total)
-}
-
 /// One mapping of `/proc/self/smaps`: `[start, end)` and its Rss in bytes.
 #[derive(Debug, Clone, Copy)]
 struct Map {
@@ -179,8 +148,8 @@ struct Report {
     words_per_page: usize,
     words_bytes: u64,
     ring_bytes: u64,
-    vma_bytes: usize,
-    object_bytes: usize,
+    region_bytes: usize,
+    ring_entry_bytes: usize,
     touched: u64,
     stride: u64,
     before: Mem,
@@ -207,7 +176,7 @@ impl Report {
         bytes as f64 / self.pages as f64
     }
     fn region_structs(&self) -> u64 {
-        (self.vma_bytes + self.object_bytes) as u64
+        self.region_bytes as u64
     }
     /// Computed metadata bytes per tracked page.
     fn computed(&self) -> f64 {
@@ -238,29 +207,19 @@ fn measure(a: &MetadataArgs) -> Result<Report, CliError> {
     let pages = usize::try_from(a.pages)
         .map_err(|_| CliError::Usage(format!("--pages {} is too large", a.pages)))?;
     let len = pages * PAGE_SIZE;
+    let footprint = Footprint::of(pages, a.budget)?;
     let mut r = Report {
         pages: a.pages,
         budget: a.budget,
-        words_per_page: PageCache::BYTES_PER_PAGE,
-        vma_bytes: std::mem::size_of::<Vma>(),
-        object_bytes: std::mem::size_of::<Object>(),
+        words_per_page: footprint.state_bytes_per_page,
+        region_bytes: footprint.region_bytes,
+        ring_entry_bytes: footprint.lru_entry_bytes,
+        words_bytes: footprint.state_bytes as u64,
+        ring_bytes: footprint.lru_bytes as u64,
         touched: a.touch.min(a.pages),
         ..Report::default()
     };
     r.stride = a.pages / r.touched.max(1);
-    let sys = |what: &'static str| move |e: i32| CliError::Runtime(format!("{what}: errno {e}"));
-
-    // The virtual size of the structures alone, measured before any other
-    // thread exists (nothing else maps meanwhile).
-    let a0 = anon_mapped()?;
-    let words = PageCache::new(pages).map_err(sys("PageCache::new"))?;
-    r.words_bytes = anon_mapped()?.saturating_sub(a0);
-    drop(words);
-    let a0 = anon_mapped()?;
-    let lru = Lru::new(1, a.budget as usize).map_err(sys("Lru::new"))?;
-    r.ring_bytes = anon_mapped()?.saturating_sub(a0);
-    drop(lru);
-
     // The real thing: no readahead or fault-around, so one read is one
     // page; no kswapd, so nothing changes between the reads and the
     // snapshot (reclaim is direct, in the faults).
@@ -368,7 +327,7 @@ fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<20} {:>12} {:>14.3}  {} B/page (PageCache::BYTES_PER_PAGE); virtual size of the words mapping",
+        "{:<20} {:>12} {:>14.3}  {} B/page; address space of the words mapping",
         "page-state words",
         r.words_bytes,
         r.per_page(r.words_bytes),
@@ -376,21 +335,20 @@ fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<20} {:>12} {:>14.3}  {} entries x {RING_ENTRY_BYTES} B: sized by the budget ({:.1} B per budget page), not the region",
+        "{:<20} {:>12} {:>14.3}  {} entries x {} B: sized by the budget ({:.1} B per budget page), not the region",
         "LRU ring",
         r.ring_bytes,
         r.per_page(r.ring_bytes),
-        r.ring_bytes / RING_ENTRY_BYTES as u64,
+        r.ring_bytes / r.ring_entry_bytes as u64,
+        r.ring_entry_bytes,
         r.ring_bytes as f64 / r.budget as f64
     );
     let _ = writeln!(
         s,
-        "{:<20} {:>12} {:>14.6}  Vma {} B + Object {} B, once per region",
+        "{:<20} {:>12} {:>14.6}  region and object structs, once per region",
         "per-region structs",
         r.region_structs(),
         r.per_page(r.region_structs()),
-        r.vma_bytes,
-        r.object_bytes
     );
     let _ = writeln!(
         s,
@@ -499,11 +457,10 @@ fn json(r: &Report) -> Json {
         ),
         ("words_mapping_bytes", Json::Int(r.words_bytes as i64)),
         ("words_bytes_per_page", Json::Num(r.per_page(r.words_bytes))),
-        ("ring_entry_bytes", Json::Int(RING_ENTRY_BYTES as i64)),
+        ("ring_entry_bytes", Json::Int(r.ring_entry_bytes as i64)),
         ("ring_bytes", Json::Int(r.ring_bytes as i64)),
         ("ring_bytes_per_page", Json::Num(r.per_page(r.ring_bytes))),
-        ("vma_bytes", Json::Int(r.vma_bytes as i64)),
-        ("object_bytes", Json::Int(r.object_bytes as i64)),
+        ("region_struct_bytes", Json::Int(r.region_bytes as i64)),
         ("computed_bytes_per_page", Json::Num(r.computed())),
         ("touched_pages", Json::Int(r.touched as i64)),
         ("stride_pages", Json::Int(r.stride as i64)),
@@ -536,11 +493,6 @@ mod tests {
     fn reads_proc() {
         let m = mem_now().unwrap();
         assert!(m.rss > 0 && m.size >= m.rss && m.exact > 0);
-        let words = PageCache::new(1 << 20).unwrap();
-        // Other test threads map and unmap concurrently: only a lower bound
-        // holds.
-        assert!(anon_mapped().unwrap() >= 4 << 20);
         assert!(mappings().unwrap().iter().any(|m| m.rss > 0));
-        drop(words);
     }
 }

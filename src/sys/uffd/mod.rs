@@ -73,20 +73,6 @@ pub mod nr {
     pub const CONTINUE: u32 = 0x07;
     pub const POISON: u32 = 0x08;
     pub const API: u32 = 0x3F;
-
-    /// Every ioctl with its name, for the probe's report.
-    pub const NAMES: &[(u32, &str)] = &[
-        (REGISTER, "REGISTER"),
-        (UNREGISTER, "UNREGISTER"),
-        (WAKE, "WAKE"),
-        (COPY, "COPY"),
-        (ZEROPAGE, "ZEROPAGE"),
-        (MOVE, "MOVE"),
-        (WRITEPROTECT, "WRITEPROTECT"),
-        (CONTINUE, "CONTINUE"),
-        (POISON, "POISON"),
-        (API, "API"),
-    ];
 }
 
 #[allow(missing_docs)]
@@ -102,13 +88,10 @@ pub mod mode {
 pub mod fault_flag {
     pub const WRITE: u64 = 1 << 0;
     pub const WP: u64 = 1 << 1;
-    pub const MINOR: u64 = 1 << 2;
 }
 
 /// `UFFD_EVENT_PAGEFAULT`.
 pub const EVENT_PAGEFAULT: u8 = 0x12;
-/// `UFFD_EVENT_FORK`.
-pub const EVENT_FORK: u8 = 0x13;
 /// `UFFD_EVENT_REMAP`: `arg0` = from, `arg1` = to, `arg2` = length.
 pub const EVENT_REMAP: u8 = 0x14;
 /// `UFFD_EVENT_REMOVE` (`madvise(MADV_DONTNEED/REMOVE/FREE)`): `arg0` =
@@ -217,7 +200,7 @@ pub const MODE_DONTWAKE: u64 = 1 << 0;
 pub const MODE_WP: u64 = 1 << 1;
 
 mod open;
-pub use open::{probe_api, Descriptor, Grants, Want};
+pub use open::{Descriptor, Want};
 
 /// Result of an ioctl: the kernel's count (bytes for COPY/MOVE/CONTINUE) or the errno.
 pub type IoResult = Result<u64, i32>;
@@ -241,23 +224,10 @@ fn ioctl<T>(fd: RawFd, req: libc::c_ulong, arg: &mut T) -> Result<(), i32> {
 #[derive(Debug)]
 pub struct Uffd {
     inner: userfaultfd::Uffd,
-    features: u64,
     descriptor: Descriptor,
 }
 
 impl Uffd {
-    /// Opens a descriptor and enables `features` (`UFFDIO_API`).
-    /// `user_mode_only` asks for a user-mode-only descriptor (what any
-    /// process may open); otherwise a full one, or an error.
-    pub fn open(features: u64, user_mode_only: bool, nonblocking: bool) -> Result<Uffd, String> {
-        let want = if user_mode_only {
-            Want::UserModeOnly
-        } else {
-            Want::Full
-        };
-        Self::open_as(features, want, nonblocking)
-    }
-
     /// Opens a descriptor as `want` says and enables `features`.
     pub fn open_as(features: u64, want: Want, nonblocking: bool) -> Result<Uffd, String> {
         let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
@@ -276,21 +246,12 @@ impl Uffd {
                 std::io::Error::from_raw_os_error(e)
             )
         })?;
-        Ok(Uffd {
-            inner,
-            features,
-            descriptor,
-        })
+        Ok(Uffd { inner, descriptor })
     }
 
     /// How the descriptor was opened.
     pub fn descriptor(&self) -> Descriptor {
         self.descriptor
-    }
-
-    /// The features this descriptor was opened with.
-    pub fn features(&self) -> u64 {
-        self.features
     }
 
     /// The raw descriptor.
@@ -460,26 +421,6 @@ impl Uffd {
         )
     }
 
-    /// Blocks in poll(2) until the descriptor is readable or `stop` (an
-    /// eventfd) is; returns true when `stop` fired. For handler threads.
-    pub fn wait_or_stop(&self, stop: RawFd) -> bool {
-        let mut fds = [
-            libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        fds[1].revents != 0
-    }
-
     /// Reads up to `buf.len()` messages; returns how many were read.
     /// `Ok(0)` means none were ready (non-blocking descriptor).
     pub fn read_msgs(&self, buf: &mut [Msg]) -> Result<usize, i32> {
@@ -519,12 +460,5 @@ mod tests {
         );
         assert_eq!(ior(nr::WAKE, std::mem::size_of::<Range>()), 0x8010_aa02);
         assert_eq!(std::mem::size_of::<Msg>(), 32);
-    }
-
-    #[test]
-    fn probe_reports_sigbus_and_move() {
-        let g = probe_api(true).expect("userfaultfd available");
-        assert_ne!(g.features & feature::SIGBUS, 0);
-        assert_ne!(g.ioctls & (1 << nr::API), 0);
     }
 }

@@ -1,8 +1,8 @@
 //! Opening a userfaultfd descriptor: through `/dev/userfaultfd`, else the
 //! `userfaultfd(2)` system call, else (for an ordinary user) the system
-//! call with `UFFD_USER_MODE_ONLY`; and the probe of what the kernel grants.
+//! call with `UFFD_USER_MODE_ONLY`.
 
-use super::{ioctl, iowr, nr, ApiArg, UFFDIO, UFFD_API, UFFD_USER_MODE_ONLY};
+use super::{UFFDIO, UFFD_USER_MODE_ONLY};
 use std::os::fd::RawFd;
 
 /// Where a descriptor came from, and so which faults it sees.
@@ -140,43 +140,4 @@ pub(super) fn open_raw(want: Want, flags: i32) -> Result<(RawFd, Descriptor), St
             full().or_else(|fe| umo().map_err(|ue| format!("{}; {}", full_err(fe), umo_err(ue))))
         }
     }
-}
-
-/// What the kernel grants: the result of opening a descriptor with no
-/// features requested and asking `UFFDIO_API` for everything.
-#[derive(Debug, Clone, Copy)]
-pub struct Grants {
-    /// Feature bits the kernel offers.
-    pub features: u64,
-    /// ioctl bits the descriptor offers (`1 << nr`).
-    pub ioctls: u64,
-}
-
-/// Opens a raw descriptor (syscall, not /dev/userfaultfd) and probes it.
-/// Returns the errno of the syscall if it is refused.
-pub fn probe_api(user_mode_only: bool) -> Result<Grants, i32> {
-    let flags = libc::O_CLOEXEC
-        | if user_mode_only {
-            UFFD_USER_MODE_ONLY
-        } else {
-            0
-        };
-    // SAFETY: plain syscall; returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
-    if fd < 0 {
-        return Err(crate::sys::errno());
-    }
-    let mut a = ApiArg {
-        api: UFFD_API,
-        features: 0,
-        ioctls: 0,
-    };
-    let r = ioctl(fd, iowr(nr::API, std::mem::size_of::<ApiArg>()), &mut a);
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
-    r?;
-    Ok(Grants {
-        features: a.features,
-        ioctls: a.ioctls,
-    })
 }

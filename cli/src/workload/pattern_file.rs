@@ -1,0 +1,163 @@
+//! The `random` workload's file and readers, shared with its kernel floor
+//! ([`crate::bench::random_floor`]): a file of [`pattern`] pages, how it is
+//! mapped, and threads reading one checked word per random page.
+
+use super::common::{pattern, sum_over_threads, Knobs, Rng};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::time::Instant;
+use uffd_pager::store::FileStore;
+use uffd_pager::{Error, InstallKind, MapOptions, Result, PAGE_SIZE};
+
+/// Where the workloads create their files by default: `/dev/shm` (tmpfs)
+/// if it is a directory, else [`std::env::temp_dir`].
+pub fn default_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// The little-endian `u64` a [`pattern`] file holds at byte `offset`.
+#[inline]
+pub fn pattern_word(offset: usize) -> u64 {
+    u64::from_le_bytes(std::array::from_fn(|i| pattern(offset + i)))
+}
+
+/// A file of whole pages filled with [`pattern`]. It is unlinked as soon
+/// as it is created, so nothing is left behind even if the process dies;
+/// it lives as long as its descriptors (this one and the stores').
+#[derive(Debug)]
+pub struct PatternFile {
+    file: File,
+    pages: usize,
+}
+
+impl PatternFile {
+    /// Creates a file of `pages` pages in `dir` (under a fresh name made of
+    /// `tag`, the process id and a counter, then unlinked).
+    pub fn create(dir: &Path, tag: &str, pages: usize) -> Result<PatternFile> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "uffd-pager-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        );
+        let path = dir.join(name);
+        let context = format!("creating {}", path.display());
+        let io = |e| Error::Io {
+            context: context.clone(),
+            source: e,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io)?;
+        std::fs::remove_file(&path).map_err(io)?;
+        let chunk_pages = 256;
+        let mut buf = vec![0u8; chunk_pages * PAGE_SIZE];
+        let mut p = 0;
+        while p < pages {
+            let n = chunk_pages.min(pages - p);
+            let base = p * PAGE_SIZE;
+            for (i, b) in buf[..n * PAGE_SIZE].iter_mut().enumerate() {
+                *b = pattern(base + i);
+            }
+            (&file).write_all(&buf[..n * PAGE_SIZE]).map_err(io)?;
+            p += n;
+        }
+        Ok(PatternFile { file, pages })
+    }
+
+    /// The open file (read-write).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// A read-only [`FileStore`] over the file, for a region mapped with
+    /// [`read_map_options`] (of either install kind).
+    pub fn store(&self) -> Result<FileStore> {
+        let io = |e| Error::Io {
+            context: "opening a store over a pattern file".into(),
+            source: e,
+        };
+        FileStore::from_file(self.file.try_clone().map_err(io)?, false).map_err(io)
+    }
+
+    /// Length in pages.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.pages * PAGE_SIZE
+    }
+
+    /// Whether the file has no pages.
+    pub fn is_empty(&self) -> bool {
+        self.pages == 0
+    }
+}
+
+/// Map options for a region the workloads only read, of install `kind`:
+/// read-only, so reclaim can drop its pages without writing them anywhere
+/// (shared pages are never dirty; anonymous ones are `CLEAN`).
+pub fn read_map_options(kind: InstallKind) -> MapOptions {
+    MapOptions {
+        kind,
+        writable: false,
+        ..MapOptions::default()
+    }
+}
+
+/// The file size `random` uses, in pages: 4 × `k.budget_pages`, or
+/// `k.pages` when there is no budget (0).
+pub fn file_pages(k: &Knobs) -> usize {
+    if k.budget_pages > 0 {
+        4 * k.budget_pages as usize
+    } else {
+        k.pages.max(1)
+    }
+}
+
+/// The reading loop of `random`, shared with its raw floor: `threads`
+/// threads each read one `u64` at a uniformly random page of the
+/// `pages`-page mapping at `base` (holding [`pattern`]) until `deadline`,
+/// counting words that differ from the pattern in `mismatches`. Returns the
+/// reads done.
+///
+/// # Safety
+/// `base` must map `pages` readable pages for the whole call.
+pub(crate) unsafe fn read_random_words(
+    base: usize,
+    pages: usize,
+    threads: usize,
+    seed: u64,
+    deadline: Instant,
+    mismatches: &AtomicU64,
+) -> u64 {
+    sum_over_threads(threads, |i| {
+        let mut rng = Rng::new(seed.wrapping_add(i as u64));
+        let mut n = 0u64;
+        while !n.is_multiple_of(64) || Instant::now() < deadline {
+            let r = rng.next_u64();
+            let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
+            let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
+            // SAFETY: `off + 8 <= pages * PAGE_SIZE`, inside the caller's
+            // mapping; `off` is 8-aligned and the mapping page-aligned.
+            let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
+            if v != pattern_word(off) {
+                mismatches.fetch_add(1, Relaxed);
+            }
+            n += 1;
+        }
+        n
+    })
+}

@@ -1,0 +1,73 @@
+//! `madvise(MADV_DONTNEED)` on a region: its pages leave the user mapping.
+
+use crate::address_space::Mm;
+use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::page_cache::MAPPED;
+use crate::sys::mem::madvise;
+use crate::sys::PAGE_SIZE;
+
+impl Mm {
+    /// `MADV_DONTNEED` over `[addr, addr+len)` of one region: the pages
+    /// leave the user mapping. Shared pages stay in the page cache (the next
+    /// access is a minor fault); anonymous contents are discarded (the next
+    /// access reads what the source holds), as with the kernel's madvise.
+    pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
+        const CHUNK: usize = 64;
+        self.check_owner()?;
+        self.events.quiesce();
+        let quiet = {
+            let _g = self.lock.read();
+            let vma = self
+                .find_vma_locked(addr)
+                .filter(|v| addr + len <= v.end)
+                .ok_or(Error::Config(format!(
+                    "{addr:#x}+{len:#x} is not inside one region"
+                )))?;
+            vma.object.quiet
+        };
+        if !quiet {
+            // The region's descriptor reports the application's madvise:
+            // this one is applied by the same event, as the application's
+            // own would be. No engine lock is held across it (the event
+            // reader takes them).
+            let r = madvise(addr, len, libc::MADV_DONTNEED)
+                .map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e));
+            // The madvise returns once its REMOVE event is *read*; with
+            // handler threads (the pool or per-region) it is applied only
+            // after that. Until then the engine believes the dropped pages
+            // still hold their cached or swapped contents, and a fault it
+            // runs itself (`Region::populate`, `prefault`, `lock_resident`)
+            // would install them again. Return only once it is applied.
+            self.events.quiesce();
+            return r;
+        }
+        let _g = self.lock.read();
+        let vma = self
+            .find_vma_locked(addr)
+            .filter(|v| addr + len <= v.end)
+            .ok_or(Error::Config("the region changed".into()))?;
+        let obj = &vma.object;
+        let first = vma.page_index(addr);
+        let last = vma.page_index(addr + len - 1) + 1;
+        let mut i = first;
+        while i < last {
+            let end = (i + CHUNK).min(last);
+            for p in i..end {
+                obj.cache.lock(p);
+            }
+            let r = madvise(vma.addr_of(i), (end - i) * PAGE_SIZE, libc::MADV_DONTNEED);
+            for p in i..end {
+                if obj.kind == InstallKind::Shared || r.is_err() {
+                    obj.cache.unlock(p, 0, if r.is_ok() { MAPPED } else { 0 });
+                    continue;
+                }
+                let clear = crate::discard::discard_page(self, obj, p, obj.cache.load(p));
+                obj.cache.unlock(p, 0, clear);
+            }
+            r.map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e))?;
+            i = end;
+        }
+        Ok(())
+    }
+}

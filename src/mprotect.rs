@@ -1,0 +1,47 @@
+//! `mprotect` on a region: write access on or off for every piece.
+
+use crate::address_space::Mm;
+use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::page_cache::CLEAN;
+use crate::sys::mem::mprotect;
+use std::sync::atomic::Ordering::*;
+
+impl Mm {
+    /// Changes the protection of every piece of region `id`.
+    pub fn protect(&self, id: u64, writable: bool) -> Result<()> {
+        self.check_owner()?;
+        self.events.quiesce();
+        let _w = self.lock.write();
+        let pieces = self.pieces(id);
+        if let Some(v) = pieces.first() {
+            if writable && v.object.kind == InstallKind::Shared && !v.object.store.writable() {
+                return Err(Error::ReadOnlyStore);
+            }
+        }
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        for vma in &pieces {
+            vma.lock.write_lock();
+            let r = mprotect(vma.start, vma.len(), prot);
+            if r.is_ok() {
+                vma.writable.store(writable, Release);
+                // Writable now: its anonymous pages may change without a
+                // fault, so none is clean any more. Reclaim re-checks CLEAN
+                // under this region's read lock, which it holds until its
+                // zap.
+                if writable && vma.object.kind == InstallKind::Anonymous {
+                    for i in vma.pages() {
+                        vma.object.cache.update(i, 0, CLEAN);
+                    }
+                }
+            }
+            vma.lock.write_unlock();
+            r.map_err(|e| Error::sys("mprotect", e))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! `mremap` of a region: grow, shrink or move it, replacing its region
+//! struct as the kernel replaces VMAs.
+
+use crate::address_space::Mm;
+use crate::error::{Error, Result};
+use crate::mmap::register_mode;
+use crate::object::InstallKind;
+use crate::page_cache::{DIRTY, MAPPED};
+use crate::sys::mem::{mprotect, Mapping};
+use crate::sys::PAGE_SIZE;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+impl Mm {
+    /// Grows, shrinks or moves region `id`, which starts at `start`, to
+    /// `new_len` bytes (at `new_addr` if given). Returns the new start. The
+    /// old region is detached and a new one published, as the kernel
+    /// replaces VMAs.
+    pub fn remap(&self, id: u64, new_len: usize, new_addr: Option<usize>) -> Result<usize> {
+        self.check_owner()?;
+        self.events.quiesce();
+        let _w = self.lock.write();
+        let old = self.only_piece(id)?;
+        let start = old.start;
+        let old_len = old.len();
+        let cap = (old.object.npages() - old.pgoff) * PAGE_SIZE;
+        if new_len > cap {
+            return Err(Error::OutOfRange {
+                offset: 0,
+                len: new_len,
+                region_len: cap,
+            });
+        }
+        // A fixed target is reserved first (never replacing anything that
+        // is mapped there: the heap, a stack, another library's memory),
+        // and mremap then replaces only our own reservation.
+        let target = match new_addr {
+            Some(a) if self.table.read(|t| t.overlaps(a, a + new_len, Some(&old))) => {
+                return Err(Error::Overlap {
+                    addr: a,
+                    len: new_len,
+                })
+            }
+            Some(a) if a < start + old_len && start < a + new_len => {
+                return Err(Error::Overlap {
+                    addr: a,
+                    len: new_len,
+                })
+            }
+            Some(a) => Some(Mapping::reserve_at(a, new_len).map_err(|e| match e {
+                libc::EEXIST => Error::Overlap {
+                    addr: a,
+                    len: new_len,
+                },
+                e => Error::sys("mmap", e),
+            })?),
+            None => None,
+        };
+        old.lock.write_lock();
+        // Unregistered first, so the move (and the tail a shrink unmaps)
+        // raises no event; inaccessible meanwhile, so that an access racing
+        // the remap gets SIGSEGV rather than a page the kernel makes up.
+        let prot = if old.writable.load(Acquire) {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let _ = mprotect(start, old_len, libc::PROT_NONE);
+        let uffd = self.uffd_for(&old.object);
+        let _ = uffd.unregister(start, old_len);
+        // Shrinking drops the tail's PTEs. Shared pages stay in the memfd
+        // (cached); anonymous memory past the end is discarded, as the
+        // kernel does: those pages read as zeros if the region grows again.
+        if new_len < old_len {
+            let tail = old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE;
+            crate::discard::give_up_pages(self, &old.object, tail);
+        }
+        let flags = match new_addr {
+            Some(_) => libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            None if new_len > old_len => libc::MREMAP_MAYMOVE,
+            None => 0,
+        };
+        // SAFETY: remaps a range the region owns; with MREMAP_FIXED the
+        // target is our own reservation (made above, over free addresses).
+        let p = unsafe {
+            libc::mremap(
+                start as *mut libc::c_void,
+                old_len,
+                new_len,
+                flags,
+                new_addr.unwrap_or(0) as *mut libc::c_void,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = crate::sys::errno();
+            let _ = uffd.register(start, old_len, register_mode(&old.object));
+            let _ = mprotect(start, old_len, prot);
+            old.lock.write_unlock();
+            return Err(Error::sys("mremap", e));
+        }
+        if let Some(t) = target {
+            // mremap replaced the reservation.
+            let _ = t.into_raw();
+        }
+        let new_start = p as usize;
+        let new = Arc::new(old.resized(new_start, new_len));
+        new.lock.write_lock();
+        old.lock.mark_detached();
+        let (first, end, _) = old.window();
+        old.object.windows.replace(first, end, &[new.window()]);
+        self.publish(std::slice::from_ref(&old), std::slice::from_ref(&new));
+        // Registered again; the unregister cleared the write protection of
+        // tracked pages, so they are protected again and the next write to
+        // each is seen.
+        let r = uffd.register(new_start, new_len, register_mode(&new.object));
+        let r = r.and_then(|m| mprotect(new_start, new_len, prot).map(|_| m));
+        if r.is_ok()
+            && new.object.kind == InstallKind::Shared
+            && uffd.writeprotect(new_start, new_len, true, false).is_err()
+        {
+            // EAGAIN: an event is waiting, and it cannot be applied while
+            // we hold the global lock. Without the protection a write to a
+            // clean page would go unseen, so every mapped page counts as
+            // dirty instead (written back once, needlessly at worst).
+            if new.object.tracks_writes() {
+                for i in new.pages() {
+                    if new.object.cache.load(i) & MAPPED != 0 {
+                        new.object.cache.update(i, DIRTY, 0);
+                    }
+                }
+            }
+        }
+        old.lock.write_unlock();
+        new.lock.write_unlock();
+        r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
+        Ok(new_start)
+    }
+}
