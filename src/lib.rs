@@ -16,6 +16,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
+#![deny(unnameable_types)]
 
 mod address_space;
 mod delivery;
@@ -62,7 +63,9 @@ pub use object::InstallKind;
 pub use pager::{MapOptions, Pager, PagerBuilder};
 pub use region::Region;
 pub use resident::ResidentGuard;
+pub use stats::histogram::Percentiles;
 pub use stats::{Counter, Stats};
+pub use sync::global_lock::Contention;
 pub use sys::uffd::Descriptor;
 /// The page size the engine works in (bytes): x86-64's base page.
 pub use sys::PAGE_SIZE;

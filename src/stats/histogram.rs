@@ -141,6 +141,7 @@ impl AtomicHistogram {
         }
     }
 
+    #[cfg(test)]
     /// Exact mean; 0 when empty.
     pub fn mean_ns(&self) -> f64 {
         let n = self.count();
@@ -226,6 +227,7 @@ impl AtomicHistogram {
         }
     }
 
+    #[cfg(test)]
     /// Builds an [`hdrhistogram::Histogram`] holding each bucket's midpoint
     /// with that bucket's count. Values beyond what hdrhistogram can track
     /// (above `u64::MAX / 2`) are saturated. Allocates: not for signal

@@ -215,7 +215,8 @@ impl SimulatedStore {
     }
 
     /// Delivered read latencies.
-    pub fn histogram(&self) -> &AtomicHistogram {
+    #[cfg(test)]
+    pub(crate) fn histogram(&self) -> &AtomicHistogram {
         &self.delivered
     }
 

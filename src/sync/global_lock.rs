@@ -285,7 +285,7 @@ impl GlobalLock {
         }
     }
 
-    #[cfg(any(loom, feature = "fault-inject"))]
+    #[cfg(any(test, loom, feature = "fault-inject"))]
     /// Readers sleeping on the lock right now.
     pub fn readers_sleeping(&self) -> u32 {
         self.readers_sleeping.load(Relaxed)
