@@ -3,6 +3,15 @@
 use crate::store::StoreError;
 
 /// Everything the engine's API can fail with.
+///
+/// ```
+/// use uffd_pager::{Error, Pager};
+///
+/// let pager = Pager::builder().build()?;
+/// assert!(matches!(pager.map_anonymous(0), Err(Error::ZeroLength)));
+/// assert!(matches!(pager.map_anonymous(100), Err(Error::Unaligned { .. })));
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A length was zero.

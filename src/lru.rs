@@ -29,6 +29,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 pub const BATCH: usize = 31;
 
 /// When populate drains the calling CPU's add batch (seed 002).
+///
+/// ```
+/// use uffd_pager::{DrainPolicy, Pager};
+///
+/// let pager = Pager::builder().drain_policy(DrainPolicy::Never).budget_pages(64).build()?;
+/// let region = pager.map_anonymous(16 * uffd_pager::PAGE_SIZE)?;
+/// region.populate(0, region.len())?;
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DrainPolicy {
     /// Populate always drains at its end (`lru_add_drain`; mainline).

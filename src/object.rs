@@ -23,6 +23,15 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// How a region's pages are installed.
+///
+/// ```
+/// use uffd_pager::{InstallKind, Pager};
+///
+/// let pager = Pager::builder().build()?;
+/// let region = pager.map_zero(8 * uffd_pager::PAGE_SIZE, InstallKind::Shared)?;
+/// assert!(region.as_slice().iter().all(|&b| b == 0));
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstallKind {
     /// Private anonymous memory, MISSING mode, UFFDIO_COPY / ZEROPAGE.

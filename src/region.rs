@@ -22,6 +22,20 @@ use std::sync::Arc;
 /// In in-thread delivery (and with user-mode-only descriptors) a fault taken
 /// *inside a system call* is not delivered: `read(2)` into an absent page
 /// fails with EFAULT. Call [`Region::prefault`] on the buffer first.
+///
+/// ```
+/// use uffd_pager::{Pager, PAGE_SIZE};
+///
+/// let pager = Pager::builder().build()?;
+/// let mut region = pager.map_anonymous(8 * PAGE_SIZE)?;
+/// region.as_mut_slice()[..4].copy_from_slice(b"page");
+/// region.dontneed(0, PAGE_SIZE)?; // as madvise(MADV_DONTNEED): zeros again
+/// assert_eq!(&region.as_slice()[..4], &[0; 4]);
+/// region.remap(4 * PAGE_SIZE)?; // as mremap: shrinks (or grows within its store)
+/// assert_eq!(region.len(), 4 * PAGE_SIZE);
+/// region.unmap()?; // or just drop it
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 pub struct Region {
     owner: Arc<PagerInner>,
     id: u64,

@@ -28,8 +28,28 @@ use crate::page_cache::{MAPPED, UPTODATE};
 use crate::sys::PAGE_SIZE;
 use std::sync::Arc;
 
-/// A range of a region kept resident until dropped. See the module docs
-/// and [`crate::Region::lock_resident`].
+/// A range of a region kept resident until dropped, while a system call
+/// uses it (the `mlock` analog; made by [`crate::Region::lock_resident`],
+/// which has an example).
+///
+/// With in-thread delivery, and with any user-mode-only descriptor, the
+/// kernel does not deliver a fault it takes inside a system call: a
+/// `read(2)` into an absent page of a region fails with `EFAULT`. Faulting
+/// the buffer in first ([`crate::Region::prefault`]) is not enough when
+/// another thread keeps the pager at its budget: reclaim may evict the
+/// buffer again before the call. A [`ResidentGuard`] faults the range in
+/// and keeps reclaim away from it until it is dropped: each page carries a
+/// guard count in its state word, and reclaim rotates a guarded page
+/// instead of evicting it. The range is also `mlock`ed where the process
+/// may (root, or within `RLIMIT_MEMLOCK`), so the kernel's own reclaim (on
+/// this machine kind, DAMON's pageout of shared pages) leaves it mapped
+/// too; without that, a shared page the kernel unmaps is mapped again by
+/// the next user-mode access, but a system call on it would still fail.
+///
+/// # Cost
+/// One atomic per page to take and to drop, plus the faults and an `mlock`
+/// / `munlock` pair. A range larger than the budget is refused: it could
+/// never all be resident.
 #[derive(Debug)]
 pub struct ResidentGuard<'a> {
     mm: &'a Mm,
@@ -42,7 +62,7 @@ pub struct ResidentGuard<'a> {
 }
 
 impl ResidentGuard<'_> {
-    /// Whether the kernel also `mlock`ed the range (see the module docs).
+    /// Whether the kernel also `mlock`ed the range (see above).
     pub fn mlocked(&self) -> bool {
         self.locked.is_some()
     }

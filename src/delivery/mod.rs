@@ -19,6 +19,16 @@ use std::fmt;
 use std::str::FromStr;
 
 /// How faults reach the engine.
+///
+/// ```
+/// use uffd_pager::{Delivery, Pager};
+///
+/// let d: Delivery = "threads:2".parse().map_err(uffd_pager::Error::Config)?;
+/// let pager = Pager::builder().delivery(d).build()?;
+/// let region = pager.map_anonymous(4096)?;
+/// assert_eq!(region.as_slice()[0], 0); // served by a handler thread
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Delivery {
     /// The faulting thread handles its own fault (UFFD_FEATURE_SIGBUS).

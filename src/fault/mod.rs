@@ -21,6 +21,14 @@ use std::str::FromStr;
 
 /// What the driver does after a region attempt returns RETRY (see
 /// `kernel-model.md`, "The driver").
+///
+/// ```
+/// use uffd_pager::{Policy, PolicyKind};
+///
+/// let p: Policy = "retry-once+uptodate-no-retry".parse().unwrap();
+/// assert_eq!(p.kind, PolicyKind::RetryOnce);
+/// assert!(p.uptodate_no_retry);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
     /// Every attempt under the global lock (kernels before 6.4).
@@ -58,6 +66,8 @@ impl PolicyKind {
 /// A fault-handling policy: the driver kind plus the `uptodate-no-retry`
 /// option (P3 in seed 004: a page that is up to date but locked by another
 /// faulter is waited for under the lock, without RETRY).
+///
+/// See [`PolicyKind`] for an example.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Policy {
     /// The driver.

@@ -17,6 +17,19 @@ pub(crate) mod inner;
 mod map;
 
 /// Builds a [`Pager`].
+///
+/// ```
+/// use uffd_pager::{Delivery, Pager, Policy, PolicyKind};
+///
+/// let pager = Pager::builder()
+///     .policy(Policy::new(PolicyKind::RetryOnce))
+///     .delivery(Delivery::Threads { threads: 1, spin_us: 0 })
+///     .budget_pages(256) // at most 1 MiB resident; the rest is evicted
+///     .readahead(16, 1)
+///     .build()?;
+/// assert_eq!(pager.delivery(), Delivery::Threads { threads: 1, spin_us: 0 });
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct PagerBuilder {
     config: Config,
@@ -217,6 +230,19 @@ impl PagerBuilder {
 }
 
 /// Options for [`Pager::map_store`] and [`Pager::map_file`].
+///
+/// ```
+/// use uffd_pager::{InstallKind, MapOptions, Pager};
+/// use uffd_pager::store::MemoryStore;
+/// use std::sync::Arc;
+///
+/// let pager = Pager::builder().build()?;
+/// let store = Arc::new(MemoryStore::new(1 << 20)?);
+/// let opts = MapOptions { kind: InstallKind::Anonymous, populate: true, ..MapOptions::default() };
+/// let region = pager.map_store(store, 1 << 20, &opts)?;
+/// assert_eq!(region.as_slice()[0], 0);
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct MapOptions {
     /// How pages are installed (default: shared memfd, zero copy).
@@ -246,6 +272,22 @@ impl Default for MapOptions {
 /// A pager: one address space whose regions fault through the engine.
 ///
 /// Several pagers may coexist in a process, in either delivery mode.
+///
+/// ```
+/// use uffd_pager::{MapOptions, Pager};
+///
+/// let pager = Pager::builder().budget_pages(64).build()?;
+/// let mut region = pager.map_anonymous(1 << 20)?; // 256 pages, 64 resident at most
+/// for page in region.as_mut_slice().chunks_mut(uffd_pager::PAGE_SIZE) {
+///     page[0] = 1; // each write faults; older pages go to swap
+/// }
+/// assert!(region.as_slice().chunks(uffd_pager::PAGE_SIZE).all(|p| p[0] == 1));
+/// assert!(pager.stats().peak_resident_pages <= 64 + 32);
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
+///
+/// Mapping a file works the same way ([`Pager::map_file`]; a fuller example
+/// is `examples/embed_file.rs`).
 pub struct Pager {
     inner: Arc<PagerInner>,
     swap_dir: Option<std::path::PathBuf>,

@@ -60,7 +60,8 @@ const fn bucket_mid(i: usize) -> u64 {
     low + (high - low) / 2
 }
 
-/// Summary of a histogram's contents, in nanoseconds.
+/// Summary of a histogram's contents, in nanoseconds: a [`Stats`](crate::Stats)
+/// field (`fault_latency`; see [`Counter`](crate::Counter) for an example).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Percentiles {
     /// Number of recorded values.

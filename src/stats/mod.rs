@@ -13,7 +13,19 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident => $text:literal,)*) => {
-        /// One engine counter.
+        /// One engine counter: read from a [`Stats`] snapshot.
+        ///
+        /// ```
+        /// use uffd_pager::{Counter, Pager};
+        ///
+        /// let pager = Pager::builder().build()?;
+        /// let region = pager.map_anonymous(4 * uffd_pager::PAGE_SIZE)?;
+        /// assert_eq!(region.as_slice()[0], 0); // one fault
+        /// let st = pager.stats();
+        /// assert!(st.get(Counter::PGFAULT) >= 1);
+        /// println!("{st}"); // every counter, /proc/vmstat style
+        /// # Ok::<(), uffd_pager::Error>(())
+        /// ```
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
         pub enum Counter { $($(#[$doc])* $name,)* }
@@ -193,7 +205,10 @@ impl Counters {
     }
 }
 
-/// A snapshot of a pager's statistics.
+/// A snapshot of a pager's statistics ([`Pager::stats`](crate::Pager::stats)):
+/// the counters, global-lock [`Contention`](crate::Contention), fault
+/// latency [`Percentiles`](crate::Percentiles) and resident pages. See
+/// [`Counter`] for an example.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stats {
     counters: [u64; N],

@@ -12,6 +12,8 @@ use crate::sys::mem::Mapping;
 use crate::sys::{errno, PAGE_SIZE};
 
 /// How [`FileStore::open`] opens its file.
+///
+/// See [`FileStore`] for an example.
 #[derive(Debug, Clone, Default)]
 pub struct FileStoreOptions {
     /// Open read-write and accept [`Store::write`]. Otherwise writes return
@@ -35,6 +37,26 @@ pub struct FileStoreOptions {
 /// Reads of the final partial page (past end of file) are zero-filled;
 /// writes of it write only the bytes before the original end of file, so
 /// the store never changes the file's length.
+///
+/// ```
+/// use std::sync::Arc;
+/// use uffd_pager::store::{FileStore, FileStoreOptions, Store};
+/// use uffd_pager::{MapOptions, Pager, PAGE_SIZE};
+///
+/// let path = std::env::temp_dir().join(format!("filestore-doc-{}", std::process::id()));
+/// std::fs::write(&path, vec![7u8; 4 * PAGE_SIZE]).unwrap();
+/// let opts = FileStoreOptions { writable: true, ..FileStoreOptions::default() };
+/// let store = FileStore::open(&path, &opts).unwrap();
+/// assert_eq!(store.len(), 4 * PAGE_SIZE as u64);
+/// let pager = Pager::builder().build()?;
+/// let mut region = pager.map_store(Arc::new(store), 4 * PAGE_SIZE, &MapOptions::default())?;
+/// region.as_mut_slice()[0] = 8;
+/// region.flush()?; // written back to the file
+/// drop(region);
+/// assert_eq!(std::fs::read(&path).unwrap()[0], 8);
+/// std::fs::remove_file(&path).unwrap();
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct FileStore {
     file: File,

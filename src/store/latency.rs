@@ -6,6 +6,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// How long each simulated I/O takes.
+///
+/// Parsed from `none`, `fixed:50us`, `exp:50us` and the like; see
+/// [`SimulatedStore`](super::SimulatedStore) for an example.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LatencyModel {
     /// No added latency.

@@ -11,6 +11,17 @@ use crate::sys::mem::LazyMapping;
 /// The contents live in a private anonymous mapping (`MAP_NORESERVE`), so
 /// untouched pages are never allocated. Nothing in `read`/`write` allocates
 /// or locks, so both are async-signal-safe.
+///
+/// ```
+/// use uffd_pager::store::{MemoryStore, Store};
+///
+/// let s = MemoryStore::new(2 * uffd_pager::PAGE_SIZE as u64)?;
+/// s.write(0, &[5; uffd_pager::PAGE_SIZE])?;
+/// let mut page = [0; uffd_pager::PAGE_SIZE];
+/// s.read(0, &mut page)?;
+/// assert_eq!(page[100], 5);
+/// # Ok::<(), uffd_pager::store::StoreError>(())
+/// ```
 #[derive(Debug)]
 pub struct MemoryStore {
     /// Made on the first write (never for an empty store: mmap refuses

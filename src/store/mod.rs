@@ -26,11 +26,53 @@ pub use simulated::{LatencyReport, SimulatedStore};
 pub use zero::ZeroStore;
 
 /// A store error: a plain errno, so that building one never allocates.
+///
+/// See [`Store`] for an example.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("store I/O failed: {}", std::io::Error::from_raw_os_error(*.0))]
 pub struct StoreError(pub i32);
 
 /// A backing store of whole pages.
+///
+/// A store of your own: pages come from wherever `read` gets them. The
+/// provided methods have defaults; a store whose calls are
+/// async-signal-safe says so with `signal_safe` and is called from the
+/// faulting thread itself.
+///
+/// ```
+/// use std::sync::Arc;
+/// use uffd_pager::store::{Store, StoreError};
+/// use uffd_pager::{MapOptions, Pager};
+///
+/// /// Every byte of page `n` is `n as u8`.
+/// struct Numbered(u64);
+///
+/// impl Store for Numbered {
+///     fn len(&self) -> u64 {
+///         self.0
+///     }
+///     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+///         buf.fill((offset / uffd_pager::PAGE_SIZE as u64) as u8);
+///         Ok(())
+///     }
+///     fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+///         Err(StoreError(libc::EROFS))
+///     }
+///     fn writable(&self) -> bool {
+///         false
+///     }
+///     fn name(&self) -> &'static str {
+///         "numbered"
+///     }
+/// }
+///
+/// let pager = Pager::builder().build()?;
+/// let len = 4 * uffd_pager::PAGE_SIZE;
+/// let opts = MapOptions { writable: false, ..MapOptions::default() };
+/// let region = pager.map_store(Arc::new(Numbered(len as u64)), len, &opts)?;
+/// assert_eq!(region.as_slice()[3 * uffd_pager::PAGE_SIZE], 3);
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 pub trait Store: Send + Sync + 'static {
     /// Length in bytes; a multiple of the page size.
     fn len(&self) -> u64;
@@ -121,6 +163,9 @@ pub trait Store: Send + Sync + 'static {
 
 /// [`Store::read_to_fd`]'s default: one page at a time through a
 /// page-aligned buffer on the stack. Async-signal-safe.
+///
+/// A [`Store`] implementation calls it from its `read_to_fd` (see [`Store`]
+/// for a store of your own).
 pub fn read_to_fd_buffered<S: Store + ?Sized>(
     store: &S,
     offset: u64,

@@ -25,6 +25,8 @@ use crate::sys::{futex, now_ns};
 const SPIN_BELOW_NS: u64 = 20_000;
 
 /// Configured versus delivered latency of a [`SimulatedStore`]'s reads.
+///
+/// See [`SimulatedStore`] for an example.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatencyReport {
     /// The configured model.
@@ -124,6 +126,20 @@ fn wait_until(deadline: u64) {
 }
 
 /// A store that adds modelled latency and bounded concurrency to another.
+///
+/// ```
+/// use std::sync::Arc;
+/// use uffd_pager::store::{LatencyModel, MemoryStore, SimulatedStore, Store};
+///
+/// let inner = Arc::new(MemoryStore::new(1 << 20)?);
+/// // Reads take 20 µs each, at most 4 at once.
+/// let slow = SimulatedStore::new(inner, "fixed:20us".parse().unwrap(), 4, 1);
+/// let mut page = [0; uffd_pager::PAGE_SIZE];
+/// slow.read(0, &mut page)?;
+/// let report = slow.latency_report().expect("a simulated store reports");
+/// assert_eq!(report.delivered.count, 1);
+/// # Ok::<(), uffd_pager::store::StoreError>(())
+/// ```
 pub struct SimulatedStore {
     inner: Arc<dyn Store>,
     model: LatencyModel,

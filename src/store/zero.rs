@@ -23,6 +23,16 @@ pub(super) fn in_bounds(offset: u64, n: usize, len: u64) -> bool {
 }
 
 /// A read-only store whose every page is zero.
+///
+/// ```
+/// use uffd_pager::store::{Store, ZeroStore};
+///
+/// let z = ZeroStore::new(1 << 20);
+/// let mut page = [1; uffd_pager::PAGE_SIZE];
+/// z.read(0, &mut page)?;
+/// assert!(page.iter().all(|&b| b == 0) && !z.writable());
+/// # Ok::<(), uffd_pager::store::StoreError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZeroStore {
     len: u64,

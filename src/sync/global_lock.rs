@@ -46,7 +46,8 @@ fn handoff_after() -> u64 {
     crate::sync::model::handoff_ns()
 }
 
-/// Global-lock contention figures.
+/// Global-lock contention figures: a [`Stats`](crate::Stats) field (`global`;
+/// see [`Counter`](crate::Counter) for an example).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Contention {
     /// Read acquisitions (all).

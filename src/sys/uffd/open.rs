@@ -6,6 +6,13 @@ use super::{UFFDIO, UFFD_USER_MODE_ONLY};
 use std::os::fd::RawFd;
 
 /// Where a descriptor came from, and so which faults it sees.
+///
+/// ```
+/// let pager = uffd_pager::Pager::builder().build()?;
+/// let d = pager.descriptor();
+/// println!("{d}"); // e.g. "userfaultfd(2), user-mode only"
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Descriptor {
     /// Opened through `/dev/userfaultfd` (`USERFAULTFD_IOC_NEW`) rather
