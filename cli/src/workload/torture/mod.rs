@@ -39,19 +39,13 @@
 //! reinstalled) shows up as a sequence number below `m1`, or for the owner
 //! as any difference; data from another page shows up as a wrong tag.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use uffd_pager::{
-    Delivery, Error, InstallKind, MapOptions, Pager, Policy, Region, Result, Stats, PAGE_SIZE,
+    Delivery, Error, InstallKind, MapOptions, Pager, Policy, Region, Result, PAGE_SIZE,
 };
-
-/// Words per page.
-const WORDS_PER_PAGE: usize = PAGE_SIZE / 8;
-/// Mismatches kept in [`TortureReport::first_mismatches`].
-const KEEP_MISMATCHES: usize = 16;
 
 /// What backs the tortured region.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,208 +123,12 @@ impl Default for TortureConfig {
     }
 }
 
-/// When a mismatch was seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// A checked read while the threads ran.
-    Run,
-    /// The final read-back through the region.
-    Region,
-    /// The final comparison of the file's contents.
-    File,
-}
+use model::{mix, Model, Rng, WORDS_PER_PAGE};
+use report::Findings;
+pub use report::{Mismatch, Phase, TortureReport};
 
-/// One word that did not hold what the model allows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mismatch {
-    /// When it was seen.
-    pub phase: Phase,
-    /// Word index in the region.
-    pub word: usize,
-    /// The value read.
-    pub got: u64,
-    /// The lowest sequence number acceptable.
-    pub want_min_seq: u64,
-    /// The highest sequence number acceptable.
-    pub want_max_seq: u64,
-    /// The sequence number `got` decodes to (`None`: wrong tag, garbage).
-    pub got_seq: Option<u64>,
-    /// The reading thread (`None` for the final checks).
-    pub thread: Option<usize>,
-}
-
-impl Mismatch {
-    /// The page the word is on.
-    pub fn page(&self) -> usize {
-        self.word / WORDS_PER_PAGE
-    }
-}
-
-impl fmt::Display for Mismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:?}: word {} (page {}) got {:#018x} (seq {:?}), want seq {}..={}",
-            self.phase,
-            self.word,
-            self.page(),
-            self.got,
-            self.got_seq,
-            self.want_min_seq,
-            self.want_max_seq
-        )?;
-        if let Some(t) = self.thread {
-            write!(f, " [thread {t}]")?;
-        }
-        Ok(())
-    }
-}
-
-/// What a torture run did and found.
-#[derive(Debug, Clone)]
-pub struct TortureReport {
-    /// Operations done by the application threads.
-    pub ops: u64,
-    /// Of which reads (each checked).
-    pub reads: u64,
-    /// Of which writes.
-    pub writes: u64,
-    /// Words that did not match the model, all phases together.
-    pub mismatches: u64,
-    /// The first few mismatches.
-    pub first_mismatches: Vec<Mismatch>,
-    /// Words compared by the final checks (region and file).
-    pub words_verified: u64,
-    /// Flushes issued by the background thread.
-    pub background_flushes: u64,
-    /// Pages freed by the background thread's `reclaim_pages` calls.
-    pub background_reclaimed: u64,
-    /// The side-region churn's operations (0 without churn).
-    pub churn_ops: u64,
-    /// Wall time of the concurrent phase.
-    pub elapsed: Duration,
-    /// The pager's statistics after the final checks (for file-backed
-    /// regions, after the unmap's write-back).
-    pub stats: Stats,
-}
-
-impl TortureReport {
-    /// Whether every check passed.
-    pub fn is_clean(&self) -> bool {
-        self.mismatches == 0
-    }
-}
-
-impl fmt::Display for TortureReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use uffd_pager::Counter::*;
-        let s = &self.stats;
-        write!(
-            f,
-            "ops {} (reads {}, writes {}) in {:?}; mismatches {}; verified {} words; \
-             pgsteal {} writeback {} pgmajfault {} direct_reclaim {} kswapd_wake {}; \
-             peak resident {} / budget {}; background flushes {} reclaimed {}",
-            self.ops,
-            self.reads,
-            self.writes,
-            self.elapsed,
-            self.mismatches,
-            self.words_verified,
-            s.get(PGSTEAL),
-            s.get(WRITEBACK),
-            s.get(PGMAJFAULT),
-            s.get(DIRECT_RECLAIM),
-            s.get(KSWAPD_WAKE),
-            s.peak_resident_pages,
-            s.budget_pages,
-            self.background_flushes,
-            self.background_reclaimed
-        )?;
-        for m in &self.first_mismatches {
-            write!(f, "\n  {m}")?;
-        }
-        Ok(())
-    }
-}
-
-/// A small fast generator (splitmix64): deterministic per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        // Multiply-shift: unbiased enough for a test stream.
-        ((self.next() as u128 * n as u128) >> 64) as u64
-    }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The expected contents: per-word tags and published sequence numbers.
-struct Model {
-    seed: u64,
-    /// Initial contents are the tagged pattern (files), not zeros.
-    tagged_init: bool,
-    seqs: Vec<AtomicU64>,
-}
-
-impl Model {
-    fn new(words: usize, seed: u64, tagged_init: bool) -> Model {
-        Model {
-            seed,
-            tagged_init,
-            seqs: (0..words).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    /// Word `w`'s tag: never zero.
-    fn tag(&self, w: usize) -> u64 {
-        (mix(self.seed ^ (w as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)) >> 32) | 1
-    }
-
-    fn encode(&self, w: usize, seq: u64) -> u64 {
-        if seq == 0 && !self.tagged_init {
-            0
-        } else {
-            (self.tag(w) << 32) | seq
-        }
-    }
-
-    /// The sequence number `v` encodes for word `w`, if it is one of `w`'s.
-    fn decode(&self, w: usize, v: u64) -> Option<u64> {
-        if v == self.encode(w, 0) {
-            Some(0)
-        } else if v >> 32 == self.tag(w) && v as u32 != 0 {
-            Some(v & 0xffff_ffff)
-        } else {
-            None
-        }
-    }
-}
-
-/// Shared state of a run: the first mismatches and the count.
-struct Findings {
-    count: AtomicU64,
-    first: Mutex<Vec<Mismatch>>,
-}
-
-impl Findings {
-    fn record(&self, m: Mismatch) {
-        self.count.fetch_add(1, Relaxed);
-        let mut v = self.first.lock().unwrap_or_else(|e| e.into_inner());
-        if v.len() < KEEP_MISMATCHES {
-            v.push(m);
-        }
-    }
-}
+mod model;
+mod report;
 
 /// Word `w` of the region, as an atomic.
 ///
