@@ -1,0 +1,307 @@
+//! Write-back of live regions: flush, unmap and drop of shared regions over
+//! writable files and memory stores, private mappings that never write
+//! back, and writes that land after a move, a grow or a protect round trip.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use uffd_pager::store::{FileStore, FileStoreOptions, MemoryStore, Store};
+use uffd_pager::{Counter, Delivery, InstallKind, MapOptions};
+use util::*;
+
+fn opts(kind: InstallKind) -> MapOptions {
+    MapOptions {
+        kind,
+        ..MapOptions::default()
+    }
+}
+
+fn writable_file_store(f: &TempFile) -> Arc<dyn Store> {
+    Arc::new(
+        FileStore::open(
+            f.path(),
+            &FileStoreOptions {
+                writable: true,
+                ..FileStoreOptions::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// Shared regions over a writable file: flush writes the region's bytes to
+/// the file; unmap and drop write back the rest.
+#[test]
+fn ops_flush_and_unmap_write_back_shared_file() {
+    for d in DELIVERIES {
+        let ctx = d.to_string();
+        let p = pager(d);
+        let pages = 32;
+        let orig = pattern_vec(40, pages * PAGE);
+        let f = TempFile::with_contents("flush", &orig);
+        let mut region = p
+            .map_store(
+                writable_file_store(&f),
+                pages * PAGE,
+                &opts(InstallKind::Shared),
+            )
+            .unwrap();
+        let mut want = orig.clone();
+        region.as_mut_slice()[PAGE..3 * PAGE].fill(0xF1);
+        want[PAGE..3 * PAGE].fill(0xF1);
+        region.as_mut_slice()[10 * PAGE + 17] = 0xF2;
+        want[10 * PAGE + 17] = 0xF2;
+        region.flush().unwrap();
+        assert_bytes(&f.read(), &want, &format!("{ctx}: after flush"));
+        assert!(p.stats().get(Counter::WRITEBACK) >= 2, "{ctx}");
+
+        // More writes, then unmap: written back too.
+        let new = pattern_vec(41, 8 * PAGE);
+        region.as_mut_slice()[20 * PAGE..28 * PAGE].copy_from_slice(&new);
+        want[20 * PAGE..28 * PAGE].copy_from_slice(&new);
+        region.as_mut_slice()[2 * PAGE] = 0xF3;
+        want[2 * PAGE] = 0xF3;
+        region.unmap().unwrap();
+        assert_bytes(&f.read(), &want, &format!("{ctx}: after unmap"));
+
+        // Remapped, the file's new contents come back; drop writes back.
+        let mut region = p
+            .map_file(f.path(), None, &opts(InstallKind::Shared))
+            .unwrap();
+        assert_bytes(region.as_slice(), &want, &format!("{ctx}: remapped"));
+        region.as_mut_slice()[31 * PAGE..].fill(0xF4);
+        want[31 * PAGE..].fill(0xF4);
+        drop(region);
+        assert_bytes(&f.read(), &want, &format!("{ctx}: after drop"));
+    }
+}
+
+/// A file whose length is not a page multiple: write-back covers the
+/// partial last page's file bytes and never changes the file's length.
+#[test]
+fn ops_write_back_partial_last_page() {
+    for d in DELIVERIES {
+        let p = pager(d);
+        let flen = 5 * PAGE + 300;
+        let orig = pattern_vec(50, flen);
+        let f = TempFile::with_contents("partial-wb", &orig);
+        let mut region = p
+            .map_file(f.path(), None, &opts(InstallKind::Shared))
+            .unwrap();
+        assert_eq!(region.len(), 6 * PAGE);
+        let mut want = orig.clone();
+        want.resize(6 * PAGE, 0);
+        assert_bytes(region.as_slice(), &want, &format!("{d}: mapped"));
+        // Write across the end of file.
+        region.as_mut_slice()[5 * PAGE..].fill(0xC7);
+        region.flush().unwrap();
+        let mut file_want = orig.clone();
+        file_want[5 * PAGE..].fill(0xC7);
+        let now = f.read();
+        assert_eq!(now.len(), flen, "{d}: flush changed the file length");
+        assert_bytes(&now, &file_want, &format!("{d}: after flush"));
+        region.unmap().unwrap();
+        assert_bytes(&f.read(), &file_want, &format!("{d}: after unmap"));
+    }
+}
+
+/// Private (anonymous-install) regions over a writable file never write
+/// to it: not on flush, not on unmap, not when reclaim evicts their
+/// written pages (those go to the region's own swap).
+#[test]
+fn ops_private_file_mapping_never_writes_back() {
+    for d in DELIVERIES {
+        let p = uffd_pager::Pager::builder()
+            .delivery(d)
+            .budget_pages(4)
+            .build()
+            .unwrap();
+        let orig = pattern_vec(60, 16 * PAGE);
+        let f = TempFile::with_contents("private", &orig);
+        let mut region = p
+            .map_store(
+                writable_file_store(&f),
+                16 * PAGE,
+                &opts(InstallKind::Anonymous),
+            )
+            .unwrap();
+        region.as_mut_slice().fill(0x6D);
+        p.reclaim_pages(64);
+        assert!(region.as_slice().iter().all(|&b| b == 0x6D));
+        assert_bytes(&f.read(), &orig, &format!("{d}: after eviction"));
+        region.flush().unwrap();
+        assert_bytes(&f.read(), &orig, &format!("{d}: after flush"));
+        region.unmap().unwrap();
+        assert_bytes(&f.read(), &orig, &format!("{d}: after unmap"));
+        assert!(
+            p.stats().get(Counter::PGSTEAL) > 0,
+            "{d}: nothing was evicted"
+        );
+    }
+}
+
+/// Flush over a memory store: the store holds the region's bytes.
+#[test]
+fn ops_flush_shared_memory_store() {
+    let p = pager(Delivery::InThread);
+    let orig = pattern_vec(70, 8 * PAGE);
+    let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
+    let mut region = p
+        .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
+        .unwrap();
+    region.as_mut_slice()[4 * PAGE..5 * PAGE].fill(0x70);
+    let mut want = orig.clone();
+    want[4 * PAGE..5 * PAGE].fill(0x70);
+    region.flush().unwrap();
+    assert_bytes(&store.snapshot(), &want, "after flush");
+    assert_bytes(region.as_slice(), &want, "region after flush");
+}
+
+/// Dirty tracking survives a move: a page read (installed clean) before
+/// the region moves and written after it must still be written back.
+fn write_after_move_is_written_back(d: Delivery, before_move: Option<u8>) {
+    let ctx = format!("{d}, before-move write {before_move:?}");
+    let p = pager(d);
+    let orig = pattern_vec(80, 8 * PAGE);
+    let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
+    let mut region = p
+        .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
+        .unwrap();
+    let mut want = orig.clone();
+    // Every page present and clean (read faults).
+    assert_bytes(region.as_slice(), &want, &format!("{ctx}: read"));
+    if let Some(b) = before_move {
+        // Dirty, then cleaned by a flush (which write-protects again).
+        region.as_mut_slice()[..8 * PAGE].fill(b);
+        want.fill(b);
+        region.flush().unwrap();
+        assert_bytes(&store.snapshot(), &want, &format!("{ctx}: first flush"));
+    }
+    region
+        .remap_to(8 * PAGE, Some(free_range(8 * PAGE)))
+        .unwrap();
+    assert_bytes(region.as_slice(), &want, &format!("{ctx}: moved"));
+    region.as_mut_slice()[2 * PAGE..4 * PAGE].fill(0x81);
+    want[2 * PAGE..4 * PAGE].fill(0x81);
+    region.flush().unwrap();
+    assert_bytes(
+        &store.snapshot(),
+        &want,
+        &format!("{ctx}: flushed after move"),
+    );
+    region.unmap().unwrap();
+    assert_bytes(
+        &store.snapshot(),
+        &want,
+        &format!("{ctx}: unmapped after move"),
+    );
+}
+
+#[test]
+fn ops_write_after_move_is_written_back() {
+    for d in DELIVERIES {
+        write_after_move_is_written_back(d, None);
+        write_after_move_is_written_back(d, Some(0x80));
+        write_after_grow_that_moves_is_written_back(d);
+    }
+}
+
+/// As above, for a `remap` that grows a region whose neighbour blocks
+/// in-place growth, so the kernel moves it.
+fn write_after_grow_that_moves_is_written_back(d: Delivery) {
+    let p = pager(d);
+    let orig = pattern_vec(85, 16 * PAGE);
+    let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
+    let at = free_range(16 * PAGE);
+    let mut region = p
+        .map_store(
+            store.clone(),
+            8 * PAGE,
+            &MapOptions {
+                fixed_addr: Some(at),
+                ..MapOptions::default()
+            },
+        )
+        .unwrap();
+    // A neighbour right after the region.
+    let _blocker = p
+        .map_store(
+            Arc::new(MemoryStore::new(PAGE as u64).unwrap()),
+            PAGE,
+            &MapOptions {
+                fixed_addr: Some(at + 8 * PAGE),
+                ..MapOptions::default()
+            },
+        )
+        .unwrap();
+    let mut want = orig.clone();
+    assert_bytes(region.as_slice(), &want[..8 * PAGE], "read");
+    region.remap(16 * PAGE).unwrap();
+    assert_ne!(region.as_ptr() as usize, at, "{d}: growth did not move");
+    region.as_mut_slice()[..2 * PAGE].fill(0x86);
+    want[..2 * PAGE].fill(0x86);
+    region.flush().unwrap();
+    assert_bytes(
+        &store.snapshot(),
+        &want,
+        &format!("{d}: flushed after moving grow"),
+    );
+}
+
+/// Same for a region that shrinks in place and grows again (which may or
+/// may not move it).
+#[test]
+fn ops_write_after_shrink_and_grow_is_written_back() {
+    for d in DELIVERIES {
+        let p = pager(d);
+        let orig = pattern_vec(90, 16 * PAGE);
+        let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
+        let mut region = p
+            .map_store(store.clone(), 16 * PAGE, &opts(InstallKind::Shared))
+            .unwrap();
+        let mut want = orig.clone();
+        assert_bytes(region.as_slice(), &want, "read");
+        region.remap(8 * PAGE).unwrap();
+        region.remap(16 * PAGE).unwrap();
+        assert_bytes(region.as_slice(), &want, &format!("{d}: regrown"));
+        region.as_mut_slice()[PAGE..2 * PAGE].fill(0x91);
+        want[PAGE..2 * PAGE].fill(0x91);
+        region.as_mut_slice()[12 * PAGE..13 * PAGE].fill(0x92);
+        want[12 * PAGE..13 * PAGE].fill(0x92);
+        region.flush().unwrap();
+        assert_bytes(&store.snapshot(), &want, &format!("{d}: flushed"));
+    }
+}
+
+/// protect(false) then protect(true) keeps dirty tracking: clean pages
+/// written after the round trip, and dirty pages written before it, all
+/// reach the store on flush.
+#[test]
+fn ops_protect_round_trip_keeps_write_back() {
+    for d in DELIVERIES {
+        let p = pager(d);
+        let orig = pattern_vec(95, 8 * PAGE);
+        let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
+        let mut region = p
+            .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
+            .unwrap();
+        let mut want = orig.clone();
+        assert_bytes(region.as_slice(), &want, "read");
+        region.as_mut_slice()[..PAGE].fill(0xA1);
+        want[..PAGE].fill(0xA1);
+        region.protect(false).unwrap();
+        assert_bytes(region.as_slice(), &want, &format!("{d}: read-only"));
+        region.protect(true).unwrap();
+        region.as_mut_slice()[5 * PAGE..6 * PAGE].fill(0xA2);
+        want[5 * PAGE..6 * PAGE].fill(0xA2);
+        region.as_mut_slice()[PAGE / 2] = 0xA3;
+        want[PAGE / 2] = 0xA3;
+        region.flush().unwrap();
+        assert_bytes(&store.snapshot(), &want, &format!("{d}: flushed"));
+        region.as_mut_slice()[7 * PAGE] = 0xA4;
+        want[7 * PAGE] = 0xA4;
+        drop(region);
+        assert_bytes(&store.snapshot(), &want, &format!("{d}: dropped"));
+    }
+}
