@@ -35,6 +35,8 @@ pub struct Footprint {
 impl Footprint {
     /// The bookkeeping of a region of `pages` pages in a pager with a
     /// budget of `budget_pages` (0: no budget, so no LRU).
+    ///
+    /// Example: [`Footprint`](crate::Footprint).
     pub fn of(pages: usize, budget_pages: u64) -> Result<Footprint> {
         let sys = |op| move |errno| Error::Sys { op, errno };
         let state = PageCache::new(pages).map_err(sys("mmap page states"))?;

@@ -71,16 +71,22 @@ impl Region {
     }
 
     /// First address.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn as_ptr(&self) -> *mut u8 {
         self.start as *mut u8
     }
 
     /// Length in bytes.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the region is empty (never).
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -98,6 +104,8 @@ impl Region {
     ///
     /// # Panics
     /// In a `fork()`ed child of the process that made the region.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn as_slice(&self) -> &[u8] {
         self.assert_mapped_here();
         // SAFETY: the range is mapped for as long as `self` lives, in the
@@ -110,6 +118,8 @@ impl Region {
     ///
     /// # Panics
     /// In a `fork()`ed child of the process that made the region.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         self.assert_mapped_here();
         // SAFETY: as above, and `&mut self` makes this the only view.
@@ -178,6 +188,8 @@ impl Region {
     /// best-effort: another thread can keep the pager at its budget and
     /// evict the buffer again before the call; [`Region::lock_resident`]
     /// keeps it resident until the guard is dropped.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
         let span = self.page_span(offset, len)?;
         let budget = self.owner.mm.config.budget_pages;
@@ -223,6 +235,8 @@ impl Region {
     /// the memory (the MAP_POPULATE / `populate_vma_page_range` analog: a
     /// private writable region is populated for write, others for read),
     /// then drains this CPU's LRU add batch as the pager's drain policy says.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
         let span = self.page_span(offset, len)?;
         let (pinned, writable, kind) = self.vma_flags();
@@ -249,6 +263,8 @@ impl Region {
     /// [`Pager::map_anonymous`](crate::Pager::map_anonymous)).
     ///
     /// Takes `&mut self`: the bytes change under any slice of the region.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn dontneed(&mut self, offset: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
@@ -258,17 +274,23 @@ impl Region {
     }
 
     /// Makes the region read-only (`false`) or read-write (`true`).
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn protect(&self, writable: bool) -> Result<()> {
         self.owner.mm.protect(self.id, writable)
     }
 
     /// Grows or shrinks the region in place if possible, moving it if it
     /// must. Growing is bounded by the backing store's length.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn remap(&mut self, new_len: usize) -> Result<()> {
         self.remap_to(new_len, None)
     }
 
     /// Moves (and optionally resizes) the region to `addr`.
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn remap_to(&mut self, new_len: usize, addr: Option<usize>) -> Result<()> {
         if new_len == 0 {
             return Err(Error::ZeroLength);
@@ -293,6 +315,8 @@ impl Region {
     }
 
     /// Writes cached pages back to the store (the msync analog).
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn flush(&self) -> Result<()> {
         let mm = &self.owner.mm;
         mm.check_owner()?;
@@ -307,6 +331,8 @@ impl Region {
 
     /// Unmaps the region, reporting write-back errors (dropping it does the
     /// same but can only log them).
+    ///
+    /// Example: [`Region`](crate::Region).
     pub fn unmap(self) -> Result<()> {
         let me = std::mem::ManuallyDrop::new(self);
         let r = me.owner.mm.unmap(me.id);

@@ -63,6 +63,8 @@ pub struct ResidentGuard<'a> {
 
 impl ResidentGuard<'_> {
     /// Whether the kernel also `mlock`ed the range (see above).
+    ///
+    /// Example: [`ResidentGuard`](crate::ResidentGuard).
     pub fn mlocked(&self) -> bool {
         self.locked.is_some()
     }

@@ -50,6 +50,8 @@ pub enum Delivery {
 
 impl Delivery {
     /// Whether faults are handled in the faulting thread.
+    ///
+    /// Example: [`Delivery`](crate::Delivery).
     pub fn is_in_thread(&self) -> bool {
         matches!(self, Delivery::InThread)
     }
@@ -59,12 +61,16 @@ impl Delivery {
     /// faster with a handler per CPU than with one; only a lone faulter
     /// touching pages one after another did better with one (README,
     /// "Speed").
+    ///
+    /// Example: [`Delivery`](crate::Delivery).
     pub fn per_cpu_threads() -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 
     /// Handler threads serving the whole pager (0 for in-thread and
     /// per-region delivery, whose handlers come with the regions).
+    ///
+    /// Example: [`Delivery`](crate::Delivery).
     pub fn pool_threads(&self) -> usize {
         match self {
             Delivery::Threads { threads, .. } => *threads,

@@ -53,6 +53,8 @@ impl PolicyKind {
     ];
 
     /// The CLI spelling.
+    ///
+    /// Example: [`PolicyKind`](crate::PolicyKind).
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::GlobalOnly => "global-only",
@@ -87,6 +89,8 @@ impl Default for Policy {
 
 impl Policy {
     /// A policy without the option.
+    ///
+    /// Example: [`Policy`](crate::Policy).
     pub const fn new(kind: PolicyKind) -> Policy {
         Policy {
             kind,

@@ -59,6 +59,8 @@ impl Pager {
     /// Maps `len` bytes of anonymous private memory (zero-filled; pages that
     /// are reclaimed go to the swap store: in memory, or a file in
     /// [`PagerBuilder::swap_dir`](crate::PagerBuilder::swap_dir)).
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn map_anonymous(&self, len: usize) -> Result<Region> {
         check_len(len)?;
         self.map_object(
@@ -81,6 +83,8 @@ impl Pager {
     }
 
     /// Maps the file at `path`: the whole file if `len` is `None`.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn map_file(&self, path: &Path, len: Option<usize>, opts: &MapOptions) -> Result<Region> {
         let meta = std::fs::metadata(path).map_err(|e| Error::Io {
             context: format!("stat {}", path.display()),
@@ -126,6 +130,8 @@ impl Pager {
     }
 
     /// Maps `len` bytes backed by `store`.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn map_store(
         &self,
         store: Arc<dyn Store>,
@@ -149,6 +155,8 @@ impl Pager {
 
     /// A zero-filled region that is never written back (a read-mostly
     /// scratch mapping over [`ZeroStore`]).
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn map_zero(&self, len: usize, kind: InstallKind) -> Result<Region> {
         check_len(len)?;
         self.map_object(

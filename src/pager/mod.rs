@@ -39,18 +39,24 @@ pub struct PagerBuilder {
 
 impl PagerBuilder {
     /// The fault-handling policy (default `retry-once`).
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn policy(mut self, p: Policy) -> Self {
         self.config.policy = p;
         self
     }
 
     /// How faults are delivered (default in-thread).
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn delivery(mut self, d: Delivery) -> Self {
         self.config.delivery = d;
         self
     }
 
     /// Store read attempts before a page is poisoned (default 3, min 1).
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn read_attempts(mut self, n: u32) -> Self {
         self.config.read_attempts = n.max(1);
         self
@@ -58,18 +64,24 @@ impl PagerBuilder {
 
     /// Memory budget in pages across all regions (0: unlimited). Resident
     /// means cached plus installed.
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn budget_pages(mut self, pages: u64) -> Self {
         self.config.budget_pages = pages;
         self
     }
 
     /// When populate drains the per-CPU LRU add batch (default `always`).
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn drain_policy(mut self, d: crate::lru::DrainPolicy) -> Self {
         self.config.drain = d;
         self
     }
 
     /// LRU shards (default 1): the per-node lruvec analog.
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn lru_shards(mut self, n: usize) -> Self {
         self.config.lru_shards = n.max(1);
         self
@@ -79,6 +91,8 @@ impl PagerBuilder {
     /// (the default swap store is an in-memory [`MemoryStore`]).
     ///
     /// [`MemoryStore`]: crate::store::MemoryStore
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn swap_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.swap_dir = Some(dir.into());
         self
@@ -86,6 +100,8 @@ impl PagerBuilder {
 
     /// Largest readahead window in pages (default 32; 0 turns readahead
     /// off) and the I/O threads that serve it (default 2).
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn readahead(mut self, max_pages: u32, threads: usize) -> Self {
         self.config.readahead_pages = max_pages;
         self.config.readahead_threads = threads.max(1);
@@ -97,6 +113,8 @@ impl PagerBuilder {
     /// fault costs a signal or a thread hop, so the engine maps more per
     /// fault; 0 or 1 turns it off). Rounded down to a power of two. A
     /// sequential reader's cluster doubles at each fault, up to 8× this.
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn fault_around(mut self, pages: usize) -> Self {
         self.config.fault_around_pages = if pages <= 1 {
             0
@@ -110,6 +128,8 @@ impl PagerBuilder {
     /// it counts as failed (default 30 s): a read that never returns then
     /// takes the read-error path (the access gets SIGBUS), a write-back
     /// keeps the page dirty. (The worker pool is described in the README's "Living in someone else's process".)
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn io_timeout(mut self, t: std::time::Duration) -> Self {
         self.config.io_timeout_ns = t.as_nanos().clamp(1, u64::MAX as u128) as u64;
         self
@@ -117,12 +137,16 @@ impl PagerBuilder {
 
     /// I/O worker threads for stores that are not signal-safe (default 2,
     /// at least 1).
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn io_threads(mut self, n: usize) -> Self {
         self.config.io_threads = n.max(1);
         self
     }
 
     /// Run the background reclaimer (default true; only with a budget).
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn kswapd(mut self, on: bool) -> Self {
         self.config.kswapd = on;
         self
@@ -132,12 +156,16 @@ impl PagerBuilder {
     /// delivery uses user-mode-only (what unprivileged processes may do);
     /// handler threads try without it first, so faults inside syscalls are
     /// served, and fall back to it if the process lacks the privilege.
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn user_mode_only(mut self, yes: bool) -> Self {
         self.user_mode_only = Some(yes);
         self
     }
 
     /// Opens the descriptor and starts delivery.
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn build(self) -> Result<Pager> {
         crate::fork::watch();
         let in_thread = self.config.delivery.is_in_thread();
@@ -310,6 +338,8 @@ impl std::fmt::Debug for Pager {
 
 impl Pager {
     /// A builder with the defaults: `retry-once`, in-thread delivery.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn builder() -> PagerBuilder {
         PagerBuilder::default()
     }
@@ -322,6 +352,8 @@ impl Pager {
     /// Reclaims up to `nr` pages now, from the calling thread (drop-caches
     /// style); returns how many were freed. Pages of pinned regions and
     /// pages in use (locked) are skipped.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn reclaim_pages(&self, nr: u64) -> u64 {
         let mm = &self.inner.mm;
         if mm.in_child() {
@@ -332,21 +364,29 @@ impl Pager {
     }
 
     /// LRU-lock (acquisitions, contended acquisitions) per shard.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn lru_shard_counts(&self) -> Vec<(u64, u64)> {
         self.inner.mm.lru.shard_counts()
     }
 
     /// A statistics snapshot.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn stats(&self) -> Stats {
         self.inner.mm.stats()
     }
 
     /// Zeroes the counters.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn reset_stats(&self) {
         self.inner.mm.reset_stats()
     }
 
     /// The policy.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn policy(&self) -> Policy {
         self.inner.mm.config.policy
     }
@@ -354,11 +394,15 @@ impl Pager {
     /// The userfaultfd descriptor the pager got: through `/dev/userfaultfd`
     /// or the system call, and whether it is user-mode-only (faults inside
     /// system calls fail with `EFAULT`; see [`Region::prefault`](crate::Region::prefault)).
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn descriptor(&self) -> Descriptor {
         self.inner.mm.uffd.descriptor()
     }
 
     /// The delivery mode.
+    ///
+    /// Example: [`Pager`](crate::Pager).
     pub fn delivery(&self) -> Delivery {
         self.inner.mm.config.delivery
     }

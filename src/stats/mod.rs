@@ -243,11 +243,15 @@ impl Stats {
     }
 
     /// A counter's value.
+    ///
+    /// Example: [`Stats`](crate::Stats).
     pub fn get(&self, c: Counter) -> u64 {
         self.counters[c as usize]
     }
 
     /// `RETRY_IO_MISS / RETRY_MMAP_DROP` in percent (seed 000's Miss/Drop).
+    ///
+    /// Example: [`Stats`](crate::Stats).
     pub fn miss_drop_pct(&self) -> f64 {
         let drop = self.get(Counter::RETRY_MMAP_DROP);
         if drop == 0 {
@@ -258,12 +262,16 @@ impl Stats {
     }
 
     /// Global-lock acquisitions that had to wait, reads and writes.
+    ///
+    /// Example: [`Stats`](crate::Stats).
     pub fn global_contended(&self) -> u64 {
         self.global.read_contended + self.global.write_contended
     }
 
     /// The difference `self - earlier`, counter by counter (latency and
     /// residency are taken from `self`).
+    ///
+    /// Example: [`Stats`](crate::Stats).
     pub fn since(&self, earlier: &Stats) -> Stats {
         let mut s = self.clone();
         for i in 0..N {

@@ -92,6 +92,8 @@ fn on_tmpfs(file: &File) -> bool {
 
 impl FileStore {
     /// Opens `path` as described by `opts`.
+    ///
+    /// Example: [`FileStore`](crate::store::FileStore).
     pub fn open(path: &Path, opts: &FileStoreOptions) -> io::Result<FileStore> {
         let mut oo = OpenOptions::new();
         oo.read(true);
@@ -118,6 +120,8 @@ impl FileStore {
     /// Wraps an open file. `writable` needs a descriptor opened for writing
     /// (otherwise this fails with `EBADF`). `O_DIRECT` on the descriptor is
     /// detected and honoured.
+    ///
+    /// Example: [`FileStore`](crate::store::FileStore).
     pub fn from_file(file: File, writable: bool) -> io::Result<Self> {
         // SAFETY: F_GETFL on a descriptor we hold open; no memory involved.
         let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
@@ -165,16 +169,22 @@ impl FileStore {
     }
 
     /// The underlying file.
+    ///
+    /// Example: [`FileStore`](crate::store::FileStore).
     pub fn file(&self) -> &File {
         &self.file
     }
 
     /// The file's exact length at open (before rounding up to a page).
+    ///
+    /// Example: [`FileStore`](crate::store::FileStore).
     pub fn file_len(&self) -> u64 {
         self.file_len
     }
 
     /// Whether the file is open with `O_DIRECT`.
+    ///
+    /// Example: [`FileStore`](crate::store::FileStore).
     pub fn is_direct(&self) -> bool {
         self.direct
     }

@@ -34,6 +34,8 @@ pub enum LatencyModel {
 
 impl LatencyModel {
     /// The model's mean latency.
+    ///
+    /// Example: [`LatencyModel`](crate::store::LatencyModel).
     pub fn mean_ns(&self) -> u64 {
         match *self {
             LatencyModel::None => 0,

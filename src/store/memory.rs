@@ -34,6 +34,8 @@ pub struct MemoryStore {
 impl MemoryStore {
     /// A zero-filled, writable store of `len_bytes`, rounded up to whole
     /// pages.
+    ///
+    /// Example: [`MemoryStore`](crate::store::MemoryStore).
     pub fn new(len_bytes: u64) -> Result<Self, StoreError> {
         let len = round_up_to_page(len_bytes);
         let n = usize::try_from(len).map_err(|_| StoreError(libc::ENOMEM))?;
@@ -46,6 +48,8 @@ impl MemoryStore {
 
     /// A writable store holding a copy of `data`; the length is rounded up to
     /// whole pages and the tail zero-padded.
+    ///
+    /// Example: [`MemoryStore`](crate::store::MemoryStore).
     pub fn from_bytes(data: &[u8]) -> Result<Self, StoreError> {
         let s = Self::new(data.len() as u64)?;
         if !data.is_empty() {
@@ -60,11 +64,15 @@ impl MemoryStore {
 
     /// A read-only store holding a copy of `data` (zero-padded to whole
     /// pages); writes return `EROFS`.
+    ///
+    /// Example: [`MemoryStore`](crate::store::MemoryStore).
     pub fn read_only(data: &[u8]) -> Result<Self, StoreError> {
         Ok(Self::from_bytes(data)?.with_writable(false))
     }
 
     /// Sets whether [`Store::write`] is accepted.
+    ///
+    /// Example: [`MemoryStore`](crate::store::MemoryStore).
     pub fn with_writable(mut self, writable: bool) -> Self {
         self.writable = writable;
         self
@@ -72,6 +80,8 @@ impl MemoryStore {
 
     /// A copy of the whole contents. Allocates; for tests and reports. Must
     /// not race with writes (the result could be torn).
+    ///
+    /// Example: [`MemoryStore`](crate::store::MemoryStore).
     pub fn snapshot(&self) -> Vec<u8> {
         let n = self.len as usize;
         let mut out = vec![0u8; n];

@@ -168,6 +168,8 @@ impl SimulatedStore {
     /// Wraps `inner`. Each read takes a latency drawn from `model`; at most
     /// `max_inflight` simulated I/Os run at once (0 = unbounded). `seed`
     /// makes the latency sequence reproducible (for a single thread).
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn new(inner: Arc<dyn Store>, model: LatencyModel, max_inflight: u32, seed: u64) -> Self {
         SimulatedStore {
             inner,
@@ -188,27 +190,37 @@ impl SimulatedStore {
 
     /// Whether writes also take modelled latency and a slot (default: no).
     /// Write latencies are not recorded in the read report.
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn with_write_latency(mut self, delay_writes: bool) -> Self {
         self.delay_writes = delay_writes;
         self
     }
 
     /// The wrapped store.
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn inner(&self) -> &Arc<dyn Store> {
         &self.inner
     }
 
     /// The configured model.
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn model(&self) -> LatencyModel {
         self.model
     }
 
     /// The configured bound on in-flight I/Os (0 = unbounded).
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn max_inflight(&self) -> u32 {
         self.slots.max
     }
 
     /// Simulated I/Os in progress now.
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn inflight(&self) -> u32 {
         self.slots.inflight.load(Ordering::Relaxed)
     }
@@ -216,16 +228,22 @@ impl SimulatedStore {
     /// Makes the next `n` reads fail with `EIO` (after their modelled
     /// latency, without reaching the inner store). Replaces any countdown
     /// still pending.
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn fail_next_reads(&self, n: u32) {
         self.fail_reads.store(n, Ordering::SeqCst);
     }
 
     /// Reads issued to the inner store.
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
 
     /// Writes issued to the inner store.
+    ///
+    /// Example: [`SimulatedStore`](crate::store::SimulatedStore).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
     }

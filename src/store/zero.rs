@@ -40,6 +40,8 @@ pub struct ZeroStore {
 
 impl ZeroStore {
     /// A zero store of `len_bytes`, rounded up to whole pages.
+    ///
+    /// Example: [`ZeroStore`](crate::store::ZeroStore).
     pub fn new(len_bytes: u64) -> Self {
         ZeroStore {
             len: round_up_to_page(len_bytes),
