@@ -3,15 +3,32 @@
 //!
 //! # Contract
 //!
-//! In in-thread delivery the engine calls [`Store::read`] and
-//! [`Store::write`] from the faulting thread's SIGBUS handler. Implementations
-//! must therefore be **async-signal-safe**: no allocation, no tracing, no
-//! locks that application code could hold. Plain syscalls (`pread`,
-//! `pwrite`, `clock_nanosleep`, `futex`), `memcpy` and atomics are fine.
+//! A store is called in one of two ways, as [`Store::signal_safe`] says:
 //!
-//! The engine never issues two concurrent calls for the same page (the page
-//! lock serialises them); calls for different pages may run concurrently.
-//! Offsets and lengths are always whole pages and within [`Store::len`].
+//! - **Ordinary Rust (the default).** The engine calls the store only from
+//!   its own I/O worker threads, never from a signal handler or with a lock
+//!   that application code could hold. The store may allocate, take
+//!   `std::sync::Mutex`es, log through `tracing`, open sockets and block.
+//!   The faulting thread posts the request and sleeps on the page, as the
+//!   kernel's `filemap_fault` sleeps on the folio after submitting the
+//!   read. A call that has not returned within
+//!   [`PagerBuilder::io_timeout`](crate::PagerBuilder::io_timeout) counts
+//!   as failed (the access that needed the page gets SIGBUS; a failed
+//!   write keeps the page dirty); a panic counts as a failed call.
+//! - **Signal-safe.** A store whose every method is async-signal-safe and
+//!   finishes in bounded time (no allocation, no locks, no logging; plain
+//!   syscalls such as `pread`, `pwrite`, `clock_nanosleep`, `futex`,
+//!   `memcpy` and atomics are fine) says so, and the engine calls it in the
+//!   faulting thread itself, in in-thread delivery from its SIGBUS handler:
+//!   no thread hop. Every store in this module is signal-safe except
+//!   `RedisStore`.
+//!
+//! Either way the engine never issues two concurrent calls for the same
+//! page (the page lock serialises them); calls for different pages may run
+//! concurrently. Offsets and lengths are always whole pages and within
+//! [`Store::len`]. Readahead windows and write-back batches arrive as one
+//! [`Store::read_many`] or [`Store::write_many`] call of at most
+//! [`MAX_BATCH`] pages; their defaults loop over `read` and `write`.
 
 mod file;
 mod latency;
@@ -24,6 +41,10 @@ pub use latency::LatencyModel;
 pub use memory::MemoryStore;
 pub use simulated::{LatencyReport, SimulatedStore};
 pub use zero::ZeroStore;
+
+/// The most pages one [`Store::read_many`] or [`Store::write_many`] call
+/// carries.
+pub const MAX_BATCH: usize = 32;
 
 /// A store error: a plain errno, so that building one never allocates.
 ///
@@ -109,6 +130,38 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether [`Store::write`] can succeed.
     fn writable(&self) -> bool;
+
+    /// Fills `buf` (whole pages, at most [`MAX_BATCH`] of them) with the
+    /// bytes at `offset`: a readahead window in one call, so that a store
+    /// on a network can fetch it in one round trip (`MGET`). On an error
+    /// the engine treats every page of the batch as unread (a fault reads
+    /// each again on its own), so a store may fail a batch it filled in
+    /// part.
+    ///
+    /// The default calls [`Store::read`] once per page. Same
+    /// signal-safety as [`Store::read`].
+    fn read_many(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        for (k, page) in buf.chunks_mut(crate::sys::PAGE_SIZE).enumerate() {
+            self.read(offset + (k * crate::sys::PAGE_SIZE) as u64, page)?;
+        }
+        Ok(())
+    }
+
+    /// Writes each `(offset, page)` of `pages` (at most [`MAX_BATCH`],
+    /// offsets distinct and in no particular order): a write-back batch in
+    /// one call, so that a networked store can pipeline it. On an error the
+    /// engine keeps every page of the batch dirty and writes it again
+    /// later, so a store may fail a batch it wrote in part (writes must be
+    /// idempotent, as any page write is).
+    ///
+    /// The default calls [`Store::write`] once per page. Same
+    /// signal-safety as [`Store::write`].
+    fn write_many(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        for (off, page) in pages {
+            self.write(*off, page)?;
+        }
+        Ok(())
+    }
 
     /// Makes earlier writes durable (fsync for files). Not called from
     /// signal handlers.
