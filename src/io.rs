@@ -20,12 +20,14 @@
 //!
 //! # Cost
 //! A thread hop per call (tens of µs on an idle vCPU) and a page copy; none
-//! for signal-safe stores, which keep the in-thread path. Requests are a
-//! fixed table ([`SLOTS`] of them, their buffers mapped on first use): a
-//! request that finds every slot taken (that many calls stuck) fails at
-//! once.
+//! for signal-safe stores, which keep the in-thread path. A batch (a
+//! readahead window, a write-back batch) is one request and one store call
+//! ([`Store::read_many`], [`Store::write_many`]) of up to [`MAX_BATCH`]
+//! pages. Requests are a fixed table ([`SLOTS`] of them, each with
+//! [`MAX_BATCH`] pages of buffer mapped on first use): a request that finds
+//! every slot taken (that many calls stuck) fails at once.
 
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, MAX_BATCH};
 use crate::sync::work_queue::WorkQueue;
 use crate::sys::mem::Mapping;
 use crate::sys::{futex, now_ns, PAGE_SIZE};
@@ -51,7 +53,9 @@ const WRITE: u32 = 1;
 struct Slot {
     state: AtomicU32,
     op: AtomicU32,
-    off: AtomicU64,
+    /// A read's offset; a write's page offsets, one per page of the buffer.
+    offs: [AtomicU64; MAX_BATCH],
+    /// Bytes in the buffer.
     len: AtomicU64,
     /// 0, or the errno of the failed call.
     result: AtomicI32,
@@ -62,7 +66,7 @@ struct Slot {
 /// The I/O workers' shared state. See the module docs.
 pub struct Io {
     slots: Box<[Slot]>,
-    /// One page per slot, mapped on first use.
+    /// [`MAX_BATCH`] pages per slot, mapped on first use.
     bufs: Mapping,
     queue: WorkQueue,
     timeout_ns: u64,
@@ -93,26 +97,27 @@ impl Io {
                 .map(|_| Slot {
                     state: AtomicU32::new(FREE),
                     op: AtomicU32::new(READ),
-                    off: AtomicU64::new(0),
+                    offs: std::array::from_fn(|_| AtomicU64::new(0)),
                     len: AtomicU64::new(0),
                     result: AtomicI32::new(0),
                     store: UnsafeCell::new(None),
                 })
                 .collect(),
-            bufs: Mapping::anonymous(SLOTS * PAGE_SIZE)?,
+            bufs: Mapping::anonymous(SLOTS * MAX_BATCH * PAGE_SIZE)?,
             queue: WorkQueue::new(SLOTS * 2),
             timeout_ns,
         })
     }
 
     fn buf(&self, k: usize) -> *mut u8 {
-        (self.bufs.addr() + k * PAGE_SIZE) as *mut u8
+        (self.bufs.addr() + k * MAX_BATCH * PAGE_SIZE) as *mut u8
     }
 
-    /// Reads `buf.len()` (at most a page) bytes at `off` from `store` on a
-    /// worker, waiting at most the timeout. Async-signal-safe.
+    /// Reads `buf.len()` (at most [`MAX_BATCH`] pages) bytes at `off` from
+    /// `store` on a worker, in one [`Store::read`] or [`Store::read_many`]
+    /// call, waiting at most the timeout. Async-signal-safe.
     pub fn read(&self, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let k = self.submit(store, READ, off, buf.len(), |_| {})?;
+        let k = self.submit(store, READ, buf.len(), |s, _| s.offs[0].store(off, Relaxed))?;
         self.wait(k, |p| {
             // SAFETY: the slot is DONE and ours again: the worker wrote its
             // buffer and no longer touches it.
@@ -120,13 +125,23 @@ impl Io {
         })
     }
 
-    /// Writes `data` (at most a page) at `off` to `store` on a worker,
-    /// waiting at most the timeout. Async-signal-safe.
-    pub fn write(&self, store: &Arc<dyn Store>, off: u64, data: &[u8]) -> Result<(), StoreError> {
-        let k = self.submit(store, WRITE, off, data.len(), |p| {
-            // SAFETY: the slot is CLAIMED by us: nobody else touches its
-            // buffer, which holds a page.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+    /// Writes each `(offset, page)` of `pages` (at most [`MAX_BATCH`]
+    /// whole pages) to `store` on a worker, in one [`Store::write`] or
+    /// [`Store::write_many`] call, waiting at most the timeout.
+    /// Async-signal-safe.
+    pub fn write(&self, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        if pages.len() > MAX_BATCH || pages.iter().any(|(_, p)| p.len() != PAGE_SIZE) {
+            return Err(StoreError(libc::EINVAL));
+        }
+        let k = self.submit(store, WRITE, pages.len() * PAGE_SIZE, |s, p| {
+            for (n, (off, page)) in pages.iter().enumerate() {
+                s.offs[n].store(*off, Relaxed);
+                // SAFETY: the slot is CLAIMED by us: nobody else touches its
+                // buffer, which holds MAX_BATCH pages.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(page.as_ptr(), p.add(n * PAGE_SIZE), PAGE_SIZE)
+                }
+            }
         })?;
         self.wait(k, |_| {})
     }
@@ -136,11 +151,10 @@ impl Io {
         &self,
         store: &Arc<dyn Store>,
         op: u32,
-        off: u64,
         len: usize,
-        fill: impl FnOnce(*mut u8),
+        fill: impl FnOnce(&Slot, *mut u8),
     ) -> Result<usize, StoreError> {
-        if len > PAGE_SIZE {
+        if len > MAX_BATCH * PAGE_SIZE {
             return Err(StoreError(libc::EINVAL));
         }
         let k = (0..SLOTS)
@@ -153,14 +167,13 @@ impl Io {
             .ok_or(StoreError(libc::EBUSY))?;
         let s = &self.slots[k];
         s.op.store(op, Relaxed);
-        s.off.store(off, Relaxed);
         s.len.store(len as u64, Relaxed);
         s.result.store(0, Relaxed);
         // SAFETY: CLAIMED: this thread alone touches the cell (see the
         // `Sync` impl). Cloning an Arc is one atomic increment, and the old
         // value is `None` (workers take it), so nothing is dropped here.
         unsafe { *s.store.get() = Some(store.clone()) };
-        fill(self.buf(k));
+        fill(s, self.buf(k));
         s.state.store(PENDING, Release);
         if !self.queue.push(k as u64) {
             // Cannot happen (the queue holds twice the slots); undo.
@@ -217,13 +230,22 @@ impl Io {
             }
             // SAFETY: RUNNING: this worker alone touches the cell.
             let store = unsafe { (*s.store.get()).take() };
-            let (off, len) = (s.off.load(Relaxed), s.len.load(Relaxed) as usize);
-            // SAFETY: RUNNING: this worker alone touches the buffer, a page.
+            let len = s.len.load(Relaxed) as usize;
+            // SAFETY: RUNNING: this worker alone touches the buffer, which
+            // holds MAX_BATCH pages.
             let buf = unsafe { std::slice::from_raw_parts_mut(self.buf(k as usize), len) };
             let op = s.op.load(Relaxed);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match (&store, op) {
-                (Some(st), READ) => st.read(off, buf),
-                (Some(st), _) => st.write(off, buf),
+                (Some(st), READ) => read_in_place(&**st, s.offs[0].load(Relaxed), buf),
+                (Some(st), _) => {
+                    // A worker may allocate: the batch's list is built here.
+                    let pages: Vec<(u64, &[u8])> = buf
+                        .chunks(PAGE_SIZE)
+                        .enumerate()
+                        .map(|(n, p)| (s.offs[n].load(Relaxed), p))
+                        .collect();
+                    write_in_place(&**st, &pages)
+                }
                 (None, _) => Err(StoreError(libc::EINVAL)),
             }));
             let errno = match r {
@@ -280,24 +302,42 @@ pub fn start<T: Send + Sync + 'static>(
     Ok(())
 }
 
-/// Reads from `store`: in the calling thread if it is signal-safe, else on
+/// One page through [`Store::read`], a batch through [`Store::read_many`].
+fn read_in_place(store: &dyn Store, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    if buf.len() <= PAGE_SIZE {
+        store.read(off, buf)
+    } else {
+        store.read_many(off, buf)
+    }
+}
+
+/// One page through [`Store::write`], a batch through [`Store::write_many`].
+fn write_in_place(store: &dyn Store, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+    match pages {
+        [(off, page)] => store.write(*off, page),
+        _ => store.write_many(pages),
+    }
+}
+
+/// Reads `buf.len()` bytes (whole pages, at most [`MAX_BATCH`] of them) at
+/// `off` from `store`: in the calling thread if it is signal-safe, else on
 /// a worker within the timeout. Async-signal-safe.
 #[inline]
 pub fn read(io: &Io, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
     if store.signal_safe() {
-        store.read(off, buf)
+        read_in_place(&**store, off, buf)
     } else {
         io.read(store, off, buf)
     }
 }
 
-/// Writes to `store`, as [`read`]. Async-signal-safe.
+/// Writes a batch of whole pages to `store`, as [`read`]. Async-signal-safe.
 #[inline]
-pub fn write(io: &Io, store: &Arc<dyn Store>, off: u64, data: &[u8]) -> Result<(), StoreError> {
+pub fn write(io: &Io, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
     if store.signal_safe() {
-        store.write(off, data)
+        write_in_place(&**store, pages)
     } else {
-        io.write(store, off, data)
+        io.write(store, pages)
     }
 }
 
@@ -367,7 +407,7 @@ mod tests {
             Err(StoreError(libc::EIO)),
             "a panic is a failed read"
         );
-        io.write(&store, 3 * PAGE_SIZE as u64, &[5u8; PAGE_SIZE])
+        io.write(&store, &[(3 * PAGE_SIZE as u64, &[5u8; PAGE_SIZE])])
             .unwrap();
         io.read(&store, 3 * PAGE_SIZE as u64, &mut buf).unwrap();
         assert_eq!(buf[0], 5);

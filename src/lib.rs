@@ -53,6 +53,7 @@ pub mod sync;
 mod sync;
 mod sys;
 mod vma;
+mod writeback;
 
 pub use delivery::Delivery;
 pub use error::{Error, Result};

@@ -11,10 +11,9 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{DIRTY, LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
+use crate::page_cache::{LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
 use crate::sys::mem::{madvise, mprotect, Mapping};
 use crate::sys::uffd::mode;
-use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -277,44 +276,5 @@ impl Mm {
         }
         self.uncharge(resident);
         r
-    }
-
-    /// Writes every dirty page of a shared object back to its store (the
-    /// msync analog), write-protecting mapped pages again so the next write
-    /// is seen. Anonymous objects are private copies: nothing to write.
-    pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
-        if obj.kind != InstallKind::Shared || !obj.store.writable() {
-            return Ok(());
-        }
-        for i in 0..obj.npages() {
-            if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
-                continue;
-            }
-            let w = obj.cache.lock(i);
-            if w & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
-                obj.cache.unlock(i, 0, 0);
-                continue;
-            }
-            // A mapped page is write-protected again first, so a write that
-            // races the write-back faults, waits for the page lock and
-            // marks the page dirty anew.
-            let reprotected = w & MAPPED == 0
-                || obj.windows.addr_of(i).is_some_and(|a| {
-                    self.uffd_for(obj)
-                        .writeprotect(a, PAGE_SIZE, true, false)
-                        .is_ok()
-                });
-            // SAFETY: we hold the page lock; the contents are only read.
-            let r = match unsafe { obj.page_mut(i) } {
-                Ok(buf) => crate::io::write(&self.io, &obj.store, (i * PAGE_SIZE) as u64, buf),
-                Err(e) => Err(crate::store::StoreError(e)),
-            };
-            let clear = if r.is_ok() && reprotected { DIRTY } else { 0 };
-            obj.cache.unlock(i, 0, clear);
-            r?;
-            self.counters.inc(crate::stats::Counter::WRITEBACK);
-        }
-        obj.store.sync()?;
-        Ok(())
     }
 }

@@ -401,21 +401,53 @@ impl Object {
         i: usize,
         io: &crate::io::Io,
     ) -> Result<(), crate::store::StoreError> {
-        let off = (i * PAGE_SIZE) as u64;
         let src = self.source(self.cache.load(i));
+        // SAFETY: the caller's contract.
+        unsafe { self.fill_run(i, 1, src, io) }
+    }
+
+    /// Reads the `n` pages from `i` on (at most [`crate::store::MAX_BATCH`])
+    /// from `src` into the cache in one store call: [`Object::fill`] for a
+    /// run, as readahead reads a window. Async-signal-safe when `n` is 1;
+    /// a longer run of a shared object whose store is not signal-safe
+    /// allocates its buffer (readahead threads only).
+    ///
+    /// # Safety
+    /// The caller holds the lock of every page of the run, none of them is
+    /// cached or installed, and `src` is each page's [`Object::source`].
+    pub unsafe fn fill_run(
+        &self,
+        i: usize,
+        n: usize,
+        src: &Arc<dyn Store>,
+        io: &crate::io::Io,
+    ) -> Result<(), crate::store::StoreError> {
+        use crate::store::StoreError;
+        if n == 0 || i + n > self.npages() {
+            return Err(StoreError(libc::EINVAL));
+        }
+        let (off, len) = ((i * PAGE_SIZE) as u64, n * PAGE_SIZE);
         match &self.backing {
             Backing::Shared { memfd, .. } if src.signal_safe() => {
-                src.read_to_fd(off, PAGE_SIZE, memfd.fd(), off)
+                src.read_to_fd(off, len, memfd.fd(), off)
             }
             Backing::Shared { memfd, .. } => {
-                let mut buf = crate::sys::PageBuf::zeroed();
-                io.read(src, off, &mut buf.0)?;
-                crate::sys::mem::pwrite_all(memfd.fd(), &buf.0, off)
-                    .map_err(crate::store::StoreError)
+                let through = |buf: &mut [u8]| {
+                    io.read(src, off, buf)?;
+                    crate::sys::mem::pwrite_all(memfd.fd(), buf, off).map_err(StoreError)
+                };
+                if n == 1 {
+                    through(&mut crate::sys::PageBuf::zeroed().0)
+                } else {
+                    through(&mut vec![0u8; len])
+                }
             }
-            // SAFETY: exclusivity is the caller's contract.
             Backing::Anonymous { .. } => {
-                let buf = unsafe { self.page_mut(i) }.map_err(crate::store::StoreError)?;
+                let p = self.data(i).map_err(StoreError)?;
+                // SAFETY: the run lies in the object's cache area (checked
+                // above), which `data` made; exclusivity is the caller's
+                // contract.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
                 crate::io::read(io, src, off, buf)
             }
         }

@@ -12,9 +12,10 @@
 
 use crate::address_space::Mm;
 use crate::lru::{entry, unpack, Entry};
-use crate::object::Object;
-use crate::page_cache::{LOCKED, POISONED, READAHEAD, UPTODATE};
+use crate::object::{Object, ObjectPin};
+use crate::page_cache::{LOCKED, POISONED, READAHEAD, SWAPPED, UPTODATE};
 use crate::stats::Counter::*;
+use crate::store::MAX_BATCH;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -66,15 +67,48 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     mm.readahead.kick();
 }
 
-/// Reads one requested page, if it is still absent.
-fn read_one(mm: &Mm, e: Entry) {
+/// A run of consecutive requested pages of one object, locked and absent,
+/// that read from the same source: one store call.
+struct Run {
+    obj: Option<ObjectPin>,
+    slot: u32,
+    start: usize,
+    n: usize,
+    swapped: bool,
+}
+
+impl Run {
+    /// Whether page `j` of the object in `slot`, reading from swap or not,
+    /// extends the run.
+    fn extends(&self, slot: u32, j: usize, swapped: bool) -> bool {
+        self.n > 0
+            && self.n < MAX_BATCH
+            && self.slot == slot
+            && self.start + self.n == j
+            && self.swapped == swapped
+    }
+}
+
+/// Reads the requested page `e` if it is still absent: it joins the run
+/// when it extends it; otherwise the run is read first and `e` starts the
+/// next one.
+fn add(mm: &Mm, run: &mut Run, e: Entry) {
     let (slot, j) = unpack(e);
-    let Some(obj) = mm.objects.pin(slot) else {
+    let fresh = match &run.obj {
+        Some(_) if run.slot == slot => None,
+        _ => match mm.objects.pin(slot) {
+            Some(o) => Some(o),
+            None => return,
+        },
+    };
+    let Some(obj) = fresh.as_deref().or(run.obj.as_deref()) else {
         return;
     };
     if j >= obj.npages() {
         return;
     }
+    // The same lock order as everyone else: a page lock is only ever
+    // tried here, never waited for, while the run holds others.
     let Ok(prev) = obj.cache.try_lock(j) else {
         return;
     };
@@ -82,18 +116,68 @@ fn read_one(mm: &Mm, e: Entry) {
         obj.cache.unlock(j, 0, 0);
         return;
     }
-    crate::reclaim::charge(mm, 1);
-    // SAFETY: we hold the page lock and the page is absent.
-    if unsafe { obj.fill(j, &mm.io) }.is_ok() {
-        mm.counters.inc(RA_PAGES);
-        mm.counters.inc(PGREAD);
-        obj.cache.unlock(j, UPTODATE | READAHEAD, 0);
-        mm.page_cached(&obj, j);
+    let swapped = prev & SWAPPED != 0;
+    if !run.extends(slot, j, swapped) {
+        flush(mm, run);
+        if let Some(o) = fresh {
+            run.obj = Some(o);
+        }
+        run.slot = slot;
+        run.start = j;
+        run.swapped = swapped;
+    }
+    run.n += 1;
+}
+
+/// Reads the run's pages in one store call (`read_many`) and makes them
+/// Cached, or on a failure leaves them all absent (a fault will read each
+/// again and report its error).
+fn flush(mm: &Mm, run: &mut Run) {
+    let n = std::mem::take(&mut run.n);
+    let Some(obj) = run.obj.as_ref() else {
+        return;
+    };
+    if n == 0 {
+        return;
+    }
+    let (start, end) = (run.start, run.start + n);
+    crate::reclaim::charge(mm, n as u64);
+    let src = if run.swapped { obj.swap() } else { &obj.store };
+    // SAFETY: we hold the lock of every page of the run, each absent, and
+    // they all read from `src`.
+    if unsafe { obj.fill_run(start, n, src, &mm.io) }.is_ok() {
+        for j in start..end {
+            mm.counters.inc(RA_PAGES);
+            mm.counters.inc(PGREAD);
+            obj.cache.unlock(j, UPTODATE | READAHEAD, 0);
+            mm.page_cached(obj, j);
+        }
     } else {
-        // Leave it absent: a fault will read it again and report errors.
         mm.counters.inc(IO_ERROR);
-        obj.cache.unlock(j, 0, 0);
-        mm.uncharge(1);
+        for j in start..end {
+            obj.cache.unlock(j, 0, 0);
+        }
+        mm.uncharge(n as u64);
+    }
+}
+
+/// One readahead thread: takes requests as they come, gathers the
+/// consecutive ones already queued into a run, and reads each run in one
+/// store call.
+fn work(mm: &Mm) {
+    while let Some(e) = mm.readahead.next() {
+        let mut run = Run {
+            obj: None,
+            slot: u32::MAX,
+            start: 0,
+            n: 0,
+            swapped: false,
+        };
+        add(mm, &mut run, e);
+        while let Some(e) = mm.readahead.pop() {
+            add(mm, &mut run, e);
+        }
+        flush(mm, &mut run);
     }
 }
 
@@ -110,11 +194,7 @@ pub fn start(
         started.push(
             std::thread::Builder::new()
                 .name(format!("uffd-readahead-{k}"))
-                .spawn(move || {
-                    while let Some(e) = mm.readahead.next() {
-                        read_one(&mm, e);
-                    }
-                })?,
+                .spawn(move || work(&mm))?,
         );
     }
     Ok(std::mem::take(started))

@@ -100,7 +100,7 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     // SAFETY: `src` is a present page of a staging slot that is ours
     // until `put_slot`.
     let page = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
-    let out = if crate::io::write(&mm.io, obj.swap(), (i * PAGE_SIZE) as u64, page).is_ok() {
+    let out = if crate::io::write(&mm.io, obj.swap(), &[((i * PAGE_SIZE) as u64, page)]).is_ok() {
         mm.counters.inc(WRITEBACK);
         Unmapped::WrittenBack
     } else {
@@ -194,7 +194,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         // reads or writes its cached contents.
         let buf = unsafe { obj.page_mut(i) };
         if buf
-            .map(|b| crate::io::write(&mm.io, obj.swap(), (i * PAGE_SIZE) as u64, b))
+            .map(|b| crate::io::write(&mm.io, obj.swap(), &[((i * PAGE_SIZE) as u64, b)]))
             .map_or(true, |r| r.is_err())
         {
             mm.counters.inc(IO_ERROR);

@@ -1,0 +1,107 @@
+//! Write-back (`mm/page-writeback.c`, the `msync` analog): every dirty page
+//! of a shared object goes to its store, in batches of up to
+//! [`MAX_BATCH`] pages, each batch one [`Store::write_many`] call (one
+//! pipeline for a networked store).
+//!
+//! A mapped page is write-protected again before it is written, so a write
+//! that races the write-back faults, waits for the page lock and marks the
+//! page dirty anew. A batch holds its pages' locks from the first lock to
+//! the store call's end; only the first is waited for: a later page that is
+//! busy ends the batch first, so the write-back never blocks on a page lock
+//! while it holds another. A failed batch keeps every page of it dirty.
+//!
+//! [`Store::write_many`]: crate::store::Store::write_many
+
+use crate::address_space::Mm;
+use crate::error::Result;
+use crate::object::{InstallKind, Object};
+use crate::page_cache::{DIRTY, MAPPED, UPTODATE};
+use crate::stats::Counter::WRITEBACK;
+use crate::store::MAX_BATCH;
+use crate::sys::PAGE_SIZE;
+
+/// Pages of one batch: index, and whether it is protected against writes
+/// (so its dirty bit may be cleared once written).
+struct Batch {
+    pages: [(usize, bool); MAX_BATCH],
+    n: usize,
+}
+
+impl Mm {
+    /// Writes every dirty page of a shared object back to its store and
+    /// syncs it. Anonymous objects are private copies: nothing to write.
+    pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
+        if obj.kind != InstallKind::Shared || !obj.store.writable() {
+            return Ok(());
+        }
+        let mut b = Batch {
+            pages: [(0, false); MAX_BATCH],
+            n: 0,
+        };
+        let mut result = Ok(());
+        for i in 0..obj.npages() {
+            if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
+                continue;
+            }
+            let w = if b.n == 0 {
+                obj.cache.lock(i)
+            } else {
+                match obj.cache.try_lock(i) {
+                    Ok(w) => w,
+                    Err(_) => {
+                        result = result.and(self.write_batch(obj, &mut b));
+                        obj.cache.lock(i)
+                    }
+                }
+            };
+            if w & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
+                obj.cache.unlock(i, 0, 0);
+                continue;
+            }
+            let protected = w & MAPPED == 0
+                || obj.windows.addr_of(i).is_some_and(|a| {
+                    self.uffd_for(obj)
+                        .writeprotect(a, PAGE_SIZE, true, false)
+                        .is_ok()
+                });
+            b.pages[b.n] = (i, protected);
+            b.n += 1;
+            if b.n == MAX_BATCH {
+                result = result.and(self.write_batch(obj, &mut b));
+            }
+        }
+        result = result.and(self.write_batch(obj, &mut b));
+        result?;
+        obj.store.sync()?;
+        Ok(())
+    }
+
+    /// Writes the batch's pages in one store call and unlocks them.
+    fn write_batch(&self, obj: &Object, b: &mut Batch) -> Result<()> {
+        if b.n == 0 {
+            return Ok(());
+        }
+        let mut list: [(u64, &[u8]); MAX_BATCH] = [(0, &[]); MAX_BATCH];
+        let mut r = Ok(());
+        for (k, &(i, _)) in b.pages[..b.n].iter().enumerate() {
+            // SAFETY: we hold page `i`'s lock; its contents are only read,
+            // and the slice lives until the page is unlocked below.
+            match unsafe { obj.page_mut(i) } {
+                Ok(p) => list[k] = ((i * PAGE_SIZE) as u64, p),
+                Err(e) => r = Err(crate::store::StoreError(e)),
+            }
+        }
+        if r.is_ok() {
+            r = crate::io::write(&self.io, &obj.store, &list[..b.n]);
+        }
+        for &(i, protected) in &b.pages[..b.n] {
+            let clear = if r.is_ok() && protected { DIRTY } else { 0 };
+            obj.cache.unlock(i, 0, clear);
+            if r.is_ok() {
+                self.counters.inc(WRITEBACK);
+            }
+        }
+        b.n = 0;
+        Ok(r?)
+    }
+}

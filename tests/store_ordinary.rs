@@ -1,0 +1,290 @@
+//! Stores in ordinary Rust: a store that is not signal-safe may allocate,
+//! lock and log on every call, and the engine calls it only from its I/O
+//! worker threads, even under in-thread delivery (where every fault is
+//! handled in the faulting thread's SIGBUS handler). Readahead windows and
+//! write-back batches reach such a store as one call each.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+use uffd_pager::store::{Store, StoreError, MAX_BATCH};
+use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager};
+use util::PAGE;
+
+/// Page `p` at version `v` holds this byte everywhere (never 0, so a lost
+/// or zero page is caught).
+fn fill_byte(p: usize, v: u64) -> u8 {
+    ((p as u64).wrapping_mul(31).wrapping_add(v.wrapping_mul(7)) % 251 + 1) as u8
+}
+
+/// A store the way an application writes one: a `Mutex<HashMap>` of boxed
+/// pages, a log line per call, and a record of which threads called it and
+/// how many pages each batch carried.
+struct Ordinary {
+    pages: Mutex<HashMap<u64, Box<[u8]>>>,
+    len: u64,
+    /// Calls made from a thread that is not one of the engine's I/O
+    /// workers or readahead threads (a faulting thread, say).
+    foreign_calls: AtomicUsize,
+    read_many_calls: AtomicUsize,
+    largest_read_batch: AtomicUsize,
+    write_many_calls: AtomicUsize,
+    largest_write_batch: AtomicUsize,
+    calls: AtomicU64,
+}
+
+impl Ordinary {
+    fn new(npages: usize) -> Ordinary {
+        let pages = (0..npages)
+            .map(|p| (p as u64, vec![fill_byte(p, 0); PAGE].into_boxed_slice()))
+            .collect();
+        Ordinary {
+            pages: Mutex::new(pages),
+            len: (npages * PAGE) as u64,
+            foreign_calls: AtomicUsize::new(0),
+            read_many_calls: AtomicUsize::new(0),
+            largest_read_batch: AtomicUsize::new(0),
+            write_many_calls: AtomicUsize::new(0),
+            largest_write_batch: AtomicUsize::new(0),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Allocates (the name, the log line), logs, and records the caller.
+    fn enter(&self, what: &str, off: u64) {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        if !(name.starts_with("uffd-io-") || name.starts_with("uffd-readahead-")) {
+            self.foreign_calls.fetch_add(1, Relaxed);
+        }
+        self.calls.fetch_add(1, Relaxed);
+        tracing::info!(thread = %name, what, page = off / PAGE as u64, "store call");
+    }
+}
+
+impl Store for Ordinary {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.enter("read", off);
+        let pages = self.pages.lock().unwrap();
+        let page = pages
+            .get(&(off / PAGE as u64))
+            .ok_or(StoreError(libc::EIO))?;
+        buf.copy_from_slice(&page[..buf.len()]);
+        Ok(())
+    }
+    fn read_many(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read_many_calls.fetch_add(1, Relaxed);
+        self.largest_read_batch.fetch_max(buf.len() / PAGE, Relaxed);
+        for (k, page) in buf.chunks_mut(PAGE).enumerate() {
+            self.read(off + (k * PAGE) as u64, page)?;
+        }
+        Ok(())
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.enter("write", off);
+        let copy: Box<[u8]> = buf.into();
+        self.pages.lock().unwrap().insert(off / PAGE as u64, copy);
+        Ok(())
+    }
+    fn write_many(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        self.write_many_calls.fetch_add(1, Relaxed);
+        self.largest_write_batch.fetch_max(pages.len(), Relaxed);
+        for (off, page) in pages {
+            self.write(*off, page)?;
+        }
+        Ok(())
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "ordinary"
+    }
+}
+
+/// Logs go through a real subscriber (formatting allocates, the writer
+/// locks), written to nowhere.
+fn install_logger() {
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::sink)
+        .try_init();
+}
+
+#[test]
+fn an_allocating_locking_logging_store_serves_a_million_in_thread_faults() {
+    install_logger();
+    const NPAGES: usize = 2048;
+    const THREADS: usize = 4;
+    const FAULTS: u64 = 1_000_000;
+    let store = Arc::new(Ordinary::new(NPAGES));
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(128)
+        .readahead(0, 0)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let opts = MapOptions {
+        kind: InstallKind::Shared,
+        writable: true,
+        ..MapOptions::default()
+    };
+    let region = pager
+        .map_store(store.clone(), NPAGES * PAGE, &opts)
+        .unwrap();
+    let base = region.as_ptr() as usize;
+    // Page p is owned (written) by thread p % THREADS; its version lives
+    // here and only its owner changes it.
+    let versions: Arc<Vec<AtomicU64>> = Arc::new((0..NPAGES).map(|_| AtomicU64::new(0)).collect());
+    let checked = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (versions, pager, checked) = (versions.clone(), &pager, &checked);
+            s.spawn(move || {
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                while pager.stats().get(Counter::PGFAULT) < FAULTS {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let p = (x as usize % (NPAGES / THREADS)) * THREADS + t;
+                    // SAFETY: in bounds of the live region; only this
+                    // thread writes page p, and nobody else reads it.
+                    let page = unsafe {
+                        std::slice::from_raw_parts_mut((base + p * PAGE) as *mut u8, PAGE)
+                    };
+                    let v = versions[p].load(Relaxed);
+                    let want = fill_byte(p, v);
+                    if let Some(i) = page.iter().position(|&b| b != want) {
+                        panic!("page {p} v{v}: byte {i} is {:#x}, want {want:#x}", page[i]);
+                    }
+                    checked.fetch_add(1, Relaxed);
+                    if x % 4 == 0 {
+                        page.fill(fill_byte(p, v + 1));
+                        versions[p].store(v + 1, Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let st = pager.stats();
+    assert!(st.get(Counter::PGFAULT) >= FAULTS);
+    assert!(
+        st.get(Counter::WRITEBACK) > 0,
+        "dirty pages were written back"
+    );
+    assert_eq!(
+        store.foreign_calls.load(Relaxed),
+        0,
+        "a store that is not signal-safe is called only by the engine's I/O threads"
+    );
+    // Every byte of the region and of the store after the final write-back.
+    // (The region first: reading it faults, and the store's lock must not
+    // be held by the faulting thread then, as with any store of this kind.)
+    for p in 0..NPAGES {
+        let want = fill_byte(p, versions[p].load(Relaxed));
+        let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+        assert!(page.iter().all(|&b| b == want), "region page {p}");
+    }
+    region.flush().unwrap();
+    let stored = store.pages.lock().unwrap();
+    for p in 0..NPAGES {
+        let want = fill_byte(p, versions[p].load(Relaxed));
+        assert!(
+            stored[&(p as u64)].iter().all(|&b| b == want),
+            "stored page {p}"
+        );
+    }
+    eprintln!(
+        "{} faults, {} pages checked, {} store calls",
+        st.get(Counter::PGFAULT),
+        checked.load(Relaxed),
+        store.calls.load(Relaxed)
+    );
+}
+
+#[test]
+fn a_readahead_window_reaches_the_store_as_one_call() {
+    install_logger();
+    const NPAGES: usize = 1024;
+    let store = Arc::new(Ordinary::new(NPAGES));
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .readahead(MAX_BATCH as u32, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let opts = MapOptions {
+        kind: InstallKind::Shared,
+        writable: false,
+        ..MapOptions::default()
+    };
+    let region = pager
+        .map_store(store.clone(), NPAGES * PAGE, &opts)
+        .unwrap();
+    for p in 0..NPAGES {
+        let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+        assert!(page.iter().all(|&b| b == fill_byte(p, 0)), "page {p}");
+    }
+    let st = pager.stats();
+    let (calls, largest) = (
+        store.read_many_calls.load(Relaxed),
+        store.largest_read_batch.load(Relaxed),
+    );
+    eprintln!(
+        "{} readahead pages in {calls} read_many calls (largest {largest}); {} store calls",
+        st.get(Counter::RA_PAGES),
+        store.calls.load(Relaxed)
+    );
+    assert!(
+        st.get(Counter::RA_PAGES) > NPAGES as u64 / 2,
+        "readahead ran"
+    );
+    assert!(
+        calls > 0 && largest > 1,
+        "windows went to the store as batches"
+    );
+    assert!(largest <= MAX_BATCH);
+    assert_eq!(store.foreign_calls.load(Relaxed), 0);
+}
+
+#[test]
+fn a_write_back_reaches_the_store_in_batches() {
+    install_logger();
+    const NPAGES: usize = 200;
+    let store = Arc::new(Ordinary::new(NPAGES));
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    let opts = MapOptions {
+        kind: InstallKind::Shared,
+        writable: true,
+        ..MapOptions::default()
+    };
+    let mut region = pager
+        .map_store(store.clone(), NPAGES * PAGE, &opts)
+        .unwrap();
+    for p in (0..NPAGES).filter(|p| p % 3 != 0) {
+        region.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(fill_byte(p, 1));
+    }
+    region.flush().unwrap();
+    let (calls, largest) = (
+        store.write_many_calls.load(Relaxed),
+        store.largest_write_batch.load(Relaxed),
+    );
+    eprintln!("write-back: {calls} write_many calls, largest {largest}");
+    assert_eq!(largest, MAX_BATCH, "full batches of dirty pages");
+    assert!(calls >= (NPAGES * 2 / 3).div_ceil(MAX_BATCH));
+    let stored = store.pages.lock().unwrap();
+    for p in 0..NPAGES {
+        let want = fill_byte(p, u64::from(p % 3 != 0));
+        assert!(stored[&(p as u64)].iter().all(|&b| b == want), "page {p}");
+    }
+    assert_eq!(store.foreign_calls.load(Relaxed), 0);
+}
