@@ -164,7 +164,7 @@ fn an_allocating_locking_logging_store_serves_a_million_in_thread_faults() {
                         panic!("page {p} v{v}: byte {i} is {:#x}, want {want:#x}", page[i]);
                     }
                     checked.fetch_add(1, Relaxed);
-                    if x % 4 == 0 {
+                    if x.is_multiple_of(4) {
                         page.fill(fill_byte(p, v + 1));
                         versions[p].store(v + 1, Relaxed);
                     }
