@@ -288,3 +288,51 @@ fn a_write_back_reaches_the_store_in_batches() {
     }
     assert_eq!(store.foreign_calls.load(Relaxed), 0);
 }
+
+#[test]
+fn anonymous_regions_swap_to_the_stores_swap_to_makes() {
+    install_logger();
+    const NPAGES: usize = 512;
+    let made: Arc<Mutex<Vec<Arc<Ordinary>>>> = Arc::default();
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(64)
+        .swap_to({
+            let made = made.clone();
+            move |len| {
+                let s = Arc::new(Ordinary::new(len / PAGE));
+                made.lock().unwrap().push(s.clone());
+                Ok(s as Arc<dyn Store>)
+            }
+        })
+        .build()
+        .unwrap();
+    let mut region = pager.map_anonymous(NPAGES * PAGE).unwrap();
+    for p in 0..NPAGES {
+        region.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(fill_byte(p, 5));
+    }
+    for p in 0..NPAGES {
+        let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+        assert!(page.iter().all(|&b| b == fill_byte(p, 5)), "page {p}");
+    }
+    let made = made.lock().unwrap();
+    assert_eq!(made.len(), 1, "one swap store per anonymous region");
+    let swap = &made[0];
+    assert!(swap.calls.load(Relaxed) >= (NPAGES - 64) as u64, "pages went to swap and back");
+    assert_eq!(swap.foreign_calls.load(Relaxed), 0);
+    assert!(pager.stats().get(Counter::WRITEBACK) >= (NPAGES - 64) as u64);
+
+    // A maker that fails, or a store too small, fails the map call.
+    let failing = Pager::builder()
+        .swap_to(|_| Err(std::io::Error::other("no swap here")))
+        .build()
+        .unwrap();
+    let e = failing.map_anonymous(4 * PAGE).unwrap_err();
+    assert!(e.to_string().contains("swap"), "{e}");
+    let small = Pager::builder()
+        .swap_to(|_| Ok(Arc::new(Ordinary::new(1)) as Arc<dyn Store>))
+        .build()
+        .unwrap();
+    let e = small.map_anonymous(4 * PAGE).unwrap_err();
+    assert!(e.to_string().contains("swap store"), "{e}");
+}

@@ -55,6 +55,32 @@ fn check_fixed(a: Option<usize>) -> Result<()> {
     }
 }
 
+/// Where anonymous regions swap to ([`crate::PagerBuilder::swap_dir`],
+/// [`crate::PagerBuilder::swap_to`]).
+#[derive(Clone, Default)]
+pub(crate) enum Swap {
+    /// An in-memory store per region.
+    #[default]
+    Memory,
+    /// An unlinked file per region in this directory.
+    Dir(std::path::PathBuf),
+    /// The store this returns, per region.
+    To(Arc<SwapFn>),
+}
+
+/// [`crate::PagerBuilder::swap_to`]'s store maker.
+type SwapFn = dyn Fn(usize) -> std::io::Result<Arc<dyn Store>> + Send + Sync;
+
+impl std::fmt::Debug for Swap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Swap::Memory => f.write_str("Memory"),
+            Swap::Dir(d) => f.debug_tuple("Dir").field(d).finish(),
+            Swap::To(_) => f.write_str("To(..)"),
+        }
+    }
+}
+
 impl Pager {
     /// Maps `len` bytes of anonymous private memory (zero-filled; pages that
     /// are reclaimed go to the swap store: in memory, or a file in
@@ -76,10 +102,26 @@ impl Pager {
 
     /// A swap store of `len` bytes for an anonymous object.
     fn swap_store(&self, len: usize) -> Result<Arc<dyn Store>> {
-        Ok(match &self.swap_dir {
-            None => Arc::new(crate::store::MemoryStore::new(len as u64)?),
-            Some(dir) => Arc::new(swap_file(dir, len)?),
-        })
+        let store: Arc<dyn Store> = match &self.swap {
+            Swap::Memory => Arc::new(crate::store::MemoryStore::new(len as u64)?),
+            Swap::Dir(dir) => Arc::new(swap_file(dir, len)?),
+            Swap::To(make) => make(len).map_err(|e| Error::Io {
+                context: "making a swap store (PagerBuilder::swap_to)".into(),
+                source: e,
+            })?,
+        };
+        if store.len() < len as u64 || !store.writable() {
+            return Err(Error::Io {
+                context: format!(
+                    "the swap store ({}) holds {} bytes{}; {len} writable bytes are needed",
+                    store.name(),
+                    store.len(),
+                    if store.writable() { "" } else { ", read-only" }
+                ),
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            });
+        }
+        Ok(store)
     }
 
     /// Maps the file at `path`: the whole file if `len` is `None`.

@@ -34,7 +34,7 @@ mod map;
 pub struct PagerBuilder {
     config: Config,
     user_mode_only: Option<bool>,
-    swap_dir: Option<std::path::PathBuf>,
+    swap: map::Swap,
 }
 
 impl PagerBuilder {
@@ -94,7 +94,38 @@ impl PagerBuilder {
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn swap_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.swap_dir = Some(dir.into());
+        self.swap = map::Swap::Dir(dir.into());
+        self
+    }
+
+    /// Swap anonymous regions to stores that `make` returns: called once
+    /// for each anonymous region (and each store-backed region installed
+    /// anonymously) with the byte length its swap must hold, it returns
+    /// that region's own swap store, for example a namespace of its own on
+    /// a Redis server (far memory). An error from `make` fails the map
+    /// call with [`Error::Io`](crate::Error::Io). The stores may be
+    /// ordinary Rust (see [`crate::store`]): pages then go to swap and
+    /// come back through the I/O workers.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use uffd_pager::store::{MemoryStore, Store};
+    /// use uffd_pager::Pager;
+    ///
+    /// let pager = Pager::builder()
+    ///     .budget_pages(4)
+    ///     .swap_to(|len| Ok(Arc::new(MemoryStore::new(len as u64)?) as Arc<dyn Store>))
+    ///     .build()?;
+    /// let mut region = pager.map_anonymous(64 * uffd_pager::PAGE_SIZE)?;
+    /// region.as_mut_slice().fill(7); // most pages go to their swap store
+    /// assert!(region.as_slice().iter().all(|&b| b == 7));
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn swap_to<F>(mut self, make: F) -> Self
+    where
+        F: Fn(usize) -> std::io::Result<Arc<dyn crate::store::Store>> + Send + Sync + 'static,
+    {
+        self.swap = map::Swap::To(Arc::new(make));
         self
     }
 
@@ -252,7 +283,7 @@ impl PagerBuilder {
         }
         Ok(Pager {
             inner: Arc::new(inner),
-            swap_dir: self.swap_dir,
+            swap: self.swap,
         })
     }
 }
@@ -318,7 +349,7 @@ impl Default for MapOptions {
 /// is `examples/embed_file.rs`).
 pub struct Pager {
     inner: Arc<PagerInner>,
-    swap_dir: Option<std::path::PathBuf>,
+    swap: map::Swap,
 }
 
 /// `Pager { policy: Policy { .. }, delivery: InThread, budget_pages: 4096,
