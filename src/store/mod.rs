@@ -33,12 +33,16 @@
 mod file;
 mod latency;
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 mod simulated;
 mod zero;
 
 pub use file::{FileStore, FileStoreOptions};
 pub use latency::LatencyModel;
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use redis::{page_key, RedisOptions, RedisStore, RedisStoreError, RedisUrl};
 pub use simulated::{LatencyReport, SimulatedStore};
 pub use zero::ZeroStore;
 

@@ -1,0 +1,157 @@
+//! `RedisStore` on a three-node Redis Cluster started by the test.
+
+use super::super::*;
+use super::servers::{have_redis, page, Server, P};
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Instant;
+
+/// Runs `redis-cli -p PORT ARGS...`, returning its stdout.
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Three cluster-enabled servers, joined into one cluster (no replicas)
+/// whose state is `ok` on every node.
+fn start_cluster() -> Vec<Server> {
+    let nodes: Vec<Server> = (0..3)
+        .map(|_| {
+            Server::start_with(|port, dir| {
+                let conf = dir.join(format!("nodes-{port}.conf"));
+                vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-config-file".into(),
+                    conf.to_string_lossy().into_owned(),
+                ]
+            })
+        })
+        .collect();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let out = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("run redis-cli --cluster create");
+    assert!(out.status.success(), "cluster create failed: {out:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for n in &nodes {
+        while !cli(n.port, &["cluster", "info"]).contains("cluster_state:ok") {
+            assert!(
+                Instant::now() < deadline,
+                "cluster never reached cluster_state:ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    nodes
+}
+
+#[test]
+fn cluster_round_trip_across_slots() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = start_cluster();
+    let url = format!(
+        "redis-cluster://{}",
+        nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let opts = RedisOptions {
+        prefix: "ct".into(),
+        timeout: Duration::from_secs(1),
+        attempts: 3,
+    };
+    let len = 201 * RedisStore::PAGES_PER_TAG * P as u64;
+    let s = RedisStore::open(&url, len, &opts).unwrap();
+    assert_eq!(s.name(), "redis-cluster");
+    let about = RedisStore::ping(&url, &opts).unwrap();
+    assert!(
+        about.contains("cluster_state ok") && about.contains("3 masters"),
+        "{about}"
+    );
+
+    // 200 pages, each in a chunk (so a hash slot) of its own, written in
+    // batches of 25 that each span many slots and all three nodes.
+    let pages: Vec<u64> = (0..200u64).map(|k| k * 64 + (k * 13) % 64).collect();
+    let mut want: HashMap<u64, Vec<u8>> = pages.iter().map(|&p| (p, page(p))).collect();
+    for chunk in pages.chunks(25) {
+        let batch: Vec<(u64, &[u8])> = chunk.iter().map(|p| (p * P as u64, &want[p][..])).collect();
+        s.write_many(&batch).unwrap();
+    }
+    // Our slot is the cluster's, and the keys spread over every node.
+    for &p in &pages[..8] {
+        let key = page_key("ct", p);
+        let slot: u16 = cli(nodes[0].port, &["cluster", "keyslot", &key])
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(conn::key_slot(key.as_bytes()), slot, "{key}");
+    }
+    for n in &nodes {
+        let keys: u64 = cli(n.port, &["dbsize"]).trim().parse().unwrap();
+        assert!(keys > 20, "node {} holds only {keys} of 200 keys", n.port);
+    }
+    // A plain cluster client finds each page at its documented key.
+    let plain = ::redis::cluster::ClusterClient::new(vec![nodes[1].url()]).unwrap();
+    let mut plain = plain.get_connection().unwrap();
+    for &p in pages.iter().step_by(17) {
+        let v: Vec<u8> = ::redis::cmd("GET")
+            .arg(page_key("ct", p))
+            .query(&mut plain)
+            .unwrap();
+        assert_eq!(v, want[&p], "page {p}");
+    }
+
+    // A contiguous batch across a chunk boundary: two slots.
+    for p in 100..132u64 {
+        want.insert(p, if p % 3 == 0 { vec![0; P] } else { page(p + 7) });
+    }
+    let batch: Vec<(u64, &[u8])> = (100..132u64)
+        .map(|p| (p * P as u64, &want[&p][..]))
+        .collect();
+    s.write_many(&batch).unwrap();
+
+    // Read back: each page alone (GET), and in 32-page windows around it
+    // (an MGET per slot, two slots, often two nodes).
+    let mut one = vec![0; P];
+    let mut window = vec![0xAA; MAX_BATCH * P];
+    let zero = vec![0u8; P];
+    for &p in pages.iter().chain(&[100, 131]) {
+        s.read(p * P as u64, &mut one).unwrap();
+        assert_eq!(one, want[&p], "page {p}");
+        let start = p.saturating_sub(16);
+        s.read_many(start * P as u64, &mut window).unwrap();
+        for k in 0..MAX_BATCH {
+            let q = start + k as u64;
+            let expect = want.get(&q).unwrap_or(&zero);
+            assert_eq!(
+                &window[k * P..(k + 1) * P],
+                &expect[..],
+                "page {q} near {p}"
+            );
+        }
+    }
+
+    // clear deletes every non-zero page's key, on every node.
+    let nonzero = want.values().filter(|v| v.iter().any(|&b| b != 0)).count();
+    assert_eq!(s.clear().unwrap(), nonzero as u64);
+    for n in &nodes {
+        assert_eq!(cli(n.port, &["dbsize"]).trim(), "0");
+    }
+}

@@ -1,0 +1,485 @@
+//! Unit tests of `redis.rs`. Each test starts its own `redis-server`s on
+//! free loopback ports and kills them when it ends; a missing
+//! `redis-server` fails the tests unless `UFFD_SKIP_REDIS=1` is set.
+
+use super::*;
+use std::collections::HashMap;
+use std::time::Instant;
+
+#[path = "redis_cluster_tests.rs"]
+mod cluster;
+#[path = "redis_test_servers.rs"]
+mod servers;
+
+use servers::{exists, free_port, have_redis, opts, page, raw, Server, P};
+
+#[test]
+fn round_trip_sparse_keys_and_layout() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let s = RedisStore::open(&srv.url(), 128 * P as u64, &opts("t1")).unwrap();
+    assert_eq!(
+        (s.len(), s.name(), s.prefix()),
+        (128 * P as u64, "redis", "t1")
+    );
+    assert!(s.writable() && !s.signal_safe() && !s.synchronous());
+    let mut c = raw(&srv.url());
+
+    let a = page(5);
+    s.write(5 * P as u64, &a).unwrap();
+    assert_eq!(s.key(5 * P as u64 + 17), "{t1:0}:5");
+    let v: Vec<u8> = ::redis::cmd("GET").arg("{t1:0}:5").query(&mut c).unwrap();
+    assert_eq!(v, a, "a plain client reads the page at its documented key");
+    let mut back = vec![0xAA; P];
+    s.read(5 * P as u64, &mut back).unwrap();
+    assert_eq!(back, a);
+
+    // Never written: no key, reads as zeros.
+    s.read(6 * P as u64, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+    assert!(!exists(&mut c, &s.key(6 * P as u64)));
+
+    // A zero page deletes its key.
+    s.write(5 * P as u64, &[0; P]).unwrap();
+    assert!(!exists(&mut c, "{t1:0}:5"));
+    back.fill(0xAA);
+    s.read(5 * P as u64, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+
+    // Page 70 is in chunk 1; a plain SET there is read back by the store.
+    let b = page(70);
+    let _: () = ::redis::cmd("SET")
+        .arg(page_key("t1", 70))
+        .arg(&b)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(page_key("t1", 70), "{t1:1}:70");
+    s.read(70 * P as u64, &mut back).unwrap();
+    assert_eq!(back, b);
+
+    // Not whole pages, or out of bounds: EINVAL, nothing sent.
+    let e = Err(StoreError(libc::EINVAL));
+    assert_eq!(s.read(1, &mut back), e);
+    assert_eq!(s.read(0, &mut back[..100]), e);
+    assert_eq!(s.read(128 * P as u64, &mut back), e);
+    assert_eq!(s.write(u64::MAX - 4095, &back), e);
+    assert_eq!(s.write_many(&[(0, &back[..10])]), e);
+}
+
+#[test]
+fn batches_of_32_pages_across_a_chunk_boundary() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let s = RedisStore::open(&srv.url(), 128 * P as u64, &opts("t2")).unwrap();
+    let mut c = raw(&srv.url());
+    // Pages 50..82 span chunks 0 and 1; every fifth is zero, and one of
+    // those has a stale key the batch must delete.
+    let _: () = ::redis::cmd("SET")
+        .arg(page_key("t2", 55))
+        .arg(page(1))
+        .query(&mut c)
+        .unwrap();
+    let want: Vec<Vec<u8>> = (50..82u64)
+        .map(|p| if p % 5 == 0 { vec![0; P] } else { page(p) })
+        .collect();
+    let mut batch: Vec<(u64, &[u8])> = (50..82u64)
+        .map(|p| (p * P as u64, want[(p - 50) as usize].as_slice()))
+        .collect();
+    batch.reverse(); // any order
+    batch.swap(3, 17);
+    assert_eq!(batch.len(), MAX_BATCH);
+    s.write_many(&batch).unwrap();
+    for p in 50..82u64 {
+        assert_eq!(exists(&mut c, &page_key("t2", p)), p % 5 != 0, "page {p}");
+    }
+    let mut back = vec![0xAA; MAX_BATCH * P];
+    s.read_many(50 * P as u64, &mut back).unwrap();
+    for (k, w) in want.iter().enumerate() {
+        assert_eq!(&back[k * P..(k + 1) * P], &w[..], "page {}", 50 + k);
+    }
+    // `write` and `read` of several pages take the same paths.
+    s.write(0, &back[..4 * P]).unwrap();
+    let mut four = vec![0; 4 * P];
+    s.read(0, &mut four).unwrap();
+    assert_eq!(four, back[..4 * P]);
+
+    // read_to_fd over 40 pages (more than one batch) into a memfd.
+    let m = crate::sys::mem::Memfd::new("redis-test", 40 * P).unwrap();
+    s.read_to_fd(48 * P as u64, 40 * P, m.fd(), 0).unwrap();
+    let mut out = vec![0u8; 40 * P];
+    // SAFETY: pread into a live buffer of that length from our memfd.
+    let n = unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), out.len(), 0) };
+    assert_eq!(n, out.len() as isize);
+    for k in 0..40u64 {
+        let p = 48 + k;
+        let expect = if (50..82).contains(&p) {
+            want[(p - 50) as usize].clone()
+        } else {
+            vec![0; P]
+        };
+        assert_eq!(
+            &out[k as usize * P..(k as usize + 1) * P],
+            &expect[..],
+            "page {p}"
+        );
+    }
+}
+
+#[test]
+fn a_value_that_is_not_a_page_is_eio() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let s = RedisStore::open(&srv.url(), 64 * P as u64, &opts("t3")).unwrap();
+    let mut c = raw(&srv.url());
+    let eio = Err(StoreError(libc::EIO));
+    for len in [0, 100, P - 1, P + 1] {
+        let _: () = ::redis::cmd("SET")
+            .arg(page_key("t3", 3))
+            .arg(vec![9u8; len])
+            .query(&mut c)
+            .unwrap();
+        let mut back = vec![0; P];
+        assert_eq!(s.read(3 * P as u64, &mut back), eio, "GET of {len} bytes");
+        let mut many = vec![0; 8 * P];
+        assert_eq!(s.read_many(0, &mut many), eio, "MGET with {len} bytes");
+    }
+    // A key of another type: GET says WRONGTYPE, which is not retried.
+    let _: () = ::redis::cmd("DEL")
+        .arg(page_key("t3", 3))
+        .query(&mut c)
+        .unwrap();
+    let _: () = ::redis::cmd("RPUSH")
+        .arg(page_key("t3", 3))
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let t = Instant::now();
+    assert_eq!(s.read(3 * P as u64, &mut [0; P]), eio);
+    assert!(
+        t.elapsed() < Duration::from_millis(250),
+        "a permanent error was retried"
+    );
+    // The connection is still good for the next call.
+    s.write(4 * P as u64, &page(4)).unwrap();
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let bad_url = |u: &str| match RedisUrl::parse(u) {
+        Err(RedisStoreError::BadUrl { url, .. }) => assert_eq!(url, u),
+        other => panic!("{u:?} parsed as {other:?}"),
+    };
+    for u in [
+        "",
+        "http://h:1",
+        "redis://",
+        "redis://:6379",
+        "redis://h:",
+        "redis://h:0",
+        "redis://h:65536",
+        "redis://h:+5",
+        "redis://h:x",
+        "redis://h:1/x",
+        "redis://h:1/-1",
+        "redis://u:p@h:1",
+        "redis://h:1?db=2",
+        "redis://::1:6379",
+        "redis://[::1",
+        "redis://[zz]:1",
+        "redis://h h:1",
+        "redis-cluster://",
+        "redis-cluster://a:1,,b:2",
+        "redis-cluster://a:1/3",
+        "redis://h:1/99999999999",
+    ] {
+        bad_url(u);
+    }
+    let ok = |u: &str| RedisUrl::parse(u).unwrap().to_string();
+    assert_eq!(ok("redis://localhost"), "redis://localhost:6379/0");
+    assert_eq!(ok("redis://h:7/3"), "redis://h:7/3");
+    assert_eq!(ok("redis://[::1]:6390/"), "redis://[::1]:6390/0");
+    assert_eq!(
+        ok("redis-cluster://a:1,b,[::1]:3/"),
+        "redis-cluster://a:1,b:6379,[::1]:3"
+    );
+
+    let url = "redis://127.0.0.1:1";
+    for prefix in ["", "a{b", "a}b", "tab\t"] {
+        let r = RedisStore::open(
+            url,
+            4096,
+            &RedisOptions {
+                prefix: prefix.into(),
+                ..opts("x")
+            },
+        );
+        assert!(
+            matches!(r, Err(RedisStoreError::BadPrefix { .. })),
+            "{prefix:?}: {r:?}"
+        );
+    }
+    for len in [0, 4095, 4097] {
+        let r = RedisStore::open(url, len, &opts("x"));
+        assert!(
+            matches!(r, Err(RedisStoreError::BadLength(l)) if l == len),
+            "{r:?}"
+        );
+    }
+    let zero_t = RedisOptions {
+        timeout: Duration::ZERO,
+        ..opts("x")
+    };
+    let zero_a = RedisOptions {
+        attempts: 0,
+        ..opts("x")
+    };
+    for o in [zero_t, zero_a] {
+        assert!(matches!(
+            RedisStore::open(url, 4096, &o),
+            Err(RedisStoreError::BadOptions(_))
+        ));
+    }
+    // Nothing listening: a connection error at open, with the reason.
+    let port = free_port();
+    let t = Instant::now();
+    let r = RedisStore::open(&format!("redis://127.0.0.1:{port}"), 4096, &opts("x"));
+    match r {
+        Err(RedisStoreError::Connect { url, message }) => {
+            assert_eq!(url, format!("redis://127.0.0.1:{port}/0"));
+            assert!(!message.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(3));
+    let r = RedisStore::ping(&format!("redis-cluster://127.0.0.1:{port}"), &opts("x"));
+    assert!(matches!(r, Err(RedisStoreError::Connect { .. })), "{r:?}");
+}
+
+/// What `timeout × attempts` allows, with room for a noisy machine.
+fn bound(o: &RedisOptions) -> Duration {
+    o.timeout * o.attempts * 3 + Duration::from_secs(2)
+}
+
+#[test]
+fn killed_server_fails_in_bounded_time_then_recovers() {
+    if !have_redis() {
+        return;
+    }
+    let mut srv = Server::start();
+    let o = opts("t5");
+    let s = RedisStore::open(&srv.url(), 64 * P as u64, &o).unwrap();
+    s.write(P as u64, &page(1)).unwrap();
+    srv.kill();
+    let mut back = vec![0; P];
+    let mut many = vec![0; 4 * P];
+    for _ in 0..2 {
+        let t = Instant::now();
+        let r = s.read(P as u64, &mut back);
+        assert!(
+            matches!(r, Err(StoreError(libc::EIO | libc::ETIMEDOUT))),
+            "{r:?}"
+        );
+        let r = s.read_many(0, &mut many);
+        assert!(
+            matches!(r, Err(StoreError(libc::EIO | libc::ETIMEDOUT))),
+            "{r:?}"
+        );
+        let r = s.write(2 * P as u64, &page(2));
+        assert!(
+            matches!(r, Err(StoreError(libc::EIO | libc::ETIMEDOUT))),
+            "{r:?}"
+        );
+        eprintln!("three calls on a dead server failed in {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < bound(&o) * 3,
+            "three calls took {:?}",
+            t.elapsed()
+        );
+    }
+    // Back (empty: no persistence): the next call connects again.
+    srv.restart();
+    s.read(P as u64, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "the new server has no page 1");
+    s.write(P as u64, &page(11)).unwrap();
+    s.read(P as u64, &mut back).unwrap();
+    assert_eq!(back, page(11));
+}
+
+#[test]
+fn stopped_server_times_out_then_recovers_without_stale_replies() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let o = opts("t6");
+    let s = Arc::new(RedisStore::open(&srv.url(), 64 * P as u64, &o).unwrap());
+    for p in 0..8u64 {
+        s.write(p * P as u64, &page(p + 100)).unwrap();
+    }
+    srv.signal(libc::SIGSTOP);
+    let t = Instant::now();
+    let mut back = vec![0; P];
+    assert_eq!(s.read(0, &mut back), Err(StoreError(libc::ETIMEDOUT)));
+    let took = t.elapsed();
+    eprintln!("a read from a stopped server timed out in {took:?}");
+    assert!(took >= o.timeout / 2, "timed out after only {took:?}");
+    assert!(took < bound(&o), "took {took:?}");
+    let t = Instant::now();
+    let r = s.write_many(&[(P as u64, &page(1)), (2 * P as u64, &page(2))]);
+    assert_eq!(r, Err(StoreError(libc::ETIMEDOUT)));
+    assert!(t.elapsed() < bound(&o), "took {:?}", t.elapsed());
+    srv.signal(libc::SIGCONT);
+    // The server now answers the commands that timed out; none of those
+    // replies may be read as the answer to these.
+    for p in (3..8u64).rev() {
+        s.read(p * P as u64, &mut back).unwrap();
+        assert_eq!(back, page(p + 100), "page {p}");
+    }
+}
+
+#[test]
+fn one_connection_per_concurrent_caller() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let s = Arc::new(RedisStore::open(&srv.url(), 256 * P as u64, &opts("t7")).unwrap());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                let mut back = vec![0; P];
+                for p in (t..256).step_by(4) {
+                    s.write(p * P as u64, &page(p)).unwrap();
+                    s.read(p * P as u64, &mut back).unwrap();
+                    assert_eq!(back, page(p));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let idle = s.shared.idle_count();
+    assert!((1..=4).contains(&idle), "{idle} idle connections");
+}
+
+#[test]
+fn namespaces_clear_and_ping() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let a = RedisStore::open(&srv.url(), 200 * P as u64, &opts("ns-a")).unwrap();
+    let b = a.with_prefix("ns-b", 100 * P as u64).unwrap();
+    assert!(
+        Arc::ptr_eq(&a.shared, &b.shared),
+        "with_prefix shares the client and pool"
+    );
+    assert_eq!((b.prefix(), b.len()), ("ns-b", 100 * P as u64));
+    assert!(matches!(
+        a.with_prefix("{x}", 4096),
+        Err(RedisStoreError::BadPrefix { .. })
+    ));
+    assert!(matches!(
+        a.with_prefix("x", 10),
+        Err(RedisStoreError::BadLength(10))
+    ));
+
+    let written: HashMap<u64, Vec<u8>> = [0u64, 63, 64, 130, 199].map(|p| (p, page(p))).into();
+    for (p, v) in &written {
+        a.write(p * P as u64, v).unwrap();
+    }
+    b.write(0, &page(1000)).unwrap();
+    let mut back = vec![0; P];
+    b.read(0, &mut back).unwrap();
+    assert_eq!(back, page(1000));
+    a.read(0, &mut back).unwrap();
+    assert_eq!(back, page(0), "namespaces are separate");
+
+    assert_eq!(a.clear().unwrap(), written.len() as u64);
+    assert_eq!(a.clear().unwrap(), 0);
+    for p in written.keys() {
+        a.read(p * P as u64, &mut back).unwrap();
+        assert!(back.iter().all(|&x| x == 0), "page {p} survived clear");
+    }
+    b.read(0, &mut back).unwrap();
+    assert_eq!(back, page(1000), "clear stays in its namespace");
+
+    let about = RedisStore::ping(&srv.url(), &opts("unused")).unwrap();
+    assert!(
+        about.starts_with("redis ") && about.contains("standalone"),
+        "{about}"
+    );
+    assert!(!about.contains('?'), "{about}");
+}
+
+#[test]
+fn crc16_and_hash_slots() {
+    assert_eq!(conn::crc16(b"123456789"), 0x31C3);
+    assert_eq!(conn::crc16(b""), 0);
+    assert_eq!(conn::key_slot(b"123456789"), 12739);
+    assert_eq!(conn::key_slot(b"foo"), 12182);
+    let tag = conn::key_slot(b"user1000");
+    assert_eq!(conn::key_slot(b"{user1000}.following"), tag);
+    assert_eq!(conn::key_slot(b"x{user1000}y{z}"), tag);
+    // An empty tag hashes the whole key; so does an unclosed one.
+    assert_eq!(
+        conn::key_slot(b"foo{}{bar}"),
+        conn::crc16(b"foo{}{bar}") & 0x3FFF
+    );
+    assert_eq!(conn::key_slot(b"foo{bar"), conn::crc16(b"foo{bar") & 0x3FFF);
+    assert_eq!(conn::key_slot(b"foo{{bar}}"), conn::crc16(b"{bar") & 0x3FFF);
+    // A page's slot is its chunk's tag's.
+    assert_eq!(
+        conn::key_slot(page_key("uffd", 130).as_bytes()),
+        conn::key_slot(b"uffd:2")
+    );
+}
+
+#[test]
+fn the_engine_pages_through_redis() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let pages = 256usize;
+    let s = RedisStore::open(&srv.url(), (pages * P) as u64, &opts("eng")).unwrap();
+    let seeded = s.with_prefix("eng", (pages * P) as u64).unwrap();
+    for p in [0u64, 1, 100, 255] {
+        seeded.write(p * P as u64, &page(p)).unwrap();
+    }
+    let pager = crate::Pager::builder().build().unwrap();
+    let mut region = pager
+        .map_store(Arc::new(s), pages * P, &crate::MapOptions::default())
+        .unwrap();
+    for p in 0..pages {
+        let got = &region.as_slice()[p * P..(p + 1) * P];
+        let expect = if [0, 1, 100, 255].contains(&p) {
+            page(p as u64)
+        } else {
+            vec![0; P]
+        };
+        assert!(got == &expect[..], "page {p} faulted in wrong");
+    }
+    region.as_mut_slice()[7 * P..8 * P].copy_from_slice(&page(77));
+    region.as_mut_slice()[P..2 * P].fill(0);
+    region.flush().unwrap();
+    drop(region);
+    let mut c = raw(&srv.url());
+    let v: Vec<u8> = ::redis::cmd("GET")
+        .arg(page_key("eng", 7))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v, page(77), "written back");
+    assert!(
+        !exists(&mut c, &page_key("eng", 1)),
+        "a page zeroed in memory is deleted"
+    );
+}
