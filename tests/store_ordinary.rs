@@ -318,7 +318,10 @@ fn anonymous_regions_swap_to_the_stores_swap_to_makes() {
     let made = made.lock().unwrap();
     assert_eq!(made.len(), 1, "one swap store per anonymous region");
     let swap = &made[0];
-    assert!(swap.calls.load(Relaxed) >= (NPAGES - 64) as u64, "pages went to swap and back");
+    assert!(
+        swap.calls.load(Relaxed) >= (NPAGES - 64) as u64,
+        "pages went to swap and back"
+    );
     assert_eq!(swap.foreign_calls.load(Relaxed), 0);
     assert!(pager.stats().get(Counter::WRITEBACK) >= (NPAGES - 64) as u64);
 

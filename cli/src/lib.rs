@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod far;
 pub mod os;
 pub mod workload;
 

@@ -12,6 +12,7 @@ use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use uffd_pager::{Counter, Delivery, InstallKind, Policy, PAGE_SIZE};
+use uffd_pager_cli::far::StoreUrl;
 use uffd_pager_cli::workload::torture::{self, TortureConfig, TortureKind, TortureReport};
 
 /// What backs the tortured region.
@@ -70,6 +71,13 @@ pub struct TortureArgs {
     /// Seed of the operation streams and the data pattern.
     #[arg(long, value_name = "S", default_value_t = 1)]
     seed: u64,
+    /// Far memory: the file kind's object lives in Redis, the anonymous
+    /// kind swaps to Redis (`redis://HOST:PORT[/DB]` or
+    /// `redis-cluster://HOST:PORT,...`). The run uses a key namespace of
+    /// its own and deletes it at the end; at the end a plain client reads
+    /// the object back from Redis and checks it.
+    #[arg(long, value_name = "URL")]
+    store: Option<StoreUrl>,
     /// Directory for the file (file kind) or the swap file (swapfile kind);
     /// default: the system's temporary directory.
     #[arg(long, value_name = "DIR")]
@@ -169,12 +177,17 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     if a.kind != Kind::Anonymous && !dir.is_dir() {
         return usage(format!("--dir {}: not a directory", dir.display()));
     }
-    let kind = match a.kind {
-        Kind::File => TortureKind::File {
+    let kind = match (a.kind, &a.store) {
+        (Kind::File, None) => TortureKind::File {
             path: unique_name(&dir),
         },
-        Kind::Anonymous => TortureKind::Anonymous,
-        Kind::Swapfile => TortureKind::Swapfile { dir },
+        (Kind::Anonymous, None) => TortureKind::Anonymous,
+        (Kind::Swapfile, None) => TortureKind::Swapfile { dir },
+        (Kind::File, Some(url)) => TortureKind::Far { url: url.clone() },
+        (Kind::Anonymous, Some(url)) => TortureKind::FarSwap { url: url.clone() },
+        (Kind::Swapfile, Some(_)) => {
+            return usage("--store and --kind swapfile: the swap goes to one or the other".into())
+        }
     };
     Ok(TortureConfig {
         threads: a.threads,
@@ -208,6 +221,8 @@ fn kind_name(k: &TortureKind) -> &'static str {
         TortureKind::File { .. } => "file",
         TortureKind::Anonymous => "anonymous",
         TortureKind::Swapfile { .. } => "swapfile",
+        TortureKind::Far { .. } => "file (redis)",
+        TortureKind::FarSwap { .. } => "anonymous (swap to redis)",
     }
 }
 
@@ -252,7 +267,7 @@ fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
     let st = &r.stats;
     let mut s = String::new();
     let install = match cfg.kind {
-        TortureKind::File { .. } => format!(", install {}", cfg.install),
+        TortureKind::File { .. } | TortureKind::Far { .. } => format!(", install {}", cfg.install),
         _ => String::new(),
     };
     let _ = writeln!(

@@ -39,8 +39,10 @@
 //! reinstalled) shows up as a sequence number below `m1`, or for the owner
 //! as any difference; data from another page shows up as a wrong tag.
 
+use crate::far::{Far, StoreUrl};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use uffd_pager::{
@@ -64,6 +66,22 @@ pub enum TortureKind {
     Swapfile {
         /// Directory for the swap file.
         dir: PathBuf,
+    },
+    /// A file-like object that lives in Redis (far memory): a namespace of
+    /// its own at `url`, filled with the initial pattern, mapped with
+    /// [`TortureConfig::install`]. At the end a plain client reads every
+    /// page back from Redis and compares it with the model (shared), or
+    /// with the initial pattern (anonymous: a private copy never writes
+    /// its source); its swap goes to Redis too. The namespace is deleted.
+    Far {
+        /// The server or cluster.
+        url: StoreUrl,
+    },
+    /// Anonymous memory swapped to Redis
+    /// ([`uffd_pager::PagerBuilder::swap_to`]).
+    FarSwap {
+        /// The server or cluster.
+        url: StoreUrl,
     },
 }
 
@@ -264,8 +282,15 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
     validate(cfg)?;
     let words = cfg.pages * WORDS_PER_PAGE;
     let len = cfg.pages * PAGE_SIZE;
-    let file = matches!(cfg.kind, TortureKind::File { .. });
+    let file = matches!(cfg.kind, TortureKind::File { .. } | TortureKind::Far { .. });
     let model = Model::new(words, cfg.seed, file);
+    let initial = |o: usize| model.encode(o / 8, 0).to_ne_bytes()[o % 8];
+    let far = match &cfg.kind {
+        TortureKind::Far { url } | TortureKind::FarSwap { url } => {
+            Some(Arc::new(Far::open(url, "torture")?))
+        }
+        _ => None,
+    };
 
     let mut b = Pager::builder()
         .budget_pages(cfg.budget_pages)
@@ -275,7 +300,16 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
     if let TortureKind::Swapfile { dir } = &cfg.kind {
         b = b.swap_dir(dir.clone());
     }
+    if let Some(far) = &far {
+        b = b.swap_to(far.swap_maker());
+    }
     let pager = b.build()?;
+    let far_object = match (&far, &cfg.kind) {
+        (Some(far), TortureKind::Far { .. }) => {
+            Some(Arc::new(far.filled("object", cfg.pages, initial)?))
+        }
+        _ => None,
+    };
 
     let region = match &cfg.kind {
         TortureKind::File { path } => {
@@ -293,7 +327,17 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
             };
             pager.map_file(path, Some(len), &opts)?
         }
-        TortureKind::Anonymous | TortureKind::Swapfile { .. } => pager.map_anonymous(len)?,
+        TortureKind::Far { .. } => {
+            let opts = MapOptions {
+                kind: cfg.install,
+                ..MapOptions::default()
+            };
+            let object = far_object.clone().expect("made above for this kind");
+            pager.map_store(object, len, &opts)?
+        }
+        TortureKind::Anonymous | TortureKind::Swapfile { .. } | TortureKind::FarSwap { .. } => {
+            pager.map_anonymous(len)?
+        }
     };
     let base = region.as_ptr() as usize;
     let findings = Findings {
@@ -365,6 +409,41 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
                 (w, u64::from_ne_bytes(a))
             }),
         );
+    } else if let (Some(far), Some(object)) = (&far, &far_object) {
+        region.flush()?;
+        region.unmap()?;
+        let bytes = far.read_back(object)?;
+        let word = |c: &[u8]| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            u64::from_ne_bytes(a)
+        };
+        if cfg.install == InstallKind::Shared {
+            words_verified += verify_words(
+                &model,
+                Phase::File,
+                &findings,
+                bytes.chunks_exact(8).enumerate().map(|(w, c)| (w, word(c))),
+            );
+        } else {
+            // A private copy: its source must still hold the initial
+            // pattern, whatever the region wrote.
+            for (w, c) in bytes.chunks_exact(8).enumerate() {
+                words_verified += 1;
+                let (v, want) = (word(c), model.encode(w, 0));
+                if v != want {
+                    findings.record(Mismatch {
+                        phase: Phase::File,
+                        word: w,
+                        got: v,
+                        want_min_seq: 0,
+                        want_max_seq: 0,
+                        got_seq: model.decode(w, v),
+                        thread: None,
+                    });
+                }
+            }
+        }
     } else {
         region.unmap()?;
     }

@@ -1,0 +1,224 @@
+//! Far memory on the command line: the stores that `--store URL` names
+//! (`redis://HOST:PORT[/DB]`, `redis-cluster://HOST:PORT,...`), each run
+//! under a key namespace of its own that is deleted when the run ends, and
+//! a plain client that reads pages back without the pager, to check what
+//! the pager wrote.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use uffd_pager::store::{page_key, RedisOptions, RedisStore, RedisUrl, Store, MAX_BATCH};
+use uffd_pager::{Error, Result, PAGE_SIZE};
+
+/// A store URL as given to `--store`, checked when parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreUrl(pub String);
+
+impl FromStr for StoreUrl {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        RedisUrl::parse(s).map_err(|e| e.to_string())?;
+        Ok(StoreUrl(s.to_string()))
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn store_error(context: String) -> impl Fn(uffd_pager::store::RedisStoreError) -> Error {
+    move |e| Error::Io {
+        context: context.clone(),
+        source: std::io::Error::other(e.to_string()),
+    }
+}
+
+/// One run's namespace on a Redis server or cluster: every store made
+/// under it is named `uffd-WHAT-PID-N:NAME` and deleted when the `Far`
+/// drops.
+pub struct Far {
+    root: RedisStore,
+    url: StoreUrl,
+    made: Mutex<Vec<(String, u64)>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for Far {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Far")
+            .field("url", &self.url)
+            .field("prefix", &self.root.prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Far {
+    /// Connects to `url` (an unreachable server is an error here) under a
+    /// fresh namespace for `what` (the workload's name).
+    pub fn open(url: &StoreUrl, what: &str) -> Result<Far> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let opts = RedisOptions {
+            prefix: format!("uffd-{what}-{}-{nanos:x}", std::process::id()),
+            ..RedisOptions::default()
+        };
+        let root = RedisStore::open(&url.0, PAGE_SIZE as u64, &opts)
+            .map_err(store_error(format!("opening the store {url}")))?;
+        Ok(Far {
+            root,
+            url: url.clone(),
+            made: Mutex::new(Vec::new()),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The URL.
+    pub fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    /// An empty store of `pages` pages named `name` in this namespace.
+    pub fn store(&self, name: &str, pages: usize) -> Result<RedisStore> {
+        let prefix = format!("{}:{name}", self.root.prefix());
+        let len = (pages.max(1) * PAGE_SIZE) as u64;
+        let s = self
+            .root
+            .with_prefix(&prefix, len)
+            .map_err(store_error(format!("a store named {prefix:?}")))?;
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((prefix, len));
+        Ok(s)
+    }
+
+    /// A store of `pages` pages whose byte at offset `o` is `byte(o)`,
+    /// written in batches (one pipeline per [`MAX_BATCH`] pages).
+    pub fn filled(
+        &self,
+        name: &str,
+        pages: usize,
+        byte: impl Fn(usize) -> u8,
+    ) -> Result<RedisStore> {
+        let s = self.store(name, pages)?;
+        let mut buf = vec![0u8; MAX_BATCH * PAGE_SIZE];
+        for first in (0..pages).step_by(MAX_BATCH) {
+            let n = MAX_BATCH.min(pages - first);
+            for (k, b) in buf[..n * PAGE_SIZE].iter_mut().enumerate() {
+                *b = byte(first * PAGE_SIZE + k);
+            }
+            let batch: Vec<(u64, &[u8])> = buf[..n * PAGE_SIZE]
+                .chunks(PAGE_SIZE)
+                .enumerate()
+                .map(|(k, p)| (((first + k) * PAGE_SIZE) as u64, p))
+                .collect();
+            s.write_many(&batch).map_err(|e| Error::Io {
+                context: format!("filling {name} on {}", self.url),
+                source: std::io::Error::from_raw_os_error(e.0),
+            })?;
+        }
+        Ok(s)
+    }
+
+    /// A maker for [`uffd_pager::PagerBuilder::swap_to`]: each anonymous
+    /// region swaps to a store of its own in this namespace.
+    pub fn swap_maker(
+        self: &Arc<Self>,
+    ) -> impl Fn(usize) -> std::io::Result<Arc<dyn Store>> + Send + Sync + 'static {
+        let far = self.clone();
+        move |len| {
+            let n = far.next.fetch_add(1, Relaxed);
+            let s = far
+                .store(&format!("swap{n}"), len.div_ceil(PAGE_SIZE))
+                .map_err(std::io::Error::other)?;
+            Ok(Arc::new(s) as Arc<dyn Store>)
+        }
+    }
+
+    /// Reads every page of `store` back with a plain client (no pager, no
+    /// `RedisStore`): one `MGET` of each hash tag's keys; a missing key is
+    /// a zero page.
+    pub fn read_back(&self, store: &RedisStore) -> Result<Vec<u8>> {
+        read_back(&self.url, store.prefix(), store.len() as usize / PAGE_SIZE)
+    }
+}
+
+impl Drop for Far {
+    fn drop(&mut self) {
+        let made = std::mem::take(self.made.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for (prefix, len) in made {
+            if let Ok(s) = self.root.with_prefix(&prefix, len) {
+                if let Err(e) = s.clear() {
+                    tracing::warn!("could not delete the keys of {prefix}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// A plain client's connection to `url`.
+fn plain_connection(url: &StoreUrl) -> std::result::Result<Box<dyn redis::ConnectionLike>, String> {
+    let timeout = std::time::Duration::from_secs(5);
+    match RedisUrl::parse(&url.0).map_err(|e| e.to_string())? {
+        RedisUrl::Standalone { host, port, db } => {
+            let c = redis::Client::open(format!("redis://{host}:{port}/{db}"))
+                .map_err(|e| e.to_string())?;
+            let con = c
+                .get_connection_with_timeout(timeout)
+                .map_err(|e| e.to_string())?;
+            con.set_read_timeout(Some(timeout))
+                .map_err(|e| e.to_string())?;
+            Ok(Box::new(con))
+        }
+        RedisUrl::Cluster { nodes } => {
+            let urls: Vec<String> = nodes
+                .iter()
+                .map(|(h, p)| format!("redis://{h}:{p}"))
+                .collect();
+            let c = redis::cluster::ClusterClient::builder(urls)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()
+                .map_err(|e| e.to_string())?;
+            Ok(Box::new(c.get_connection().map_err(|e| e.to_string())?))
+        }
+    }
+}
+
+/// Reads pages `0..pages` of namespace `prefix` at `url` with a plain
+/// client (see [`Far::read_back`]).
+pub fn read_back(url: &StoreUrl, prefix: &str, pages: usize) -> Result<Vec<u8>> {
+    let fail = |m: String| Error::Io {
+        context: format!("reading {prefix} back from {url} with a plain client"),
+        source: std::io::Error::other(m),
+    };
+    let mut con = plain_connection(url).map_err(fail)?;
+    let mut out = vec![0u8; pages * PAGE_SIZE];
+    let per = RedisStore::PAGES_PER_TAG as usize;
+    for first in (0..pages).step_by(per) {
+        let n = per.min(pages - first);
+        let keys: Vec<String> = (first..first + n)
+            .map(|p| page_key(prefix, p as u64))
+            .collect();
+        let vals: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query(&mut *con)
+            .map_err(|e| fail(e.to_string()))?;
+        for (k, v) in vals.into_iter().enumerate() {
+            if let Some(v) = v {
+                if v.len() != PAGE_SIZE {
+                    return Err(fail(format!(
+                        "{} holds {} bytes, not a page",
+                        keys[k],
+                        v.len()
+                    )));
+                }
+                out[(first + k) * PAGE_SIZE..(first + k + 1) * PAGE_SIZE].copy_from_slice(&v);
+            }
+        }
+    }
+    Ok(out)
+}
