@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use uffd_pager::store::LatencyModel;
 use uffd_pager::{Delivery, DrainPolicy, InstallKind, Policy};
+use uffd_pager_cli::far::StoreUrl;
 use uffd_pager_cli::workload::{churn, filemap, launch, random, scan, swap, Knobs, RunResult};
 
 /// Knobs shared by the workload subcommands. Lists are comma-separated;
@@ -39,6 +40,14 @@ pub struct WorkloadArgs {
     /// Simulated I/Os in flight at most (0: unbounded).
     #[arg(long, default_value_t = 0)]
     pub max_inflight: u32,
+    /// Far memory (filemap, swap, launch): the store lives in Redis
+    /// (`redis://HOST:PORT[/DB]` or `redis-cluster://HOST:PORT,...`)
+    /// instead of the simulated store, so the latency is the network's
+    /// (`--latency` and `--max-inflight` do not apply), and anonymous
+    /// regions swap there. Each run uses a key namespace of its own and
+    /// deletes it.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<StoreUrl>,
     /// Seconds per run.
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
@@ -160,6 +169,12 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
     if a.policy.is_empty() {
         return Err(CliError::Usage("--policy needs at least one policy".into()));
     }
+    if a.store.is_some() && !matches!(w, Which::Filemap | Which::Swap | Which::Launch) {
+        return Err(CliError::Usage(format!(
+            "--store applies to the workloads that read a store (filemap, swap, launch), not {}",
+            w.name()
+        )));
+    }
     // `random` sizes its file from the budget (4x) and compares against a
     // floor that keeps the same budget: it needs one.
     if w == Which::Random && a.budget == Some(0) {
@@ -189,6 +204,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         readahead_pages: a.readahead,
         fault_around_pages: a.fault_around,
         kswapd: !a.no_kswapd,
+        store: a.store.clone(),
     };
     let (knob, values) = if a.writers.len() > 1 {
         ("writers", a.writers.clone())

@@ -1,10 +1,11 @@
 //! What every workload shares: the knobs, the result, the global-lock
 //! writer threads and small helpers.
 
+use crate::far::{Far, StoreUrl};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uffd_pager::store::{LatencyModel, LatencyReport};
+use uffd_pager::store::{LatencyModel, LatencyReport, SimulatedStore, Store};
 use uffd_pager::{Delivery, InstallKind, Pager, PagerBuilder, Policy, Stats};
 
 /// Knobs every workload takes.
@@ -43,6 +44,11 @@ pub struct Knobs {
     /// Run the background reclaimer (kswapd); without it, faulting threads
     /// reclaim for themselves (direct reclaim).
     pub kswapd: bool,
+    /// Far memory: the workload's store lives in Redis at this URL instead
+    /// of the simulated store (`latency` and `max_inflight` then do not
+    /// apply: the latency is the network's), and anonymous regions swap to
+    /// it.
+    pub store: Option<StoreUrl>,
 }
 
 impl Default for Knobs {
@@ -63,6 +69,7 @@ impl Default for Knobs {
             readahead_pages: 32,
             fault_around_pages: 64,
             kswapd: true,
+            store: None,
         }
     }
 }
@@ -71,6 +78,23 @@ impl Knobs {
     /// A pager configured from the knobs.
     pub fn pager(&self) -> uffd_pager::Result<Pager> {
         self.builder().build()
+    }
+
+    /// The run's namespace in Redis, if the knobs name a store.
+    pub fn far(&self, what: &str) -> uffd_pager::Result<Option<Arc<Far>>> {
+        self.store
+            .as_ref()
+            .map(|u| Far::open(u, what).map(Arc::new))
+            .transpose()
+    }
+
+    /// A pager configured from the knobs whose anonymous regions swap to
+    /// `far` if there is one.
+    pub fn pager_far(&self, far: Option<&Arc<Far>>) -> uffd_pager::Result<Pager> {
+        match far {
+            Some(f) => self.builder().swap_to(f.swap_maker()).build(),
+            None => self.pager(),
+        }
     }
 
     /// A builder configured from the knobs.
@@ -232,6 +256,37 @@ pub fn pattern_store(pages: usize) -> uffd_pager::Result<uffd_pager::store::Memo
         uffd_pager::store::Store::write(&s, (p * uffd_pager::PAGE_SIZE) as u64, &buf)?;
     }
     Ok(s)
+}
+
+/// `n` stores of `pages` pages of [`pattern`] for the workload `name`:
+/// simulated stores (the knobs' latency, seeds `seed + i`) over one memory
+/// store, or, with `far`, one Redis store filled once and shared.
+pub fn pattern_stores(
+    k: &Knobs,
+    far: Option<&Far>,
+    name: &str,
+    pages: usize,
+    n: usize,
+) -> uffd_pager::Result<Vec<Arc<dyn Store>>> {
+    Ok(match far {
+        Some(f) => {
+            let s: Arc<dyn Store> = Arc::new(f.filled(name, pages, pattern)?);
+            vec![s; n]
+        }
+        None => {
+            let base = Arc::new(pattern_store(pages)?);
+            (0..n)
+                .map(|i| {
+                    Arc::new(SimulatedStore::new(
+                        base.clone(),
+                        k.latency,
+                        k.max_inflight,
+                        k.seed.wrapping_add(i as u64),
+                    )) as Arc<dyn Store>
+                })
+                .collect()
+        }
+    })
 }
 
 /// Runs `f(i)` on `threads` scoped threads (`i` = 0..threads) and sums

@@ -4,27 +4,17 @@
 //! the global-lock writers; `writers` adds more. The budget is far below
 //! `threads × pages`, so reclaim runs all the time. Throughput is rounds/s.
 
-use super::common::{cpu_time, pattern, pattern_store, Knobs, RunResult, Writers};
+use super::common::{cpu_time, pattern, pattern_stores, Knobs, RunResult, Writers};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
-use uffd_pager::store::{SimulatedStore, Store};
 use uffd_pager::{MapOptions, Result, PAGE_SIZE};
 
 /// Runs `filemap` with `k`; `k.pages` is the per-worker file size in pages.
 pub fn run(k: &Knobs) -> Result<RunResult> {
-    let pager = Arc::new(k.pager()?);
-    let base = Arc::new(pattern_store(k.pages)?);
-    let stores: Vec<Arc<SimulatedStore>> = (0..k.threads)
-        .map(|i| {
-            Arc::new(SimulatedStore::new(
-                base.clone(),
-                k.latency,
-                k.max_inflight,
-                k.seed.wrapping_add(i as u64),
-            ))
-        })
-        .collect();
+    let far = k.far("filemap")?;
+    let pager = Arc::new(k.pager_far(far.as_ref())?);
+    let stores = pattern_stores(k, far.as_deref(), "filemap", k.pages, k.threads)?;
     let opts = MapOptions {
         kind: k.install,
         writable: false,

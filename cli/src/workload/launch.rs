@@ -21,13 +21,12 @@
 //! synthetic trace shipped in `data/launch-trace.txt`, which equals
 //! [`synthetic_trace`]`(SYNTHETIC_PAGES, SYNTHETIC_LEN, SYNTHETIC_SEED)`.
 
-use super::common::{cpu_time, pattern_store, Knobs, Rng, RunResult, Writers};
+use super::common::{cpu_time, pattern_stores, Knobs, Rng, RunResult, Writers};
 use super::random::{pattern_word, read_map_options};
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uffd_pager::store::{SimulatedStore, Store};
 use uffd_pager::{Error, Result, PAGE_SIZE};
 
 /// One access of a trace.
@@ -293,19 +292,15 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
         ));
     }
     let pages = trace.pages();
-    let store = Arc::new(SimulatedStore::new(
-        Arc::new(pattern_store(pages)?),
-        k.latency,
-        k.max_inflight,
-        k.seed,
-    ));
+    let far = k.far("launch")?;
+    let store = pattern_stores(k, far.as_deref(), "launch", pages, 1)?.remove(0);
     let opts = read_map_options(k.install);
     let (mut times, mut waits) = (Vec::new(), Vec::new());
     let (mut mismatches, mut writer_loops, mut majfaults) = (0u64, 0u64, 0u64);
     let mut last = None;
     let (t0, c0) = (Instant::now(), cpu_time());
     for _ in 0..launches {
-        let pager = Arc::new(k.pager()?);
+        let pager = Arc::new(k.pager_far(far.as_ref())?);
         // Stopped right after the launch below; the deadline is only a
         // backstop.
         let backstop = Instant::now() + Duration::from_secs(3600);

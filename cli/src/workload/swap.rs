@@ -6,23 +6,18 @@
 //! regions to contend on the global lock. Throughput is page reads/s.
 
 use super::common::{
-    cpu_time, pattern, pattern_store, sum_over_threads, Knobs, Rng, RunResult, Writers,
+    cpu_time, pattern, pattern_stores, sum_over_threads, Knobs, Rng, RunResult, Writers,
 };
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
-use uffd_pager::store::{SimulatedStore, Store};
 use uffd_pager::{InstallKind, MapOptions, Result, PAGE_SIZE};
 
 /// Runs `swap`; `k.pages` is the region size in pages.
 pub fn run(k: &Knobs) -> Result<RunResult> {
-    let pager = Arc::new(k.pager()?);
-    let swap = Arc::new(SimulatedStore::new(
-        Arc::new(pattern_store(k.pages)?),
-        k.latency,
-        k.max_inflight,
-        k.seed,
-    ));
+    let far = k.far("swap")?;
+    let pager = Arc::new(k.pager_far(far.as_ref())?);
+    let swap = pattern_stores(k, far.as_deref(), "swap", k.pages, 1)?.remove(0);
     let region = pager.map_store(
         swap.clone(),
         k.pages * PAGE_SIZE,
