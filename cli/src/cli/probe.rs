@@ -1,9 +1,10 @@
 //! `uffd-pager probe`: what this kernel and process allow.
 
 use super::json::Json;
-use super::CliResult;
+use super::{CliError, CliResult};
 use clap::Args;
 use uffd_pager::PAGE_SIZE;
+use uffd_pager_cli::far::{Far, StoreUrl};
 use uffd_pager_cli::os::mem::{self, Memfd};
 use uffd_pager_cli::os::uffd::{
     feature, feature_names, ioctl, ioctl_names, probe, Grants, RegisterMode, Uffd,
@@ -14,6 +15,13 @@ pub struct ProbeArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Check a far-memory store instead (`redis://HOST:PORT[/DB]` or
+    /// `redis-cluster://HOST:PORT,...`): connect, describe the server, and
+    /// write one page through the store and read it back through the store
+    /// and through a plain client, in a namespace deleted afterwards.
+    /// Exit 1 if any of it fails.
+    #[arg(long, value_name = "URL")]
+    store: Option<StoreUrl>,
 }
 
 /// Features asked for on the descriptor that registers the sample ranges:
@@ -162,6 +170,9 @@ fn gather() -> Report {
 
 /// Runs the probe and prints its report.
 pub fn run(a: &ProbeArgs) -> CliResult {
+    if let Some(url) = &a.store {
+        return probe_store(url, a.json);
+    }
     let r = gather();
     if a.json {
         println!("{}", to_json(&r));
@@ -349,4 +360,56 @@ fn to_json(r: &Report) -> Json {
         ),
         ("sample_ranges", ranges),
     ])
+}
+
+/// `probe --store URL`: see [`ProbeArgs::store`].
+fn probe_store(url: &StoreUrl, json: bool) -> CliResult {
+    use uffd_pager::store::{RedisOptions, RedisStore, Store};
+    let fail = |m: String| CliError::Runtime(format!("probe --store {url}: {m}"));
+    let about =
+        RedisStore::ping(&url.0, &RedisOptions::default()).map_err(|e| fail(e.to_string()))?;
+    let far = Far::open(url, "probe").map_err(|e| fail(e.to_string()))?;
+    let store = far.store("page", 1).map_err(|e| fail(e.to_string()))?;
+    let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8 + 1).collect();
+    let t = std::time::Instant::now();
+    store
+        .write(0, &page)
+        .map_err(|e| fail(format!("writing a page: {e}")))?;
+    let written = t.elapsed();
+    let mut back = vec![0u8; PAGE_SIZE];
+    let t = std::time::Instant::now();
+    store
+        .read(0, &mut back)
+        .map_err(|e| fail(format!("reading the page: {e}")))?;
+    let read = t.elapsed();
+    if back != page {
+        return Err(fail(
+            "the page read back differs from the page written".into(),
+        ));
+    }
+    let plain = far.read_back(&store).map_err(|e| fail(e.to_string()))?;
+    if plain != page {
+        return Err(fail(
+            "a plain client reads another page than the store wrote".into(),
+        ));
+    }
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+    if json {
+        let j = Json::obj([
+            ("store", Json::str(url.0.clone())),
+            ("server", Json::str(about)),
+            ("write_us", Json::Num(us(written))),
+            ("read_us", Json::Num(us(read))),
+            ("round_trip_ok", Json::Bool(true)),
+        ]);
+        println!("{j}");
+    } else {
+        println!("store {url}: {about}");
+        println!(
+            "  one page written ({:.0} us) and read back ({:.0} us) through the store, and read back by a plain client: ok",
+            us(written),
+            us(read)
+        );
+    }
+    Ok(())
 }
