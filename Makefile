@@ -2,20 +2,40 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test deps lint bench examples model-check unprivileged
+.PHONY: demo test deps lint bench examples model-check unprivileged redis-up redis-down
 
 # userfaultfd-sys generates its bindings with bindgen, which needs libclang.
+# The far-memory tests need Redis (a standalone server and a 3-node
+# cluster on loopback ports, started by scripts/redis-servers.sh).
 deps:
 	@if ! ldconfig -p | grep -q 'libclang[-.0-9]*\.so'; then \
 		echo "installing libclang (needed by userfaultfd-sys/bindgen)"; \
 		apt-get update -qq && apt-get install -y -qq libclang1-14 >/dev/null; \
 	fi
+	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then \
+		echo "installing redis-server and redis-tools (needed by the far-memory tests)"; \
+		apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null; \
+	fi
+
+# Where the tests find the servers (scripts/redis-servers.sh's defaults).
+export UFFD_REDIS_URL ?= redis://127.0.0.1:6390
+export UFFD_REDIS_CLUSTER_URL ?= redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
+
+redis-up: deps
+	scripts/redis-servers.sh start
+
+redis-down:
+	scripts/redis-servers.sh stop
 
 demo: deps
 	$(CARGO) run --release --quiet --bin uffd-pager -- demo
 
+# Starts the Redis servers, runs every test, and stops the servers again
+# whatever the tests did.
 test: deps
-	$(CARGO) test --workspace --features uffd-pager/fault-inject
+	scripts/redis-servers.sh start >/dev/null
+	$(CARGO) test --workspace --features uffd-pager/fault-inject,uffd-pager/redis; \
+		rc=$$?; scripts/redis-servers.sh stop >/dev/null; exit $$rc
 
 # Model-checks the concurrency primitives (page lock, region lock, global
 # lock, RCU) with loom: tests/loom_sync/. `--cfg loom` changes every crate's
@@ -26,8 +46,9 @@ model-check: deps
 
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets --features uffd-pager/fault-inject -- -D warnings
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
+	$(CARGO) clippy --workspace --all-targets --features uffd-pager/fault-inject,uffd-pager/redis -- -D warnings
+	$(CARGO) clippy -p uffd-pager --all-targets --features fault-inject -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet --features uffd-pager/redis
 
 bench: deps
 	$(CARGO) run --release --quiet --bin uffd-pager -- bench fault-cost

@@ -3,7 +3,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::InstallKind;
-use crate::page_cache::MAPPED;
+use crate::page_cache::{MAPPED, POISONED};
 use crate::sys::mem::madvise;
 use crate::sys::PAGE_SIZE;
 
@@ -58,8 +58,12 @@ impl Mm {
             }
             let r = madvise(vma.addr_of(i), (end - i) * PAGE_SIZE, libc::MADV_DONTNEED);
             for p in i..end {
+                // A shared page keeps its cached contents; one that was
+                // poisoned (its read failed: it has none) is read again by
+                // the next fault, as a dropped private page is.
                 if obj.kind == InstallKind::Shared || r.is_err() {
-                    obj.cache.unlock(p, 0, if r.is_ok() { MAPPED } else { 0 });
+                    obj.cache
+                        .unlock(p, 0, if r.is_ok() { MAPPED | POISONED } else { 0 });
                     continue;
                 }
                 let clear = crate::discard::discard_page(self, obj, p, obj.cache.load(p));

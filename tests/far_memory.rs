@@ -1,0 +1,310 @@
+//! Far memory through the engine, against real Redis servers: a sparse
+//! object costs nothing, and a server that is killed, frozen and restarted
+//! mid-run gives defined outcomes only (the right page, or the read-error
+//! path within the store's timeout times its attempts), never wrong data
+//! or a hang; once the server is back, new faults succeed and a poisoned
+//! page comes back once the application drops it.
+//!
+//! The sparse test uses the standalone server at `UFFD_REDIS_URL` (default
+//! `redis://127.0.0.1:6390`, started by `make test`); the restart test runs
+//! a `redis-server` of its own. Set `UFFD_SKIP_REDIS=1` to skip them.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uffd_pager::store::{RedisOptions, RedisStore, Store};
+use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager};
+use util::{pattern, pattern_vec, PAGE};
+
+fn skip() -> bool {
+    let skip = std::env::var_os("UFFD_SKIP_REDIS").is_some_and(|v| v == "1");
+    if skip {
+        eprintln!("skipped: UFFD_SKIP_REDIS=1");
+    }
+    skip
+}
+
+fn url() -> String {
+    std::env::var("UFFD_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390".into())
+}
+
+fn namespace(tag: &str) -> String {
+    format!("uffd-test-{tag}-{}", std::process::id())
+}
+
+#[test]
+fn a_sparse_object_costs_nothing_and_zero_pages_leave_no_key() {
+    if skip() {
+        return;
+    }
+    const PAGES: usize = 1 << 18; // 1 GiB
+    let opts = RedisOptions {
+        prefix: namespace("sparse"),
+        ..RedisOptions::default()
+    };
+    let store = Arc::new(
+        RedisStore::open(&url(), (PAGES * PAGE) as u64, &opts)
+            .unwrap_or_else(|e| panic!("{e} (is the server up? `make redis-up`)")),
+    );
+    store.clear().unwrap();
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(256)
+        .readahead(0, 0)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let map = MapOptions {
+        kind: InstallKind::Shared,
+        writable: true,
+        ..MapOptions::default()
+    };
+    let mut region = pager.map_store(store.clone(), PAGES * PAGE, &map).unwrap();
+    // Pages nobody wrote read as zeros, from anywhere in the gigabyte.
+    for k in 0..1000 {
+        let p = (k * 2_654_435_761usize) % PAGES;
+        assert!(
+            region.as_slice()[p * PAGE..(p + 1) * PAGE]
+                .iter()
+                .all(|&b| b == 0),
+            "page {p}"
+        );
+    }
+    // Ten pages written: ten keys, each holding its page.
+    let written: Vec<usize> = (0..10).map(|k| k * 25_000 + 7).collect();
+    for &p in &written {
+        region.as_mut_slice()[p * PAGE..(p + 1) * PAGE]
+            .copy_from_slice(&pattern_vec(p as u64, PAGE));
+    }
+    region.flush().unwrap();
+    // One of them zeroed again: its key goes.
+    let p0 = written[0];
+    region.as_mut_slice()[p0 * PAGE..(p0 + 1) * PAGE].fill(0);
+    region.flush().unwrap();
+    let mut buf = vec![0u8; PAGE];
+    for &p in &written[1..] {
+        store.read((p * PAGE) as u64, &mut buf).unwrap();
+        assert_eq!(buf, pattern_vec(p as u64, PAGE), "page {p} in Redis");
+    }
+    drop(region);
+    assert_eq!(store.clear().unwrap(), 9, "nine pages hold data: nine keys");
+    assert_eq!(pager.stats().get(Counter::IO_ERROR), 0);
+}
+
+/// A `redis-server` of the test's own that keeps every write on disk
+/// (`appendfsync always`), so that a restart finds what was acknowledged.
+struct OwnServer {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl OwnServer {
+    fn start() -> OwnServer {
+        let dir = std::env::temp_dir().join(format!("uffd-far-restart-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = (0..200)
+            .map(|k| {
+                21000
+                    + ((std::process::id() as u16)
+                        .wrapping_mul(13)
+                        .wrapping_add(k * 7)
+                        % 9000)
+            })
+            .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+            .expect("a free loopback port");
+        let mut s = OwnServer {
+            port,
+            dir,
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is not on PATH: install it, or set UFFD_SKIP_REDIS=1");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while RedisStore::ping(&self.url(), &RedisOptions::default()).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: kill(2) on our own child, which has not been reaped.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.signal(libc::SIGCONT);
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Faults page `p` in through the engine (a `prefault`, which reports the
+/// read-error path as an error instead of SIGBUS) and, if it came in,
+/// checks every byte; returns whether it came in and how long it took.
+fn touch(region: &uffd_pager::Region, p: usize) -> (bool, Duration) {
+    let t = Instant::now();
+    let ok = region.prefault(p * PAGE, PAGE).is_ok();
+    let took = t.elapsed();
+    if ok {
+        let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+        if let Some(i) = (0..PAGE).find(|&i| page[i] != pattern(3, p * PAGE + i)) {
+            panic!("page {p}: wrong data at byte {i}");
+        }
+    }
+    (ok, took)
+}
+
+#[test]
+fn a_killed_frozen_and_restarted_server_gives_defined_outcomes_only() {
+    if skip() {
+        return;
+    }
+    const PAGES: usize = 512;
+    const BUDGET: u64 = 64;
+    let mut server = OwnServer::start();
+    let (timeout, attempts) = (Duration::from_millis(200), 2);
+    let opts = RedisOptions {
+        prefix: namespace("restart"),
+        timeout,
+        attempts,
+    };
+    let store = Arc::new(RedisStore::open(&server.url(), (PAGES * PAGE) as u64, &opts).unwrap());
+    let data = pattern_vec(3, PAGES * PAGE);
+    let batch: Vec<(u64, &[u8])> = (0..PAGES)
+        .map(|p| ((p * PAGE) as u64, &data[p * PAGE..(p + 1) * PAGE]))
+        .collect();
+    for chunk in batch.chunks(uffd_pager::store::MAX_BATCH) {
+        store.write_many(chunk).unwrap();
+    }
+    // One read attempt per fault: a fault then waits at most the store's
+    // timeout times its attempts (plus its backoff).
+    let bound = timeout * attempts + Duration::from_millis(300);
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(BUDGET)
+        .read_attempts(1)
+        .readahead(0, 0)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let map = MapOptions {
+        kind: InstallKind::Shared,
+        writable: false,
+        ..MapOptions::default()
+    };
+    let mut region = pager.map_store(store.clone(), PAGES * PAGE, &map).unwrap();
+    for p in 0..PAGES {
+        assert!(touch(&region, p).0, "page {p} with the server up");
+    }
+
+    let mut poisoned = Vec::new();
+    // Touches every page from the last (the resident ones first), or
+    // stops after `max_failed` read errors.
+    let sweep = |phase: &str, poisoned: &mut Vec<usize>, max_failed: usize| {
+        let (mut ok, mut failed, mut slowest) = (0, 0, Duration::ZERO);
+        for p in (0..PAGES).rev() {
+            if failed == max_failed {
+                break;
+            }
+            if poisoned.contains(&p) {
+                continue;
+            }
+            let (came, took) = touch(&region, p);
+            slowest = slowest.max(took);
+            if came {
+                ok += 1;
+            } else {
+                failed += 1;
+                poisoned.push(p);
+            }
+        }
+        eprintln!(
+            "{phase}: {ok} pages served, {failed} took the read-error path, slowest {slowest:?}"
+        );
+        assert!(
+            slowest < bound,
+            "{phase}: a fault waited {slowest:?} (bound {bound:?})"
+        );
+        (ok, failed)
+    };
+
+    // Killed: resident pages are still served, the rest fail fast.
+    server.kill();
+    let (ok, failed) = sweep("killed", &mut poisoned, 100);
+    assert!(
+        failed > 0 && ok > 0,
+        "some pages were resident, the others needed the server"
+    );
+
+    // Frozen (a hung server): each fault that needs it ends within the bound.
+    server.spawn();
+    server.signal(libc::SIGSTOP);
+    let (_, failed) = sweep("frozen", &mut poisoned, 4);
+    assert!(failed > 0);
+    server.signal(libc::SIGCONT);
+
+    // Back: every page that did not take the read-error path comes in with
+    // the right data; the poisoned ones come back once dropped.
+    poisoned.sort_unstable();
+    for p in 0..PAGES {
+        if poisoned.binary_search(&p).is_err() {
+            assert!(touch(&region, p).0, "page {p} after the restart");
+        }
+    }
+    for &p in &poisoned {
+        region.dontneed(p * PAGE, PAGE).unwrap();
+        assert!(
+            touch(&region, p).0,
+            "poisoned page {p} after it was dropped"
+        );
+    }
+    let st = pager.stats();
+    eprintln!(
+        "io_error {} poisoned {}; {} pages poisoned then recovered",
+        st.get(Counter::IO_ERROR),
+        st.get(Counter::POISONED),
+        poisoned.len()
+    );
+    assert!(st.get(Counter::IO_ERROR) > 0);
+    drop(region);
+    store.clear().unwrap();
+}
