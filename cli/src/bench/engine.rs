@@ -10,43 +10,79 @@
 use super::{pattern, touch};
 use std::sync::Arc;
 use std::time::Duration;
-use uffd_pager::store::{MemoryStore, Store};
+use uffd_pager::store::{MemoryStore, Store, StoreError};
 use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager, Result, PAGE_SIZE};
 
 /// Engine passes: each maps a fresh region (so every page is absent),
 /// touches it, and unmaps it; only the touches are timed.
-#[derive(Debug)]
 pub struct EngineLoop {
     pager: Pager,
-    store: Arc<MemoryStore>,
+    store: Arc<dyn Store>,
     pages: usize,
     kind: InstallKind,
+}
+
+impl std::fmt::Debug for EngineLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineLoop")
+            .field("store", &self.store.name())
+            .field("pages", &self.pages)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
 }
 
 impl EngineLoop {
     /// A pager with `delivery` (default policy) and a store of `pages`
     /// pages, every byte of page `i` set to its pattern.
     pub fn new(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<EngineLoop> {
+        Self::over(Arc::new(Self::memory(pages)?), kind, delivery)
+    }
+
+    /// [`EngineLoop::new`] over the same pages in a store that is not
+    /// signal-safe (ordinary Rust), so every read goes through the
+    /// engine's I/O workers: the worker hop.
+    pub fn with_hop(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<EngineLoop> {
+        Self::over(Arc::new(Ordinary(Self::memory(pages)?)), kind, delivery)
+    }
+
+    /// A read-only memory store of `pages` pages, every byte of page `i`
+    /// set to its pattern.
+    fn memory(pages: usize) -> Result<MemoryStore> {
         if pages == 0 {
             return Err(Error::ZeroLength);
         }
         let len = pages
             .checked_mul(PAGE_SIZE)
             .ok_or_else(|| Error::Config(format!("{pages} pages is too large")))?;
-        let pager = Pager::builder()
-            .delivery(delivery)
-            .readahead(0, 1)
-            .fault_around(0)
-            .build()?;
         let store = MemoryStore::new(len as u64)?;
         let mut buf = vec![0u8; PAGE_SIZE];
         for i in 0..pages {
             buf.fill(pattern(i));
             store.write((i * PAGE_SIZE) as u64, &buf)?;
         }
+        Ok(store.with_writable(false))
+    }
+
+    /// Engine passes over `store` (whose page `i` holds [`pattern`]`(i)`),
+    /// with no readahead and no fault-around: one store read per fault.
+    pub fn over(
+        store: Arc<dyn Store>,
+        kind: InstallKind,
+        delivery: Delivery,
+    ) -> Result<EngineLoop> {
+        let pages = store.len() as usize / PAGE_SIZE;
+        if pages == 0 {
+            return Err(Error::ZeroLength);
+        }
+        let pager = Pager::builder()
+            .delivery(delivery)
+            .readahead(0, 1)
+            .fault_around(0)
+            .build()?;
         Ok(EngineLoop {
             pager,
-            store: Arc::new(store.with_writable(false)),
+            store,
             pages,
             kind,
         })
@@ -80,5 +116,27 @@ impl EngineLoop {
         let t = touch(region.as_ptr() as usize, n);
         region.unmap()?;
         t
+    }
+}
+
+/// A memory store that says it is not signal-safe: the engine then calls
+/// it on its I/O workers, as ordinary Rust.
+struct Ordinary(MemoryStore);
+
+impl Store for Ordinary {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), StoreError> {
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> std::result::Result<(), StoreError> {
+        self.0.write(offset, buf)
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "ordinary"
     }
 }

@@ -54,6 +54,11 @@ pub struct FaultCostConfig {
     pub kind: InstallKind,
     /// How faults are delivered, to the floor's handler and to the engine.
     pub delivery: Delivery,
+    /// The worker hop: the engine's store is ordinary Rust (not
+    /// signal-safe), so each read goes through an I/O worker; the floor
+    /// hands each page copy to a worker thread of its own with a raw futex
+    /// ping-pong ([`FloorLoop::with_hop`]).
+    pub hop: bool,
 }
 
 impl Default for FaultCostConfig {
@@ -63,6 +68,7 @@ impl Default for FaultCostConfig {
             passes: 5,
             kind: InstallKind::Anonymous,
             delivery: Delivery::InThread,
+            hop: false,
         }
     }
 }
@@ -106,7 +112,11 @@ pub fn fault_cost(cfg: &FaultCostConfig) -> Result<FaultCostReport> {
     if cfg.passes == 0 {
         return Err(Error::Config("fault-cost needs at least one pass".into()));
     }
-    let mut engine = EngineLoop::new(cfg.pages, cfg.kind, cfg.delivery)?;
+    let mut engine = if cfg.hop {
+        EngineLoop::with_hop(cfg.pages, cfg.kind, cfg.delivery)?
+    } else {
+        EngineLoop::new(cfg.pages, cfg.kind, cfg.delivery)?
+    };
     // The floor has one range: with one descriptor per region, that is one
     // descriptor and one handler thread.
     let floor_delivery = match cfg.delivery {
@@ -116,7 +126,11 @@ pub fn fault_cost(cfg: &FaultCostConfig) -> Result<FaultCostReport> {
         },
         d => d,
     };
-    let mut floor = FloorLoop::new(cfg.pages, cfg.kind, floor_delivery)?;
+    let mut floor = if cfg.hop {
+        FloorLoop::with_hop(cfg.pages, cfg.kind, floor_delivery)?
+    } else {
+        FloorLoop::new(cfg.pages, cfg.kind, floor_delivery)?
+    };
     floor.pass(cfg.pages)?;
     engine.pass(cfg.pages)?;
     let per_page = |d: Duration| d.as_secs_f64() * 1e6 / cfg.pages as f64;
@@ -205,6 +219,7 @@ mod tests {
             passes: 2,
             kind,
             delivery,
+            hop: false,
         };
         let r = fault_cost(&cfg).unwrap_or_else(|e| panic!("{kind} {delivery}: {e}"));
         for v in [

@@ -116,6 +116,12 @@ struct FaultCostArgs {
     /// Repeatable; default: in-thread and threads:1.
     #[arg(long, value_name = "DELIVERY")]
     delivery: Vec<Delivery>,
+    /// The worker hop: the engine's store is ordinary Rust (not
+    /// signal-safe, so each read goes through an I/O worker) and the floor
+    /// hands each page copy to a thread of its own with a raw futex
+    /// ping-pong before its install. In-thread and threads:1 only.
+    #[arg(long)]
+    hop: bool,
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -216,8 +222,13 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
     if !a.json {
         writeln!(
             out,
-            "fault cost: {pages} pages per pass, best of {passes} passes, µs per fault \
-             (ratio = engine / floor)"
+            "fault cost{}: {pages} pages per pass, best of {passes} passes, µs per fault \
+             (ratio = engine / floor)",
+            if a.hop {
+                " with the worker hop (an ordinary store; the floor: futex ping-pong + install)"
+            } else {
+                ""
+            }
         )
         .map_err(io)?;
         writeln!(
@@ -235,6 +246,7 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
                 passes,
                 kind,
                 delivery,
+                hop: a.hop,
             };
             tracing::info!(%kind, %delivery, pages, passes, "fault-cost run");
             let r = fault_cost(&cfg)

@@ -28,6 +28,7 @@
 //! A failed install leaves the faulting thread with no way forward, so the
 //! floor reports it on stderr and aborts the process.
 
+mod hop;
 pub(crate) mod sigbus;
 mod threads;
 
@@ -53,6 +54,8 @@ struct Target {
     src: usize,
     /// The memfd of a shared range; -1 for anonymous ones.
     memfd: i32,
+    /// A [`hop::Hop`] that copies each page on a worker first, or 0.
+    hop: usize,
 }
 
 /// Resolves the fault at `addr` (inside `t`) with one page-sized install
@@ -64,11 +67,18 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32>
     if off >= t.len {
         return Err(libc::EFAULT);
     }
+    let src = if t.hop != 0 {
+        // SAFETY: a non-zero `hop` points to the loop's `HopWorker`'s
+        // state, which outlives every pass.
+        unsafe { &*(t.hop as *const hop::Hop) }.fetch(t.src + off)
+    } else {
+        t.src + off
+    };
     if t.memfd >= 0 {
-        // SAFETY: `t.src + off` is a page of the live source buffer (same
-        // length as the user range, and `off < t.len` was checked), which
-        // nothing writes while the floor runs.
-        let page_src = unsafe { std::slice::from_raw_parts((t.src + off) as *const u8, PAGE_SIZE) };
+        // SAFETY: `src` is a page of the live source buffer (same length
+        // as the user range, and `off < t.len` was checked) or of the hop's
+        // buffer, which nothing writes while the floor reads it.
+        let page_src = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
         // SAFETY: `t.memfd` is the floor's memfd, open as long as the
         // `FloorLoop` whose faults are being resolved.
         let memfd = unsafe { BorrowedFd::borrow_raw(t.memfd) };
@@ -80,7 +90,7 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32>
         } else {
             // SAFETY: the source page is readable (as above), and the user
             // page is only ever read through raw pointers by the touch loop.
-            unsafe { uffd.copy(page, t.src + off, PAGE_SIZE) }.map(drop)
+            unsafe { uffd.copy(page, src, PAGE_SIZE) }.map(drop)
         };
         match r {
             Ok(()) | Err(libc::EEXIST) => return Ok(()),
@@ -109,6 +119,7 @@ pub struct FloorLoop {
     user: MmapMut,
     _src: MmapMut,
     _memfd: Option<Memfd>,
+    _hop: Option<hop::HopWorker>,
 }
 
 impl std::fmt::Debug for FloorLoop {
@@ -148,6 +159,28 @@ impl FloorLoop {
     /// Sets up `pages` pages of `kind`, served by `delivery` (in-thread, or
     /// `threads` handler threads spinning `spin_us` before blocking).
     pub fn new(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<FloorLoop> {
+        Self::build(pages, kind, delivery, false)
+    }
+
+    /// [`FloorLoop::new`] whose every page is first copied on a worker
+    /// thread, handed over and back by a raw futex ping-pong (see
+    /// `floor/hop.rs`): the floor of the engine's I/O-worker hop. One
+    /// faulter at a time: in-thread delivery or one handler thread.
+    pub fn with_hop(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<FloorLoop> {
+        Self::build(pages, kind, delivery, true)
+    }
+
+    fn build(pages: usize, kind: InstallKind, delivery: Delivery, hop: bool) -> Result<FloorLoop> {
+        if hop
+            && !matches!(
+                delivery,
+                Delivery::InThread | Delivery::Threads { threads: 1, .. }
+            )
+        {
+            return Err(Error::Config(
+                "the hop floor serves one faulter at a time: in-thread or threads:1".into(),
+            ));
+        }
         if pages == 0 {
             return Err(Error::ZeroLength);
         }
@@ -202,11 +235,20 @@ impl FloorLoop {
         };
         uffd.register(user.as_ptr() as usize, len, reg_mode)
             .map_err(|e| crate::sys_error("UFFDIO_REGISTER", e))?;
+        let hop = if hop {
+            Some(hop::HopWorker::start().map_err(|e| Error::Io {
+                context: "starting the hop floor's worker".into(),
+                source: e,
+            })?)
+        } else {
+            None
+        };
         let target = Target {
             base: user.as_ptr() as usize,
             len,
             src: src.as_ptr() as usize,
             memfd: memfd.as_ref().map_or(-1, |m| m.fd()),
+            hop: hop.as_ref().map_or(0, |h| Arc::as_ptr(&h.hop) as usize),
         };
         let handlers = if nthreads > 0 {
             Some(Handlers::start(&uffd, target, nthreads, spin_us)?)
@@ -221,6 +263,7 @@ impl FloorLoop {
             user,
             _src: src,
             _memfd: memfd,
+            _hop: hop,
         })
     }
 

@@ -16,6 +16,7 @@ struct SigState {
     len: AtomicUsize,
     src: AtomicUsize,
     memfd: AtomicUsize,
+    hop: AtomicUsize,
 }
 
 static SIG: SigState = SigState {
@@ -24,6 +25,7 @@ static SIG: SigState = SigState {
     len: AtomicUsize::new(0),
     src: AtomicUsize::new(0),
     memfd: AtomicUsize::new(0),
+    hop: AtomicUsize::new(0),
 };
 
 /// One in-thread floor pass at a time, process-wide (they share [`SIG`] and
@@ -54,6 +56,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             len,
             src: SIG.src.load(Acquire),
             memfd: SIG.memfd.load(Acquire) as i32,
+            hop: SIG.hop.load(Acquire),
         };
         // SAFETY: `uffd` points to the floor's descriptor, which outlives
         // the pass; `base` is non-zero only during the pass.
@@ -84,6 +87,7 @@ pub(super) fn with_handler<R>(uffd: &Uffd, t: &Target, f: impl FnOnce() -> Resul
         SIG.uffd.store(uffd as *const Uffd as usize, Release);
         SIG.src.store(t.src, Release);
         SIG.memfd.store(t.memfd as usize, Release);
+        SIG.hop.store(t.hop, Release);
         SIG.len.store(t.len, Release);
         SIG.base.store(t.base, Release);
         let r = f();
