@@ -55,6 +55,9 @@ pub struct Config {
     /// How long a store call on an I/O worker may take before it counts as
     /// failed, in ns.
     pub io_timeout_ns: u64,
+    /// How long a thread waiting on an I/O worker, and a worker waiting for
+    /// work, spin before they sleep (0: no spin).
+    pub io_spin_ns: u64,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             readahead_threads: 2,
             fault_around_pages: 64,
             io_threads: 2,
+            io_spin_ns: 0,
             io_timeout_ns: 30_000_000_000,
         }
     }
@@ -175,7 +179,8 @@ impl Mm {
         let lru = Lru::new(config.lru_shards, config.budget_pages as usize)
             .map_err(|e| ("mmap LRU", e))?;
         let reclaim = Reclaim::new()?;
-        let io = crate::io::Io::new(config.io_timeout_ns).map_err(|e| ("mmap I/O buffers", e))?;
+        let io = crate::io::Io::new(config.io_timeout_ns, config.io_spin_ns)
+            .map_err(|e| ("mmap I/O buffers", e))?;
         Ok(Mm {
             lock: GlobalLock::new(),
             table: Rcu::new(Table::default()),

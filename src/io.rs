@@ -70,6 +70,8 @@ pub struct Io {
     bufs: Mapping,
     queue: WorkQueue,
     timeout_ns: u64,
+    /// Spin this long before sleeping, waiting or idle.
+    spin_ns: u64,
 }
 
 // SAFETY: a slot's `store` cell is written only by the caller that claimed
@@ -90,8 +92,9 @@ impl std::fmt::Debug for Io {
 }
 
 impl Io {
-    /// Request state for `timeout_ns`-bounded calls.
-    pub fn new(timeout_ns: u64) -> Result<Io, i32> {
+    /// Request state for `timeout_ns`-bounded calls, whose waiters and
+    /// idle workers spin `spin_ns` before they sleep.
+    pub fn new(timeout_ns: u64, spin_ns: u64) -> Result<Io, i32> {
         Ok(Io {
             slots: (0..SLOTS)
                 .map(|_| Slot {
@@ -106,6 +109,7 @@ impl Io {
             bufs: Mapping::anonymous(SLOTS * MAX_BATCH * PAGE_SIZE)?,
             queue: WorkQueue::new(SLOTS * 2),
             timeout_ns,
+            spin_ns,
         })
     }
 
@@ -191,7 +195,14 @@ impl Io {
     /// the worker.
     fn wait(&self, k: usize, done: impl FnOnce(*mut u8)) -> Result<(), StoreError> {
         let s = &self.slots[k];
-        let deadline = now_ns().saturating_add(self.timeout_ns);
+        let start = now_ns();
+        let deadline = start.saturating_add(self.timeout_ns);
+        if self.spin_ns > 0 {
+            let until = start + self.spin_ns.min(self.timeout_ns);
+            while s.state.load(Acquire) != DONE && now_ns() < until {
+                std::hint::spin_loop();
+            }
+        }
         loop {
             let st = s.state.load(Acquire);
             if st == DONE {
@@ -218,7 +229,7 @@ impl Io {
 
     /// One worker's loop: runs requests until the queue is stopped.
     fn work(&self) {
-        while let Some(k) = self.queue.next() {
+        while let Some(k) = self.queue.next_spinning(self.spin_ns) {
             let s = &self.slots[k as usize];
             if s.state
                 .compare_exchange(PENDING, RUNNING, AcqRel, Acquire)
@@ -384,7 +395,7 @@ mod tests {
 
     #[test]
     fn calls_end_within_the_timeout_and_late_answers_are_dropped() {
-        let io = Arc::new(Io::new(500_000_000).unwrap());
+        let io = Arc::new(Io::new(500_000_000, 0).unwrap());
         let mut workers = Vec::new();
         start(&io, |io| io, 2, &mut workers).unwrap();
         let stuck = Arc::new(Stuck {

@@ -159,8 +159,11 @@ impl Drop for Far {
     }
 }
 
-/// A plain client's connection to `url`.
-fn plain_connection(url: &StoreUrl) -> std::result::Result<Box<dyn redis::ConnectionLike>, String> {
+/// A plain client's connection to `url` (the redis crate's own client, no
+/// pager, no `RedisStore`): for read-backs and for the benches' floors.
+pub fn plain_connection(
+    url: &StoreUrl,
+) -> std::result::Result<Box<dyn redis::ConnectionLike>, String> {
     let timeout = std::time::Duration::from_secs(5);
     match RedisUrl::parse(&url.0).map_err(|e| e.to_string())? {
         RedisUrl::Standalone { host, port, db } => {

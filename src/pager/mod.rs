@@ -175,6 +175,19 @@ impl PagerBuilder {
         self
     }
 
+    /// How long a faulting thread that waits on an I/O worker, and an idle
+    /// worker, spin before they sleep (default 0: they sleep at once).
+    /// Spinning trades CPU time for the wake-ups of a thread hop (tens of
+    /// microseconds each when the other vCPU is idle): worth it for a store
+    /// on a network whose round trip is that short (a Redis on the same
+    /// host or rack), wasted for slow stores. At most 1 ms.
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
+    pub fn io_spin(mut self, t: std::time::Duration) -> Self {
+        self.config.io_spin_ns = t.as_nanos().min(1_000_000) as u64;
+        self
+    }
+
     /// Run the background reclaimer (default true; only with a budget).
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).

@@ -131,6 +131,25 @@ impl WorkQueue {
         None
     }
 
+    /// [`WorkQueue::next`], trying for `spin_ns` nanoseconds before it
+    /// sleeps: a worker that spins takes work posted meanwhile with no
+    /// wake-up.
+    pub fn next_spinning(&self, spin_ns: u64) -> Option<u64> {
+        if spin_ns > 0 {
+            let until = crate::sys::now_ns().saturating_add(spin_ns);
+            loop {
+                if let Some(v) = self.pop() {
+                    return Some(v);
+                }
+                if self.stop.load(Acquire) || crate::sys::now_ns() >= until {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.next()
+    }
+
     /// Stops the workers: each returns `None` from [`WorkQueue::next`] at
     /// its next wake-up, which this causes.
     pub fn stop(&self) {

@@ -36,14 +36,24 @@ impl EngineLoop {
     /// A pager with `delivery` (default policy) and a store of `pages`
     /// pages, every byte of page `i` set to its pattern.
     pub fn new(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<EngineLoop> {
-        Self::over(Arc::new(Self::memory(pages)?), kind, delivery)
+        Self::over(
+            Arc::new(Self::memory(pages)?),
+            kind,
+            delivery,
+            Duration::ZERO,
+        )
     }
 
     /// [`EngineLoop::new`] over the same pages in a store that is not
     /// signal-safe (ordinary Rust), so every read goes through the
     /// engine's I/O workers: the worker hop.
     pub fn with_hop(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<EngineLoop> {
-        Self::over(Arc::new(Ordinary(Self::memory(pages)?)), kind, delivery)
+        Self::over(
+            Arc::new(Ordinary(Self::memory(pages)?)),
+            kind,
+            delivery,
+            Duration::ZERO,
+        )
     }
 
     /// A read-only memory store of `pages` pages, every byte of page `i`
@@ -65,11 +75,13 @@ impl EngineLoop {
     }
 
     /// Engine passes over `store` (whose page `i` holds [`pattern`]`(i)`),
-    /// with no readahead and no fault-around: one store read per fault.
+    /// with no readahead and no fault-around: one store read per fault, and
+    /// [`io_spin`](uffd_pager::PagerBuilder::io_spin) `io_spin`.
     pub fn over(
         store: Arc<dyn Store>,
         kind: InstallKind,
         delivery: Delivery,
+        io_spin: Duration,
     ) -> Result<EngineLoop> {
         let pages = store.len() as usize / PAGE_SIZE;
         if pages == 0 {
@@ -79,6 +91,7 @@ impl EngineLoop {
             .delivery(delivery)
             .readahead(0, 1)
             .fault_around(0)
+            .io_spin(io_spin)
             .build()?;
         Ok(EngineLoop {
             pager,

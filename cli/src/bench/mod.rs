@@ -28,6 +28,7 @@
 
 mod engine;
 mod evict;
+mod far;
 mod floor;
 mod random_floor;
 mod scale;
@@ -35,6 +36,7 @@ mod wakeup;
 
 pub use engine::EngineLoop;
 pub use evict::{evict_cost, EvictReport};
+pub use far::{far_miss, far_scan, FarMissReport, FarScanReport};
 pub use floor::FloorLoop;
 pub use random_floor::{random_floor, RandomFloorReport};
 pub use scale::{scale, ScaleReport};

@@ -1,0 +1,272 @@
+//! Far-memory benches over a real Redis server or cluster, each a ratio of
+//! two figures measured in the same run:
+//!
+//! - [`far_miss`]: a major fault whose page comes from Redis (fault, I/O
+//!   worker hop, `GET`, install) against the floor of the same round trip,
+//!   a plain client's `GET` of the same page on the same loopback, one at
+//!   a time.
+//! - [`far_scan`]: a sequential scan of a Redis-backed region with
+//!   readahead (each window one `MGET` through `Store::read_many`) and
+//!   fault-around, against the same scan with neither (one `GET` per
+//!   fault).
+
+use super::{min, pattern, touch, EngineLoop};
+use crate::far::{plain_connection, Far};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uffd_pager::store::{page_key, Store};
+use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager, Result, PAGE_SIZE};
+
+/// What [`far_miss`] found: microseconds per page, best pass of each side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FarMissReport {
+    /// Pages per pass.
+    pub pages: usize,
+    /// A plain client's `GET` of one page.
+    pub floor_us: f64,
+    /// A major fault served from Redis.
+    pub engine_us: f64,
+    /// `engine_us / floor_us`.
+    pub ratio: f64,
+    /// With an I/O spin: the same `GET` by a raw client that busy-polls its
+    /// non-blocking socket for as long as the engine spins (standalone
+    /// servers only), and the engine against it.
+    pub spinning_floor_us: Option<f64>,
+    /// `engine_us / spinning_floor_us`.
+    pub spinning_ratio: Option<f64>,
+}
+
+/// A raw RESP client of one standalone server that busy-polls its
+/// non-blocking socket for up to `spin` before it sleeps in `poll(2)`:
+/// the floor of a round trip for a waiter that spins as the engine's
+/// (`PagerBuilder::io_spin`) do.
+struct SpinningClient {
+    sock: std::net::TcpStream,
+    spin: Duration,
+    buf: Vec<u8>,
+}
+
+impl SpinningClient {
+    fn connect(url: &crate::far::StoreUrl, spin: Duration) -> Option<SpinningClient> {
+        let uffd_pager::store::RedisUrl::Standalone { host, port, db: 0 } =
+            uffd_pager::store::RedisUrl::parse(&url.0).ok()?
+        else {
+            return None;
+        };
+        let sock = std::net::TcpStream::connect((host.as_str(), port)).ok()?;
+        sock.set_nodelay(true).ok()?;
+        sock.set_nonblocking(true).ok()?;
+        Some(SpinningClient {
+            sock,
+            spin,
+            buf: Vec::with_capacity(2 * PAGE_SIZE),
+        })
+    }
+
+    /// `GET key`; the value's bytes (a page is expected).
+    fn get(&mut self, key: &str) -> std::io::Result<&[u8]> {
+        use std::io::{Read, Write};
+        let req = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len());
+        let mut w = req.as_bytes();
+        while !w.is_empty() {
+            match self.sock.write(w) {
+                Ok(n) => w = &w[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.wait(libc::POLLOUT),
+                Err(e) => return Err(e),
+            }
+        }
+        self.buf.clear();
+        let want = format!("${PAGE_SIZE}\r\n").len() + PAGE_SIZE + 2;
+        let mut chunk = [0u8; 2 * PAGE_SIZE];
+        let start = Instant::now();
+        while self.buf.len() < want {
+            match self.sock.read(&mut chunk) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if start.elapsed() >= self.spin {
+                        self.wait(libc::POLLIN);
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if self.buf.first() != Some(&b'$') || self.buf.len() != want {
+            return Err(std::io::Error::other("not a page's bulk string reply"));
+        }
+        let head = want - PAGE_SIZE - 2;
+        Ok(&self.buf[head..head + PAGE_SIZE])
+    }
+
+    fn wait(&self, events: i16) {
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a bounded timeout.
+        unsafe { libc::poll(&mut p, 1, 1000) };
+    }
+}
+
+fn io_error(context: &str) -> impl Fn(String) -> Error + '_ {
+    move |m| Error::Io {
+        context: context.to_string(),
+        source: std::io::Error::other(m),
+    }
+}
+
+/// Per-miss cost against a plain `GET`; see the module docs. `passes`
+/// timed passes of `pages` pages each side, interleaved, after one warm-up
+/// pass each.
+pub fn far_miss(
+    far: &Far,
+    pages: usize,
+    passes: usize,
+    kind: InstallKind,
+    delivery: Delivery,
+    io_spin: Duration,
+) -> Result<FarMissReport> {
+    if pages == 0 || passes == 0 {
+        return Err(Error::Config("far-miss needs pages and passes".into()));
+    }
+    let store = far.filled("miss", pages, |o| pattern(o / PAGE_SIZE))?;
+    let prefix = store.prefix().to_string();
+    let mut engine = EngineLoop::over(Arc::new(store), kind, delivery, io_spin)?;
+    let mut con = plain_connection(far.url()).map_err(io_error("the floor's plain client"))?;
+    let keys: Vec<String> = (0..pages).map(|p| page_key(&prefix, p as u64)).collect();
+    let mut floor_pass = || -> Result<Duration> {
+        let t = Instant::now();
+        for (p, k) in keys.iter().enumerate() {
+            let v: Vec<u8> = redis::cmd("GET")
+                .arg(k)
+                .query(&mut *con)
+                .map_err(|e| io_error("the floor's GET")(e.to_string()))?;
+            if v.len() != PAGE_SIZE || v[0] != pattern(p) {
+                return Err(io_error("the floor's GET")(format!("{k}: wrong page")));
+            }
+        }
+        Ok(t.elapsed())
+    };
+    let mut spinning = if io_spin.is_zero() {
+        None
+    } else {
+        SpinningClient::connect(far.url(), io_spin)
+    };
+    let spinning_pass = |c: &mut SpinningClient| -> Result<Duration> {
+        let t = Instant::now();
+        for (p, k) in keys.iter().enumerate() {
+            let v = c
+                .get(k)
+                .map_err(|e| io_error("the spinning floor's GET")(e.to_string()))?;
+            if v[0] != pattern(p) {
+                return Err(io_error("the spinning floor's GET")(format!(
+                    "{k}: wrong page"
+                )));
+            }
+        }
+        Ok(t.elapsed())
+    };
+    floor_pass()?;
+    if let Some(c) = spinning.as_mut() {
+        spinning_pass(c)?;
+    }
+    engine.pass(pages)?;
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / pages as f64;
+    let (mut floor, mut spin_floor, mut eng) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..passes {
+        floor.push(us(floor_pass()?));
+        if let Some(c) = spinning.as_mut() {
+            spin_floor.push(us(spinning_pass(c)?));
+        }
+        eng.push(us(engine.pass(pages)?));
+    }
+    let (floor_us, engine_us) = (min(&floor), min(&eng));
+    let spinning_floor_us = (!spin_floor.is_empty()).then(|| min(&spin_floor));
+    Ok(FarMissReport {
+        pages,
+        floor_us,
+        engine_us,
+        ratio: engine_us / floor_us,
+        spinning_floor_us,
+        spinning_ratio: spinning_floor_us.map(|f| engine_us / f),
+    })
+}
+
+/// What [`far_scan`] found: pages per second, best pass of each side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FarScanReport {
+    /// Pages per pass.
+    pub pages: usize,
+    /// Readahead window (pages) of the batched side.
+    pub readahead: u32,
+    /// With readahead (one `MGET` per window) and fault-around.
+    pub batched_pages_per_s: f64,
+    /// One `GET` per fault.
+    pub single_pages_per_s: f64,
+    /// `batched / single`.
+    pub ratio: f64,
+}
+
+/// One scan side: a pager with `readahead` and `fault_around`, a fresh
+/// region per pass, one byte read per page.
+fn scan_side(
+    store: &Arc<dyn Store>,
+    pages: usize,
+    passes: usize,
+    readahead: u32,
+    fault_around: usize,
+    io_spin: Duration,
+) -> Result<Vec<f64>> {
+    let pager = Pager::builder()
+        .io_spin(io_spin)
+        .delivery(Delivery::InThread)
+        .readahead(readahead, 2)
+        .fault_around(fault_around)
+        .build()?;
+    let opts = MapOptions {
+        kind: InstallKind::Shared,
+        writable: false,
+        ..MapOptions::default()
+    };
+    let mut rates = Vec::new();
+    for _ in 0..passes + 1 {
+        let region = pager.map_store(store.clone(), pages * PAGE_SIZE, &opts)?;
+        let t = touch(region.as_ptr() as usize, pages)?;
+        region.unmap()?;
+        rates.push(pages as f64 / t.as_secs_f64());
+    }
+    rates.remove(0); // the warm-up
+    Ok(rates)
+}
+
+/// Sequential scan with `MGET` readahead against one `GET` per fault; see
+/// the module docs.
+pub fn far_scan(
+    far: &Far,
+    pages: usize,
+    passes: usize,
+    readahead: u32,
+    io_spin: Duration,
+) -> Result<FarScanReport> {
+    if pages == 0 || passes == 0 || readahead == 0 {
+        return Err(Error::Config(
+            "far-scan needs pages, passes and a readahead window".into(),
+        ));
+    }
+    let store: Arc<dyn Store> = Arc::new(far.filled("scan", pages, |o| pattern(o / PAGE_SIZE))?);
+    let batched = scan_side(&store, pages, passes, readahead, 64, io_spin)?;
+    let single = scan_side(&store, pages, passes, 0, 0, io_spin)?;
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let (b, s) = (best(&batched), best(&single));
+    Ok(FarScanReport {
+        pages,
+        readahead,
+        batched_pages_per_s: b,
+        single_pages_per_s: s,
+        ratio: b / s,
+    })
+}
