@@ -75,6 +75,24 @@ struct Run {
     start: usize,
     n: usize,
     swapped: bool,
+    /// Pages the run may grow to (see [`run_limit`]).
+    max: usize,
+}
+
+/// How many pages one store call of readahead carries: a batch only for a
+/// store that gains by it (one that is not signal-safe, a network round
+/// trip per call); a page at a time for the others, whose `read_many`
+/// would loop anyway, so that their pages are charged one by one as they
+/// are read. A batch is charged to the budget whole before its call, so it
+/// is also held to a quarter of the budget.
+fn run_limit(mm: &Mm, src: &dyn crate::store::Store) -> usize {
+    if src.signal_safe() {
+        return 1;
+    }
+    match mm.config.budget_pages {
+        0 => MAX_BATCH,
+        b => MAX_BATCH.min((b / 4).max(1) as usize),
+    }
 }
 
 impl Run {
@@ -82,7 +100,7 @@ impl Run {
     /// extends the run.
     fn extends(&self, slot: u32, j: usize, swapped: bool) -> bool {
         self.n > 0
-            && self.n < MAX_BATCH
+            && self.n < self.max
             && self.slot == slot
             && self.start + self.n == j
             && self.swapped == swapped
@@ -95,7 +113,7 @@ impl Run {
 fn add(mm: &Mm, run: &mut Run, e: Entry) {
     let (slot, j) = unpack(e);
     let fresh = match &run.obj {
-        Some(_) if run.slot == slot => None,
+        Some(_) if run.slot == slot && run.n > 0 => None,
         _ => match mm.objects.pin(slot) {
             Some(o) => Some(o),
             None => return,
@@ -107,24 +125,33 @@ fn add(mm: &Mm, run: &mut Run, e: Entry) {
     if j >= obj.npages() {
         return;
     }
-    // The same lock order as everyone else: a page lock is only ever
-    // tried here, never waited for, while the run holds others.
-    let Ok(prev) = obj.cache.try_lock(j) else {
-        return;
-    };
-    if prev & (UPTODATE | POISONED) != 0 {
-        obj.cache.unlock(j, 0, 0);
+    let w = obj.cache.load(j);
+    if w & (UPTODATE | LOCKED | POISONED) != 0 {
         return;
     }
-    let swapped = prev & SWAPPED != 0;
+    // A page that does not extend the run: the run is read first, so that
+    // no page sits locked while another's read runs.
+    let swapped = w & SWAPPED != 0;
     if !run.extends(slot, j, swapped) {
         flush(mm, run);
         if let Some(o) = fresh {
             run.obj = Some(o);
         }
+        let obj = run.obj.as_deref().expect("set above or kept");
+        run.max = run_limit(mm, &**obj.source(w));
         run.slot = slot;
         run.start = j;
         run.swapped = swapped;
+    }
+    let obj = run.obj.as_deref().expect("the run's object");
+    // The same lock order as everyone else: a page lock is only ever
+    // tried here, never waited for, while the run holds others.
+    let Ok(prev) = obj.cache.try_lock(j) else {
+        return;
+    };
+    if prev & (UPTODATE | POISONED) != 0 || (prev & SWAPPED != 0) != swapped {
+        obj.cache.unlock(j, 0, 0);
+        return;
     }
     run.n += 1;
 }
@@ -134,7 +161,9 @@ fn add(mm: &Mm, run: &mut Run, e: Entry) {
 /// again and report its error).
 fn flush(mm: &Mm, run: &mut Run) {
     let n = std::mem::take(&mut run.n);
-    let Some(obj) = run.obj.as_ref() else {
+    // The pin goes with the run: an unmap waits for pins, and pages read
+    // into an object that is going away are wasted.
+    let Some(obj) = run.obj.take() else {
         return;
     };
     if n == 0 {
@@ -150,7 +179,7 @@ fn flush(mm: &Mm, run: &mut Run) {
             mm.counters.inc(RA_PAGES);
             mm.counters.inc(PGREAD);
             obj.cache.unlock(j, UPTODATE | READAHEAD, 0);
-            mm.page_cached(obj, j);
+            mm.page_cached(&obj, j);
         }
     } else {
         mm.counters.inc(IO_ERROR);
@@ -172,6 +201,7 @@ fn work(mm: &Mm) {
             start: 0,
             n: 0,
             swapped: false,
+            max: 1,
         };
         add(mm, &mut run, e);
         while let Some(e) = mm.readahead.pop() {

@@ -8,7 +8,6 @@ use std::path::Path;
 
 use super::zero::{in_bounds, round_up_to_page};
 use super::{Store, StoreError};
-use crate::sys::mem::Mapping;
 use crate::sys::{errno, PAGE_SIZE};
 
 /// How [`FileStore::open`] opens its file.
@@ -70,7 +69,7 @@ pub struct FileStore {
     in_memory: bool,
     /// A tmpfs file mapped read-only, so that installs can copy straight
     /// from its pages ([`Store::page_in_memory`]).
-    view: Option<Mapping>,
+    view: Option<memmap2::Mmap>,
     /// Under `O_DIRECT`, a second descriptor of the same file without it:
     /// the final partial page is written through it, byte-exact, so the
     /// file's length never changes (an aligned write would extend it, and
@@ -141,7 +140,16 @@ impl FileStore {
         // Mapping is an optimisation: without the view, reads go through
         // `pread` as for any other file.
         let view = match usize::try_from(len) {
-            Ok(n) if in_memory && n > 0 => Mapping::read_only(file.as_raw_fd(), n).ok(),
+            Ok(n) if in_memory && n > 0 => {
+                // SAFETY: memmap2's contract is that the file is not
+                // changed behind the map's back while slices of it are
+                // alive. The store never makes a slice of the view: it
+                // hands out addresses that the kernel reads (a
+                // `UFFDIO_COPY` or `pwrite` source), where a page the file
+                // lost (truncated by someone else) fails with `EFAULT` and
+                // the store falls back to `pread`, and no signal is raised.
+                unsafe { memmap2::MmapOptions::new().len(n).map(&file) }.ok()
+            }
             _ => None,
         };
         // Any page can become the last one (the file may be truncated), so
@@ -382,7 +390,7 @@ impl Store for FileStore {
             let end = usize::try_from(offset)
                 .ok()
                 .and_then(|o| o.checked_add(len));
-            if end.is_some_and(|e| e <= self.view.as_ref().map_or(0, Mapping::len)) {
+            if end.is_some_and(|e| e <= self.view.as_ref().map_or(0, |v| v.len())) {
                 // SAFETY: `[src, src + len)` lies inside the view (checked
                 // above), which is mapped for the store's life.
                 let r = unsafe {
@@ -400,7 +408,7 @@ impl Store for FileStore {
     fn page_in_memory(&self, offset: u64) -> Option<usize> {
         let view = self.view.as_ref()?;
         let off = usize::try_from(offset).ok()?;
-        (off < view.len()).then(|| view.addr() + off)
+        (off < view.len()).then(|| view.as_ptr() as usize + off)
     }
 
     fn name(&self) -> &'static str {

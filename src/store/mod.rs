@@ -57,6 +57,14 @@ pub const MAX_BATCH: usize = 32;
 #[error("store I/O failed: {}", std::io::Error::from_raw_os_error(*.0))]
 pub struct StoreError(pub i32);
 
+impl From<StoreError> for std::io::Error {
+    /// The errno as an `io::Error` (for [`crate::PagerBuilder::swap_to`]
+    /// makers and other `io::Result` code).
+    fn from(e: StoreError) -> std::io::Error {
+        std::io::Error::from_raw_os_error(e.0)
+    }
+}
+
 /// A backing store of whole pages.
 ///
 /// A store of your own: pages come from wherever `read` gets them. The

@@ -102,27 +102,6 @@ impl Mapping {
         Ok(m)
     }
 
-    /// A shared read-only mapping of the first `len` bytes of `fd`,
-    /// wherever the kernel puts it. Pages past the file's end within the
-    /// last page read as zeros; a read past that page faults (`SIGBUS`, or
-    /// `EFAULT` for a system call reading it).
-    pub fn read_only(fd: RawFd, len: usize) -> Result<Mapping, i32> {
-        // SAFETY: a fresh mapping of a descriptor we hold open; nothing
-        // else is at the address the kernel picks.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        let addr = check(p)?;
-        Ok(Mapping { addr, len })
-    }
-
     /// Start address.
     pub fn addr(&self) -> usize {
         self.addr

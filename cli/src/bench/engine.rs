@@ -74,7 +74,7 @@ impl EngineLoop {
         Ok(store.with_writable(false))
     }
 
-    /// Engine passes over `store` (whose page `i` holds [`pattern`]`(i)`),
+    /// Engine passes over `store` (whose page `i` holds `pattern(i)`),
     /// with no readahead and no fault-around: one store read per fault, and
     /// [`io_spin`](uffd_pager::PagerBuilder::io_spin) `io_spin`.
     pub fn over(

@@ -7,8 +7,7 @@ use super::{CliError, CliResult};
 use clap::{Args, Subcommand};
 use std::io::Write;
 use uffd_pager::{Delivery, InstallKind, PAGE_SIZE};
-use uffd_pager_cli::bench::{far_miss, far_scan, fault_cost, FaultCostConfig, FaultCostReport};
-use uffd_pager_cli::far::{Far, StoreUrl};
+use uffd_pager_cli::bench::{fault_cost, FaultCostConfig, FaultCostReport};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -50,44 +49,10 @@ enum Workload {
     /// Far memory over a real Redis server or cluster: a miss against a
     /// plain client's GET, and a sequential scan with MGET readahead
     /// against one GET per fault.
-    Far(FarArgs),
+    Far(super::far::FarArgs),
     /// Engine metadata per tracked page (state words, LRU ring, region
     /// structs), computed and measured on a lazily mapped region.
     Metadata(super::metadata::MetadataArgs),
-}
-
-#[derive(Debug, Args)]
-struct FarArgs {
-    /// The server or cluster (`redis://HOST:PORT[/DB]`,
-    /// `redis-cluster://HOST:PORT,...`); the run uses a namespace of its
-    /// own and deletes it.
-    #[arg(long, value_name = "URL")]
-    store: StoreUrl,
-    /// Pages per miss pass (each faulted once).
-    #[arg(long, default_value_t = 2048, value_parser = at_least_one)]
-    pages: u64,
-    /// Pages per scan pass.
-    #[arg(long, default_value_t = 8192, value_parser = at_least_one)]
-    scan_pages: u64,
-    /// Timed passes per side; the best counts.
-    #[arg(long, default_value_t = 5, value_parser = at_least_one)]
-    passes: u64,
-    /// The scan's readahead window in pages (at most 32 go in one MGET).
-    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
-    readahead: u64,
-    /// Install kind of the miss pass.
-    #[arg(long, default_value = "anonymous")]
-    kind: InstallKind,
-    /// Delivery of the miss pass: in-thread or threads\[:N\[:spinUS\]\].
-    #[arg(long, default_value = "in-thread")]
-    delivery: Delivery,
-    /// Microseconds a thread waiting on an I/O worker, and an idle worker,
-    /// spin before they sleep (`PagerBuilder::io_spin`; 0: none).
-    #[arg(long, default_value_t = 0)]
-    io_spin_us: u64,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -167,7 +132,7 @@ struct FaultCostArgs {
 }
 
 /// A count of at least one.
-fn at_least_one(s: &str) -> Result<u64, String> {
+pub(super) fn at_least_one(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
@@ -189,7 +154,7 @@ pub fn run(a: &BenchArgs) -> CliResult {
         Workload::Scale(a) => run_scale(a),
         Workload::Wakeup(a) => run_wakeup(a),
         Workload::Metadata(a) => super::metadata::run(a),
-        Workload::Far(a) => run_far(a),
+        Workload::Far(a) => super::far::run(a),
     }
 }
 
@@ -472,90 +437,4 @@ mod tests {
         assert!(matches!(check_pages(u64::MAX), Err(CliError::Usage(_))));
         assert!(matches!(check_pages(1 << 40), Err(CliError::Usage(_))));
     }
-}
-
-fn run_far(a: &FarArgs) -> CliResult {
-    if a.pages > 1 << 20 || a.scan_pages > 1 << 20 || a.passes > 50 || a.readahead > 1024 {
-        return Err(CliError::Usage(
-            "--pages/--scan-pages at most 1048576, --passes at most 50, --readahead at most 1024"
-                .into(),
-        ));
-    }
-    let rt =
-        |what: &'static str| move |e: uffd_pager::Error| CliError::Runtime(format!("{what}: {e}"));
-    let far = Far::open(&a.store, "bench").map_err(rt("bench far"))?;
-    let spin = std::time::Duration::from_micros(a.io_spin_us.min(1000));
-    let miss = far_miss(
-        &far,
-        a.pages as usize,
-        a.passes as usize,
-        a.kind,
-        a.delivery,
-        spin,
-    )
-    .map_err(rt("bench far (miss)"))?;
-    let scan = far_scan(
-        &far,
-        a.scan_pages as usize,
-        a.passes as usize,
-        a.readahead as u32,
-        spin,
-    )
-    .map_err(rt("bench far (scan)"))?;
-    if a.json {
-        let j = Json::obj([
-            ("store", Json::str(a.store.0.clone())),
-            ("io_spin_us", Json::Int(a.io_spin_us.min(1000) as i64)),
-            ("miss_pages", Json::Int(miss.pages as i64)),
-            ("miss_floor_get_us", Json::Num(miss.floor_us)),
-            ("miss_engine_us", Json::Num(miss.engine_us)),
-            ("miss_ratio", Json::Num(miss.ratio)),
-            (
-                "miss_spinning_floor_us",
-                miss.spinning_floor_us.map_or(Json::Null, Json::Num),
-            ),
-            (
-                "miss_spinning_ratio",
-                miss.spinning_ratio.map_or(Json::Null, Json::Num),
-            ),
-            ("scan_pages", Json::Int(scan.pages as i64)),
-            ("scan_readahead", Json::Int(scan.readahead as i64)),
-            (
-                "scan_batched_pages_per_s",
-                Json::Num(scan.batched_pages_per_s),
-            ),
-            (
-                "scan_single_pages_per_s",
-                Json::Num(scan.single_pages_per_s),
-            ),
-            ("scan_ratio", Json::Num(scan.ratio)),
-        ]);
-        println!("{j}");
-        return Ok(());
-    }
-    if let (Some(f), Some(r)) = (miss.spinning_floor_us, miss.spinning_ratio) {
-        println!(
-            "a raw GET that busy-polls as long as the engine spins: {f:.1} µs; engine against it: {r:.2}"
-        );
-    }
-    println!(
-        "far memory on {}: best of {} passes, io spin {} µs\n\
-         miss ({} {}, {} pages): engine {:.1} µs per fault, plain GET {:.1} µs: ratio {:.2} (goal <= 1.3)\n\
-         scan ({} pages): readahead {} (MGET) {:.0} pages/s, one GET per fault {:.0} pages/s: ratio {:.1} (goal >= 5)",
-        a.store,
-        a.passes,
-        a.io_spin_us.min(1000),
-        a.kind,
-        a.delivery,
-        miss.pages,
-        miss.engine_us,
-        miss.floor_us,
-        miss.ratio,
-        scan.pages,
-        scan.readahead,
-        scan.batched_pages_per_s,
-        scan.single_pages_per_s,
-        scan.ratio
-    );
-    Ok(())
 }

@@ -5,6 +5,7 @@
 
 mod bench;
 mod demo;
+mod far;
 mod json;
 mod metadata;
 mod probe;

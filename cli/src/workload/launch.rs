@@ -5,7 +5,7 @@
 //! Each launch is one new process's worth of state: a fresh
 //! [`Pager`](uffd_pager::Pager) (its own address space and global lock), its
 //! writer threads, and a fresh region over the app's "binary" — a
-//! [`SimulatedStore`] (`k.latency`, `k.max_inflight`) over
+//! [`SimulatedStore`](uffd_pager::store::SimulatedStore) (`k.latency`, `k.max_inflight`; or a Redis store with `k.store`) over
 //! [`pattern`](super::common::pattern) contents, shared by all launches —
 //! so every first touch of a page is a major fault.
 //! The main thread maps the region and replays the trace: one `u64` read
