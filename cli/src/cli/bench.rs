@@ -3,7 +3,7 @@
 
 use super::json::Json;
 use super::workloads::{self, Which, WorkloadArgs};
-use super::{CliError, CliResult};
+use super::{at_least_one, CliError, CliResult};
 use clap::{Args, Subcommand};
 use std::io::Write;
 use uffd_pager::{Delivery, InstallKind, PAGE_SIZE};
@@ -129,15 +129,6 @@ struct FaultCostArgs {
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-/// A count of at least one.
-pub(super) fn at_least_one(s: &str) -> Result<u64, String> {
-    match s.parse::<u64>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("not a count: {e}")),
-    }
 }
 
 /// Runs the chosen workload.

@@ -3,13 +3,11 @@
 //! [`uffd_pager_cli::bench::far_scan`]).
 
 use super::json::Json;
-use super::{CliError, CliResult};
+use super::{at_least_one, CliError, CliResult};
 use clap::Args;
 use uffd_pager::{Delivery, InstallKind};
 use uffd_pager_cli::bench::{far_miss, far_scan};
 use uffd_pager_cli::far::{Far, StoreUrl};
-
-use super::bench::at_least_one;
 
 #[derive(Debug, Args)]
 pub struct FarArgs {

@@ -95,6 +95,15 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A count of at least one.
+fn at_least_one(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a count: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
