@@ -59,7 +59,7 @@ examples: deps
 	$(CARGO) run --release --quiet --example out_of_core_sort
 	$(CARGO) run --release --quiet --example anon_swap
 
-# The examples and short tortures as an ordinary user (uid 65534, as
+# The examples and short tortures (one over Redis) as an ordinary user (uid 65534, as
 # vm.unprivileged_userfaultfd = 0 and a root-only /dev/userfaultfd leave
 # it): user-mode-only userfaultfd(2). Run as root; the binaries are copied
 # where that user can run them.
@@ -72,4 +72,7 @@ unprivileged: deps
 	cd /tmp && for e in embed_file out_of_core_sort anon_swap; do $(UNPRIV) /tmp/uffd-pager-unpriv/$$e || exit 1; done
 	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 --kind anonymous --dir /tmp
 	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 --delivery threads --dir /tmp
+	scripts/redis-servers.sh start >/dev/null
+	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 \
+		--store $(UFFD_REDIS_URL); rc=$$?; cd $(CURDIR) && scripts/redis-servers.sh stop >/dev/null; exit $$rc
 	rm -rf /tmp/uffd-pager-unpriv
