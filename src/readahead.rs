@@ -96,62 +96,55 @@ fn run_limit(mm: &Mm, src: &dyn crate::store::Store) -> usize {
 }
 
 impl Run {
-    /// Whether page `j` of the object in `slot`, reading from swap or not,
-    /// extends the run.
-    fn extends(&self, slot: u32, j: usize, swapped: bool) -> bool {
-        self.n > 0
-            && self.n < self.max
-            && self.slot == slot
-            && self.start + self.n == j
-            && self.swapped == swapped
+    /// Whether page `j` of the object in `slot` comes right after the run,
+    /// which has room for it.
+    fn extends(&self, slot: u32, j: usize) -> bool {
+        self.n > 0 && self.n < self.max && self.slot == slot && self.start + self.n == j
     }
 }
 
 /// Reads the requested page `e` if it is still absent: it joins the run
-/// when it extends it; otherwise the run is read first and `e` starts the
-/// next one.
+/// when it extends it; otherwise the run is read first (so that no page
+/// sits locked while another's read runs) and `e` starts the next one.
 fn add(mm: &Mm, run: &mut Run, e: Entry) {
     let (slot, j) = unpack(e);
-    let fresh = match &run.obj {
-        Some(_) if run.slot == slot && run.n > 0 => None,
-        _ => match mm.objects.pin(slot) {
-            Some(o) => Some(o),
-            None => return,
-        },
-    };
-    let Some(obj) = fresh.as_deref().or(run.obj.as_deref()) else {
+    let continuing = run.extends(slot, j);
+    if !continuing {
+        flush(mm, run);
+        // A fresh pin per run: the object may have gone meanwhile.
+        let Some(o) = mm.objects.pin(slot) else {
+            return;
+        };
+        run.obj = Some(o);
+        run.slot = slot;
+        run.start = j;
+    }
+    // Pinned above, or by the run this page extends.
+    let Some(obj) = run.obj.as_deref() else {
         return;
     };
     if j >= obj.npages() {
         return;
     }
-    let w = obj.cache.load(j);
-    if w & (UPTODATE | LOCKED | POISONED) != 0 {
-        return;
-    }
-    // A page that does not extend the run: the run is read first, so that
-    // no page sits locked while another's read runs.
-    let swapped = w & SWAPPED != 0;
-    if !run.extends(slot, j, swapped) {
-        flush(mm, run);
-        if let Some(o) = fresh {
-            run.obj = Some(o);
-        }
-        let obj = run.obj.as_deref().expect("set above or kept");
-        run.max = run_limit(mm, &**obj.source(w));
-        run.slot = slot;
-        run.start = j;
-        run.swapped = swapped;
-    }
-    let obj = run.obj.as_deref().expect("the run's object");
     // The same lock order as everyone else: a page lock is only ever
     // tried here, never waited for, while the run holds others.
     let Ok(prev) = obj.cache.try_lock(j) else {
         return;
     };
-    if prev & (UPTODATE | POISONED) != 0 || (prev & SWAPPED != 0) != swapped {
+    if prev & (UPTODATE | POISONED) != 0 {
         obj.cache.unlock(j, 0, 0);
         return;
+    }
+    let swapped = prev & SWAPPED != 0;
+    if continuing && swapped != run.swapped {
+        // Another source (swap, not the store): the run ends before it.
+        obj.cache.unlock(j, 0, 0);
+        flush(mm, run);
+        return add(mm, run, e);
+    }
+    if !continuing {
+        run.swapped = swapped;
+        run.max = run_limit(mm, &**obj.source(prev));
     }
     run.n += 1;
 }
