@@ -78,7 +78,18 @@ cluster_ok() { cli "$1" cluster info 2>/dev/null | tr -d '\r' | grep -qx 'cluste
 start() {
     mkdir -p "$REDIS_DIR"
     start_node "$REDIS_PORT"
-    local p
+    local p any=0
+    for p in "${CLUSTER_PORTS[@]}"; do
+        up "$p" && any=1
+    done
+    if ((any == 0)); then
+        # No node is up (a fresh machine, or servers that were killed
+        # rather than stopped): nothing is persisted, so start over rather
+        # than from node files that may describe another cluster.
+        for p in "${CLUSTER_PORTS[@]}"; do
+            rm -f "$REDIS_DIR/$p/nodes-$p.conf"
+        done
+    fi
     for p in "${CLUSTER_PORTS[@]}"; do
         start_node "$p" --cluster-enabled yes \
             --cluster-config-file "$REDIS_DIR/$p/nodes-$p.conf" --cluster-node-timeout 5000
