@@ -15,7 +15,11 @@
 //! access gets SIGBUS, as with any failed read; a failed write-back keeps
 //! the page dirty). The worker, whenever its call returns, finds the
 //! request abandoned and frees it: it only ever wrote the request's buffer,
-//! never a page of the engine's, so a late answer changes nothing. A store
+//! never a page of the engine's, so a late read changes nothing. A late
+//! *write* could: it still carries the page's old contents, and could land
+//! after a newer write of the page. So until an abandoned write's worker
+//! has returned, a new write of any of its pages fails at once (`EBUSY`:
+//! the page stays dirty and is written by a later write-back). A store
 //! that panics is a failed call (the panic is caught on the worker).
 //!
 //! # Cost
@@ -32,7 +36,7 @@ use crate::sync::work_queue::WorkQueue;
 use crate::sys::mem::Mapping;
 use crate::sys::{futex, now_ns, PAGE_SIZE};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// Requests in flight at most.
@@ -57,6 +61,8 @@ struct Slot {
     offs: [AtomicU64; MAX_BATCH],
     /// Bytes in the buffer.
     len: AtomicU64,
+    /// The store's address, to find a write still running for it.
+    store_id: AtomicUsize,
     /// 0, or the errno of the failed call.
     result: AtomicI32,
     /// Set by the caller while CLAIMED, taken by the worker while RUNNING.
@@ -102,6 +108,7 @@ impl Io {
                     op: AtomicU32::new(READ),
                     offs: std::array::from_fn(|_| AtomicU64::new(0)),
                     len: AtomicU64::new(0),
+                    store_id: AtomicUsize::new(0),
                     result: AtomicI32::new(0),
                     store: UnsafeCell::new(None),
                 })
@@ -137,6 +144,9 @@ impl Io {
         if pages.len() > MAX_BATCH || pages.iter().any(|(_, p)| p.len() != PAGE_SIZE) {
             return Err(StoreError(libc::EINVAL));
         }
+        if self.stale_write_running(store, pages) {
+            return Err(StoreError(libc::EBUSY));
+        }
         let k = self.submit(store, WRITE, pages.len() * PAGE_SIZE, |s, p| {
             for (n, (off, page)) in pages.iter().enumerate() {
                 s.offs[n].store(*off, Relaxed);
@@ -171,6 +181,8 @@ impl Io {
             .ok_or(StoreError(libc::EBUSY))?;
         let s = &self.slots[k];
         s.op.store(op, Relaxed);
+        s.store_id
+            .store(Arc::as_ptr(store) as *const u8 as usize, Relaxed);
         s.len.store(len as u64, Relaxed);
         s.result.store(0, Relaxed);
         // SAFETY: CLAIMED: this thread alone touches the cell (see the
@@ -188,6 +200,31 @@ impl Io {
         }
         self.queue.kick();
         Ok(k)
+    }
+
+    /// Whether a write its caller gave up on (ABANDONED: the worker may
+    /// still be inside the store call, and a store may retry it) is still
+    /// out for one of `pages` of `store`. Writing the page now could race
+    /// it: the old write could land after the new one and leave the store
+    /// stale behind a clean page. Such a page stays dirty for a later
+    /// write-back instead. Async-signal-safe (atomics only).
+    ///
+    /// No abandon can slip in after the scan: the caller of the old write
+    /// abandoned it while holding the page's lock, which the caller of the
+    /// new one holds now.
+    fn stale_write_running(&self, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> bool {
+        let id = Arc::as_ptr(store) as *const u8 as usize;
+        self.slots.iter().any(|s| {
+            s.state.load(Acquire) == ABANDONED
+                && s.op.load(Relaxed) == WRITE
+                && s.store_id.load(Relaxed) == id
+                && {
+                    let n = (s.len.load(Relaxed) as usize / PAGE_SIZE).min(MAX_BATCH);
+                    s.offs[..n]
+                        .iter()
+                        .any(|o| pages.iter().any(|(off, _)| *off == o.load(Relaxed)))
+                }
+        })
     }
 
     /// Waits for slot `k` until DONE or the timeout; `done` gets its
@@ -428,6 +465,82 @@ mod tests {
         for _ in 0..SLOTS * 2 {
             io.read(&store, 0, &mut buf).unwrap();
         }
+        io.stop();
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+
+    /// A store whose writes block until released, recording what landed.
+    struct SlowWrites {
+        inner: MemoryStore,
+        open: std::sync::Mutex<bool>,
+        cv: std::sync::Condvar,
+    }
+
+    impl Store for SlowWrites {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+            self.inner.read(off, buf)
+        }
+        fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+            let mut g = self.open.lock().unwrap();
+            while !*g {
+                g = self.cv.wait(g).unwrap();
+            }
+            self.inner.write(off, buf)
+        }
+        fn writable(&self) -> bool {
+            true
+        }
+        fn name(&self) -> &'static str {
+            "slow-writes"
+        }
+    }
+
+    #[test]
+    fn a_write_given_up_on_blocks_newer_writes_of_its_pages_until_it_returns() {
+        let io = Arc::new(Io::new(200_000_000, 0).unwrap());
+        let mut workers = Vec::new();
+        start(&io, |io| io, 2, &mut workers).unwrap();
+        let slow = Arc::new(SlowWrites {
+            inner: MemoryStore::new(4 * PAGE_SIZE as u64).unwrap(),
+            open: std::sync::Mutex::new(false),
+            cv: std::sync::Condvar::new(),
+        });
+        let store: Arc<dyn Store> = slow.clone();
+        let p1 = PAGE_SIZE as u64;
+        let old = [1u8; PAGE_SIZE];
+        let new = [2u8; PAGE_SIZE];
+        // The old contents' write times out but stays in the store call.
+        assert_eq!(
+            io.write(&store, &[(p1, &old)]),
+            Err(StoreError(libc::ETIMEDOUT))
+        );
+        // A newer write of the same page must not race it...
+        assert_eq!(
+            io.write(&store, &[(p1, &new)]),
+            Err(StoreError(libc::EBUSY))
+        );
+        // ...while other pages are written (once the store lets them).
+        *slow.open.lock().unwrap() = true;
+        slow.cv.notify_all();
+        io.write(&store, &[(2 * p1, &new)]).unwrap();
+        // The old write has returned: the page can be written again, and
+        // the newest contents are what the store keeps.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while io.write(&store, &[(p1, &new)]) == Err(StoreError(libc::EBUSY)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the abandoned write never returned"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut buf = [0u8; PAGE_SIZE];
+        slow.inner.read(p1, &mut buf).unwrap();
+        assert_eq!(buf, new);
         io.stop();
         for w in workers {
             w.join().unwrap();

@@ -8,7 +8,9 @@
 //! page dirty anew. A batch holds its pages' locks from the first lock to
 //! the store call's end; only the first is waited for: a later page that is
 //! busy ends the batch first, so the write-back never blocks on a page lock
-//! while it holds another. A failed batch keeps every page of it dirty.
+//! while it holds another. A failed batch keeps every page of it dirty and
+//! ends the write-back with its error (a store that is down is not asked
+//! again for every other batch).
 //!
 //! [`Store::write_many`]: crate::store::Store::write_many
 
@@ -38,7 +40,6 @@ impl Mm {
             pages: [(0, false); MAX_BATCH],
             n: 0,
         };
-        let mut result = Ok(());
         for i in 0..obj.npages() {
             if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
                 continue;
@@ -49,7 +50,7 @@ impl Mm {
                 match obj.cache.try_lock(i) {
                     Ok(w) => w,
                     Err(_) => {
-                        result = result.and(self.write_batch(obj, &mut b));
+                        self.write_batch(obj, &mut b)?;
                         obj.cache.lock(i)
                     }
                 }
@@ -67,11 +68,10 @@ impl Mm {
             b.pages[b.n] = (i, protected);
             b.n += 1;
             if b.n == MAX_BATCH {
-                result = result.and(self.write_batch(obj, &mut b));
+                self.write_batch(obj, &mut b)?;
             }
         }
-        result = result.and(self.write_batch(obj, &mut b));
-        result?;
+        self.write_batch(obj, &mut b)?;
         obj.store.sync()?;
         Ok(())
     }

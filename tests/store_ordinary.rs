@@ -343,3 +343,77 @@ fn anonymous_regions_swap_to_the_stores_swap_to_makes() {
     let e = small.map_anonymous(4 * PAGE).unwrap_err();
     assert!(e.to_string().contains("swap store"), "{e}");
 }
+
+/// A store whose writes fail while `down` is set, counting write calls.
+struct Flaky {
+    inner: Ordinary,
+    down: std::sync::atomic::AtomicBool,
+    write_calls: AtomicUsize,
+}
+
+impl Store for Flaky {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.inner.read(off, buf)
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.write_many(&[(off, buf)])
+    }
+    fn write_many(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        self.write_calls.fetch_add(1, Relaxed);
+        if self.down.load(Relaxed) {
+            return Err(StoreError(libc::EIO));
+        }
+        self.inner.write_many(pages)
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+}
+
+#[test]
+fn a_failed_write_back_stops_at_its_first_batch_and_keeps_every_page_dirty() {
+    install_logger();
+    const NPAGES: usize = 200;
+    let store = Arc::new(Flaky {
+        inner: Ordinary::new(NPAGES),
+        down: std::sync::atomic::AtomicBool::new(true),
+        write_calls: AtomicUsize::new(0),
+    });
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    let opts = MapOptions {
+        kind: InstallKind::Shared,
+        writable: true,
+        ..MapOptions::default()
+    };
+    let mut region = pager
+        .map_store(store.clone(), NPAGES * PAGE, &opts)
+        .unwrap();
+    for p in 0..NPAGES {
+        region.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(fill_byte(p, 9));
+    }
+    assert!(region.flush().is_err(), "the store is down");
+    assert_eq!(
+        store.write_calls.load(Relaxed),
+        1,
+        "a store that is down is asked once, not once per batch"
+    );
+    // Back up: every page is still dirty and goes out now.
+    store.down.store(false, Relaxed);
+    region.flush().unwrap();
+    let stored = store.inner.pages.lock().unwrap();
+    for p in 0..NPAGES {
+        assert!(
+            stored[&(p as u64)].iter().all(|&b| b == fill_byte(p, 9)),
+            "page {p}"
+        );
+    }
+}

@@ -124,7 +124,10 @@ pub fn page_key(prefix: &str, page: u64) -> String {
 /// `LOADING`) closes that connection, waits 10 ms (doubling each time),
 /// and tries again on a fresh connection, up to
 /// [`RedisOptions::attempts`] tries within about `timeout × attempts` in
-/// all; then it fails with `ETIMEDOUT` (if the last try timed out) or
+/// all (over a cluster up to about twice that: the cluster client retries
+/// a timed-out reply once itself, so that it can follow a slot's `MOVED`
+/// or `ASK` redirect, and finding the slots again may wait on an
+/// unresponsive node); then it fails with `ETIMEDOUT` (if the last try timed out) or
 /// `EIO`, and logs why through `tracing`. Once the server is back, the next
 /// call connects again. A connection that failed is never reused, so a
 /// late reply can never be taken for the answer to another command.
