@@ -31,6 +31,33 @@ fn url() -> String {
     std::env::var("UFFD_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390".into())
 }
 
+/// A pager with in-thread delivery, `budget` pages, no readahead or
+/// fault-around, `read_attempts` tries per read, and a shared region of
+/// `pages` pages over `store`.
+fn pager_and_region(
+    store: Arc<RedisStore>,
+    pages: usize,
+    budget: u64,
+    read_attempts: u32,
+    writable: bool,
+) -> (Pager, uffd_pager::Region) {
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(budget)
+        .read_attempts(read_attempts)
+        .readahead(0, 0)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let map = MapOptions {
+        kind: InstallKind::Shared,
+        writable,
+        ..MapOptions::default()
+    };
+    let region = pager.map_store(store, pages * PAGE, &map).unwrap();
+    (pager, region)
+}
+
 fn namespace(tag: &str) -> String {
     format!("uffd-test-{tag}-{}", std::process::id())
 }
@@ -50,19 +77,7 @@ fn a_sparse_object_costs_nothing_and_zero_pages_leave_no_key() {
             .unwrap_or_else(|e| panic!("{e} (is the server up? `make redis-up`)")),
     );
     store.clear().unwrap();
-    let pager = Pager::builder()
-        .delivery(Delivery::InThread)
-        .budget_pages(256)
-        .readahead(0, 0)
-        .fault_around(0)
-        .build()
-        .unwrap();
-    let map = MapOptions {
-        kind: InstallKind::Shared,
-        writable: true,
-        ..MapOptions::default()
-    };
-    let mut region = pager.map_store(store.clone(), PAGES * PAGE, &map).unwrap();
+    let (pager, mut region) = pager_and_region(store.clone(), PAGES, 256, 3, true);
     // Pages nobody wrote read as zeros, from anywhere in the gigabyte.
     for k in 0..1000 {
         let p = (k * 2_654_435_761usize) % PAGES;
@@ -218,20 +233,7 @@ fn a_killed_frozen_and_restarted_server_gives_defined_outcomes_only() {
     // One read attempt per fault: a fault then waits at most the store's
     // timeout times its attempts (plus its backoff).
     let bound = timeout * attempts + Duration::from_millis(300);
-    let pager = Pager::builder()
-        .delivery(Delivery::InThread)
-        .budget_pages(BUDGET)
-        .read_attempts(1)
-        .readahead(0, 0)
-        .fault_around(0)
-        .build()
-        .unwrap();
-    let map = MapOptions {
-        kind: InstallKind::Shared,
-        writable: false,
-        ..MapOptions::default()
-    };
-    let mut region = pager.map_store(store.clone(), PAGES * PAGE, &map).unwrap();
+    let (pager, mut region) = pager_and_region(store.clone(), PAGES, BUDGET, 1, false);
     for p in 0..PAGES {
         assert!(touch(&region, p).0, "page {p} with the server up");
     }

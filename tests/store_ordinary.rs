@@ -107,6 +107,21 @@ impl Store for Ordinary {
     }
 }
 
+/// A shared region of `npages` pages over `store`.
+fn map_shared(
+    pager: &Pager,
+    store: Arc<dyn Store>,
+    npages: usize,
+    writable: bool,
+) -> uffd_pager::Region {
+    let opts = MapOptions {
+        kind: InstallKind::Shared,
+        writable,
+        ..MapOptions::default()
+    };
+    pager.map_store(store, npages * PAGE, &opts).unwrap()
+}
+
 /// Logs go through a real subscriber (formatting allocates, the writer
 /// locks), written to nowhere.
 fn install_logger() {
@@ -130,14 +145,7 @@ fn an_allocating_locking_logging_store_serves_a_million_in_thread_faults() {
         .fault_around(0)
         .build()
         .unwrap();
-    let opts = MapOptions {
-        kind: InstallKind::Shared,
-        writable: true,
-        ..MapOptions::default()
-    };
-    let region = pager
-        .map_store(store.clone(), NPAGES * PAGE, &opts)
-        .unwrap();
+    let region = map_shared(&pager, store.clone(), NPAGES, true);
     let base = region.as_ptr() as usize;
     // Page p is owned (written) by thread p % THREADS; its version lives
     // here and only its owner changes it.
@@ -220,14 +228,7 @@ fn a_readahead_window_reaches_the_store_as_one_call() {
         .fault_around(0)
         .build()
         .unwrap();
-    let opts = MapOptions {
-        kind: InstallKind::Shared,
-        writable: false,
-        ..MapOptions::default()
-    };
-    let region = pager
-        .map_store(store.clone(), NPAGES * PAGE, &opts)
-        .unwrap();
+    let region = map_shared(&pager, store.clone(), NPAGES, false);
     for p in 0..NPAGES {
         let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
         assert!(page.iter().all(|&b| b == fill_byte(p, 0)), "page {p}");
@@ -266,14 +267,7 @@ fn a_write_back_reaches_the_store_in_batches() {
         .delivery(Delivery::InThread)
         .build()
         .unwrap();
-    let opts = MapOptions {
-        kind: InstallKind::Shared,
-        writable: true,
-        ..MapOptions::default()
-    };
-    let mut region = pager
-        .map_store(store.clone(), NPAGES * PAGE, &opts)
-        .unwrap();
+    let mut region = map_shared(&pager, store.clone(), NPAGES, true);
     for p in (0..NPAGES).filter(|p| p % 3 != 0) {
         region.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(fill_byte(p, 1));
     }
@@ -389,14 +383,7 @@ fn a_failed_write_back_stops_at_its_first_batch_and_keeps_every_page_dirty() {
         .delivery(Delivery::InThread)
         .build()
         .unwrap();
-    let opts = MapOptions {
-        kind: InstallKind::Shared,
-        writable: true,
-        ..MapOptions::default()
-    };
-    let mut region = pager
-        .map_store(store.clone(), NPAGES * PAGE, &opts)
-        .unwrap();
+    let mut region = map_shared(&pager, store.clone(), NPAGES, true);
     for p in 0..NPAGES {
         region.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(fill_byte(p, 9));
     }
