@@ -341,11 +341,10 @@ pub fn start<T: Send + Sync + 'static>(
 ) -> std::io::Result<()> {
     for k in 0..n {
         let owner = owner.clone();
-        started.push(
-            std::thread::Builder::new()
-                .name(format!("uffd-io-{k}"))
-                .spawn(move || io(&owner).work())?,
-        );
+        started.push(crate::sys::thread::spawn(
+            format!("uffd-io-{k}"),
+            move || io(&owner).work(),
+        )?);
     }
     Ok(())
 }

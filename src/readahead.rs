@@ -214,11 +214,10 @@ pub fn start(
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     for k in 0..n {
         let mm = mm.clone();
-        started.push(
-            std::thread::Builder::new()
-                .name(format!("uffd-readahead-{k}"))
-                .spawn(move || work(&mm))?,
-        );
+        started.push(crate::sys::thread::spawn(
+            format!("uffd-readahead-{k}"),
+            move || work(&mm),
+        )?);
     }
     Ok(std::mem::take(started))
 }

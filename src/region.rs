@@ -329,6 +329,37 @@ impl Region {
         mm.writeback_object(&obj)
     }
 
+    /// Tells the engine that bytes `[offset, offset + len)` of the region's
+    /// store changed behind its back (the application wrote the mapped
+    /// file with `write(2)`): cached pages that hold them are updated from
+    /// the store, keeping the region's own unflushed writes to the rest of
+    /// each page, so the mapping never shows the old bytes. Offsets are the
+    /// store's (the file's, for [`Pager::map_file`](crate::Pager::map_file)).
+    /// Shared regions only: an anonymous region is a private copy and gets
+    /// [`Error::Config`].
+    ///
+    /// ```
+    /// use std::os::unix::fs::FileExt;
+    /// use uffd_pager::{MapOptions, Pager, PAGE_SIZE};
+    ///
+    /// let path = std::env::temp_dir().join(format!("refresh-doc-{}", std::process::id()));
+    /// std::fs::write(&path, vec![1u8; 2 * PAGE_SIZE]).unwrap();
+    /// let pager = Pager::builder().build()?;
+    /// let region = pager.map_file(&path, None, &MapOptions::default())?;
+    /// assert_eq!(region.as_slice()[10], 1); // cached now
+    /// let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    /// file.write_all_at(&[2; 4], 8).unwrap(); // behind the engine's back
+    /// region.refresh(8, 4)?;
+    /// assert_eq!(&region.as_slice()[7..13], &[1, 2, 2, 2, 2, 1]);
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn refresh(&self, offset: u64, len: u64) -> Result<()> {
+        let mm = &self.owner.mm;
+        let _section = mm.events.section();
+        mm.refresh(self.id, offset, len)
+    }
+
     /// Unmaps the region, reporting write-back errors (dropping it does the
     /// same but can only log them).
     ///

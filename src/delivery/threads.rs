@@ -63,21 +63,20 @@ impl HandlerPool {
             let what = what.clone();
             let stopfd = pool.stop.as_raw_fd();
             // Dropping `pool` on a failed spawn stops the threads started.
-            pool.threads.push(
-                std::thread::Builder::new()
-                    .name(format!("{name}-{i}"))
-                    .spawn(move || {
-                        let fds: Vec<&Uffd> = match &what {
-                            Serve::Faults | Serve::Events => vec![&mm.uffd, &mm.uffd_quiet],
-                            Serve::Region(u) => vec![u],
-                        };
-                        if matches!(what, Serve::Events) {
-                            serve_events(&mm, &fds, stopfd)
-                        } else {
-                            serve(&mm, &fds, stopfd, spin_us)
-                        }
-                    })?,
-            );
+            pool.threads.push(crate::sys::thread::spawn(
+                format!("{name}-{i}"),
+                move || {
+                    let fds: Vec<&Uffd> = match &what {
+                        Serve::Faults | Serve::Events => vec![&mm.uffd, &mm.uffd_quiet],
+                        Serve::Region(u) => vec![u],
+                    };
+                    if matches!(what, Serve::Events) {
+                        serve_events(&mm, &fds, stopfd)
+                    } else {
+                        serve(&mm, &fds, stopfd, spin_us)
+                    }
+                },
+            )?);
         }
         Ok(pool)
     }

@@ -352,33 +352,31 @@ pub fn maybe_wake_kswapd(mm: &Mm, resident: u64) {
 /// Starts the background reclaimer for `mm`.
 pub fn start_kswapd(mm: &Arc<Mm>) -> std::io::Result<std::thread::JoinHandle<()>> {
     let mm = mm.clone();
-    std::thread::Builder::new()
-        .name("uffd-kswapd".into())
-        .spawn(move || {
-            let r = &mm.reclaim;
-            let (high, low) = watermarks(mm.config.budget_pages);
-            while !r.stop.load(Acquire) {
-                let seq = r.kswapd_seq.load(Acquire);
-                let resident = mm.resident.load(Relaxed);
-                if resident > high {
-                    mm.counters.inc(KSWAPD_WAKE);
-                    // In a section of the event gate: eviction issues
-                    // ioctls on user addresses (see `crate::events`).
-                    let section = mm.events.section();
-                    let got = shrink(&mm, resident - low);
-                    drop(section);
-                    if got == 0 {
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
-                    continue;
+    crate::sys::thread::spawn("uffd-kswapd".into(), move || {
+        let r = &mm.reclaim;
+        let (high, low) = watermarks(mm.config.budget_pages);
+        while !r.stop.load(Acquire) {
+            let seq = r.kswapd_seq.load(Acquire);
+            let resident = mm.resident.load(Relaxed);
+            if resident > high {
+                mm.counters.inc(KSWAPD_WAKE);
+                // In a section of the event gate: eviction issues
+                // ioctls on user addresses (see `crate::events`).
+                let section = mm.events.section();
+                let got = shrink(&mm, resident - low);
+                drop(section);
+                if got == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
                 }
-                r.kswapd_sleeping.store(true, SeqCst);
-                if mm.resident.load(SeqCst) <= high && !r.stop.load(Acquire) {
-                    futex::wait(&r.kswapd_seq, seq);
-                }
-                r.kswapd_sleeping.store(false, Relaxed);
+                continue;
             }
-        })
+            r.kswapd_sleeping.store(true, SeqCst);
+            if mm.resident.load(SeqCst) <= high && !r.stop.load(Acquire) {
+                futex::wait(&r.kswapd_seq, seq);
+            }
+            r.kswapd_sleeping.store(false, Relaxed);
+        }
+    })
 }
 
 /// Stops the background reclaimer (the thread exits at its next wake-up).

@@ -36,6 +36,7 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 mod simulated;
+mod slice;
 mod zero;
 
 pub use file::{FileStore, FileStoreOptions};
@@ -44,6 +45,7 @@ pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{page_key, RedisOptions, RedisStore, RedisStoreError, RedisUrl};
 pub use simulated::{LatencyReport, SimulatedStore};
+pub use slice::SliceStore;
 pub use zero::ZeroStore;
 
 /// The most pages one [`Store::read_many`] or [`Store::write_many`] call

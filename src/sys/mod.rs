@@ -5,6 +5,7 @@
 
 pub mod futex;
 pub mod mem;
+pub mod thread;
 pub mod uffd;
 
 /// The page size the engine works in. x86-64 base pages.

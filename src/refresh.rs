@@ -1,0 +1,71 @@
+//! The store changed under the page cache: someone wrote the mapped file
+//! with `write(2)`. The kernel has one page cache per file, so such a write
+//! lands in the very pages a mapping shows; the engine keeps its own copy
+//! (the shared object's memfd), so it copies the written bytes into every
+//! cached page they touch, as `generic_perform_write` copies into the
+//! folio. Pages not cached read the new bytes at their next fault.
+
+use crate::address_space::Mm;
+use crate::error::{Error, Result};
+use crate::object::InstallKind;
+use crate::page_cache::UPTODATE;
+use crate::sys::{PageBuf, PAGE_SIZE};
+
+impl Mm {
+    /// Brings the cached pages of region `id` that hold store bytes
+    /// `[offset, offset + len)` up to date with the store.
+    ///
+    /// Each touched page is locked (a fault or an eviction of it waits),
+    /// read whole from the store, and only the written bytes are copied
+    /// into the memfd: the rest of the page keeps the application's own
+    /// unflushed writes, and a dirty page stays dirty. A write racing
+    /// with a store through the mapping to the same bytes has no defined
+    /// order, as with the kernel.
+    pub fn refresh(&self, id: u64, offset: u64, len: u64) -> Result<()> {
+        self.check_owner()?;
+        let Some(obj) = self.pieces(id).first().map(|v| v.object.clone()) else {
+            return Ok(()); // unmapped by the application meanwhile
+        };
+        let memfd = match (obj.kind, obj.memfd()) {
+            (InstallKind::Shared, Some(m)) => m.fd(),
+            _ => {
+                return Err(Error::Config(
+                    "only a shared region's pages can be refreshed from its store \
+                     (an anonymous region holds a private copy)"
+                        .into(),
+                ))
+            }
+        };
+        let end = offset.saturating_add(len).min(obj.store.len());
+        if offset >= end {
+            return Ok(());
+        }
+        let page = PAGE_SIZE as u64;
+        let mut buf = PageBuf::zeroed();
+        for i in (offset / page) as usize..end.div_ceil(page) as usize {
+            if obj.cache.load(i) & UPTODATE == 0 {
+                continue; // its next fault reads the store
+            }
+            let w = obj.cache.lock(i);
+            let r = if w & UPTODATE == 0 {
+                Ok(())
+            } else {
+                let at = i as u64 * page;
+                let (lo, hi) = (offset.max(at) - at, end.min(at + page) - at);
+                crate::io::read(&self.io, &obj.store, at, &mut buf.0)
+                    .map_err(|e| Error::sys("reading the store", e.0))
+                    .and_then(|()| {
+                        crate::sys::mem::pwrite_all(
+                            memfd,
+                            &buf.0[lo as usize..hi as usize],
+                            at + lo,
+                        )
+                        .map_err(|e| Error::sys("pwrite to the page cache", e))
+                    })
+            };
+            obj.cache.unlock(i, 0, 0);
+            r?;
+        }
+        Ok(())
+    }
+}
