@@ -48,7 +48,7 @@ impl SliceStore {
     /// Example: [`SliceStore`](crate::store::SliceStore).
     pub fn new(inner: Arc<dyn Store>, base: u64, len: u64) -> Result<SliceStore, StoreError> {
         let page = PAGE_SIZE as u64;
-        if base % page != 0 || len % page != 0 || !in_bounds(base, 0, inner.len()) {
+        if !base.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(StoreError(libc::EINVAL));
         }
         match base.checked_add(len) {
