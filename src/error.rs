@@ -101,6 +101,34 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// The errno that best names the error, for callers that speak errno
+    /// (the C API returns it negated): `EINVAL` for bad arguments, `EEXIST`
+    /// for an overlap, `EACCES` for a read-only store, `ENOMEM` over the
+    /// budget, `EOPNOTSUPP` for what the kernel lacks, the system call's or
+    /// store's own errno, `EIO` for an I/O error without one.
+    ///
+    /// ```
+    /// assert_eq!(uffd_pager::Error::ZeroLength.errno(), libc::EINVAL);
+    /// ```
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::ZeroLength
+            | Error::Unaligned { .. }
+            | Error::OutOfRange { .. }
+            | Error::NotRegularFile(_)
+            | Error::Config(_) => libc::EINVAL,
+            Error::Overlap { .. } => libc::EEXIST,
+            Error::FileTooShort { .. } => libc::ENXIO,
+            Error::ReadOnlyStore => libc::EACCES,
+            Error::OverBudget { .. } => libc::ENOMEM,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::Sys { errno, .. } => *errno,
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Store(e) => e.0,
+            Error::ForkedChild => libc::EPERM,
+        }
+    }
+
     pub(crate) fn sys(op: &'static str, errno: i32) -> Error {
         Error::Sys { op, errno }
     }

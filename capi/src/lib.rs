@@ -1,0 +1,86 @@
+//! The C API of uffd-pager: `libuffd_pager.so` and `libuffd_pager.a`, with
+//! the header `include/uffd_pager.h` (generated from this crate by cbindgen)
+//! and UMap's C calls (`include/umap/umap.h`, [`umap`]).
+//!
+//! Every exported function:
+//! - returns 0 or a value on success and a **negative errno** on failure,
+//!   and leaves a message for [`uffd_pager_last_error`] on the calling
+//!   thread;
+//! - runs its body under `catch_unwind`, so no panic crosses into C (a
+//!   panic is `-EFAULT` with the panic's message);
+//! - treats a NULL pointer argument as `-EINVAL`, never as a crash. Other
+//!   pointers must point at what the header says; that is the C caller's
+//!   half of the contract, as with any C library.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(non_camel_case_types)]
+
+mod pager;
+mod region;
+mod stats;
+mod store;
+pub mod umap;
+
+pub use pager::*;
+pub use region::*;
+pub use stats::*;
+pub use store::*;
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+thread_local! {
+    /// The message of this thread's last failed call.
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Records `msg` as this thread's last error and returns `-errno`.
+pub(crate) fn fail(errno: i32, msg: impl std::fmt::Display) -> i32 {
+    let text = msg.to_string().replace('\0', " ");
+    LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(text).unwrap_or_default());
+    -errno.abs().max(1)
+}
+
+/// This thread's last error message, as text.
+pub(crate) fn error_text() -> String {
+    LAST_ERROR.with(|e| e.borrow().to_string_lossy().into_owned())
+}
+
+/// An engine error as `-errno`, its message kept for
+/// [`uffd_pager_last_error`].
+pub(crate) fn fail_with(e: &engine::Error) -> i32 {
+    fail(e.errno(), e)
+}
+
+/// Runs `f`, turning a panic into `-EFAULT` with its message.
+pub(crate) fn guard(f: impl FnOnce() -> i32) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(rc) => rc,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            fail(libc::EFAULT, format_args!("internal error: {what}"))
+        }
+    }
+}
+
+/// `-EINVAL` unless `p` is non-NULL.
+macro_rules! non_null {
+    ($p:expr) => {
+        if $p.is_null() {
+            return $crate::fail(libc::EINVAL, concat!(stringify!($p), " is NULL"));
+        }
+    };
+}
+pub(crate) use non_null;
+
+/// The message of the calling thread's last failed call ("" if none). The
+/// string stays valid until this thread's next failing call.
+#[no_mangle]
+pub extern "C" fn uffd_pager_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}

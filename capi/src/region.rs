@@ -1,0 +1,350 @@
+//! `uffd_pager_region`: mapping, and what a mapping can do.
+
+use crate::{fail, fail_with, guard, non_null, uffd_pager};
+use engine::store::{FileStore, SliceStore, Store};
+use engine::{InstallKind, MapOptions, Region};
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Arc;
+
+/// Pages live in a shared memfd mapped into the region (zero copy; the
+/// default). Writes reach the store at flush, eviction and unmap.
+pub const UFFD_PAGER_KIND_SHARED: u32 = 0;
+/// Pages are copied into private anonymous memory; dirty pages go to the
+/// pager's swap, never to the store (a private mapping).
+pub const UFFD_PAGER_KIND_ANONYMOUS: u32 = 1;
+
+/// How a region is mapped. Start from [`uffd_pager_map_options_init`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct uffd_pager_map_options {
+    /// `UFFD_PAGER_KIND_*`.
+    pub kind: u32,
+    /// Map writable (default true).
+    pub writable: bool,
+    /// Fault every page in at map time (MAP_POPULATE).
+    pub populate: bool,
+    /// Never evict this region's pages (mlock).
+    pub pinned: bool,
+    /// Map at exactly this page-aligned address, which must be free; NULL:
+    /// anywhere.
+    pub fixed_addr: *mut c_void,
+}
+
+/// Fills `o` with the defaults: shared kind, writable, not populated, not
+/// pinned, anywhere.
+///
+/// # Safety
+/// `o` is NULL (ignored) or points at writable memory for one options struct.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_map_options_init(o: *mut uffd_pager_map_options) {
+    if !o.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            o.write(uffd_pager_map_options {
+                kind: UFFD_PAGER_KIND_SHARED,
+                writable: true,
+                populate: false,
+                pinned: false,
+                fixed_addr: std::ptr::null_mut(),
+            })
+        };
+    }
+}
+
+/// A mapped region (opaque to C).
+pub struct uffd_pager_region {
+    pub(crate) region: Region,
+}
+
+/// The engine's options for `o` (NULL: the defaults).
+pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i32> {
+    if o.is_null() {
+        return Ok(MapOptions::default());
+    }
+    // SAFETY: a non-NULL `o` points at options (the header's contract).
+    let o = unsafe { *o };
+    let kind = match o.kind {
+        UFFD_PAGER_KIND_SHARED => InstallKind::Shared,
+        UFFD_PAGER_KIND_ANONYMOUS => InstallKind::Anonymous,
+        k => return Err(fail(libc::EINVAL, format_args!("unknown kind {k}"))),
+    };
+    Ok(MapOptions {
+        kind,
+        writable: o.writable,
+        populate: o.populate,
+        pinned: o.pinned,
+        fixed_addr: (!o.fixed_addr.is_null()).then_some(o.fixed_addr as usize),
+    })
+}
+
+/// Hands `r` to C in `*out`.
+fn deliver(r: engine::Result<Region>, out: *mut *mut uffd_pager_region) -> i32 {
+    match r {
+        Ok(region) => {
+            // SAFETY: `out` was checked non-NULL by the caller and points at
+            // a pointer (the header's contract).
+            unsafe { out.write(Box::into_raw(Box::new(uffd_pager_region { region }))) };
+            0
+        }
+        Err(e) => fail_with(&e),
+    }
+}
+
+/// Maps `len` bytes (a multiple of 4096) of zero-filled anonymous memory.
+/// `opts` may be NULL; its kind is ignored (always anonymous).
+///
+/// # Safety
+/// `p` is a live pager; `out` points at writable memory for a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_map_anonymous(
+    p: *const uffd_pager,
+    len: usize,
+    out: *mut *mut uffd_pager_region,
+) -> i32 {
+    guard(|| {
+        non_null!(p);
+        non_null!(out);
+        // SAFETY: the caller's contract.
+        let p = unsafe { &*p };
+        deliver(p.pager.map_anonymous(len), out)
+    })
+}
+
+/// Maps the file at `path`: `len` bytes from its start, or the whole file
+/// (rounded up to pages) if `len` is 0.
+///
+/// # Safety
+/// `p` is a live pager; `path` is a NUL-terminated string; `opts` is NULL
+/// or points at options; `out` points at writable memory for a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_map_file(
+    p: *const uffd_pager,
+    path: *const c_char,
+    len: usize,
+    opts: *const uffd_pager_map_options,
+    out: *mut *mut uffd_pager_region,
+) -> i32 {
+    guard(|| {
+        non_null!(p);
+        non_null!(path);
+        non_null!(out);
+        // SAFETY: the caller's contract.
+        let (p, path) = unsafe { (&*p, CStr::from_ptr(path)) };
+        let path = std::path::Path::new(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
+        );
+        let o = match options(opts) {
+            Ok(o) => o,
+            Err(rc) => return rc,
+        };
+        deliver(p.pager.map_file(path, (len > 0).then_some(len), &o), out)
+    })
+}
+
+/// A store over `len` bytes of the open file `fd` from `offset` on (the
+/// descriptor is duplicated; the caller keeps its own).
+pub(crate) fn fd_store(
+    fd: i32,
+    offset: u64,
+    len: usize,
+    writable: bool,
+) -> Result<Arc<dyn Store>, i32> {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; a bad one is EBADF.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(fail(
+            e.raw_os_error().unwrap_or(libc::EBADF),
+            format_args!("fd {fd}: {e}"),
+        ));
+    }
+    // SAFETY: `dup` is a fresh descriptor that nothing else owns.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+    let whole = FileStore::from_file(file, writable).map_err(|e| {
+        fail(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format_args!("fd {fd}: {e}"),
+        )
+    })?;
+    let page = engine::PAGE_SIZE as u64;
+    let len = len as u64;
+    let fits = offset
+        .checked_add(len)
+        .is_some_and(|end| end <= whole.len());
+    if !offset.is_multiple_of(page) || !len.is_multiple_of(page) || !fits {
+        return Err(fail(
+            libc::EINVAL,
+            format_args!(
+                "{len} bytes at offset {offset} of a {}-byte file: offset and length must be \
+                 whole pages inside the file",
+                whole.file_len()
+            ),
+        ));
+    }
+    SliceStore::new(Arc::new(whole), offset, len)
+        .map(|s| Arc::new(s) as Arc<dyn Store>)
+        .map_err(|e| fail(e.0, "slicing the file"))
+}
+
+/// Maps `len` bytes of the open file `fd` from `offset` on (both whole
+/// pages, inside the file). The descriptor is duplicated, so the caller may
+/// close its own.
+///
+/// # Safety
+/// `p` is a live pager; `opts` is NULL or points at options; `out` points
+/// at writable memory for a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_map_fd(
+    p: *const uffd_pager,
+    fd: i32,
+    offset: u64,
+    len: usize,
+    opts: *const uffd_pager_map_options,
+    out: *mut *mut uffd_pager_region,
+) -> i32 {
+    guard(|| {
+        non_null!(p);
+        non_null!(out);
+        // SAFETY: the caller's contract.
+        let p = unsafe { &*p };
+        let o = match options(opts) {
+            Ok(o) => o,
+            Err(rc) => return rc,
+        };
+        let writable = o.writable && o.kind == InstallKind::Shared;
+        let store = match fd_store(fd, offset, len, writable) {
+            Ok(s) => s,
+            Err(rc) => return rc,
+        };
+        deliver(p.pager.map_store(store, len, &o), out)
+    })
+}
+
+/// Runs `f` on the region behind `r`.
+fn with(r: *const uffd_pager_region, f: impl FnOnce(&Region) -> engine::Result<()>) -> i32 {
+    guard(|| {
+        non_null!(r);
+        // SAFETY: a live region handle (the header's contract).
+        match f(unsafe { &(*r).region }) {
+            Ok(()) => 0,
+            Err(e) => fail_with(&e),
+        }
+    })
+}
+
+/// The region's first byte (NULL for a NULL handle).
+///
+/// # Safety
+/// `r` is NULL or a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_addr(r: *const uffd_pager_region) -> *mut c_void {
+    if r.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { (*r).region.as_ptr().cast() }
+}
+
+/// The region's length in bytes (0 for a NULL handle).
+///
+/// # Safety
+/// `r` is NULL or a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_len(r: *const uffd_pager_region) -> usize {
+    if r.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { (*r).region.len() }
+}
+
+/// Writes the region's dirty pages back to its store (msync).
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_flush(r: *const uffd_pager_region) -> i32 {
+    with(r, Region::flush)
+}
+
+/// Makes the region read-only (`writable` false) or read-write (mprotect).
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_protect(
+    r: *const uffd_pager_region,
+    writable: bool,
+) -> i32 {
+    with(r, |g| g.protect(writable))
+}
+
+/// Faults `[offset, offset+len)` in now, for a buffer a system call is
+/// about to use (in-thread delivery cannot serve faults inside syscalls).
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_prefault(
+    r: *const uffd_pager_region,
+    offset: usize,
+    len: usize,
+) -> i32 {
+    with(r, |g| g.prefault(offset, len))
+}
+
+/// Drops `[offset, offset+len)` from the mapping (MADV_DONTNEED).
+///
+/// # Safety
+/// `r` is a live region handle, and no other thread uses the range's bytes
+/// meanwhile.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_dontneed(
+    r: *mut uffd_pager_region,
+    offset: usize,
+    len: usize,
+) -> i32 {
+    guard(|| {
+        non_null!(r);
+        // SAFETY: the caller's contract.
+        match unsafe { (*r).region.dontneed(offset, len) } {
+            Ok(()) => 0,
+            Err(e) => fail_with(&e),
+        }
+    })
+}
+
+/// Store bytes `[offset, offset+len)` changed behind the pager's back (the
+/// file was written with write(2)): cached pages are brought up to date.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_refresh(
+    r: *const uffd_pager_region,
+    offset: u64,
+    len: u64,
+) -> i32 {
+    with(r, |g| g.refresh(offset, len))
+}
+
+/// Unmaps the region, writing a shared region's dirty pages back first,
+/// and frees the handle (also on failure: the return value reports a
+/// failed write-back). NULL: nothing.
+///
+/// # Safety
+/// `r` came from a map call and is not used again.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_unmap(r: *mut uffd_pager_region) -> i32 {
+    if r.is_null() {
+        return 0;
+    }
+    guard(|| {
+        // SAFETY: the caller's contract: ours, from Box::into_raw.
+        let b = unsafe { Box::from_raw(r) };
+        match b.region.unmap() {
+            Ok(()) => 0,
+            Err(e) => fail_with(&e),
+        }
+    })
+}

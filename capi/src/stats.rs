@@ -1,0 +1,238 @@
+//! Statistics: a struct of every counter, and `/proc/vmstat`-style text.
+
+use crate::{fail, guard, non_null, uffd_pager};
+use engine::{Counter, Stats};
+use std::ffi::c_char;
+
+/// A snapshot of a pager's statistics ([`uffd_pager_stats_get`]): the
+/// engine's counters (named as in `/proc/vmstat`, in the order the vmstat
+/// text prints them), global-lock contention, residency and fault latency.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct uffd_pager_stats {
+    /// Faults completed under the region lock.
+    pub vma_lock_success: u64,
+    /// Region attempts that could not start (no region, write-locked, out of range).
+    pub vma_lock_abort: u64,
+    /// Region attempts that returned RETRY.
+    pub vma_lock_retry: u64,
+    /// Lookups that found a detached region and looked again.
+    pub vma_lock_miss: u64,
+    /// RETRY returned from steps 4-5 (lock dropped around I/O or a wait).
+    pub retry_mmap_drop: u64,
+    /// A `tried` attempt found its page absent again (reclaimed in the window).
+    pub retry_io_miss: u64,
+    /// Faults handled.
+    pub pgfault: u64,
+    /// Faults that needed store I/O.
+    pub pgmajfault: u64,
+    /// Faults at an address in no region (SIGSEGV to the faulting thread).
+    pub segv: u64,
+    /// Store read errors (each try).
+    pub io_error: u64,
+    /// Pages poisoned after repeated read errors.
+    pub poisoned: u64,
+    /// Write-protect faults that marked a page dirty.
+    pub wp_fault: u64,
+    /// Pages installed (COPY, ZEROPAGE or CONTINUE).
+    pub pginstall: u64,
+    /// Pages read from the store.
+    pub pgread: u64,
+    /// Pages scanned by reclaim.
+    pub pgscan: u64,
+    /// Pages reclaimed.
+    pub pgsteal: u64,
+    /// Dirty pages written back to the store.
+    pub writeback: u64,
+    /// LRU lock acquisitions.
+    pub lru_lock: u64,
+    /// LRU lock acquisitions that had to wait.
+    pub lru_lock_contended: u64,
+    /// Direct reclaim runs (in the faulting context).
+    pub direct_reclaim: u64,
+    /// Background reclaimer wake-ups.
+    pub kswapd_wake: u64,
+    /// Pages read ahead (loaded before anyone faulted on them).
+    pub readahead_pages: u64,
+    /// Read-ahead pages later used by a fault.
+    pub readahead_used: u64,
+    /// Read-ahead pages evicted unused.
+    pub readahead_wasted: u64,
+    /// Pages installed by fault-around (neighbours of a fault).
+    pub fault_around: u64,
+    /// `UFFDIO_WAKE` calls by handler threads: one per run of adjacent pages in a batch of fault messages (installs never wake).
+    pub uffd_wake: u64,
+    /// Faults on a page the engine had installed that was no longer mapped (the kernel unmapped a shared page, e.g. DAMON's pageout), mapped again.
+    pub reinstall: u64,
+    /// Faults on a page the engine had installed whose contents were gone (the application dropped an anonymous page with madvise, or punched a shared page's memory): the page started over from its source.
+    pub page_dropped: u64,
+    /// Install or eviction ioctls that reported an error although they had done their work (this kernel's `UFFDIO_MOVE` can return EEXIST after moving the page), found out by looking where the page is.
+    pub ioctl_did_work: u64,
+    /// Non-cooperative events read: `madvise(MADV_DONTNEED)` and the like.
+    pub event_remove: u64,
+    /// Non-cooperative events read: `munmap` of region memory.
+    pub event_unmap: u64,
+    /// Non-cooperative events read: `mremap` that moved region memory.
+    pub event_remap: u64,
+    /// Global-lock read acquisitions.
+    pub global_lock_read: u64,
+    /// Global-lock read acquisitions that waited.
+    pub global_lock_read_contended: u64,
+    /// Nanoseconds spent waiting for the global lock as a reader.
+    pub global_lock_read_wait_ns: u64,
+    /// Global-lock write acquisitions.
+    pub global_lock_write: u64,
+    /// Global-lock write acquisitions that waited.
+    pub global_lock_write_contended: u64,
+    /// Nanoseconds spent waiting for the global lock as a writer.
+    pub global_lock_write_wait_ns: u64,
+    /// Pages resident now.
+    pub resident_pages: u64,
+    /// The most pages resident at once.
+    pub peak_resident_pages: u64,
+    /// The budget in pages (0: unlimited).
+    pub budget_pages: u64,
+    /// Faults timed.
+    pub fault_latency_count: u64,
+    /// Median fault service time, ns.
+    pub fault_latency_p50_ns: u64,
+    /// 99th-percentile fault service time, ns.
+    pub fault_latency_p99_ns: u64,
+    /// Slowest fault, ns.
+    pub fault_latency_max_ns: u64,
+}
+
+impl From<&Stats> for uffd_pager_stats {
+    fn from(s: &Stats) -> Self {
+        let (g, l) = (&s.global, &s.fault_latency);
+        uffd_pager_stats {
+            vma_lock_success: s.get(Counter::VMA_LOCK_SUCCESS),
+            vma_lock_abort: s.get(Counter::VMA_LOCK_ABORT),
+            vma_lock_retry: s.get(Counter::VMA_LOCK_RETRY),
+            vma_lock_miss: s.get(Counter::VMA_LOCK_MISS),
+            retry_mmap_drop: s.get(Counter::RETRY_MMAP_DROP),
+            retry_io_miss: s.get(Counter::RETRY_IO_MISS),
+            pgfault: s.get(Counter::PGFAULT),
+            pgmajfault: s.get(Counter::PGMAJFAULT),
+            segv: s.get(Counter::SEGV),
+            io_error: s.get(Counter::IO_ERROR),
+            poisoned: s.get(Counter::POISONED),
+            wp_fault: s.get(Counter::WP_FAULT),
+            pginstall: s.get(Counter::PGINSTALL),
+            pgread: s.get(Counter::PGREAD),
+            pgscan: s.get(Counter::PGSCAN),
+            pgsteal: s.get(Counter::PGSTEAL),
+            writeback: s.get(Counter::WRITEBACK),
+            lru_lock: s.get(Counter::LRU_LOCK),
+            lru_lock_contended: s.get(Counter::LRU_LOCK_CONTENDED),
+            direct_reclaim: s.get(Counter::DIRECT_RECLAIM),
+            kswapd_wake: s.get(Counter::KSWAPD_WAKE),
+            readahead_pages: s.get(Counter::RA_PAGES),
+            readahead_used: s.get(Counter::RA_USED),
+            readahead_wasted: s.get(Counter::RA_WASTED),
+            fault_around: s.get(Counter::FAULT_AROUND),
+            uffd_wake: s.get(Counter::UFFD_WAKE),
+            reinstall: s.get(Counter::REINSTALL),
+            page_dropped: s.get(Counter::PAGE_DROPPED),
+            ioctl_did_work: s.get(Counter::IOCTL_DID_WORK),
+            event_remove: s.get(Counter::EVENT_REMOVE),
+            event_unmap: s.get(Counter::EVENT_UNMAP),
+            event_remap: s.get(Counter::EVENT_REMAP),
+            global_lock_read: g.read_acquisitions,
+            global_lock_read_contended: g.read_contended,
+            global_lock_read_wait_ns: g.read_wait_ns,
+            global_lock_write: g.write_acquisitions,
+            global_lock_write_contended: g.write_contended,
+            global_lock_write_wait_ns: g.write_wait_ns,
+            resident_pages: s.resident_pages,
+            peak_resident_pages: s.peak_resident_pages,
+            budget_pages: s.budget_pages,
+            fault_latency_count: l.count,
+            fault_latency_p50_ns: l.p50_ns,
+            fault_latency_p99_ns: l.p99_ns,
+            fault_latency_max_ns: l.max_ns,
+        }
+    }
+}
+
+/// Fills `*out` with a snapshot of `p`'s statistics.
+///
+/// # Safety
+/// `p` is a live pager; `out` points at writable memory for one struct.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_stats_get(
+    p: *const uffd_pager,
+    out: *mut uffd_pager_stats,
+) -> i32 {
+    guard(|| {
+        non_null!(p);
+        non_null!(out);
+        // SAFETY: the caller's contract.
+        let s = unsafe { (*p).pager.stats() };
+        // SAFETY: the caller's contract.
+        unsafe { out.write(uffd_pager_stats::from(&s)) };
+        0
+    })
+}
+
+/// Writes `p`'s statistics as `/proc/vmstat`-style text (`name value`
+/// lines) into `buf`, NUL-terminated and cut to `cap` bytes, as snprintf
+/// does. Returns the text's full length (without the NUL), so a caller can
+/// size `buf` with a first call of `cap` 0; `buf` may be NULL then.
+///
+/// # Safety
+/// `p` is a live pager; `buf` points at `cap` writable bytes (or `cap` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_stats_vmstat(
+    p: *const uffd_pager,
+    buf: *mut c_char,
+    cap: usize,
+) -> i64 {
+    if p.is_null() || (buf.is_null() && cap > 0) {
+        return i64::from(fail(libc::EINVAL, "p is NULL, or buf is NULL with cap > 0"));
+    }
+    let text = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        format!("{}\n", unsafe { (*p).pager.stats() })
+    })) {
+        Ok(t) => t,
+        Err(_) => return i64::from(fail(libc::EFAULT, "internal error formatting stats")),
+    };
+    if cap > 0 {
+        let n = text.len().min(cap - 1);
+        // SAFETY: `buf` has `cap` > n bytes (the caller's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    text.len() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_vmstat_line_is_a_field_in_the_same_order() {
+        // 8 bytes per line of the text: the struct has a field for each,
+        // and the conversion fills them in order (checked by value).
+        let pager = engine::Pager::builder().build().unwrap();
+        let text = pager.stats().to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(std::mem::size_of::<uffd_pager_stats>(), 8 * lines.len());
+        assert_eq!(Counter::ALL.len() + 13, lines.len());
+        let s = uffd_pager_stats::from(&pager.stats());
+        // SAFETY: a repr(C) struct of u64 fields only.
+        let vals: &[u64] = unsafe {
+            std::slice::from_raw_parts((&s as *const uffd_pager_stats).cast(), lines.len())
+        };
+        for (line, v) in lines.iter().zip(vals) {
+            let (_, text_v) = line.rsplit_once(' ').unwrap();
+            if !line.starts_with("fault_latency") {
+                assert_eq!(text_v.parse::<u64>().unwrap(), *v, "{line}");
+            }
+        }
+        assert_eq!(s.budget_pages, 0);
+    }
+}

@@ -1,0 +1,123 @@
+//! `uffd_pager_store`: a store whose pages come from C callbacks.
+
+use crate::region::{options, uffd_pager_region};
+use crate::{fail, fail_with, guard, non_null, uffd_pager};
+use engine::store::{Store, StoreError};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// A store of your own, in C. Offsets and lengths are whole pages. Each
+/// callback returns 0 or a negative errno.
+///
+/// Unless `signal_safe` is set, the engine calls the callbacks only from
+/// its own I/O threads (they may allocate, lock and block). With
+/// `signal_safe` set they are also called from a SIGBUS handler and must be
+/// async-signal-safe.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct uffd_pager_store {
+    /// Passed to every callback.
+    pub ctx: *mut c_void,
+    /// Length in bytes, a multiple of 4096.
+    pub len: u64,
+    /// Fills `len` bytes at `buf` with the store's bytes at `offset`.
+    pub read: Option<unsafe extern "C" fn(*mut c_void, u64, *mut c_void, usize) -> i32>,
+    /// Writes `len` bytes from `buf` at `offset`; NULL: a read-only store.
+    pub write: Option<unsafe extern "C" fn(*mut c_void, u64, *const c_void, usize) -> i32>,
+    /// Called once when the engine no longer needs the store; may be NULL.
+    pub release: Option<unsafe extern "C" fn(*mut c_void)>,
+    /// The callbacks are async-signal-safe.
+    pub signal_safe: bool,
+}
+
+/// The C store as an engine store.
+struct CStore(uffd_pager_store);
+
+// SAFETY: the header asks that callbacks be callable from any thread with
+// this `ctx`; the struct holds nothing else.
+unsafe impl Send for CStore {}
+// SAFETY: as above.
+unsafe impl Sync for CStore {}
+
+fn rc(r: i32) -> Result<(), StoreError> {
+    match r {
+        0 => Ok(()),
+        e => Err(StoreError(e.checked_abs().unwrap_or(libc::EIO).max(1))),
+    }
+}
+
+impl Store for CStore {
+    fn len(&self) -> u64 {
+        self.0.len
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let f = self.0.read.ok_or(StoreError(libc::EIO))?;
+        // SAFETY: the callback's contract: `len` writable bytes at `buf`.
+        rc(unsafe { f(self.0.ctx, offset, buf.as_mut_ptr().cast(), buf.len()) })
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        let f = self.0.write.ok_or(StoreError(libc::EROFS))?;
+        // SAFETY: the callback's contract: `len` readable bytes at `buf`.
+        rc(unsafe { f(self.0.ctx, offset, buf.as_ptr().cast(), buf.len()) })
+    }
+    fn writable(&self) -> bool {
+        self.0.write.is_some()
+    }
+    fn signal_safe(&self) -> bool {
+        self.0.signal_safe
+    }
+    fn name(&self) -> &'static str {
+        "c-store"
+    }
+}
+
+impl Drop for CStore {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.release {
+            // SAFETY: called once, as the header promises.
+            unsafe { f(self.0.ctx) };
+        }
+    }
+}
+
+/// Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
+/// is called when the region is gone, or at once if mapping fails).
+///
+/// # Safety
+/// `p` is a live pager; `store` points at a store struct whose callbacks
+/// honour its contract; `opts` is NULL or points at options; `out` points
+/// at writable memory for a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_map_store(
+    p: *const uffd_pager,
+    store: *const uffd_pager_store,
+    len: usize,
+    opts: *const crate::region::uffd_pager_map_options,
+    out: *mut *mut uffd_pager_region,
+) -> i32 {
+    guard(|| {
+        non_null!(p);
+        non_null!(store);
+        non_null!(out);
+        // SAFETY: the caller's contract.
+        let (p, s) = unsafe { (&*p, CStore(*store)) };
+        if s.0.read.is_none() || !s.0.len.is_multiple_of(engine::PAGE_SIZE as u64) {
+            return fail(
+                libc::EINVAL,
+                "a store needs a read callback and a whole-page len",
+            );
+        }
+        let o = match options(opts) {
+            Ok(o) => o,
+            Err(rc) => return rc,
+        };
+        match p.pager.map_store(Arc::new(s), len, &o) {
+            Ok(region) => {
+                // SAFETY: the caller's contract.
+                unsafe { out.write(Box::into_raw(Box::new(uffd_pager_region { region }))) };
+                0
+            }
+            Err(e) => fail_with(&e),
+        }
+    })
+}

@@ -1,0 +1,441 @@
+//! UMap's C calls (`include/umap/umap.h`), served by this engine, so that a
+//! program written for LLNL's UMap builds unchanged against this project's
+//! header and `-luffd_pager`.
+//!
+//! # How UMap's model maps onto the engine
+//! - One pager per process, made at the first [`umap`] from the settings
+//!   then in force (UMap's environment variables, read once, and any
+//!   `umapcfg_set_*` call made before it). Settings changed after the first
+//!   `umap` are kept for the getters but do not change the running pager.
+//! - `UMAP_PAGESIZE` (bytes, a multiple of 4096; default 4096) is UMap's
+//!   unit of filling: the engine's pages stay 4 KiB and each fault installs
+//!   the whole UMap page around it (fault-around of `UMAP_PAGESIZE / 4096`
+//!   pages). `UMAP_BUFSIZE` counts UMap pages, so the budget is
+//!   `UMAP_BUFSIZE × UMAP_PAGESIZE` bytes (default: 80% of the memory
+//!   available at the first call, as UMap's).
+//! - `UMAP_PAGE_FILLERS` sets the readahead threads, `UMAP_READ_AHEAD` the
+//!   readahead window in UMap pages (default 0: none), and
+//!   `UMAP_PAGE_EVICTORS=0` turns the background reclaimer off (any other
+//!   value: one reclaimer). The eviction water marks and
+//!   `UMAP_MAX_FAULT_EVENTS` are reported by the getters but the engine
+//!   keeps its own water marks.
+//! - A region mapped without `PROT_WRITE` is a private copy (the anonymous
+//!   install kind, the fastest for reads); with `PROT_WRITE` it is a shared
+//!   region whose dirty pages are written back to the file at
+//!   [`umap_flush`], eviction and [`uunmap`], as UMap writes them back.
+//!   `UMAP_PRIVATE` and `MAP_SHARED` are both accepted and mean that;
+//!   `UMAP_FIXED` places the region at `addr`; other flags are ignored, as
+//!   UMap ignores them. `offset` is honoured (whole pages).
+//! - Delivery and policy come from `UFFD_PAGER_DELIVERY` (default
+//!   `in-thread`: a fault inside a system call on umapped memory fails with
+//!   EFAULT, where UMap's handler threads would serve it; set
+//!   `UFFD_PAGER_DELIVERY=threads` for that) and `UFFD_PAGER_POLICY`
+//!   (default `retry-once`).
+
+use engine::{Delivery, InstallKind, MapOptions, Pager, Policy, Region};
+use std::ffi::{c_int, c_long, c_void};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// One entry of [`umap_prefetch`]'s array.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct umap_prefetch_item {
+    /// Any address in the UMap page to fetch.
+    pub page_base_addr: *mut c_void,
+}
+
+/// UMap's settings, as its environment variables and setters give them.
+#[derive(Debug, Clone)]
+struct Settings {
+    page_size: u64,
+    /// 0: 80% of the memory available when the pager is made.
+    buf_pages: u64,
+    fillers: u64,
+    evictors: u64,
+    read_ahead: u64,
+    low_water: c_int,
+    high_water: c_int,
+    max_fault_events: u64,
+    /// The first bad environment value, reported by the first `umap`.
+    bad: Option<String>,
+}
+
+fn cpus() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+}
+
+/// The number in environment variable `name`, or `default`; a value that
+/// is not a number is recorded in `bad` (the first one only).
+fn env_num(name: &str, default: u64, bad: &mut Option<String>) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            bad.get_or_insert_with(|| format!("{name}={v:?} is not a number"));
+            default
+        }),
+        Err(_) => default,
+    }
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        let mut bad = None;
+        let b = &mut bad;
+        let mut s = Settings {
+            page_size: env_num("UMAP_PAGESIZE", engine::PAGE_SIZE as u64, b),
+            buf_pages: env_num("UMAP_BUFSIZE", 0, b),
+            fillers: env_num("UMAP_PAGE_FILLERS", cpus(), b),
+            evictors: env_num("UMAP_PAGE_EVICTORS", cpus(), b),
+            read_ahead: env_num("UMAP_READ_AHEAD", 0, b),
+            max_fault_events: env_num("UMAP_MAX_FAULT_EVENTS", 256, b),
+            low_water: env_num("UMAP_EVICT_LOW_WATER_THRESHOLD", 70, b).min(100) as c_int,
+            high_water: env_num("UMAP_EVICT_HIGH_WATER_THRESHOLD", 90, b).min(100) as c_int,
+            bad: None,
+        };
+        if s.page_size == 0 || !s.page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
+            bad.get_or_insert_with(|| {
+                format!(
+                    "UMAP_PAGESIZE={} must be a non-zero multiple of 4096",
+                    s.page_size
+                )
+            });
+            s.page_size = engine::PAGE_SIZE as u64;
+        }
+        s.bad = bad;
+        s
+    }
+
+    /// The pager these settings describe.
+    fn builder(&self) -> Result<engine::PagerBuilder, String> {
+        let pages_per = (self.page_size / engine::PAGE_SIZE as u64).max(1);
+        let budget = match self.buf_pages {
+            0 => available_bytes() / 10 * 8 / engine::PAGE_SIZE as u64,
+            n => n.saturating_mul(pages_per),
+        };
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let policy: Policy = match env("UFFD_PAGER_POLICY") {
+            Some(v) => v.parse().map_err(|e| format!("UFFD_PAGER_POLICY: {e}"))?,
+            None => Policy::default(),
+        };
+        let delivery: Delivery = match env("UFFD_PAGER_DELIVERY") {
+            Some(v) => v.parse().map_err(|e| format!("UFFD_PAGER_DELIVERY: {e}"))?,
+            None => Delivery::InThread,
+        };
+        let mut b = Pager::builder()
+            .policy(policy)
+            .delivery(delivery)
+            .budget_pages(budget.max(1))
+            .kswapd(self.evictors > 0);
+        if pages_per > 1 {
+            b = b.fault_around(pages_per as usize);
+        }
+        if self.read_ahead > 0 {
+            let window = self
+                .read_ahead
+                .saturating_mul(pages_per)
+                .min(u32::MAX as u64);
+            b = b.readahead(window as u32, self.fillers.clamp(1, 64) as usize);
+        }
+        Ok(b)
+    }
+}
+
+/// `MemAvailable`-like: free plus buffer memory, from sysinfo(2).
+fn available_bytes() -> u64 {
+    // SAFETY: a zeroed sysinfo is a valid out-parameter.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return 1 << 30;
+    }
+    (si.freeram as u64 + si.bufferram as u64).saturating_mul(si.mem_unit as u64)
+}
+
+/// The process's UMap state.
+struct State {
+    settings: Settings,
+    pager: Option<Pager>,
+    regions: Vec<Region>,
+}
+
+fn state() -> MutexGuard<'static, State> {
+    static S: OnceLock<Mutex<State>> = OnceLock::new();
+    S.get_or_init(|| {
+        Mutex::new(State {
+            settings: Settings::from_env(),
+            pager: None,
+            regions: Vec::new(),
+        })
+    })
+    .lock()
+    .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets errno and returns UMAP_FAILED, keeping the message for
+/// `uffd_pager_last_error` and printing it (UMap reports on stderr).
+fn umap_failed(errno: i32, msg: impl std::fmt::Display) -> *mut c_void {
+    let _ = crate::fail(errno, &msg);
+    eprintln!("umap: {msg}");
+    // SAFETY: this thread's errno.
+    unsafe { *libc::__errno_location() = errno };
+    usize::MAX as *mut c_void
+}
+
+fn map(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: i64,
+) -> *mut c_void {
+    let mut st = state();
+    if let Some(m) = st.settings.bad.clone() {
+        return umap_failed(libc::EINVAL, m);
+    }
+    if st.pager.is_none() {
+        let made = st
+            .settings
+            .builder()
+            .and_then(|b| b.build().map_err(|e| e.to_string()));
+        match made {
+            Ok(p) => st.pager = Some(p),
+            Err(m) => return umap_failed(libc::EINVAL, m),
+        }
+    }
+    if len == 0 || offset < 0 {
+        return umap_failed(libc::EINVAL, format_args!("length {len}, offset {offset}"));
+    }
+    let len = len.div_ceil(engine::PAGE_SIZE) * engine::PAGE_SIZE;
+    let writable = prot & libc::PROT_WRITE != 0;
+    let opts = MapOptions {
+        kind: if writable {
+            InstallKind::Shared
+        } else {
+            InstallKind::Anonymous
+        },
+        writable,
+        fixed_addr: (flags & libc::MAP_FIXED != 0).then_some(addr as usize),
+        ..MapOptions::default()
+    };
+    let store = match crate::region::fd_store(fd, offset as u64, len, writable) {
+        Ok(s) => s,
+        Err(rc) => return umap_failed(-rc, crate::error_text()),
+    };
+    let pager = st.pager.as_ref().expect("made above");
+    match pager.map_store(store, len, &opts) {
+        Ok(r) => {
+            let p = r.as_ptr();
+            st.regions.push(r);
+            p.cast()
+        }
+        Err(e) => umap_failed(e.errno(), e),
+    }
+}
+
+/// Maps `length` bytes of the file `fd` from `offset` on (see the module
+/// documentation for the flags). Returns the address, or `UMAP_FAILED` with
+/// errno set.
+///
+/// # Safety
+/// With `UMAP_FIXED`, `addr` must be a page-aligned address range that is
+/// free, as for a plain `MAP_FIXED_NOREPLACE` mmap.
+#[no_mangle]
+pub unsafe extern "C" fn umap(
+    addr: *mut c_void,
+    length: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: libc::off_t,
+) -> *mut c_void {
+    std::panic::catch_unwind(|| map(addr, length, prot, flags, fd, offset))
+        .unwrap_or_else(|_| umap_failed(libc::EFAULT, "internal error in umap"))
+}
+
+/// Unmaps the region that starts at `addr`, writing its dirty pages back.
+/// Returns 0, or -1 with errno set (EINVAL: no region starts there).
+///
+/// # Safety
+/// No thread uses the region's memory after the call.
+#[no_mangle]
+pub unsafe extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
+    let _ = length; // UMap unmaps the whole region too
+    let r = std::panic::catch_unwind(|| {
+        let mut st = state();
+        let Some(i) = st.regions.iter().position(|r| r.as_ptr() == addr.cast()) else {
+            return Err(libc::EINVAL);
+        };
+        let region = st.regions.swap_remove(i);
+        drop(st);
+        region.unmap().map_err(|e| e.errno())
+    });
+    match r {
+        Ok(Ok(())) => 0,
+        _ => {
+            set_errno(e_or_fault(&r));
+            -1
+        }
+    }
+}
+
+fn e_or_fault(r: &std::thread::Result<Result<(), i32>>) -> i32 {
+    match r {
+        Ok(Err(e)) => *e,
+        _ => libc::EFAULT,
+    }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Writes every region's dirty pages back to its file. Returns 0, or -1
+/// with errno set.
+#[no_mangle]
+pub extern "C" fn umap_flush() -> c_int {
+    let r = std::panic::catch_unwind(|| {
+        let st = state();
+        st.regions
+            .iter()
+            .try_for_each(Region::flush)
+            .map_err(|e| e.errno())
+    });
+    match r {
+        Ok(Ok(())) => 0,
+        _ => {
+            set_errno(e_or_fault(&r));
+            -1
+        }
+    }
+}
+
+/// Whether regions can be written (1: yes, written back to their files).
+#[no_mangle]
+pub extern "C" fn umap_has_write_support() -> c_int {
+    1
+}
+
+/// Faults in the UMap page around each address of `page_array` now (an
+/// address in no region is skipped).
+///
+/// # Safety
+/// `page_array` points at `npages` items (or `npages` is 0 or less).
+#[no_mangle]
+pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_prefetch_item) {
+    if npages <= 0 || page_array.is_null() {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let items = unsafe { std::slice::from_raw_parts(page_array, npages as usize) };
+    let _ = std::panic::catch_unwind(|| {
+        let st = state();
+        let unit = st.settings.page_size as usize;
+        for it in items {
+            let a = it.page_base_addr as usize;
+            for r in &st.regions {
+                let start = r.as_ptr() as usize;
+                if (start..start + r.len()).contains(&a) {
+                    let off = (a - start) / unit * unit;
+                    let _ = r.populate(off, unit.min(r.len() - off));
+                }
+            }
+        }
+    });
+}
+
+/// As [`umap_prefetch`] for `[paddr, paddr+size)`. The pages are fetched,
+/// not pinned: the engine may evict them again under its budget.
+///
+/// # Safety
+/// None beyond the arguments being plain values.
+#[no_mangle]
+pub unsafe extern "C" fn umap_fetch_and_pin(paddr: *mut c_char_alias, size: u64) {
+    let _ = std::panic::catch_unwind(|| {
+        let st = state();
+        let a = paddr as usize;
+        for r in &st.regions {
+            let start = r.as_ptr() as usize;
+            let end = start + r.len();
+            let (lo, hi) = (a.max(start), a.saturating_add(size as usize).min(end));
+            if lo < hi {
+                let _ = r.populate(lo - start, hi - lo);
+            }
+        }
+    });
+}
+
+/// `char`, as UMap's header spells `umap_fetch_and_pin`'s argument.
+pub type c_char_alias = std::ffi::c_char;
+
+macro_rules! getters_setters {
+    ($($get:ident / $set:ident : $t:ty => $field:ident;)*) => {$(
+        /// UMap's setting of the same name (see the module documentation).
+        #[no_mangle]
+        pub extern "C" fn $get() -> $t {
+            std::panic::catch_unwind(|| state().settings.$field as $t).unwrap_or_default()
+        }
+        /// Sets UMap's setting of the same name; takes effect at the first
+        /// `umap` if called before it.
+        #[no_mangle]
+        pub extern "C" fn $set(v: $t) {
+            let _ = std::panic::catch_unwind(|| state().settings.$field = v as _);
+        }
+    )*};
+}
+
+getters_setters! {
+    umapcfg_get_max_pages_in_buffer / umapcfg_set_max_pages_in_buffer: u64 => buf_pages;
+    umapcfg_get_num_fillers / umapcfg_set_num_fillers: u64 => fillers;
+    umapcfg_get_num_evictors / umapcfg_set_num_evictors: u64 => evictors;
+    umapcfg_get_read_ahead / umapcfg_set_read_ahead: u64 => read_ahead;
+    umapcfg_get_max_fault_events / umapcfg_set_max_fault_events: u64 => max_fault_events;
+    umapcfg_get_evict_low_water_threshold / umapcfg_set_evict_low_water_threshold: c_int => low_water;
+    umapcfg_get_evict_high_water_threshold / umapcfg_set_evict_high_water_threshold: c_int => high_water;
+}
+
+/// UMap's page size in bytes (`UMAP_PAGESIZE`).
+#[no_mangle]
+pub extern "C" fn umapcfg_get_umap_page_size() -> u64 {
+    std::panic::catch_unwind(|| state().settings.page_size).unwrap_or(engine::PAGE_SIZE as u64)
+}
+
+/// Sets UMap's page size; a value that is not a non-zero multiple of 4096
+/// is refused with a message on stderr (the setting is unchanged).
+#[no_mangle]
+pub extern "C" fn umapcfg_set_umap_page_size(page_size: u64) {
+    if page_size == 0 || !page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
+        eprintln!("umap: page size {page_size} must be a non-zero multiple of 4096; unchanged");
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| state().settings.page_size = page_size);
+}
+
+/// The system's page size.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_system_page_size() -> c_long {
+    engine::PAGE_SIZE as c_long
+}
+
+/// A snapshot of the UMap pager's statistics (all zero before the first
+/// `umap`): the same struct as [`crate::uffd_pager_stats_get`].
+///
+/// # Safety
+/// `out` points at writable memory for one struct.
+#[no_mangle]
+pub unsafe extern "C" fn umap_uffd_pager_stats(out: *mut crate::uffd_pager_stats) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    let s = std::panic::catch_unwind(|| {
+        state()
+            .pager
+            .as_ref()
+            .map(|p| crate::uffd_pager_stats::from(&p.stats()))
+            .unwrap_or_default()
+    })
+    .unwrap_or_default();
+    // SAFETY: the caller's contract.
+    unsafe { out.write(s) };
+    0
+}

@@ -1,0 +1,142 @@
+/* The C API with real faults: 4 threads over a file 4x the budget, writes,
+ * flush, data checked through read(2); errors as negative errno. */
+#include <uffd_pager.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PAGE 4096
+#define BUDGET_PAGES 64
+#define FILE_PAGES (4 * BUDGET_PAGES)
+#define THREADS 4
+#define ROUNDS 20
+
+static unsigned char *base;
+static int failures;
+
+#define CHECK(c)                                                              \
+  do {                                                                        \
+    if (!(c)) {                                                               \
+      fprintf(stderr, "%s:%d: %s (%s)\n", __FILE__, __LINE__, #c,             \
+              uffd_pager_last_error());                                       \
+      exit(1);                                                                \
+    }                                                                         \
+  } while (0)
+
+static void *worker(void *arg) {
+  long t = (long)arg;
+  for (int r = 0; r < ROUNDS; r++)
+    for (long p = t; p < FILE_PAGES; p += THREADS) {
+      unsigned char *pg = base + p * PAGE;
+      unsigned char want = (unsigned char)(p + r);
+      if (pg[100] != want) __atomic_add_fetch(&failures, 1, __ATOMIC_RELAXED);
+      pg[100] = (unsigned char)(want + 1); /* next round's value */
+    }
+  return NULL;
+}
+
+static int read_ctx_calls;
+static int numbered_read(void *ctx, uint64_t off, void *buf, size_t len) {
+  (void)ctx;
+  __atomic_add_fetch(&read_ctx_calls, 1, __ATOMIC_RELAXED);
+  memset(buf, (int)(off / PAGE) & 0xff, len);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  CHECK(argc == 2);
+  const char *path = argv[1];
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  CHECK(fd >= 0);
+  static unsigned char page[PAGE];
+  for (int p = 0; p < FILE_PAGES; p++) {
+    memset(page, 0, PAGE);
+    page[100] = (unsigned char)p;
+    CHECK(pwrite(fd, page, PAGE, (off_t)p * PAGE) == PAGE);
+  }
+
+  /* Errors: negative errno and a message; never a crash. */
+  uffd_pager_config cfg;
+  uffd_pager_config_init(&cfg);
+  cfg.policy = 99;
+  uffd_pager *p = NULL;
+  CHECK(uffd_pager_new(&cfg, &p) == -EINVAL && p == NULL);
+  CHECK(strstr(uffd_pager_last_error(), "policy") != NULL);
+  CHECK(uffd_pager_new(NULL, NULL) == -EINVAL);
+
+  uffd_pager_config_init(&cfg);
+  cfg.budget_bytes = BUDGET_PAGES * PAGE;
+  cfg.policy = UFFD_PAGER_POLICY_RETRY_ONCE;
+  CHECK(uffd_pager_new(&cfg, &p) == 0 && p != NULL);
+
+  uffd_pager_region *bad = NULL;
+  CHECK(uffd_pager_map_file(p, "/nonexistent/file", 0, NULL, &bad) == -ENOENT);
+  CHECK(bad == NULL && strlen(uffd_pager_last_error()) > 0);
+  CHECK(uffd_pager_map_anonymous(p, 100, &bad) == -EINVAL);
+  CHECK(uffd_pager_region_flush(NULL) == -EINVAL);
+
+  uffd_pager_region *r = NULL;
+  CHECK(uffd_pager_map_file(p, path, 0, NULL, &r) == 0);
+  CHECK(uffd_pager_region_len(r) == FILE_PAGES * PAGE);
+  base = uffd_pager_region_addr(r);
+
+  pthread_t th[THREADS];
+  for (long t = 0; t < THREADS; t++) CHECK(pthread_create(&th[t], NULL, worker, (void *)t) == 0);
+  for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+  CHECK(failures == 0);
+  CHECK(uffd_pager_region_flush(r) == 0);
+  for (int p2 = 0; p2 < FILE_PAGES; p2++) {
+    CHECK(pread(fd, page, PAGE, (off_t)p2 * PAGE) == PAGE);
+    CHECK(page[100] == (unsigned char)(p2 + ROUNDS));
+  }
+
+  /* write(2) behind the pager's back, then refresh: never stale. */
+  CHECK(base[5 * PAGE + 100] == (unsigned char)(5 + ROUNDS));
+  unsigned char nine = 9;
+  CHECK(pwrite(fd, &nine, 1, 5 * PAGE + 100) == 1);
+  CHECK(uffd_pager_region_refresh(r, 5 * PAGE + 100, 1) == 0);
+  CHECK(base[5 * PAGE + 100] == 9);
+
+  uffd_pager_stats st;
+  CHECK(uffd_pager_stats_get(p, &st) == 0);
+  CHECK(st.pgfault >= FILE_PAGES && st.pgsteal > 0 && st.writeback > 0);
+  CHECK(st.budget_pages == BUDGET_PAGES);
+  CHECK(st.peak_resident_pages <= BUDGET_PAGES + 64);
+  long n = uffd_pager_stats_vmstat(p, NULL, 0);
+  CHECK(n > 0);
+  char *text = malloc((size_t)n + 1);
+  CHECK(uffd_pager_stats_vmstat(p, text, (size_t)n + 1) == n);
+  CHECK(strstr(text, "pgfault ") != NULL && strstr(text, "budget_pages 64\n") != NULL);
+  char small[8];
+  CHECK(uffd_pager_stats_vmstat(p, small, sizeof small) == n && strlen(small) == 7);
+  free(text);
+  CHECK(uffd_pager_region_unmap(r) == 0);
+
+  /* A store of C callbacks. */
+  uffd_pager_store s = {0};
+  s.len = 16 * PAGE;
+  s.read = numbered_read;
+  uffd_pager_map_options o;
+  uffd_pager_map_options_init(&o);
+  o.writable = false;
+  CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, &r) == 0);
+  unsigned char *m = uffd_pager_region_addr(r);
+  CHECK(m[7 * PAGE + 1] == 7 && m[15 * PAGE] == 15 && read_ctx_calls >= 2);
+  CHECK(uffd_pager_region_unmap(r) == 0);
+
+  /* Anonymous memory larger than the budget. */
+  CHECK(uffd_pager_map_anonymous(p, FILE_PAGES * PAGE, &r) == 0);
+  m = uffd_pager_region_addr(r);
+  for (int i = 0; i < FILE_PAGES; i++) m[i * PAGE] = (unsigned char)(i * 3);
+  for (int i = 0; i < FILE_PAGES; i++) CHECK(m[i * PAGE] == (unsigned char)(i * 3));
+  CHECK(uffd_pager_region_unmap(r) == 0);
+  uffd_pager_free(p);
+  close(fd);
+  unlink(path);
+  printf("c api: ok\n");
+  return 0;
+}

@@ -1,0 +1,113 @@
+//! C programs built with the system `cc` against the checked-in headers and
+//! this package's `libuffd_pager.so` / `.a`, run on real faults.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `target/<profile>`, where cargo put the libraries.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uffd-capi-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Builds `tests/c/<src>` into an executable; `link` are the link arguments.
+fn build(src: &str, link: &[&str]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = scratch(src.trim_end_matches(".c"));
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I"])
+        .arg(dir.join("include"))
+        .arg(dir.join("tests/c").join(src))
+        .arg("-o")
+        .arg(&out)
+        .args(link)
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "cc {src} failed");
+    out
+}
+
+fn shared_link() -> Vec<String> {
+    let d = lib_dir();
+    assert!(
+        d.join("libuffd_pager.so").exists(),
+        "{} has no libuffd_pager.so",
+        d.display()
+    );
+    vec![
+        format!("-L{}", d.display()),
+        "-luffd_pager".into(),
+        format!("-Wl,-rpath,{}", d.display()),
+    ]
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn c_api_threads_over_a_file_four_times_the_budget() {
+    let link = shared_link();
+    let exe = build(
+        "api.c",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let out = run(Command::new(&exe).arg(scratch("api.dat")));
+    assert!(out.contains("c api: ok"), "{out}");
+}
+
+#[test]
+fn c_api_links_statically_too() {
+    let a = lib_dir().join("libuffd_pager.a");
+    let a = a.to_str().unwrap();
+    let exe = build("api.c", &[a, "-lpthread", "-ldl", "-lm"]);
+    let out = run(Command::new(&exe).arg(scratch("api-static.dat")));
+    assert!(out.contains("c api: ok"), "{out}");
+}
+
+#[test]
+fn a_umap_program_runs_unchanged_on_the_engine() {
+    let link = shared_link();
+    let exe = build(
+        "umap_random.c",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    // 2048 pages through a buffer of 256, 8 KiB UMap pages: fault-around
+    // fills both halves.
+    for (psize, threads) in [("4096", "1"), ("8192", "2")] {
+        let out = run(Command::new(&exe)
+            .env("UMAP_BUFSIZE", "256")
+            .env("UMAP_PAGESIZE", psize)
+            .arg(scratch("umap.dat"))
+            .args(["2048", threads]));
+        assert!(out.contains("umap: ok"), "{out}");
+        assert!(
+            out.contains(&format!("umap_page_size {psize} max_pages_in_buffer 256")),
+            "{out}"
+        );
+    }
+    // A bad setting: a message and a failed umap, not a crash.
+    let out = Command::new(&exe)
+        .env("UMAP_PAGESIZE", "1000")
+        .arg(scratch("umap-bad.dat"))
+        .args(["16", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("UMAP_PAGESIZE=1000"), "{err}");
+}
