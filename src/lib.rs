@@ -68,7 +68,7 @@ pub use resident::ResidentGuard;
 pub use stats::histogram::Percentiles;
 pub use stats::{Counter, Stats};
 pub use sync::global_lock::Contention;
-pub use sys::thread::in_engine_thread;
+pub use sys::thread::in_engine;
 pub use sys::uffd::Descriptor;
 /// The page size the engine works in (bytes): x86-64's base page.
 pub use sys::PAGE_SIZE;

@@ -96,6 +96,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     // path makes syscalls, and code that reads errno after touching region
     // memory must see its own.
     let saved = crate::sys::errno();
+    // Until the fault is handled this thread runs engine code: libc calls
+    // it makes (a store's `pwrite`) pass through interposers unseen.
+    let mark = crate::sys::thread::Mark::enter();
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
     if code == BUS_ADRERR {
@@ -168,6 +171,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             Some(Resolution::Bus) | Some(Resolution::Restart) | None => {}
         }
     }
+    // The application's own handler runs as application code.
+    drop(mark);
     crate::sys::set_errno(saved);
     chain(sig, info, uctx);
     crate::sys::set_errno(saved);

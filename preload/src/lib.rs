@@ -1,0 +1,361 @@
+//! `libuffd_pager_preload.so`: an LD_PRELOAD shim that hands an unmodified
+//! program's file mappings (paths matching `UFFD_PAGER_FILES`) and large
+//! private anonymous mappings (`UFFD_PAGER_ANON_MIN`) to uffd-pager, and
+//! passes every other call to the kernel.
+//!
+//! Interposed: `mmap`/`mmap64`, `munmap`, `mremap`, `mprotect`, `msync`,
+//! `madvise`, and, for coherence with the pager's page cache, `write`,
+//! `pwrite`/`pwrite64`, `writev` and `pwritev`/`pwritev64` (a write to a
+//! file the pager maps updates the cached pages it touches: see
+//! [`engine::Region::refresh`]). Calls that are not the program's own (the
+//! engine's threads, its fault handler, the shim itself) go straight to the
+//! kernel, so the engine's mappings never recurse into the shim.
+//!
+//! Not seen: static binaries, programs that make raw system calls, and
+//! glibc's internal calls (its `malloc` maps memory without going through
+//! `mmap`, so heap memory is never paged). The calls the shim makes are
+//! raw system calls, so a `write` it passes on is not a cancellation point.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod config;
+mod maps;
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+
+thread_local! {
+    /// Set while this thread runs shim code that calls into the engine.
+    static IN_SHIM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a call on this thread is the program's own (not the engine's,
+/// not the shim's).
+#[inline]
+fn programs_own() -> bool {
+    !IN_SHIM.with(|c| c.get()) && !engine::in_engine()
+}
+
+/// Runs `f` marked as shim code, keeping the caller's errno on success.
+fn in_shim<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_SHIM.with(|c| c.set(self.0));
+        }
+    }
+    let _r = Reset(IN_SHIM.with(|c| c.replace(true)));
+    f()
+}
+
+fn errno() -> c_int {
+    // SAFETY: this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The kernel's own calls, as raw system calls (never the shim again).
+pub(crate) mod sys {
+    use std::ffi::{c_int, c_long, c_void};
+
+    /// A syscall's result as libc reports it: -1 and errno on failure.
+    #[inline]
+    pub fn mmap(
+        a: *mut c_void,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        off: i64,
+    ) -> *mut c_void {
+        // SAFETY: the kernel checks every argument; memory it maps or
+        // unmaps is the caller's to ask for (as with libc's mmap).
+        unsafe { libc::syscall(libc::SYS_mmap, a, len, prot, flags, fd, off) as *mut c_void }
+    }
+    #[inline]
+    pub fn call(nr: c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> c_long {
+        // SAFETY: as above: the program's own call, passed on unchanged.
+        unsafe { libc::syscall(nr, a, b, c, d, e) }
+    }
+}
+
+// The interposed calls. Each is the program's call: it gets the kernel's
+// behaviour except where a pager mapping is involved.
+
+/// mmap(2), served by the pager for the mappings the settings name.
+///
+/// # Safety
+/// As mmap(2).
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    if programs_own() && maps::active() {
+        if let Some(r) = in_shim(|| maps::mmap(addr, len, prot, flags, fd, off)) {
+            return r;
+        }
+    }
+    sys::mmap(addr, len, prot, flags, fd, off)
+}
+
+/// mmap64(2): the same call on x86-64.
+///
+/// # Safety
+/// As mmap(2).
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    // SAFETY: the same contract.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+/// munmap(2).
+///
+/// # Safety
+/// As munmap(2).
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    if programs_own() && maps::any() {
+        return in_shim(|| maps::munmap(addr as usize, len));
+    }
+    sys::call(libc::SYS_munmap, addr as usize, len, 0, 0, 0) as c_int
+}
+
+/// mremap(2). C declares it variadic (the new address comes only with
+/// MREMAP_FIXED); stable Rust cannot define a variadic function, so it
+/// takes the fifth argument as a plain one, which the x86-64 calling
+/// convention passes in the same register either way. It is read only
+/// with MREMAP_FIXED or MREMAP_DONTUNMAP, when the caller passed it.
+///
+/// # Safety
+/// As mremap(2).
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let new_addr = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 {
+        new_addr
+    } else {
+        std::ptr::null_mut()
+    };
+    if programs_own() && maps::any() {
+        if let Some(r) =
+            in_shim(|| maps::mremap(old as usize, old_len, new_len, flags, new_addr as usize))
+        {
+            return r;
+        }
+    }
+    sys::call(
+        libc::SYS_mremap,
+        old as usize,
+        old_len,
+        new_len,
+        flags as usize,
+        new_addr as usize,
+    ) as *mut c_void
+}
+
+/// mprotect(2).
+///
+/// # Safety
+/// As mprotect(2).
+#[no_mangle]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    if programs_own() && maps::any() {
+        if let Some(r) = in_shim(|| maps::mprotect(addr as usize, len, prot)) {
+            return r;
+        }
+    }
+    sys::call(libc::SYS_mprotect, addr as usize, len, prot as usize, 0, 0) as c_int
+}
+
+/// msync(2): a pager mapping's dirty pages are written back first.
+///
+/// # Safety
+/// As msync(2).
+#[no_mangle]
+pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
+    if programs_own() && maps::any() {
+        if let Some(r) = in_shim(|| maps::msync(addr as usize, len)) {
+            return r;
+        }
+    }
+    sys::call(libc::SYS_msync, addr as usize, len, flags as usize, 0, 0) as c_int
+}
+
+/// madvise(2): MADV_DONTNEED and MADV_WILLNEED on pager memory go through
+/// the engine.
+///
+/// # Safety
+/// As madvise(2).
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    if programs_own() && maps::any() {
+        if let Some(r) = in_shim(|| maps::madvise(addr as usize, len, advice)) {
+            return r;
+        }
+    }
+    sys::call(libc::SYS_madvise, addr as usize, len, advice as usize, 0, 0) as c_int
+}
+
+/// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,
+/// refreshes the pages it touched. `at` is the write's file offset, or
+/// None for the descriptor's position.
+fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isize {
+    if !programs_own() || !maps::any_file() {
+        return f();
+    }
+    let target = in_shim(|| maps::file_of(fd, at));
+    let n = f();
+    if n > 0 {
+        if let Some(t) = target {
+            let e = errno();
+            in_shim(|| maps::refresh(t, n as u64));
+            set_errno(e);
+        }
+    }
+    n
+}
+
+/// write(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As write(2).
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
+    coherent_write(fd, None, || {
+        sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize
+    })
+}
+
+/// pwrite(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As pwrite(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwrite(
+    fd: c_int,
+    buf: *const c_void,
+    n: usize,
+    off: libc::off_t,
+) -> isize {
+    coherent_write(fd, Some(off), || {
+        sys::call(
+            libc::SYS_pwrite64,
+            fd as usize,
+            buf as usize,
+            n,
+            off as usize,
+            0,
+        ) as isize
+    })
+}
+
+/// pwrite64(2): the same call on x86-64.
+///
+/// # Safety
+/// As pwrite(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwrite64(
+    fd: c_int,
+    buf: *const c_void,
+    n: usize,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pwrite(fd, buf, n, off) }
+}
+
+/// writev(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As writev(2).
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    coherent_write(fd, None, || {
+        sys::call(
+            libc::SYS_writev,
+            fd as usize,
+            iov as usize,
+            cnt as usize,
+            0,
+            0,
+        ) as isize
+    })
+}
+
+/// pwritev(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As pwritev(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    coherent_write(fd, Some(off), || {
+        // The kernel takes the offset as two longs (low, high).
+        sys::call(
+            libc::SYS_pwritev,
+            fd as usize,
+            iov as usize,
+            cnt as usize,
+            off as usize,
+            0,
+        ) as isize
+    })
+}
+
+/// pwritev64(2): the same call on x86-64.
+///
+/// # Safety
+/// As pwritev(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pwritev(fd, iov, cnt, off) }
+}
+
+/// Reads the settings when the library loads (before `main`).
+extern "C" fn load() {
+    in_shim(maps::load);
+}
+
+/// Writes the counters and flushes writable mappings at exit.
+extern "C" fn unload() {
+    in_shim(maps::unload);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static LOAD: extern "C" fn() = load;
+
+#[used]
+#[link_section = ".fini_array"]
+static UNLOAD: extern "C" fn() = unload;

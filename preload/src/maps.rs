@@ -1,0 +1,614 @@
+//! The shim's table of pager mappings and what each interposed call does
+//! to it. One mutex guards the table; it is taken only by program threads
+//! in interposed calls, never by engine code (engine threads and the fault
+//! handler pass through), so waiting for it cannot deadlock with a fault.
+
+use crate::config::Config;
+use crate::sys;
+use engine::store::{SimulatedStore, Store};
+use engine::{InstallKind, MapOptions, Pager, Region};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const PAGE: usize = engine::PAGE_SIZE;
+
+/// One pager mapping the program made.
+struct Entry {
+    region: Region,
+    /// The pieces of `[region start, +len)` still mapped (the program may
+    /// unmap part of a mapping itself).
+    live: Vec<(usize, usize)>,
+    /// `(st_dev, st_ino)` of a file mapping.
+    file: Option<(u64, u64)>,
+    /// The file offset the region starts at.
+    base: u64,
+    /// A writable MAP_SHARED mapping: its writes reach the file.
+    writable_shared: bool,
+    /// A read-only MAP_PRIVATE mapping, served as a shared one: it must
+    /// never become writable (its writes would reach the file).
+    private_ro: bool,
+    path: String,
+}
+
+struct State {
+    cfg: Config,
+    pager: Option<Pager>,
+    /// The process that made the pager (a fork()ed child has a copy of it
+    /// that serves nothing).
+    owner_pid: i32,
+    maps: Vec<Entry>,
+    /// Failure messages already printed (each once).
+    said: Vec<String>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// The settings ask for something to be paged.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Entries in the table, and those of files.
+static ENTRIES: AtomicUsize = AtomicUsize::new(0);
+static FILE_ENTRIES: AtomicUsize = AtomicUsize::new(0);
+/// The shim's own counters (printed with the pager's).
+static PAGED: AtomicU64 = AtomicU64::new(0);
+static PASSED: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static REFRESHED: AtomicU64 = AtomicU64::new(0);
+
+pub fn active() -> bool {
+    ACTIVE.load(Relaxed)
+}
+pub fn any() -> bool {
+    ENTRIES.load(Relaxed) > 0
+}
+pub fn any_file() -> bool {
+    FILE_ENTRIES.load(Relaxed) > 0
+}
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads the settings; a bad one ends the program with exit code 2.
+pub fn load() {
+    let cfg = match Config::from(|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("uffd-pager-preload: {e}");
+            // SAFETY: ends the process at once, before main, without
+            // running anything of the program's.
+            unsafe { libc::_exit(2) };
+        }
+    };
+    ACTIVE.store(!cfg.files.is_empty() || cfg.anon_min.is_some(), Relaxed);
+    *state() = Some(State {
+        cfg,
+        pager: None,
+        owner_pid: 0,
+        maps: Vec::new(),
+        said: Vec::new(),
+    });
+}
+
+impl State {
+    /// Prints `msg` on stderr the first time it comes up.
+    fn say(&mut self, msg: String) {
+        if self.cfg.verbose || !self.said.contains(&msg) {
+            eprintln!("uffd-pager-preload: {msg}");
+            self.said.push(msg);
+        }
+    }
+
+    fn pager(&mut self) -> Result<&Pager, String> {
+        if self.pager.is_none() {
+            let p = self.cfg.builder().build().map_err(|e| e.to_string())?;
+            self.pager = Some(p);
+            // SAFETY: getpid has no preconditions.
+            self.owner_pid = unsafe { libc::getpid() };
+        }
+        Ok(self.pager.as_ref().expect("made above"))
+    }
+
+    fn add(&mut self, e: Entry) -> *mut c_void {
+        let p = e.region.as_ptr().cast();
+        if e.file.is_some() {
+            FILE_ENTRIES.fetch_add(1, Relaxed);
+        }
+        ENTRIES.fetch_add(1, Relaxed);
+        PAGED.fetch_add(1, Relaxed);
+        if self.cfg.verbose {
+            let msg = format!("paging {} ({} bytes) at {p:?}", e.path, e.region.len());
+            self.say(msg);
+        }
+        self.maps.push(e);
+        p
+    }
+
+    fn remove(&mut self, i: usize) -> Entry {
+        let e = self.maps.swap_remove(i);
+        if e.file.is_some() {
+            FILE_ENTRIES.fetch_sub(1, Relaxed);
+        }
+        ENTRIES.fetch_sub(1, Relaxed);
+        e
+    }
+}
+
+/// The resolved path of descriptor `fd`, and its identity and size.
+fn fd_file(fd: c_int) -> Option<(std::ffi::CString, (u64, u64), u64)> {
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `st`.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    let path = std::ffi::CString::new(link.into_os_string().into_encoded_bytes()).ok()?;
+    Some((path, (st.st_dev, st.st_ino), st.st_size as u64))
+}
+
+/// mmap: `Some` if the shim answered (a pager mapping, or a refusal),
+/// `None` to pass the call to the kernel.
+pub fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> Option<*mut c_void> {
+    let skip = libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK;
+    if len == 0 || prot & libc::PROT_EXEC != 0 || prot & libc::PROT_READ == 0 || flags & skip != 0 {
+        return None;
+    }
+    let shared = flags & libc::MAP_TYPE != libc::MAP_PRIVATE;
+    let write = prot & libc::PROT_WRITE != 0;
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let anon = flags & libc::MAP_ANONYMOUS != 0;
+    let mut opts = MapOptions {
+        writable: write,
+        populate: flags & libc::MAP_POPULATE != 0,
+        pinned: flags & libc::MAP_LOCKED != 0,
+        ..MapOptions::default()
+    };
+    let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
+    if fixed {
+        if addr as usize % PAGE != 0 {
+            return None; // the kernel's EINVAL
+        }
+        opts.fixed_addr = Some(addr as usize);
+    }
+    let rlen = len.div_ceil(PAGE) * PAGE;
+    let entry = if anon {
+        // (A fixed anonymous mapping is the kernel's: the engine places
+        // anonymous regions itself.)
+        if shared || fixed || st.cfg.anon_min.is_none_or(|m| len < m) {
+            return None;
+        }
+        let made = st
+            .pager()
+            .and_then(|p| p.map_anonymous(rlen).map_err(|e| e.to_string()));
+        (made, None, 0, "anonymous memory".to_string(), false)
+    } else {
+        if st.cfg.files.is_empty() || fd < 0 {
+            return None;
+        }
+        let (path, id, size) = fd_file(fd)?;
+        if !st.cfg.wants_path(&path) {
+            return None;
+        }
+        let name = path.to_string_lossy().into_owned();
+        if !shared && write {
+            // A private writable mapping would be a snapshot that write(2)
+            // to the file could not reach: the kernel keeps it.
+            PASSED.fetch_add(1, Relaxed);
+            st.say(format!(
+                "{name}: a writable MAP_PRIVATE mapping is left to the kernel"
+            ));
+            return None;
+        }
+        if off < 0 || off as usize % PAGE != 0 {
+            return None; // the kernel's EINVAL
+        }
+        if off as u64 + rlen as u64 > size.div_ceil(PAGE as u64) * PAGE as u64 {
+            PASSED.fetch_add(1, Relaxed);
+            st.say(format!(
+                "{name}: a mapping past the end of the file is left to the kernel"
+            ));
+            return None;
+        }
+        let clash = st
+            .maps
+            .iter()
+            .any(|e| e.file == Some(id) && (e.writable_shared || (shared && write)));
+        if clash {
+            REFUSED.fetch_add(1, Relaxed);
+            st.say(format!(
+                "refusing a second mapping of {name}: a file mapped writable and shared can have \
+                 one pager mapping only (the pager keeps a cache per mapping); exclude it from \
+                 UFFD_PAGER_FILES to let the kernel map it"
+            ));
+            crate::set_errno(libc::ENODEV);
+            return Some(libc::MAP_FAILED);
+        }
+        opts.kind = if write {
+            InstallKind::Shared
+        } else {
+            st.cfg.kind
+        };
+        let latency = st.cfg.latency;
+        let made = crate::maps::file_store(fd, off as u64, rlen, shared && write, latency)
+            .and_then(|s| {
+                st.pager()
+                    .and_then(|p| p.map_store(s, rlen, &opts).map_err(|e| e.to_string()))
+            });
+        (made, Some(id), off as u64, name, !shared)
+    };
+    let (made, file, base, path, private_ro) = entry;
+    // (MAP_FIXED over memory already mapped: the engine maps only into a
+    // free range, so the map fails with an overlap and the kernel maps it.)
+    match made {
+        Ok(region) => {
+            let start = region.as_ptr() as usize;
+            Some(st.add(Entry {
+                live: vec![(start, start + region.len())],
+                region,
+                file,
+                base,
+                writable_shared: shared && write && file.is_some(),
+                private_ro,
+                path,
+            }))
+        }
+        Err(e) => {
+            PASSED.fetch_add(1, Relaxed);
+            st.say(format!("{path}: left to the kernel: {e}"));
+            None
+        }
+    }
+}
+
+/// A store over the file behind `fd` at `off`, with the latency model.
+pub fn file_store(
+    fd: c_int,
+    off: u64,
+    len: usize,
+    writable: bool,
+    latency: Option<engine::store::LatencyModel>,
+) -> Result<Arc<dyn Store>, String> {
+    // SAFETY: F_DUPFD_CLOEXEC on the program's descriptor; a bad one fails.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    // SAFETY: `dup` is ours alone.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+    let whole: Arc<dyn Store> =
+        Arc::new(engine::store::FileStore::from_file(file, writable).map_err(|e| e.to_string())?);
+    let whole: Arc<dyn Store> = match latency {
+        Some(m) => Arc::new(SimulatedStore::new(whole, m, 0, off ^ len as u64)),
+        None => whole,
+    };
+    let s = engine::store::SliceStore::new(whole, off, len as u64).map_err(|e| e.to_string())?;
+    Ok(Arc::new(s))
+}
+
+/// The entries overlapping `[a, b)`, by index.
+fn overlapping(st: &State, a: usize, b: usize) -> Vec<usize> {
+    (0..st.maps.len())
+        .filter(|&i| st.maps[i].live.iter().any(|&(s, e)| s < b && a < e))
+        .collect()
+}
+
+/// munmap: pager mappings inside the range are unmapped through the engine
+/// (writing a shared mapping back); parts of one are cut from its live
+/// pieces and unmapped by the kernel (the engine sees that unmap as an
+/// event); the rest of the range is the kernel's.
+///
+/// The kernel never unmaps what the engine already did: once a pager
+/// mapping is gone its range is free, and another thread's new mapping
+/// may already be there. The table lock is held throughout, so no pager
+/// mapping can be placed in the range meanwhile.
+pub fn munmap(addr: usize, len: usize) -> c_int {
+    let kernel = |a: usize, n: usize| sys::call(libc::SYS_munmap, a, n, 0, 0, 0) as c_int;
+    let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
+    let mut guard = state();
+    let Some(st) = guard.as_mut() else {
+        return kernel(addr, len);
+    };
+    if len == 0 || addr % PAGE != 0 {
+        return kernel(addr, len); // the kernel's EINVAL
+    }
+    let mut gone = Vec::new();
+    for i in overlapping(st, a, b) {
+        let e = &mut st.maps[i];
+        let mut rest = Vec::new();
+        for &(s, t) in &e.live {
+            if s < a {
+                rest.push((s, a.min(t)));
+            }
+            if t > b {
+                rest.push((b.max(s), t));
+            }
+        }
+        if rest.is_empty() {
+            gone.push(i);
+        } else {
+            e.live = rest;
+        }
+    }
+    // The parts of [a, b) outside mappings that go away whole.
+    let mut holes = vec![(a, b)];
+    for &i in &gone {
+        let r = &st.maps[i].region;
+        let (s, t) = (r.as_ptr() as usize, r.as_ptr() as usize + r.len());
+        holes = holes
+            .into_iter()
+            .flat_map(|(x, y)| [(x, y.min(s)), (x.max(t), y)])
+            .filter(|&(x, y)| x < y)
+            .collect();
+    }
+    gone.sort_unstable_by(|x, y| y.cmp(x));
+    for i in gone {
+        let e = st.remove(i);
+        if let Err(err) = e.region.unmap() {
+            let msg = format!("{}: write-back at munmap failed: {err}", e.path);
+            st.say(msg);
+        }
+    }
+    let mut rc = 0;
+    for (x, y) in holes {
+        if kernel(x, y - x) != 0 {
+            rc = -1;
+        }
+    }
+    rc
+}
+
+/// The one entry whose whole live extent is exactly `[a, a+len)`.
+fn whole(st: &State, a: usize, len: usize) -> Option<usize> {
+    st.maps.iter().position(|e| {
+        let start = e.region.as_ptr() as usize;
+        e.live == [(start, start + e.region.len())] && start == a && e.region.len() == len
+    })
+}
+
+/// mremap of a whole pager mapping goes through the engine; of part of a
+/// writable shared one is refused (EINVAL: its write-back could not follow
+/// it); anything else is the kernel's.
+pub fn mremap(
+    old: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new: usize,
+) -> Option<*mut c_void> {
+    let old_len = old_len.div_ceil(PAGE) * PAGE;
+    let new_len_r = new_len.div_ceil(PAGE) * PAGE;
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let fail = |e: c_int| {
+        crate::set_errno(e);
+        Some(libc::MAP_FAILED)
+    };
+    let Some(i) = whole(st, old, old_len) else {
+        let touched = overlapping(st, old, old + old_len);
+        if touched.iter().any(|&i| st.maps[i].writable_shared) {
+            return fail(libc::EINVAL);
+        }
+        return None;
+    };
+    if flags & libc::MREMAP_DONTUNMAP != 0 || new_len == 0 {
+        return fail(libc::EINVAL);
+    }
+    let may_move = flags & libc::MREMAP_MAYMOVE != 0;
+    if new_len_r > old_len && !may_move {
+        return fail(libc::ENOMEM); // growing in place is not offered
+    }
+    let to = (flags & libc::MREMAP_FIXED != 0).then_some(new);
+    let e = &mut st.maps[i];
+    match e.region.remap_to(new_len_r, to) {
+        Ok(()) => {
+            let s = e.region.as_ptr() as usize;
+            e.live = vec![(s, s + e.region.len())];
+            Some(s as *mut c_void)
+        }
+        Err(err) => fail(err.errno()),
+    }
+}
+
+/// mprotect of a whole pager mapping goes through the engine; a read-only
+/// private file mapping never becomes writable (EACCES); PROT_NONE and
+/// parts are the kernel's.
+pub fn mprotect(addr: usize, len: usize, prot: c_int) -> Option<c_int> {
+    let len = len.div_ceil(PAGE) * PAGE;
+    let guard = state();
+    let st = guard.as_ref()?;
+    let write = prot & libc::PROT_WRITE != 0;
+    for i in overlapping(st, addr, addr + len) {
+        if st.maps[i].private_ro && write {
+            crate::set_errno(libc::EACCES);
+            return Some(-1);
+        }
+    }
+    let i = whole(st, addr, len)?;
+    if prot & libc::PROT_READ == 0 || prot & libc::PROT_EXEC != 0 {
+        return None;
+    }
+    let e = crate::errno();
+    match st.maps[i].region.protect(write) {
+        Ok(()) => {
+            crate::set_errno(e);
+            Some(0)
+        }
+        Err(err) => {
+            crate::set_errno(err.errno());
+            Some(-1)
+        }
+    }
+}
+
+/// msync: every pager mapping in the range writes its dirty pages back
+/// (then the kernel's msync runs on the range, a no-op on pager memory).
+pub fn msync(addr: usize, len: usize) -> Option<c_int> {
+    let guard = state();
+    let st = guard.as_ref()?;
+    let e = crate::errno();
+    for i in overlapping(st, addr, addr.saturating_add(len.max(1))) {
+        if let Err(err) = st.maps[i].region.flush() {
+            crate::set_errno(err.errno());
+            return Some(-1);
+        }
+    }
+    crate::set_errno(e);
+    None
+}
+
+/// madvise: MADV_DONTNEED drops pages through the engine (shared pages
+/// stay cached; anonymous ones read as zeros again), MADV_WILLNEED faults
+/// them in; other advice is the kernel's.
+pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
+    if advice != libc::MADV_DONTNEED && advice != libc::MADV_WILLNEED {
+        return None;
+    }
+    let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let hits = overlapping(st, a, b);
+    if hits.is_empty() {
+        return None;
+    }
+    let e = crate::errno();
+    for i in hits {
+        let r = &mut st.maps[i].region;
+        let start = r.as_ptr() as usize;
+        let (lo, hi) = (a.max(start), b.min(start + r.len()));
+        let res = if advice == libc::MADV_DONTNEED {
+            r.dontneed(lo - start, hi - lo)
+        } else {
+            r.populate(lo - start, hi - lo)
+        };
+        if let Err(err) = res {
+            crate::set_errno(err.errno());
+            return Some(-1);
+        }
+    }
+    // Memory in the range outside pager mappings gets the kernel's advice.
+    crate::set_errno(e);
+    let rc = sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int;
+    Some(if advice == libc::MADV_WILLNEED { 0 } else { rc })
+}
+
+/// A write about to land in a file the pager maps.
+pub struct Target {
+    id: (u64, u64),
+    off: u64,
+}
+
+/// The target of a write on `fd` at `at` (None: the descriptor's
+/// position), if the pager maps its file.
+pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `s`.
+    if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let id = (s.st_dev, s.st_ino);
+    if !state().as_ref()?.maps.iter().any(|e| e.file == Some(id)) {
+        return None;
+    }
+    let off = match at {
+        Some(o) => o,
+        None => {
+            // SAFETY: F_GETFL reads the descriptor's flags.
+            let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+            if fl >= 0 && fl & libc::O_APPEND != 0 {
+                s.st_size
+            } else {
+                // SAFETY: lseek on the program's descriptor, not moving it.
+                unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) }
+            }
+        }
+    };
+    (off >= 0).then_some(Target {
+        id,
+        off: off as u64,
+    })
+}
+
+/// `n` bytes were written at the target: every pager mapping of the file
+/// refreshes the pages they touched.
+pub fn refresh(t: Target, n: u64) {
+    let mut guard = state();
+    let Some(st) = guard.as_mut() else { return };
+    let mut failed = Vec::new();
+    for e in st.maps.iter().filter(|e| e.file == Some(t.id)) {
+        let (lo, hi) = (
+            t.off.max(e.base),
+            (t.off + n).min(e.base + e.region.len() as u64),
+        );
+        if lo >= hi {
+            continue;
+        }
+        REFRESHED.fetch_add(1, Relaxed);
+        if let Err(err) = e.region.refresh(lo - e.base, hi - lo) {
+            failed.push(format!(
+                "{}: keeping the mapping coherent failed: {err}",
+                e.path
+            ));
+        }
+    }
+    for m in failed {
+        st.say(m);
+    }
+}
+
+/// At exit: write shared mappings back, and the counters out.
+pub fn unload() {
+    let mut guard = state();
+    let Some(st) = guard.as_mut() else { return };
+    // SAFETY: getpid has no preconditions.
+    if st.pager.is_some() && st.owner_pid != unsafe { libc::getpid() } {
+        return; // a fork()ed child's copy: the parent reports
+    }
+    let mut failed = Vec::new();
+    for e in st.maps.iter().filter(|e| e.writable_shared) {
+        if let Err(err) = e.region.flush() {
+            failed.push(format!("{}: write-back at exit failed: {err}", e.path));
+        }
+    }
+    for m in failed {
+        st.say(m);
+    }
+    let Some(path) = st.cfg.stats.clone() else {
+        return;
+    };
+    let mut text = match &st.pager {
+        Some(p) => format!("{}\npolicy {}", p.stats(), p.policy()),
+        None => format!("policy {}", st.cfg.policy),
+    };
+    for (k, v) in [
+        ("preload_paged", &PAGED),
+        ("preload_passed", &PASSED),
+        ("preload_refused", &REFUSED),
+        ("preload_refreshed", &REFRESHED),
+    ] {
+        text.push_str(&format!("\n{k} {}", v.load(Relaxed)));
+    }
+    text.push('\n');
+    if path.ends_with(".json") {
+        let fields: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(k, v)| match v.parse::<u64>() {
+                Ok(n) => format!("\"{k}\": {n}"),
+                Err(_) => format!("\"{k}\": \"{v}\""),
+            })
+            .collect();
+        text = format!("{{{}}}\n", fields.join(", "));
+    }
+    if let Err(e) = std::fs::write(&path, text) {
+        st.say(format!("writing the counters to {path}: {e}"));
+    }
+}

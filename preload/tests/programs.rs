@@ -1,0 +1,257 @@
+//! Unmodified programs under the shim, each compared with its own output
+//! without it: a C program doing what seed 000's reproducer does, sqlite3
+//! on a database 4x the budget with `PRAGMA mmap_size`, and Python's mmap
+//! module (a hash of a file, and write(2) coherence).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn shim() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let so = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("libuffd_pager_preload.so");
+    assert!(so.exists(), "{} is not built", so.display());
+    so
+}
+
+fn scratch() -> PathBuf {
+    // A disk file system, not tmpfs: the pager's file store reads it with
+    // pread, as it would a user's data.
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("preload-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn python() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+/// `cmd` run under the shim with `env`, its counters read back.
+fn under_shim(cmd: &mut Command, env: &[(&str, &str)], stats: &Path) -> (Output, String) {
+    let _ = std::fs::remove_file(stats);
+    cmd.env("LD_PRELOAD", shim()).env("UFFD_PAGER_STATS", stats);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = std::fs::read_to_string(stats).unwrap_or_default();
+    (out, text)
+}
+
+fn counter(stats: &str, name: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {stats}"))
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "{}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn python_mmap_hash_is_the_same_under_a_quarter_size_budget() {
+    let d = scratch();
+    let file = d.join("hash.dat");
+    let data: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, data).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hash.py");
+    let plain = ok(&Command::new(python())
+        .arg(&script)
+        .arg(&file)
+        .output()
+        .unwrap());
+    let pattern = format!("{}/*.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(python()).arg(&script).arg(&file),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "2M")],
+        &d.join("hash.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    // Every page came through the pager (faults, readahead, fault-around),
+    // and most had to be evicted again.
+    assert!(
+        counter(&st, "pginstall") >= 2048 && counter(&st, "pgread") >= 2048,
+        "{st}"
+    );
+    assert!(counter(&st, "pgsteal") >= 1024, "{st}");
+    assert!(counter(&st, "peak_resident_pages") <= 512 + 64, "{st}");
+}
+
+#[test]
+fn writes_with_write_2_are_seen_through_the_mapping() {
+    let d = scratch();
+    let file = d.join("coherent.dat");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/coherence.py");
+    let pattern = format!("{}/coherent.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(python()).arg(&script).arg(&file),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("coherent.stats"),
+    );
+    assert!(ok(&o).contains("coherence ok"));
+    // Both mappings were the pager's, and the writes refreshed them.
+    assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
+    assert_eq!(counter(&st, "preload_refused"), 1, "{st}");
+    assert!(counter(&st, "preload_refreshed") >= 3, "{st}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("refusing a second mapping"));
+}
+
+#[test]
+fn sqlite3_reads_a_database_four_times_the_budget() {
+    let d = scratch();
+    let db = d.join("big.db");
+    let _ = std::fs::remove_file(&db);
+    // About 16 MiB of rows.
+    let make = "PRAGMA page_size=4096; CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT); \
+                WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 60000) \
+                INSERT INTO t SELECT i, printf('%0200d', i * 7919) FROM n; \
+                CREATE INDEX tv ON t(v);";
+    ok(&Command::new("sqlite3").arg(&db).arg(make).output().unwrap());
+    let size = std::fs::metadata(&db).unwrap().len();
+    assert!(size >= 16 << 20, "{size}");
+    let queries = "PRAGMA mmap_size=268435456; \
+                   SELECT count(*), sum(k), sum(length(v)) FROM t; \
+                   SELECT v FROM t WHERE k IN (1, 777, 31337, 59999); \
+                   SELECT count(*) FROM t WHERE v > printf('%0200d', 200000000); \
+                   SELECT k FROM t ORDER BY v DESC LIMIT 3;";
+    let plain = ok(&Command::new("sqlite3")
+        .arg(&db)
+        .arg(queries)
+        .output()
+        .unwrap());
+    let pattern = format!("{}/*.db", d.display());
+    let budget = format!("{}", size / 4);
+    for policy in ["vanilla", "retry-once"] {
+        let (o, st) = under_shim(
+            Command::new("sqlite3").arg(&db).arg(queries),
+            &[
+                ("UFFD_PAGER_FILES", &pattern),
+                ("UFFD_PAGER_BUDGET", &budget),
+                ("UFFD_PAGER_POLICY", policy),
+            ],
+            &d.join("sqlite.stats"),
+        );
+        assert_eq!(ok(&o), plain, "{policy}");
+        assert!(counter(&st, "preload_paged") >= 1, "{st}");
+        // More was read than fits: the budget held, pages were evicted.
+        assert!(counter(&st, "pgread") > size / 4096 / 4, "{st}");
+        assert!(counter(&st, "pgsteal") > 0, "{st}");
+        assert!(
+            counter(&st, "peak_resident_pages") <= size / 4096 / 4 + 64,
+            "{st}"
+        );
+        assert!(st.contains(&format!("policy {policy}")), "{st}");
+    }
+}
+
+#[test]
+fn the_seed_reproducer_runs_unchanged_under_both_policies() {
+    let d = scratch();
+    let exe = d.join("mmap_thrash");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mmap_thrash.c");
+    let st = Command::new("cc")
+        .args(["-O2", "-pthread"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let plain = ok(&Command::new(&exe)
+        .arg(&d)
+        .args(["2", "1"])
+        .output()
+        .unwrap());
+    assert!(plain.contains("data ok"));
+    let pattern = format!("{}/test_file_*", d.display());
+    for policy in ["vanilla", "retry-once"] {
+        let (o, st) = under_shim(
+            Command::new(&exe).arg(&d).args(["4", "2"]),
+            &[
+                ("UFFD_PAGER_FILES", &pattern),
+                ("UFFD_PAGER_BUDGET", "16M"),
+                ("UFFD_PAGER_POLICY", policy),
+                ("UFFD_PAGER_LATENCY", "fixed:20us"),
+            ],
+            &d.join("thrash.stats"),
+        );
+        let out = ok(&o);
+        assert!(out.contains("data ok"), "{out}");
+        let rounds: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("Total rounds : "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(rounds >= 1, "{out}");
+        // Every round was a pager mapping of its own.
+        assert!(counter(&st, "preload_paged") >= rounds, "{st}");
+        assert!(counter(&st, "retry_mmap_drop") > 0, "{st}");
+        assert_eq!(counter(&st, "preload_passed"), 0, "{st}");
+    }
+}
+
+#[test]
+fn a_bad_setting_is_a_message_and_exit_code_2() {
+    for (k, v) in [
+        ("UFFD_PAGER_BUDGET", "lots"),
+        ("UFFD_PAGER_POLICY", "fastest"),
+    ] {
+        let o = Command::new("/bin/true")
+            .env("LD_PRELOAD", shim())
+            .env(k, v)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{k}={v}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("uffd-pager-preload") && err.contains(k),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn anonymous_mappings_over_the_threshold_are_paged() {
+    let d = scratch();
+    let script = "import mmap\n\
+                  m = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE)\n\
+                  for i in range(0, len(m), 4096): m[i] = (i >> 12) % 251\n\
+                  print(all(m[i] == (i >> 12) % 251 for i in range(0, len(m), 4096)))\n\
+                  s = mmap.mmap(-1, 1 << 20)\n\
+                  s[0] = 1\n\
+                  print(s[0])\n";
+    let plain = ok(&Command::new(python())
+        .args(["-c", script])
+        .output()
+        .unwrap());
+    let (o, st) = under_shim(
+        Command::new(python()).args(["-c", script]),
+        &[("UFFD_PAGER_ANON_MIN", "16M"), ("UFFD_PAGER_BUDGET", "4M")],
+        &d.join("anon.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(plain, "True\n1\n");
+    // The 32 MiB private mapping was the pager's, the 1 MiB one the kernel's.
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    assert!(counter(&st, "pgsteal") > 0, "{st}");
+}
