@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test deps lint bench examples model-check unprivileged redis-up redis-down
+.PHONY: demo test deps lint bench examples model-check unprivileged redis-up redis-down c-lib umap-bench seed-preload
 
 # userfaultfd-sys generates its bindings with bindgen, which needs libclang.
 # The far-memory tests need Redis (a standalone server and a 3-node
@@ -15,6 +15,10 @@ deps:
 	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then \
 		echo "installing redis-server and redis-tools (needed by the far-memory tests)"; \
 		apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null; \
+	fi
+	@if ! command -v sqlite3 >/dev/null || ! test -x /usr/bin/python3 || ! command -v cc >/dev/null; then \
+		echo "installing sqlite3, python3 and gcc (programs the LD_PRELOAD shim's tests run)"; \
+		apt-get update -qq && apt-get install -y -qq sqlite3 python3 gcc >/dev/null; \
 	fi
 
 # Where the tests find the servers (scripts/redis-servers.sh's defaults).
@@ -76,3 +80,38 @@ unprivileged: deps
 	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 \
 		--store $(UFFD_REDIS_URL); rc=$$?; cd $(CURDIR) && scripts/redis-servers.sh stop >/dev/null; exit $$rc
 	rm -rf /tmp/uffd-pager-unpriv
+
+# The C library, installed under target/c (PREFIX=... elsewhere): lib/ has
+# libuffd_pager.so, libuffd_pager.a and libuffd_pager_preload.so,
+# include/ has uffd_pager.h and umap/umap.h, lib/pkgconfig/uffd_pager.pc.
+PREFIX ?= $(CURDIR)/target/c
+c-lib: deps
+	$(CARGO) build --release --quiet -p uffd-pager-capi -p uffd-pager-preload
+	install -d $(PREFIX)/lib/pkgconfig $(PREFIX)/include/umap
+	install -m 755 target/release/libuffd_pager.so target/release/libuffd_pager_preload.so $(PREFIX)/lib/
+	install -m 644 target/release/libuffd_pager.a $(PREFIX)/lib/
+	install -m 644 capi/include/uffd_pager.h $(PREFIX)/include/
+	install -m 644 capi/include/umap/umap.h $(PREFIX)/include/umap/
+	sed 's|@PREFIX@|$(PREFIX)|' capi/uffd_pager.pc.in > $(PREFIX)/lib/pkgconfig/uffd_pager.pc
+
+# UMap's random-read benchmark shape on this engine, built against
+# <umap/umap.h>: a 256 MiB file on tmpfs, a 64 MiB buffer, 1 and 2 threads,
+# three runs each (UMAP_PAGE_FILLERS / _EVICTORS as UMap's run: 2 and 2).
+UMAP_RUNS ?= 3
+umap-bench: c-lib
+	cc -O2 -pthread -I$(PREFIX)/include capi/tests/c/umap_random.c -L$(PREFIX)/lib -luffd_pager \
+		-Wl,-rpath,$(PREFIX)/lib -o target/c/umap_random
+	for t in 1 2; do for r in $$(seq $(UMAP_RUNS)); do \
+		UMAP_BUFSIZE=16384 UMAP_PAGE_FILLERS=2 UMAP_PAGE_EVICTORS=2 \
+			target/c/umap_random /dev/shm/uffd-umap-bench.dat 65536 $$t | grep random-read || exit 1; \
+	done; done; rm -f /dev/shm/uffd-umap-bench.dat
+
+# Seed 000's reproducer, unmodified, under the LD_PRELOAD shim: a budget
+# stands in for the memory cgroup, a latency model for the disk. Prints the
+# seed's table (rounds/s, Miss/Drop and the two counters) for both policies.
+SEED_THREADS ?= 8
+SEED_SECONDS ?= 10
+SEED_BUDGET ?= 64M
+SEED_LATENCY ?= fixed:50us
+seed-preload: c-lib
+	scripts/seed-preload.sh $(PREFIX)/lib/libuffd_pager_preload.so $(SEED_THREADS) $(SEED_SECONDS) $(SEED_BUDGET) $(SEED_LATENCY)

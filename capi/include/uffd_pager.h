@@ -96,15 +96,16 @@ typedef struct uffd_pager_config {
    */
   uint32_t handler_threads;
   /**
-   * Readahead window in pages; 0: no readahead.
+   * Largest readahead window in pages (default 32); 0: no readahead.
    */
   uint32_t readahead_pages;
   /**
-   * Readahead threads (with readahead_pages > 0); 0: one.
+   * Readahead threads (default 2; 0 counts as 1).
    */
   uint32_t readahead_threads;
   /**
-   * Neighbouring pages installed with each fault; 0: none.
+   * Fault-around cluster in pages (default 64, a power of two); 0 or 1:
+   * none.
    */
   uint32_t fault_around_pages;
   /**
@@ -380,7 +381,8 @@ const char *uffd_pager_last_error(void);
 
 /**
  * Fills `cfg` with the defaults: no budget, RETRY_ONCE, in-thread
- * delivery, no readahead or fault-around, kswapd on, swap in memory.
+ * delivery, the engine's readahead (32 pages, 2 threads) and fault-around
+ * (64 pages), kswapd on, swap in memory.
  *
  * # Safety
  * `cfg` is NULL (ignored) or points at writable memory for one config.

@@ -35,11 +35,12 @@ pub struct uffd_pager_config {
     pub delivery: u32,
     /// Handler threads for DELIVERY_THREADS; 0: one per CPU.
     pub handler_threads: u32,
-    /// Readahead window in pages; 0: no readahead.
+    /// Largest readahead window in pages (default 32); 0: no readahead.
     pub readahead_pages: u32,
-    /// Readahead threads (with readahead_pages > 0); 0: one.
+    /// Readahead threads (default 2; 0 counts as 1).
     pub readahead_threads: u32,
-    /// Neighbouring pages installed with each fault; 0: none.
+    /// Fault-around cluster in pages (default 64, a power of two); 0 or 1:
+    /// none.
     pub fault_around_pages: u32,
     /// Run the background reclaimer (default true).
     pub kswapd: bool,
@@ -48,7 +49,8 @@ pub struct uffd_pager_config {
 }
 
 /// Fills `cfg` with the defaults: no budget, RETRY_ONCE, in-thread
-/// delivery, no readahead or fault-around, kswapd on, swap in memory.
+/// delivery, the engine's readahead (32 pages, 2 threads) and fault-around
+/// (64 pages), kswapd on, swap in memory.
 ///
 /// # Safety
 /// `cfg` is NULL (ignored) or points at writable memory for one config.
@@ -62,9 +64,9 @@ pub unsafe extern "C" fn uffd_pager_config_init(cfg: *mut uffd_pager_config) {
         policy: UFFD_PAGER_POLICY_RETRY_ONCE,
         delivery: UFFD_PAGER_DELIVERY_IN_THREAD,
         handler_threads: 0,
-        readahead_pages: 0,
-        readahead_threads: 0,
-        fault_around_pages: 0,
+        readahead_pages: 32,
+        readahead_threads: 2,
+        fault_around_pages: 64,
         kswapd: true,
         swap_dir: std::ptr::null(),
     };
@@ -114,13 +116,9 @@ pub(crate) fn builder(c: &uffd_pager_config) -> Result<engine::PagerBuilder, i32
         .policy(policy)
         .delivery(delivery)
         .budget_pages(c.budget_bytes.div_ceil(page))
-        .kswapd(c.kswapd);
-    if c.readahead_pages > 0 {
-        b = b.readahead(c.readahead_pages, c.readahead_threads.max(1) as usize);
-    }
-    if c.fault_around_pages > 0 {
-        b = b.fault_around(c.fault_around_pages as usize);
-    }
+        .kswapd(c.kswapd)
+        .readahead(c.readahead_pages, c.readahead_threads.max(1) as usize)
+        .fault_around(c.fault_around_pages as usize);
     if !c.swap_dir.is_null() {
         // SAFETY: a non-NULL swap_dir is a NUL-terminated string (the
         // header's contract).

@@ -124,17 +124,15 @@ impl Settings {
             .policy(policy)
             .delivery(delivery)
             .budget_pages(budget.max(1))
-            .kswapd(self.evictors > 0);
-        if pages_per > 1 {
-            b = b.fault_around(pages_per as usize);
-        }
-        if self.read_ahead > 0 {
-            let window = self
-                .read_ahead
-                .saturating_mul(pages_per)
-                .min(u32::MAX as u64);
-            b = b.readahead(window as u32, self.fillers.clamp(1, 64) as usize);
-        }
+            .kswapd(self.evictors > 0)
+            // UMap fills one UMap page per fault and reads ahead only when
+            // told to: the engine's defaults (fault-around, readahead) off.
+            .fault_around(pages_per as usize);
+        let window = self
+            .read_ahead
+            .saturating_mul(pages_per)
+            .min(u32::MAX as u64);
+        b = b.readahead(window as u32, self.fillers.clamp(1, 64) as usize);
         Ok(b)
     }
 }

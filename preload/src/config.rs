@@ -23,10 +23,10 @@ pub struct Config {
     /// `UFFD_PAGER_DELIVERY` (default: handler threads, which also serve
     /// faults inside system calls).
     pub delivery: Delivery,
-    /// `UFFD_PAGER_READAHEAD`: pages (0: none).
-    pub readahead: u32,
-    /// `UFFD_PAGER_FAULT_AROUND`: pages (0: none).
-    pub fault_around: usize,
+    /// `UFFD_PAGER_READAHEAD`: pages (0: none; unset: the engine's 32).
+    pub readahead: Option<u32>,
+    /// `UFFD_PAGER_FAULT_AROUND`: pages (0: none; unset: the engine's 64).
+    pub fault_around: Option<usize>,
     /// `UFFD_PAGER_LATENCY`: a latency model added to every file read
     /// (`fixed:50us`, `exp:100us`, ...).
     pub latency: Option<LatencyModel>,
@@ -90,17 +90,18 @@ impl Config {
                 spin_us: 0,
             },
         };
-        let pages = |k: &str| -> Result<u64, String> {
-            match get(k) {
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|_| bad(k, format!("{v:?} is not a page count"))),
-                None => Ok(0),
-            }
+        let pages = |k: &str| -> Result<Option<u64>, String> {
+            get(k)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map(|n| n.min(1 << 16))
+                        .map_err(|_| bad(k, format!("{v:?} is not a page count")))
+                })
+                .transpose()
         };
-        let readahead = pages("UFFD_PAGER_READAHEAD")?.min(1 << 16) as u32;
-        let fault_around = pages("UFFD_PAGER_FAULT_AROUND")?.min(1 << 16) as usize;
+        let readahead = pages("UFFD_PAGER_READAHEAD")?.map(|n| n as u32);
+        let fault_around = pages("UFFD_PAGER_FAULT_AROUND")?.map(|n| n as usize);
         let latency = match get("UFFD_PAGER_LATENCY") {
             Some(v) => Some(v.parse().map_err(|e| bad("UFFD_PAGER_LATENCY", e))?),
             None => None,
@@ -149,11 +150,11 @@ impl Config {
             .policy(self.policy)
             .delivery(self.delivery)
             .budget_pages(self.budget.div_ceil(engine::PAGE_SIZE as u64));
-        if self.readahead > 0 {
-            b = b.readahead(self.readahead, 1);
+        if let Some(n) = self.readahead {
+            b = b.readahead(n, 2);
         }
-        if self.fault_around > 0 {
-            b = b.fault_around(self.fault_around);
+        if let Some(n) = self.fault_around {
+            b = b.fault_around(n);
         }
         b
     }

@@ -7,7 +7,9 @@
 //! `madvise`, and, for coherence with the pager's page cache, `write`,
 //! `pwrite`/`pwrite64`, `writev` and `pwritev`/`pwritev64` (a write to a
 //! file the pager maps updates the cached pages it touches: see
-//! [`engine::Region::refresh`]). Calls that are not the program's own (the
+//! [`engine::Region::refresh`]) and `read`, `pread`/`pread64`, `readv` and
+//! `preadv`/`preadv64` (a read of a file the pager maps writable and shared
+//! writes the mapping's dirty pages back first). Calls that are not the program's own (the
 //! engine's threads, its fault handler, the shim itself) go straight to the
 //! kernel, so the engine's mappings never recurse into the shim.
 //!
@@ -75,6 +77,13 @@ pub(crate) mod sys {
         // SAFETY: the kernel checks every argument; memory it maps or
         // unmaps is the caller's to ask for (as with libc's mmap).
         unsafe { libc::syscall(libc::SYS_mmap, a, len, prot, flags, fd, off) as *mut c_void }
+    }
+    /// A vectored read or write (`readv`, `preadv`, `writev`, `pwritev`):
+    /// the offset, where there is one, goes as the low half of the
+    /// kernel's (low, high) pair, which on x86-64 is all of it.
+    #[inline]
+    pub fn iov(nr: c_long, fd: c_int, iov: *const libc::iovec, cnt: c_int, off: i64) -> isize {
+        call(nr, fd as usize, iov as usize, cnt as usize, off as usize, 0) as isize
     }
     #[inline]
     pub fn call(nr: c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> c_long {
@@ -291,16 +300,7 @@ pub unsafe extern "C" fn pwrite64(
 /// As writev(2).
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
-    coherent_write(fd, None, || {
-        sys::call(
-            libc::SYS_writev,
-            fd as usize,
-            iov as usize,
-            cnt as usize,
-            0,
-            0,
-        ) as isize
-    })
+    coherent_write(fd, None, || sys::iov(libc::SYS_writev, fd, iov, cnt, 0))
 }
 
 /// pwritev(2), kept coherent with pager mappings of the file.
@@ -315,15 +315,7 @@ pub unsafe extern "C" fn pwritev(
     off: libc::off_t,
 ) -> isize {
     coherent_write(fd, Some(off), || {
-        // The kernel takes the offset as two longs (low, high).
-        sys::call(
-            libc::SYS_pwritev,
-            fd as usize,
-            iov as usize,
-            cnt as usize,
-            off as usize,
-            0,
-        ) as isize
+        sys::iov(libc::SYS_pwritev, fd, iov, cnt, off)
     })
 }
 
@@ -340,6 +332,94 @@ pub unsafe extern "C" fn pwritev64(
 ) -> isize {
     // SAFETY: the same contract.
     unsafe { pwritev(fd, iov, cnt, off) }
+}
+
+/// Runs the read `f` on `fd`, first writing back a writable shared pager
+/// mapping of its file (see [`maps::flush_for_read`]).
+fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
+    if programs_own() && maps::any_writable() {
+        let e = errno();
+        in_shim(|| maps::flush_for_read(fd));
+        set_errno(e);
+    }
+    f()
+}
+
+/// read(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As read(2).
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    coherent_read(fd, || {
+        sys::call(libc::SYS_read, fd as usize, buf as usize, n, 0, 0) as isize
+    })
+}
+
+/// pread(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As pread(2).
+#[no_mangle]
+pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+    coherent_read(fd, || {
+        sys::call(
+            libc::SYS_pread64,
+            fd as usize,
+            buf as usize,
+            n,
+            off as usize,
+            0,
+        ) as isize
+    })
+}
+
+/// pread64(2): the same call on x86-64.
+///
+/// # Safety
+/// As pread(2).
+#[no_mangle]
+pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pread(fd, buf, n, off) }
+}
+
+/// readv(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As readv(2).
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    coherent_read(fd, || sys::iov(libc::SYS_readv, fd, iov, cnt, 0))
+}
+
+/// preadv(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As preadv(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    coherent_read(fd, || sys::iov(libc::SYS_preadv, fd, iov, cnt, off))
+}
+
+/// preadv64(2): the same call on x86-64.
+///
+/// # Safety
+/// As preadv(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv64(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { preadv(fd, iov, cnt, off) }
 }
 
 /// Reads the settings when the library loads (before `main`).

@@ -48,6 +48,8 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// Entries in the table, and those of files.
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
 static FILE_ENTRIES: AtomicUsize = AtomicUsize::new(0);
+/// Entries that are writable shared file mappings.
+static WRITABLE_ENTRIES: AtomicUsize = AtomicUsize::new(0);
 /// The shim's own counters (printed with the pager's).
 static PAGED: AtomicU64 = AtomicU64::new(0);
 static PASSED: AtomicU64 = AtomicU64::new(0);
@@ -62,6 +64,9 @@ pub fn any() -> bool {
 }
 pub fn any_file() -> bool {
     FILE_ENTRIES.load(Relaxed) > 0
+}
+pub fn any_writable() -> bool {
+    WRITABLE_ENTRIES.load(Relaxed) > 0
 }
 
 fn state() -> MutexGuard<'static, Option<State>> {
@@ -113,6 +118,9 @@ impl State {
         if e.file.is_some() {
             FILE_ENTRIES.fetch_add(1, Relaxed);
         }
+        if e.writable_shared {
+            WRITABLE_ENTRIES.fetch_add(1, Relaxed);
+        }
         ENTRIES.fetch_add(1, Relaxed);
         PAGED.fetch_add(1, Relaxed);
         if self.cfg.verbose {
@@ -127,6 +135,9 @@ impl State {
         let e = self.maps.swap_remove(i);
         if e.file.is_some() {
             FILE_ENTRIES.fetch_sub(1, Relaxed);
+        }
+        if e.writable_shared {
+            WRITABLE_ENTRIES.fetch_sub(1, Relaxed);
         }
         ENTRIES.fetch_sub(1, Relaxed);
         e
@@ -173,7 +184,7 @@ pub fn mmap(
     };
     let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
     if fixed {
-        if addr as usize % PAGE != 0 {
+        if !(addr as usize).is_multiple_of(PAGE) {
             return None; // the kernel's EINVAL
         }
         opts.fixed_addr = Some(addr as usize);
@@ -207,7 +218,7 @@ pub fn mmap(
             ));
             return None;
         }
-        if off < 0 || off as usize % PAGE != 0 {
+        if off < 0 || !(off as usize).is_multiple_of(PAGE) {
             return None; // the kernel's EINVAL
         }
         if off as u64 + rlen as u64 > size.div_ceil(PAGE as u64) * PAGE as u64 {
@@ -316,7 +327,7 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
     let Some(st) = guard.as_mut() else {
         return kernel(addr, len);
     };
-    if len == 0 || addr % PAGE != 0 {
+    if len == 0 || !addr.is_multiple_of(PAGE) {
         return kernel(addr, len); // the kernel's EINVAL
     }
     let mut gone = Vec::new();
@@ -497,6 +508,37 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     crate::set_errno(e);
     let rc = sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int;
     Some(if advice == libc::MADV_WILLNEED { 0 } else { rc })
+}
+
+/// Before a read of `fd`: if the pager maps its file writable and shared,
+/// the mapping's dirty pages are written back, so that the read sees what
+/// was stored through the mapping, as the kernel's one page cache shows it.
+pub fn flush_for_read(fd: c_int) {
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `s`.
+    if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return;
+    }
+    let id = (s.st_dev, s.st_ino);
+    let mut guard = state();
+    let Some(st) = guard.as_mut() else { return };
+    let mut failed = Vec::new();
+    for e in st
+        .maps
+        .iter()
+        .filter(|e| e.writable_shared && e.file == Some(id))
+    {
+        if let Err(err) = e.region.flush() {
+            failed.push(format!(
+                "{}: write-back before a read failed: {err}",
+                e.path
+            ));
+        }
+    }
+    for m in failed {
+        st.say(m);
+    }
 }
 
 /// A write about to land in a file the pager maps.

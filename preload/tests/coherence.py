@@ -18,8 +18,11 @@ ro.close()
 
 rw = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 rw[100:104] = b"abcd"
+assert os.pread(fd, 4, 100) == b"abcd"                 # no msync: read(2) sees it
+rw[200] = 0x5a
+os.lseek(fd, 200, os.SEEK_SET)
+assert os.read(fd, 1) == b"\x5a"
 rw.flush()
-assert os.pread(fd, 4, 100) == b"abcd"
 try:
     mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     print("second mapping allowed")
