@@ -79,6 +79,17 @@ unprivileged: deps
 	scripts/redis-servers.sh start >/dev/null
 	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 \
 		--store $(UFFD_REDIS_URL); rc=$$?; cd $(CURDIR) && scripts/redis-servers.sh stop >/dev/null; exit $$rc
+	$(MAKE) --no-print-directory c-lib PREFIX=/tmp/uffd-pager-unpriv/c
+	cc -O2 -pthread -I/tmp/uffd-pager-unpriv/c/include capi/tests/c/api.c -L/tmp/uffd-pager-unpriv/c/lib \
+		-luffd_pager -Wl,-rpath,/tmp/uffd-pager-unpriv/c/lib -o /tmp/uffd-pager-unpriv/c_api
+	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/c_api /tmp/uffd-c-api-$$$$.dat
+	head -c 16M /dev/urandom > /tmp/uffd-pager-unpriv/shim.dat && chmod 644 /tmp/uffd-pager-unpriv/shim.dat
+	install -m 644 preload/tests/hash.py /tmp/uffd-pager-unpriv/
+	cd /tmp && want=$$(/usr/bin/python3 /tmp/uffd-pager-unpriv/hash.py /tmp/uffd-pager-unpriv/shim.dat) && \
+		got=$$($(UNPRIV) env LD_PRELOAD=/tmp/uffd-pager-unpriv/c/lib/libuffd_pager_preload.so \
+			UFFD_PAGER_FILES='/tmp/uffd-pager-unpriv/*.dat' UFFD_PAGER_BUDGET=4M \
+			/usr/bin/python3 /tmp/uffd-pager-unpriv/hash.py /tmp/uffd-pager-unpriv/shim.dat) && \
+		test "$$want" = "$$got" && echo "shim as uid 65534: $$got"
 	rm -rf /tmp/uffd-pager-unpriv
 
 # The C library, installed under target/c (PREFIX=... elsewhere): lib/ has
