@@ -168,6 +168,12 @@ fn the_command_line_has_no_circles() {
     check("cli/src");
 }
 
+#[test]
+fn the_c_api_and_the_shim_have_no_circles() {
+    check("capi/src");
+    check("preload/src");
+}
+
 /// The checker finds a circle where there is one.
 #[test]
 fn a_circle_is_found() {
