@@ -64,9 +64,12 @@ fn set_errno(e: c_int) {
 pub(crate) mod sys {
     use std::ffi::{c_int, c_long, c_void};
 
-    /// A syscall's result as libc reports it: -1 and errno on failure.
+    /// mmap(2) as a raw system call; -1 and errno on failure, as libc's.
+    ///
+    /// # Safety
+    /// As mmap(2): a fixed mapping replaces whatever was there.
     #[inline]
-    pub fn mmap(
+    pub unsafe fn mmap(
         a: *mut c_void,
         len: usize,
         prot: c_int,
@@ -74,20 +77,35 @@ pub(crate) mod sys {
         fd: c_int,
         off: i64,
     ) -> *mut c_void {
-        // SAFETY: the kernel checks every argument; memory it maps or
-        // unmaps is the caller's to ask for (as with libc's mmap).
+        // SAFETY: the caller's contract.
         unsafe { libc::syscall(libc::SYS_mmap, a, len, prot, flags, fd, off) as *mut c_void }
     }
     /// A vectored read or write (`readv`, `preadv`, `writev`, `pwritev`):
     /// the offset, where there is one, goes as the low half of the
     /// kernel's (low, high) pair, which on x86-64 is all of it.
+    ///
+    /// # Safety
+    /// As the call `nr` names: `iov` points at `cnt` iovecs whose buffers
+    /// are valid for it.
     #[inline]
-    pub fn iov(nr: c_long, fd: c_int, iov: *const libc::iovec, cnt: c_int, off: i64) -> isize {
-        call(nr, fd as usize, iov as usize, cnt as usize, off as usize, 0) as isize
+    pub unsafe fn iov(
+        nr: c_long,
+        fd: c_int,
+        iov: *const libc::iovec,
+        cnt: c_int,
+        off: i64,
+    ) -> isize {
+        // SAFETY: the caller's contract.
+        unsafe { call(nr, fd as usize, iov as usize, cnt as usize, off as usize, 0) as isize }
     }
+    /// The system call `nr` with five arguments, as libc's `syscall`.
+    ///
+    /// # Safety
+    /// As the call `nr` names with these arguments (memory they point at
+    /// or map is the caller's to give).
     #[inline]
-    pub fn call(nr: c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> c_long {
-        // SAFETY: as above: the program's own call, passed on unchanged.
+    pub unsafe fn call(nr: c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> c_long {
+        // SAFETY: the caller's contract.
         unsafe { libc::syscall(nr, a, b, c, d, e) }
     }
 }
@@ -113,7 +131,8 @@ pub unsafe extern "C" fn mmap(
             return r;
         }
     }
-    sys::mmap(addr, len, prot, flags, fd, off)
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    unsafe { sys::mmap(addr, len, prot, flags, fd, off) }
 }
 
 /// mmap64(2): the same call on x86-64.
@@ -142,7 +161,8 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if programs_own() && maps::any() {
         return in_shim(|| maps::munmap(addr as usize, len));
     }
-    sys::call(libc::SYS_munmap, addr as usize, len, 0, 0, 0) as c_int
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    unsafe { sys::call(libc::SYS_munmap, addr as usize, len, 0, 0, 0) as c_int }
 }
 
 /// mremap(2). C declares it variadic (the new address comes only with
@@ -173,14 +193,17 @@ pub unsafe extern "C" fn mremap(
             return r;
         }
     }
-    sys::call(
-        libc::SYS_mremap,
-        old as usize,
-        old_len,
-        new_len,
-        flags as usize,
-        new_addr as usize,
-    ) as *mut c_void
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    unsafe {
+        sys::call(
+            libc::SYS_mremap,
+            old as usize,
+            old_len,
+            new_len,
+            flags as usize,
+            new_addr as usize,
+        ) as *mut c_void
+    }
 }
 
 /// mprotect(2).
@@ -194,7 +217,8 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
             return r;
         }
     }
-    sys::call(libc::SYS_mprotect, addr as usize, len, prot as usize, 0, 0) as c_int
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    unsafe { sys::call(libc::SYS_mprotect, addr as usize, len, prot as usize, 0, 0) as c_int }
 }
 
 /// msync(2): a pager mapping's dirty pages are written back first.
@@ -208,7 +232,8 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c
             return r;
         }
     }
-    sys::call(libc::SYS_msync, addr as usize, len, flags as usize, 0, 0) as c_int
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    unsafe { sys::call(libc::SYS_msync, addr as usize, len, flags as usize, 0, 0) as c_int }
 }
 
 /// madvise(2): MADV_DONTNEED and MADV_WILLNEED on pager memory go through
@@ -223,7 +248,8 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             return r;
         }
     }
-    sys::call(libc::SYS_madvise, addr as usize, len, advice as usize, 0, 0) as c_int
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    unsafe { sys::call(libc::SYS_madvise, addr as usize, len, advice as usize, 0, 0) as c_int }
 }
 
 /// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,
@@ -252,7 +278,8 @@ fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isiz
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
     coherent_write(fd, None, || {
-        sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize }
     })
 }
 
@@ -268,14 +295,17 @@ pub unsafe extern "C" fn pwrite(
     off: libc::off_t,
 ) -> isize {
     coherent_write(fd, Some(off), || {
-        sys::call(
-            libc::SYS_pwrite64,
-            fd as usize,
-            buf as usize,
-            n,
-            off as usize,
-            0,
-        ) as isize
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe {
+            sys::call(
+                libc::SYS_pwrite64,
+                fd as usize,
+                buf as usize,
+                n,
+                off as usize,
+                0,
+            ) as isize
+        }
     })
 }
 
@@ -300,7 +330,10 @@ pub unsafe extern "C" fn pwrite64(
 /// As writev(2).
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
-    coherent_write(fd, None, || sys::iov(libc::SYS_writev, fd, iov, cnt, 0))
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_write(fd, None, || unsafe {
+        sys::iov(libc::SYS_writev, fd, iov, cnt, 0)
+    })
 }
 
 /// pwritev(2), kept coherent with pager mappings of the file.
@@ -315,7 +348,8 @@ pub unsafe extern "C" fn pwritev(
     off: libc::off_t,
 ) -> isize {
     coherent_write(fd, Some(off), || {
-        sys::iov(libc::SYS_pwritev, fd, iov, cnt, off)
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::iov(libc::SYS_pwritev, fd, iov, cnt, off) }
     })
 }
 
@@ -352,7 +386,8 @@ fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     coherent_read(fd, || {
-        sys::call(libc::SYS_read, fd as usize, buf as usize, n, 0, 0) as isize
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::call(libc::SYS_read, fd as usize, buf as usize, n, 0, 0) as isize }
     })
 }
 
@@ -363,14 +398,17 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
 #[no_mangle]
 pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
     coherent_read(fd, || {
-        sys::call(
-            libc::SYS_pread64,
-            fd as usize,
-            buf as usize,
-            n,
-            off as usize,
-            0,
-        ) as isize
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe {
+            sys::call(
+                libc::SYS_pread64,
+                fd as usize,
+                buf as usize,
+                n,
+                off as usize,
+                0,
+            ) as isize
+        }
     })
 }
 
@@ -390,7 +428,8 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: lib
 /// As readv(2).
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
-    coherent_read(fd, || sys::iov(libc::SYS_readv, fd, iov, cnt, 0))
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe { sys::iov(libc::SYS_readv, fd, iov, cnt, 0) })
 }
 
 /// preadv(2), seeing what was stored through a pager mapping of the file.
@@ -404,7 +443,10 @@ pub unsafe extern "C" fn preadv(
     cnt: c_int,
     off: libc::off_t,
 ) -> isize {
-    coherent_read(fd, || sys::iov(libc::SYS_preadv, fd, iov, cnt, off))
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe {
+        sys::iov(libc::SYS_preadv, fd, iov, cnt, off)
+    })
 }
 
 /// preadv64(2): the same call on x86-64.

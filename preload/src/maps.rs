@@ -321,7 +321,9 @@ fn overlapping(st: &State, a: usize, b: usize) -> Vec<usize> {
 /// may already be there. The table lock is held throughout, so no pager
 /// mapping can be placed in the range meanwhile.
 pub fn munmap(addr: usize, len: usize) -> c_int {
-    let kernel = |a: usize, n: usize| sys::call(libc::SYS_munmap, a, n, 0, 0, 0) as c_int;
+    // SAFETY: the program asked for this call on this range (see the function's comment).
+    let kernel =
+        |a: usize, n: usize| unsafe { sys::call(libc::SYS_munmap, a, n, 0, 0, 0) as c_int };
     let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
     let mut guard = state();
     let Some(st) = guard.as_mut() else {
@@ -506,7 +508,8 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     }
     // Memory in the range outside pager mappings gets the kernel's advice.
     crate::set_errno(e);
-    let rc = sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int;
+    // SAFETY: the program asked for this call on this range (see the function's comment).
+    let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
     Some(if advice == libc::MADV_WILLNEED { 0 } else { rc })
 }
 
