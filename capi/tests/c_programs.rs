@@ -4,10 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `target/<profile>`, where cargo put the libraries.
+#[path = "../../tests/cdylib/build_lib.rs"]
+mod cdylib;
+use cdylib::build_lib;
+
+/// `target/<profile>`, with the libraries built.
 fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
+    build_lib("uffd-pager-capi")
 }
 
 fn scratch(name: &str) -> PathBuf {

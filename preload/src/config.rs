@@ -33,7 +33,9 @@ pub struct Config {
     /// `UFFD_PAGER_KIND`: how a file's pages are installed (shared memfd,
     /// the default, or anonymous copies for read-only mappings).
     pub kind: InstallKind,
-    /// `UFFD_PAGER_STATS`: where the counters go at exit (`.json`: JSON).
+    /// `UFFD_PAGER_STATS`: where the counters go at exit (`.json`: JSON;
+    /// `%p` is replaced by the process id), written by a process that made
+    /// a pager.
     pub stats: Option<String>,
     /// `UFFD_PAGER_VERBOSE=1`: one stderr line per decision.
     pub verbose: bool,

@@ -613,9 +613,15 @@ pub fn refresh(t: Target, n: u64) {
 pub fn unload() {
     let mut guard = state();
     let Some(st) = guard.as_mut() else { return };
+    // Only the process that made a pager reports: every process started
+    // under LD_PRELOAD loads the shim (a shell, `timeout`, the program's
+    // own children), and one that paged nothing must not overwrite the
+    // program's counters. A fork()ed child's copy of the pager serves
+    // nothing and reports nothing.
     // SAFETY: getpid has no preconditions.
-    if st.pager.is_some() && st.owner_pid != unsafe { libc::getpid() } {
-        return; // a fork()ed child's copy: the parent reports
+    let pid = unsafe { libc::getpid() };
+    if st.pager.is_none() || st.owner_pid != pid {
+        return;
     }
     let mut failed = Vec::new();
     for e in st.maps.iter().filter(|e| e.writable_shared) {
@@ -626,13 +632,16 @@ pub fn unload() {
     for m in failed {
         st.say(m);
     }
-    let Some(path) = st.cfg.stats.clone() else {
+    let Some(path) = st
+        .cfg
+        .stats
+        .as_ref()
+        .map(|p| p.replace("%p", &pid.to_string()))
+    else {
         return;
     };
-    let mut text = match &st.pager {
-        Some(p) => format!("{}\npolicy {}", p.stats(), p.policy()),
-        None => format!("policy {}", st.cfg.policy),
-    };
+    let pager = st.pager.as_ref().expect("checked above");
+    let mut text = format!("{}\npolicy {}", pager.stats(), pager.policy());
     for (k, v) in [
         ("preload_paged", &PAGED),
         ("preload_passed", &PASSED),

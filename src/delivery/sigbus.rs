@@ -160,7 +160,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 crate::sys::set_errno(saved);
                 return;
             }
-            Some(Resolution::Segv) => {
+            // The access is this thread's, now: no region is SIGSEGV.
+            Some(Resolution::Segv) | Some(Resolution::NoRegion) => {
                 // SAFETY: raise is async-signal-safe; SIGSEGV is not blocked
                 // here, so it is delivered as the handler returns.
                 unsafe { libc::raise(libc::SIGSEGV) };

@@ -212,6 +212,15 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
     match r {
         Ok(Resolution::Restart) => return false,
         Ok(Resolution::Resolved) | Ok(Resolution::Bus) => {}
+        // No region: the message may be stale (its thread left the kernel's
+        // wait early, on a signal or a spurious wake-up, faulted again, was
+        // woken when the other message for the page was served, and has
+        // since unmapped the region and gone on, perhaps into a new region
+        // at the same address). A signal would kill it at whatever it does
+        // now; a wake lets a thread that really waits run its access again,
+        // and the kernel answers it (SIGSEGV on the PROT_NONE or unmapped
+        // range, a new fault in a region mapped there since).
+        Ok(Resolution::NoRegion) => {}
         Ok(Resolution::Segv) => signal_thread(libc::SIGSEGV),
         Err(_) => {
             tracing::error!(

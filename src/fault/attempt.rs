@@ -111,7 +111,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                     }
                     Recheck::Denied => {
                         obj.cache.unlock(i, 0, 0);
-                        return Outcome::Segv;
+                        return Outcome::Denied;
                     }
                     Recheck::Failed => {
                         obj.cache.unlock(i, 0, 0);

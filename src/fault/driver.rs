@@ -73,7 +73,8 @@ pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access) -> Resolution {
     // No region, while events may be half applied: the application may
     // have just moved or mapped what this fault is for. Try again once they
     // are applied (a true SIGSEGV stays one).
-    if out == Outcome::Restart || (out == Outcome::Segv && mm.events.unsettled_since(epoch)) {
+    let refused = matches!(out, Outcome::Segv | Outcome::Denied);
+    if out == Outcome::Restart || (refused && mm.events.unsettled_since(epoch)) {
         return Resolution::Restart;
     }
     c.inc(PGFAULT);
@@ -85,10 +86,14 @@ pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access) -> Resolution {
         Outcome::Done => Resolution::Resolved,
         Outcome::Bus => Resolution::Bus,
         Outcome::Restart => Resolution::Restart,
+        Outcome::Denied => {
+            c.inc(SEGV);
+            Resolution::Segv
+        }
         // Abort and Retry never leave `global`.
         Outcome::Segv | Outcome::Abort | Outcome::Retry { .. } => {
             c.inc(SEGV);
-            Resolution::Segv
+            Resolution::NoRegion
         }
     }
 }

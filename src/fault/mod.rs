@@ -204,6 +204,9 @@ pub enum Outcome {
     Abort,
     /// No region at the address.
     Segv,
+    /// The region refuses the access: a write to a page of a read-only
+    /// store (SIGSEGV).
+    Denied,
     /// The page is poisoned (store read failed for good).
     Bus,
     /// An event is waiting to be read (an ioctl failed with EAGAIN): the
@@ -217,8 +220,16 @@ pub enum Outcome {
 pub enum Resolution {
     /// The page is present: let the access run again.
     Resolved,
-    /// SIGSEGV semantics: no region at the address.
+    /// SIGSEGV semantics: the region refuses the access.
     Segv,
+    /// No region at the address: SIGSEGV semantics for an access being
+    /// made now (in-thread delivery). A handler thread's fault message can
+    /// outlive its fault (the thread left the kernel's wait on a signal or a
+    /// spurious wake-up, faulted again, and the other message's wake let it
+    /// go on), so for a message this only means "wake the thread": if it
+    /// still waits, its access runs again against the kernel's view (which
+    /// raises SIGSEGV itself on a range being unmapped or gone).
+    NoRegion,
     /// SIGBUS semantics: the page is poisoned.
     Bus,
     /// Not resolved yet: a non-cooperative event must be read and applied
