@@ -69,7 +69,14 @@ pub fn run(d: &DemoArgs) -> CliResult {
     writeln!(out, "seed 003 (20 cores, 40/60/80 threads): vanilla 1069 / 1038 / 1043, retry-once 1400 / 1683 / 1768 rounds/s (+31 / +62 / +70%)").map_err(io)?;
     writeln!(out, "seed 003 mmap_lock contention: 3.19M / 4.39M / 5.34M vs 52K / 65K / 70K (−98.4 to −98.7%); seed 000 Miss/Drop 45% vs 0.03–1.69%").map_err(io)?;
     verdict_filemap(&mut out, &fm).map_err(io)?;
-    plot(&fm, &d.out_dir.join("demo-filemap.svg"), &mut out)?;
+    let seed003: [(&str, &[f64]); 2] = [
+        (
+            "seed 003 vanilla (40/60/80 threads)",
+            &[1069.0, 1038.0, 1043.0],
+        ),
+        ("seed 003 retry-once", &[1400.0, 1683.0, 1768.0]),
+    ];
+    plot(&fm, &d.out_dir.join("demo-filemap.svg"), &seed003, &mut out)?;
 
     // swap with 0/2/4/8 writers.
     let mut a = args(d.duration, "vanilla,retry-once");
@@ -79,7 +86,11 @@ pub fn run(d: &DemoArgs) -> CliResult {
     writeln!(out, "{}", sw.table()).map_err(io)?;
     writeln!(out, "seed 004 (page faults/s): writers 0 / 2 / 4 / 8: vanilla 17303 / 16728 / 12596 / 0.58, retry-once 17899 / 18347 / 16095 / 15421").map_err(io)?;
     verdict_swap(&mut out, &sw).map_err(io)?;
-    plot(&sw, &d.out_dir.join("demo-swap.svg"), &mut out)?;
+    let seed004: [(&str, &[f64]); 2] = [
+        ("seed 004 vanilla", &[17303.0, 16728.0, 12596.0, 0.58]),
+        ("seed 004 retry-once", &[17899.0, 18347.0, 16095.0, 15421.0]),
+    ];
+    plot(&sw, &d.out_dir.join("demo-swap.svg"), &seed004, &mut out)?;
 
     // populate-churn under each drain policy, one and four LRU shards.
     let mut a = args(d.duration.min(2.0), "vanilla");
@@ -109,11 +120,48 @@ pub fn run(d: &DemoArgs) -> CliResult {
     Ok(())
 }
 
-fn plot(s: &Sweep, path: &std::path::Path, out: &mut impl Write) -> CliResult {
-    s.plot(path, &format!("{}: throughput by {}", s.workload, s.knob))
+/// Plots ours solid and the seed's figures dashed, scaled to our baseline
+/// point (see [`Sweep::plot_with_seed`]).
+fn plot(
+    s: &Sweep,
+    path: &std::path::Path,
+    seed: &[(&str, &[f64])],
+    out: &mut impl Write,
+) -> CliResult {
+    let title = format!(
+        "{}: throughput by {} (dashed: the seed's, scaled to our first vanilla point)",
+        s.workload, s.knob
+    );
+    s.plot_with_seed(path, &title, seed)
         .map_err(CliError::Runtime)?;
     writeln!(out, "plot: {}", path.display())
         .map_err(|e| CliError::Runtime(format!("writing output: {e}")))
+}
+
+/// A goal a verdict line checks a figure against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Goal {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Goal {
+    fn met(self, v: f64) -> bool {
+        match self {
+            Goal::AtLeast(g) => v >= g,
+            Goal::AtMost(g) => v <= g,
+        }
+    }
+}
+
+/// `value{unit} (goal ≥ g{unit}: met)`, or `missed`.
+fn judged(v: f64, unit: &str, g: Goal) -> String {
+    let (op, x) = match g {
+        Goal::AtLeast(x) => ("≥", x),
+        Goal::AtMost(x) => ("≤", x),
+    };
+    let word = if g.met(v) { "met" } else { "missed" };
+    format!("{v:.2}{unit} (goal {op} {x}{unit}: {word})")
 }
 
 fn verdict_filemap(out: &mut impl Write, s: &Sweep) -> std::io::Result<()> {
@@ -122,16 +170,19 @@ fn verdict_filemap(out: &mut impl Write, s: &Sweep) -> std::io::Result<()> {
             continue;
         };
         let (cv, cr) = (van.stats.global_contended(), ro.stats.global_contended());
+        let change = if cv > 0 {
+            100.0 * (cr as f64 / cv as f64 - 1.0)
+        } else {
+            0.0
+        };
         writeln!(
             out,
-            "verdict: {v:>2} threads: retry-once/vanilla throughput {:.2}× (goal ≥ 1.3×); global-lock contention {} → {} ({:+.1}%, goal ≤ −95%); \
-             Miss/Drop vanilla {:.2}% (goal ≥ 30%) vs retry-once {:.2}% (goal ≤ 2%); global read wait {:.3}s → {:.3}s",
-            ro.throughput() / van.throughput().max(1e-9),
-            cv,
-            cr,
-            if cv > 0 { 100.0 * (cr as f64 / cv as f64 - 1.0) } else { 0.0 },
-            van.stats.miss_drop_pct(),
-            ro.stats.miss_drop_pct(),
+            "verdict: {v:>2} threads: retry-once/vanilla throughput {}; global-lock contention {cv} → {cr} {}; \
+             Miss/Drop vanilla {} vs retry-once {}; global read wait {:.3}s → {:.3}s",
+            judged(ro.throughput() / van.throughput().max(1e-9), "×", Goal::AtLeast(1.3)),
+            judged(change, "%", Goal::AtMost(-95.0)),
+            judged(van.stats.miss_drop_pct(), "%", Goal::AtLeast(30.0)),
+            judged(ro.stats.miss_drop_pct(), "%", Goal::AtMost(2.0)),
             van.stats.global.read_wait_ns as f64 / 1e9,
             ro.stats.global.read_wait_ns as f64 / 1e9,
         )?;
@@ -145,21 +196,43 @@ fn verdict_swap(out: &mut impl Write, s: &Sweep) -> std::io::Result<()> {
         let (Some(zero), Some(most)) = (s.get(0, li), s.get(last, li)) else {
             continue;
         };
-        let goal = if li == 0 {
-            "seed 0.003%, goal ≤ 10%"
+        let (seed, goal) = if li == 0 {
+            ("0.003%", Goal::AtMost(10.0))
         } else {
-            "seed 86%, goal ≥ 80%"
+            ("86%", Goal::AtLeast(80.0))
         };
         writeln!(
             out,
-            "verdict: {:<12} at {} writers runs at {:.1}% of its {}-writer throughput ({goal}); global read wait {:.3}s, contended reads {}",
+            "verdict: {:<12} at {} writers runs at {} of its {}-writer throughput (seed {seed}); global read wait {:.3}s, contended reads {}",
             s.labels[li],
             s.values[last],
-            pct(most.throughput(), zero.throughput()),
+            judged(pct(most.throughput(), zero.throughput()), "%", goal),
             s.values[0],
             most.stats.global.read_wait_ns as f64 / 1e9,
             most.stats.global.read_contended,
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verdict_says_met_or_missed() {
+        assert_eq!(
+            judged(1.42, "×", Goal::AtLeast(1.3)),
+            "1.42× (goal ≥ 1.3×: met)"
+        );
+        assert_eq!(
+            judged(-49.0, "%", Goal::AtMost(-95.0)),
+            "-49.00% (goal ≤ -95%: missed)"
+        );
+        assert_eq!(
+            judged(2.0, "%", Goal::AtMost(2.0)),
+            "2.00% (goal ≤ 2%: met)"
+        );
+        assert!(!Goal::AtLeast(30.0).met(29.99));
+    }
 }

@@ -207,16 +207,41 @@ impl Sweep {
     /// Writes an SVG line chart of throughput against the swept knob, one
     /// line per label.
     pub fn plot(&self, path: &std::path::Path, title: &str) -> Result<(), String> {
+        self.plot_with_seed(path, title, &[])
+    }
+
+    /// [`Sweep::plot`], with a published series drawn dashed beside each
+    /// of ours: `seed[i]` is `(label, y values)` for our label `i`, its
+    /// n-th value at our n-th knob value, scaled so that the seed's first
+    /// point of its first series lands on ours (the seeds' machines are not
+    /// this one: the shape is what compares). Ticks on the knob axis are
+    /// whole numbers.
+    pub fn plot_with_seed(
+        &self,
+        path: &std::path::Path,
+        title: &str,
+        seed: &[(&str, &[f64])],
+    ) -> Result<(), String> {
         use plotters::prelude::*;
         let err = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+        let scale = match (seed.first().and_then(|s| s.1.first()), self.get(0, 0)) {
+            (Some(&s0), Some(r)) if s0 > 0.0 => r.throughput() / s0,
+            _ => 0.0,
+        };
+        let seed_pts = |li: usize| -> Vec<(f64, f64)> {
+            seed.get(li).map_or(Vec::new(), |(_, ys)| {
+                self.values
+                    .iter()
+                    .zip(ys.iter())
+                    .map(|(&x, &y)| (x as f64, y * scale))
+                    .collect()
+            })
+        };
         let xmax = self.values.iter().copied().max().unwrap_or(1) as f64;
         let xmin = self.values.iter().copied().min().unwrap_or(0) as f64;
-        let ymax = self
-            .runs
-            .iter()
-            .map(|r| r.2.throughput())
-            .fold(0.0, f64::max)
-            * 1.1;
+        let ours = self.runs.iter().map(|r| r.2.throughput());
+        let theirs = (0..seed.len()).flat_map(|li| seed_pts(li).into_iter().map(|p| p.1));
+        let ymax = ours.chain(theirs).fold(0.0, f64::max) * 1.1;
         let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let span = if xmax > xmin { xmax - xmin } else { 1.0 };
@@ -231,12 +256,37 @@ impl Sweep {
             )
             .map_err(|e| err(&e))?;
         let unit = self.runs.first().map_or("ops", |r| r.2.unit);
+        let whole = |x: &f64| {
+            if (x - x.round()).abs() < 1e-6 {
+                format!("{}", x.round() as i64)
+            } else {
+                String::new()
+            }
+        };
         chart
             .configure_mesh()
             .x_desc(self.knob)
             .y_desc(format!("{unit}/s"))
+            .x_labels(((xmax - xmin) as usize + 2).min(48))
+            .x_label_formatter(&whole)
             .draw()
             .map_err(|e| err(&e))?;
+        for (li, (label, _)) in seed.iter().enumerate() {
+            let color = Palette99::pick(li).to_rgba();
+            let dashed = DashedLineSeries::new(seed_pts(li), 6, 4, color.stroke_width(1));
+            chart
+                .draw_series(dashed)
+                .map_err(|e| err(&e))?
+                .label(label.to_string())
+                .legend(move |(x, y)| {
+                    plotters::element::DashedPathElement::new(
+                        vec![(x, y), (x + 20, y)],
+                        4,
+                        3,
+                        color,
+                    )
+                });
+        }
         for (li, label) in self.labels.iter().enumerate() {
             let color = Palette99::pick(li).to_rgba();
             let pts: Vec<(f64, f64)> = (0..self.values.len())
