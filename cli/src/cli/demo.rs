@@ -78,6 +78,18 @@ pub fn run(d: &DemoArgs) -> CliResult {
     ];
     plot(&fm, &d.out_dir.join("demo-filemap.svg"), &seed003, &mut out)?;
 
+    // filemap again with seed 000's noise: a thread per CPU preempting the
+    // faulting threads (see `workload::noise`).
+    let mut a = args(d.duration, "vanilla,retry-once");
+    a.threads = vec![16];
+    a.writers = vec![2];
+    a.noise = cpus;
+    let fmn = sweep(Which::Filemap, &a)?;
+    writeln!(out, "\n== filemap with noise (seed 000's noise variant): as above at 16 threads, plus {cpus} noise threads (one per CPU, nice −10, 10 µs slice, spin 5 µs / sleep 50 µs)").map_err(io)?;
+    writeln!(out, "{}", fmn.table()).map_err(io)?;
+    writeln!(out, "seed 000 (noise variant): Miss/Drop 44.6% vanilla").map_err(io)?;
+    verdict_filemap(&mut out, &fmn).map_err(io)?;
+
     // swap with 0/2/4/8 writers.
     let mut a = args(d.duration, "vanilla,retry-once");
     a.writers = vec![0, 2, 4, 8];

@@ -76,6 +76,11 @@ pub struct WorkloadArgs {
     /// Microseconds each writer pauses between map/unmap loops.
     #[arg(long, default_value_t = 0)]
     pub writer_pause_us: u64,
+    /// filemap, swap: scheduler-noise threads, seed 000's noise variant:
+    /// each pinned to a CPU in turn at nice -10 with a 10 µs EEVDF slice,
+    /// spinning 5 µs and sleeping 50 µs in a loop (priority needs root)
+    #[arg(long, default_value_t = 0)]
+    pub noise: usize,
     /// populate-churn: drain policies to compare.
     #[arg(
         long,
@@ -192,6 +197,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         threads: a.threads.first().copied().unwrap_or(threads),
         writers: a.writers.first().copied().unwrap_or(writers),
         writer_pause: Duration::from_micros(a.writer_pause_us),
+        noise: a.noise,
         duration: Duration::from_secs_f64(a.duration),
         seed: a.seed,
         policy: a.policy[0],

@@ -19,6 +19,9 @@ pub struct Knobs {
     /// with few CPUs, writers that never pause starve the workers of CPU,
     /// which measures the scheduler rather than the lock.
     pub writer_pause: Duration,
+    /// Scheduler-noise threads (seed 000's noise variant, see
+    /// [`super::noise`]); filemap and swap start them.
+    pub noise: usize,
     /// How long to run.
     pub duration: Duration,
     /// RNG seed.
@@ -57,6 +60,7 @@ impl Default for Knobs {
             threads: 4,
             writers: 0,
             writer_pause: Duration::ZERO,
+            noise: 0,
             duration: Duration::from_secs(2),
             seed: 1,
             policy: Policy::default(),

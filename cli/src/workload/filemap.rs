@@ -5,6 +5,7 @@
 //! `threads × pages`, so reclaim runs all the time. Throughput is rounds/s.
 
 use super::common::{cpu_time, pattern, pattern_stores, Knobs, RunResult, Writers};
+use super::noise::Noise;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +26,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
+    let noise = Noise::start(k.noise, deadline);
     let rounds: Result<u64> = std::thread::scope(|s| {
         let hs: Vec<_> = stores
             .iter()
@@ -54,6 +56,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
             .sum()
     });
     let writer_loops = writers.stop();
+    let (noise_loops, noise_prioritised) = noise.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let rounds = rounds?;
     Ok(RunResult {
@@ -68,6 +71,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
         extra: vec![
             ("mismatches", mismatches.load(Relaxed) as f64),
             ("writer_loops", writer_loops as f64),
+            ("noise_loops", noise_loops as f64),
+            ("noise_prioritised", noise_prioritised as f64),
         ],
     })
 }

@@ -6,6 +6,7 @@ pub mod churn;
 pub mod common;
 pub mod filemap;
 pub mod launch;
+pub mod noise;
 pub mod pattern_file;
 pub mod random;
 pub mod scan;

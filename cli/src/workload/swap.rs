@@ -8,6 +8,7 @@
 use super::common::{
     cpu_time, pattern, pattern_stores, sum_over_threads, Knobs, Rng, RunResult, Writers,
 };
+use super::noise::Noise;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +35,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
+    let noise = Noise::start(k.noise, deadline);
     let reads = sum_over_threads(k.threads, |_| {
         let mut n = 0u64;
         'run: loop {
@@ -53,6 +55,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
         n
     });
     let writer_loops = writers.stop();
+    let (noise_loops, noise_prioritised) = noise.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let stats = pager.stats();
     drop(region);
@@ -68,6 +71,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
         extra: vec![
             ("mismatches", mismatches.load(Relaxed) as f64),
             ("writer_loops", writer_loops as f64),
+            ("noise_loops", noise_loops as f64),
+            ("noise_prioritised", noise_prioritised as f64),
         ],
     })
 }
