@@ -30,6 +30,7 @@ mod engine;
 mod evict;
 mod far;
 mod floor;
+pub mod kernel_baseline;
 mod random_floor;
 mod scale;
 mod wakeup;

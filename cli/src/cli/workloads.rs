@@ -81,6 +81,14 @@ pub struct WorkloadArgs {
     /// spinning 5 µs and sleeping 50 µs in a loop (priority needs root)
     #[arg(long, default_value_t = 0)]
     pub noise: usize,
+    /// random: `kernel` runs the kernel's own mmap of the same file beside
+    /// the engine, each side in a memory cgroup of the budget plus the
+    /// fixed overhead, on a disk file system (`--baseline-dir`); needs root
+    #[arg(long, value_parser = ["kernel"])]
+    pub baseline: Option<String>,
+    /// random --baseline kernel: where the file goes (a disk file system)
+    #[arg(long, default_value = "/var/tmp")]
+    pub baseline_dir: PathBuf,
     /// populate-churn: drain policies to compare.
     #[arg(
         long,
@@ -335,6 +343,9 @@ pub fn progress(total: u64, seconds: f64) -> indicatif::ProgressBar {
 
 /// `uffd-pager bench <workload>`.
 pub fn run(w: Which, a: &WorkloadArgs) -> CliResult {
+    if a.baseline.is_some() {
+        return run_kernel_baseline(w, a);
+    }
     let sw = sweep(w, a)?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
@@ -352,6 +363,85 @@ pub fn run(w: Which, a: &WorkloadArgs) -> CliResult {
         if !a.json && !a.csv {
             writeln!(out, "plot written to {}", p.display()).map_err(io)?;
         }
+    }
+    Ok(())
+}
+
+/// `--baseline kernel`: the engine and the kernel's mmap, each in a memory
+/// cgroup of the same limit (see [`crate::bench::kernel_baseline`]).
+fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
+    if !matches!(w, Which::Random) {
+        return Err(CliError::Usage(
+            "--baseline kernel is implemented for `bench random` only (scan and filemap: not yet)"
+                .into(),
+        ));
+    }
+    if a.threads.len() > 1 || a.policy.len() > 1 || a.writers.len() > 1 {
+        return Err(CliError::Usage(
+            "--baseline kernel runs one configuration: give one --policy, --threads and --writers"
+                .into(),
+        ));
+    }
+    let (_, _, k) = plan(w, a)?;
+    let (sides, version, limit) =
+        uffd_pager_cli::bench::kernel_baseline::random(&k, &a.baseline_dir)
+            .map_err(CliError::Runtime)?;
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
+    let threads = k.threads.max(1);
+    writeln!(
+        out,
+        "random, kernel baseline: {} pages ({} MiB) on {}, budget {} pages, cgroup {version} limit {} MiB (budget + {} MiB), {threads} thread(s), {:.1} s per side",
+        4 * k.budget_pages,
+        (4 * k.budget_pages * 4096) >> 20,
+        a.baseline_dir.display(),
+        k.budget_pages,
+        limit >> 20,
+        uffd_pager_cli::bench::kernel_baseline::OVERHEAD >> 20,
+        k.duration.as_secs_f64(),
+    )
+    .map_err(io)?;
+    writeln!(out, "| side | reads/s | µs per page | vs engine | faults (pager / cgroup) | major (pager / cgroup) | reclaimed (pager / cgroup) | cgroup peak MiB | mismatches |").map_err(io)?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|").map_err(io)?;
+    let engine_rate = sides
+        .first()
+        .map_or(0.0, |s| s.reads as f64 / s.secs.max(1e-9));
+    for s in &sides {
+        if let Some(why) = &s.killed {
+            writeln!(
+                out,
+                "| {} | {why} | | | – / {} | – / {} | – / {} | {} | |",
+                s.name,
+                s.cgroup.pgfault,
+                s.cgroup.pgmajfault,
+                s.cgroup.reclaimed,
+                s.cgroup.peak_bytes >> 20
+            )
+            .map_err(io)?;
+            continue;
+        }
+        let rate = s.reads as f64 / s.secs.max(1e-9);
+        writeln!(
+            out,
+            "| {} | {rate:.0} | {:.2} | {:.2}× | {} / {} | {} / {} | {} / {} | {} | {} |",
+            s.name,
+            s.us_per_page(threads),
+            if rate > 0.0 { engine_rate / rate } else { 0.0 },
+            s.pager[0],
+            s.cgroup.pgfault,
+            s.pager[1],
+            s.cgroup.pgmajfault,
+            s.pager[2],
+            s.cgroup.reclaimed,
+            s.cgroup.peak_bytes >> 20,
+            s.mismatches,
+        )
+        .map_err(io)?;
+    }
+    if sides.iter().any(|s| s.mismatches > 0) {
+        return Err(CliError::Runtime(
+            "a side read a word that differs from the file".into(),
+        ));
     }
     Ok(())
 }

@@ -155,6 +155,19 @@ pub unsafe fn dontneed_batch(ranges: &[(usize, usize)]) -> Result<(), Errno> {
     })
 }
 
+/// Whether `dir` is on tmpfs (its files live in memory).
+pub fn on_tmpfs(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a zeroed statfs is a valid out-parameter; `c` is a path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

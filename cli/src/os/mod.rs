@@ -9,6 +9,7 @@
 //! written here against the kernel ABI with `libc`, each piece documented
 //! where it is defined.
 
+pub mod cgroup;
 pub mod mem;
 pub mod signal;
 pub mod uffd;

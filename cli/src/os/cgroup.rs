@@ -1,0 +1,143 @@
+//! Memory cgroups for the kernel baseline: one made for a run, a limit
+//! written to it, a process moved in, its statistics read back, and the
+//! group removed. cgroup v2 (`memory.max`) where the unified hierarchy has
+//! the memory controller, else v1 (`memory.limit_in_bytes`), as on this
+//! project's machine kind. Needs root; without it [`MemCgroup::create`]
+//! fails with a message.
+
+use std::path::{Path, PathBuf};
+
+/// A memory cgroup of this process's making; removed on drop.
+#[derive(Debug)]
+pub struct MemCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+/// What a cgroup's files said after a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MemStat {
+    /// Page faults charged to the group (`pgfault`).
+    pub pgfault: u64,
+    /// Major page faults (`pgmajfault`).
+    pub pgmajfault: u64,
+    /// Pages reclaimed: v2 `pgsteal`, v1 `pgpgout` (pages uncharged).
+    pub reclaimed: u64,
+    /// The most memory the group held (`memory.peak`, v1
+    /// `memory.max_usage_in_bytes`).
+    pub peak_bytes: u64,
+    /// OOM kills in the group.
+    pub oom_kills: u64,
+}
+
+fn read_keyed(path: &Path, key: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok()).flatten()
+            })
+        })
+        .unwrap_or(0)
+}
+
+fn read_num(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+impl MemCgroup {
+    /// Makes a group named `name` with `limit` bytes of memory (no swap on
+    /// this machine kind; where there is swap, v2's `memory.swap.max` is
+    /// set to 0 too).
+    pub fn create(name: &str, limit: u64) -> Result<MemCgroup, String> {
+        let unified = Path::new("/sys/fs/cgroup/cgroup.controllers");
+        let v2 = std::fs::read_to_string(unified)
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+        let root = if v2 {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/memory")
+        };
+        if !root
+            .join(if v2 {
+                "cgroup.procs"
+            } else {
+                "memory.limit_in_bytes"
+            })
+            .exists()
+        {
+            return Err("no memory cgroup controller is mounted (cgroup v2 with memory, or v1 at /sys/fs/cgroup/memory)".into());
+        }
+        let dir = root.join(name);
+        std::fs::create_dir(&dir).map_err(|e| {
+            format!(
+                "creating the memory cgroup {} ({e}): the kernel baseline needs root",
+                dir.display()
+            )
+        })?;
+        let g = MemCgroup { dir, v2 };
+        let (file, value) = if v2 {
+            ("memory.max", limit.to_string())
+        } else {
+            ("memory.limit_in_bytes", limit.to_string())
+        };
+        g.write(file, &value)?;
+        if v2 && g.dir.join("memory.swap.max").exists() {
+            g.write("memory.swap.max", "0")?;
+        }
+        Ok(g)
+    }
+
+    fn write(&self, file: &str, value: &str) -> Result<(), String> {
+        let p = self.dir.join(file);
+        std::fs::write(&p, value).map_err(|e| format!("writing {value} to {}: {e}", p.display()))
+    }
+
+    /// Moves process `pid` (all its threads) into the group. Memory it
+    /// charged before stays where it was charged.
+    pub fn add(&self, pid: i32) -> Result<(), String> {
+        self.write("cgroup.procs", &pid.to_string())
+    }
+
+    /// The group's statistics now.
+    pub fn stat(&self) -> MemStat {
+        let stat = self.dir.join("memory.stat");
+        if self.v2 {
+            MemStat {
+                pgfault: read_keyed(&stat, "pgfault"),
+                pgmajfault: read_keyed(&stat, "pgmajfault"),
+                reclaimed: read_keyed(&stat, "pgsteal"),
+                peak_bytes: read_num(&self.dir.join("memory.peak")),
+                oom_kills: read_keyed(&self.dir.join("memory.events"), "oom_kill"),
+            }
+        } else {
+            MemStat {
+                pgfault: read_keyed(&stat, "pgfault"),
+                pgmajfault: read_keyed(&stat, "pgmajfault"),
+                reclaimed: read_keyed(&stat, "pgpgout"),
+                peak_bytes: read_num(&self.dir.join("memory.max_usage_in_bytes")),
+                oom_kills: read_keyed(&self.dir.join("memory.oom_control"), "oom_kill"),
+            }
+        }
+    }
+
+    /// `v2` or `v1`, for reports.
+    pub fn version(&self) -> &'static str {
+        if self.v2 {
+            "v2 memory.max"
+        } else {
+            "v1 memory.limit_in_bytes"
+        }
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        // The processes run in it have exited; an empty group can go.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
