@@ -401,7 +401,7 @@ fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
         k.duration.as_secs_f64(),
     )
     .map_err(io)?;
-    writeln!(out, "| side | reads/s | µs per page | vs engine | faults (pager / cgroup) | major (pager / cgroup) | reclaimed (pager / cgroup) | cgroup peak MiB | mismatches |").map_err(io)?;
+    writeln!(out, "| side | reads/s | µs per page | engine ÷ side | faults (pager / cgroup) | major (pager / cgroup) | reclaimed (pager / cgroup) | cgroup peak MiB | mismatches |").map_err(io)?;
     writeln!(out, "|---|---|---|---|---|---|---|---|---|").map_err(io)?;
     let engine_rate = sides
         .first()
@@ -423,10 +423,14 @@ fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
         let rate = s.reads as f64 / s.secs.max(1e-9);
         writeln!(
             out,
-            "| {} | {rate:.0} | {:.2} | {:.2}× | {} / {} | {} / {} | {} / {} | {} | {} |",
+            "| {} | {rate:.0} | {:.2} | {} | {} / {} | {} / {} | {} / {} | {} | {} |",
             s.name,
             s.us_per_page(threads),
-            if rate > 0.0 { engine_rate / rate } else { 0.0 },
+            if rate > 0.0 && engine_rate > 0.0 {
+                format!("{:.2}×", engine_rate / rate)
+            } else {
+                "–".to_string()
+            },
             s.pager[0],
             s.cgroup.pgfault,
             s.pager[1],
