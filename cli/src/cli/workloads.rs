@@ -368,7 +368,7 @@ pub fn run(w: Which, a: &WorkloadArgs) -> CliResult {
 }
 
 /// `--baseline kernel`: the engine and the kernel's mmap, each in a memory
-/// cgroup of the same limit (see [`crate::bench::kernel_baseline`]).
+/// cgroup of the same limit (see [`uffd_pager_cli::bench::kernel_baseline`]).
 fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
     if !matches!(w, Which::Random) {
         return Err(CliError::Usage(
