@@ -288,7 +288,7 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
                 0
             };
             let pinned = if vma.pinned { PINNED } else { 0 };
-            let moved = if moved { MOVED } else { 0 };
+            let mut moved = if moved { MOVED } else { 0 };
             // An anonymous page mapped read-only cannot change: clean,
             // unless its contents are newer than its source (a write-back
             // that failed, or a page read back from swap).
@@ -300,6 +300,15 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             } else {
                 0
             };
+            // A clean page copied into a read-only region (a move is not
+            // allowed there) has its contents twice: in the region and in
+            // the cache area it was read into. The store still holds them,
+            // so the area's copy goes at once, as `read_and_copy` keeps
+            // none: otherwise every resident page costs two, and the
+            // budget bounds only half of the memory.
+            if clean != 0 && moved == 0 && !zero && obj.free_data(i, 1).is_ok() {
+                moved = MOVED;
+            }
             obj.cache.unlock(
                 i,
                 UPTODATE | MAPPED | REFERENCED | dirty | pinned | moved | clean,
