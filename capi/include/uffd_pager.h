@@ -429,7 +429,6 @@ void uffd_pager_map_options_init(struct uffd_pager_map_options *o);
 
 /**
  * Maps `len` bytes (a multiple of 4096) of zero-filled anonymous memory.
- * `opts` may be NULL; its kind is ignored (always anonymous).
  *
  * # Safety
  * `p` is a live pager; `out` points at writable memory for a pointer.

@@ -77,21 +77,38 @@ pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i3
     })
 }
 
-/// Hands `r` to C in `*out`.
-fn deliver(r: engine::Result<Region>, out: *mut *mut uffd_pager_region) -> i32 {
-    match r {
-        Ok(region) => {
-            // SAFETY: `out` was checked non-NULL by the caller and points at
-            // a pointer (the header's contract).
-            unsafe { out.write(Box::into_raw(Box::new(uffd_pager_region { region }))) };
-            0
+/// What every map call shares: checks `p` and `out`, reads `opts` (NULL:
+/// the defaults), runs `map`, and hands the region to C in `*out`. `map`
+/// may refuse with a negative errno of its own.
+pub(crate) fn map_with(
+    p: *const uffd_pager,
+    opts: *const uffd_pager_map_options,
+    out: *mut *mut uffd_pager_region,
+    map: impl FnOnce(&engine::Pager, MapOptions) -> Result<engine::Result<Region>, i32>,
+) -> i32 {
+    guard(|| {
+        non_null!(p);
+        non_null!(out);
+        let o = match options(opts) {
+            Ok(o) => o,
+            Err(rc) => return rc,
+        };
+        // SAFETY: a live pager handle (the header's contract).
+        let p = unsafe { &(*p).pager };
+        match map(p, o) {
+            Ok(Ok(region)) => {
+                // SAFETY: `out` is non-NULL (checked above) and points at a
+                // pointer (the header's contract).
+                unsafe { out.write(Box::into_raw(Box::new(uffd_pager_region { region }))) };
+                0
+            }
+            Ok(Err(e)) => fail_with(&e),
+            Err(rc) => rc,
         }
-        Err(e) => fail_with(&e),
-    }
+    })
 }
 
 /// Maps `len` bytes (a multiple of 4096) of zero-filled anonymous memory.
-/// `opts` may be NULL; its kind is ignored (always anonymous).
 ///
 /// # Safety
 /// `p` is a live pager; `out` points at writable memory for a pointer.
@@ -101,13 +118,7 @@ pub unsafe extern "C" fn uffd_pager_map_anonymous(
     len: usize,
     out: *mut *mut uffd_pager_region,
 ) -> i32 {
-    guard(|| {
-        non_null!(p);
-        non_null!(out);
-        // SAFETY: the caller's contract.
-        let p = unsafe { &*p };
-        deliver(p.pager.map_anonymous(len), out)
-    })
+    map_with(p, std::ptr::null(), out, |p, _| Ok(p.map_anonymous(len)))
 }
 
 /// Maps the file at `path`: `len` bytes from its start, or the whole file
@@ -124,20 +135,16 @@ pub unsafe extern "C" fn uffd_pager_map_file(
     opts: *const uffd_pager_map_options,
     out: *mut *mut uffd_pager_region,
 ) -> i32 {
-    guard(|| {
-        non_null!(p);
-        non_null!(path);
-        non_null!(out);
-        // SAFETY: the caller's contract.
-        let (p, path) = unsafe { (&*p, CStr::from_ptr(path)) };
-        let path = std::path::Path::new(
-            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
-        );
-        let o = match options(opts) {
-            Ok(o) => o,
-            Err(rc) => return rc,
-        };
-        deliver(p.pager.map_file(path, (len > 0).then_some(len), &o), out)
+    if path.is_null() {
+        return fail(libc::EINVAL, "path is NULL");
+    }
+    // SAFETY: a NUL-terminated string (the caller's contract).
+    let path = unsafe { CStr::from_ptr(path) };
+    let path = std::path::Path::new(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
+    );
+    map_with(p, opts, out, |p, o| {
+        Ok(p.map_file(path, (len > 0).then_some(len), &o))
     })
 }
 
@@ -202,21 +209,10 @@ pub unsafe extern "C" fn uffd_pager_map_fd(
     opts: *const uffd_pager_map_options,
     out: *mut *mut uffd_pager_region,
 ) -> i32 {
-    guard(|| {
-        non_null!(p);
-        non_null!(out);
-        // SAFETY: the caller's contract.
-        let p = unsafe { &*p };
-        let o = match options(opts) {
-            Ok(o) => o,
-            Err(rc) => return rc,
-        };
+    map_with(p, opts, out, |p, o| {
         let writable = o.writable && o.kind == InstallKind::Shared;
-        let store = match fd_store(fd, offset, len, writable) {
-            Ok(s) => s,
-            Err(rc) => return rc,
-        };
-        deliver(p.pager.map_store(store, len, &o), out)
+        let store = fd_store(fd, offset, len, writable)?;
+        Ok(p.map_store(store, len, &o))
     })
 }
 

@@ -1,7 +1,7 @@
 //! `uffd_pager_store`: a store whose pages come from C callbacks.
 
-use crate::region::{options, uffd_pager_region};
-use crate::{fail, fail_with, guard, non_null, uffd_pager};
+use crate::region::{map_with, uffd_pager_region};
+use crate::{fail, uffd_pager};
 use engine::store::{Store, StoreError};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -95,29 +95,16 @@ pub unsafe extern "C" fn uffd_pager_map_store(
     opts: *const crate::region::uffd_pager_map_options,
     out: *mut *mut uffd_pager_region,
 ) -> i32 {
-    guard(|| {
-        non_null!(p);
-        non_null!(store);
-        non_null!(out);
-        // SAFETY: the caller's contract.
-        let (p, s) = unsafe { (&*p, CStore(*store)) };
-        if s.0.read.is_none() || !s.0.len.is_multiple_of(engine::PAGE_SIZE as u64) {
-            return fail(
-                libc::EINVAL,
-                "a store needs a read callback and a whole-page len",
-            );
-        }
-        let o = match options(opts) {
-            Ok(o) => o,
-            Err(rc) => return rc,
-        };
-        match p.pager.map_store(Arc::new(s), len, &o) {
-            Ok(region) => {
-                // SAFETY: the caller's contract.
-                unsafe { out.write(Box::into_raw(Box::new(uffd_pager_region { region }))) };
-                0
-            }
-            Err(e) => fail_with(&e),
-        }
-    })
+    if store.is_null() {
+        return fail(libc::EINVAL, "store is NULL");
+    }
+    // SAFETY: points at a store struct (the caller's contract); copied.
+    let s = CStore(unsafe { *store });
+    if s.0.read.is_none() || !s.0.len.is_multiple_of(engine::PAGE_SIZE as u64) {
+        return fail(
+            libc::EINVAL,
+            "a store needs a read callback and a whole-page len",
+        );
+    }
+    map_with(p, opts, out, |p, o| Ok(p.map_store(Arc::new(s), len, &o)))
 }

@@ -206,19 +206,45 @@ pub unsafe extern "C" fn mremap(
     }
 }
 
+/// The shim's answer to a memory call if pager memory is involved
+/// (`served` returns it), else the kernel's: the system call `nr` with
+/// three arguments.
+///
+/// # Safety
+/// As the call `nr` names with these arguments.
+unsafe fn served_or_kernel(
+    served: impl FnOnce() -> Option<c_int>,
+    nr: std::ffi::c_long,
+    a: usize,
+    b: usize,
+    c: usize,
+) -> c_int {
+    if programs_own() && maps::any() {
+        if let Some(r) = in_shim(served) {
+            return r;
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { sys::call(nr, a, b, c, 0, 0) as c_int }
+}
+
 /// mprotect(2).
 ///
 /// # Safety
 /// As mprotect(2).
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    if programs_own() && maps::any() {
-        if let Some(r) = in_shim(|| maps::mprotect(addr as usize, len, prot)) {
-            return r;
-        }
+    // SAFETY: the program's own call, passed on unchanged: its contract is
+    // this function's caller's.
+    unsafe {
+        served_or_kernel(
+            || maps::mprotect(addr as usize, len, prot),
+            libc::SYS_mprotect,
+            addr as usize,
+            len,
+            prot as usize,
+        )
     }
-    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    unsafe { sys::call(libc::SYS_mprotect, addr as usize, len, prot as usize, 0, 0) as c_int }
 }
 
 /// msync(2): a pager mapping's dirty pages are written back first.
@@ -227,13 +253,17 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
 /// As msync(2).
 #[no_mangle]
 pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
-    if programs_own() && maps::any() {
-        if let Some(r) = in_shim(|| maps::msync(addr as usize, len)) {
-            return r;
-        }
+    // SAFETY: the program's own call, passed on unchanged: its contract is
+    // this function's caller's.
+    unsafe {
+        served_or_kernel(
+            || maps::msync(addr as usize, len),
+            libc::SYS_msync,
+            addr as usize,
+            len,
+            flags as usize,
+        )
     }
-    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    unsafe { sys::call(libc::SYS_msync, addr as usize, len, flags as usize, 0, 0) as c_int }
 }
 
 /// madvise(2): MADV_DONTNEED and MADV_WILLNEED on pager memory go through
@@ -243,13 +273,17 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c
 /// As madvise(2).
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    if programs_own() && maps::any() {
-        if let Some(r) = in_shim(|| maps::madvise(addr as usize, len, advice)) {
-            return r;
-        }
+    // SAFETY: the program's own call, passed on unchanged: its contract is
+    // this function's caller's.
+    unsafe {
+        served_or_kernel(
+            || maps::madvise(addr as usize, len, advice),
+            libc::SYS_madvise,
+            addr as usize,
+            len,
+            advice as usize,
+        )
     }
-    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    unsafe { sys::call(libc::SYS_madvise, addr as usize, len, advice as usize, 0, 0) as c_int }
 }
 
 /// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,

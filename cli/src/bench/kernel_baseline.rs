@@ -57,6 +57,27 @@ impl Side {
     }
 }
 
+/// Reads random words of the `pages`-page mapping at `base` for
+/// `k.duration`: (reads, seconds).
+///
+/// # Safety
+/// `base` maps `pages` readable pages of the pattern file for the call.
+unsafe fn timed_reads(base: usize, pages: usize, k: &Knobs, mismatches: &AtomicU64) -> (u64, f64) {
+    let t0 = Instant::now();
+    // SAFETY: the caller's contract.
+    let reads = unsafe {
+        read_random_words(
+            base,
+            pages,
+            k.threads.max(1),
+            k.seed,
+            t0 + k.duration,
+            mismatches,
+        )
+    };
+    (reads, t0.elapsed().as_secs_f64())
+}
+
 /// Which side a child runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -84,7 +105,6 @@ fn run_side(
     file: &PatternFile,
 ) -> Result<(u64, f64, u64, [u64; 3]), String> {
     let pages = file.pages();
-    let threads = k.threads.max(1);
     let mismatches = AtomicU64::new(0);
     match kind {
         Kind::Engine => {
@@ -102,19 +122,9 @@ fn run_side(
                 .map_store(Arc::new(store), pages * PAGE_SIZE, &opts)
                 .map_err(|e| e.to_string())?;
             pager.reset_stats();
-            let t0 = Instant::now();
             // SAFETY: the region maps `pages` pages and outlives the call.
-            let reads = unsafe {
-                read_random_words(
-                    region.as_ptr() as usize,
-                    pages,
-                    threads,
-                    k.seed,
-                    t0 + k.duration,
-                    &mismatches,
-                )
-            };
-            let secs = t0.elapsed().as_secs_f64();
+            let (reads, secs) =
+                unsafe { timed_reads(region.as_ptr() as usize, pages, k, &mismatches) };
             let st = pager.stats();
             let c = [
                 st.get(Counter::PGFAULT),
@@ -144,19 +154,8 @@ fn run_side(
                 // SAFETY: advice on our own mapping.
                 unsafe { libc::madvise(base, len, libc::MADV_RANDOM) };
             }
-            let t0 = Instant::now();
             // SAFETY: `base` maps `pages` readable pages until the munmap below.
-            let reads = unsafe {
-                read_random_words(
-                    base as usize,
-                    pages,
-                    threads,
-                    k.seed,
-                    t0 + k.duration,
-                    &mismatches,
-                )
-            };
-            let secs = t0.elapsed().as_secs_f64();
+            let (reads, secs) = unsafe { timed_reads(base as usize, pages, k, &mismatches) };
             // SAFETY: our mapping, no longer used.
             unsafe { libc::munmap(base, len) };
             Ok((reads, secs, mismatches.into_inner(), [0; 3]))
