@@ -331,7 +331,15 @@ pub fn direct(mm: &Mm) {
     }
 }
 
-/// The watermarks: kswapd wakes above `high` and reclaims down to `low`.
+/// kswapd's watermarks for a budget of `budget` pages, `(high, low)` in
+/// pages: kswapd wakes when residency passes `high` and reclaims down to
+/// `low` (a thirty-second and a sixteenth of the budget below it). A
+/// working set that must stay resident without reclaim needs `high` above
+/// it.
+///
+/// ```
+/// assert_eq!(uffd_pager::watermarks(4096), (3968, 3840));
+/// ```
 pub fn watermarks(budget: u64) -> (u64, u64) {
     let high = budget - (budget / 32).max(1).min(budget);
     let low = budget - (budget / 16).max(2).min(budget);

@@ -288,7 +288,15 @@ pub fn random_floor(
         let t0 = Instant::now();
         // SAFETY: `user` maps `pages` pages and outlives the call.
         let reads = unsafe {
-            read_random_words(user_base, pages, threads, seed, t0 + duration, &mismatches)
+            read_random_words(
+                user_base,
+                pages,
+                threads,
+                seed,
+                t0 + duration,
+                &mismatches,
+                None,
+            )
         };
         let elapsed = t0.elapsed();
         ST.base.store(0, Release);

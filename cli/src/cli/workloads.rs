@@ -81,12 +81,13 @@ pub struct WorkloadArgs {
     /// spinning 5 µs and sleeping 50 µs in a loop (priority needs root)
     #[arg(long, default_value_t = 0)]
     pub noise: usize,
-    /// random: `kernel` runs the kernel's own mmap of the same file beside
-    /// the engine, each side in a memory cgroup of the budget plus the
-    /// fixed overhead, on a disk file system (`--baseline-dir`); needs root
+    /// random, scan, filemap: `kernel` runs the kernel's own mmap of the
+    /// same files beside the engine, each side in a memory cgroup of the
+    /// budget plus the fixed overhead, on a disk file system
+    /// (`--baseline-dir`); needs root
     #[arg(long, value_parser = ["kernel"])]
     pub baseline: Option<String>,
-    /// random --baseline kernel: where the file goes (a disk file system)
+    /// --baseline kernel: where the files go (a disk file system)
     #[arg(long, default_value = "/var/tmp")]
     pub baseline_dir: PathBuf,
     /// populate-churn: drain policies to compare.
@@ -370,12 +371,17 @@ pub fn run(w: Which, a: &WorkloadArgs) -> CliResult {
 /// `--baseline kernel`: the engine and the kernel's mmap, each in a memory
 /// cgroup of the same limit (see [`uffd_pager_cli::bench::kernel_baseline`]).
 fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
-    if !matches!(w, Which::Random) {
-        return Err(CliError::Usage(
-            "--baseline kernel is implemented for `bench random` only (scan and filemap: not yet)"
-                .into(),
-        ));
-    }
+    use uffd_pager_cli::bench::kernel_baseline::{self as kb, access::Workload};
+    let workload = match w {
+        Which::Random => Workload::Random,
+        Which::Scan => Workload::Scan,
+        Which::Filemap => Workload::Filemap,
+        _ => {
+            return Err(CliError::Usage(
+                "--baseline kernel is for `bench random`, `bench scan` and `bench filemap`".into(),
+            ))
+        }
+    };
     if a.threads.len() > 1 || a.policy.len() > 1 || a.writers.len() > 1 {
         return Err(CliError::Usage(
             "--baseline kernel runs one configuration: give one --policy, --threads and --writers"
@@ -383,66 +389,11 @@ fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
         ));
     }
     let (_, _, k) = plan(w, a)?;
-    let (sides, version, limit) =
-        uffd_pager_cli::bench::kernel_baseline::random(&k, &a.baseline_dir)
-            .map_err(CliError::Runtime)?;
+    let report = kb::run(workload, &k, &a.baseline_dir).map_err(CliError::Runtime)?;
     let mut out = std::io::stdout().lock();
-    let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
-    let threads = k.threads.max(1);
-    writeln!(
-        out,
-        "random, kernel baseline: {} pages ({} MiB) on {}, budget {} pages, cgroup {version} limit {} MiB (budget + {} MiB), {threads} thread(s), {:.1} s per side",
-        4 * k.budget_pages,
-        (4 * k.budget_pages * 4096) >> 20,
-        a.baseline_dir.display(),
-        k.budget_pages,
-        limit >> 20,
-        uffd_pager_cli::bench::kernel_baseline::OVERHEAD >> 20,
-        k.duration.as_secs_f64(),
-    )
-    .map_err(io)?;
-    writeln!(out, "| side | reads/s | µs per page | engine ÷ side | faults (pager / cgroup) | major (pager / cgroup) | reclaimed (pager / cgroup) | cgroup peak MiB | mismatches |").map_err(io)?;
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|").map_err(io)?;
-    let engine_rate = sides
-        .first()
-        .map_or(0.0, |s| s.reads as f64 / s.secs.max(1e-9));
-    for s in &sides {
-        if let Some(why) = &s.killed {
-            writeln!(
-                out,
-                "| {} | {why} | | | – / {} | – / {} | – / {} | {} | |",
-                s.name,
-                s.cgroup.pgfault,
-                s.cgroup.pgmajfault,
-                s.cgroup.reclaimed,
-                s.cgroup.peak_bytes >> 20
-            )
-            .map_err(io)?;
-            continue;
-        }
-        let rate = s.reads as f64 / s.secs.max(1e-9);
-        writeln!(
-            out,
-            "| {} | {rate:.0} | {:.2} | {} | {} / {} | {} / {} | {} / {} | {} | {} |",
-            s.name,
-            s.us_per_page(threads),
-            if rate > 0.0 && engine_rate > 0.0 {
-                format!("{:.2}×", engine_rate / rate)
-            } else {
-                "–".to_string()
-            },
-            s.pager[0],
-            s.cgroup.pgfault,
-            s.pager[1],
-            s.cgroup.pgmajfault,
-            s.pager[2],
-            s.cgroup.reclaimed,
-            s.cgroup.peak_bytes >> 20,
-            s.mismatches,
-        )
-        .map_err(io)?;
-    }
-    if sides.iter().any(|s| s.mismatches > 0) {
+    write!(out, "{}", report.table(&k, &a.baseline_dir))
+        .map_err(|e| CliError::Runtime(format!("writing output: {e}")))?;
+    if report.sides.iter().any(|s| s.mismatches > 0) {
         return Err(CliError::Runtime(
             "a side read a word that differs from the file".into(),
         ));

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Instant;
 use uffd_pager::store::FileStore;
-use uffd_pager::{Error, InstallKind, MapOptions, Result, PAGE_SIZE};
+use uffd_pager::{AtomicHistogram, Error, InstallKind, MapOptions, Result, PAGE_SIZE};
 
 /// Where the workloads create their files by default: `/dev/shm` (tmpfs)
 /// if it is a directory, else [`std::env::temp_dir`].
@@ -127,11 +127,13 @@ pub fn file_pages(k: &Knobs) -> usize {
     }
 }
 
-/// The reading loop of `random`, shared with its raw floor: `threads`
-/// threads each read one `u64` at a uniformly random page of the
-/// `pages`-page mapping at `base` (holding [`pattern`]) until `deadline`,
-/// counting words that differ from the pattern in `mismatches`. Returns the
-/// reads done.
+/// The reading loop of `random`, shared with its raw floor and the kernel
+/// baseline: `threads` threads each read one `u64` at a uniformly random
+/// page of the `pages`-page mapping at `base` (holding [`pattern`]) until
+/// `deadline`, counting words that differ from the pattern in
+/// `mismatches`. With `latency`, each read is timed (two `clock_gettime`
+/// calls through the vDSO, tens of ns) into a histogram of its thread's,
+/// merged into `latency` at the end. Returns the reads done.
 ///
 /// # Safety
 /// `base` must map `pages` readable pages for the whole call.
@@ -142,21 +144,30 @@ pub(crate) unsafe fn read_random_words(
     seed: u64,
     deadline: Instant,
     mismatches: &AtomicU64,
+    latency: Option<&AtomicHistogram>,
 ) -> u64 {
     sum_over_threads(threads, |i| {
         let mut rng = Rng::new(seed.wrapping_add(i as u64));
+        let mine = latency.map(|_| Box::new(AtomicHistogram::new()));
         let mut n = 0u64;
         while !n.is_multiple_of(64) || Instant::now() < deadline {
             let r = rng.next_u64();
             let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
             let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
+            let t0 = mine.as_ref().map(|_| Instant::now());
             // SAFETY: `off + 8 <= pages * PAGE_SIZE`, inside the caller's
             // mapping; `off` is 8-aligned and the mapping page-aligned.
             let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
+            if let (Some(h), Some(t0)) = (&mine, t0) {
+                h.record(t0.elapsed().as_nanos() as u64);
+            }
             if v != pattern_word(off) {
                 mismatches.fetch_add(1, Relaxed);
             }
             n += 1;
+        }
+        if let (Some(total), Some(h)) = (latency, &mine) {
+            total.absorb(h);
         }
         n
     })

@@ -52,7 +52,8 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
     let threads = k.threads.max(1);
     // SAFETY: the region maps `pages` pages of the file and outlives the call.
-    let reads = unsafe { read_random_words(base, pages, threads, k.seed, deadline, &mismatches) };
+    let reads =
+        unsafe { read_random_words(base, pages, threads, k.seed, deadline, &mismatches, None) };
     let writer_loops = writers.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let stats = pager.stats();

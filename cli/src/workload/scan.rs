@@ -23,8 +23,8 @@
 //! The untimed first engine pass (every page from the store: a `pread` of
 //! the tmpfs file) is reported too, as `engine_cold_ns_per_page`. Engine and
 //! kernel passes alternate until `k.duration` is up (at least one of each).
-//! The engine's budget is raised to at least the file size so that a pass
-//! measures fault service, not reclaim. `k.threads` is not used (one
+//! The engine's budget is raised to at least [`budget_holding`] the file,
+//! so that a pass measures fault service, not reclaim. `k.threads` is not used (one
 //! scanner); `k.writers` writer threads run on the engine's pager
 //! throughout.
 //!
@@ -43,7 +43,7 @@ use uffd_pager::{Result, PAGE_SIZE};
 ///
 /// # Safety
 /// The range must be mapped readable and hold the pattern file's bytes.
-unsafe fn scan_pass(base: usize, pages: usize) -> u64 {
+pub(crate) unsafe fn scan_pass(base: usize, pages: usize) -> u64 {
     let mut bad = 0;
     for p in 0..pages {
         let off = p * PAGE_SIZE + 8 * (p % (PAGE_SIZE / 8));
@@ -52,6 +52,16 @@ unsafe fn scan_pass(base: usize, pages: usize) -> u64 {
         bad += (v != pattern_word(off)) as u64;
     }
     bad
+}
+
+/// The smallest budget under which `pages` resident pages (and 64 more, for
+/// fault-around's reach) stay below kswapd's high watermark, so that a warm
+/// pass measures fault service, not reclaim.
+pub fn budget_holding(pages: usize) -> u64 {
+    let want = pages as u64 + 64;
+    (want..)
+        .find(|&b| uffd_pager::watermarks(b).0 >= want)
+        .unwrap_or(want)
 }
 
 /// Runs `f` and times it (wall, process CPU).
@@ -84,7 +94,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let budget = if k.budget_pages == 0 {
         0
     } else {
-        k.budget_pages.max(pages as u64 + 64)
+        k.budget_pages.max(budget_holding(pages))
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
     let store = Arc::new(file.store()?);

@@ -1,0 +1,298 @@
+//! The kernel baseline's access loops, one per workload, each written once
+//! and run on either side's mapping ([`Mapper`]): the engine's region or
+//! the kernel's own `mmap` of the same file.
+
+use crate::workload::common::{pattern, sum_over_threads, Knobs};
+use crate::workload::pattern_file::read_random_words;
+use crate::workload::scan::scan_pass;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uffd_pager::store::{FileStore, FileStoreOptions};
+use uffd_pager::{AtomicHistogram, MapOptions, Pager, Region, PAGE_SIZE};
+
+/// The workloads the baseline runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// `random`: one file 4 × the budget, one checked word per random page,
+    /// every read timed.
+    Random,
+    /// `scan`: one file that fits the limit, read once untimed (warm), then
+    /// passes of one checked word per page in order, each after the
+    /// page-table entries were dropped (`MADV_DONTNEED` on either side).
+    Scan,
+    /// `filemap`: one file per thread; rounds of map → read one checked
+    /// byte per page → unmap, every read timed.
+    Filemap,
+}
+
+impl Workload {
+    /// Its name in the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Random => "random",
+            Workload::Scan => "scan",
+            Workload::Filemap => "filemap",
+        }
+    }
+
+    /// What one operation is, for the table's rate column.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Workload::Random => "reads",
+            Workload::Scan => "pages",
+            Workload::Filemap => "rounds",
+        }
+    }
+}
+
+/// One file mapped by one side.
+pub trait Mapped {
+    /// The mapping's first byte.
+    fn base(&self) -> usize;
+    /// Drops the mapping's page-table entries; its pages stay cached.
+    fn drop_ptes(&mut self) -> Result<(), String>;
+}
+
+/// How a side maps file `i` of the run (`pages` pages, read-only).
+pub trait Mapper: Sync {
+    /// One mapping.
+    type M: Mapped;
+    /// Maps file `i`.
+    fn map(&self, i: usize) -> Result<Self::M, String>;
+}
+
+/// The engine's side: one pager, one `O_DIRECT` file store per file, so
+/// that the file is cached once (by the engine, in the cgroup), not twice.
+pub struct EngineMapper {
+    /// The run's pager.
+    pub pager: Pager,
+    stores: Vec<Arc<FileStore>>,
+    opts: MapOptions,
+    pages: usize,
+}
+
+impl EngineMapper {
+    /// A pager from `k` (its budget raised to `budget_pages`) and stores
+    /// over `files` of `pages` pages each.
+    pub fn new(
+        k: &Knobs,
+        budget_pages: u64,
+        files: &[std::fs::File],
+        pages: usize,
+    ) -> Result<EngineMapper, String> {
+        let stores = files
+            .iter()
+            .map(|f| {
+                FileStore::open(
+                    Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())),
+                    &FileStoreOptions {
+                        direct: true,
+                        ..FileStoreOptions::default()
+                    },
+                )
+                .map(Arc::new)
+                .map_err(|e| format!("opening the file with O_DIRECT: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        let pager = k
+            .builder()
+            .budget_pages(budget_pages)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(EngineMapper {
+            pager,
+            stores,
+            opts: crate::workload::pattern_file::read_map_options(k.install),
+            pages,
+        })
+    }
+}
+
+impl Mapped for Region {
+    fn base(&self) -> usize {
+        self.as_ptr() as usize
+    }
+    fn drop_ptes(&mut self) -> Result<(), String> {
+        let len = self.len();
+        self.dontneed(0, len).map_err(|e| e.to_string())
+    }
+}
+
+impl Mapper for EngineMapper {
+    type M = Region;
+    fn map(&self, i: usize) -> Result<Region, String> {
+        self.pager
+            .map_store(self.stores[i].clone(), self.pages * PAGE_SIZE, &self.opts)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The kernel's side: `mmap(PROT_READ, MAP_SHARED)` of the file, with
+/// `MADV_RANDOM` if asked.
+pub struct KernelMapper {
+    /// The files' descriptors.
+    pub fds: Vec<RawFd>,
+    /// Pages per file.
+    pub pages: usize,
+    /// `madvise(MADV_RANDOM)` each mapping.
+    pub random: bool,
+}
+
+/// A kernel mapping; unmapped on drop.
+pub struct KernelMap {
+    base: usize,
+    len: usize,
+}
+
+impl Mapped for KernelMap {
+    fn base(&self) -> usize {
+        self.base
+    }
+    fn drop_ptes(&mut self) -> Result<(), String> {
+        // SAFETY: our own mapping, read only through raw pointers; its pages
+        // come back from the file.
+        match unsafe { libc::madvise(self.base as *mut _, self.len, libc::MADV_DONTNEED) } {
+            0 => Ok(()),
+            _ => Err(format!("madvise: {}", std::io::Error::last_os_error())),
+        }
+    }
+}
+
+impl Drop for KernelMap {
+    fn drop(&mut self) {
+        // SAFETY: our mapping; nothing refers into it once it is dropped.
+        unsafe { libc::munmap(self.base as *mut _, self.len) };
+    }
+}
+
+impl Mapper for KernelMapper {
+    type M = KernelMap;
+    fn map(&self, i: usize) -> Result<KernelMap, String> {
+        let len = self.pages * PAGE_SIZE;
+        // SAFETY: a fresh shared read-only mapping of our file; the kernel
+        // picks the address, so nothing else is replaced.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                self.fds[i],
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+        }
+        if self.random {
+            // SAFETY: advice on our own mapping.
+            unsafe { libc::madvise(base, len, libc::MADV_RANDOM) };
+        }
+        Ok(KernelMap {
+            base: base as usize,
+            len,
+        })
+    }
+}
+
+/// What one side's access loop did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Operations ([`Workload::unit`]), all threads.
+    pub ops: u64,
+    /// Wall time of the timed part.
+    pub elapsed: Duration,
+    /// Words or bytes that differed from the file.
+    pub mismatches: u64,
+    /// Every timed access (empty for `scan`: timing a 100 ns access would
+    /// double it).
+    pub latency: AtomicHistogram,
+}
+
+/// Runs workload `w` on `mapper` for `k.duration` with `k.threads` threads
+/// (one for `scan`) over files of `pages` pages.
+pub fn run<M: Mapper>(w: Workload, mapper: &M, pages: usize, k: &Knobs) -> Result<Outcome, String> {
+    let out = Outcome::default();
+    let mismatches = AtomicU64::new(0);
+    let threads = k.threads.max(1);
+    let t0 = Instant::now();
+    let deadline = t0 + k.duration;
+    let (ops, elapsed) = match w {
+        Workload::Random => {
+            let m = mapper.map(0)?;
+            // SAFETY: `m` maps `pages` readable pages of the pattern file
+            // and outlives the call.
+            let n = unsafe {
+                read_random_words(
+                    m.base(),
+                    pages,
+                    threads,
+                    k.seed,
+                    deadline,
+                    &mismatches,
+                    Some(&out.latency),
+                )
+            };
+            (n, t0.elapsed())
+        }
+        Workload::Scan => {
+            let mut m = mapper.map(0)?;
+            // SAFETY (each pass): `m` maps the pattern file's `pages` pages
+            // for the whole loop.
+            let mut bad = unsafe { scan_pass(m.base(), pages) };
+            let (mut n, mut timed) = (0u64, Duration::ZERO);
+            while n == 0 || Instant::now() < deadline {
+                m.drop_ptes()?;
+                let t = Instant::now();
+                bad += unsafe { scan_pass(m.base(), pages) };
+                timed += t.elapsed();
+                n += pages as u64;
+            }
+            mismatches.fetch_add(bad, Relaxed);
+            (n, timed)
+        }
+        Workload::Filemap => {
+            let failed = std::sync::Mutex::new(None);
+            let n = sum_over_threads(threads, |t| {
+                let lat = AtomicHistogram::new();
+                let mut rounds = 0;
+                while Instant::now() < deadline {
+                    let m = match mapper.map(t) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                            break;
+                        }
+                    };
+                    for p in 0..pages {
+                        let off = p * PAGE_SIZE + (p * 7) % PAGE_SIZE;
+                        let a = Instant::now();
+                        // SAFETY: `off` is inside the mapping, which lives
+                        // to the end of the round.
+                        let v = unsafe { std::ptr::read_volatile((m.base() + off) as *const u8) };
+                        lat.record(a.elapsed().as_nanos() as u64);
+                        if v != pattern(off) {
+                            mismatches.fetch_add(1, Relaxed);
+                        }
+                    }
+                    rounds += 1;
+                }
+                out.latency.absorb(&lat);
+                rounds
+            });
+            if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                return Err(e);
+            }
+            (n, t0.elapsed())
+        }
+    };
+    Ok(Outcome {
+        ops,
+        elapsed,
+        mismatches: mismatches.into_inner(),
+        ..out
+    })
+}

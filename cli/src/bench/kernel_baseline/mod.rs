@@ -1,0 +1,435 @@
+//! `bench random|scan|filemap --baseline kernel`: the engine against the
+//! kernel at the kernel's own job, under one memory limit, in one
+//! invocation.
+//!
+//! The workload's files (the [`pattern`](crate::workload::common::pattern))
+//! live on a disk file system, not tmpfs. Each side runs in a child process
+//! of its own, forked before any pager exists, that first joins a fresh
+//! memory cgroup whose [`limit`] is the budget plus the engine's overhead, so everything
+//! it touches (the engine's pages and metadata, the page cache its file
+//! stores pull in, the kernel's page cache of the mapping) is charged there
+//! and neither side gets the host's page cache for free: the files' cached
+//! pages are dropped (`fdatasync`, `POSIX_FADV_DONTNEED`) before each side.
+//! A side the cgroup OOM-kills is reported as such.
+//!
+//! Sides: the engine (the run's policy, install kind and budget, its file
+//! stores opened with `O_DIRECT` so that it does not cache a file twice),
+//! the kernel's `mmap` with default readahead, and for `random` also with
+//! `MADV_RANDOM`. Both sides run the same access loop ([`access`]), which
+//! times every access (but `scan`'s) into a latency histogram.
+
+pub mod access;
+
+use crate::os::cgroup::{MemCgroup, MemStat};
+use crate::workload::common::Knobs;
+use crate::workload::pattern_file::PatternFile;
+use access::{EngineMapper, KernelMapper, Workload};
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::Path;
+use uffd_pager::{Counter, Percentiles, PAGE_SIZE};
+
+/// What the limit allows beyond the budget and the engine's
+/// [`Footprint`](uffd_pager::Footprint) (page states and LRU ring): the
+/// process itself (heap, thread stacks, the I/O and staging buffers). The
+/// engine side's cgroup peak was at most 1.3 MiB above its budget plus
+/// footprint in this project's runs (`docs/measurements/2-vcpu/issue14/`);
+/// the binary's and libraries' pages are charged to the parent's group,
+/// which loaded them.
+pub const FIXED_OVERHEAD: u64 = 4 << 20;
+
+/// The memory limit of each side: the budget, the engine's footprint for
+/// `mapped_pages` pages under it, and [`FIXED_OVERHEAD`].
+pub fn limit(budget_pages: u64, mapped_pages: usize) -> Result<u64, String> {
+    let f = uffd_pager::Footprint::of(mapped_pages, budget_pages).map_err(|e| e.to_string())?;
+    Ok(budget_pages * PAGE_SIZE as u64 + FIXED_OVERHEAD + (f.state_bytes + f.lru_bytes) as u64)
+}
+
+/// One side's result.
+#[derive(Debug, Clone, Default)]
+pub struct Side {
+    /// `engine (retry-once, anonymous)`, `kernel mmap`, `kernel mmap + MADV_RANDOM`.
+    pub name: String,
+    /// Operations done ([`Workload::unit`]), all threads.
+    pub ops: u64,
+    /// Wall time of the timed part, seconds.
+    pub secs: f64,
+    /// Words or bytes that differed from the file.
+    pub mismatches: u64,
+    /// The engine's pgfault / pgmajfault / pgsteal (0 for the kernel).
+    pub pager: [u64; 3],
+    /// Access latency (count 0 where accesses are not timed).
+    pub latency: Percentiles,
+    /// The cgroup's view.
+    pub cgroup: MemStat,
+    /// Killed (by the OOM killer, or anything else) before it reported.
+    pub killed: Option<String>,
+}
+
+impl Side {
+    /// Operations per second.
+    pub fn rate(&self) -> f64 {
+        self.ops as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// A whole run: the sides, first the engine's, and what they ran under.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The workload.
+    pub workload: Workload,
+    /// The sides, the engine's first.
+    pub sides: Vec<Side>,
+    /// `v1 memory.limit_in_bytes` or `v2 memory.max`.
+    pub cgroup: &'static str,
+    /// Each side's limit in bytes ([`limit`]).
+    pub limit: u64,
+    /// Pages per file, and files.
+    pub file_pages: usize,
+    /// Files (one per thread for `filemap`).
+    pub files: usize,
+    /// The engine's budget in pages.
+    pub budget_pages: u64,
+}
+
+/// Which side a child runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Engine,
+    Kernel { random: bool },
+}
+
+fn threads_in_process() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// Drops the file's pages from the page cache.
+fn drop_cache(file: &std::fs::File) {
+    // SAFETY: plain syscalls on our descriptor.
+    unsafe {
+        libc::fdatasync(file.as_raw_fd());
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+/// The side's access loop, in the child: its result line for the parent.
+fn run_side(
+    w: Workload,
+    k: &Knobs,
+    kind: Kind,
+    files: &[PatternFile],
+    budget: u64,
+) -> Result<String, String> {
+    let pages = files[0].pages();
+    let raw: Vec<std::fs::File> = files
+        .iter()
+        .map(|f| f.file().try_clone())
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let (out, c) = match kind {
+        Kind::Engine => {
+            let m = EngineMapper::new(k, budget, &raw, pages)?;
+            m.pager.reset_stats();
+            let out = access::run(w, &m, pages, k)?;
+            let st = m.pager.stats();
+            let c = [Counter::PGFAULT, Counter::PGMAJFAULT, Counter::PGSTEAL].map(|c| st.get(c));
+            (out, c)
+        }
+        Kind::Kernel { random } => {
+            let m = KernelMapper {
+                fds: raw.iter().map(|f| f.as_raw_fd()).collect(),
+                pages,
+                random,
+            };
+            (access::run(w, &m, pages, k)?, [0; 3])
+        }
+    };
+    let l = out.latency.percentiles();
+    Ok(format!(
+        "ok {} {} {} {} {} {} {} {} {} {} {}\n",
+        out.ops,
+        out.elapsed.as_secs_f64(),
+        out.mismatches,
+        c[0],
+        c[1],
+        c[2],
+        l.count,
+        l.p50_ns,
+        l.p99_ns,
+        l.p999_ns,
+        l.max_ns
+    ))
+}
+
+/// Parses [`run_side`]'s line into `side`.
+fn parse_line(text: &str, side: &mut Side) -> Result<(), String> {
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let n = |s: &str| s.parse::<u64>().unwrap_or(0);
+    match f.as_slice() {
+        ["ok", ops, secs, mm, a, b, c, count, p50, p99, p999, max] => {
+            side.ops = n(ops);
+            side.secs = secs.parse().unwrap_or(0.0);
+            side.mismatches = n(mm);
+            side.pager = [n(a), n(b), n(c)];
+            side.latency = Percentiles {
+                count: n(count),
+                p50_ns: n(p50),
+                p99_ns: n(p99),
+                p999_ns: n(p999),
+                max_ns: n(max),
+                ..Percentiles::default()
+            };
+            Ok(())
+        }
+        _ => Err(format!(
+            "{}: {}",
+            side.name,
+            text.trim().trim_start_matches("err ")
+        )),
+    }
+}
+
+/// Forks a child that joins `group` and runs `kind`; waits for it.
+fn in_child(
+    w: Workload,
+    k: &Knobs,
+    kind: Kind,
+    files: &[PatternFile],
+    budget: u64,
+    group: &MemCgroup,
+    name: String,
+) -> Result<Side, String> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills two descriptors.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the caller checked this process has one thread, so the child
+    // may run anything.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: the child's own descriptors.
+        let mut wr = unsafe { std::fs::File::from_raw_fd(fds[1]) };
+        // SAFETY: as above.
+        unsafe { libc::close(fds[0]) };
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let line = group
+            .add(me)
+            .and_then(|()| run_side(w, k, kind, files, budget))
+            .unwrap_or_else(|e| format!("err {e}\n"));
+        let _ = wr.write_all(line.as_bytes());
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    // SAFETY: the parent's own descriptors.
+    unsafe { libc::close(fds[1]) };
+    // SAFETY: as above.
+    let mut r = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+    let mut text = String::new();
+    let _ = r.read_to_string(&mut text);
+    let mut status = 0;
+    // SAFETY: waits for our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let mut side = Side {
+        name,
+        cgroup: group.stat(),
+        ..Side::default()
+    };
+    if libc::WIFSIGNALED(status) {
+        side.killed = Some(format!(
+            "killed by signal {}{}",
+            libc::WTERMSIG(status),
+            if side.cgroup.oom_kills > 0 {
+                " (OOM killer)"
+            } else {
+                ""
+            }
+        ));
+        return Ok(side);
+    }
+    parse_line(&text, &mut side)?;
+    Ok(side)
+}
+
+/// Runs workload `w`'s sides with their files in `dir` (a disk file
+/// system). File sizes: `random` 4 × the limit; `scan` `k.pages`, the
+/// engine's budget raised to hold it (warm passes); `filemap` `k.pages`
+/// per thread.
+pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
+    if k.budget_pages == 0 {
+        return Err(
+            "--baseline kernel needs a budget (--budget PAGES): it is the memory limit".into(),
+        );
+    }
+    if crate::os::mem::on_tmpfs(dir) {
+        return Err(format!(
+            "{} is tmpfs: the kernel baseline needs a disk file system (--baseline-dir)",
+            dir.display()
+        ));
+    }
+    if threads_in_process() != 1 {
+        return Err(
+            "the kernel baseline forks its sides and must start before any other thread".into(),
+        );
+    }
+    let (file_pages, files, budget) = match w {
+        Workload::Random => {
+            // 4 × the limit, which itself grows with the file's page states.
+            let mut pages = 4 * k.budget_pages as usize;
+            for _ in 0..3 {
+                pages = 4 * (limit(k.budget_pages, pages)? as usize / PAGE_SIZE);
+            }
+            (pages, 1, k.budget_pages)
+        }
+        Workload::Scan => {
+            let p = k.pages.max(1);
+            (
+                p,
+                1,
+                k.budget_pages.max(crate::workload::scan::budget_holding(p)),
+            )
+        }
+        Workload::Filemap => (k.pages.max(1), k.threads.max(1), k.budget_pages),
+    };
+    let limit = limit(budget, file_pages * files)?;
+    let files: Vec<PatternFile> = (0..files)
+        .map(|_| PatternFile::create(dir, "baseline", file_pages))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut kinds = vec![
+        (
+            Kind::Engine,
+            format!("engine ({}, {:?})", k.policy, k.install).to_lowercase(),
+        ),
+        (Kind::Kernel { random: false }, "kernel mmap".to_string()),
+    ];
+    if w == Workload::Random {
+        kinds.push((
+            Kind::Kernel { random: true },
+            "kernel mmap + MADV_RANDOM".to_string(),
+        ));
+    }
+    let mut sides = Vec::new();
+    let mut cgroup = "";
+    for (i, (kind, name)) in kinds.into_iter().enumerate() {
+        for f in &files {
+            drop_cache(f.file());
+        }
+        let group = MemCgroup::create(
+            &format!("uffd-pager-baseline-{}-{i}", std::process::id()),
+            limit,
+        )?;
+        cgroup = group.version();
+        sides.push(in_child(w, k, kind, &files, budget, &group, name)?);
+    }
+    Ok(Report {
+        workload: w,
+        sides,
+        cgroup,
+        limit,
+        file_pages,
+        files: files.len(),
+        budget_pages: budget,
+    })
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e3)
+}
+
+impl Report {
+    /// The engine's rate over the best kernel side's.
+    pub fn ratio(&self) -> f64 {
+        let best = self.sides[1..]
+            .iter()
+            .filter(|s| s.killed.is_none())
+            .map(Side::rate)
+            .fold(0.0, f64::max);
+        match &self.sides[0] {
+            e if e.killed.is_none() && best > 0.0 => e.rate() / best,
+            _ => f64::NAN,
+        }
+    }
+
+    /// The Markdown table, a heading line before it and the ratio after.
+    pub fn table(&self, k: &Knobs, dir: &Path) -> String {
+        let mut t = String::new();
+        let mib = |pages: u64| (pages * PAGE_SIZE as u64) >> 20;
+        let _ = writeln!(
+            t,
+            "{}, kernel baseline: {} file(s) of {} pages ({} MiB) on {}, budget {} pages, cgroup {} limit {:.1} MiB (budget + {:.1} MiB: footprint and fixed overhead), {} thread(s), {:.1} s per side",
+            self.workload.name(),
+            self.files,
+            self.file_pages,
+            mib(self.file_pages as u64),
+            dir.display(),
+            self.budget_pages,
+            self.cgroup,
+            self.limit as f64 / (1 << 20) as f64,
+            (self.limit - self.budget_pages * PAGE_SIZE as u64) as f64 / (1 << 20) as f64,
+            if self.workload == Workload::Scan { 1 } else { k.threads.max(1) },
+            k.duration.as_secs_f64(),
+        );
+        let _ = writeln!(t, "| side | {}/s | engine ÷ side | p50 µs | p99 µs | p99.9 µs | max µs | faults (pager / cgroup) | major (pager / cgroup) | reclaimed (pager / cgroup) | cgroup peak MiB | mismatches |", self.workload.unit());
+        let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let engine = self.sides[0].rate();
+        for s in &self.sides {
+            let c = &s.cgroup;
+            if let Some(why) = &s.killed {
+                let _ = writeln!(
+                    t,
+                    "| {} | {why} | | | | | | – / {} | – / {} | – / {} | {} | |",
+                    s.name,
+                    c.pgfault,
+                    c.pgmajfault,
+                    c.reclaimed,
+                    c.peak_bytes >> 20
+                );
+                continue;
+            }
+            let l = &s.latency;
+            let lat = if l.count == 0 {
+                "– | – | – | –".to_string()
+            } else {
+                format!(
+                    "{} | {} | {} | {}",
+                    us(l.p50_ns),
+                    us(l.p99_ns),
+                    us(l.p999_ns),
+                    us(l.max_ns)
+                )
+            };
+            let ratio = if s.rate() > 0.0 && engine > 0.0 && self.sides[0].killed.is_none() {
+                format!("{:.2}×", engine / s.rate())
+            } else {
+                "–".to_string()
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | {ratio} | {lat} | {} / {} | {} / {} | {} / {} | {:.1} | {} |",
+                s.name,
+                s.rate(),
+                s.pager[0],
+                c.pgfault,
+                s.pager[1],
+                c.pgmajfault,
+                s.pager[2],
+                c.reclaimed,
+                c.peak_bytes as f64 / (1 << 20) as f64,
+                s.mismatches,
+            );
+        }
+        let _ = writeln!(
+            t,
+            "engine ÷ best kernel side: {:.2}× (goal ≥ 1.0×: {})",
+            self.ratio(),
+            if self.ratio() >= 1.0 { "met" } else { "missed" }
+        );
+        t
+    }
+}
