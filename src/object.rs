@@ -123,6 +123,8 @@ pub struct Object {
     pub region_uffd: std::sync::OnceLock<Arc<Uffd>>,
     /// One past the last page requested by readahead.
     pub ra_end: AtomicUsize,
+    /// Readahead's miss count (`mmap_miss`, see [`crate::readahead`]).
+    pub ra_miss: AtomicU32,
     /// Fault-around state ([`crate::fault`]'s `around`): where a
     /// sequential reader's next fault is expected (the page after the last
     /// cluster), and the current cluster in pages.
@@ -291,6 +293,7 @@ impl Object {
             ra_window: AtomicU32::new(0),
             region_uffd: std::sync::OnceLock::new(),
             ra_end: AtomicUsize::new(0),
+            ra_miss: AtomicU32::new(0),
             fa_next: AtomicUsize::new(usize::MAX),
             fa_window: AtomicU32::new(0),
         })

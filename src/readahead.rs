@@ -19,6 +19,10 @@ use crate::store::MAX_BATCH;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
+/// Faults in a row, net of near-sequential ones, after which an object
+/// gets no readahead (the kernel's `MMAP_LOTSAMISS`).
+const LOTSAMISS: u32 = 100;
+
 /// After a fault on page `i` of `obj` (a miss, or a hit on a read-ahead
 /// page), updates the window and requests the pages past what was already
 /// requested. Async-signal-safe.
@@ -36,7 +40,27 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     // reach is bounded: `end` only grows, and a random fault that lands
     // anywhere past the last one must not count as sequential.
     let reach = max as usize + mm.config.fault_around_pages * crate::fault::FAULT_AROUND_GROWTH;
-    let sequential = i == expected || (i >= expected && i <= end && i - expected <= reach);
+    let near = i >= expected && i - expected <= reach;
+    let sequential = i == expected || (near && i <= end);
+    // The kernel's `mmap_miss`: random readers of one object, interleaved,
+    // land "near" the last fault now and then (one in seven over a file
+    // eight times the reach), and each such hit doubled the window again.
+    // Faults that are not near count up, near ones count down four times
+    // faster; past LOTSAMISS the object gets no readahead until a reader
+    // that really is sequential brings the count back down.
+    let miss = obj.ra_miss.load(Relaxed);
+    obj.ra_miss.store(
+        if near {
+            miss.saturating_sub(4)
+        } else {
+            (miss + 1).min(2 * LOTSAMISS)
+        },
+        Relaxed,
+    );
+    if miss > LOTSAMISS {
+        obj.ra_window.store(0, Relaxed);
+        return;
+    }
     let w = if sequential {
         (w * 2).clamp(4, max)
     } else {
@@ -46,7 +70,13 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     if w == 0 {
         return;
     }
-    let from = (i + 1).max(if sequential { end } else { 0 });
+    // A sequential reader's next window starts where its last one ended;
+    // an `end` out of reach was left by some other reader (it only grows).
+    let from = if sequential && end > i && end - i <= reach {
+        end
+    } else {
+        i + 1
+    };
     let to = (i + 1 + w as usize).min(obj.npages());
     if from >= to {
         return;

@@ -32,7 +32,7 @@ use super::floor::sigbus::with_raw_handler;
 use crate::os::mem::{self, Memfd};
 use crate::os::signal::{chain, ErrnoGuard};
 use crate::os::uffd::{feature, RegisterMode, Uffd};
-use crate::workload::pattern_file::{read_random_words, PatternFile};
+use crate::workload::pattern_file::{PatternFile, RandomWords};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
@@ -288,15 +288,14 @@ pub fn random_floor(
         let t0 = Instant::now();
         // SAFETY: `user` maps `pages` pages and outlives the call.
         let reads = unsafe {
-            read_random_words(
-                user_base,
+            RandomWords {
                 pages,
                 threads,
                 seed,
-                t0 + duration,
-                &mismatches,
-                None,
-            )
+                deadline: t0 + duration,
+                write_pct: 0,
+            }
+            .run(user_base, &mismatches, None)
         };
         let elapsed = t0.elapsed();
         ST.base.store(0, Release);

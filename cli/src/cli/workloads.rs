@@ -73,6 +73,10 @@ pub struct WorkloadArgs {
     /// shootdown per eviction while a worker runs on the other vCPU.
     #[arg(long)]
     pub no_kswapd: bool,
+    /// random: percentage of accesses that also write the word they read
+    /// (back unchanged, so the page turns dirty and reclaim writes it back)
+    #[arg(long, default_value_t = 0)]
+    pub write_pct: u32,
     /// Microseconds each writer pauses between map/unmap loops.
     #[arg(long, default_value_t = 0)]
     pub writer_pause_us: u64,
@@ -189,6 +193,12 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
             w.name()
         )));
     }
+    if a.write_pct > 100 || (a.write_pct > 0 && w != Which::Random) {
+        return Err(CliError::Usage(format!(
+            "--write-pct {} must be 0..=100, and applies to random only",
+            a.write_pct
+        )));
+    }
     // `random` sizes its file from the budget (4x) and compares against a
     // floor that keeps the same budget: it needs one.
     if w == Which::Random && a.budget == Some(0) {
@@ -219,6 +229,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         readahead_pages: a.readahead,
         fault_around_pages: a.fault_around,
         kswapd: !a.no_kswapd,
+        write_pct: a.write_pct,
         store: a.store.clone(),
     };
     let (knob, values) = if a.writers.len() > 1 {

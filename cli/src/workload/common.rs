@@ -47,6 +47,9 @@ pub struct Knobs {
     /// Run the background reclaimer (kswapd); without it, faulting threads
     /// reclaim for themselves (direct reclaim).
     pub kswapd: bool,
+    /// `random`: accesses in a hundred that also write (the word read, back
+    /// unchanged: the page turns dirty, its contents stay the pattern).
+    pub write_pct: u32,
     /// Far memory: the workload's store lives in Redis at this URL instead
     /// of the simulated store (`latency` and `max_inflight` then do not
     /// apply: the latency is the network's), and anonymous regions swap to
@@ -73,6 +76,7 @@ impl Default for Knobs {
             readahead_pages: 32,
             fault_around_pages: 64,
             kswapd: true,
+            write_pct: 0,
             store: None,
         }
     }

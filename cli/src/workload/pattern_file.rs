@@ -83,11 +83,16 @@ impl PatternFile {
     /// A read-only [`FileStore`] over the file, for a region mapped with
     /// [`read_map_options`] (of either install kind).
     pub fn store(&self) -> Result<FileStore> {
+        self.store_rw(false)
+    }
+
+    /// A [`FileStore`] over the file, writable if asked.
+    pub fn store_rw(&self, writable: bool) -> Result<FileStore> {
         let io = |e| Error::Io {
             context: "opening a store over a pattern file".into(),
             source: e,
         };
-        FileStore::from_file(self.file.try_clone().map_err(io)?, false).map_err(io)
+        FileStore::from_file(self.file.try_clone().map_err(io)?, writable).map_err(io)
     }
 
     /// Length in pages.
@@ -117,6 +122,14 @@ pub fn read_map_options(kind: InstallKind) -> MapOptions {
     }
 }
 
+/// Map options for `random`: read-only unless `write_pct > 0`.
+pub fn random_map_options(kind: InstallKind, write_pct: u32) -> MapOptions {
+    MapOptions {
+        writable: write_pct > 0,
+        ..read_map_options(kind)
+    }
+}
+
 /// The file size `random` uses, in pages: 4 × `k.budget_pages`, or
 /// `k.pages` when there is no budget (0).
 pub fn file_pages(k: &Knobs) -> usize {
@@ -127,48 +140,69 @@ pub fn file_pages(k: &Knobs) -> usize {
     }
 }
 
-/// The reading loop of `random`, shared with its raw floor and the kernel
-/// baseline: `threads` threads each read one `u64` at a uniformly random
-/// page of the `pages`-page mapping at `base` (holding [`pattern`]) until
-/// `deadline`, counting words that differ from the pattern in
-/// `mismatches`. With `latency`, each read is timed (two `clock_gettime`
-/// calls through the vDSO, tens of ns) into a histogram of its thread's,
-/// merged into `latency` at the end. Returns the reads done.
-///
-/// # Safety
-/// `base` must map `pages` readable pages for the whole call.
-pub(crate) unsafe fn read_random_words(
-    base: usize,
-    pages: usize,
-    threads: usize,
-    seed: u64,
-    deadline: Instant,
-    mismatches: &AtomicU64,
-    latency: Option<&AtomicHistogram>,
-) -> u64 {
-    sum_over_threads(threads, |i| {
-        let mut rng = Rng::new(seed.wrapping_add(i as u64));
-        let mine = latency.map(|_| Box::new(AtomicHistogram::new()));
-        let mut n = 0u64;
-        while !n.is_multiple_of(64) || Instant::now() < deadline {
-            let r = rng.next_u64();
-            let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
-            let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
-            let t0 = mine.as_ref().map(|_| Instant::now());
-            // SAFETY: `off + 8 <= pages * PAGE_SIZE`, inside the caller's
-            // mapping; `off` is 8-aligned and the mapping page-aligned.
-            let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
-            if let (Some(h), Some(t0)) = (&mine, t0) {
-                h.record(t0.elapsed().as_nanos() as u64);
+/// The access loop of `random`, shared with its raw floor and the kernel
+/// baseline: `threads` threads each access one `u64` at a uniformly random
+/// page of a `pages`-page mapping holding [`pattern`] until `deadline`.
+/// Every access reads the word and checks it; `write_pct` in a hundred
+/// also write it back unchanged, which dirties the page (so reclaim must
+/// write it back) while the contents stay the pattern.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RandomWords {
+    pub pages: usize,
+    pub threads: usize,
+    pub seed: u64,
+    pub deadline: Instant,
+    pub write_pct: u32,
+}
+
+impl RandomWords {
+    /// Runs the loop on the mapping at `base`, counting words that differ
+    /// from the pattern in `mismatches`. With `latency`, each access is
+    /// timed (two `clock_gettime` calls through the vDSO, tens of ns) into a
+    /// histogram of its thread's, merged into `latency` at the end. Returns
+    /// the accesses done.
+    ///
+    /// # Safety
+    /// `base` must map `pages` readable pages for the whole call, writable
+    /// too if `write_pct > 0`.
+    pub(crate) unsafe fn run(
+        &self,
+        base: usize,
+        mismatches: &AtomicU64,
+        latency: Option<&AtomicHistogram>,
+    ) -> u64 {
+        let pages = self.pages;
+        sum_over_threads(self.threads, |i| {
+            let mut rng = Rng::new(self.seed.wrapping_add(i as u64));
+            let mine = latency.map(|_| Box::new(AtomicHistogram::new()));
+            let mut n = 0u64;
+            while !n.is_multiple_of(64) || Instant::now() < self.deadline {
+                let r = rng.next_u64();
+                let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
+                let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
+                let write = (r >> 40) % 100 < self.write_pct as u64;
+                let addr = (base + off) as *mut u64;
+                let t0 = mine.as_ref().map(|_| Instant::now());
+                // SAFETY: `off + 8 <= pages * PAGE_SIZE`, inside the
+                // caller's mapping; `off` is 8-aligned and the mapping
+                // page-aligned; it is writable when `write_pct > 0`.
+                let v = unsafe { std::ptr::read_volatile(addr) };
+                if write {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::write_volatile(addr, v) };
+                }
+                if let (Some(h), Some(t0)) = (&mine, t0) {
+                    h.record(t0.elapsed().as_nanos() as u64);
+                }
+                if v != pattern_word(off) {
+                    mismatches.fetch_add(1, Relaxed);
+                }
+                n += 1;
             }
-            if v != pattern_word(off) {
-                mismatches.fetch_add(1, Relaxed);
+            if let (Some(total), Some(h)) = (latency, &mine) {
+                total.absorb(h);
             }
-            n += 1;
-        }
-        if let (Some(total), Some(h)) = (latency, &mine) {
-            total.absorb(h);
-        }
-        n
-    })
+            n
+        })
+    }
 }

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use uffd_pager::{Result, PAGE_SIZE};
 
-use super::pattern_file::read_random_words;
 pub use super::pattern_file::{
     default_dir, file_pages, pattern_word, read_map_options, PatternFile,
 };
+use super::pattern_file::{random_map_options, RandomWords};
 
 /// Runs `random` with its file in [`default_dir`].
 pub fn run(k: &Knobs) -> Result<RunResult> {
@@ -42,8 +42,9 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = file_pages(k);
     let file = PatternFile::create(dir, "random", pages)?;
     let pager = Arc::new(k.pager()?);
-    let opts = read_map_options(k.install);
-    let region = pager.map_store(Arc::new(file.store()?), pages * PAGE_SIZE, &opts)?;
+    let opts = random_map_options(k.install, k.write_pct);
+    let store = Arc::new(file.store_rw(k.write_pct > 0)?);
+    let region = pager.map_store(store, pages * PAGE_SIZE, &opts)?;
     let base = region.as_ptr() as usize;
     let mismatches = AtomicU64::new(0);
     pager.reset_stats();
@@ -51,9 +52,16 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
     let threads = k.threads.max(1);
-    // SAFETY: the region maps `pages` pages of the file and outlives the call.
-    let reads =
-        unsafe { read_random_words(base, pages, threads, k.seed, deadline, &mismatches, None) };
+    let words = RandomWords {
+        pages,
+        threads,
+        seed: k.seed,
+        deadline,
+        write_pct: k.write_pct,
+    };
+    // SAFETY: the region maps `pages` pages of the file, writable when
+    // writes are asked for, and outlives the call.
+    let reads = unsafe { words.run(base, &mismatches, None) };
     let writer_loops = writers.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let stats = pager.stats();
@@ -61,8 +69,9 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     drop(file);
     drop(pager);
     let us_per_page = elapsed.as_secs_f64() * threads as f64 / reads.max(1) as f64 * 1e6;
-    // The raw floor, same reads, same threads, same budget, right after.
-    let floor_us = if k.budget_pages > 0 {
+    // The raw floor, same reads, same threads, same budget, right after
+    // (it only reads: none beside a run that writes).
+    let floor_us = if k.budget_pages > 0 && k.write_pct == 0 {
         let f = crate::bench::random_floor(
             dir,
             k.budget_pages as usize,

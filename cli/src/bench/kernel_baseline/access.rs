@@ -3,7 +3,7 @@
 //! the kernel's own `mmap` of the same file.
 
 use crate::workload::common::{pattern, sum_over_threads, Knobs};
-use crate::workload::pattern_file::read_random_words;
+use crate::workload::pattern_file::RandomWords;
 use crate::workload::scan::scan_pass;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
@@ -90,6 +90,7 @@ impl EngineMapper {
                     Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())),
                     &FileStoreOptions {
                         direct: true,
+                        writable: k.write_pct > 0,
                         ..FileStoreOptions::default()
                     },
                 )
@@ -105,7 +106,7 @@ impl EngineMapper {
         Ok(EngineMapper {
             pager,
             stores,
-            opts: crate::workload::pattern_file::read_map_options(k.install),
+            opts: crate::workload::pattern_file::random_map_options(k.install, k.write_pct),
             pages,
         })
     }
@@ -130,8 +131,8 @@ impl Mapper for EngineMapper {
     }
 }
 
-/// The kernel's side: `mmap(PROT_READ, MAP_SHARED)` of the file, with
-/// `MADV_RANDOM` if asked.
+/// The kernel's side: `mmap(MAP_SHARED)` of the file, read-only unless
+/// asked, with `MADV_RANDOM` if asked.
 pub struct KernelMapper {
     /// The files' descriptors.
     pub fds: Vec<RawFd>,
@@ -139,6 +140,8 @@ pub struct KernelMapper {
     pub pages: usize,
     /// `madvise(MADV_RANDOM)` each mapping.
     pub random: bool,
+    /// Map `PROT_READ | PROT_WRITE`.
+    pub writable: bool,
 }
 
 /// A kernel mapping; unmapped on drop.
@@ -178,7 +181,11 @@ impl Mapper for KernelMapper {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ,
+                if self.writable {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                },
                 libc::MAP_SHARED,
                 self.fds[i],
                 0,
@@ -223,19 +230,16 @@ pub fn run<M: Mapper>(w: Workload, mapper: &M, pages: usize, k: &Knobs) -> Resul
     let (ops, elapsed) = match w {
         Workload::Random => {
             let m = mapper.map(0)?;
-            // SAFETY: `m` maps `pages` readable pages of the pattern file
-            // and outlives the call.
-            let n = unsafe {
-                read_random_words(
-                    m.base(),
-                    pages,
-                    threads,
-                    k.seed,
-                    deadline,
-                    &mismatches,
-                    Some(&out.latency),
-                )
+            let words = RandomWords {
+                pages,
+                threads,
+                seed: k.seed,
+                deadline,
+                write_pct: k.write_pct,
             };
+            // SAFETY: `m` maps `pages` pages of the pattern file (writable
+            // when writes are asked for) and outlives the call.
+            let n = unsafe { words.run(m.base(), &mismatches, Some(&out.latency)) };
             (n, t0.elapsed())
         }
         Workload::Scan => {

@@ -141,6 +141,7 @@ fn run_side(
                 fds: raw.iter().map(|f| f.as_raw_fd()).collect(),
                 pages,
                 random,
+                writable: k.write_pct > 0,
             };
             (access::run(w, &m, pages, k)?, [0; 3])
         }
