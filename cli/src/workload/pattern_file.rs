@@ -156,6 +156,18 @@ pub(crate) struct RandomWords {
 }
 
 impl RandomWords {
+    /// The loop `k` asks for (its threads, seed and writes) over `pages`
+    /// pages until `deadline`.
+    pub(crate) fn of(k: &Knobs, pages: usize, deadline: Instant) -> RandomWords {
+        RandomWords {
+            pages,
+            threads: k.threads.max(1),
+            seed: k.seed,
+            deadline,
+            write_pct: k.write_pct,
+        }
+    }
+
     /// Runs the loop on the mapping at `base`, counting words that differ
     /// from the pattern in `mismatches`. With `latency`, each access is
     /// timed (two `clock_gettime` calls through the vDSO, tens of ns) into a

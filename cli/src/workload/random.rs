@@ -52,13 +52,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
     let threads = k.threads.max(1);
-    let words = RandomWords {
-        pages,
-        threads,
-        seed: k.seed,
-        deadline,
-        write_pct: k.write_pct,
-    };
+    let words = RandomWords::of(k, pages, deadline);
     // SAFETY: the region maps `pages` pages of the file, writable when
     // writes are asked for, and outlives the call.
     let reads = unsafe { words.run(base, &mismatches, None) };

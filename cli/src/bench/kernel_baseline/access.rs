@@ -230,13 +230,7 @@ pub fn run<M: Mapper>(w: Workload, mapper: &M, pages: usize, k: &Knobs) -> Resul
     let (ops, elapsed) = match w {
         Workload::Random => {
             let m = mapper.map(0)?;
-            let words = RandomWords {
-                pages,
-                threads,
-                seed: k.seed,
-                deadline,
-                write_pct: k.write_pct,
-            };
+            let words = RandomWords::of(k, pages, deadline);
             // SAFETY: `m` maps `pages` pages of the pattern file (writable
             // when writes are asked for) and outlives the call.
             let n = unsafe { words.run(m.base(), &mismatches, Some(&out.latency)) };
