@@ -361,6 +361,37 @@ impl Mm {
         )
     }
 
+    /// What the pager holds in memory now (see [`crate::MemoryUse`]).
+    /// Walks the regions under RCU; for reports, not for signal handlers.
+    pub fn memory_use(&self) -> crate::MemoryUse {
+        let mut m = crate::MemoryUse {
+            resident_pages: self.resident.load(Relaxed),
+            budget_pages: self.config.budget_pages,
+            metadata_bytes: self.lru.ring_bytes() as u64 + self.objects.resident_bytes(),
+            buffer_bytes: self.io.resident_bytes() + self.reclaim.resident_bytes(),
+            ..crate::MemoryUse::default()
+        };
+        let mut seen: Vec<usize> = Vec::new();
+        self.table.read(|t| {
+            for vma in t.iter() {
+                if vma.object.kind == crate::object::InstallKind::Anonymous {
+                    m.anonymous_bytes += crate::sys::mem::resident(vma.start, vma.end - vma.start);
+                }
+                let key = Arc::as_ptr(&vma.object) as usize;
+                if seen.contains(&key) {
+                    continue;
+                }
+                seen.push(key);
+                let (memfd, area, swap, state) = vma.object.memory();
+                m.memfd_bytes += memfd;
+                m.cache_area_bytes += area;
+                m.swap_bytes += swap;
+                m.metadata_bytes += state;
+            }
+        });
+        m
+    }
+
     /// Zeroes counters, lock statistics and the peak.
     pub fn reset_stats(&self) {
         self.counters.reset();

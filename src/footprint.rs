@@ -1,4 +1,6 @@
-//! What the engine spends on bookkeeping for a region: [`Footprint`].
+//! What the engine spends on bookkeeping for a region ([`Footprint`],
+//! computed) and what a pager holds in memory now ([`MemoryUse`],
+//! measured).
 
 use crate::error::{Error, Result};
 use crate::lru::{Entry, Lru};
@@ -54,5 +56,85 @@ impl Footprint {
             state_bytes: state.words_bytes(),
             lru_bytes,
         })
+    }
+}
+
+/// What a pager holds in memory now, measured from its own mappings
+/// (`mincore`, and `fstat` of the memfds), beside its budget:
+/// [`Pager::memory_use`](crate::Pager::memory_use).
+///
+/// The budget counts `resident_pages`: the pages installed in regions plus
+/// the pages cached for them. The rest is outside it: page-state words and
+/// the LRU ring (about 4 bytes per mapped page and 32 per budget page),
+/// request and staging buffers (at most a few hundred KiB), and in-memory
+/// swap, which holds every page an anonymous region evicted that differs
+/// from its store: memory the budget does not bound. To bound it, swap to
+/// a file ([`PagerBuilder::swap_dir`](crate::PagerBuilder::swap_dir)),
+/// whose page cache the kernel can reclaim.
+///
+/// ```
+/// use uffd_pager::{Pager, PAGE_SIZE};
+/// let pager = Pager::builder().budget_pages(16).build()?;
+/// let mut region = pager.map_anonymous(64 * PAGE_SIZE)?;
+/// region.as_mut_slice().fill(7); // 64 dirty pages through a 16-page budget
+/// let m = pager.memory_use();
+/// assert!(m.resident_pages <= 16 + 8);
+/// assert!(m.swap_bytes >= 40 * PAGE_SIZE as u64); // evicted to memory
+/// assert!(m.total_bytes() >= m.swap_bytes + m.metadata_bytes);
+/// # Ok::<(), uffd_pager::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Pages counted against the budget now.
+    pub resident_pages: u64,
+    /// The budget in pages (0: none).
+    pub budget_pages: u64,
+    /// Bytes the pages of installed anonymous regions take (their user
+    /// mappings' resident pages).
+    pub anonymous_bytes: u64,
+    /// Bytes the shared regions' page caches (memfds) hold.
+    pub memfd_bytes: u64,
+    /// Bytes the anonymous regions' cache areas hold (pages read ahead or
+    /// kept after a failed write-back).
+    pub cache_area_bytes: u64,
+    /// Bytes in-memory swap holds (outside the budget).
+    pub swap_bytes: u64,
+    /// Bytes of page-state words, the LRU ring and the object table.
+    pub metadata_bytes: u64,
+    /// Bytes of request and staging buffers.
+    pub buffer_bytes: u64,
+}
+
+impl MemoryUse {
+    /// Everything above, in bytes: the pager's real footprint.
+    pub fn total_bytes(&self) -> u64 {
+        self.anonymous_bytes
+            + self.memfd_bytes
+            + self.cache_area_bytes
+            + self.swap_bytes
+            + self.metadata_bytes
+            + self.buffer_bytes
+    }
+
+    /// The pages' share of it (installed, memfd and cache area), which the
+    /// budget bounds.
+    pub fn page_bytes(&self) -> u64 {
+        self.anonymous_bytes + self.memfd_bytes + self.cache_area_bytes
+    }
+}
+
+impl std::fmt::Display for MemoryUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        write!(
+            f,
+            "footprint {:.1} MiB (budget {:.1} MiB): pages {:.1}, in-memory swap {:.1}, metadata {:.2}, buffers {:.2}",
+            mib(self.total_bytes()),
+            mib(self.budget_pages * crate::PAGE_SIZE as u64),
+            mib(self.page_bytes()),
+            mib(self.swap_bytes),
+            mib(self.metadata_bytes),
+            mib(self.buffer_bytes),
+        )
     }
 }

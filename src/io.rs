@@ -120,6 +120,11 @@ impl Io {
         })
     }
 
+    /// Bytes of memory the request buffers hold now.
+    pub fn resident_bytes(&self) -> u64 {
+        self.bufs.resident()
+    }
+
     fn buf(&self, k: usize) -> *mut u8 {
         (self.bufs.addr() + k * MAX_BATCH * PAGE_SIZE) as *mut u8
     }

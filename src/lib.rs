@@ -59,7 +59,7 @@ mod writeback;
 pub use delivery::Delivery;
 pub use error::{Error, Result};
 pub use fault::{Policy, PolicyKind};
-pub use footprint::Footprint;
+pub use footprint::{Footprint, MemoryUse};
 pub use lru::DrainPolicy;
 pub use object::InstallKind;
 pub use pager::{MapOptions, Pager, PagerBuilder};

@@ -465,6 +465,18 @@ impl Object {
         }
     }
 
+    /// What the object holds in memory outside its user mappings, in bytes:
+    /// (memfd pages, cache-area pages, in-memory swap, page-state words).
+    /// For reports ([`crate::MemoryUse`]).
+    pub fn memory(&self) -> (u64, u64, u64, u64) {
+        let (memfd, area) = match &self.backing {
+            Backing::Shared { memfd, .. } => (memfd.allocated(), 0),
+            Backing::Anonymous { area } => (0, area.resident()),
+        };
+        let swap = self.swap.as_ref().map_or(0, |s| s.memory_bytes());
+        (memfd, area, swap, self.cache.resident_bytes())
+    }
+
     /// The memfd, for shared objects (mapped by the user's region).
     pub fn memfd(&self) -> Option<&Memfd> {
         match &self.backing {

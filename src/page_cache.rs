@@ -159,6 +159,16 @@ impl PageCache {
         }
     }
 
+    /// Bytes of memory the words hold now: the heap array, or the resident
+    /// part of their mapping (untouched pages of it cost nothing).
+    pub fn resident_bytes(&self) -> u64 {
+        match &self.words {
+            Words::Inline(_) => 0,
+            Words::Heap(b) => std::mem::size_of_val(&**b) as u64,
+            Words::Mapped(m) => m.resident(),
+        }
+    }
+
     /// Number of pages tracked.
     pub fn len(&self) -> usize {
         self.npages

@@ -233,7 +233,6 @@ impl Table {
     }
 
     /// Every region, in address order.
-    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Vma>> {
         self.chunks.iter().flat_map(|c| c.vmas())
     }

@@ -45,6 +45,11 @@ impl ObjectTable {
         unsafe { &*(self.slots.addr() as *const AtomicUsize).add(i as usize) }
     }
 
+    /// Bytes of memory the table holds now (its touched slots).
+    pub fn resident_bytes(&self) -> u64 {
+        self.slots.resident()
+    }
+
     /// Gives `obj` a slot; returns it. Fails when the table is full.
     pub fn insert(&self, obj: &Arc<Object>) -> Option<u32> {
         let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());

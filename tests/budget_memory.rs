@@ -88,3 +88,193 @@ fn a_read_only_anonymous_region_keeps_each_page_once() {
         "anonymous memory grew {grew} KiB for a budget of {budget_kib} KiB"
     );
 }
+
+/// A file on disk of `PAGES` pattern pages, for a child's region.
+fn disk_store(tag: &str, writable: bool) -> FileStore {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("budget-memory-{tag}-{}", std::process::id()));
+    // In chunks: the child may run in a cgroup smaller than the file.
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&path).unwrap();
+        let mut chunk = vec![0u8; 256 * PAGE];
+        for base in (0..PAGES * PAGE).step_by(chunk.len()) {
+            for (i, b) in chunk.iter_mut().enumerate() {
+                *b = pattern(7, base + i);
+            }
+            f.write_all(&chunk).unwrap();
+        }
+    }
+    let store = FileStore::open(
+        &path,
+        &FileStoreOptions {
+            writable,
+            ..FileStoreOptions::default()
+        },
+    )
+    .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    store
+}
+
+/// Random reads, and writes of the word read (so pages turn dirty and
+/// reclaim writes them back), over `region`: `ops` accesses, every read
+/// checked against the pattern.
+fn random_reads_and_writes(region: &mut uffd_pager::Region, ops: usize) {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..ops {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let off = (x as usize % PAGES) * PAGE + 8 * ((x >> 40) as usize % 512);
+        let s = region.as_mut_slice();
+        assert_eq!(s[off], pattern(7, off), "offset {off}");
+        if x.is_multiple_of(3) {
+            s[off] = pattern(7, off);
+        }
+    }
+}
+
+/// Child: a writable region of `KIND` (shared, or anonymous swapping to a
+/// file) four times the budget, read and written at random, then its
+/// footprint as the pager measures it.
+#[test]
+fn child_footprint_under_load() {
+    if !is_child() {
+        return;
+    }
+    let kind = match std::env::var("KIND").as_deref() {
+        Ok("anonymous") => InstallKind::Anonymous,
+        _ => InstallKind::Shared,
+    };
+    let swap_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let pager = Pager::builder()
+        .budget_pages(BUDGET as u64)
+        .swap_dir(swap_dir)
+        .build()
+        .unwrap();
+    let opts = MapOptions {
+        kind,
+        writable: true,
+        ..MapOptions::default()
+    };
+    let mut region = pager
+        .map_store(Arc::new(disk_store("load", true)), PAGES * PAGE, &opts)
+        .unwrap();
+    random_reads_and_writes(&mut region, 4 * PAGES);
+    println!("{}", pager.memory_use());
+    let m = pager.memory_use();
+    println!(
+        "pages {} swap {} total {}",
+        m.page_bytes(),
+        m.swap_bytes,
+        m.total_bytes()
+    );
+}
+
+fn footprint_of(out: &std::process::Output) -> (u64, u64, u64) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let l = text
+        .lines()
+        .find(|l| l.starts_with("pages "))
+        .unwrap_or_else(|| panic!("no footprint in {}", describe(out)));
+    let v: Vec<u64> = l
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (v[0], v[1], v[2])
+}
+
+#[test]
+fn the_footprint_is_measured_and_bounded_by_the_budget() {
+    for kind in ["shared", "anonymous"] {
+        let out = run_child("child_footprint_under_load", &[("KIND", kind)]);
+        assert!(out.status.success(), "{kind}: {}", describe(&out));
+        let (pages, swap, total) = footprint_of(&out);
+        let budget = (BUDGET * PAGE) as u64;
+        // The pages the pager holds are the budget, give or take the
+        // reclaimer's slack; they were measured, not counted, so a region
+        // that holds none would fail the lower bound.
+        assert!(
+            pages > budget / 2 && pages <= budget + budget / 8,
+            "{kind}: pages {pages} for a budget of {budget}"
+        );
+        // Swapped to a file: nothing in memory outside the budget but
+        // metadata and buffers.
+        assert_eq!(swap, 0, "{kind}");
+        assert!(
+            total - pages < 2 << 20,
+            "{kind}: total {total}, pages {pages}"
+        );
+    }
+}
+
+/// The memory cgroup controller's directory for a group of this test's,
+/// and the files to write the limit and the members to; `None` without
+/// root or a memory controller.
+fn cgroup(name: &str) -> Option<(std::path::PathBuf, &'static str)> {
+    if !is_root() {
+        return None;
+    }
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+    let (root, limit) = if v2 {
+        ("/sys/fs/cgroup", "memory.max")
+    } else {
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+    };
+    let dir = std::path::Path::new(root).join(name);
+    std::fs::create_dir(&dir).ok()?;
+    Some((dir, limit))
+}
+
+/// Both kinds run in a memory cgroup of the budget × 1.1 plus the
+/// documented overhead, without being OOM-killed. The child writes its
+/// file inside the group too: that page cache is charged there, but the
+/// kernel can reclaim it (as it reclaims the swap file's).
+#[test]
+fn both_kinds_run_in_a_cgroup_of_the_budget_and_its_overhead() {
+    let name = format!("uffd-pager-test-{}", std::process::id());
+    let Some((dir, limit_file)) = cgroup(&name) else {
+        eprintln!("skipped: needs root and a memory cgroup");
+        return;
+    };
+    // The budget × 1.1, and the overhead the README documents for the
+    // kernel baseline: 4 MiB for the process and its buffers, plus the
+    // page-state words and the LRU ring.
+    let f = uffd_pager::Footprint::of(PAGES, BUDGET as u64).unwrap();
+    let limit = (BUDGET * PAGE) as u64 * 11 / 10 + (4 << 20) + (f.state_bytes + f.lru_bytes) as u64;
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _group = Remove(dir.clone());
+    std::fs::write(dir.join(limit_file), limit.to_string()).unwrap();
+    for kind in ["shared", "anonymous"] {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+                dir.display()
+            ))
+            .arg(exe)
+            .args([
+                "--exact",
+                "child_footprint_under_load",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("UFFD_CHILD", "1")
+            .env("KIND", kind)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{kind} in a cgroup of {limit} bytes: {}",
+            describe(&out)
+        );
+    }
+}

@@ -421,6 +421,16 @@ impl Pager {
         self.inner.mm.stats()
     }
 
+    /// What the pager holds in memory now, by kind, beside its budget: its
+    /// real footprint (see [`MemoryUse`](crate::MemoryUse)). Walks the
+    /// regions and asks the kernel about their pages: a report, not a
+    /// counter (milliseconds for gigabytes of regions).
+    ///
+    /// Example: [`MemoryUse`](crate::MemoryUse).
+    pub fn memory_use(&self) -> crate::MemoryUse {
+        self.inner.mm.memory_use()
+    }
+
     /// Zeroes the counters.
     ///
     /// Example: [`Pager`](crate::Pager).

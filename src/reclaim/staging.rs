@@ -32,6 +32,11 @@ pub struct Reclaim {
 }
 
 impl Reclaim {
+    /// Bytes of memory the staging slots hold now (pages in flight to swap).
+    pub fn resident_bytes(&self) -> u64 {
+        self.staging.resident() + self.staging_ro.resident()
+    }
+
     /// Staging areas registered (MISSING) with a descriptor of their own,
     /// so they can be `UFFDIO_MOVE` destinations.
     pub fn new() -> Result<Reclaim, (&'static str, i32)> {

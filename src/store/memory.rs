@@ -106,6 +106,10 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn memory_bytes(&self) -> u64 {
+        self.map.resident()
+    }
+
     fn len(&self) -> u64 {
         self.len
     }

@@ -183,6 +183,14 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Bytes of this process's memory the store's contents take (an
+    /// in-memory store's written pages); 0 for stores whose contents live
+    /// elsewhere (a file, a server). Reported in
+    /// [`Pager::memory_use`](crate::Pager::memory_use) for swap stores.
+    fn memory_bytes(&self) -> u64 {
+        0
+    }
+
     /// Whether the engine may call this store in the faulting thread, that
     /// is inside its SIGBUS handler: every method async-signal-safe (no
     /// allocation, no locks application code could hold, no logging) and

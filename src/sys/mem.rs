@@ -1,6 +1,7 @@
 //! Memory mappings and memfds: owned anonymous/shared mappings and the
 //! madvise/fallocate primitives that eviction uses.
 
+use super::PAGE_SIZE;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// An owned mapping, unmapped on drop.
@@ -113,6 +114,11 @@ impl Mapping {
         self.len
     }
 
+    /// Bytes of the mapping resident now ([`resident`]).
+    pub fn resident(&self) -> u64 {
+        resident(self.addr, self.len)
+    }
+
     /// Gives up ownership: the range is no longer unmapped on drop.
     pub fn into_raw(self) -> (usize, usize) {
         let r = (self.addr, self.len);
@@ -178,6 +184,11 @@ impl LazyMapping {
         }
     }
 
+    /// Bytes of the mapping resident now (0 if it was never made).
+    pub fn resident(&self) -> u64 {
+        self.peek().map_or(0, |a| resident(a, self.len))
+    }
+
     /// The mapping's address if it was made.
     #[inline]
     pub fn peek(&self) -> Option<usize> {
@@ -195,6 +206,31 @@ impl Drop for LazyMapping {
             drop(unsafe { Mapping::from_raw(a, self.len) });
         }
     }
+}
+
+/// Bytes of `[addr, addr + len)` (page-aligned `addr`) that are resident
+/// now, from `mincore`: what the range costs in memory. Unmapped parts
+/// count as nothing. For reports: it allocates nothing but loops over the
+/// range a few thousand pages per call.
+pub fn resident(addr: usize, len: usize) -> u64 {
+    const CHUNK: usize = 4096;
+    let mut v = [0u8; CHUNK];
+    let (mut a, end) = (addr, addr + len);
+    let mut n = 0u64;
+    while a < end {
+        let l = (end - a).min(CHUNK * PAGE_SIZE);
+        // SAFETY: `v` has room for one byte per page of `l`; mincore only
+        // reads the page tables of our own address space.
+        let r = unsafe { libc::mincore(a as *mut libc::c_void, l, v.as_mut_ptr()) };
+        if r == 0 {
+            n += v[..l.div_ceil(PAGE_SIZE)]
+                .iter()
+                .filter(|&&b| b & 1 != 0)
+                .count() as u64;
+        }
+        a += l;
+    }
+    n * PAGE_SIZE as u64
 }
 
 /// `madvise(addr, len, advice)`; async-signal-safe.
@@ -273,6 +309,17 @@ impl Memfd {
     /// The descriptor.
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Bytes of memory the memfd holds (`st_blocks`).
+    pub fn allocated(&self) -> u64 {
+        // SAFETY: an all-zero `stat` is a valid value to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat fills `st` for our own descriptor.
+        match unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) } {
+            0 => st.st_blocks as u64 * 512,
+            _ => 0,
+        }
     }
 
     /// Frees the pages of `[off, off+len)`; async-signal-safe.

@@ -297,6 +297,11 @@ pub fn pattern_stores(
     })
 }
 
+/// Bytes in MiB, for extras.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
 /// Runs `f(i)` on `threads` scoped threads (`i` = 0..threads) and sums
 /// what they return (operations done).
 pub fn sum_over_threads(threads: usize, f: impl Fn(usize) -> u64 + Sync) -> u64 {

@@ -11,7 +11,7 @@
 //! It is mapped read-only through a read-only [`FileStore`](uffd_pager::store::FileStore) with
 //! `k.install` as install kind (see [`read_map_options`]).
 
-use super::common::{cpu_time, Knobs, RunResult, Writers};
+use super::common::{cpu_time, mib, Knobs, RunResult, Writers};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
@@ -37,7 +37,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
 /// with the same threads, budget and duration; NaN without a budget),
 /// `vs_floor` (their ratio), `mismatches` (words that differed from the
 /// pattern, engine and floor; 0 unless one is broken),
-/// `file_pages`, `writer_loops`.
+/// `file_pages`, `writer_loops`, `footprint_mib` (what the pager held at
+/// the end, [`uffd_pager::Pager::memory_use`]).
 pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = file_pages(k);
     let file = PatternFile::create(dir, "random", pages)?;
@@ -59,6 +60,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let writer_loops = writers.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let stats = pager.stats();
+    let footprint = pager.memory_use();
     drop(region);
     drop(file);
     drop(pager);
@@ -98,6 +100,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             ("mismatches", mismatches.load(Relaxed) as f64),
             ("file_pages", pages as f64),
             ("writer_loops", writer_loops as f64),
+            ("footprint_mib", mib(footprint.total_bytes())),
         ],
     })
 }

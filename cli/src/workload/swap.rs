@@ -6,7 +6,7 @@
 //! regions to contend on the global lock. Throughput is page reads/s.
 
 use super::common::{
-    cpu_time, pattern, pattern_stores, sum_over_threads, Knobs, Rng, RunResult, Writers,
+    cpu_time, mib, pattern, pattern_stores, sum_over_threads, Knobs, Rng, RunResult, Writers,
 };
 use super::noise::Noise;
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -58,6 +58,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let (noise_loops, noise_prioritised) = noise.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let stats = pager.stats();
+    let footprint = pager.memory_use();
     drop(region);
     Ok(RunResult {
         workload: "swap",
@@ -73,6 +74,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
             ("writer_loops", writer_loops as f64),
             ("noise_loops", noise_loops as f64),
             ("noise_prioritised", noise_prioritised as f64),
+            ("footprint_mib", mib(footprint.total_bytes())),
+            ("swap_in_memory_mib", mib(footprint.swap_bytes)),
         ],
     })
 }

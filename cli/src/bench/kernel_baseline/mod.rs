@@ -33,8 +33,8 @@ use uffd_pager::{Counter, Percentiles, PAGE_SIZE};
 /// What the limit allows beyond the budget and the engine's
 /// [`Footprint`](uffd_pager::Footprint) (page states and LRU ring): the
 /// process itself (heap, thread stacks, the I/O and staging buffers). The
-/// engine side's cgroup peak was at most 1.3 MiB above its budget plus
-/// footprint in this project's runs (`docs/measurements/2-vcpu/issue14/`);
+/// engine side's cgroup peak was at most 1.6 MiB above its budget plus
+/// footprint in this project's runs (`docs/measurements/2-vcpu/issue14/run2/`);
 /// the binary's and libraries' pages are charged to the parent's group,
 /// which loaded them.
 pub const FIXED_OVERHEAD: u64 = 4 << 20;
@@ -61,6 +61,9 @@ pub struct Side {
     pub pager: [u64; 3],
     /// Access latency (count 0 where accesses are not timed).
     pub latency: Percentiles,
+    /// The engine's footprint at the end, as it measured it
+    /// ([`uffd_pager::MemoryUse`]); empty for the kernel.
+    pub footprint: String,
     /// The cgroup's view.
     pub cgroup: MemStat,
     /// Killed (by the OOM killer, or anything else) before it reported.
@@ -127,14 +130,14 @@ fn run_side(
         .map(|f| f.file().try_clone())
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    let (out, c) = match kind {
+    let (out, c, footprint) = match kind {
         Kind::Engine => {
             let m = EngineMapper::new(k, budget, &raw, pages)?;
             m.pager.reset_stats();
             let out = access::run(w, &m, pages, k)?;
             let st = m.pager.stats();
             let c = [Counter::PGFAULT, Counter::PGMAJFAULT, Counter::PGSTEAL].map(|c| st.get(c));
-            (out, c)
+            (out, c, m.pager.memory_use().to_string())
         }
         Kind::Kernel { random } => {
             let m = KernelMapper {
@@ -143,12 +146,12 @@ fn run_side(
                 random,
                 writable: k.write_pct > 0,
             };
-            (access::run(w, &m, pages, k)?, [0; 3])
+            (access::run(w, &m, pages, k)?, [0; 3], String::new())
         }
     };
     let l = out.latency.percentiles();
     Ok(format!(
-        "ok {} {} {} {} {} {} {} {} {} {} {}\n",
+        "ok {} {} {} {} {} {} {} {} {} {} {} | {footprint}\n",
         out.ops,
         out.elapsed.as_secs_f64(),
         out.mismatches,
@@ -165,7 +168,9 @@ fn run_side(
 
 /// Parses [`run_side`]'s line into `side`.
 fn parse_line(text: &str, side: &mut Side) -> Result<(), String> {
-    let f: Vec<&str> = text.split_whitespace().collect();
+    let (nums, footprint) = text.split_once(" | ").unwrap_or((text, ""));
+    side.footprint = footprint.trim().to_string();
+    let f: Vec<&str> = nums.split_whitespace().collect();
     let n = |s: &str| s.parse::<u64>().unwrap_or(0);
     match f.as_slice() {
         ["ok", ops, secs, mm, a, b, c, count, p50, p99, p999, max] => {
@@ -424,6 +429,9 @@ impl Report {
                 c.peak_bytes as f64 / (1 << 20) as f64,
                 s.mismatches,
             );
+        }
+        if !self.sides[0].footprint.is_empty() {
+            let _ = writeln!(t, "engine {} at the end", self.sides[0].footprint);
         }
         let _ = writeln!(
             t,
