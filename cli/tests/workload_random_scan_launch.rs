@@ -169,7 +169,7 @@ fn launch_replays_cold_launches() {
             ..knobs()
         };
         let what = format!("{install} {policy}");
-        let r = launch::run(&k, &trace, 4).unwrap();
+        let r = launch::run(&k, &trace, 4, launch::Model::FAST).unwrap();
         assert_eq!(r.workload, "launch");
         assert_eq!(r.ops, 4);
         assert_eq!(r.extra("mismatches"), Some(0.0), "{what}");
@@ -202,8 +202,8 @@ fn launch_replays_cold_launches() {
 
 #[test]
 fn launch_rejects_empty_input() {
-    assert!(launch::run(&knobs(), &Trace::default(), 1).is_err());
-    assert!(launch::run(&knobs(), &synthetic_trace(8, 8, 1), 0).is_err());
+    assert!(launch::run(&knobs(), &Trace::default(), 1, launch::Model::FAST).is_err());
+    assert!(launch::run(&knobs(), &synthetic_trace(8, 8, 1), 0, launch::Model::FAST).is_err());
 }
 
 #[test]
@@ -216,6 +216,7 @@ fn launch_runs_the_shipped_trace() {
         },
         &trace,
         2,
+        launch::Model::FAST,
     )
     .unwrap();
     assert_eq!(r.ops, 2);
@@ -292,4 +293,29 @@ fn trace_round_trips_and_records() {
     assert_eq!(t3.len(), 2);
     assert!(t3.accesses[0].think_us >= 2000, "{:?}", t3);
     assert_eq!(t3.accesses[1].think_us, 0);
+}
+
+#[test]
+fn a_growing_heap_waits_for_the_global_lock_under_either_policy() {
+    // Writers that never pause: the global lock is write-held nearly all
+    // the time. A file fault under retry-once never needs it; the first
+    // touch of a fresh anonymous region does (`__vmf_anon_prepare`).
+    let trace = synthetic_trace(256, 400, 7);
+    let k = Knobs {
+        policy: "retry-once".parse().unwrap(),
+        writers: 2,
+        writer_pause: Duration::ZERO,
+        ..knobs()
+    };
+    let waits = |heap_every| {
+        let model = launch::Model {
+            think_scale: 1,
+            heap_every,
+        };
+        let r = launch::run(&k, &trace, 2, model).unwrap();
+        assert_eq!(r.extra("mismatches"), Some(0.0));
+        r.extra("lock_waits_per_launch").unwrap()
+    };
+    assert_eq!(waits(0), 0.0);
+    assert!(waits(10) > 0.0);
 }

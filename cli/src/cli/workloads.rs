@@ -77,9 +77,23 @@ pub struct WorkloadArgs {
     /// (back unchanged, so the page turns dirty and reclaim writes it back)
     #[arg(long, default_value_t = 0)]
     pub write_pct: u32,
-    /// Microseconds each writer pauses between map/unmap loops.
-    #[arg(long, default_value_t = 0)]
-    pub writer_pause_us: u64,
+    /// Microseconds each writer pauses between map/unmap loops (between
+    /// bursts, with --writer-burst-us).
+    #[arg(long)]
+    pub writer_pause_us: Option<u64>,
+    /// Microseconds each writer maps and unmaps back to back before each
+    /// pause (0: one map/unmap per pause).
+    #[arg(long)]
+    pub writer_burst_us: Option<u64>,
+    /// launch: think time of each trace access multiplied by this (an app
+    /// computes between faults)
+    #[arg(long)]
+    pub think_scale: Option<u32>,
+    /// launch: every N accesses the app maps a small anonymous region and
+    /// touches it (its first fault needs the global lock, as the kernel's
+    /// `__vmf_anon_prepare` needs mmap_lock: 0 = none)
+    #[arg(long)]
+    pub heap_every: Option<usize>,
     /// filemap, swap: scheduler-noise threads, seed 000's noise variant:
     /// each pinned to a CPU in turn at nice -10 with a 10 µs EEVDF slice,
     /// spinning 5 µs and sleeping 50 µs in a loop (priority needs root)
@@ -101,8 +115,8 @@ pub struct WorkloadArgs {
         default_value = "always,locked-only,never"
     )]
     pub drain: Vec<DrainPolicy>,
-    /// launch: launches per run.
-    #[arg(long, default_value_t = 20)]
+    /// launch: launches per run (about 3.2 s each with the calibrated model).
+    #[arg(long, default_value_t = 10)]
     pub launches: usize,
     /// launch: a recorded trace file (default: the shipped synthetic one).
     #[arg(long, value_name = "FILE")]
@@ -147,6 +161,15 @@ impl Which {
             Which::Random => "random",
             Which::Scan => "scan",
             Which::Launch => "launch",
+        }
+    }
+
+    /// Default writer model: (pause µs, burst µs). `launch`'s writers come
+    /// in bursts, calibrated against seed 003 (see `launch.rs`).
+    fn writer_model(self) -> (u64, u64) {
+        match self {
+            Which::Launch => (launch::WRITER_PAUSE_US, launch::WRITER_BURST_US),
+            _ => (0, 0),
         }
     }
 
@@ -215,7 +238,8 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
     let k = Knobs {
         threads: a.threads.first().copied().unwrap_or(threads),
         writers: a.writers.first().copied().unwrap_or(writers),
-        writer_pause: Duration::from_micros(a.writer_pause_us),
+        writer_pause: Duration::from_micros(a.writer_pause_us.unwrap_or(w.writer_model().0)),
+        writer_burst: Duration::from_micros(a.writer_burst_us.unwrap_or(w.writer_model().1)),
         noise: a.noise,
         duration: Duration::from_secs_f64(a.duration),
         seed: a.seed,
@@ -268,7 +292,11 @@ fn run_once(
             if a.launches == 0 || a.launches > 10_000 {
                 return Err(CliError::Usage("--launches must be in 1..=10000".into()));
             }
-            launch::run(k, &trace, a.launches).map_err(rt)
+            let model = launch::Model {
+                think_scale: a.think_scale.unwrap_or(launch::THINK_SCALE),
+                heap_every: a.heap_every.unwrap_or(launch::HEAP_EVERY),
+            };
+            launch::run(k, &trace, a.launches, model).map_err(rt)
         }
     }
 }

@@ -19,6 +19,11 @@ pub struct Knobs {
     /// with few CPUs, writers that never pause starve the workers of CPU,
     /// which measures the scheduler rather than the lock.
     pub writer_pause: Duration,
+    /// How long a writer maps and unmaps back to back before each pause
+    /// (zero: one map/unmap per pause). An app's writers come in bursts
+    /// (a library loading, a heap growing), during which a fault that
+    /// falls back to the global lock waits.
+    pub writer_burst: Duration,
     /// Scheduler-noise threads (seed 000's noise variant, see
     /// [`super::noise`]); filemap and swap start them.
     pub noise: usize,
@@ -63,6 +68,7 @@ impl Default for Knobs {
             threads: 4,
             writers: 0,
             writer_pause: Duration::ZERO,
+            writer_burst: Duration::ZERO,
             noise: 0,
             duration: Duration::from_secs(2),
             seed: 1,
@@ -177,9 +183,11 @@ pub struct Writers {
 }
 
 impl Writers {
-    /// Starts `n` writers on `pager`; they stop by themselves at
+    /// Starts `k.writers` writers on `pager` (`k.writer_burst` of map/unmap
+    /// loops, then `k.writer_pause`, in turn); they stop by themselves at
     /// `deadline` (so that workers they hold up can always finish).
-    pub fn start(pager: &Arc<Pager>, n: usize, pause: Duration, deadline: Instant) -> Writers {
+    pub fn start(pager: &Arc<Pager>, k: &Knobs, deadline: Instant) -> Writers {
+        let (n, pause, burst) = (k.writers, k.writer_pause, k.writer_burst);
         let stop = Arc::new(AtomicBool::new(false));
         let loops = Arc::new(AtomicU64::new(0));
         let handles = (0..n)
@@ -187,10 +195,16 @@ impl Writers {
                 let (p, stop, loops) = (pager.clone(), stop.clone(), loops.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Relaxed) && Instant::now() < deadline {
-                        if let Ok(r) = p.map_anonymous(uffd_pager::PAGE_SIZE) {
-                            drop(r);
+                        let until = Instant::now() + burst;
+                        loop {
+                            if let Ok(r) = p.map_anonymous(uffd_pager::PAGE_SIZE) {
+                                drop(r);
+                            }
+                            loops.fetch_add(1, Relaxed);
+                            if stop.load(Relaxed) || Instant::now() >= until {
+                                break;
+                            }
                         }
-                        loops.fetch_add(1, Relaxed);
                         if !pause.is_zero() {
                             std::thread::sleep(pause);
                         }

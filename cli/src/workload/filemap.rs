@@ -25,7 +25,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
+    let writers = Writers::start(&pager, k, deadline);
     let noise = Noise::start(k.noise, deadline);
     let rounds: Result<u64> = std::thread::scope(|s| {
         let hs: Vec<_> = stores

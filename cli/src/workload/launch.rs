@@ -10,9 +10,14 @@
 //! so every first touch of a page is a major fault.
 //! The main thread maps the region and replays the trace: one `u64` read
 //! per access (checked against the pattern), then a busy-wait of the
-//! access's think time (an app computes between faults). A launch's time is
+//! access's think time × [`Model::think_scale`] (an app computes between
+//! faults), and every [`Model::heap_every`] accesses a fresh small
+//! anonymous region touched once (the heap growing). A launch's time is
 //! map + replay; its global-lock wait is the read-side wait of that launch
-//! (`Stats::global.read_wait_ns`; only the replaying thread faults).
+//! (`Stats::global.read_wait_ns`; only the replaying thread faults). The
+//! writers come in bursts (`k.writer_burst`, then `k.writer_pause`); the
+//! command line's defaults ([`WRITER_BURST_US`] and the rest) are
+//! calibrated against seed 003.
 //!
 //! Traces are text, one access per line: `page [think_us]`; `#` lines are
 //! comments. Record one from any code with [`TraceRecorder`] (or
@@ -258,34 +263,86 @@ pub fn default_trace() -> Trace {
 
 /// Replays `trace` on the region at `base`; returns the words that differ
 /// from the pattern.
-fn replay(base: usize, trace: &Trace) -> u64 {
+/// The launch model's calibration against seed 003 (a Baidu Tieba cold
+/// launch on a Pixel 6: 3.6 s, of which 570 ms in 32.4 mmap_lock read
+/// waits under vanilla, 470 ms in 10.9 waits with the retry): the
+/// writers' default burst and pause, and the [`Model`]'s defaults. See
+/// the README's "Cold launch" for what they give.
+pub const WRITER_BURST_US: u64 = 30_000;
+/// See [`WRITER_BURST_US`].
+pub const WRITER_PAUSE_US: u64 = 550_000;
+/// See [`WRITER_BURST_US`].
+pub const THINK_SCALE: u32 = 150;
+/// See [`WRITER_BURST_US`].
+pub const HEAP_EVERY: usize = 12;
+
+/// How a launch behaves beyond its trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Model {
+    /// Each access's think time is multiplied by this.
+    pub think_scale: u32,
+    /// Every this many accesses the app maps a small anonymous region (its
+    /// heap growing) and touches it: that first fault needs the global
+    /// lock (`__vmf_anon_prepare`), under either policy. 0: never.
+    pub heap_every: usize,
+}
+
+impl Default for Model {
+    /// The calibrated model (about 3.2 s per launch).
+    fn default() -> Self {
+        Model {
+            think_scale: THINK_SCALE,
+            heap_every: HEAP_EVERY,
+        }
+    }
+}
+
+impl Model {
+    /// The trace as recorded, no heap growth: a launch in about 0.2 s.
+    pub const FAST: Model = Model {
+        think_scale: 1,
+        heap_every: 0,
+    };
+}
+
+fn replay(pager: &uffd_pager::Pager, base: usize, trace: &Trace, model: Model) -> Result<u64> {
     let mut bad = 0;
-    for a in &trace.accesses {
+    let mut heap = Vec::new();
+    for (n, a) in trace.accesses.iter().enumerate() {
+        if model.heap_every > 0 && n % model.heap_every == model.heap_every - 1 {
+            let mut r = pager.map_anonymous(4 * PAGE_SIZE)?;
+            r.as_mut_slice()[0] = 1;
+            heap.push(r);
+        }
         let off = a.page * PAGE_SIZE + 8 * (a.page % (PAGE_SIZE / 8));
         // SAFETY: `a.page < trace.pages()`, the region's length in pages;
         // the caller keeps the region mapped; 8-aligned.
         let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
         bad += (v != pattern_word(off)) as u64;
         if a.think_us > 0 {
-            let until = Instant::now() + Duration::from_micros(a.think_us as u64);
+            let think = a.think_us as u64 * model.think_scale as u64;
+            let until = Instant::now() + Duration::from_micros(think);
             while Instant::now() < until {
                 std::hint::spin_loop();
             }
         }
     }
-    bad
+    drop(heap);
+    Ok(bad)
 }
 
-/// Runs `launches` cold launches replaying `trace` (see the module docs).
+/// Runs `launches` cold launches replaying `trace` under `model` (see the
+/// module docs).
 /// `k.duration` and `k.threads` are not used.
 ///
 /// `ops` is launches and `elapsed` the whole run. `stats` are the counters
 /// of the last launch (each launch has its own pager). Extras:
 /// `launch_ms_mean`, `launch_ms_max`, `lock_wait_us_mean`,
 /// `lock_wait_us_max` (global-lock read wait per launch),
+/// `lock_waits_per_launch` (contended global read acquisitions),
 /// `majfault_per_launch`, `mismatches`, `writer_loops`, `trace_len`,
 /// `trace_pages`.
-pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
+pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<RunResult> {
     if trace.is_empty() || launches == 0 {
         return Err(Error::Config(
             "launch needs a non-empty trace and at least one launch".into(),
@@ -295,7 +352,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
     let far = k.far("launch")?;
     let store = pattern_stores(k, far.as_deref(), "launch", pages, 1)?.remove(0);
     let opts = read_map_options(k.install);
-    let (mut times, mut waits) = (Vec::new(), Vec::new());
+    let (mut times, mut waits, mut wait_counts) = (Vec::new(), Vec::new(), Vec::new());
     let (mut mismatches, mut writer_loops, mut majfaults) = (0u64, 0u64, 0u64);
     let mut last = None;
     let (t0, c0) = (Instant::now(), cpu_time());
@@ -304,12 +361,12 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
         // Stopped right after the launch below; the deadline is only a
         // backstop.
         let backstop = Instant::now() + Duration::from_secs(3600);
-        let writers = Writers::start(&pager, k.writers, k.writer_pause, backstop);
+        let writers = Writers::start(&pager, k, backstop);
         let one = || -> Result<(Duration, u64, uffd_pager::Stats)> {
             let s0 = pager.stats();
             let t = Instant::now();
             let region = pager.map_store(store.clone(), pages * PAGE_SIZE, &opts)?;
-            let bad = replay(region.as_ptr() as usize, trace);
+            let bad = replay(&pager, region.as_ptr() as usize, trace, model)?;
             let dt = t.elapsed();
             let d = pager.stats().since(&s0);
             drop(region);
@@ -320,6 +377,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
         let (dt, bad, d) = res?;
         times.push(dt.as_secs_f64() * 1e3);
         waits.push(d.global.read_wait_ns as f64 / 1e3);
+        wait_counts.push(d.global.read_contended as f64);
         mismatches += bad;
         majfaults += d.get(uffd_pager::Counter::PGMAJFAULT);
         last = Some(d);
@@ -341,6 +399,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize) -> Result<RunResult> {
             ("launch_ms_max", max(&times)),
             ("lock_wait_us_mean", mean(&waits)),
             ("lock_wait_us_max", max(&waits)),
+            ("lock_waits_per_launch", mean(&wait_counts)),
             ("majfault_per_launch", majfaults as f64 / launches as f64),
             ("mismatches", mismatches as f64),
             ("writer_loops", writer_loops as f64),

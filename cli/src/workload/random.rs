@@ -51,7 +51,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
+    let writers = Writers::start(&pager, k, deadline);
     let threads = k.threads.max(1);
     let words = RandomWords::of(k, pages, deadline);
     // SAFETY: the region maps `pages` pages of the file, writable when

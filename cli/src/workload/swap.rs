@@ -34,7 +34,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k.writers, k.writer_pause, deadline);
+    let writers = Writers::start(&pager, k, deadline);
     let noise = Noise::start(k.noise, deadline);
     let reads = sum_over_threads(k.threads, |_| {
         let mut n = 0u64;
