@@ -136,6 +136,23 @@ fn probe_mentions_sigbus() {
     assert!(out.contains("SIGBUS"), "probe output:\n{out}");
 }
 
+#[test]
+fn probe_reports_the_huge_page_pool() {
+    let o = run(&["probe"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("huge pages (2 MiB)"))
+        .unwrap_or_else(|| panic!("no huge-page line in\n{out}"));
+    match std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages") {
+        Ok(nr) => assert!(
+            line.contains(&format!(" {} reserved", nr.trim())),
+            "{line} (sysfs says {nr})"
+        ),
+        Err(_) => assert!(line.contains("none"), "{line}"),
+    }
+}
+
 /// `random` sizes its file from the budget: a budget of 0 is refused
 /// rather than printing NaN ratios.
 #[test]

@@ -55,6 +55,26 @@ struct Report {
     /// Features of the range descriptor, and whether it is user-mode-only.
     range_fd: Result<(u64, bool), String>,
     ranges: Vec<RangeProbe>,
+    /// 2 MiB huge pages: (reserved, free, reserved for mappings), if the
+    /// kernel has hugetlb.
+    huge_2m: Option<(u64, u64, u64)>,
+}
+
+/// The hugetlb pool of 2 MiB pages, from sysfs: (nr, free, resv).
+fn huge_pages_2m() -> Option<(u64, u64, u64)> {
+    let dir = std::path::Path::new("/sys/kernel/mm/hugepages/hugepages-2048kB");
+    let n = |f: &str| -> Option<u64> {
+        std::fs::read_to_string(dir.join(f))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((
+        n("nr_hugepages")?,
+        n("free_hugepages")?,
+        n("resv_hugepages")?,
+    ))
 }
 
 impl Report {
@@ -155,6 +175,7 @@ fn gather() -> Report {
         dev_open,
         range_fd: Err(String::new()),
         ranges: Vec::new(),
+        huge_2m: huge_pages_2m(),
     };
     let want = RANGE_FEATURES & r.granted();
     let umo_only = !r.non_umo();
@@ -239,6 +260,17 @@ fn print_human(r: &Report) {
         "descriptor ioctls            {}",
         ioctl_names(ioctls).join(" ")
     );
+    match r.huge_2m {
+        Some((nr, free, resv)) => println!(
+            "huge pages (2 MiB)           {nr} reserved, {free} free, {resv} promised to mappings{}",
+            if nr == 0 {
+                " (reserve some as root: echo N > /proc/sys/vm/nr_hugepages)"
+            } else {
+                ""
+            }
+        ),
+        None => println!("huge pages (2 MiB)           none (no hugetlb in this kernel)"),
+    }
     println!("\ndelivery modes");
     let in_thread = if r.in_thread() {
         "usable"
@@ -359,6 +391,16 @@ fn to_json(r: &Report) -> Json {
             ]),
         ),
         ("sample_ranges", ranges),
+        (
+            "huge_pages_2m",
+            r.huge_2m.map_or(Json::Null, |(nr, free, resv)| {
+                Json::obj([
+                    ("reserved", Json::Int(nr as i64)),
+                    ("free", Json::Int(free as i64)),
+                    ("promised", Json::Int(resv as i64)),
+                ])
+            }),
+        ),
     ])
 }
 
