@@ -362,7 +362,8 @@ impl Mm {
     }
 
     /// What the pager holds in memory now (see [`crate::MemoryUse`]).
-    /// Walks the regions under RCU; for reports, not for signal handlers.
+    /// Copies the region list out under RCU and measures outside it; for
+    /// reports, not for signal handlers.
     pub fn memory_use(&self) -> crate::MemoryUse {
         let mut m = crate::MemoryUse {
             resident_pages: self.resident.load(Relaxed),
@@ -371,24 +372,25 @@ impl Mm {
             buffer_bytes: self.io.resident_bytes() + self.reclaim.resident_bytes(),
             ..crate::MemoryUse::default()
         };
-        let mut seen: Vec<usize> = Vec::new();
-        self.table.read(|t| {
-            for vma in t.iter() {
-                if vma.object.kind == crate::object::InstallKind::Anonymous {
-                    m.anonymous_bytes += crate::sys::mem::resident(vma.start, vma.end - vma.start);
-                }
-                let key = Arc::as_ptr(&vma.object) as usize;
-                if seen.contains(&key) {
-                    continue;
-                }
-                seen.push(key);
-                let (memfd, area, swap, state) = vma.object.memory();
-                m.memfd_bytes += memfd;
-                m.cache_area_bytes += area;
-                m.swap_bytes += swap;
-                m.metadata_bytes += state;
+        // Copied out under RCU (readers must be short: writers wait for
+        // them), measured outside it.
+        let vmas: Vec<Arc<Vma>> = self.table.read(|t| t.iter().cloned().collect());
+        let mut objects: Vec<&Arc<Object>> = Vec::with_capacity(vmas.len());
+        for vma in &vmas {
+            if vma.object.kind == crate::object::InstallKind::Anonymous {
+                m.anonymous_bytes += crate::sys::mem::resident(vma.start, vma.end - vma.start);
             }
-        });
+            objects.push(&vma.object);
+        }
+        objects.sort_unstable_by_key(|o| Arc::as_ptr(o) as usize);
+        objects.dedup_by_key(|o| Arc::as_ptr(o) as usize);
+        for obj in objects {
+            let (memfd, area, swap, state) = obj.memory();
+            m.memfd_bytes += memfd;
+            m.cache_area_bytes += area;
+            m.swap_bytes += swap;
+            m.metadata_bytes += state;
+        }
         m
     }
 

@@ -99,7 +99,8 @@ pub struct MemoryUse {
     pub cache_area_bytes: u64,
     /// Bytes in-memory swap holds (outside the budget).
     pub swap_bytes: u64,
-    /// Bytes of page-state words, the LRU ring and the object table.
+    /// Bytes of page-state words and the object table (resident), and of
+    /// the LRU ring (its size: it is touched as the budget fills).
     pub metadata_bytes: u64,
     /// Bytes of request and staging buffers.
     pub buffer_bytes: u64,

@@ -42,16 +42,19 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     let reach = max as usize + mm.config.fault_around_pages * crate::fault::FAULT_AROUND_GROWTH;
     let near = i >= expected && i - expected <= reach;
     let sequential = i == expected || (near && i <= end);
-    // The kernel's `mmap_miss`: random readers of one object, interleaved,
-    // land "near" the last fault now and then (one in seven over a file
-    // eight times the reach), and each such hit doubled the window again.
-    // Faults that are not near count up, near ones count down four times
-    // faster; past LOTSAMISS the object gets no readahead until a reader
-    // that really is sequential brings the count back down.
+    // The kernel's `mmap_miss`: random readers land "near" the last fault
+    // now and then (about reach / npages of their faults: one in seven
+    // over a file eight times the reach), and each such hit doubled the
+    // window again. Faults that are not near count up, near ones count
+    // down twice as fast, so the count climbs for random faults over an
+    // object of more than three reaches (1,632 pages with the defaults;
+    // a smaller one is soon all cached anyway). Past LOTSAMISS the object
+    // gets no readahead until a sequential reader brings the count back
+    // down (50 faults from the cap).
     let miss = obj.ra_miss.load(Relaxed);
     obj.ra_miss.store(
         if near {
-            miss.saturating_sub(4)
+            miss.saturating_sub(2)
         } else {
             (miss + 1).min(2 * LOTSAMISS)
         },

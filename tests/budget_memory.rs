@@ -251,7 +251,11 @@ fn both_kinds_run_in_a_cgroup_of_the_budget_and_its_overhead() {
         }
     }
     let _group = Remove(dir.clone());
-    std::fs::write(dir.join(limit_file), limit.to_string()).unwrap();
+    if let Err(e) = std::fs::write(dir.join(limit_file), limit.to_string()) {
+        // cgroup v2 without the memory controller enabled for children.
+        eprintln!("skipped: cannot set {limit_file} ({e})");
+        return;
+    }
     for kind in ["shared", "anonymous"] {
         let exe = std::env::current_exe().unwrap();
         let out = std::process::Command::new("sh")

@@ -139,6 +139,25 @@ fn without_a_disk_or_a_budget_it_is_refused() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("tmpfs") || err.contains("cgroup"), "{err}");
+    // A warm scan needs the shared kind: refused, not measured cold.
+    let o = bin()
+        .args([
+            "bench",
+            "scan",
+            "--policy",
+            "retry-once",
+            "--kind",
+            "anonymous",
+            "--baseline",
+            "kernel",
+            "--baseline-dir",
+        ])
+        .arg(env!("CARGO_TARGET_TMPDIR"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("shared kind"), "{err}");
     let o = bin()
         .args(["bench", "swap", "--baseline", "kernel"])
         .output()

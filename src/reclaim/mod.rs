@@ -270,7 +270,13 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
                         }
                         continue;
                     }
-                    Err((_, Some(obj))) => evict_page(mm, &obj, page),
+                    Err((_, Some(obj))) => {
+                        // `evict_page` may write the page back and wait
+                        // on its store: the batch's pages must not stay
+                        // locked meanwhile (see `unmap_batch`'s contract).
+                        freed += batch.flush(mm);
+                        evict_page(mm, &obj, page)
+                    }
                     Err((v, None)) => v,
                 },
             };

@@ -209,9 +209,10 @@ impl Drop for LazyMapping {
 }
 
 /// Bytes of `[addr, addr + len)` (page-aligned `addr`) that are resident
-/// now, from `mincore`: what the range costs in memory. Unmapped parts
-/// count as nothing. For reports: it allocates nothing but loops over the
-/// range a few thousand pages per call.
+/// now, from `mincore`: what the range costs in memory. A 16 MiB chunk of
+/// the range that `mincore` refuses (one with an unmapped hole) counts as
+/// nothing. For reports: it allocates nothing but loops over the range
+/// 4,096 pages per call.
 pub fn resident(addr: usize, len: usize) -> u64 {
     const CHUNK: usize = 4096;
     let mut v = [0u8; CHUNK];

@@ -206,7 +206,9 @@ impl Writers {
                             }
                         }
                         if !pause.is_zero() {
-                            std::thread::sleep(pause);
+                            // Woken early by `stop` (a launch must not wait
+                            // out a writer's pause to end).
+                            std::thread::park_timeout(pause);
                         }
                     }
                 })
@@ -222,6 +224,9 @@ impl Writers {
     /// Stops and joins them.
     pub fn stop(mut self) -> u64 {
         self.stop.store(true, Relaxed);
+        for h in &self.handles {
+            h.thread().unpark();
+        }
         for h in self.handles.drain(..) {
             let _ = h.join();
         }

@@ -192,7 +192,9 @@ impl RandomWords {
                 let r = rng.next_u64();
                 let p = (((r >> 9) as u128 * pages as u128) >> 55) as usize;
                 let off = p * PAGE_SIZE + 8 * (r as usize % (PAGE_SIZE / 8));
-                let write = (r >> 40) % 100 < self.write_pct as u64;
+                // Bits the page index hardly depends on (it takes the
+                // product's top bits of `r >> 9`).
+                let write = ((r >> 9) & 0xffff) % 100 < self.write_pct as u64;
                 let addr = (base + off) as *mut u64;
                 let t0 = mine.as_ref().map(|_| Instant::now());
                 // SAFETY: `off + 8 <= pages * PAGE_SIZE`, inside the

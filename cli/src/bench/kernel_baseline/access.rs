@@ -75,13 +75,15 @@ pub struct EngineMapper {
 }
 
 impl EngineMapper {
-    /// A pager from `k` (its budget raised to `budget_pages`) and stores
-    /// over `files` of `pages` pages each.
+    /// A pager from `k` (its budget raised to `budget_pages`, anonymous
+    /// regions swapping to files in `swap_dir`, whose page cache the cgroup
+    /// can reclaim) and stores over `files` of `pages` pages each.
     pub fn new(
         k: &Knobs,
         budget_pages: u64,
         files: &[std::fs::File],
         pages: usize,
+        swap_dir: &Path,
     ) -> Result<EngineMapper, String> {
         let stores = files
             .iter()
@@ -101,6 +103,7 @@ impl EngineMapper {
         let pager = k
             .builder()
             .budget_pages(budget_pages)
+            .swap_dir(swap_dir)
             .build()
             .map_err(|e| e.to_string())?;
         Ok(EngineMapper {

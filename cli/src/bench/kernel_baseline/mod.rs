@@ -123,6 +123,7 @@ fn run_side(
     kind: Kind,
     files: &[PatternFile],
     budget: u64,
+    dir: &Path,
 ) -> Result<String, String> {
     let pages = files[0].pages();
     let raw: Vec<std::fs::File> = files
@@ -132,7 +133,7 @@ fn run_side(
         .map_err(|e| e.to_string())?;
     let (out, c, footprint) = match kind {
         Kind::Engine => {
-            let m = EngineMapper::new(k, budget, &raw, pages)?;
+            let m = EngineMapper::new(k, budget, &raw, pages, dir)?;
             m.pager.reset_stats();
             let out = access::run(w, &m, pages, k)?;
             let st = m.pager.stats();
@@ -196,16 +197,20 @@ fn parse_line(text: &str, side: &mut Side) -> Result<(), String> {
     }
 }
 
-/// Forks a child that joins `group` and runs `kind`; waits for it.
-fn in_child(
+/// One side to run: what, on which files, under which budget.
+struct Job<'a> {
     w: Workload,
-    k: &Knobs,
+    k: &'a Knobs,
     kind: Kind,
-    files: &[PatternFile],
+    files: &'a [PatternFile],
     budget: u64,
-    group: &MemCgroup,
-    name: String,
-) -> Result<Side, String> {
+    dir: &'a Path,
+}
+
+/// Forks a child that joins `group` and runs `job`; waits for it, and kills
+/// it if it runs far past its duration (a hang is reported, not waited
+/// out).
+fn in_child(job: &Job<'_>, group: &MemCgroup, name: String) -> Result<Side, String> {
     let mut fds = [0; 2];
     // SAFETY: pipe fills two descriptors.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -224,10 +229,15 @@ fn in_child(
         unsafe { libc::close(fds[0]) };
         // SAFETY: getpid has no preconditions.
         let me = unsafe { libc::getpid() };
-        let line = group
-            .add(me)
-            .and_then(|()| run_side(w, k, kind, files, budget))
-            .unwrap_or_else(|e| format!("err {e}\n"));
+        // A panic must not unwind into the parent's frames, which the child
+        // shares: it becomes an error line.
+        let line = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            group
+                .add(me)
+                .and_then(|()| run_side(job.w, job.k, job.kind, job.files, job.budget, job.dir))
+                .unwrap_or_else(|e| format!("err {e}\n"))
+        }))
+        .unwrap_or_else(|_| "err the side panicked\n".to_string());
         let _ = wr.write_all(line.as_bytes());
         // SAFETY: ends the child without running the parent's exit handlers.
         unsafe { libc::_exit(0) };
@@ -236,16 +246,40 @@ fn in_child(
     unsafe { libc::close(fds[1]) };
     // SAFETY: as above.
     let mut r = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+    // The child writes one short line (well under a pipe's buffer) just
+    // before it exits, so waiting first cannot block it.
+    let deadline =
+        std::time::Instant::now() + job.k.duration * 10 + std::time::Duration::from_secs(120);
+    let mut status = 0;
+    let mut timed_out = false;
+    loop {
+        // SAFETY: polls our own child.
+        let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if got == pid || got < 0 {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            timed_out = true;
+            // SAFETY: our child, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let mut text = String::new();
     let _ = r.read_to_string(&mut text);
-    let mut status = 0;
-    // SAFETY: waits for our child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
     let mut side = Side {
         name,
         cgroup: group.stat(),
         ..Side::default()
     };
+    if timed_out {
+        side.killed = Some("killed: ran 10× past its duration".to_string());
+        return Ok(side);
+    }
     if libc::WIFSIGNALED(status) {
         side.killed = Some(format!(
             "killed by signal {}{}",
@@ -277,6 +311,11 @@ pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
             "{} is tmpfs: the kernel baseline needs a disk file system (--baseline-dir)",
             dir.display()
         ));
+    }
+    if w == Workload::Scan && k.install == uffd_pager::InstallKind::Anonymous {
+        return Err(
+            "scan --baseline kernel needs the shared kind: an anonymous region's pages go with MADV_DONTNEED, so its passes would not be warm".into(),
+        );
     }
     if threads_in_process() != 1 {
         return Err(
@@ -331,7 +370,15 @@ pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
             limit,
         )?;
         cgroup = group.version();
-        sides.push(in_child(w, k, kind, &files, budget, &group, name)?);
+        let job = Job {
+            w,
+            k,
+            kind,
+            files: &files,
+            budget,
+            dir,
+        };
+        sides.push(in_child(&job, &group, name)?);
     }
     Ok(Report {
         workload: w,
@@ -433,12 +480,19 @@ impl Report {
         if !self.sides[0].footprint.is_empty() {
             let _ = writeln!(t, "engine {} at the end", self.sides[0].footprint);
         }
-        let _ = writeln!(
-            t,
-            "engine ÷ best kernel side: {:.2}× (goal ≥ 1.0×: {})",
-            self.ratio(),
-            if self.ratio() >= 1.0 { "met" } else { "missed" }
-        );
+        let r = self.ratio();
+        if r.is_nan() {
+            let _ = writeln!(
+                t,
+                "engine ÷ best kernel side: – (a side was killed; see its row)"
+            );
+        } else {
+            let _ = writeln!(
+                t,
+                "engine ÷ best kernel side: {r:.2}× (goal ≥ 1.0×: {})",
+                if r >= 1.0 { "met" } else { "missed" }
+            );
+        }
         t
     }
 }
