@@ -52,14 +52,15 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     // gets no readahead until a sequential reader brings the count back
     // down (50 faults from the cap).
     let miss = obj.ra_miss.load(Relaxed);
-    obj.ra_miss.store(
-        if near {
-            miss.saturating_sub(2)
-        } else {
-            (miss + 1).min(2 * LOTSAMISS)
-        },
-        Relaxed,
-    );
+    let next = if near {
+        miss.saturating_sub(2)
+    } else {
+        (miss + 1).min(2 * LOTSAMISS)
+    };
+    // At the cap (a random reader's steady state) the line stays clean.
+    if next != miss {
+        obj.ra_miss.store(next, Relaxed);
+    }
     if miss > LOTSAMISS {
         obj.ra_window.store(0, Relaxed);
         return;
