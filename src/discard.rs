@@ -21,7 +21,7 @@ pub const DISCARDED: u32 =
 /// Async-signal-safe.
 pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
     if w & UPTODATE != 0 {
-        mm.uncharge(1);
+        mm.uncharge(obj.units());
     }
     if w & MOVED == 0 {
         let _ = obj.free_data(i, 1);

@@ -18,12 +18,30 @@ pub enum Error {
     #[error("length must be non-zero")]
     ZeroLength,
     /// A length, address or offset was not page-aligned.
-    #[error("{what} {value:#x} is not a multiple of the page size (4096)")]
+    #[error("{what} {value:#x} is not a multiple of the page size ({page_size})")]
     Unaligned {
         /// What was misaligned.
         what: &'static str,
         /// The value given.
         value: usize,
+        /// The region's page size (4096, or 2 MiB).
+        page_size: usize,
+    },
+    /// A page size other than 4 KiB or 2 MiB was asked for.
+    #[error("page size {0} is not supported: 4096 (4 KiB) or 2097152 (2 MiB)")]
+    PageSize(usize),
+    /// A region of 2 MiB pages needs more huge pages than the kernel's pool
+    /// has free.
+    #[error(
+        "this region needs {needed} free 2 MiB huge pages (its size or the budget, whichever \
+         is smaller) but the kernel's pool has {available}: reserve them as root with \
+         `sysctl vm.nr_hugepages=N` (or write N to /proc/sys/vm/nr_hugepages)"
+    )]
+    NoHugePages {
+        /// Huge pages the region may hold at once.
+        needed: u64,
+        /// Free, unpromised pages in the pool now.
+        available: u64,
     },
     /// A fixed address overlaps an existing mapping or region.
     #[error("range {addr:#x}+{len:#x} overlaps an existing mapping")]
@@ -104,7 +122,7 @@ impl Error {
     /// The errno that best names the error, for callers that speak errno
     /// (the C API returns it negated): `EINVAL` for bad arguments, `EEXIST`
     /// for an overlap, `EACCES` for a read-only store, `ENOMEM` over the
-    /// budget, `EOPNOTSUPP` for what the kernel lacks, the system call's or
+    /// budget or too few huge pages, `EOPNOTSUPP` for what the kernel lacks, the system call's or
     /// store's own errno, `EIO` for an I/O error without one.
     ///
     /// ```
@@ -116,7 +134,9 @@ impl Error {
             | Error::Unaligned { .. }
             | Error::OutOfRange { .. }
             | Error::NotRegularFile(_)
+            | Error::PageSize(_)
             | Error::Config(_) => libc::EINVAL,
+            Error::NoHugePages { .. } => libc::ENOMEM,
             Error::Overlap { .. } => libc::EEXIST,
             Error::FileTooShort { .. } => libc::ENXIO,
             Error::ReadOnlyStore => libc::EACCES,

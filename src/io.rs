@@ -33,6 +33,7 @@
 
 use crate::store::{Store, StoreError, MAX_BATCH};
 use crate::sync::work_queue::WorkQueue;
+use crate::sys::huge::HUGE_PAGE_SIZE;
 use crate::sys::mem::Mapping;
 use crate::sys::{futex, now_ns, PAGE_SIZE};
 use std::cell::UnsafeCell;
@@ -354,9 +355,10 @@ pub fn start<T: Send + Sync + 'static>(
     Ok(())
 }
 
-/// One page through [`Store::read`], a batch through [`Store::read_many`].
+/// One page (of either size) through [`Store::read`], a batch through
+/// [`Store::read_many`].
 fn read_in_place(store: &dyn Store, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-    if buf.len() <= PAGE_SIZE {
+    if buf.len() <= PAGE_SIZE || buf.len() == HUGE_PAGE_SIZE {
         store.read(off, buf)
     } else {
         store.read_many(off, buf)
@@ -371,25 +373,47 @@ fn write_in_place(store: &dyn Store, pages: &[(u64, &[u8])]) -> Result<(), Store
     }
 }
 
-/// Reads `buf.len()` bytes (whole pages, at most [`MAX_BATCH`] of them) at
-/// `off` from `store`: in the calling thread if it is signal-safe, else on
-/// a worker within the timeout. Async-signal-safe.
+/// The most bytes one worker request carries.
+const REQUEST_BYTES: usize = MAX_BATCH * PAGE_SIZE;
+
+/// Reads `buf.len()` bytes (whole pages: at most [`MAX_BATCH`] of 4 KiB,
+/// or one of 2 MiB) at `off` from `store`: in the calling thread if it is
+/// signal-safe (a 2 MiB page in one [`Store::read`]), else on a worker
+/// within the timeout (a 2 MiB page as requests of [`MAX_BATCH`] pages: a
+/// request's buffer holds no more). Async-signal-safe.
 #[inline]
 pub fn read(io: &Io, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
     if store.signal_safe() {
         read_in_place(&**store, off, buf)
     } else {
-        io.read(store, off, buf)
+        for (k, chunk) in buf.chunks_mut(REQUEST_BYTES).enumerate() {
+            io.read(store, off + (k * REQUEST_BYTES) as u64, chunk)?;
+        }
+        Ok(())
     }
 }
 
-/// Writes a batch of whole pages to `store`, as [`read`]. Async-signal-safe.
+/// Writes a batch of whole pages to `store`, as [`read`] (a 2 MiB page in
+/// one [`Store::write`] in place, or in requests of [`MAX_BATCH`] pages).
+/// Async-signal-safe.
 #[inline]
 pub fn write(io: &Io, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
     if store.signal_safe() {
         write_in_place(&**store, pages)
-    } else {
+    } else if pages.iter().all(|(_, p)| p.len() <= PAGE_SIZE) {
         io.write(store, pages)
+    } else {
+        for (off, page) in pages {
+            for (k, chunk) in page.chunks(REQUEST_BYTES).enumerate() {
+                let mut list = [(0u64, &[][..]); MAX_BATCH];
+                let n = chunk.len().div_ceil(PAGE_SIZE);
+                for (j, p) in chunk.chunks(PAGE_SIZE).enumerate() {
+                    list[j] = (off + (k * REQUEST_BYTES + j * PAGE_SIZE) as u64, p);
+                }
+                io.write(store, &list[..n])?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -5,7 +5,6 @@ use crate::error::{Error, Result};
 use crate::object::InstallKind;
 use crate::page_cache::{MAPPED, POISONED};
 use crate::sys::mem::madvise;
-use crate::sys::PAGE_SIZE;
 
 impl Mm {
     /// `MADV_DONTNEED` over `[addr, addr+len)` of one region: the pages
@@ -56,7 +55,11 @@ impl Mm {
             for p in i..end {
                 obj.cache.lock(p);
             }
-            let r = madvise(vma.addr_of(i), (end - i) * PAGE_SIZE, libc::MADV_DONTNEED);
+            let r = madvise(
+                vma.addr_of(i),
+                (end - i) << obj.page_shift(),
+                libc::MADV_DONTNEED,
+            );
             for p in i..end {
                 // A shared page keeps its cached contents; one that was
                 // poisoned (its read failed: it has none) is read again by

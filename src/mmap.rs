@@ -20,6 +20,9 @@ use std::sync::Arc;
 
 pub(crate) fn register_mode(obj: &Object) -> u64 {
     match obj.kind {
+        // WP: a huge page is write-protected while reclaim copies it out
+        // (`reclaim`'s `huge`: hugetlb has no `UFFDIO_MOVE`).
+        InstallKind::Anonymous if obj.is_huge() => mode::MISSING | mode::WP,
         InstallKind::Anonymous => mode::MISSING,
         // MINOR catches pages present in the memfd but not mapped; MISSING
         // catches holes (absent pages), which would otherwise be zero-filled
@@ -57,10 +60,17 @@ impl Mm {
             return Err(Error::Overlap { addr: hint, len });
         }
         let m = match object.kind {
+            InstallKind::Anonymous if object.is_huge() => {
+                crate::sys::huge::anonymous_at(hint, len, fixed)
+            }
             InstallKind::Anonymous => Mapping::anonymous_at(hint, len, fixed),
             InstallKind::Shared => {
                 let fd = object.memfd().expect("shared objects have a memfd").fd();
-                Mapping::shared(fd, len, hint, fixed)
+                if object.is_huge() {
+                    crate::sys::huge::shared_at(fd, len, hint, fixed)
+                } else {
+                    Mapping::shared(fd, len, hint, fixed)
+                }
             }
         }
         .map_err(|e| match e {
@@ -274,7 +284,7 @@ impl Mm {
                 on_lru += 1;
             }
         }
-        self.uncharge(resident);
+        self.uncharge(resident * obj.units());
         r
     }
 }

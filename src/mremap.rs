@@ -7,7 +7,6 @@ use crate::mmap::register_mode;
 use crate::object::InstallKind;
 use crate::page_cache::{DIRTY, MAPPED};
 use crate::sys::mem::{mprotect, Mapping};
-use crate::sys::PAGE_SIZE;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -23,7 +22,7 @@ impl Mm {
         let old = self.only_piece(id)?;
         let start = old.start;
         let old_len = old.len();
-        let cap = (old.object.npages() - old.pgoff) * PAGE_SIZE;
+        let cap = (old.object.npages() - old.pgoff) << old.object.page_shift();
         if new_len > cap {
             return Err(Error::OutOfRange {
                 offset: 0,
@@ -72,7 +71,8 @@ impl Mm {
         // (cached); anonymous memory past the end is discarded, as the
         // kernel does: those pages read as zeros if the region grows again.
         if new_len < old_len {
-            let tail = old.pgoff + new_len / PAGE_SIZE..old.pgoff + old_len / PAGE_SIZE;
+            let shift = old.object.page_shift();
+            let tail = old.pgoff + (new_len >> shift)..old.pgoff + (old_len >> shift);
             crate::discard::give_up_pages(self, &old.object, tail);
         }
         let flags = match new_addr {

@@ -16,9 +16,10 @@
 
 use crate::page_cache::PageCache;
 use crate::store::Store;
+use crate::sys::huge::HUGE_PAGE_SHIFT;
 use crate::sys::mem::{madvise, LazyMapping, Mapping, Memfd};
 use crate::sys::uffd::Uffd;
-use crate::sys::PAGE_SIZE;
+use crate::sys::PAGE_SHIFT;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
@@ -65,12 +66,14 @@ enum Backing {
     /// The cache area is made when a page first needs it (a store read or
     /// a failed write-back), so a region that only ever gets zero pages
     /// costs one mapping.
-    Anonymous {
-        area: LazyMapping,
-    },
+    Anonymous { area: LazyMapping },
     Shared {
         memfd: Memfd,
         alias: Mapping,
+        /// The memfd is on hugetlbfs: no `write`, so pages are taken from
+        /// the pool ([`crate::sys::huge::allocate`]) and filled through
+        /// the alias.
+        huge: bool,
     },
 }
 
@@ -83,6 +86,11 @@ struct OwnLine<T>(T);
 pub struct Object {
     /// How its pages are installed.
     pub kind: InstallKind,
+    /// `log2` of its page size: [`PAGE_SHIFT`] or
+    /// [`HUGE_PAGE_SHIFT`](crate::sys::huge::HUGE_PAGE_SHIFT). Page
+    /// indices, state words, LRU entries, installs and store calls are all
+    /// in pages of this size.
+    shift: u32,
     /// Where pages come from: the store a region maps. A shared object's
     /// dirty pages go back to it; an anonymous object's never do (a private
     /// mapping: they go to [`Object::swap`]).
@@ -140,19 +148,30 @@ pub struct Object {
 pub const WINDOWS: usize = 4;
 
 /// The object's mapped windows: `(first page, end page, base)` where page
-/// `i` of the window is at `base + i * PAGE_SIZE`. Written by address-space
-/// writers (under the global write lock, so one at a time), read
-/// locklessly by reclaim under a sequence count (a seqlock).
-#[derive(Debug, Default)]
+/// `i` of the window is at `base + (i << shift)`, in the object's page
+/// size. Written by address-space writers (under the global write lock, so
+/// one at a time), read locklessly by reclaim under a sequence count (a
+/// seqlock).
+#[derive(Debug)]
 pub struct Windows {
     seq: AtomicU32,
+    shift: u32,
     w: [[AtomicUsize; 3]; WINDOWS],
 }
 
-/// One window: object pages `[first, end)` at `base + i * PAGE_SIZE`.
+/// One window: object pages `[first, end)` at `base + (i << shift)`.
 pub type Window = (usize, usize, usize);
 
 impl Windows {
+    /// No windows, for pages of `1 << shift` bytes.
+    pub fn new(shift: u32) -> Windows {
+        Windows {
+            seq: AtomicU32::new(0),
+            shift,
+            w: Default::default(),
+        }
+    }
+
     /// The user address of page `i`, if a window maps it. Async-signal-safe.
     #[inline]
     pub fn addr_of(&self, i: usize) -> Option<usize> {
@@ -166,7 +185,7 @@ impl Windows {
             for w in &self.w {
                 let (first, end) = (w[0].load(Relaxed), w[1].load(Relaxed));
                 if i >= first && i < end {
-                    found = Some(w[2].load(Relaxed).wrapping_add(i * PAGE_SIZE));
+                    found = Some(w[2].load(Relaxed).wrapping_add(i << self.shift));
                     break;
                 }
             }
@@ -249,20 +268,28 @@ impl std::fmt::Debug for Object {
 }
 
 impl Object {
-    /// An object of `npages` pages over `store`. Anonymous objects need
-    /// `swap`, where their dirty pages go when evicted; shared objects take
-    /// none (their dirty pages go back to `store`).
+    /// An object of `npages` pages of `1 << shift` bytes over `store`:
+    /// [`PAGE_SHIFT`], or [`HUGE_PAGE_SHIFT`] (a shared object's memfd is
+    /// then on hugetlbfs; an anonymous object's cache area stays in base
+    /// pages, since it only holds a page on its way in or out). Anonymous
+    /// objects need `swap`, where their dirty pages go when evicted; shared
+    /// objects take none (their dirty pages go back to `store`).
     pub fn new(
         kind: InstallKind,
         store: Arc<dyn Store>,
         swap: Option<Arc<dyn Store>>,
         npages: usize,
         zero_fill: bool,
+        shift: u32,
     ) -> Result<Object, (&'static str, i32)> {
         if (kind == InstallKind::Anonymous) != swap.is_some() {
             return Err(("an anonymous object needs a swap store", libc::EINVAL));
         }
-        let bytes = npages * PAGE_SIZE;
+        if shift != PAGE_SHIFT && shift != HUGE_PAGE_SHIFT {
+            return Err(("page size", libc::EINVAL));
+        }
+        let huge = shift == HUGE_PAGE_SHIFT;
+        let bytes = npages << shift;
         let backing = match kind {
             InstallKind::Anonymous => {
                 // Installs move single pages out of this area: keep it in
@@ -271,15 +298,23 @@ impl Object {
                     area: LazyMapping::new(bytes, libc::MADV_NOHUGEPAGE),
                 }
             }
+            InstallKind::Shared if huge => {
+                let memfd = crate::sys::huge::memfd("uffd-pager-2m", bytes)
+                    .map_err(|e| ("memfd_create(MFD_HUGETLB)", e))?;
+                let alias = crate::sys::huge::shared_at(memfd.fd(), bytes, 0, false)
+                    .map_err(|e| ("mmap memfd alias", e))?;
+                Backing::Shared { memfd, alias, huge }
+            }
             InstallKind::Shared => {
                 let memfd = Memfd::new("uffd-pager", bytes).map_err(|e| ("memfd_create", e))?;
                 let alias = Mapping::shared(memfd.fd(), bytes, 0, false)
                     .map_err(|e| ("mmap memfd alias", e))?;
-                Backing::Shared { memfd, alias }
+                Backing::Shared { memfd, alias, huge }
             }
         };
         Ok(Object {
             kind,
+            shift,
             store,
             swap,
             cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,
@@ -288,7 +323,7 @@ impl Object {
             backing,
             pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),
-            windows: Windows::default(),
+            windows: Windows::new(shift),
             ra_next: AtomicUsize::new(usize::MAX),
             ra_window: AtomicU32::new(0),
             region_uffd: std::sync::OnceLock::new(),
@@ -337,6 +372,31 @@ impl Object {
         self.cache.len()
     }
 
+    /// Bytes in one of its pages.
+    #[inline]
+    pub fn page_size(&self) -> usize {
+        1 << self.shift
+    }
+
+    /// `log2` of [`Object::page_size`].
+    #[inline]
+    pub fn page_shift(&self) -> u32 {
+        self.shift
+    }
+
+    /// Whether its pages are 2 MiB (hugetlb).
+    #[inline]
+    pub fn is_huge(&self) -> bool {
+        self.shift != PAGE_SHIFT
+    }
+
+    /// What one of its pages counts against the budget, which is kept in
+    /// 4 KiB units: 1, or 512 for a 2 MiB page.
+    #[inline]
+    pub fn units(&self) -> u64 {
+        1 << (self.shift - PAGE_SHIFT)
+    }
+
     /// The engine's view of page `i`'s cached contents; for an anonymous
     /// object, this makes its cache area on first use (the error is
     /// mmap's). Async-signal-safe.
@@ -349,7 +409,7 @@ impl Object {
             Backing::Anonymous { area } => area.get()?,
             Backing::Shared { alias, .. } => alias.addr(),
         };
-        Ok((base + i * PAGE_SIZE) as *mut u8)
+        Ok((base + (i << self.shift)) as *mut u8)
     }
 
     /// Page `i`'s cached contents as a slice (see [`Object::data`]).
@@ -364,7 +424,7 @@ impl Object {
         let p = self.data(i)?;
         // SAFETY: `p` is a page-sized range of a live mapping owned by this
         // object; exclusivity is the caller's contract.
-        Ok(unsafe { std::slice::from_raw_parts_mut(p, PAGE_SIZE) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, self.page_size()) })
     }
 
     /// Where dirty pages go when they are written back or evicted: the
@@ -429,8 +489,20 @@ impl Object {
         if n == 0 || i + n > self.npages() {
             return Err(StoreError(libc::EINVAL));
         }
-        let (off, len) = ((i * PAGE_SIZE) as u64, n * PAGE_SIZE);
+        let (off, len) = ((i << self.shift) as u64, n << self.shift);
         match &self.backing {
+            // Hugetlbfs has no `write`: take the page from the pool, then
+            // read into it through the alias.
+            Backing::Shared {
+                memfd, huge: true, ..
+            } => {
+                crate::sys::huge::allocate(memfd.fd(), off as usize, len).map_err(StoreError)?;
+                let p = self.data(i).map_err(StoreError)?;
+                // SAFETY: the run lies in the alias (checked above) and its
+                // pages exist now; exclusivity is the caller's contract.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
+                crate::io::read(io, src, off, buf)
+            }
             Backing::Shared { memfd, .. } if src.signal_safe() => {
                 src.read_to_fd(off, len, memfd.fd(), off)
             }
@@ -460,7 +532,7 @@ impl Object {
     /// area was made (the page itself may be absent there).
     pub fn cached_copy(&self, i: usize) -> Option<usize> {
         match &self.backing {
-            Backing::Anonymous { area } => area.peek().map(|a| a + i * PAGE_SIZE),
+            Backing::Anonymous { area } => area.peek().map(|a| a + (i << self.shift)),
             Backing::Shared { .. } => None,
         }
     }
@@ -490,10 +562,10 @@ impl Object {
     pub fn free_data(&self, i: usize, n: usize) -> Result<(), i32> {
         match &self.backing {
             Backing::Anonymous { area } => match area.peek() {
-                Some(a) => madvise(a + i * PAGE_SIZE, n * PAGE_SIZE, libc::MADV_DONTNEED),
+                Some(a) => madvise(a + (i << self.shift), n << self.shift, libc::MADV_DONTNEED),
                 None => Ok(()),
             },
-            Backing::Shared { memfd, .. } => memfd.punch_hole(i * PAGE_SIZE, n * PAGE_SIZE),
+            Backing::Shared { memfd, .. } => memfd.punch_hole(i << self.shift, n << self.shift),
         }
     }
 }

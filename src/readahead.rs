@@ -25,10 +25,11 @@ const LOTSAMISS: u32 = 100;
 
 /// After a fault on page `i` of `obj` (a miss, or a hit on a read-ahead
 /// page), updates the window and requests the pages past what was already
-/// requested. Async-signal-safe.
+/// requested. Nothing for objects of 2 MiB pages. Async-signal-safe.
 pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     let max = mm.config.readahead_pages;
-    if max == 0 {
+    // A 2 MiB page is a 512-page read already; no window is built on it.
+    if max == 0 || obj.is_huge() {
         return;
     }
     let expected = obj.ra_next.swap(i + 1, Relaxed);

@@ -36,6 +36,12 @@ impl Mm {
                 ))
             }
         };
+        if obj.is_huge() {
+            // Hugetlbfs has no `pwrite` to copy the bytes in with.
+            return Err(Error::Config(
+                "a region of 2 MiB pages cannot be refreshed from its store".into(),
+            ));
+        }
         let end = offset.saturating_add(len).min(obj.store.len());
         if offset >= end {
             return Ok(());

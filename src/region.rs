@@ -41,6 +41,7 @@ pub struct Region {
     id: u64,
     start: usize,
     len: usize,
+    page_size: usize,
 }
 
 /// `Region { addr: 0x7f.., len: 65536, kind: Shared, writable: true }`:
@@ -61,13 +62,27 @@ impl std::fmt::Debug for Region {
 }
 
 impl Region {
-    pub(crate) fn new(owner: Arc<PagerInner>, id: u64, start: usize, len: usize) -> Region {
+    pub(crate) fn new(
+        owner: Arc<PagerInner>,
+        id: u64,
+        start: usize,
+        len: usize,
+        page_size: usize,
+    ) -> Region {
         Region {
             owner,
             id,
             start,
             len,
+            page_size,
         }
+    }
+
+    /// Bytes per page: [`PAGE_SIZE`], or
+    /// [`HUGE_PAGE_SIZE`](crate::HUGE_PAGE_SIZE) for a region mapped with
+    /// 2 MiB pages ([`MapOptions::page_size`](crate::MapOptions::page_size)).
+    pub fn page_size(&self) -> usize {
+        self.page_size
     }
 
     /// First address.
@@ -126,8 +141,8 @@ impl Region {
         unsafe { std::slice::from_raw_parts_mut(self.start as *mut u8, self.len) }
     }
 
-    /// The page-aligned addresses covering `[offset, offset+len)`, checked
-    /// to lie inside the region.
+    /// The addresses of the whole pages (of the region's page size)
+    /// covering `[offset, offset+len)`, checked to lie inside the region.
     fn page_span(&self, offset: usize, len: usize) -> Result<(usize, usize)> {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
             return Err(Error::OutOfRange {
@@ -136,8 +151,9 @@ impl Region {
                 region_len: self.len,
             });
         }
-        let start = (self.start + offset) & !(PAGE_SIZE - 1);
-        Ok((start, self.start + offset + len))
+        let start = (self.start + offset) & !(self.page_size - 1);
+        let end = (self.start + offset + len).next_multiple_of(self.page_size);
+        Ok((start, end))
     }
 
     /// Runs the engine's fault path on every page of `[start, end)`.
@@ -155,7 +171,7 @@ impl Region {
             {
                 return Err(Error::Store(crate::store::StoreError(libc::EIO)));
             }
-            a += PAGE_SIZE;
+            a += self.page_size;
         }
         Ok(())
     }
@@ -295,10 +311,16 @@ impl Region {
         if new_len == 0 {
             return Err(Error::ZeroLength);
         }
+        if self.page_size != PAGE_SIZE {
+            return Err(Error::Config(
+                "a region of 2 MiB pages cannot be remapped".into(),
+            ));
+        }
         if !new_len.is_multiple_of(PAGE_SIZE) {
             return Err(Error::Unaligned {
                 what: "length",
                 value: new_len,
+                page_size: PAGE_SIZE,
             });
         }
         if let Some(a) = addr {
@@ -306,6 +328,7 @@ impl Region {
                 return Err(Error::Unaligned {
                     what: "address",
                     value: a,
+                    page_size: PAGE_SIZE,
                 });
             }
         }

@@ -366,7 +366,17 @@ mod tests {
     /// A one-page object for the regions to map.
     fn object() -> Arc<Object> {
         let store = Arc::new(ZeroStore::new(4096));
-        Arc::new(Object::new(InstallKind::Anonymous, store.clone(), Some(store), 1, true).unwrap())
+        Arc::new(
+            Object::new(
+                InstallKind::Anonymous,
+                store.clone(),
+                Some(store),
+                1,
+                true,
+                12,
+            )
+            .unwrap(),
+        )
     }
 
     #[test]

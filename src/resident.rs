@@ -74,10 +74,13 @@ impl ResidentGuard<'_> {
 /// one region), faulting them in for a write if `write`.
 pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<ResidentGuard<'_>> {
     mm.check_owner()?;
-    let pages = ((end - start) / PAGE_SIZE) as u64;
+    let units = ((end - start) / PAGE_SIZE) as u64;
     let budget = mm.config.budget_pages;
-    if budget > 0 && pages > budget {
-        return Err(Error::OverBudget { pages, budget });
+    if budget > 0 && units > budget {
+        return Err(Error::OverBudget {
+            pages: units,
+            budget,
+        });
     }
     let (obj, first) = {
         let _g = mm.lock.read();
@@ -87,6 +90,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             .ok_or_else(|| Error::Config("the range is not inside one region".into()))?;
         (vma.object.clone(), vma.page_index(start))
     };
+    let obj_shift = obj.page_shift();
     let mut guard = ResidentGuard {
         mm,
         obj,
@@ -96,7 +100,8 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
     };
     // Guards first, then the faults: a page faulted in is never evicted
     // before the call.
-    for i in first..first + pages as usize {
+    let pages = (end - start) >> obj_shift;
+    for i in first..first + pages {
         if !guard.obj.cache.guard(i) {
             return Err(Error::Config(
                 "too many residency guards on one page".into(),
@@ -113,7 +118,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             if handle_fault(mm, a, access) != Resolution::Resolved {
                 return Err(Error::Store(crate::store::StoreError(libc::EIO)));
             }
-            a += PAGE_SIZE;
+            a += 1 << obj_shift;
         }
         if guard.locked.is_none() {
             // SAFETY: mlock only changes how the kernel treats a range of

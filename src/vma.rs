@@ -3,7 +3,6 @@
 
 use crate::object::Object;
 use crate::sync::region_lock::RegionLock;
-use crate::sys::{PAGE_SHIFT, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
 
@@ -16,7 +15,7 @@ pub struct Vma {
     pub start: usize,
     /// One past the last address.
     pub end: usize,
-    /// Page offset into the object of `start`.
+    /// Page offset into the object of `start`, in the object's pages.
     pub pgoff: usize,
     /// What it maps.
     pub object: Arc<Object>,
@@ -71,11 +70,11 @@ impl Vma {
 
     /// This VMA's window of its object: `(first page, end page, base)`.
     pub fn window(&self) -> crate::object::Window {
-        let first = self.pgoff;
+        let (first, shift) = (self.pgoff, self.object.page_shift());
         (
             first,
-            first + self.len() / PAGE_SIZE,
-            self.start.wrapping_sub(first * PAGE_SIZE),
+            first + (self.len() >> shift),
+            self.start.wrapping_sub(first << shift),
         )
     }
 
@@ -105,20 +104,20 @@ impl Vma {
         addr >= self.start && addr < self.end
     }
 
-    /// Object page index of `addr`.
+    /// Object page index of `addr` (in the object's page size).
     #[inline]
     pub fn page_index(&self, addr: usize) -> usize {
-        self.pgoff + ((addr - self.start) >> PAGE_SHIFT)
+        self.pgoff + ((addr - self.start) >> self.object.page_shift())
     }
 
     /// User address of object page `i`.
     #[inline]
     pub fn addr_of(&self, i: usize) -> usize {
-        self.start + (i - self.pgoff) * PAGE_SIZE
+        self.start + ((i - self.pgoff) << self.object.page_shift())
     }
 
     /// Object pages this VMA maps: `[first, first+count)`.
     pub fn pages(&self) -> std::ops::Range<usize> {
-        self.pgoff..self.pgoff + self.len() / PAGE_SIZE
+        self.pgoff..self.pgoff + (self.len() >> self.object.page_shift())
     }
 }

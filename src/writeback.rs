@@ -20,7 +20,6 @@ use crate::object::{InstallKind, Object};
 use crate::page_cache::{DIRTY, MAPPED, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
 use crate::store::MAX_BATCH;
-use crate::sys::PAGE_SIZE;
 
 /// Pages of one batch: index, and whether it is protected against writes
 /// (so its dirty bit may be cleared once written).
@@ -62,7 +61,7 @@ impl Mm {
             let protected = w & MAPPED == 0
                 || obj.windows.addr_of(i).is_some_and(|a| {
                     self.uffd_for(obj)
-                        .writeprotect(a, PAGE_SIZE, true, false)
+                        .writeprotect(a, obj.page_size(), true, false)
                         .is_ok()
                 });
             b.pages[b.n] = (i, protected);
@@ -87,7 +86,7 @@ impl Mm {
             // SAFETY: we hold page `i`'s lock; its contents are only read,
             // and the slice lives until the page is unlocked below.
             match unsafe { obj.page_mut(i) } {
-                Ok(p) => list[k] = ((i * PAGE_SIZE) as u64, p),
+                Ok(p) => list[k] = ((i << obj.page_shift()) as u64, p),
                 Err(e) => r = Err(crate::store::StoreError(e)),
             }
         }

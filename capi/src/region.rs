@@ -74,6 +74,7 @@ pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i3
         populate: o.populate,
         pinned: o.pinned,
         fixed_addr: (!o.fixed_addr.is_null()).then_some(o.fixed_addr as usize),
+        ..MapOptions::default()
     })
 }
 

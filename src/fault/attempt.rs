@@ -154,7 +154,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             continue;
         }
         let pinned = if vma.pinned { PINNED } else { 0 };
-        crate::reclaim::charge(mm, 1);
+        crate::reclaim::charge(mm, obj.units());
 
         // An anonymous page never written back: a minor zero-page fault.
         if obj.zero_fill && prev & SWAPPED == 0 {
@@ -164,6 +164,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
         // Step 5: a major fault.
         f.major = true;
         if obj.kind == InstallKind::Anonymous
+            && !obj.is_huge()
             && !vma.writable.load(Acquire)
             && obj.source(prev).synchronous()
             && obj.source(prev).signal_safe()
@@ -176,7 +177,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             let r = load(mm, &pin, i);
             pin.cache.unlock(i, loaded_bits(r) | pinned, MOVED);
             if r == LoadResult::Failed {
-                mm.uncharge(1);
+                mm.uncharge(pin.units());
             } else {
                 mm.page_cached(&pin, i);
                 crate::readahead::on_fault(mm, &pin, i);
@@ -191,7 +192,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             }
             LoadResult::Failed => {
                 obj.cache.unlock(i, POISONED, 0);
-                mm.uncharge(1);
+                mm.uncharge(obj.units());
                 return poison(mm, vma, i);
             }
         }
@@ -206,6 +207,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
 /// and charged the page.
 fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
     let obj: &Object = &vma.object;
+    // (Base pages only: the caller sends huge pages the cache-area way.)
     let off = (i * PAGE_SIZE) as u64;
     let source = obj.source(w);
     // A page read back from swap holds writes its source lacks: clean only
@@ -227,7 +229,7 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
         // first; otherwise the kernel refused the install (it should not):
         // report SIGBUS rather than loop.
         obj.cache.unlock(i, 0, 0);
-        mm.uncharge(1);
+        mm.uncharge(obj.units());
         if e == libc::EAGAIN {
             Outcome::Restart
         } else {
@@ -249,7 +251,7 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
         == LoadResult::Failed
     {
         obj.cache.unlock(i, POISONED, 0);
-        mm.uncharge(1);
+        mm.uncharge(obj.units());
         return poison(mm, vma, i);
     }
     match copy_in(mm, vma, i, buf.0.as_ptr() as usize) {
@@ -270,8 +272,12 @@ fn loaded_bits(r: LoadResult) -> u32 {
 fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bool) -> Outcome {
     let obj: &Object = &vma.object;
     // A read fault on a shared object maps the page with its cached
-    // neighbours (fault-around); alone if that did not map it.
-    let around = !f.write && obj.kind == InstallKind::Shared && mm.config.fault_around_pages > 1;
+    // neighbours (fault-around); alone if that did not map it. A 2 MiB
+    // page is its own cluster.
+    let around = !f.write
+        && obj.kind == InstallKind::Shared
+        && !obj.is_huge()
+        && mm.config.fault_around_pages > 1;
     let installed = if around && super::around::map_pages(mm, vma, i) {
         mm.counters.inc(PGINSTALL);
         Ok(false)
@@ -325,7 +331,7 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             // just read is cached; a cached page stays cached.
             if zero {
                 obj.cache.unlock(i, 0, 0);
-                mm.uncharge(1);
+                mm.uncharge(obj.units());
             } else if fresh {
                 let pinned = if vma.pinned { PINNED } else { 0 };
                 obj.cache.unlock(i, UPTODATE | pinned, MOVED);

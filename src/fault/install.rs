@@ -4,13 +4,17 @@ use super::Outcome;
 use crate::address_space::Mm;
 use crate::object::InstallKind;
 use crate::stats::Counter::*;
+use crate::sys::huge::HUGE_PAGE_SIZE;
 use crate::sys::uffd::{MODE_DONTWAKE, MODE_WP};
 use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
 
+/// Zeros to copy a zero page from: 2 MiB, so that a huge page (which has
+/// no `UFFDIO_ZEROPAGE`) takes them too. In `.bss`: it costs no memory, and
+/// reading it maps the kernel's shared zero page.
 #[repr(C, align(4096))]
-struct ZeroPage([u8; PAGE_SIZE]);
-static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
+struct ZeroPage([u8; HUGE_PAGE_SIZE]);
+static ZERO_PAGE: ZeroPage = ZeroPage([0; HUGE_PAGE_SIZE]);
 
 /// Installs object page `i` at its address in `vma`. `zero`: an anonymous
 /// page that was never written back (UFFDIO_ZEROPAGE for a read, a copy of
@@ -78,9 +82,8 @@ fn retry_eagain_within<T>(
 /// page `i` with `UFFDIO_COPY` (which allocates it). Never wakes.
 pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i32> {
     let uffd = mm.uffd_for(&vma.object);
-    match retry_eagain(mm, || {
-        uffd.copy(vma.addr_of(i), src, PAGE_SIZE, MODE_DONTWAKE)
-    }) {
+    let len = vma.object.page_size();
+    match retry_eagain(mm, || uffd.copy(vma.addr_of(i), src, len, MODE_DONTWAKE)) {
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
             Ok(())
@@ -93,21 +96,34 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
     let addr = vma.addr_of(i);
     let obj = &vma.object;
     let uffd = mm.uffd_for(obj);
+    let len = obj.page_size();
     let mut moved = false;
     let r = match (obj.kind, zero) {
         // A read maps it write-protected; a write to a write-tracked page
         // maps it writable (the caller marks it dirty).
         (InstallKind::Shared, _) => {
             let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
-            uffd.cont(addr, PAGE_SIZE, MODE_DONTWAKE | wp)
+            uffd.cont(addr, len, MODE_DONTWAKE | wp)
         }
-        (InstallKind::Anonymous, true) if !write => uffd.zeropage(addr, PAGE_SIZE, MODE_DONTWAKE),
-        (InstallKind::Anonymous, true) => uffd.copy(
-            addr,
-            ZERO_PAGE.0.as_ptr() as usize,
-            PAGE_SIZE,
-            MODE_DONTWAKE,
-        ),
+        // Hugetlb has no zero-page install: a copy of zeros.
+        (InstallKind::Anonymous, true) if !write && !obj.is_huge() => {
+            uffd.zeropage(addr, len, MODE_DONTWAKE)
+        }
+        (InstallKind::Anonymous, true) => {
+            uffd.copy(addr, ZERO_PAGE.0.as_ptr() as usize, len, MODE_DONTWAKE)
+        }
+        // Hugetlb has no `UFFDIO_MOVE`: copy from the cache area, then
+        // free the copy there (a 2 MiB page must not be held twice), so
+        // the page counts as moved.
+        (InstallKind::Anonymous, false) if obj.is_huge() => {
+            let src = obj.data(i)? as usize;
+            let r = uffd.copy(addr, src, len, MODE_DONTWAKE);
+            if matches!(r, Ok(_) | Err(libc::EEXIST)) {
+                let _ = obj.free_data(i, 1);
+                moved = true;
+            }
+            r
+        }
         // Zero copy: move the cached page itself into place. A read-only
         // region cannot be a MOVE destination (its protection differs from
         // the cache area's), and a page that is not exclusive cannot move:
@@ -203,7 +219,7 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
             let wp = obj.install_wp(f.write) && w & crate::page_cache::DIRTY == 0;
             let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
             let uffd = mm.uffd_for(obj);
-            match retry_eagain(mm, || uffd.cont(addr, PAGE_SIZE, mode)) {
+            match retry_eagain(mm, || uffd.cont(addr, obj.page_size(), mode)) {
                 Ok(_) => {
                     mm.counters.inc(REINSTALL);
                     Recheck::Present { dirty: wp_fault }
@@ -225,6 +241,15 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         // behind a swap PTE and faults it back itself), so a missing PTE
         // means the application dropped the page.
         InstallKind::Anonymous => match crate::sys::mem::page_present(addr) {
+            // A 2 MiB page left write-protected by an eviction that gave
+            // up (see `reclaim`'s `huge`): a write lifts the protection.
+            // (In-thread delivery cannot tell a WP fault from a missing
+            // one, so every write to a present huge page takes this.)
+            Ok(true) if obj.is_huge() && f.write => match make_writable(mm, vma, i) {
+                Ok(()) => Recheck::Present { dirty: false },
+                Err(libc::EAGAIN) => Recheck::Again,
+                Err(_) => Recheck::Failed,
+            },
             Ok(true) => Recheck::Present { dirty: false },
             Ok(false) => Recheck::Gone,
             Err(_) => Recheck::Failed,
@@ -236,17 +261,17 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
 /// the page lock): the page becomes dirty and writable.
 pub(super) fn make_writable(mm: &Mm, vma: &Vma, i: usize) -> Result<(), i32> {
     let uffd = mm.uffd_for(&vma.object);
-    retry_eagain(mm, || {
-        uffd.writeprotect(vma.addr_of(i), PAGE_SIZE, false, false)
-    })
-    .map(|_| mm.counters.inc(WP_FAULT))
+    let len = vma.object.page_size();
+    retry_eagain(mm, || uffd.writeprotect(vma.addr_of(i), len, false, false))
+        .map(|_| mm.counters.inc(WP_FAULT))
 }
 
 /// Marks the user page of object page `i` poisoned (UFFDIO_POISON), so the
 /// access gets SIGBUS (EFAULT in a syscall), and reports it.
 pub(super) fn poison(mm: &Mm, vma: &Vma, i: usize) -> Outcome {
     let uffd = mm.uffd_for(&vma.object);
-    match retry_eagain(mm, || uffd.poison(vma.addr_of(i), PAGE_SIZE, MODE_DONTWAKE)) {
+    let len = vma.object.page_size();
+    match retry_eagain(mm, || uffd.poison(vma.addr_of(i), len, MODE_DONTWAKE)) {
         Ok(_) => mm.counters.inc(POISONED),
         // An event first: the page may not be there any more.
         Err(libc::EAGAIN) => return Outcome::Restart,

@@ -33,26 +33,72 @@ fn tempfile_in(dir: &Path) -> std::io::Result<std::fs::File> {
 }
 
 fn check_len(len: usize) -> Result<()> {
+    check_len_in(len, PAGE_SIZE)
+}
+
+fn check_len_in(len: usize, page_size: usize) -> Result<()> {
     if len == 0 {
         return Err(Error::ZeroLength);
     }
-    if !len.is_multiple_of(PAGE_SIZE) {
+    if !len.is_multiple_of(page_size) {
         return Err(Error::Unaligned {
             what: "length",
             value: len,
+            page_size,
         });
     }
     Ok(())
 }
 
-fn check_fixed(a: Option<usize>) -> Result<()> {
+fn check_fixed(a: Option<usize>, page_size: usize) -> Result<()> {
     match a {
-        Some(a) if a % PAGE_SIZE != 0 || a == 0 => Err(Error::Unaligned {
+        Some(a) if a % page_size != 0 || a == 0 => Err(Error::Unaligned {
             what: "address",
             value: a,
+            page_size,
         }),
         _ => Ok(()),
     }
+}
+
+/// The page shift for `opts.page_size`, and for 2 MiB pages the checks a
+/// huge region needs first: a budget that holds one, enough free pages in
+/// the kernel's pool for what the region may hold at once, and
+/// `/proc/self/mem` (which evicting a huge anonymous page reads).
+fn page_shift(opts: &MapOptions, len: usize, budget: u64) -> Result<u32> {
+    use crate::sys::huge::{Pool, HUGE_PAGE_SHIFT, HUGE_PAGE_SIZE};
+    match opts.page_size {
+        PAGE_SIZE => return Ok(crate::sys::PAGE_SHIFT),
+        HUGE_PAGE_SIZE => {}
+        other => return Err(Error::PageSize(other)),
+    }
+    check_len_in(len, HUGE_PAGE_SIZE)?;
+    check_fixed(opts.fixed_addr, HUGE_PAGE_SIZE)?;
+    let units = (HUGE_PAGE_SIZE / PAGE_SIZE) as u64;
+    if budget > 0 && budget < units {
+        return Err(Error::Config(format!(
+            "a budget of {budget} pages (4 KiB) holds no 2 MiB page: it needs {units} at least"
+        )));
+    }
+    let pages = (len / HUGE_PAGE_SIZE) as u64;
+    // Reclaim lets residency pass the budget by the page being faulted in
+    // (and one more racing it) before it evicts.
+    let needed = if budget == 0 {
+        pages
+    } else {
+        pages.min(budget / units + 2)
+    };
+    let available = Pool::now().available();
+    if available < needed {
+        return Err(Error::NoHugePages { needed, available });
+    }
+    if opts.kind == InstallKind::Anonymous {
+        crate::sys::huge::open_self_mem().map_err(|e| Error::Io {
+            context: "opening /proc/self/mem (evicting 2 MiB anonymous pages reads it)".into(),
+            source: std::io::Error::from_raw_os_error(e),
+        })?;
+    }
+    Ok(HUGE_PAGE_SHIFT)
 }
 
 /// Where anonymous regions swap to ([`crate::PagerBuilder::swap_dir`],
@@ -88,6 +134,24 @@ impl Pager {
     ///
     /// Example: [`Pager`](crate::Pager).
     pub fn map_anonymous(&self, len: usize) -> Result<Region> {
+        self.map_anonymous_with(len, &MapOptions::default())
+    }
+
+    /// [`Pager::map_anonymous`] with options: `opts.kind` is ignored (the
+    /// region is anonymous); the page size, placement, pinning and
+    /// populating are taken.
+    ///
+    /// ```no_run
+    /// use uffd_pager::{MapOptions, Pager, HUGE_PAGE_SIZE};
+    ///
+    /// // 2 MiB pages: root must have reserved some (vm.nr_hugepages).
+    /// let pager = Pager::builder().budget_pages(4 * 512).build()?;
+    /// let opts = MapOptions { page_size: HUGE_PAGE_SIZE, ..MapOptions::default() };
+    /// let mut region = pager.map_anonymous_with(16 * HUGE_PAGE_SIZE, &opts)?;
+    /// region.as_mut_slice()[5 * HUGE_PAGE_SIZE] = 1; // one fault maps 2 MiB
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn map_anonymous_with(&self, len: usize, opts: &MapOptions) -> Result<Region> {
         check_len(len)?;
         self.map_object(
             Arc::new(ZeroStore::new(len as u64)),
@@ -95,7 +159,8 @@ impl Pager {
             true,
             &MapOptions {
                 kind: InstallKind::Anonymous,
-                ..MapOptions::default()
+                writable: true,
+                ..opts.clone()
             },
         )
     }
@@ -220,17 +285,20 @@ impl Pager {
         zero_fill: bool,
         opts: &MapOptions,
     ) -> Result<Region> {
-        check_fixed(opts.fixed_addr)?;
-        let npages = (store.len() as usize / PAGE_SIZE).max(len / PAGE_SIZE);
+        check_fixed(opts.fixed_addr, PAGE_SIZE)?;
+        let shift = page_shift(opts, len, self.inner.mm.config.budget_pages)?;
+        let npages = ((store.len() as usize) >> shift).max(len >> shift);
         let swap = match opts.kind {
-            InstallKind::Anonymous => Some(self.swap_store(npages * PAGE_SIZE)?),
+            InstallKind::Anonymous => Some(self.swap_store(npages << shift)?),
             InstallKind::Shared => None,
         };
-        let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill)
+        let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill, shift)
             .map_err(|(op, e)| Error::sys(op, e))?;
-        // Only a writable anonymous region needs to hear of the
-        // application's madvise (see `Object::quiet`).
-        obj.quiet = opts.kind == InstallKind::Shared || !opts.writable;
+        // Only a writable anonymous region of base pages needs to hear of
+        // the application's madvise (see `Object::quiet`); a huge one must
+        // not, since reclaim zaps its pages with `MADV_DONTNEED` (see
+        // `reclaim`'s `huge`).
+        obj.quiet = opts.kind == InstallKind::Shared || !opts.writable || obj.is_huge();
         let (id, start) = self.inner.mm.map(
             Arc::new(obj),
             len,
@@ -240,7 +308,7 @@ impl Pager {
             },
             opts.pinned,
         )?;
-        let region = Region::new(self.inner.clone(), id, start, len);
+        let region = Region::new(self.inner.clone(), id, start, len, 1 << shift);
         if opts.populate {
             region.populate(0, len)?;
         }

@@ -327,6 +327,20 @@ pub struct MapOptions {
     pub pinned: bool,
     /// Fault every page in at map time (the MAP_POPULATE analog).
     pub populate: bool,
+    /// Bytes per page: [`PAGE_SIZE`](crate::PAGE_SIZE) (the default) or
+    /// [`HUGE_PAGE_SIZE`](crate::HUGE_PAGE_SIZE), 2 MiB pages from the
+    /// kernel's hugetlb pool (which root reserves with
+    /// `sysctl vm.nr_hugepages=N`; mapping fails with
+    /// [`Error::NoHugePages`](crate::Error::NoHugePages) if too few are
+    /// free). Faults, installs, eviction, write-back and store calls then
+    /// work 2 MiB at a time; the budget still counts 4 KiB units (a huge
+    /// page is 512 of them) and must hold one huge page at least. A region
+    /// of 2 MiB pages has no readahead or fault-around (a page is 512
+    /// base pages already), cannot be remapped, and its length (and fixed
+    /// address) must be multiples of 2 MiB. A huge anonymous region does
+    /// not hear of the application's own `madvise(MADV_DONTNEED)` on pages
+    /// it has evicted (use [`Region::dontneed`](crate::Region::dontneed)).
+    pub page_size: usize,
 }
 
 impl Default for MapOptions {
@@ -337,6 +351,7 @@ impl Default for MapOptions {
             fixed_addr: None,
             pinned: false,
             populate: false,
+            page_size: crate::PAGE_SIZE,
         }
     }
 }

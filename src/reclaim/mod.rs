@@ -16,6 +16,7 @@
 //!
 //! A write-back failure keeps the page cached and dirty.
 
+mod huge;
 pub mod staging;
 mod unmap_batch;
 
@@ -73,8 +74,11 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
         return Err(());
     }
     if obj.kind == InstallKind::Shared {
-        madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED).map_err(|_| ())?;
+        madvise(addr, obj.page_size(), libc::MADV_DONTNEED).map_err(|_| ())?;
         return Ok(Unmapped::InCache);
+    }
+    if obj.is_huge() {
+        return huge::unmap_anon(mm, obj, i, addr);
     }
     let r = &mm.reclaim;
     let s = r.take_slot();
@@ -193,8 +197,9 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         // SAFETY: page lock held and the page is not mapped: nobody else
         // reads or writes its cached contents.
         let buf = unsafe { obj.page_mut(i) };
+        let off = (i << obj.page_shift()) as u64;
         if buf
-            .map(|b| crate::io::write(&mm.io, obj.swap(), &[((i * PAGE_SIZE) as u64, b)]))
+            .map(|b| crate::io::write(&mm.io, obj.swap(), &[(off, b)]))
             .map_or(true, |r| r.is_err())
         {
             mm.counters.inc(IO_ERROR);
@@ -225,7 +230,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         swapped,
         UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD | CLEAN,
     );
-    mm.uncharge(1);
+    mm.uncharge(obj.units());
     Evict::Evicted
 }
 
@@ -261,6 +266,8 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
             scanned += 1;
             c.inc(PGSCAN);
             let (slot, page) = unpack(e);
+            // What an eviction frees, in the budget's 4 KiB units.
+            let mut units = 1;
             let verdict = match mm.objects.pin(slot) {
                 None => Evict::Drop,
                 Some(obj) => match batch.try_add(mm, obj, page, e) {
@@ -275,6 +282,7 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
                         // on its store: the batch's pages must not stay
                         // locked meanwhile (see `unmap_batch`'s contract).
                         freed += batch.flush(mm);
+                        units = obj.units();
                         evict_page(mm, &obj, page)
                     }
                     Err((v, None)) => v,
@@ -282,7 +290,7 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
             };
             match verdict {
                 Evict::Evicted => {
-                    freed += 1;
+                    freed += units;
                     c.inc(PGSTEAL);
                 }
                 Evict::Rotate => {

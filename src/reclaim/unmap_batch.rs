@@ -177,7 +177,9 @@ fn prepare_clean<'a>(
     zaps: &mut [(usize, usize)],
     nz: &mut usize,
 ) -> Result<Pending<'a>, Refused> {
-    if i >= obj.npages() {
+    // A 2 MiB page goes alone: its zap is a flush of its own anyway, and
+    // an anonymous one cannot be zapped before it is copied out.
+    if i >= obj.npages() || obj.is_huge() {
         return Err((Evict::Drop, Some(obj)));
     }
     let anon = obj.kind == InstallKind::Anonymous;

@@ -35,34 +35,32 @@ impl Mapping {
     /// A private anonymous mapping, at `hint` (exactly, if `fixed`; never
     /// replacing an existing mapping).
     pub fn anonymous_at(hint: usize, len: usize, fixed: bool) -> Result<Mapping, i32> {
-        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        if fixed {
-            flags |= libc::MAP_FIXED_NOREPLACE;
-        }
-        // SAFETY: a fresh mapping; with MAP_FIXED_NOREPLACE the kernel refuses
-        // to replace anything already mapped.
-        let p = unsafe {
-            libc::mmap(
-                hint as *mut libc::c_void,
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                -1,
-                0,
-            )
-        };
-        let addr = check(p)?;
-        Ok(Mapping { addr, len })
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        Self::with_flags(hint, len, flags, -1, fixed)
     }
 
     /// A shared read-write mapping of `fd` at file offset 0, at `hint`
     /// (exactly, if `fixed`).
     pub fn shared(fd: RawFd, len: usize, hint: usize, fixed: bool) -> Result<Mapping, i32> {
-        let mut flags = libc::MAP_SHARED;
+        Self::with_flags(hint, len, libc::MAP_SHARED, fd, fixed)
+    }
+
+    /// A read-write mapping of `len` bytes with mmap `flags` (of `fd` at
+    /// offset 0, or anonymous with `fd` -1), at `hint` (exactly, if
+    /// `fixed`: never replacing an existing mapping).
+    pub fn with_flags(
+        hint: usize,
+        len: usize,
+        mut flags: i32,
+        fd: RawFd,
+        fixed: bool,
+    ) -> Result<Mapping, i32> {
         if fixed {
             flags |= libc::MAP_FIXED_NOREPLACE;
         }
-        // SAFETY: a fresh mapping of a descriptor we hold open.
+        // SAFETY: a fresh mapping (of a descriptor the caller holds open,
+        // if any); with MAP_FIXED_NOREPLACE the kernel refuses to replace
+        // anything already mapped.
         let p = unsafe {
             libc::mmap(
                 hint as *mut libc::c_void,
@@ -285,9 +283,15 @@ pub struct Memfd {
 impl Memfd {
     /// Creates a memfd of `len` bytes.
     pub fn new(name: &str, len: usize) -> Result<Memfd, i32> {
+        Self::with_flags(name, len, 0)
+    }
+
+    /// Creates a memfd of `len` bytes with `memfd_create` flags beyond
+    /// `MFD_CLOEXEC` (`MFD_HUGETLB`, see [`super::huge`]).
+    pub fn with_flags(name: &str, len: usize, flags: u32) -> Result<Memfd, i32> {
         let cname = std::ffi::CString::new(name).map_err(|_| libc::EINVAL)?;
         // SAFETY: `cname` is a valid C string.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | flags) };
         if fd < 0 {
             return Err(super::errno());
         }

@@ -4,6 +4,7 @@
 //! tracing, so any of it may run inside the SIGBUS handler.
 
 pub mod futex;
+pub mod huge;
 pub mod mem;
 pub mod thread;
 pub mod uffd;

@@ -1,0 +1,76 @@
+//! Taking a 2 MiB anonymous page out of the user mapping.
+//!
+//! A base page leaves by `UFFDIO_MOVE` (atomic: a write after the move
+//! faults). Hugetlb has no `UFFDIO_MOVE`, so a huge page leaves in four
+//! steps, each safe against the application's writes:
+//!
+//! 1. write-protect it (`UFFDIO_WRITEPROTECT`; the region is registered
+//!    for WP): from here a write faults and waits for the page lock, which
+//!    the caller holds, so the contents cannot change under the copy;
+//! 2. copy it into the object's cache area through `/proc/self/mem`
+//!    ([`crate::sys::huge::read_self`]): never a plain load from the user's
+//!    mapping, where a page the application dropped would fault in the
+//!    engine's own thread on a fault only the engine can serve;
+//! 3. write the copy to swap;
+//! 4. zap it (`MADV_DONTNEED`: the region's descriptor is the quiet one,
+//!    so this raises no event). A write waiting since step 1 then finds the
+//!    page absent and reads it back from swap.
+//!
+//! A page marked `CLEAN` (a read-only region's copy of its source) skips
+//! steps 1-3. Any step that fails lifts the protection again and leaves
+//! the page where it was.
+
+use super::Unmapped;
+use crate::address_space::Mm;
+use crate::object::Object;
+use crate::page_cache::CLEAN;
+use crate::stats::Counter::*;
+use crate::sys::mem::{madvise, page_present};
+
+/// Takes huge anonymous page `i` (mapped at `addr`; the caller holds its
+/// page lock and its region's read lock) out of the mapping. Async-signal-
+/// safe.
+pub(super) fn unmap_anon(mm: &Mm, obj: &Object, i: usize, addr: usize) -> Result<Unmapped, ()> {
+    let len = obj.page_size();
+    let zap = || madvise(addr, len, libc::MADV_DONTNEED).map_err(|_| ());
+    if obj.cache.load(i) & CLEAN != 0 {
+        zap()?;
+        return Ok(Unmapped::InCache);
+    }
+    let uffd = mm.uffd_for(obj);
+    let unprotect = || {
+        let _ = uffd.writeprotect(addr, len, false, true);
+    };
+    uffd.writeprotect(addr, len, true, false).map_err(|_| ())?;
+    let Ok(dst) = obj.data(i) else {
+        unprotect();
+        return Err(());
+    };
+    // SAFETY: `dst` is page `i`'s place in the cache area (`len` bytes),
+    // ours under the page lock.
+    if unsafe { crate::sys::huge::read_self(addr, dst, len) }.is_err() {
+        let _ = obj.free_data(i, 1);
+        if page_present(addr) == Ok(false) {
+            return Ok(Unmapped::Dropped);
+        }
+        unprotect();
+        return Err(());
+    }
+    // SAFETY: as above; the copy is complete.
+    let page = unsafe { std::slice::from_raw_parts(dst as *const u8, len) };
+    let off = (i << obj.page_shift()) as u64;
+    let written = crate::io::write(&mm.io, obj.swap(), &[(off, page)]).is_ok();
+    if zap().is_err() {
+        let _ = obj.free_data(i, 1);
+        unprotect();
+        return Err(());
+    }
+    if written {
+        mm.counters.inc(WRITEBACK);
+        let _ = obj.free_data(i, 1);
+        Ok(Unmapped::WrittenBack)
+    } else {
+        mm.counters.inc(IO_ERROR);
+        Ok(Unmapped::KeptDirty)
+    }
+}

@@ -1,0 +1,179 @@
+//! 2 MiB pages (hugetlb): mappings, the hugetlbfs memfd, the kernel's pool
+//! of reserved pages, and a read of the process's own memory that never
+//! waits on userfaultfd.
+//!
+//! Hugetlb pages come only from the pool the administrator reserves
+//! (`/proc/sys/vm/nr_hugepages`); nothing here reserves pages at `mmap`
+//! time (`MAP_NORESERVE`): a pager maps more than its budget, and the
+//! budget, not the mapping, says how many it holds at once. A page the pool
+//! cannot supply fails the install or fill that needed it (`ENOMEM` /
+//! `ENOSPC`), as the kernel's own hugetlb fault then raises SIGBUS.
+
+use super::mem::{Mapping, Memfd};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, Ordering::*};
+
+/// Bytes in a huge page (x86-64 PMD size).
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+/// `log2(HUGE_PAGE_SIZE)`.
+pub const HUGE_PAGE_SHIFT: u32 = 21;
+
+/// `MAP_HUGE_2MB` / `MFD_HUGE_2MB`: `21 << MAP_HUGE_SHIFT`.
+const HUGE_2MB: i32 = 21 << 26;
+
+/// A private anonymous hugetlb mapping of `len` bytes (a multiple of
+/// [`HUGE_PAGE_SIZE`]), at `hint` (exactly, if `fixed`).
+pub fn anonymous_at(hint: usize, len: usize, fixed: bool) -> Result<Mapping, i32> {
+    let flags = libc::MAP_PRIVATE
+        | libc::MAP_ANONYMOUS
+        | libc::MAP_NORESERVE
+        | libc::MAP_HUGETLB
+        | HUGE_2MB;
+    Mapping::with_flags(hint, len, flags, -1, fixed)
+}
+
+/// A shared mapping of the hugetlbfs memfd `fd`, reserving nothing.
+pub fn shared_at(fd: RawFd, len: usize, hint: usize, fixed: bool) -> Result<Mapping, i32> {
+    Mapping::with_flags(hint, len, libc::MAP_SHARED | libc::MAP_NORESERVE, fd, fixed)
+}
+
+/// A memfd on hugetlbfs of 2 MiB pages (`MFD_HUGETLB`). It has no
+/// `write`: pages are filled through a mapping of it, after
+/// [`allocate`].
+pub fn memfd(name: &str, len: usize) -> Result<Memfd, i32> {
+    Memfd::with_flags(name, len, libc::MFD_HUGETLB | HUGE_2MB as u32)
+}
+
+/// Takes the pages of `[off, off + len)` of a hugetlbfs memfd from the
+/// pool now (`fallocate`), so that writing them through a mapping cannot
+/// fault for want of one (which would be SIGBUS in the engine's own
+/// thread). `ENOSPC` when the pool is empty. Async-signal-safe.
+pub fn allocate(fd: RawFd, off: usize, len: usize) -> Result<(), i32> {
+    // SAFETY: fallocate on a descriptor the caller holds open.
+    let rc = unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(super::errno())
+    }
+}
+
+/// The kernel's pool of 2 MiB pages, in pages
+/// (`/sys/kernel/mm/hugepages/hugepages-2048kB/`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pool {
+    /// Reserved by the administrator (`nr_hugepages`).
+    pub total: u64,
+    /// Not in use by anyone.
+    pub free: u64,
+    /// Promised to mappings that reserved them but not yet faulted in.
+    pub reserved: u64,
+}
+
+impl Pool {
+    /// Reads the pool now; all zeros where the kernel has no 2 MiB pool.
+    /// Not async-signal-safe (it reads files).
+    pub fn now() -> Pool {
+        let read = |name: &str| {
+            std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{name}"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Pool {
+            total: read("nr_hugepages"),
+            free: read("free_hugepages"),
+            reserved: read("resv_hugepages"),
+        }
+    }
+
+    /// Pages free for a new user: free and not promised.
+    pub fn available(&self) -> u64 {
+        self.free.saturating_sub(self.reserved)
+    }
+}
+
+/// A descriptor of `/proc/self/mem`, opened once ([`open_self_mem`]).
+static SELF_MEM: AtomicI32 = AtomicI32::new(-1);
+
+/// Opens `/proc/self/mem` for [`read_self`] if it is not open yet. Call
+/// outside signal handlers (at map time).
+pub fn open_self_mem() -> Result<(), i32> {
+    if SELF_MEM.load(Acquire) >= 0 {
+        return Ok(());
+    }
+    // SAFETY: a NUL-terminated path; the descriptor is ours.
+    let fd = unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(super::errno());
+    }
+    if SELF_MEM.compare_exchange(-1, fd, AcqRel, Acquire).is_err() {
+        // SAFETY: our own descriptor, never published.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes of this process's memory at `addr` into `dst`
+/// through `/proc/self/mem`. Where the engine reads a user page it does
+/// not own the mapping of (evicting a huge anonymous page, which
+/// `UFFDIO_MOVE` cannot take), a plain load could fault on a page the
+/// application dropped and wait, in the engine's own thread, for a fault
+/// the engine itself must serve; this read takes the kernel's remote path,
+/// which does not wait on userfaultfd: an absent page fails it with `EIO`.
+/// Async-signal-safe (`pread`); `EBADF` if [`open_self_mem`] was not
+/// called.
+///
+/// # Safety
+/// `dst` is valid for writes of `len` bytes.
+pub unsafe fn read_self(addr: usize, dst: *mut u8, len: usize) -> Result<(), i32> {
+    let fd = SELF_MEM.load(Acquire);
+    let mut done = 0;
+    while done < len {
+        // SAFETY: the caller's contract on `dst`.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                dst.add(done).cast(),
+                len - done,
+                (addr + done) as libc::off_t,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(libc::EIO),
+            _ if super::errno() == libc::EINTR => {}
+            _ => return Err(super::errno()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reading_own_memory_copies_it_and_an_unmapped_page_fails_cleanly() {
+        open_self_mem().unwrap();
+        let m = Mapping::anonymous(2 * super::super::PAGE_SIZE).unwrap();
+        // SAFETY: our own fresh mapping.
+        unsafe { std::ptr::write_bytes(m.addr() as *mut u8, 7, 4096) };
+        let mut out = vec![0u8; 4096];
+        // SAFETY: `out` holds 4096 bytes.
+        unsafe { read_self(m.addr(), out.as_mut_ptr(), 4096) }.unwrap();
+        assert!(out.iter().all(|&b| b == 7));
+        let hole = Mapping::anonymous(4096).unwrap();
+        let at = hole.addr();
+        drop(hole);
+        // SAFETY: as above.
+        assert!(unsafe { read_self(at, out.as_mut_ptr(), 4096) }.is_err());
+    }
+
+    #[test]
+    fn the_pool_reads_as_numbers() {
+        let p = Pool::now();
+        assert!(p.free <= p.total);
+        assert!(p.available() <= p.free);
+    }
+}

@@ -1,0 +1,284 @@
+//! Regions of 2 MiB pages (hugetlb) on real faults: every byte kept
+//! through eviction and write-back for both install kinds and both
+//! delivery modes, eviction racing writes, both page sizes under one
+//! budget, and the errors a user gets for what cannot work.
+//!
+//! The tests reserve the huge pages they need as root and give them back
+//! ([`huge_util::HugePool`]).
+
+#[path = "engine_util.rs"]
+mod util;
+
+#[path = "huge_util.rs"]
+mod huge_util;
+
+use huge_util::HugePool;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+use uffd_pager::store::{MemoryStore, Store};
+use uffd_pager::{
+    Counter, Delivery, Error, InstallKind, MapOptions, Pager, Region, HUGE_PAGE_SIZE,
+};
+use util::*;
+
+const HUGE: usize = HUGE_PAGE_SIZE;
+/// The budget's 4 KiB units in one huge page.
+const UNITS: u64 = (HUGE / PAGE) as u64;
+
+fn deliveries() -> [Delivery; 2] {
+    [
+        Delivery::InThread,
+        Delivery::Threads {
+            threads: 2,
+            spin_us: 0,
+        },
+    ]
+}
+
+fn huge_opts(kind: InstallKind) -> MapOptions {
+    MapOptions {
+        kind,
+        page_size: HUGE,
+        ..MapOptions::default()
+    }
+}
+
+/// A writable region of `pages` huge pages: anonymous memory (zeros), or
+/// a shared region over a memory store holding `initial`.
+fn map_huge(
+    pager: &Pager,
+    kind: InstallKind,
+    initial: &[u8],
+) -> (Region, Option<Arc<MemoryStore>>) {
+    match kind {
+        InstallKind::Anonymous => (
+            pager
+                .map_anonymous_with(initial.len(), &huge_opts(kind))
+                .expect("map a huge anonymous region"),
+            None,
+        ),
+        InstallKind::Shared => {
+            let store = Arc::new(MemoryStore::from_bytes(initial).unwrap());
+            let r = pager
+                .map_store(
+                    store.clone() as Arc<dyn Store>,
+                    initial.len(),
+                    &huge_opts(kind),
+                )
+                .expect("map a huge shared region");
+            (r, Some(store))
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift).
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+#[test]
+fn huge_regions_keep_every_byte_through_eviction_and_write_back() {
+    let _pool = HugePool::take(8);
+    let pages = 12;
+    for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+        for d in deliveries() {
+            let ctx = format!("{kind} {d}");
+            let pager = Pager::builder()
+                .delivery(d)
+                .budget_pages(3 * UNITS)
+                .build()
+                .unwrap();
+            let mut model = match kind {
+                InstallKind::Anonymous => vec![0u8; pages * HUGE],
+                InstallKind::Shared => pattern_vec(7, pages * HUGE),
+            };
+            let (mut region, store) = map_huge(&pager, kind, &model);
+            let s = region.as_mut_slice();
+            let mut x = 0x9e3779b97f4a7c15u64;
+            for op in 0..6000 {
+                let off = (next(&mut x) as usize % (pages * HUGE)) & !7;
+                if op % 3 == 0 {
+                    assert_eq!(s[off], model[off], "{ctx}: read at {off:#x}, op {op}");
+                } else {
+                    let v = next(&mut x) as u8;
+                    s[off] = v;
+                    model[off] = v;
+                }
+            }
+            assert_bytes(s, &model, &ctx);
+            let st = pager.stats();
+            assert!(st.get(Counter::PGSTEAL) >= 10, "{ctx}: evictions\n{st}");
+            assert!(st.get(Counter::WRITEBACK) >= 5, "{ctx}: write-backs\n{st}");
+            // A 2 MiB page is 512 units; one faulted in may pass the
+            // budget before reclaim evicts (per faulting thread).
+            assert!(
+                st.peak_resident_pages <= 3 * UNITS + 2 * UNITS,
+                "{ctx}: peak {} units\n{st}",
+                st.peak_resident_pages
+            );
+            region.flush().unwrap();
+            if let Some(store) = store {
+                assert_bytes(&store.snapshot(), &model, &format!("{ctx}: the store"));
+            }
+        }
+    }
+}
+
+#[test]
+fn eviction_racing_writes_loses_none_on_huge_pages() {
+    let _pool = HugePool::take(6);
+    let pages = 8;
+    let rounds = 40u64;
+    for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+        for d in deliveries() {
+            let ctx = format!("{kind} {d}");
+            let pager = Arc::new(
+                Pager::builder()
+                    .delivery(d)
+                    .budget_pages(2 * UNITS)
+                    .build()
+                    .unwrap(),
+            );
+            let (region, _store) = map_huge(&pager, kind, &vec![0u8; pages * HUGE]);
+            let base = region.as_ptr() as usize;
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|sc| {
+                // Two writers, each bumping a counter in every 4 KiB of its
+                // own huge pages, round after round: each round's pages
+                // were evicted in between (2 resident of 8), while the
+                // other thread faults and reclaims.
+                let writers: Vec<_> = (0..2)
+                    .map(|t| {
+                        sc.spawn(move || {
+                            for _ in 0..rounds {
+                                for p in (t..pages).step_by(2) {
+                                    for q in (0..HUGE).step_by(PAGE) {
+                                        let a = (base + p * HUGE + q) as *mut u64;
+                                        // SAFETY: inside the region, which
+                                        // outlives the scope.
+                                        unsafe { a.write_volatile(a.read_volatile() + 1) };
+                                    }
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                // Meanwhile write-back (msync) runs against them.
+                sc.spawn(|| {
+                    while !stop.load(Relaxed) {
+                        region.flush().unwrap();
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                });
+                for w in writers {
+                    w.join().unwrap();
+                }
+                stop.store(true, Relaxed);
+            });
+            region.flush().unwrap();
+            let s = region.as_slice();
+            for p in 0..pages {
+                for q in (0..HUGE).step_by(PAGE) {
+                    let v = u64::from_ne_bytes(s[p * HUGE + q..][..8].try_into().unwrap());
+                    assert_eq!(v, rounds, "{ctx}: page {p} + {q:#x}: a write was lost");
+                }
+            }
+            let st = pager.stats();
+            assert!(st.get(Counter::PGSTEAL) >= rounds, "{ctx}\n{st}");
+        }
+    }
+}
+
+#[test]
+fn base_and_huge_regions_share_one_budget() {
+    let _pool = HugePool::take(6);
+    let pager = Pager::builder().budget_pages(3 * UNITS).build().unwrap();
+    let small_pages = 2048; // 8 MiB of 4 KiB pages
+    let mut small = pager.map_anonymous(small_pages * PAGE).unwrap();
+    let huge_len = 8 * HUGE;
+    let initial = pattern_vec(3, huge_len);
+    let (mut huge, store) = map_huge(&pager, InstallKind::Shared, &initial);
+    let mut huge_model = initial.clone();
+    for round in 0..3u8 {
+        for p in 0..small_pages {
+            small.as_mut_slice()[p * PAGE] = round ^ p as u8;
+            if p % 256 == 0 {
+                let h = (p / 256) % 8;
+                let off = h * HUGE + (round as usize) * PAGE;
+                huge.as_mut_slice()[off] = round + 1;
+                huge_model[off] = round + 1;
+            }
+        }
+    }
+    for p in 0..small_pages {
+        assert_eq!(small.as_slice()[p * PAGE], 2 ^ p as u8, "base page {p}");
+    }
+    assert_bytes(huge.as_slice(), &huge_model, "huge region");
+    let st = pager.stats();
+    assert!(
+        st.peak_resident_pages <= 3 * UNITS + 2 * UNITS,
+        "one budget bounds both sizes: peak {}\n{st}",
+        st.peak_resident_pages
+    );
+    assert!(st.get(Counter::PGSTEAL) > 0, "{st}");
+    huge.flush().unwrap();
+    assert_bytes(
+        &store.unwrap().snapshot(),
+        &huge_model,
+        "the huge region's store",
+    );
+    assert_eq!(huge.page_size(), HUGE);
+    assert_eq!(small.page_size(), PAGE);
+}
+
+#[test]
+fn huge_page_errors_are_typed_and_say_what_to_set() {
+    let pool = HugePool::take(1);
+    let pager = Pager::builder().budget_pages(4 * UNITS).build().unwrap();
+    let r = pager.map_anonymous_with(
+        HUGE,
+        &MapOptions {
+            page_size: 8192,
+            ..MapOptions::default()
+        },
+    );
+    assert!(matches!(r, Err(Error::PageSize(8192))), "{r:?}");
+    let r = pager.map_anonymous_with(HUGE + PAGE, &huge_opts(InstallKind::Anonymous));
+    assert!(
+        matches!(r, Err(Error::Unaligned { page_size, .. }) if page_size == HUGE),
+        "{r:?}"
+    );
+    let small = Pager::builder().budget_pages(100).build().unwrap();
+    let r = small.map_anonymous_with(HUGE, &huge_opts(InstallKind::Anonymous));
+    assert!(
+        matches!(r, Err(Error::Config(_))),
+        "a budget under one huge page: {r:?}"
+    );
+    let mut huge = pager
+        .map_anonymous_with(HUGE, &huge_opts(InstallKind::Anonymous))
+        .unwrap();
+    assert!(matches!(huge.remap(2 * HUGE), Err(Error::Config(_))));
+    drop(huge);
+    // No free huge pages: the message names the setting.
+    let _drained = pool.drain();
+    for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+        let r = match kind {
+            InstallKind::Anonymous => pager.map_anonymous_with(4 * HUGE, &huge_opts(kind)),
+            InstallKind::Shared => pager.map_store(
+                Arc::new(MemoryStore::new(4 * HUGE as u64).unwrap()),
+                4 * HUGE,
+                &huge_opts(kind),
+            ),
+        };
+        match r {
+            Err(e @ Error::NoHugePages { available: 0, .. }) => {
+                assert!(e.to_string().contains("nr_hugepages"), "{e}");
+                assert_eq!(e.errno(), libc::ENOMEM);
+            }
+            other => panic!("{kind}: expected NoHugePages, got {other:?}"),
+        }
+    }
+}
