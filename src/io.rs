@@ -27,9 +27,11 @@
 //! for signal-safe stores, which keep the in-thread path. A batch (a
 //! readahead window, a write-back batch) is one request and one store call
 //! ([`Store::read_many`], [`Store::write_many`]) of up to [`MAX_BATCH`]
-//! pages. Requests are a fixed table ([`SLOTS`] of them, each with
-//! [`MAX_BATCH`] pages of buffer mapped on first use): a request that finds
-//! every slot taken (that many calls stuck) fails at once.
+//! pages, or one 2 MiB page. Requests are a fixed table ([`SLOTS`] of
+//! them, each with 2 MiB of buffer mapped on first use; a request of base
+//! pages touches 128 KiB of it, and a 2 MiB request gives the rest back
+//! when it is done): a request that finds every slot taken (that many
+//! calls stuck) fails at once.
 
 use crate::store::{Store, StoreError, MAX_BATCH};
 use crate::sync::work_queue::WorkQueue;
@@ -42,6 +44,13 @@ use std::sync::Arc;
 
 /// Requests in flight at most.
 pub const SLOTS: usize = 64;
+
+/// A request's buffer: one 2 MiB page, or [`MAX_BATCH`] base pages (a
+/// base-page request touches only its first [`REQUEST_BYTES`]).
+const SLOT_BYTES: usize = HUGE_PAGE_SIZE;
+
+/// The most bytes a request of base pages carries.
+const REQUEST_BYTES: usize = MAX_BATCH * PAGE_SIZE;
 
 const FREE: u32 = 0;
 /// Claimed by a caller, being filled in.
@@ -114,7 +123,7 @@ impl Io {
                     store: UnsafeCell::new(None),
                 })
                 .collect(),
-            bufs: Mapping::anonymous(SLOTS * MAX_BATCH * PAGE_SIZE)?,
+            bufs: Mapping::anonymous(SLOTS * SLOT_BYTES)?,
             queue: WorkQueue::new(SLOTS * 2),
             timeout_ns,
             spin_ns,
@@ -127,7 +136,7 @@ impl Io {
     }
 
     fn buf(&self, k: usize) -> *mut u8 {
-        (self.bufs.addr() + k * MAX_BATCH * PAGE_SIZE) as *mut u8
+        (self.bufs.addr() + k * SLOT_BYTES) as *mut u8
     }
 
     /// Reads `buf.len()` (at most [`MAX_BATCH`] pages) bytes at `off` from
@@ -143,24 +152,27 @@ impl Io {
     }
 
     /// Writes each `(offset, page)` of `pages` (at most [`MAX_BATCH`]
-    /// whole pages) to `store` on a worker, in one [`Store::write`] or
-    /// [`Store::write_many`] call, waiting at most the timeout.
-    /// Async-signal-safe.
+    /// whole 4 KiB pages, or one 2 MiB page) to `store` on a worker, in one
+    /// [`Store::write`] or [`Store::write_many`] call, waiting at most the
+    /// timeout. Async-signal-safe.
     pub fn write(&self, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
-        if pages.len() > MAX_BATCH || pages.iter().any(|(_, p)| p.len() != PAGE_SIZE) {
+        let huge = matches!(pages, [(_, p)] if p.len() == HUGE_PAGE_SIZE);
+        if !huge && (pages.len() > MAX_BATCH || pages.iter().any(|(_, p)| p.len() != PAGE_SIZE)) {
             return Err(StoreError(libc::EINVAL));
         }
         if self.stale_write_running(store, pages) {
             return Err(StoreError(libc::EBUSY));
         }
-        let k = self.submit(store, WRITE, pages.len() * PAGE_SIZE, |s, p| {
+        let len = pages.iter().map(|(_, p)| p.len()).sum();
+        let k = self.submit(store, WRITE, len, |s, p| {
+            let mut at = 0;
             for (n, (off, page)) in pages.iter().enumerate() {
                 s.offs[n].store(*off, Relaxed);
                 // SAFETY: the slot is CLAIMED by us: nobody else touches its
-                // buffer, which holds MAX_BATCH pages.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(page.as_ptr(), p.add(n * PAGE_SIZE), PAGE_SIZE)
-                }
+                // buffer, which holds SLOT_BYTES (checked by `submit`'s
+                // caller above: 32 base pages or one huge page).
+                unsafe { std::ptr::copy_nonoverlapping(page.as_ptr(), p.add(at), page.len()) }
+                at += page.len();
             }
         })?;
         self.wait(k, |_| {})
@@ -174,7 +186,7 @@ impl Io {
         len: usize,
         fill: impl FnOnce(&Slot, *mut u8),
     ) -> Result<usize, StoreError> {
-        if len > MAX_BATCH * PAGE_SIZE {
+        if len > SLOT_BYTES || (len > MAX_BATCH * PAGE_SIZE && len != HUGE_PAGE_SIZE) {
             return Err(StoreError(libc::EINVAL));
         }
         let k = (0..SLOTS)
@@ -225,7 +237,10 @@ impl Io {
                 && s.op.load(Relaxed) == WRITE
                 && s.store_id.load(Relaxed) == id
                 && {
-                    let n = (s.len.load(Relaxed) as usize / PAGE_SIZE).min(MAX_BATCH);
+                    let n = match s.len.load(Relaxed) as usize {
+                        HUGE_PAGE_SIZE => 1,
+                        len => (len / PAGE_SIZE).min(MAX_BATCH),
+                    };
                     s.offs[..n]
                         .iter()
                         .any(|o| pages.iter().any(|(off, _)| *off == o.load(Relaxed)))
@@ -252,6 +267,16 @@ impl Io {
                 let r = s.result.load(Relaxed);
                 if r == 0 {
                     done(self.buf(k));
+                }
+                // A 2 MiB request leaves its buffer's pages behind: give
+                // back what base-page requests never use.
+                if s.len.load(Relaxed) as usize > REQUEST_BYTES {
+                    let tail = self.buf(k) as usize + REQUEST_BYTES;
+                    let _ = crate::sys::mem::madvise(
+                        tail,
+                        SLOT_BYTES - REQUEST_BYTES,
+                        libc::MADV_DONTNEED,
+                    );
                 }
                 s.state.store(FREE, Release);
                 return if r == 0 { Ok(()) } else { Err(StoreError(r)) };
@@ -286,11 +311,14 @@ impl Io {
             let store = unsafe { (*s.store.get()).take() };
             let len = s.len.load(Relaxed) as usize;
             // SAFETY: RUNNING: this worker alone touches the buffer, which
-            // holds MAX_BATCH pages.
+            // holds SLOT_BYTES (`submit` checked `len`).
             let buf = unsafe { std::slice::from_raw_parts_mut(self.buf(k as usize), len) };
             let op = s.op.load(Relaxed);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match (&store, op) {
                 (Some(st), READ) => read_in_place(&**st, s.offs[0].load(Relaxed), buf),
+                (Some(st), _) if len == HUGE_PAGE_SIZE => {
+                    write_in_place(&**st, &[(s.offs[0].load(Relaxed), buf)])
+                }
                 (Some(st), _) => {
                     // A worker may allocate: the batch's list is built here.
                     let pages: Vec<(u64, &[u8])> = buf
@@ -373,47 +401,32 @@ fn write_in_place(store: &dyn Store, pages: &[(u64, &[u8])]) -> Result<(), Store
     }
 }
 
-/// The most bytes one worker request carries.
-const REQUEST_BYTES: usize = MAX_BATCH * PAGE_SIZE;
-
 /// Reads `buf.len()` bytes (whole pages: at most [`MAX_BATCH`] of 4 KiB,
-/// or one of 2 MiB) at `off` from `store`: in the calling thread if it is
-/// signal-safe (a 2 MiB page in one [`Store::read`]), else on a worker
-/// within the timeout (a 2 MiB page as requests of [`MAX_BATCH`] pages: a
-/// request's buffer holds no more). Async-signal-safe.
+/// or one of 2 MiB, each in one [`Store::read`]) at `off` from `store`: in
+/// the calling thread if it is signal-safe, else on a worker within the
+/// timeout. Async-signal-safe.
 #[inline]
 pub fn read(io: &Io, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
     if store.signal_safe() {
         read_in_place(&**store, off, buf)
     } else {
-        for (k, chunk) in buf.chunks_mut(REQUEST_BYTES).enumerate() {
-            io.read(store, off + (k * REQUEST_BYTES) as u64, chunk)?;
-        }
-        Ok(())
+        io.read(store, off, buf)
     }
 }
 
-/// Writes a batch of whole pages to `store`, as [`read`] (a 2 MiB page in
-/// one [`Store::write`] in place, or in requests of [`MAX_BATCH`] pages).
-/// Async-signal-safe.
+/// Writes a batch of whole pages (or one 2 MiB page) to `store`, as
+/// [`read`]. Async-signal-safe.
 #[inline]
 pub fn write(io: &Io, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
     if store.signal_safe() {
         write_in_place(&**store, pages)
-    } else if pages.iter().all(|(_, p)| p.len() <= PAGE_SIZE) {
-        io.write(store, pages)
+    } else if pages.len() > 1 && pages[0].1.len() == HUGE_PAGE_SIZE {
+        // 2 MiB pages (a write-back batch): one request each.
+        pages
+            .iter()
+            .try_for_each(|p| io.write(store, std::slice::from_ref(p)))
     } else {
-        for (off, page) in pages {
-            for (k, chunk) in page.chunks(REQUEST_BYTES).enumerate() {
-                let mut list = [(0u64, &[][..]); MAX_BATCH];
-                let n = chunk.len().div_ceil(PAGE_SIZE);
-                for (j, p) in chunk.chunks(PAGE_SIZE).enumerate() {
-                    list[j] = (off + (k * REQUEST_BYTES + j * PAGE_SIZE) as u64, p);
-                }
-                io.write(store, &list[..n])?;
-            }
-        }
-        Ok(())
+        io.write(store, pages)
     }
 }
 

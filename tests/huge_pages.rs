@@ -282,3 +282,63 @@ fn huge_page_errors_are_typed_and_say_what_to_set() {
         }
     }
 }
+
+/// A memory store that is not signal-safe (so it is called on the I/O
+/// workers), recording the length of every call.
+struct Ordinary {
+    inner: MemoryStore,
+    lens: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Store for Ordinary {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), uffd_pager::store::StoreError> {
+        self.lens.lock().unwrap().push(buf.len());
+        self.inner.read(off, buf)
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), uffd_pager::store::StoreError> {
+        self.lens.lock().unwrap().push(buf.len());
+        self.inner.write(off, buf)
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "ordinary"
+    }
+}
+
+#[test]
+fn a_store_on_the_io_workers_is_called_2_mib_at_a_time() {
+    let _pool = HugePool::take(4);
+    let pages = 6;
+    let initial = pattern_vec(11, pages * HUGE);
+    let store = Arc::new(Ordinary {
+        inner: MemoryStore::from_bytes(&initial).unwrap(),
+        lens: Default::default(),
+    });
+    let pager = Pager::builder().budget_pages(2 * UNITS).build().unwrap();
+    let mut region = pager
+        .map_store(
+            store.clone() as Arc<dyn Store>,
+            pages * HUGE,
+            &huge_opts(InstallKind::Shared),
+        )
+        .unwrap();
+    let mut model = initial.clone();
+    for round in 0..2 {
+        for p in 0..pages {
+            let off = p * HUGE + round * PAGE + 8;
+            region.as_mut_slice()[off] ^= 0xff;
+            model[off] ^= 0xff;
+        }
+    }
+    assert_bytes(region.as_slice(), &model, "region");
+    region.flush().unwrap();
+    assert_bytes(&store.inner.snapshot(), &model, "store");
+    let lens = store.lens.lock().unwrap();
+    assert!(lens.len() >= 2 * pages, "{} calls", lens.len());
+    assert!(lens.iter().all(|&l| l == HUGE), "call lengths {lens:?}");
+}

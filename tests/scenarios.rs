@@ -2,7 +2,12 @@
 //! each policy (`kernel-model.md`), on real userfaultfd faults.
 //!
 //! Each scenario drives one fault through a store whose read blocks at a
-//! gate the test opens, while the test plays the global-lock writer.
+//! gate the test opens, while the test plays the global-lock writer; each
+//! runs on a region of 4 KiB pages and on one of 2 MiB pages (the tests
+//! reserve the huge pages as root, see `huge_util.rs`).
+
+#[path = "huge_util.rs"]
+mod huge_util;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -13,6 +18,14 @@ use uffd_pager::{Counter, Delivery, MapOptions, Pager, Policy, PolicyKind, Regio
 /// Scenarios share process-wide hooks: run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 const PAGE: usize = 4096;
+const HUGE: usize = uffd_pager::HUGE_PAGE_SIZE;
+/// Both page sizes each scenario runs with.
+const SIZES: [usize; 2] = [PAGE, HUGE];
+
+/// The huge pages a scenario of `page`-byte pages needs, reserved.
+fn pool_for(page: usize) -> Option<huge_util::HugePool> {
+    (page == HUGE).then(|| huge_util::HugePool::take(6))
+}
 
 /// A memory store whose reads wait until the gate opens.
 struct GateStore {
@@ -22,8 +35,8 @@ struct GateStore {
 }
 
 impl GateStore {
-    fn new(pages: usize) -> Arc<GateStore> {
-        let data: Vec<u8> = (0..pages * PAGE).map(|i| (i / PAGE + 1) as u8).collect();
+    fn new(pages: usize, page: usize) -> Arc<GateStore> {
+        let data: Vec<u8> = (0..pages * page).map(|i| (i / page + 1) as u8).collect();
         Arc::new(GateStore {
             inner: MemoryStore::from_bytes(&data).unwrap(),
             open: AtomicBool::new(false),
@@ -71,7 +84,7 @@ struct Setup {
     store: Arc<GateStore>,
 }
 
-fn setup(policy: PolicyKind, delivery: Delivery) -> Setup {
+fn setup(policy: PolicyKind, delivery: Delivery, page: usize) -> Setup {
     let pager = Pager::builder()
         .policy(Policy::new(policy))
         .delivery(delivery)
@@ -79,10 +92,12 @@ fn setup(policy: PolicyKind, delivery: Delivery) -> Setup {
         .fault_around(0)
         .build()
         .unwrap();
-    let store = GateStore::new(4);
-    let region = pager
-        .map_store(store.clone(), 4 * PAGE, &MapOptions::default())
-        .unwrap();
+    let store = GateStore::new(4, page);
+    let opts = MapOptions {
+        page_size: page,
+        ..MapOptions::default()
+    };
+    let region = pager.map_store(store.clone(), 4 * page, &opts).unwrap();
     pager.reset_stats();
     Setup {
         pager,
@@ -110,11 +125,19 @@ fn both_deliveries() -> [Delivery; 2] {
     ]
 }
 
+/// Each page size with each delivery.
+fn sizes_and_deliveries() -> impl Iterator<Item = (usize, Delivery)> {
+    SIZES
+        .into_iter()
+        .flat_map(|p| both_deliveries().into_iter().map(move |d| (p, d)))
+}
+
 #[test]
 fn vanilla_retries_once_then_contends_on_the_global_lock() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for d in both_deliveries() {
-        let s = setup(PolicyKind::Vanilla, d);
+    for (page, d) in sizes_and_deliveries() {
+        let _pool = pool_for(page);
+        let s = setup(PolicyKind::Vanilla, d, page);
         let t = touch(&s.region);
         wait_until("the read to start", || s.store.entered.load(SeqCst) == 1);
         let w = s.pager.hold_global_write();
@@ -138,8 +161,9 @@ fn vanilla_retries_once_then_contends_on_the_global_lock() {
 #[test]
 fn retry_once_completes_under_the_region_lock() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for d in both_deliveries() {
-        let s = setup(PolicyKind::RetryOnce, d);
+    for (page, d) in sizes_and_deliveries() {
+        let _pool = pool_for(page);
+        let s = setup(PolicyKind::RetryOnce, d, page);
         let t = touch(&s.region);
         wait_until("the read to start", || s.store.entered.load(SeqCst) == 1);
         let w = s.pager.hold_global_write();
@@ -159,21 +183,25 @@ fn retry_once_completes_under_the_region_lock() {
 #[test]
 fn global_only_takes_the_global_lock_twice_for_a_major_fault() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let s = setup(PolicyKind::GlobalOnly, Delivery::InThread);
-    s.store.open.store(true, SeqCst);
-    assert_eq!(touch(&s.region).join().unwrap(), 1);
-    let st = s.pager.stats();
-    assert_eq!(st.global.read_acquisitions, 2, "{st}");
-    assert_eq!(st.get(Counter::RETRY_MMAP_DROP), 1, "{st}");
-    assert_eq!(st.get(Counter::VMA_LOCK_SUCCESS), 0, "{st}");
-    assert_eq!(st.get(Counter::VMA_LOCK_RETRY), 0, "{st}");
+    for page in SIZES {
+        let _pool = pool_for(page);
+        let s = setup(PolicyKind::GlobalOnly, Delivery::InThread, page);
+        s.store.open.store(true, SeqCst);
+        assert_eq!(touch(&s.region).join().unwrap(), 1);
+        let st = s.pager.stats();
+        assert_eq!(st.global.read_acquisitions, 2, "{page}\n{st}");
+        assert_eq!(st.get(Counter::RETRY_MMAP_DROP), 1, "{page}\n{st}");
+        assert_eq!(st.get(Counter::VMA_LOCK_SUCCESS), 0, "{page}\n{st}");
+        assert_eq!(st.get(Counter::VMA_LOCK_RETRY), 0, "{page}\n{st}");
+    }
 }
 
 #[test]
 fn write_locked_region_aborts_to_the_global_lock() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for d in both_deliveries() {
-        let s = setup(PolicyKind::RetryOnce, d);
+    for (page, d) in sizes_and_deliveries() {
+        let _pool = pool_for(page);
+        let s = setup(PolicyKind::RetryOnce, d, page);
         s.store.open.store(true, SeqCst);
         let hold = s
             .pager
@@ -211,7 +239,8 @@ fn wait_for_detach(v: &uffd_pager::testing::Site<'_>) {
 #[test]
 fn region_detached_during_lookup_counts_a_miss() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut s = setup(PolicyKind::RetryOnce, Delivery::InThread);
+    // (4 KiB only: a region of 2 MiB pages cannot be remapped.)
+    let mut s = setup(PolicyKind::RetryOnce, Delivery::InThread, PAGE);
     s.store.open.store(true, SeqCst);
     TARGET.store(s.region.as_ptr() as usize, SeqCst);
     HOOK_CALLS.store(0, SeqCst);
@@ -232,23 +261,27 @@ fn region_detached_during_lookup_counts_a_miss() {
 #[test]
 fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for d in both_deliveries() {
+    for (page, d) in sizes_and_deliveries() {
+        let _pool = pool_for(page);
+        // The budget counts 4 KiB units: two pages of either size.
+        let units = (page / PAGE) as u64;
         let pager = Pager::builder()
             .policy(Policy::new(PolicyKind::Vanilla))
             .delivery(d)
-            .budget_pages(2)
+            .budget_pages(2 * units)
             .kswapd(false)
             .readahead(0, 1)
             .fault_around(0)
             .build()
             .unwrap();
-        let store = GateStore::new(4);
+        let store = GateStore::new(4, page);
         let region = pager
             .map_store(
                 store.clone(),
-                4 * PAGE,
+                4 * page,
                 &MapOptions {
                     writable: false,
+                    page_size: page,
                     ..MapOptions::default()
                 },
             )
@@ -263,7 +296,11 @@ fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
         wait_until("the fault to queue on the global lock", || {
             pager.global_readers_sleeping() == 1
         });
-        assert_eq!(pager.reclaim_pages(1), 1, "{d}: the loaded page is evicted");
+        assert_eq!(
+            pager.reclaim_pages(1),
+            units,
+            "{d}: the loaded page is evicted"
+        );
         drop(w);
         assert_eq!(t.join().unwrap(), 1, "{d}: data intact");
         let st = pager.stats();
