@@ -95,6 +95,15 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `--page-size`: `4K` (4096) or `2M` (2097152), in bytes.
+fn page_size(s: &str) -> Result<usize, String> {
+    match s {
+        "4K" | "4k" | "4096" => Ok(uffd_pager::PAGE_SIZE),
+        "2M" | "2m" | "2097152" => Ok(uffd_pager::HUGE_PAGE_SIZE),
+        _ => Err(format!("{s:?}: the page size is 4K or 2M")),
+    }
+}
+
 /// A count of at least one.
 fn at_least_one(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {

@@ -50,6 +50,11 @@ pub struct TortureArgs {
     /// Memory budget in pages; at most a quarter of --pages.
     #[arg(long, value_name = "B", default_value_t = 1024)]
     budget: u64,
+    /// Page size of the region: 4K or 2M (hugetlb; root reserves the pages
+    /// with `sysctl vm.nr_hugepages=N`). --pages and --budget count pages
+    /// of this size.
+    #[arg(long, default_value = "4K", value_parser = super::page_size)]
+    page_size: usize,
     /// What backs the region.
     #[arg(long, value_enum, default_value_t = Kind::File)]
     kind: Kind,
@@ -189,10 +194,13 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
             return usage("--store and --kind swapfile: the swap goes to one or the other".into())
         }
     };
+    // The torture counts 4 KiB pages: a 2 MiB page is 512 of them.
+    let units = a.page_size / uffd_pager::PAGE_SIZE;
     Ok(TortureConfig {
         threads: a.threads,
-        pages: a.pages,
-        budget_pages: a.budget,
+        pages: a.pages * units,
+        budget_pages: a.budget * units as u64,
+        page_size: a.page_size,
         ops_per_thread,
         write_pct: a.write_pct,
         seed: a.seed,

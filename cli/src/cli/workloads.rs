@@ -108,6 +108,12 @@ pub struct WorkloadArgs {
     /// --baseline kernel: where the files go (a disk file system)
     #[arg(long, default_value = "/var/tmp")]
     pub baseline_dir: PathBuf,
+    /// Page size of the engine's regions: 4K or 2M (hugetlb; root reserves
+    /// the pages with `sysctl vm.nr_hugepages=N`). `--pages` and `--budget`
+    /// then count pages of this size; their defaults keep their bytes.
+    /// Not for populate-churn (its regions are one page each).
+    #[arg(long, default_value = "4K", value_parser = super::page_size)]
+    pub page_size: usize,
     /// populate-churn: drain policies to compare.
     #[arg(
         long,
@@ -229,10 +235,30 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
             "--budget must be at least 1 page for random (its file is 4x the budget)".into(),
         ));
     }
-    let pages = a.pages.unwrap_or(pages);
+    if a.page_size != uffd_pager::PAGE_SIZE && w == Which::Churn {
+        return Err(CliError::Usage(
+            "--page-size 2M does not apply to populate-churn (its regions are one 4 KiB page each)"
+                .into(),
+        ));
+    }
+    // The workloads count 4 KiB pages: a 2 MiB page is 512 of them.
+    // Explicit counts are in pages of --page-size; defaults keep their
+    // bytes (rounded up to whole pages).
+    let units = a.page_size / uffd_pager::PAGE_SIZE;
+    let pages = match a.pages {
+        Some(p) => p.saturating_mul(units),
+        None => pages.div_ceil(units) * units,
+    };
+    let budget = match a.budget {
+        Some(b) => b.saturating_mul(units as u64),
+        None => budget.div_ceil(units as u64) * units as u64,
+    };
     if (pages == 0 && w != Which::Random) || pages > (1 << 24) {
         return Err(CliError::Usage(format!(
-            "--pages {pages} must be in 1..=16777216"
+            "--pages {} must be in 1..={} ({} bytes at most)",
+            pages / units,
+            (1 << 24) / units,
+            1u64 << 36
         )));
     }
     let k = Knobs {
@@ -246,7 +272,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         policy: a.policy[0],
         delivery: a.delivery,
         install: a.kind.unwrap_or(InstallKind::Shared),
-        budget_pages: a.budget.unwrap_or(budget),
+        budget_pages: budget,
         latency: a.latency,
         max_inflight: a.max_inflight,
         pages,
@@ -255,6 +281,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         kswapd: !a.no_kswapd,
         write_pct: a.write_pct,
         store: a.store.clone(),
+        page_size: a.page_size,
     };
     let (knob, values) = if a.writers.len() > 1 {
         ("writers", a.writers.clone())

@@ -60,6 +60,10 @@ pub struct Knobs {
     /// apply: the latency is the network's), and anonymous regions swap to
     /// it.
     pub store: Option<StoreUrl>,
+    /// Page size of the workload's regions ([`uffd_pager::MapOptions::page_size`]);
+    /// `pages` and `budget_pages` still count 4 KiB pages (multiples of
+    /// 512 with 2 MiB pages).
+    pub page_size: usize,
 }
 
 impl Default for Knobs {
@@ -84,11 +88,20 @@ impl Default for Knobs {
             kswapd: true,
             write_pct: 0,
             store: None,
+            page_size: uffd_pager::PAGE_SIZE,
         }
     }
 }
 
 impl Knobs {
+    /// `opts` with the knobs' page size.
+    pub fn sized(&self, opts: uffd_pager::MapOptions) -> uffd_pager::MapOptions {
+        uffd_pager::MapOptions {
+            page_size: self.page_size,
+            ..opts
+        }
+    }
+
     /// A pager configured from the knobs.
     pub fn pager(&self) -> uffd_pager::Result<Pager> {
         self.builder().build()

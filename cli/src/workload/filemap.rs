@@ -16,11 +16,11 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let far = k.far("filemap")?;
     let pager = Arc::new(k.pager_far(far.as_ref())?);
     let stores = pattern_stores(k, far.as_deref(), "filemap", k.pages, k.threads)?;
-    let opts = MapOptions {
+    let opts = k.sized(MapOptions {
         kind: k.install,
         writable: false,
         ..MapOptions::default()
-    };
+    });
     let mismatches = AtomicU64::new(0);
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());

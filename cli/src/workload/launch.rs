@@ -348,10 +348,13 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<Ru
             "launch needs a non-empty trace and at least one launch".into(),
         ));
     }
-    let pages = trace.pages();
+    // Whole pages of the region's size.
+    let pages = trace
+        .pages()
+        .next_multiple_of(k.page_size / uffd_pager::PAGE_SIZE);
     let far = k.far("launch")?;
     let store = pattern_stores(k, far.as_deref(), "launch", pages, 1)?.remove(0);
-    let opts = read_map_options(k.install);
+    let opts = k.sized(read_map_options(k.install));
     let (mut times, mut waits, mut wait_counts) = (Vec::new(), Vec::new(), Vec::new());
     let (mut mismatches, mut writer_loops, mut majfaults) = (0u64, 0u64, 0u64);
     let mut last = None;

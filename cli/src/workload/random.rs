@@ -43,7 +43,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pages = file_pages(k);
     let file = PatternFile::create(dir, "random", pages)?;
     let pager = Arc::new(k.pager()?);
-    let opts = random_map_options(k.install, k.write_pct);
+    let opts = k.sized(random_map_options(k.install, k.write_pct));
     let store = Arc::new(file.store_rw(k.write_pct > 0)?);
     let region = pager.map_store(store, pages * PAGE_SIZE, &opts)?;
     let base = region.as_ptr() as usize;

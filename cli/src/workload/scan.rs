@@ -98,7 +98,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
     let store = Arc::new(file.store()?);
-    let mut region = pager.map_store(store, len, &read_map_options(k.install))?;
+    let mut region = pager.map_store(store, len, &k.sized(read_map_options(k.install)))?;
     // The kernel's own mapping of the same file, for comparison.
     let io = crate::io_error;
     // SAFETY: the file is this run's own, and nothing writes it while it

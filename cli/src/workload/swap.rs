@@ -22,10 +22,10 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let region = pager.map_store(
         swap.clone(),
         k.pages * PAGE_SIZE,
-        &MapOptions {
+        &k.sized(MapOptions {
             kind: InstallKind::Anonymous,
             ..MapOptions::default()
-        },
+        }),
     )?;
     let mut order: Vec<u32> = (0..k.pages as u32).collect();
     Rng::new(k.seed).shuffle(&mut order);

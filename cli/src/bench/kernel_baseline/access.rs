@@ -109,7 +109,10 @@ impl EngineMapper {
         Ok(EngineMapper {
             pager,
             stores,
-            opts: crate::workload::pattern_file::random_map_options(k.install, k.write_pct),
+            opts: k.sized(crate::workload::pattern_file::random_map_options(
+                k.install,
+                k.write_pct,
+            )),
             pages,
         })
     }

@@ -94,6 +94,10 @@ pub struct TortureConfig {
     pub pages: usize,
     /// The pager's memory budget in pages (at least 1: the run must evict).
     pub budget_pages: u64,
+    /// Page size of the region ([`MapOptions::page_size`]); `pages` and
+    /// `budget_pages` still count 4 KiB pages (multiples of 512 with
+    /// 2 MiB pages).
+    pub page_size: usize,
     /// Operations per application thread.
     pub ops_per_thread: u64,
     /// Percentage of operations that write (0-100).
@@ -128,6 +132,7 @@ impl Default for TortureConfig {
             threads: 2,
             pages: 512,
             budget_pages: 64,
+            page_size: PAGE_SIZE,
             ops_per_thread: 20_000,
             write_pct: 50,
             seed: 1,
@@ -323,6 +328,7 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
             })?;
             let opts = MapOptions {
                 kind: cfg.install,
+                page_size: cfg.page_size,
                 ..MapOptions::default()
             };
             pager.map_file(path, Some(len), &opts)?
@@ -330,13 +336,18 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
         TortureKind::Far { .. } => {
             let opts = MapOptions {
                 kind: cfg.install,
+                page_size: cfg.page_size,
                 ..MapOptions::default()
             };
             let object = far_object.clone().expect("made above for this kind");
             pager.map_store(object, len, &opts)?
         }
         TortureKind::Anonymous | TortureKind::Swapfile { .. } | TortureKind::FarSwap { .. } => {
-            pager.map_anonymous(len)?
+            let opts = MapOptions {
+                page_size: cfg.page_size,
+                ..MapOptions::default()
+            };
+            pager.map_anonymous_with(len, &opts)?
         }
     };
     let base = region.as_ptr() as usize;
