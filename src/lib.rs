@@ -70,7 +70,7 @@ pub use stats::histogram::{AtomicHistogram, Percentiles};
 pub use stats::{Counter, Stats};
 pub use sync::global_lock::Contention;
 /// The page size the engine works in (bytes): x86-64's base page.
-pub use sys::huge::HUGE_PAGE_SIZE;
+pub use sys::huge::{Pool as HugePagePool, HUGE_PAGE_SIZE};
 pub use sys::thread::in_engine;
 pub use sys::uffd::Descriptor;
 pub use sys::PAGE_SIZE;

@@ -162,3 +162,15 @@ fn random_needs_a_budget() {
         "--budget",
     );
 }
+
+/// `--page-size` takes 4K or 2M and nothing else; populate-churn, whose
+/// regions are one page each, refuses 2M.
+#[test]
+fn page_size_is_4k_or_2m() {
+    rejects(&["bench", "scan", "--page-size", "3M"], "4K or 2M");
+    rejects(&["torture", "--page-size", "8192"], "4K or 2M");
+    rejects(
+        &["bench", "populate-churn", "--page-size", "2M"],
+        "populate-churn",
+    );
+}

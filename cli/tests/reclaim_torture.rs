@@ -209,3 +209,53 @@ fn bad_configurations_are_refused() {
     };
     assert!(run(&no_threads).is_err());
 }
+
+#[path = "../../tests/huge_util.rs"]
+mod huge_util;
+
+#[test]
+fn torture_on_2_mib_pages_for_every_backing_and_delivery() {
+    let _pool = huge_util::HugePool::take(8);
+    let units = (uffd_pager::HUGE_PAGE_SIZE / uffd_pager::PAGE_SIZE) as u64;
+    for delivery in [Delivery::InThread, THREADS] {
+        for install in [InstallKind::Shared, InstallKind::Anonymous] {
+            let path = TempPath::new("huge");
+            let mut cfg = config(
+                TortureKind::File {
+                    path: path.0.clone(),
+                },
+                delivery,
+                7,
+            );
+            cfg.page_size = uffd_pager::HUGE_PAGE_SIZE;
+            cfg.install = install;
+            // 16 pages of 2 MiB over a budget of 4.
+            cfg.pages = 16 * units as usize;
+            cfg.budget_pages = 4 * units;
+            cfg.ops_per_thread = 1_500;
+            let r = run(&cfg).unwrap();
+            println!("{install} {delivery}: {r}");
+            let s = &r.stats;
+            assert_eq!(r.mismatches, 0, "{r}");
+            assert!(s.get(Counter::PGSTEAL) > 0, "never evicted: {r}");
+            assert!(s.get(Counter::WRITEBACK) > 0, "nothing written back: {r}");
+            // As `slack`, in huge pages: an eviction of one takes long (a
+            // 2 MiB copy and write), so more faults pass the budget
+            // meanwhile.
+            assert!(
+                s.peak_resident_pages <= cfg.budget_pages + (slack(&cfg) - 6) * units,
+                "peak {}: {r}",
+                s.peak_resident_pages
+            );
+            assert_eq!(s.resident_pages, 0, "pages left charged: {r}");
+        }
+        let mut cfg = config(TortureKind::Anonymous, delivery, 8);
+        cfg.page_size = uffd_pager::HUGE_PAGE_SIZE;
+        cfg.pages = 16 * units as usize;
+        cfg.budget_pages = 4 * units;
+        cfg.ops_per_thread = 1_500;
+        let r = run(&cfg).unwrap();
+        assert_eq!(r.mismatches, 0, "anonymous {delivery}: {r}");
+        assert!(r.stats.get(Counter::PGSTEAL) > 0, "{r}");
+    }
+}

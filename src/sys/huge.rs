@@ -59,7 +59,14 @@ pub fn allocate(fd: RawFd, off: usize, len: usize) -> Result<(), i32> {
 }
 
 /// The kernel's pool of 2 MiB pages, in pages
-/// (`/sys/kernel/mm/hugepages/hugepages-2048kB/`).
+/// (`/sys/kernel/mm/hugepages/hugepages-2048kB/`): what regions of
+/// [`HUGE_PAGE_SIZE`] pages draw from.
+///
+/// ```
+/// if let Some(pool) = uffd_pager::HugePagePool::read() {
+///     assert!(pool.free <= pool.total);
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pool {
     /// Reserved by the administrator (`nr_hugepages`).
@@ -71,20 +78,26 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Reads the pool now; all zeros where the kernel has no 2 MiB pool.
+    /// Reads the pool now; `None` where the kernel has no 2 MiB pool.
     /// Not async-signal-safe (it reads files).
-    pub fn now() -> Pool {
-        let read = |name: &str| {
+    pub fn read() -> Option<Pool> {
+        let read = |name: &str| -> Option<u64> {
             std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{name}"))
+                .ok()?
+                .trim()
+                .parse()
                 .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0)
         };
-        Pool {
-            total: read("nr_hugepages"),
-            free: read("free_hugepages"),
-            reserved: read("resv_hugepages"),
-        }
+        Some(Pool {
+            total: read("nr_hugepages")?,
+            free: read("free_hugepages")?,
+            reserved: read("resv_hugepages")?,
+        })
+    }
+
+    /// [`Pool::read`], all zeros where there is no pool.
+    pub fn now() -> Pool {
+        Self::read().unwrap_or_default()
     }
 
     /// Pages free for a new user: free and not promised.

@@ -60,21 +60,9 @@ struct Report {
     huge_2m: Option<(u64, u64, u64)>,
 }
 
-/// The hugetlb pool of 2 MiB pages, from sysfs: (nr, free, resv).
+/// The hugetlb pool of 2 MiB pages: (nr, free, resv).
 fn huge_pages_2m() -> Option<(u64, u64, u64)> {
-    let dir = std::path::Path::new("/sys/kernel/mm/hugepages/hugepages-2048kB");
-    let n = |f: &str| -> Option<u64> {
-        std::fs::read_to_string(dir.join(f))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    Some((
-        n("nr_hugepages")?,
-        n("free_hugepages")?,
-        n("resv_hugepages")?,
-    ))
+    uffd_pager::HugePagePool::read().map(|p| (p.total, p.free, p.reserved))
 }
 
 impl Report {
