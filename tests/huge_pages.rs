@@ -342,3 +342,21 @@ fn a_store_on_the_io_workers_is_called_2_mib_at_a_time() {
     assert!(lens.len() >= 2 * pages, "{} calls", lens.len());
     assert!(lens.iter().all(|&l| l == HUGE), "call lengths {lens:?}");
 }
+
+#[test]
+fn memory_use_counts_huge_pages_of_both_kinds() {
+    let _pool = HugePool::take(4);
+    let pager = Pager::builder().budget_pages(8 * UNITS).build().unwrap();
+    for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+        let (mut region, _store) = map_huge(&pager, kind, &vec![1u8; 3 * HUGE]);
+        for p in 0..3 {
+            region.as_mut_slice()[p * HUGE] = 2;
+        }
+        let m = pager.memory_use();
+        assert!(
+            m.page_bytes() >= 3 * HUGE as u64,
+            "{kind}: 3 huge pages resident, counted {m}"
+        );
+        drop(region);
+    }
+}
