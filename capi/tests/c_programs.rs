@@ -51,7 +51,19 @@ fn shared_link() -> Vec<String> {
 }
 
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
+    // A program just linked by this binary's other tests may be "busy"
+    // (ETXTBSY) for a moment: a child forked by a parallel test can still
+    // hold the linker's write descriptor of it until that child execs.
+    let mut tries = 0;
+    let out = loop {
+        match cmd.output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
