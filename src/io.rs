@@ -268,16 +268,7 @@ impl Io {
                 if r == 0 {
                     done(self.buf(k));
                 }
-                // A 2 MiB request leaves its buffer's pages behind: give
-                // back what base-page requests never use.
-                if s.len.load(Relaxed) as usize > REQUEST_BYTES {
-                    let tail = self.buf(k) as usize + REQUEST_BYTES;
-                    let _ = crate::sys::mem::madvise(
-                        tail,
-                        SLOT_BYTES - REQUEST_BYTES,
-                        libc::MADV_DONTNEED,
-                    );
-                }
+                self.give_back_tail(k);
                 s.state.store(FREE, Release);
                 return if r == 0 { Ok(()) } else { Err(StoreError(r)) };
             }
@@ -357,7 +348,21 @@ impl Io {
         // SAFETY: the slot is ABANDONED: its caller left, and only this
         // worker (the one that popped it) touches it now.
         drop(unsafe { (*s.store.get()).take() });
+        let k = self.slots.iter().position(|x| std::ptr::eq(x, s));
+        if let Some(k) = k {
+            self.give_back_tail(k);
+        }
         s.state.store(FREE, Release);
+    }
+
+    /// A 2 MiB request leaves its buffer's pages behind: gives back what
+    /// base-page requests never use. The caller owns slot `k` (DONE and
+    /// its waiter's, or ABANDONED and its worker's).
+    fn give_back_tail(&self, k: usize) {
+        if self.slots[k].len.load(Relaxed) as usize > REQUEST_BYTES {
+            let tail = self.buf(k) as usize + REQUEST_BYTES;
+            let _ = crate::sys::mem::madvise(tail, SLOT_BYTES - REQUEST_BYTES, libc::MADV_DONTNEED);
+        }
     }
 
     /// Stops the workers.

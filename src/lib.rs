@@ -69,10 +69,10 @@ pub use resident::ResidentGuard;
 pub use stats::histogram::{AtomicHistogram, Percentiles};
 pub use stats::{Counter, Stats};
 pub use sync::global_lock::Contention;
-/// The page size the engine works in (bytes): x86-64's base page.
 pub use sys::huge::{Pool as HugePagePool, HUGE_PAGE_SIZE};
 pub use sys::thread::in_engine;
 pub use sys::uffd::Descriptor;
+/// The page size the engine works in (bytes): x86-64's base page.
 pub use sys::PAGE_SIZE;
 
 /// Test hooks for the scripted scenario tests (feature `fault-inject`,

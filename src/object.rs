@@ -501,7 +501,12 @@ impl Object {
                 // SAFETY: the run lies in the alias (checked above) and its
                 // pages exist now; exclusivity is the caller's contract.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
-                crate::io::read(io, src, off, buf)
+                let r = crate::io::read(io, src, off, buf);
+                if r.is_err() {
+                    // Give the pool its pages back: the page stays absent.
+                    let _ = memfd.punch_hole(off as usize, len);
+                }
+                r
             }
             Backing::Shared { memfd, .. } if src.signal_safe() => {
                 src.read_to_fd(off, len, memfd.fd(), off)

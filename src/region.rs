@@ -285,7 +285,23 @@ impl Region {
         if len == 0 {
             return Ok(());
         }
-        let (start, end) = self.page_span(offset, len)?;
+        let (start, mut end) = self.page_span(offset, len)?;
+        if self.page_size != PAGE_SIZE {
+            // As the kernel's madvise on hugetlb: the start must be a page
+            // boundary and a partial last page is kept (rounding outward
+            // would drop bytes the caller did not name).
+            if !offset.is_multiple_of(self.page_size) {
+                return Err(Error::Unaligned {
+                    what: "offset",
+                    value: offset,
+                    page_size: self.page_size,
+                });
+            }
+            end = (self.start + offset + len) & !(self.page_size - 1);
+            if end <= start {
+                return Ok(());
+            }
+        }
         self.owner.mm.dontneed(start, end - start)
     }
 

@@ -360,3 +360,49 @@ fn memory_use_counts_huge_pages_of_both_kinds() {
         drop(region);
     }
 }
+
+#[test]
+fn an_empty_pool_fails_the_access_but_poisons_nothing() {
+    let pool = HugePool::take(4);
+    let pager = Pager::builder().budget_pages(4 * UNITS).build().unwrap();
+    for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+        let initial = match kind {
+            InstallKind::Anonymous => vec![0u8; 2 * HUGE],
+            InstallKind::Shared => pattern_vec(5, 2 * HUGE),
+        };
+        let (region, _store) = map_huge(&pager, kind, &initial);
+        {
+            // Another process took every free page after the map.
+            let _drained = pool.drain();
+            assert!(
+                region.populate(0, HUGE).is_err(),
+                "{kind}: no page to fault in"
+            );
+        }
+        region.populate(0, 2 * HUGE).unwrap();
+        assert_bytes(
+            region.as_slice(),
+            &initial,
+            &format!("{kind} after the pool came back"),
+        );
+        assert_eq!(pager.stats().get(Counter::POISONED), 0, "{kind}");
+    }
+}
+
+#[test]
+fn dontneed_on_huge_pages_drops_whole_pages_only() {
+    let _pool = HugePool::take(4);
+    let pager = Pager::builder().budget_pages(4 * UNITS).build().unwrap();
+    let mut region = pager
+        .map_anonymous_with(2 * HUGE, &huge_opts(InstallKind::Anonymous))
+        .unwrap();
+    region.as_mut_slice().fill(9);
+    assert!(matches!(
+        region.dontneed(PAGE, PAGE),
+        Err(Error::Unaligned { page_size, .. }) if page_size == HUGE
+    ));
+    // The first page and half the second: only the first goes.
+    region.dontneed(0, HUGE + HUGE / 2).unwrap();
+    assert!(region.as_slice()[..HUGE].iter().all(|&b| b == 0));
+    assert!(region.as_slice()[HUGE..].iter().all(|&b| b == 9));
+}

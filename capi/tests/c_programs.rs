@@ -19,10 +19,11 @@ fn scratch(name: &str) -> PathBuf {
     d.join(name)
 }
 
-/// Builds `tests/c/<src>` into an executable; `link` are the link arguments.
-fn build(src: &str, link: &[&str]) -> PathBuf {
+/// Builds `tests/c/<src>` into the executable `name` (a name of its own
+/// per test: tests run in parallel); `link` are the link arguments.
+fn build(src: &str, name: &str, link: &[&str]) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = scratch(src.trim_end_matches(".c"));
+    let out = scratch(name);
     let st = Command::new("cc")
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I"])
         .arg(dir.join("include"))
@@ -51,9 +52,9 @@ fn shared_link() -> Vec<String> {
 }
 
 fn run(cmd: &mut Command) -> String {
-    // A program just linked by this binary's other tests may be "busy"
-    // (ETXTBSY) for a moment: a child forked by a parallel test can still
-    // hold the linker's write descriptor of it until that child execs.
+    // A program just linked may be "busy" (ETXTBSY) for a moment: a child
+    // a parallel test forked (its `cc`) can still hold the descriptor the
+    // linker wrote it through until that child execs.
     let mut tries = 0;
     let out = loop {
         match cmd.output() {
@@ -79,6 +80,7 @@ fn c_api_threads_over_a_file_four_times_the_budget() {
     let link = shared_link();
     let exe = build(
         "api.c",
+        "api-shared",
         &link.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let out = run(Command::new(&exe).arg(scratch("api.dat")));
@@ -89,7 +91,7 @@ fn c_api_threads_over_a_file_four_times_the_budget() {
 fn c_api_links_statically_too() {
     let a = lib_dir().join("libuffd_pager.a");
     let a = a.to_str().unwrap();
-    let exe = build("api.c", &[a, "-lpthread", "-ldl", "-lm"]);
+    let exe = build("api.c", "api-static", &[a, "-lpthread", "-ldl", "-lm"]);
     let out = run(Command::new(&exe).arg(scratch("api-static.dat")));
     assert!(out.contains("c api: ok"), "{out}");
 }
@@ -99,6 +101,7 @@ fn a_umap_program_runs_unchanged_on_the_engine() {
     let link = shared_link();
     let exe = build(
         "umap_random.c",
+        "umap_random",
         &link.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     // 2048 pages through a buffer of 256, 8 KiB UMap pages: fault-around

@@ -176,7 +176,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             drop(held);
             let r = load(mm, &pin, i);
             pin.cache.unlock(i, loaded_bits(r) | pinned, MOVED);
-            if r == LoadResult::Failed {
+            if r != LoadResult::Ok {
                 mm.uncharge(pin.units());
             } else {
                 mm.page_cached(&pin, i);
@@ -194,6 +194,13 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                 obj.cache.unlock(i, POISONED, 0);
                 mm.uncharge(obj.units());
                 return poison(mm, vma, i);
+            }
+            // The pool is empty: SIGBUS now, as the kernel's hugetlb fault
+            // raises it; the page stays absent for the next access.
+            LoadResult::NoMemory => {
+                obj.cache.unlock(i, 0, 0);
+                mm.uncharge(obj.units());
+                return Outcome::Bus;
             }
         }
     }
@@ -264,6 +271,7 @@ fn loaded_bits(r: LoadResult) -> u32 {
     match r {
         LoadResult::Ok => UPTODATE,
         LoadResult::Failed => POISONED,
+        LoadResult::NoMemory => 0,
     }
 }
 

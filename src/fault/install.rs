@@ -2,19 +2,24 @@
 
 use super::Outcome;
 use crate::address_space::Mm;
-use crate::object::InstallKind;
+use crate::object::{InstallKind, Object};
 use crate::stats::Counter::*;
 use crate::sys::huge::HUGE_PAGE_SIZE;
-use crate::sys::uffd::{MODE_DONTWAKE, MODE_WP};
+use crate::sys::uffd::{IoResult, MODE_DONTWAKE, MODE_WP};
 use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
 
 /// Zeros to copy a zero page from: 2 MiB, so that a huge page (which has
-/// no `UFFDIO_ZEROPAGE`) takes them too. In `.bss`: it costs no memory, and
-/// reading it maps the kernel's shared zero page.
+/// no `UFFDIO_ZEROPAGE`) takes them too. Interior mutability (never used:
+/// nothing writes it) puts it in `.bss`, not `.rodata`: it adds nothing to
+/// the binary, costs no memory, and reading it maps the kernel's shared
+/// zero page.
 #[repr(C, align(4096))]
-struct ZeroPage([u8; HUGE_PAGE_SIZE]);
-static ZERO_PAGE: ZeroPage = ZeroPage([0; HUGE_PAGE_SIZE]);
+struct ZeroPage(std::cell::UnsafeCell<[u8; HUGE_PAGE_SIZE]>);
+// SAFETY: nothing ever writes the bytes; they are only read (by the kernel,
+// as a copy source).
+unsafe impl Sync for ZeroPage {}
+static ZERO_PAGE: ZeroPage = ZeroPage(std::cell::UnsafeCell::new([0; HUGE_PAGE_SIZE]));
 
 /// Installs object page `i` at its address in `vma`. `zero`: an anonymous
 /// page that was never written back (UFFDIO_ZEROPAGE for a read, a copy of
@@ -82,8 +87,9 @@ fn retry_eagain_within<T>(
 /// page `i` with `UFFDIO_COPY` (which allocates it). Never wakes.
 pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i32> {
     let uffd = mm.uffd_for(&vma.object);
-    let len = vma.object.page_size();
-    match retry_eagain(mm, || uffd.copy(vma.addr_of(i), src, len, MODE_DONTWAKE)) {
+    let (len, addr) = (vma.object.page_size(), vma.addr_of(i));
+    let r = retry_eagain(mm, || uffd.copy(addr, src, len, MODE_DONTWAKE));
+    match huge_anon_eexist(&vma.object, addr, r) {
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
             Ok(())
@@ -110,7 +116,7 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
             uffd.zeropage(addr, len, MODE_DONTWAKE)
         }
         (InstallKind::Anonymous, true) => {
-            uffd.copy(addr, ZERO_PAGE.0.as_ptr() as usize, len, MODE_DONTWAKE)
+            uffd.copy(addr, ZERO_PAGE.0.get() as usize, len, MODE_DONTWAKE)
         }
         // Hugetlb has no `UFFDIO_MOVE`: copy from the cache area, then
         // free the copy there (a 2 MiB page must not be held twice), so
@@ -118,7 +124,8 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         (InstallKind::Anonymous, false) if obj.is_huge() => {
             let src = obj.data(i)? as usize;
             let r = uffd.copy(addr, src, len, MODE_DONTWAKE);
-            if matches!(r, Ok(_) | Err(libc::EEXIST)) {
+            // (EEXIST: something is mapped there already; keep the copy.)
+            if r.is_ok() {
                 let _ = obj.free_data(i, 1);
                 moved = true;
             }
@@ -155,12 +162,31 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
             }
         }
     };
-    match r {
+    match huge_anon_eexist(obj, addr, r) {
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
             Ok(moved)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// `UFFDIO_COPY` into hugetlb answers `EEXIST` when the pool has no page
+/// to copy into (kernel 6.18, seen with `strace`), not only when a page is
+/// there. Taken for "installed", that would leave the access faulting
+/// forever on a page that is not there; so for a huge anonymous page
+/// `EEXIST` counts only if a page is mapped, and is `ENOMEM` otherwise.
+/// Async-signal-safe (`mincore`).
+fn huge_anon_eexist(obj: &Object, addr: usize, r: IoResult) -> IoResult {
+    match r {
+        Err(libc::EEXIST)
+            if obj.is_huge()
+                && obj.kind == InstallKind::Anonymous
+                && crate::sys::mem::page_present(addr) != Ok(true) =>
+        {
+            Err(libc::ENOMEM)
+        }
+        r => r,
     }
 }
 
@@ -243,8 +269,8 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         InstallKind::Anonymous => match crate::sys::mem::page_present(addr) {
             // A 2 MiB page left write-protected by an eviction that gave
             // up (see `reclaim`'s `huge`): a write lifts the protection.
-            // (In-thread delivery cannot tell a WP fault from a missing
-            // one, so every write to a present huge page takes this.)
+            // (Any write fault on a present huge page takes this; lifting
+            // a protection that is not there is harmless.)
             Ok(true) if obj.is_huge() && f.write => match make_writable(mm, vma, i) {
                 Ok(()) => Recheck::Present { dirty: false },
                 Err(libc::EAGAIN) => Recheck::Again,

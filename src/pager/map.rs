@@ -75,9 +75,13 @@ fn page_shift(opts: &MapOptions, len: usize, budget: u64) -> Result<u32> {
     check_len_in(len, HUGE_PAGE_SIZE)?;
     check_fixed(opts.fixed_addr, HUGE_PAGE_SIZE)?;
     let units = (HUGE_PAGE_SIZE / PAGE_SIZE) as u64;
-    if budget > 0 && budget < units {
+    // kswapd keeps residency a thirty-second of the budget below it
+    // (`watermarks`), so a budget of N huge pages (N < 32) keeps N - 1 of
+    // them: two is the least that keeps one.
+    if budget > 0 && budget < 2 * units {
         return Err(Error::Config(format!(
-            "a budget of {budget} pages (4 KiB) holds no 2 MiB page: it needs {units} at least"
+            "a budget of {budget} pages (4 KiB) is under two 2 MiB pages: it needs {} at least",
+            2 * units
         )));
     }
     let pages = (len / HUGE_PAGE_SIZE) as u64;
