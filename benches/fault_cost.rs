@@ -10,7 +10,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
-use uffd_pager::{Delivery, InstallKind};
+use uffd_pager::{Delivery, InstallKind, PAGE_SIZE};
 use uffd_pager_cli::bench::{EngineLoop, FloorLoop};
 
 /// Runs `iters` faults as passes of at most `pages` pages each, summing
@@ -48,8 +48,9 @@ fn fault_cost(c: &mut Criterion) {
                 .measurement_time(Duration::from_secs(2));
             // The engine first: its process-wide SIGBUS handler must be in
             // place before the floor saves and restores the disposition.
-            let mut engine = EngineLoop::new(pages, kind, delivery).expect("engine set-up");
-            let mut floor = FloorLoop::new(pages, kind, delivery).expect("floor set-up");
+            let mut engine =
+                EngineLoop::new(pages, kind, delivery, PAGE_SIZE).expect("engine set-up");
+            let mut floor = FloorLoop::new(pages, kind, delivery, PAGE_SIZE).expect("floor set-up");
             g.bench_function(BenchmarkId::new("floor", pages), |b| {
                 b.iter_custom(|iters| faults(iters, pages, |n| floor.pass(n).expect("floor pass")))
             });

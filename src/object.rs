@@ -270,8 +270,9 @@ impl std::fmt::Debug for Object {
 impl Object {
     /// An object of `npages` pages of `1 << shift` bytes over `store`:
     /// [`PAGE_SHIFT`], or [`HUGE_PAGE_SHIFT`] (a shared object's memfd is
-    /// then on hugetlbfs; an anonymous object's cache area stays in base
-    /// pages, since it only holds a page on its way in or out). Anonymous
+    /// then on hugetlbfs; an anonymous object's cache area, which only
+    /// holds a page on its way in or out, asks for transparent huge pages
+    /// instead of taking from the pool). Anonymous
     /// objects need `swap`, where their dirty pages go when evicted; shared
     /// objects take none (their dirty pages go back to `store`).
     pub fn new(
@@ -293,9 +294,18 @@ impl Object {
         let backing = match kind {
             InstallKind::Anonymous => {
                 // Installs move single pages out of this area: keep it in
-                // base pages so a move never has to split a huge page.
+                // base pages so a move never has to split a huge page. A
+                // huge object's page comes and goes 2 MiB at a time
+                // (copied in, then dropped whole): ask for a transparent
+                // huge page, so that filling one is one fault that clears
+                // 2 MiB rather than 512 faults.
+                let advice = if huge {
+                    libc::MADV_HUGEPAGE
+                } else {
+                    libc::MADV_NOHUGEPAGE
+                };
                 Backing::Anonymous {
-                    area: LazyMapping::new(bytes, libc::MADV_NOHUGEPAGE),
+                    area: LazyMapping::new(bytes, advice),
                 }
             }
             InstallKind::Shared if huge => {

@@ -1,17 +1,10 @@
 //! The command line's argument handling: bad arguments exit with code 2 and
 //! say why on stderr, before any workload runs; `--help` and `probe` exit 0.
 
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+mod cli_util;
 
-/// Runs the built binary with `args`.
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_uffd-pager"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("running uffd-pager")
-}
+use cli_util::run;
+use std::time::{Duration, Instant};
 
 /// Asserts that `args` is rejected as a usage error: exit code 2, a message
 /// on stderr that mentions `needle` (case-insensitive), nothing run (fast).

@@ -169,10 +169,13 @@ impl Pager {
         )
     }
 
-    /// A swap store of `len` bytes for an anonymous object.
-    fn swap_store(&self, len: usize) -> Result<Arc<dyn Store>> {
+    /// A swap store of `len` bytes for an anonymous object (of 2 MiB pages
+    /// if `huge`).
+    fn swap_store(&self, len: usize, huge: bool) -> Result<Arc<dyn Store>> {
+        use crate::store::MemoryStore;
         let store: Arc<dyn Store> = match &self.swap {
-            Swap::Memory => Arc::new(crate::store::MemoryStore::new(len as u64)?),
+            Swap::Memory if huge => Arc::new(MemoryStore::for_huge_pages(len as u64)?),
+            Swap::Memory => Arc::new(MemoryStore::new(len as u64)?),
             Swap::Dir(dir) => Arc::new(swap_file(dir, len)?),
             Swap::To(make) => make(len).map_err(|e| Error::Io {
                 context: "making a swap store (PagerBuilder::swap_to)".into(),
@@ -293,7 +296,9 @@ impl Pager {
         let shift = page_shift(opts, len, self.inner.mm.config.budget_pages)?;
         let npages = ((store.len() as usize) >> shift).max(len >> shift);
         let swap = match opts.kind {
-            InstallKind::Anonymous => Some(self.swap_store(npages << shift)?),
+            InstallKind::Anonymous => {
+                Some(self.swap_store(npages << shift, shift != crate::sys::PAGE_SHIFT)?)
+            }
             InstallKind::Shared => None,
         };
         let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill, shift)

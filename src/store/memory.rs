@@ -37,10 +37,21 @@ impl MemoryStore {
     ///
     /// Example: [`MemoryStore`](crate::store::MemoryStore).
     pub fn new(len_bytes: u64) -> Result<Self, StoreError> {
+        Self::advised(len_bytes, 0)
+    }
+
+    /// [`MemoryStore::new`] whose mapping asks for transparent huge pages:
+    /// the swap of a region of 2 MiB pages, written 2 MiB at a time, so
+    /// each write is one fault rather than 512.
+    pub(crate) fn for_huge_pages(len_bytes: u64) -> Result<Self, StoreError> {
+        Self::advised(len_bytes, libc::MADV_HUGEPAGE)
+    }
+
+    fn advised(len_bytes: u64, advice: i32) -> Result<Self, StoreError> {
         let len = round_up_to_page(len_bytes);
         let n = usize::try_from(len).map_err(|_| StoreError(libc::ENOMEM))?;
         Ok(MemoryStore {
-            map: LazyMapping::new(n, 0),
+            map: LazyMapping::new(n, advice),
             len,
             writable: true,
         })

@@ -20,6 +20,7 @@ pub struct EngineLoop {
     store: Arc<dyn Store>,
     pages: usize,
     kind: InstallKind,
+    page_size: usize,
 }
 
 impl std::fmt::Debug for EngineLoop {
@@ -28,20 +29,23 @@ impl std::fmt::Debug for EngineLoop {
             .field("store", &self.store.name())
             .field("pages", &self.pages)
             .field("kind", &self.kind)
+            .field("page_size", &self.page_size)
             .finish_non_exhaustive()
     }
 }
 
 impl EngineLoop {
     /// A pager with `delivery` (default policy) and a store of `pages`
-    /// pages, every byte of page `i` set to its pattern.
-    pub fn new(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<EngineLoop> {
-        Self::over(
-            Arc::new(Self::memory(pages)?),
-            kind,
-            delivery,
-            Duration::ZERO,
-        )
+    /// pages of `page_size` (see [`MapOptions::page_size`]), every byte of
+    /// page `i` set to its pattern.
+    pub fn new(
+        pages: usize,
+        kind: InstallKind,
+        delivery: Delivery,
+        page_size: usize,
+    ) -> Result<EngineLoop> {
+        let store = Arc::new(Self::memory(pages, page_size)?);
+        Self::over(store, kind, delivery, Duration::ZERO, page_size)
     }
 
     /// [`EngineLoop::new`] over the same pages in a store that is not
@@ -49,55 +53,64 @@ impl EngineLoop {
     /// engine's I/O workers: the worker hop.
     pub fn with_hop(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<EngineLoop> {
         Self::over(
-            Arc::new(Ordinary(Self::memory(pages)?)),
+            Arc::new(Ordinary(Self::memory(pages, PAGE_SIZE)?)),
             kind,
             delivery,
             Duration::ZERO,
+            PAGE_SIZE,
         )
     }
 
-    /// A read-only memory store of `pages` pages, every byte of page `i`
-    /// set to its pattern.
-    fn memory(pages: usize) -> Result<MemoryStore> {
+    /// A read-only memory store of `pages` pages of `page_size`, every
+    /// byte of page `i` set to its pattern.
+    fn memory(pages: usize, page_size: usize) -> Result<MemoryStore> {
         if pages == 0 {
             return Err(Error::ZeroLength);
         }
         let len = pages
-            .checked_mul(PAGE_SIZE)
+            .checked_mul(page_size)
             .ok_or_else(|| Error::Config(format!("{pages} pages is too large")))?;
         let store = MemoryStore::new(len as u64)?;
-        let mut buf = vec![0u8; PAGE_SIZE];
+        let mut buf = vec![0u8; page_size];
         for i in 0..pages {
             buf.fill(pattern(i));
-            store.write((i * PAGE_SIZE) as u64, &buf)?;
+            store.write((i * page_size) as u64, &buf)?;
         }
         Ok(store.with_writable(false))
     }
 
-    /// Engine passes over `store` (whose page `i` holds `pattern(i)`),
-    /// with no readahead and no fault-around: one store read per fault, and
-    /// [`io_spin`](uffd_pager::PagerBuilder::io_spin) `io_spin`.
+    /// Engine passes over `store` (whose page `i` of `page_size` holds
+    /// `pattern(i)`), with no readahead and no fault-around: one store read
+    /// per fault, and [`io_spin`](uffd_pager::PagerBuilder::io_spin)
+    /// `io_spin`. Huge pages get an unlimited budget, so that a pass holds
+    /// every page it faults in (as the floor's does) and nothing is
+    /// evicted mid-pass.
     pub fn over(
         store: Arc<dyn Store>,
         kind: InstallKind,
         delivery: Delivery,
         io_spin: Duration,
+        page_size: usize,
     ) -> Result<EngineLoop> {
-        let pages = store.len() as usize / PAGE_SIZE;
+        let pages = store.len() as usize / page_size;
         if pages == 0 {
             return Err(Error::ZeroLength);
         }
-        let pager = Pager::builder()
+        let mut b = Pager::builder()
             .delivery(delivery)
             .readahead(0, 1)
             .fault_around(0)
-            .io_spin(io_spin)
-            .build()?;
+            .io_spin(io_spin);
+        if page_size != PAGE_SIZE {
+            b = b.budget_pages(0);
+        }
+        let pager = b.build()?;
         Ok(EngineLoop {
             pager,
             store,
             pages,
             kind,
+            page_size,
         })
     }
 
@@ -119,14 +132,15 @@ impl EngineLoop {
         // teardown stays cheap (and see the module docs).
         let region = self.pager.map_store(
             self.store.clone(),
-            self.pages * PAGE_SIZE,
+            self.pages * self.page_size,
             &MapOptions {
                 kind: self.kind,
                 writable: false,
+                page_size: self.page_size,
                 ..MapOptions::default()
             },
         )?;
-        let t = touch(region.as_ptr() as usize, n);
+        let t = touch(region.as_ptr() as usize, n, self.page_size);
         region.unmap()?;
         t
     }

@@ -8,6 +8,12 @@
 //! counts. Each page evicted is unmapped from the user mapping, written
 //! back (anonymous pages to swap; shared pages only if dirty, and these are
 //! clean) and freed.
+//!
+//! With 2 MiB pages (`page_size` [`HUGE_PAGE_SIZE`], hugetlb on both
+//! sides) the raw anonymous primitive is a copy of the page out and
+//! `MADV_DONTNEED` (hugetlb has no `UFFDIO_MOVE`; the engine copies a huge
+//! page out through `/proc/self/mem` under write protection), and the raw
+//! shared one is the zap and the punch on a hugetlbfs memfd.
 
 use crate::io_error as sys;
 use crate::os::mem::{self, Memfd};
@@ -16,7 +22,9 @@ use memmap2::{MmapMut, UncheckedAdvice};
 use std::sync::Arc;
 use std::time::Instant;
 use uffd_pager::store::MemoryStore;
-use uffd_pager::{Counter, Error, InstallKind, MapOptions, Pager, Result, PAGE_SIZE};
+use uffd_pager::{
+    Counter, Error, HugePagePool, InstallKind, MapOptions, Pager, Result, HUGE_PAGE_SIZE, PAGE_SIZE,
+};
 
 /// The result of [`evict_cost`].
 #[derive(Debug, Clone, Copy)]
@@ -25,11 +33,13 @@ pub struct EvictReport {
     pub kind: InstallKind,
     /// Pages per pass.
     pub pages: usize,
+    /// Their size: [`PAGE_SIZE`] or [`HUGE_PAGE_SIZE`].
+    pub page_size: usize,
     /// Engine reclaim, ns per page evicted.
     pub engine_ns: f64,
     /// The raw primitive the engine's eviction of this kind rests on, ns
-    /// per page: `UFFDIO_MOVE` (anonymous) or `MADV_DONTNEED` + hole punch
-    /// (shared).
+    /// per page: `UFFDIO_MOVE` (anonymous; with 2 MiB pages a copy out +
+    /// `MADV_DONTNEED`) or `MADV_DONTNEED` + hole punch (shared).
     pub raw_ns: f64,
     /// `MADV_DONTNEED` of one page, ns (for reference).
     pub dontneed_ns: f64,
@@ -49,18 +59,19 @@ impl EvictReport {
     }
 }
 
-/// `MADV_DONTNEED` of page `p` of `m`.
-fn dontneed_page(m: &MmapMut, p: usize) -> Result<()> {
+/// `MADV_DONTNEED` of page `p` (of `ps` bytes) of `m`.
+fn dontneed_page(m: &MmapMut, p: usize, ps: usize) -> Result<()> {
     // SAFETY: the raw loops below touch their mappings only through raw
     // pointers and hold no reference into them.
-    unsafe { m.unchecked_advise_range(UncheckedAdvice::DontNeed, p * PAGE_SIZE, PAGE_SIZE) }
+    unsafe { m.unchecked_advise_range(UncheckedAdvice::DontNeed, p * ps, ps) }
         .map_err(sys("madvise"))
 }
 
-fn touch_all(base: usize, pages: usize) {
+fn touch_all(base: usize, pages: usize, ps: usize) {
     for p in 0..pages {
-        // SAFETY: `base` maps `pages` writable pages owned by the caller.
-        unsafe { std::ptr::write_volatile((base + p * PAGE_SIZE) as *mut u8, 1) };
+        // SAFETY: `base` maps `pages` writable pages of `ps` bytes owned
+        // by the caller.
+        unsafe { std::ptr::write_volatile((base + p * ps) as *mut u8, 1) };
     }
 }
 
@@ -68,13 +79,38 @@ fn per_page(t: Instant, pages: usize) -> f64 {
     t.elapsed().as_nanos() as f64 / pages.max(1) as f64
 }
 
-/// Raw `MADV_DONTNEED` of one page at a time.
-fn raw_dontneed(pages: usize) -> Result<f64> {
-    let m = mem::anonymous(pages * PAGE_SIZE).map_err(sys("mmap"))?;
-    touch_all(m.as_ptr() as usize, pages);
+/// Raw `MADV_DONTNEED` of one page (of `ps` bytes) at a time.
+fn raw_dontneed(pages: usize, ps: usize) -> Result<f64> {
+    let m = mem::anonymous_sized(pages * ps, ps).map_err(sys("mmap"))?;
+    touch_all(m.as_ptr() as usize, pages, ps);
     let t = Instant::now();
     for p in 0..pages {
-        dontneed_page(&m, p)?;
+        dontneed_page(&m, p, ps)?;
+    }
+    Ok(per_page(t, pages))
+}
+
+/// Raw huge anonymous eviction: each 2 MiB page copied out to an ordinary
+/// sink, then dropped with `MADV_DONTNEED` (back to the pool).
+fn raw_copy_out(pages: usize) -> Result<f64> {
+    let ps = HUGE_PAGE_SIZE;
+    let m = mem::anonymous_sized(pages * ps, ps).map_err(sys("mmap"))?;
+    let sink = mem::anonymous(pages * ps).map_err(sys("mmap"))?;
+    let (base, sink_at) = (m.as_ptr() as usize, sink.as_ptr() as usize);
+    touch_all(base, pages, ps);
+    touch_all(sink_at, pages * (ps / PAGE_SIZE), PAGE_SIZE);
+    let t = Instant::now();
+    for p in 0..pages {
+        // SAFETY: both ranges are ours, present (touched above), and only
+        // reached through raw pointers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (base + p * ps) as *const u8,
+                (sink_at + p * ps) as *mut u8,
+                ps,
+            )
+        };
+        dontneed_page(&m, p, ps)?;
     }
     Ok(per_page(t, pages))
 }
@@ -93,8 +129,8 @@ fn raw_move(pages: usize) -> Result<f64> {
     );
     uffd.register(stage_at, PAGE_SIZE, RegisterMode::MISSING)
         .map_err(|e| crate::sys_error("UFFDIO_REGISTER", e))?;
-    touch_all(base, pages);
-    touch_all(sink_at, pages);
+    touch_all(base, pages, PAGE_SIZE);
+    touch_all(sink_at, pages, PAGE_SIZE);
     let t = Instant::now();
     for p in 0..pages {
         // SAFETY: both pages are ours and only reached through raw
@@ -111,58 +147,83 @@ fn raw_move(pages: usize) -> Result<f64> {
                 PAGE_SIZE,
             )
         };
-        dontneed_page(&stage, 0)?;
+        dontneed_page(&stage, 0, PAGE_SIZE)?;
     }
     Ok(per_page(t, pages))
 }
 
 /// Raw shared eviction of one page: zap the mapping, punch the memfd.
-fn raw_zap_punch(pages: usize) -> Result<f64> {
-    let fd = Memfd::new(c"evict-floor", pages * PAGE_SIZE).map_err(sys("memfd_create"))?;
-    let m = fd.map_shared(pages * PAGE_SIZE).map_err(sys("mmap"))?;
-    touch_all(m.as_ptr() as usize, pages);
+fn raw_zap_punch(pages: usize, ps: usize) -> Result<f64> {
+    let fd = Memfd::sized(c"evict-floor", pages * ps, ps).map_err(sys("memfd_create"))?;
+    let m = fd.map_shared(pages * ps).map_err(sys("mmap"))?;
+    touch_all(m.as_ptr() as usize, pages, ps);
     let t = Instant::now();
     for p in 0..pages {
-        dontneed_page(&m, p)?;
-        fd.punch_hole(p * PAGE_SIZE, PAGE_SIZE)
+        dontneed_page(&m, p, ps)?;
+        fd.punch_hole(p * ps, ps)
             .map_err(|e| crate::sys_error("fallocate", e as i32))?;
     }
     Ok(per_page(t, pages))
 }
 
-/// Engine eviction of `pages` installed pages of `kind`.
-fn engine(kind: InstallKind, pages: usize) -> Result<(f64, u64)> {
+/// Engine eviction of `pages` installed pages of `kind` and of `ps` bytes.
+fn engine(kind: InstallKind, pages: usize, ps: usize) -> Result<(f64, u64)> {
+    // The budget counts 4 KiB units.
+    let units = (ps / PAGE_SIZE) as u64;
     let pager = Pager::builder()
-        .budget_pages(pages as u64 * 4)
+        .budget_pages(pages as u64 * units * 4)
         .kswapd(false)
         .readahead(0, 1)
         .fault_around(0)
         .build()?;
-    let store = Arc::new(MemoryStore::new((pages * PAGE_SIZE) as u64)?);
+    let store = Arc::new(MemoryStore::new((pages * ps) as u64)?);
     let mut r = pager.map_store(
         store,
-        pages * PAGE_SIZE,
+        pages * ps,
         &MapOptions {
             kind,
             writable: kind == InstallKind::Anonymous,
+            page_size: ps,
             ..MapOptions::default()
         },
     )?;
     // Install every page (reads: shared pages stay clean).
     for p in 0..pages {
-        std::hint::black_box(r.as_mut_slice()[p * PAGE_SIZE]);
+        std::hint::black_box(r.as_mut_slice()[p * ps]);
     }
     let before = pager.stats().get(Counter::PGSTEAL);
     let t = Instant::now();
-    let freed = pager.reclaim_pages(pages as u64);
-    let ns = t.elapsed().as_nanos() as f64 / freed.max(1) as f64;
-    debug_assert_eq!(pager.stats().get(Counter::PGSTEAL) - before, freed);
-    Ok((ns, freed))
+    let freed_units = pager.reclaim_pages(pages as u64 * units);
+    let elapsed = t.elapsed();
+    let evicted = pager.stats().get(Counter::PGSTEAL) - before;
+    debug_assert_eq!(evicted * units, freed_units);
+    Ok((elapsed.as_nanos() as f64 / evicted.max(1) as f64, evicted))
 }
 
-/// Measures engine eviction of `pages` pages of `kind` against the raw
-/// primitives, best of `passes` each.
-pub fn evict_cost(kind: InstallKind, pages: usize, passes: usize) -> Result<EvictReport> {
+/// Measures engine eviction of `pages` pages of `kind` and of `page_size`
+/// ([`PAGE_SIZE`], or [`HUGE_PAGE_SIZE`] from the hugetlb pool, which
+/// must hold `pages` pages) against the raw primitives, best of `passes`
+/// each.
+pub fn evict_cost(
+    kind: InstallKind,
+    pages: usize,
+    passes: usize,
+    page_size: usize,
+) -> Result<EvictReport> {
+    match page_size {
+        PAGE_SIZE => {}
+        HUGE_PAGE_SIZE => {
+            let available = HugePagePool::read().map_or(0, |p| p.available());
+            if available < pages as u64 {
+                return Err(Error::NoHugePages {
+                    needed: pages as u64,
+                    available,
+                });
+            }
+        }
+        other => return Err(Error::PageSize(other)),
+    }
+    let ps = page_size;
     let best = |f: &dyn Fn() -> Result<f64>| -> Result<f64> {
         let mut b = f64::INFINITY;
         for _ in 0..passes.max(1) {
@@ -173,22 +234,24 @@ pub fn evict_cost(kind: InstallKind, pages: usize, passes: usize) -> Result<Evic
     let mut evicted = 0;
     let mut engine_ns = f64::INFINITY;
     for _ in 0..passes.max(1) {
-        let (ns, n) = engine(kind, pages)?;
+        let (ns, n) = engine(kind, pages, ps)?;
         if ns < engine_ns {
             engine_ns = ns;
             evicted = n;
         }
     }
     let raw_ns = match kind {
+        InstallKind::Anonymous if ps == HUGE_PAGE_SIZE => best(&|| raw_copy_out(pages))?,
         InstallKind::Anonymous => best(&|| raw_move(pages))?,
-        InstallKind::Shared => best(&|| raw_zap_punch(pages))?,
+        InstallKind::Shared => best(&|| raw_zap_punch(pages, ps))?,
     };
     Ok(EvictReport {
         kind,
         pages,
+        page_size: ps,
         engine_ns,
         raw_ns,
-        dontneed_ns: best(&|| raw_dontneed(pages))?,
+        dontneed_ns: best(&|| raw_dontneed(pages, ps))?,
         evicted,
     })
 }
@@ -200,7 +263,7 @@ mod tests {
     #[test]
     fn evicts_every_page_and_measures() {
         for kind in [InstallKind::Anonymous, InstallKind::Shared] {
-            let r = evict_cost(kind, 128, 1).unwrap();
+            let r = evict_cost(kind, 128, 1, PAGE_SIZE).unwrap();
             assert_eq!(r.evicted, 128, "{kind}");
             assert!(r.engine_ns.is_finite() && r.engine_ns > 0.0);
             assert!(r.raw_ns.is_finite() && r.raw_ns > 0.0);

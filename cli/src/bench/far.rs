@@ -30,7 +30,7 @@ pub struct FarMissReport {
     pub ratio: f64,
     /// With an I/O spin: the same `GET` by a raw client that busy-polls its
     /// non-blocking socket for as long as the engine spins (standalone
-    /// servers only), and the engine against it.
+    /// servers and 4 KiB pages only), and the engine against it.
     pub spinning_floor_us: Option<f64>,
     /// `engine_us / spinning_floor_us`.
     pub spinning_ratio: Option<f64>,
@@ -120,8 +120,10 @@ fn io_error(context: &str) -> impl Fn(String) -> Error + '_ {
 }
 
 /// Per-miss cost against a plain `GET`; see the module docs. `passes`
-/// timed passes of `pages` pages each side, interleaved, after one warm-up
-/// pass each.
+/// timed passes of `pages` pages of `page_size` each side, interleaved,
+/// after one warm-up pass each. The store keeps 4 KiB per key, so with
+/// 2 MiB pages a miss reads 512 keys and the floor is one plain `MGET` of
+/// them.
 pub fn far_miss(
     far: &Far,
     pages: usize,
@@ -129,36 +131,51 @@ pub fn far_miss(
     kind: InstallKind,
     delivery: Delivery,
     io_spin: Duration,
+    page_size: usize,
 ) -> Result<FarMissReport> {
     if pages == 0 || passes == 0 {
         return Err(Error::Config("far-miss needs pages and passes".into()));
     }
-    let store = far.filled("miss", pages, |o| pattern(o / PAGE_SIZE))?;
+    let units = page_size / PAGE_SIZE;
+    let store = far.filled("miss", pages * units, |o| pattern(o / page_size))?;
     let prefix = store.prefix().to_string();
-    let mut engine = EngineLoop::over(Arc::new(store), kind, delivery, io_spin)?;
+    let mut engine = EngineLoop::over(Arc::new(store), kind, delivery, io_spin, page_size)?;
     let mut con = plain_connection(far.url()).map_err(io_error("the floor's plain client"))?;
-    let keys: Vec<String> = (0..pages).map(|p| page_key(&prefix, p as u64)).collect();
+    let keys: Vec<Vec<String>> = (0..pages)
+        .map(|p| {
+            (0..units)
+                .map(|u| page_key(&prefix, (p * units + u) as u64))
+                .collect()
+        })
+        .collect();
     let mut floor_pass = || -> Result<Duration> {
         let t = Instant::now();
-        for (p, k) in keys.iter().enumerate() {
-            let v: Vec<u8> = redis::cmd("GET")
-                .arg(k)
-                .query(&mut *con)
-                .map_err(|e| io_error("the floor's GET")(e.to_string()))?;
-            if v.len() != PAGE_SIZE || v[0] != pattern(p) {
-                return Err(io_error("the floor's GET")(format!("{k}: wrong page")));
+        for (p, ks) in keys.iter().enumerate() {
+            let wrong = |k: &str| io_error("the floor's GET")(format!("{k}: wrong page"));
+            let err = |e: redis::RedisError| io_error("the floor's GET")(e.to_string());
+            if let [k] = &ks[..] {
+                let v: Vec<u8> = redis::cmd("GET").arg(k).query(&mut *con).map_err(err)?;
+                if v.len() != PAGE_SIZE || v[0] != pattern(p) {
+                    return Err(wrong(k));
+                }
+            } else {
+                let v: Vec<Vec<u8>> = redis::cmd("MGET").arg(ks).query(&mut *con).map_err(err)?;
+                if v.len() != units || v.iter().any(|v| v.len() != PAGE_SIZE || v[0] != pattern(p))
+                {
+                    return Err(wrong(&ks[0]));
+                }
             }
         }
         Ok(t.elapsed())
     };
-    let mut spinning = if io_spin.is_zero() {
+    let mut spinning = if io_spin.is_zero() || units > 1 {
         None
     } else {
         SpinningClient::connect(far.url(), io_spin)
     };
     let spinning_pass = |c: &mut SpinningClient| -> Result<Duration> {
         let t = Instant::now();
-        for (p, k) in keys.iter().enumerate() {
+        for (p, k) in keys.iter().map(|ks| &ks[0]).enumerate() {
             let v = c
                 .get(k)
                 .map_err(|e| io_error("the spinning floor's GET")(e.to_string()))?;
@@ -235,7 +252,7 @@ fn scan_side(
     let mut rates = Vec::new();
     for _ in 0..passes + 1 {
         let region = pager.map_store(store.clone(), pages * PAGE_SIZE, &opts)?;
-        let t = touch(region.as_ptr() as usize, pages)?;
+        let t = touch(region.as_ptr() as usize, pages, PAGE_SIZE)?;
         region.unmap()?;
         rates.push(pages as f64 / t.as_secs_f64());
     }

@@ -62,6 +62,11 @@ pub struct FaultCostConfig {
     /// hands each page copy to a worker thread of its own with a raw futex
     /// ping-pong ([`FloorLoop::with_hop`]).
     pub hop: bool,
+    /// Page size of both sides: [`PAGE_SIZE`] or
+    /// [`HUGE_PAGE_SIZE`](uffd_pager::HUGE_PAGE_SIZE) (hugetlb on both;
+    /// `pages` then counts 2 MiB pages, and each side takes `pages` from
+    /// the pool while its pass's pages are in).
+    pub page_size: usize,
 }
 
 impl Default for FaultCostConfig {
@@ -72,6 +77,7 @@ impl Default for FaultCostConfig {
             kind: InstallKind::Anonymous,
             delivery: Delivery::InThread,
             hop: false,
+            page_size: PAGE_SIZE,
         }
     }
 }
@@ -115,10 +121,15 @@ pub fn fault_cost(cfg: &FaultCostConfig) -> Result<FaultCostReport> {
     if cfg.passes == 0 {
         return Err(Error::Config("fault-cost needs at least one pass".into()));
     }
+    if cfg.hop && cfg.page_size != PAGE_SIZE {
+        return Err(Error::Config(
+            "the worker hop is measured with 4 KiB pages only".into(),
+        ));
+    }
     let mut engine = if cfg.hop {
         EngineLoop::with_hop(cfg.pages, cfg.kind, cfg.delivery)?
     } else {
-        EngineLoop::new(cfg.pages, cfg.kind, cfg.delivery)?
+        EngineLoop::new(cfg.pages, cfg.kind, cfg.delivery, cfg.page_size)?
     };
     // The floor has one range: with one descriptor per region, that is one
     // descriptor and one handler thread.
@@ -132,7 +143,7 @@ pub fn fault_cost(cfg: &FaultCostConfig) -> Result<FaultCostReport> {
     let mut floor = if cfg.hop {
         FloorLoop::with_hop(cfg.pages, cfg.kind, floor_delivery)?
     } else {
-        FloorLoop::new(cfg.pages, cfg.kind, floor_delivery)?
+        FloorLoop::new(cfg.pages, cfg.kind, floor_delivery, cfg.page_size)?
     };
     floor.pass(cfg.pages)?;
     engine.pass(cfg.pages)?;
@@ -183,20 +194,25 @@ pub(crate) fn pattern(i: usize) -> u8 {
 }
 
 /// The timed loop: one volatile read of the first byte of each of the first
-/// `n` pages at `base`. Returns the elapsed time, after checking that every
-/// page held its pattern.
-pub(crate) fn touch(base: usize, n: usize) -> Result<Duration> {
-    touch_from(base, 0, n)
+/// `n` pages (of `page_size` bytes) at `base`. Returns the elapsed time,
+/// after checking that every page held its pattern.
+pub(crate) fn touch(base: usize, n: usize, page_size: usize) -> Result<Duration> {
+    touch_from(base, 0, n, page_size)
 }
 
 /// [`touch`] over pages `first..first + n` of the mapping at `base`.
-pub(crate) fn touch_from(base: usize, first: usize, n: usize) -> Result<Duration> {
+pub(crate) fn touch_from(
+    base: usize,
+    first: usize,
+    n: usize,
+    page_size: usize,
+) -> Result<Duration> {
     let mut sum = 0u64;
     let t0 = Instant::now();
     for i in first..first + n {
         // SAFETY: callers pass a live mapping of at least `first + n` pages
         // whose faults are served (by the floor's handler or the engine).
-        sum += unsafe { std::ptr::read_volatile((base + i * PAGE_SIZE) as *const u8) } as u64;
+        sum += unsafe { std::ptr::read_volatile((base + i * page_size) as *const u8) } as u64;
     }
     let elapsed = t0.elapsed();
     let expected: u64 = (first..first + n).map(|i| pattern(i) as u64).sum();
@@ -223,6 +239,7 @@ mod tests {
             kind,
             delivery,
             hop: false,
+            page_size: PAGE_SIZE,
         };
         let r = fault_cost(&cfg).unwrap_or_else(|e| panic!("{kind} {delivery}: {e}"));
         for v in [

@@ -6,10 +6,14 @@
 //! first time), so the difference between the two is what the region count
 //! costs the fault path: the lockless lookup in a bigger table, and less
 //! cache-resident per-region state.
+//!
+//! With 2 MiB pages both sides map hugetlb (each region at least one
+//! page) and a fault is a 2 MiB page of zeros; the kernel side holds every
+//! faulted page at once, so the pool must hold `faults` pages.
 
 use crate::workload::common::Rng;
 use std::time::Instant;
-use uffd_pager::{Error, Pager, Result, PAGE_SIZE};
+use uffd_pager::{Error, HugePagePool, MapOptions, Pager, Result, PAGE_SIZE};
 
 /// The result of [`scale`].
 #[derive(Debug, Clone, Copy)]
@@ -65,35 +69,46 @@ fn ensure_map_count(needed: usize) -> Result<()> {
     })
 }
 
-/// `faults` write faults at random pages over `regions` regions; ns per
-/// fault, and seconds spent mapping.
-fn run(regions: usize, faults: usize, seed: u64) -> Result<(f64, f64)> {
+/// `faults` write faults at random pages (of `ps` bytes) over `regions`
+/// regions; ns per fault, and seconds spent mapping.
+fn run(regions: usize, faults: usize, seed: u64, ps: usize) -> Result<(f64, f64)> {
     let pages_each = faults.div_ceil(regions).max(1);
     let pager = Pager::builder().readahead(0, 1).fault_around(0).build()?;
+    let opts = MapOptions {
+        page_size: ps,
+        ..MapOptions::default()
+    };
     let t = Instant::now();
     let rs = (0..regions)
-        .map(|_| pager.map_anonymous(pages_each * PAGE_SIZE))
+        .map(|_| pager.map_anonymous_with(pages_each * ps, &opts))
         .collect::<Result<Vec<_>>>()?;
     let map_s = t.elapsed().as_secs_f64();
     let bases: Vec<usize> = rs.iter().map(|r| r.as_ptr() as usize).collect();
     // SAFETY: every base maps `pages_each` writable pages of a live region.
-    let ns = unsafe { time_random_writes(&bases, pages_each, faults, seed) };
+    let ns = unsafe { time_random_writes(&bases, pages_each, faults, seed, ps) };
     drop(rs);
     Ok((ns, map_s))
 }
 
-/// Writes one byte at `faults` distinct random pages of the mappings at
-/// `bases` (`pages_each` pages each); returns ns per write.
+/// Writes one byte at `faults` distinct random pages (of `ps` bytes) of
+/// the mappings at `bases` (`pages_each` pages each); returns ns per write.
 ///
 /// # Safety
-/// Each base must map `pages_each` writable pages for the whole call.
-unsafe fn time_random_writes(bases: &[usize], pages_each: usize, faults: usize, seed: u64) -> f64 {
+/// Each base must map `pages_each` writable pages of `ps` bytes for the
+/// whole call.
+unsafe fn time_random_writes(
+    bases: &[usize],
+    pages_each: usize,
+    faults: usize,
+    seed: u64,
+    ps: usize,
+) -> f64 {
     let mut targets: Vec<usize> = (0..bases.len() * pages_each).collect();
     Rng::new(seed).shuffle(&mut targets);
     targets.truncate(faults);
     let addrs: Vec<usize> = targets
         .iter()
-        .map(|&t| bases[t / pages_each] + (t % pages_each) * PAGE_SIZE)
+        .map(|&t| bases[t / pages_each] + (t % pages_each) * ps)
         .collect();
     let t = Instant::now();
     for &a in &addrs {
@@ -108,27 +123,44 @@ unsafe fn time_random_writes(bases: &[usize], pages_each: usize, faults: usize, 
 /// engine makes its regions' (an anonymous region needs no other mapping
 /// until it swaps), so adjacent ones may merge into one kernel VMA just as
 /// the engine's do.
-fn kernel_run(regions: usize, faults: usize, seed: u64) -> Result<f64> {
+fn kernel_run(regions: usize, faults: usize, seed: u64, ps: usize) -> Result<f64> {
     let pages_each = faults.div_ceil(regions).max(1);
     let mut keep = Vec::with_capacity(regions);
     for _ in 0..regions {
         keep.push(
-            crate::os::mem::anonymous(pages_each * PAGE_SIZE).map_err(crate::io_error("mmap"))?,
+            crate::os::mem::anonymous_sized(pages_each * ps, ps)
+                .map_err(crate::io_error("mmap"))?,
         );
     }
     let bases: Vec<usize> = keep.iter().map(|m| m.as_ptr() as usize).collect();
     // SAFETY: every base maps `pages_each` writable pages kept in `keep`.
-    Ok(unsafe { time_random_writes(&bases, pages_each, faults, seed) })
+    Ok(unsafe { time_random_writes(&bases, pages_each, faults, seed, ps) })
 }
 
-/// Measures fault cost with `few` and with `many` regions, best of
-/// `passes` each (interleaved).
-pub fn scale(few: usize, many: usize, faults: usize, passes: usize) -> Result<ScaleReport> {
+/// Measures fault cost with `few` and with `many` regions of pages of
+/// `page_size` (see the module docs), best of `passes` each (interleaved).
+pub fn scale(
+    few: usize,
+    many: usize,
+    faults: usize,
+    passes: usize,
+    page_size: usize,
+) -> Result<ScaleReport> {
     if few == 0 || many == 0 || faults == 0 {
         return Err(Error::Config(
             "regions and faults must be at least 1".into(),
         ));
     }
+    if page_size != PAGE_SIZE {
+        let available = HugePagePool::read().map_or(0, |p| p.available());
+        if available < faults as u64 {
+            return Err(Error::NoHugePages {
+                needed: faults as u64,
+                available,
+            });
+        }
+    }
+    let ps = page_size;
     // An anonymous region costs one mapping until it swaps (adjacent ones
     // usually merge); leave room for the worst case, where none merge and
     // each also makes its cache area and in-memory swap.
@@ -136,14 +168,14 @@ pub fn scale(few: usize, many: usize, faults: usize, passes: usize) -> Result<Sc
     let (mut few_ns, mut many_ns, mut map_many_s) = (f64::INFINITY, f64::INFINITY, 0.0);
     let (mut kernel_few_ns, mut kernel_many_ns) = (f64::INFINITY, f64::INFINITY);
     for p in 0..passes.max(1) {
-        few_ns = few_ns.min(run(few, faults, p as u64)?.0);
-        let (ns, m) = run(many, faults, p as u64)?;
+        few_ns = few_ns.min(run(few, faults, p as u64, ps)?.0);
+        let (ns, m) = run(many, faults, p as u64, ps)?;
         if ns < many_ns {
             many_ns = ns;
             map_many_s = m;
         }
-        kernel_few_ns = kernel_few_ns.min(kernel_run(few, faults, p as u64)?);
-        kernel_many_ns = kernel_many_ns.min(kernel_run(many, faults, p as u64)?);
+        kernel_few_ns = kernel_few_ns.min(kernel_run(few, faults, p as u64, ps)?);
+        kernel_many_ns = kernel_many_ns.min(kernel_run(many, faults, p as u64, ps)?);
     }
     Ok(ScaleReport {
         few,
@@ -163,7 +195,7 @@ mod tests {
 
     #[test]
     fn small_scale_run() {
-        let r = scale(2, 200, 400, 1).unwrap();
+        let r = scale(2, 200, 400, 1, PAGE_SIZE).unwrap();
         assert!(r.few_ns > 0.0 && r.many_ns > 0.0 && r.ratio().is_finite());
     }
 }

@@ -18,7 +18,7 @@
 
 use super::FloorLoop;
 use std::time::{Duration, Instant};
-use uffd_pager::{Delivery, Error, InstallKind, Result};
+use uffd_pager::{Delivery, Error, HugePagePool, InstallKind, Result, PAGE_SIZE};
 
 /// What [`wakeup_placement`] measured.
 #[derive(Debug, Clone)]
@@ -73,12 +73,15 @@ fn parallel_pass(
 }
 
 /// Measures the placements of the module docs for `faulters` threads of
-/// `pages` faults each, best of `passes`.
+/// `pages` faults each (pages of `page_size`: 4 KiB, or 2 MiB from the
+/// hugetlb pool, which must then hold every configuration's pages at
+/// once), best of `passes`.
 pub fn wakeup_placement(
     kind: InstallKind,
     faulters: usize,
     pages: usize,
     passes: usize,
+    page_size: usize,
 ) -> Result<WakeupReport> {
     if faulters == 0 || pages == 0 || passes == 0 {
         return Err(Error::Config(
@@ -86,6 +89,16 @@ pub fn wakeup_placement(
         ));
     }
     let k = faulters;
+    if page_size != PAGE_SIZE {
+        // The loops fill their pages lazily, so each loop's own check
+        // cannot see what the others will take.
+        let configs = if k > 1 { 4 } else { 3 };
+        let needed = (configs * k * pages) as u64;
+        let available = HugePagePool::read().map_or(0, |p| p.available());
+        if available < needed {
+            return Err(Error::NoHugePages { needed, available });
+        }
+    }
     let shared = |name: String, handlers: usize, spin_us: u32| -> Result<Config> {
         let d = Delivery::Threads {
             threads: handlers,
@@ -93,7 +106,7 @@ pub fn wakeup_placement(
         };
         Ok(Config {
             name,
-            loops: vec![FloorLoop::new(k * pages, kind, d)?],
+            loops: vec![FloorLoop::new(k * pages, kind, d, page_size)?],
             slices: (0..k).map(|j| (0, j * pages)).collect(),
         })
     };
@@ -113,7 +126,7 @@ pub fn wakeup_placement(
     configs.push(Config {
         name: format!("one descriptor per region ({k}), one handler each"),
         loops: (0..k)
-            .map(|_| FloorLoop::new(pages, kind, one))
+            .map(|_| FloorLoop::new(pages, kind, one, page_size))
             .collect::<Result<Vec<_>>>()?,
         slices: (0..k).map(|j| (j, 0)).collect(),
     });
@@ -139,9 +152,9 @@ mod tests {
     #[test]
     fn every_placement_serves_every_fault() {
         for kind in [InstallKind::Anonymous, InstallKind::Shared] {
-            let r = wakeup_placement(kind, 2, 64, 1).unwrap();
+            let r = wakeup_placement(kind, 2, 64, 1, PAGE_SIZE).unwrap();
             assert_eq!(r.rows.len(), 4);
-            let r = wakeup_placement(kind, 1, 16, 1).unwrap();
+            let r = wakeup_placement(kind, 1, 16, 1, PAGE_SIZE).unwrap();
             assert_eq!(r.rows.len(), 3);
             assert!(r.rows.iter().all(|(_, us)| us.is_finite() && *us > 0.0));
         }

@@ -63,12 +63,17 @@ struct ScaleArgs {
     /// Regions in the large configuration.
     #[arg(long, default_value_t = 100_000, value_parser = at_least_one)]
     many: u64,
-    /// Faults timed in each.
-    #[arg(long, default_value_t = 16384, value_parser = at_least_one)]
-    faults: u64,
+    /// Faults timed in each, at distinct pages [default: 16384 (64 MiB)].
+    #[arg(long, value_parser = at_least_one)]
+    faults: Option<u64>,
     /// Passes; the best counts.
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     passes: u64,
+    /// Page size: 4K or 2M (hugetlb on both sides; root reserves the pages
+    /// with `sysctl vm.nr_hugepages=N`, one per fault). `--faults` then
+    /// counts pages of this size; its default keeps its bytes.
+    #[arg(long, default_value = "4K", value_parser = super::page_size)]
+    page_size: usize,
 }
 
 #[derive(Debug, Args)]
@@ -76,22 +81,27 @@ struct WakeupArgs {
     /// Faulting threads, each over its own pages (default: the CPU count).
     #[arg(long, value_parser = at_least_one)]
     faulters: Option<u64>,
-    /// Pages each faulter touches per pass.
-    #[arg(long, default_value_t = 2048, value_parser = at_least_one)]
-    pages: u64,
+    /// Pages each faulter touches per pass [default: 2048 (8 MiB)].
+    #[arg(long, value_parser = at_least_one)]
+    pages: Option<u64>,
     /// Passes; the best counts.
     #[arg(long, default_value_t = 9, value_parser = at_least_one)]
     passes: u64,
     /// Install kind; repeatable; default both.
     #[arg(long, value_name = "KIND")]
     kind: Vec<InstallKind>,
+    /// Page size: 4K or 2M (hugetlb on both sides; root reserves the pages
+    /// with `sysctl vm.nr_hugepages=N`). `--pages` then counts pages of
+    /// this size; its default keeps its bytes.
+    #[arg(long, default_value = "4K", value_parser = super::page_size)]
+    page_size: usize,
 }
 
 #[derive(Debug, Args)]
 struct EvictArgs {
-    /// Pages evicted per pass.
-    #[arg(long, value_name = "N", default_value_t = 8192, value_parser = at_least_one)]
-    pages: u64,
+    /// Pages evicted per pass [default: 8192 (32 MiB)].
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pages: Option<u64>,
     /// Passes per side; the best counts.
     #[arg(long, value_name = "R", default_value_t = 3, value_parser = at_least_one)]
     passes: u64,
@@ -101,13 +111,19 @@ struct EvictArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Page size: 4K or 2M (hugetlb on both sides; root reserves the pages
+    /// with `sysctl vm.nr_hugepages=N`). `--pages` then counts pages of
+    /// this size; its default keeps its bytes.
+    #[arg(long, default_value = "4K", value_parser = super::page_size)]
+    page_size: usize,
 }
 
 #[derive(Debug, Args)]
 struct FaultCostArgs {
-    /// Pages faulted per pass (each touched once, one read per page).
-    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = at_least_one)]
-    pages: u64,
+    /// Pages faulted per pass (each touched once, one read per page)
+    /// [default: 4096 (16 MiB)].
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pages: Option<u64>,
     /// Timed passes per side; the best pass counts.
     #[arg(long, value_name = "R", default_value_t = 5, value_parser = at_least_one)]
     passes: u64,
@@ -129,6 +145,11 @@ struct FaultCostArgs {
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Page size: 4K or 2M (hugetlb on both sides; root reserves the pages
+    /// with `sysctl vm.nr_hugepages=N`). `--pages` then counts pages of
+    /// this size; its default keeps its bytes.
+    #[arg(long, default_value = "4K", value_parser = super::page_size)]
+    page_size: usize,
 }
 
 /// Runs the chosen workload.
@@ -175,9 +196,9 @@ fn phys_mem() -> Option<u64> {
 /// Rejects runs that cannot fit: the floor and the engine each hold the
 /// source data plus the installed pages (and a memfd for shared runs),
 /// about five times the pass size at once.
-fn check_pages(pages: u64) -> Result<usize, CliError> {
+fn check_pages(pages: u64, page_size: usize) -> Result<usize, CliError> {
     let bytes = pages
-        .checked_mul(PAGE_SIZE as u64)
+        .checked_mul(page_size as u64)
         .filter(|&b| usize::try_from(b).is_ok())
         .ok_or_else(|| CliError::Usage(format!("--pages {pages} is too large")))?;
     let needed = bytes.saturating_mul(5);
@@ -194,7 +215,12 @@ fn check_pages(pages: u64) -> Result<usize, CliError> {
 }
 
 fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
-    let pages = check_pages(a.pages)?;
+    let pages = check_pages(super::pages_of(a.pages, 4096, a.page_size), a.page_size)?;
+    if a.hop && a.page_size != PAGE_SIZE {
+        return Err(CliError::Usage(
+            "--hop is measured with 4 KiB pages only".into(),
+        ));
+    }
     if a.passes > 1000 {
         return Err(CliError::Usage(format!(
             "--passes {} is more than 1000",
@@ -218,13 +244,14 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
     if !a.json {
         writeln!(
             out,
-            "fault cost{}: {pages} pages per pass, best of {passes} passes, µs per fault \
+            "fault cost{}: {pages} pages of {} per pass, best of {passes} passes, µs per fault \
              (ratio = engine / floor)",
             if a.hop {
                 " with the worker hop (an ordinary store; the floor: futex ping-pong + install)"
             } else {
                 ""
-            }
+            },
+            size_name(a.page_size),
         )
         .map_err(io)?;
         writeln!(
@@ -243,6 +270,7 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
                 kind,
                 delivery,
                 hop: a.hop,
+                page_size: a.page_size,
             };
             tracing::info!(%kind, %delivery, pages, passes, "fault-cost run");
             let r = fault_cost(&cfg)
@@ -272,7 +300,8 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
 }
 
 fn run_scale(a: &ScaleArgs) -> CliResult {
-    if a.many > 1_000_000 || a.few > 1_000_000 || a.faults > 10_000_000 {
+    let faults = super::pages_of(a.faults, 16384, a.page_size);
+    if a.many > 1_000_000 || a.few > 1_000_000 || faults > 10_000_000 {
         return Err(CliError::Usage(
             "--few/--many at most 1000000 regions, --faults at most 10000000".into(),
         ));
@@ -280,18 +309,20 @@ fn run_scale(a: &ScaleArgs) -> CliResult {
     let r = uffd_pager_cli::bench::scale(
         a.few as usize,
         a.many as usize,
-        a.faults as usize,
+        faults as usize,
         (a.passes as usize).min(20),
+        a.page_size,
     )
     .map_err(|e| CliError::Runtime(format!("scale: {e}")))?;
     println!(
-        "scale: {} faults at random pages, best of {} passes \
+        "scale: {} faults at random pages of {}, best of {} passes \
          (kernel = the same faults on plain mappings, no engine)\n\
          {:>8} regions: engine {:>8.0} ns/fault, kernel {:>8.0} ns/fault\n\
          {:>8} regions: engine {:>8.0} ns/fault, kernel {:>8.0} ns/fault \
          (the engine mapped them in {:.2}s)\n\
          ratio many/few: engine {:.2}, kernel {:.2}",
         r.faults,
+        size_name(a.page_size),
         a.passes,
         r.few,
         r.few_ns,
@@ -309,19 +340,28 @@ fn run_scale(a: &ScaleArgs) -> CliResult {
 fn run_wakeup(a: &WakeupArgs) -> CliResult {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     let faulters = a.faulters.map_or(cpus, |f| f as usize);
-    if faulters > 256 || a.pages > 1 << 20 {
+    let pages = super::pages_of(a.pages, 2048, a.page_size);
+    if faulters > 256 || pages > 1 << 20 {
         return Err(CliError::Usage(
             "--faulters at most 256, --pages at most 1048576".into(),
         ));
     }
     let passes = (a.passes as usize).min(100);
     for kind in dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]) {
-        let r = uffd_pager_cli::bench::wakeup_placement(kind, faulters, a.pages as usize, passes)
-            .map_err(|e| CliError::Runtime(format!("wakeup: {e}")))?;
+        let r = uffd_pager_cli::bench::wakeup_placement(
+            kind,
+            faulters,
+            pages as usize,
+            passes,
+            a.page_size,
+        )
+        .map_err(|e| CliError::Runtime(format!("wakeup: {e}")))?;
         println!(
-            "wakeup placement, {kind}: {} faulters × {} pages, best of {passes} passes \
+            "wakeup placement, {kind}: {} faulters × {} pages of {}, best of {passes} passes \
              (raw floor, µs per fault over all faulters)",
-            r.faulters, r.pages
+            r.faulters,
+            r.pages,
+            size_name(a.page_size)
         );
         let base = r.rows[0].1;
         for (name, us) in &r.rows {
@@ -332,7 +372,7 @@ fn run_wakeup(a: &WakeupArgs) -> CliResult {
 }
 
 fn run_evict(a: &EvictArgs) -> CliResult {
-    let pages = check_pages(a.pages)?;
+    let pages = check_pages(super::pages_of(a.pages, 8192, a.page_size), a.page_size)?;
     let passes = (a.passes as usize).min(100);
     let kinds = dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]);
     let mut out = std::io::stdout().lock();
@@ -341,8 +381,9 @@ fn run_evict(a: &EvictArgs) -> CliResult {
     if !a.json {
         writeln!(
             out,
-            "eviction: {pages} installed pages per pass, best of {passes}, ns per page \
-             (raw = the primitive the engine's eviction rests on)"
+            "eviction: {pages} installed pages of {} per pass, best of {passes}, ns per page \
+             (raw = the primitive the engine's eviction rests on)",
+            size_name(a.page_size)
         )
         .map_err(io)?;
         writeln!(
@@ -353,13 +394,14 @@ fn run_evict(a: &EvictArgs) -> CliResult {
         .map_err(io)?;
     }
     for kind in kinds {
-        let r = uffd_pager_cli::bench::evict_cost(kind, pages, passes)
+        let r = uffd_pager_cli::bench::evict_cost(kind, pages, passes, a.page_size)
             .map_err(|e| CliError::Runtime(format!("evict {kind}: {e}")))?;
         if a.json {
             rows.push(Json::obj([
                 ("workload", Json::str("evict")),
                 ("kind", Json::str(kind.to_string())),
                 ("pages", Json::Int(pages as i64)),
+                ("page_size", Json::Int(a.page_size as i64)),
                 ("engine_ns_per_page", Json::Num(r.engine_ns)),
                 ("engine_pages_per_s", Json::Num(r.engine_pages_per_s())),
                 ("raw_ns_per_page", Json::Num(r.raw_ns)),
@@ -387,6 +429,15 @@ fn run_evict(a: &EvictArgs) -> CliResult {
     Ok(())
 }
 
+/// "4 KiB" or "2 MiB".
+fn size_name(page_size: usize) -> &'static str {
+    if page_size == PAGE_SIZE {
+        "4 KiB"
+    } else {
+        "2 MiB"
+    }
+}
+
 fn report_json(r: &FaultCostReport) -> Json {
     let nums = |v: &[f64]| Json::Arr(v.iter().map(|&x| Json::Num(x)).collect());
     Json::obj([
@@ -394,6 +445,7 @@ fn report_json(r: &FaultCostReport) -> Json {
         ("kind", Json::str(r.config.kind.to_string())),
         ("delivery", Json::str(r.config.delivery.to_string())),
         ("pages", Json::Int(r.config.pages as i64)),
+        ("page_size", Json::Int(r.config.page_size as i64)),
         ("passes", Json::Int(r.config.passes as i64)),
         ("floor_us_per_page", Json::Num(r.floor_us_per_page)),
         ("engine_us_per_page", Json::Num(r.engine_us_per_page)),
@@ -424,8 +476,23 @@ mod tests {
 
     #[test]
     fn page_limits() {
-        assert_eq!(check_pages(16).unwrap(), 16);
-        assert!(matches!(check_pages(u64::MAX), Err(CliError::Usage(_))));
-        assert!(matches!(check_pages(1 << 40), Err(CliError::Usage(_))));
+        assert_eq!(check_pages(16, PAGE_SIZE).unwrap(), 16);
+        assert!(matches!(
+            check_pages(u64::MAX, PAGE_SIZE),
+            Err(CliError::Usage(_))
+        ));
+        assert!(matches!(
+            check_pages(1 << 40, PAGE_SIZE),
+            Err(CliError::Usage(_))
+        ));
+        let huge = uffd_pager::HUGE_PAGE_SIZE;
+        assert!(matches!(
+            check_pages(1 << 20, huge),
+            Err(CliError::Usage(_))
+        ));
+        assert_eq!(super::super::pages_of(None, 4096, huge), 8);
+        assert_eq!(super::super::pages_of(None, 1, huge), 1);
+        assert_eq!(super::super::pages_of(Some(3), 4096, huge), 3);
+        assert_eq!(super::super::pages_of(None, 4096, PAGE_SIZE), 4096);
     }
 }

@@ -17,7 +17,7 @@ use super::json::Json;
 use super::{CliError, CliResult};
 use clap::Args;
 use std::io::Write;
-use uffd_pager::{Footprint, Pager, PAGE_SIZE};
+use uffd_pager::{Footprint, MapOptions, Pager, PAGE_SIZE};
 
 /// The goal: metadata bytes per tracked page.
 const GOAL_BYTES_PER_PAGE: f64 = 16.0;
@@ -29,18 +29,51 @@ const MAX_PAGES: u64 = 1 << 30;
 
 #[derive(Debug, Args)]
 pub struct MetadataArgs {
-    /// Pages in the (lazily mapped, never fully touched) anonymous region.
-    #[arg(long, value_name = "N", default_value_t = 10_000_000)]
-    pages: u64,
-    /// The pager's memory budget in pages (sizes the LRU ring).
-    #[arg(long, value_name = "B", default_value_t = 65_536)]
-    budget: u64,
-    /// Pages read, spread evenly over the region, for the RSS measurement.
-    #[arg(long, value_name = "N", default_value_t = 100_000)]
-    touch: u64,
+    /// Pages in the (lazily mapped, never fully touched) anonymous region
+    /// [default: 10000000 (38 GiB)].
+    #[arg(long, value_name = "N")]
+    pages: Option<u64>,
+    /// The pager's memory budget in pages (sizes the LRU ring)
+    /// [default: 65536 (256 MiB)].
+    #[arg(long, value_name = "B")]
+    budget: Option<u64>,
+    /// Pages read, spread evenly over the region, for the RSS measurement
+    /// [default: 100000 (391 MiB)].
+    #[arg(long, value_name = "N")]
+    touch: Option<u64>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Page size of the region: 4K or 2M (hugetlb; root reserves the
+    /// pages with `sysctl vm.nr_hugepages=N`, as many as the budget holds
+    /// plus two). `--pages`, `--budget` and `--touch` then count pages of
+    /// this size; their defaults keep their bytes. Hugetlb pages are not
+    /// in the process's Rss, so the region's own pages count zero there.
+    #[arg(long, default_value = "4K", value_parser = super::page_size)]
+    page_size: usize,
+}
+
+/// [`MetadataArgs`] with its counts resolved: pages of `page_size`, the
+/// budget in the engine's 4 KiB units.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    pages: u64,
+    budget_units: u64,
+    touch: u64,
+    page_size: usize,
+}
+
+impl Sizes {
+    fn of(a: &MetadataArgs) -> Sizes {
+        let ps = a.page_size;
+        let units = (ps / PAGE_SIZE) as u64;
+        Sizes {
+            pages: super::pages_of(a.pages, 10_000_000, ps),
+            budget_units: super::pages_of(a.budget, 65_536, ps).saturating_mul(units),
+            touch: super::pages_of(a.touch, 100_000, ps),
+            page_size: ps,
+        }
+    }
 }
 
 /// Memory figures of this process, in bytes.
@@ -144,6 +177,8 @@ fn mappings() -> Result<Vec<Map>, CliError> {
 #[derive(Debug, Default)]
 struct Report {
     pages: u64,
+    page_size: usize,
+    /// In 4 KiB units.
     budget: u64,
     words_per_page: usize,
     words_bytes: u64,
@@ -197,20 +232,29 @@ impl Report {
     fn per_touched(&self) -> f64 {
         self.metadata_growth() as f64 / self.touched.max(1) as f64
     }
+    /// 4 KiB units in one page: the goal is per 4 KiB tracked, so that a
+    /// 2 MiB page (one state word, but a ring sized by the budget's 4 KiB
+    /// units) is held to the same bytes per byte of memory.
+    fn units(&self) -> f64 {
+        (self.page_size / PAGE_SIZE) as f64
+    }
     fn ok(&self) -> bool {
-        self.computed() <= GOAL_BYTES_PER_PAGE && self.measured() <= GOAL_BYTES_PER_PAGE
+        let goal = GOAL_BYTES_PER_PAGE * self.units();
+        self.computed() <= goal && self.measured() <= goal
     }
 }
 
 /// Computes and measures; see the module docs.
-fn measure(a: &MetadataArgs) -> Result<Report, CliError> {
+fn measure(a: &Sizes) -> Result<Report, CliError> {
     let pages = usize::try_from(a.pages)
         .map_err(|_| CliError::Usage(format!("--pages {} is too large", a.pages)))?;
-    let len = pages * PAGE_SIZE;
-    let footprint = Footprint::of(pages, a.budget)?;
+    let ps = a.page_size;
+    let len = pages * ps;
+    let footprint = Footprint::of(pages, a.budget_units)?;
     let mut r = Report {
         pages: a.pages,
-        budget: a.budget,
+        page_size: ps,
+        budget: a.budget_units,
         words_per_page: footprint.state_bytes_per_page,
         region_bytes: footprint.region_bytes,
         ring_entry_bytes: footprint.lru_entry_bytes,
@@ -224,18 +268,24 @@ fn measure(a: &MetadataArgs) -> Result<Report, CliError> {
     // page; no kswapd, so nothing changes between the reads and the
     // snapshot (reclaim is direct, in the faults).
     let pager = Pager::builder()
-        .budget_pages(a.budget)
+        .budget_pages(a.budget_units)
         .readahead(0, 1)
         .fault_around(0)
         .kswapd(false)
         .build()?;
     r.before = mem_now()?;
-    let region = pager.map_anonymous(len)?;
+    let region = pager.map_anonymous_with(
+        len,
+        &MapOptions {
+            page_size: ps,
+            ..MapOptions::default()
+        },
+    )?;
     r.mapped = mem_now()?;
     let base = region.as_ptr() as usize;
     let mut sum = 0u64;
     for i in 0..r.touched {
-        let addr = base + (i * r.stride) as usize * PAGE_SIZE;
+        let addr = base + (i * r.stride) as usize * ps;
         // SAFETY: `addr` is a page of the live region (i * stride < pages);
         // the read faults through the engine, which installs the page.
         sum = sum.wrapping_add(u64::from(unsafe {
@@ -260,7 +310,7 @@ fn measure(a: &MetadataArgs) -> Result<Report, CliError> {
             .map(|m| m.rss)
             .sum()
     } else {
-        r.writeback * PAGE_SIZE as u64
+        r.writeback * ps as u64
     };
     let sized = |n: u64| {
         let v: Vec<u64> = maps
@@ -278,16 +328,19 @@ fn measure(a: &MetadataArgs) -> Result<Report, CliError> {
 
 /// `uffd-pager bench metadata`.
 pub fn run(a: &MetadataArgs) -> CliResult {
-    if a.pages == 0 || a.pages > MAX_PAGES {
+    let sizes = Sizes::of(a);
+    let units = (a.page_size / PAGE_SIZE) as u64;
+    if sizes.pages == 0 || sizes.pages > MAX_PAGES / units {
         return Err(CliError::Usage(format!(
-            "--pages {} must be in 1..={MAX_PAGES}",
-            a.pages
+            "--pages {} must be in 1..={}",
+            sizes.pages,
+            MAX_PAGES / units
         )));
     }
-    if a.budget == 0 {
+    if sizes.budget_units == 0 {
         return Err(CliError::Usage("--budget must be at least 1".into()));
     }
-    let r = measure(a)?;
+    let r = measure(&sizes)?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
     if a.json {
@@ -313,11 +366,13 @@ fn opt_kib(v: Option<u64>) -> String {
 fn table(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(
+    let _ =
+        writeln!(
         s,
-        "engine metadata: anonymous region of {} pages ({:.1} GiB), budget {} pages",
+        "engine metadata: anonymous region of {} pages of {} ({:.1} GiB), budget {} pages of 4 KiB",
         r.pages,
-        (r.pages * PAGE_SIZE as u64) as f64 / (1u64 << 30) as f64,
+        if r.page_size == PAGE_SIZE { "4 KiB" } else { "2 MiB" },
+        (r.pages * r.page_size as u64) as f64 / (1u64 << 30) as f64,
         r.budget
     );
     let _ = writeln!(
@@ -397,12 +452,13 @@ fn table(r: &Report) -> String {
     let _ = writeln!(
         s,
         "  of the Rss growth: the region's own pages {} (read-only zero pages are not counted); \
-         evicted pages' contents in the cache area and swap store {} ({} pgsteal, {} written back x 4096 B = {})",
+         evicted pages' contents in the cache area and swap store {} ({} pgsteal, {} written back x {} B = {})",
         kib(r.region_rss),
         kib(r.data_rss),
         r.pgsteal,
         r.writeback,
-        kib(r.writeback * PAGE_SIZE as u64)
+        r.page_size,
+        kib(r.writeback * r.page_size as u64)
     );
     let _ = writeln!(
         s,
@@ -429,9 +485,9 @@ fn table(r: &Report) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "goal: <= {GOAL_BYTES_PER_PAGE} B of metadata per tracked page: computed {:.3} B, measured {:.3} B: {}",
-        r.computed(),
-        r.measured(),
+        "goal: <= {GOAL_BYTES_PER_PAGE} B of metadata per tracked 4 KiB: computed {:.3} B, measured {:.3} B: {}",
+        r.computed() / r.units(),
+        r.measured() / r.units(),
         if r.ok() { "MET" } else { "NOT MET" }
     );
     s
@@ -450,6 +506,7 @@ fn json(r: &Report) -> Json {
     Json::obj([
         ("workload", Json::str("metadata")),
         ("pages", Json::Int(r.pages as i64)),
+        ("page_size", Json::Int(r.page_size as i64)),
         ("budget_pages", Json::Int(r.budget as i64)),
         (
             "state_word_bytes_per_page",

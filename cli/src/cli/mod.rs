@@ -104,6 +104,17 @@ fn page_size(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A count of pages of `page_size` for a flag whose default is
+/// `default_4k` 4 KiB pages: the explicit count as given, or the default's
+/// bytes in pages of `page_size` (at least one).
+fn pages_of(explicit: Option<u64>, default_4k: u64, page_size: usize) -> u64 {
+    explicit.unwrap_or_else(|| {
+        (default_4k * uffd_pager::PAGE_SIZE as u64)
+            .div_ceil(page_size as u64)
+            .max(1)
+    })
+}
+
 /// A count of at least one.
 fn at_least_one(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {

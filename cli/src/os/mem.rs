@@ -19,7 +19,19 @@ use std::ptr::NonNull;
 /// reserved for it (`MAP_NORESERVE`): the kernel allocates each page on
 /// first touch.
 pub fn anonymous(len: usize) -> std::io::Result<MmapMut> {
-    MmapOptions::new().len(len).no_reserve_swap().map_anon()
+    anonymous_sized(len, uffd_pager::PAGE_SIZE)
+}
+
+/// [`anonymous`] of pages of `page_size`: 4 KiB, or 2 MiB from the
+/// kernel's hugetlb pool (`MAP_HUGETLB`; `len` a multiple of 2 MiB, and a
+/// page that the pool cannot supply at first touch is a SIGBUS).
+pub fn anonymous_sized(len: usize, page_size: usize) -> std::io::Result<MmapMut> {
+    let mut o = MmapOptions::new();
+    o.len(len).no_reserve_swap();
+    if page_size != uffd_pager::PAGE_SIZE {
+        o.huge(Some(page_size.trailing_zeros() as u8));
+    }
+    o.map_anon()
 }
 
 /// A memfd (`MFD_CLOEXEC`) of a fixed length, closed on drop.
@@ -31,7 +43,18 @@ pub struct Memfd {
 impl Memfd {
     /// A memfd named `name`, `len` bytes long (all holes).
     pub fn new(name: &CStr, len: usize) -> std::io::Result<Memfd> {
-        let fd = memfd_create(name, MemFdCreateFlag::MFD_CLOEXEC)?;
+        Self::sized(name, len, uffd_pager::PAGE_SIZE)
+    }
+
+    /// [`Memfd::new`] of pages of `page_size`: 4 KiB (tmpfs) or 2 MiB
+    /// (hugetlbfs, `MFD_HUGETLB`: `len` a multiple of 2 MiB; it has no
+    /// `write(2)`, so it is filled through a mapping).
+    pub fn sized(name: &CStr, len: usize, page_size: usize) -> std::io::Result<Memfd> {
+        let mut flags = MemFdCreateFlag::MFD_CLOEXEC;
+        if page_size != uffd_pager::PAGE_SIZE {
+            flags |= MemFdCreateFlag::MFD_HUGETLB | MemFdCreateFlag::MFD_HUGE_2MB;
+        }
+        let fd = memfd_create(name, flags)?;
         let file = File::from(fd);
         file.set_len(len as u64)?;
         Ok(Memfd { file })

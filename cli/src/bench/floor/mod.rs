@@ -17,6 +17,13 @@
 //!   fault `pwrite`s 4 KiB from the source into the memfd
 //!   (allocating the page) and UFFDIO_CONTINUE maps it (and wakes).
 //!
+//! With 2 MiB pages (`page_size` [`HUGE_PAGE_SIZE`]) both kinds sit on
+//! the kernel's hugetlb pool: the anonymous range is `MAP_HUGETLB` and
+//! each fault one `UFFDIO_COPY` of 2 MiB; the shared range is a hugetlbfs
+//! memfd, which has no `write(2)`, so each fault copies its 2 MiB into the
+//! memfd through a second (unregistered) mapping of it, then one
+//! `UFFDIO_CONTINUE` of 2 MiB maps it.
+//!
 //! One page per ioctl, one ioctl per fault: the same granularity as the
 //! engine. Delivery is either in-thread (a SIGBUS handler of the floor's
 //! own, installed only for the duration of a pass, see the module docs of
@@ -41,7 +48,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 use threads::Handlers;
-use uffd_pager::{Delivery, Error, InstallKind, Result, PAGE_SIZE};
+use uffd_pager::{Delivery, Error, HugePagePool, InstallKind, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 
 /// The addresses a fault is resolved with. Plain integers, so that the
 /// signal handler can rebuild it from atomics.
@@ -54,6 +61,11 @@ struct Target {
     src: usize,
     /// The memfd of a shared range; -1 for anonymous ones.
     memfd: i32,
+    /// A second mapping of a huge memfd (filled through it: hugetlbfs has
+    /// no `write`), or 0.
+    alias: usize,
+    /// The page size: [`PAGE_SIZE`] or [`HUGE_PAGE_SIZE`].
+    page: usize,
     /// A [`hop::Hop`] that copies each page on a worker first, or 0.
     hop: usize,
 }
@@ -62,7 +74,8 @@ struct Target {
 /// that also wakes.
 /// Async-signal-safe: a memcpy and ioctls.
 fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32> {
-    let page = addr & !(PAGE_SIZE - 1);
+    let size = t.page;
+    let page = addr & !(size - 1);
     let off = page.wrapping_sub(t.base);
     if off >= t.len {
         return Err(libc::EFAULT);
@@ -74,11 +87,19 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32>
     } else {
         t.src + off
     };
-    if t.memfd >= 0 {
+    if t.alias != 0 {
+        // SAFETY: `src + off` starts a page of the live source buffer and
+        // `alias + off` the same page of the memfd's second mapping, both
+        // `t.len` long with `off < t.len` page-aligned; the page is absent
+        // from the user mapping, so nothing else touches it meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src as *const u8, (t.alias + off) as *mut u8, size)
+        };
+    } else if t.memfd >= 0 {
         // SAFETY: `src` is a page of the live source buffer (same length
         // as the user range, and `off < t.len` was checked) or of the hop's
         // buffer, which nothing writes while the floor reads it.
-        let page_src = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
+        let page_src = unsafe { std::slice::from_raw_parts(src as *const u8, size) };
         // SAFETY: `t.memfd` is the floor's memfd, open as long as the
         // `FloorLoop` whose faults are being resolved.
         let memfd = unsafe { BorrowedFd::borrow_raw(t.memfd) };
@@ -86,11 +107,11 @@ fn resolve(uffd: &Uffd, t: &Target, addr: usize) -> std::result::Result<(), i32>
     }
     loop {
         let r = if t.memfd >= 0 {
-            uffd.cont(page, PAGE_SIZE).map(drop)
+            uffd.cont(page, size).map(drop)
         } else {
             // SAFETY: the source page is readable (as above), and the user
             // page is only ever read through raw pointers by the touch loop.
-            unsafe { uffd.copy(page, src, PAGE_SIZE) }.map(drop)
+            unsafe { uffd.copy(page, src, size) }.map(drop)
         };
         match r {
             Ok(()) | Err(libc::EEXIST) => return Ok(()),
@@ -113,12 +134,14 @@ pub(super) fn fatal(msg: &[u8]) -> ! {
 /// module docs.
 pub struct FloorLoop {
     pages: usize,
+    page_size: usize,
     target: Target,
     handlers: Option<Handlers>,
     uffd: Arc<Uffd>,
     user: MmapMut,
     _src: MmapMut,
     _memfd: Option<Memfd>,
+    _alias: Option<MmapMut>,
     _hop: Option<hop::HopWorker>,
 }
 
@@ -139,38 +162,63 @@ fn sys_errno(op: &'static str) -> impl Fn(nix::errno::Errno) -> Error {
     move |e| crate::sys_error(op, e as i32)
 }
 
-/// Sets every byte of page `i` of the `pages`-page range at `base` to its
-/// pattern.
-fn fill(base: usize, pages: usize) {
+/// Sets every byte of page `i` (of `page_size` bytes) of the `pages`-page
+/// range at `base` to its pattern.
+fn fill(base: usize, pages: usize, page_size: usize) {
     for i in 0..pages {
         // SAFETY: `base` is a fresh writable mapping of `pages` pages that
         // nothing else references yet.
         unsafe {
             std::ptr::write_bytes(
-                (base + i * PAGE_SIZE) as *mut u8,
+                (base + i * page_size) as *mut u8,
                 super::pattern(i),
-                PAGE_SIZE,
+                page_size,
             )
         };
     }
 }
 
 impl FloorLoop {
-    /// Sets up `pages` pages of `kind`, served by `delivery` (in-thread, or
-    /// `threads` handler threads spinning `spin_us` before blocking).
-    pub fn new(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<FloorLoop> {
-        Self::build(pages, kind, delivery, false)
+    /// Sets up `pages` pages of `kind` and of `page_size` ([`PAGE_SIZE`]
+    /// or [`HUGE_PAGE_SIZE`], which takes `pages` pages from the hugetlb
+    /// pool while a pass's pages are in), served by `delivery`
+    /// (in-thread, or `threads` handler threads spinning `spin_us` before
+    /// blocking).
+    pub fn new(
+        pages: usize,
+        kind: InstallKind,
+        delivery: Delivery,
+        page_size: usize,
+    ) -> Result<FloorLoop> {
+        Self::build(pages, kind, delivery, false, page_size)
     }
 
     /// [`FloorLoop::new`] whose every page is first copied on a worker
     /// thread, handed over and back by a raw futex ping-pong (see
     /// `floor/hop.rs`): the floor of the engine's I/O-worker hop. One
     /// faulter at a time: in-thread delivery or one handler thread.
+    /// 4 KiB pages only.
     pub fn with_hop(pages: usize, kind: InstallKind, delivery: Delivery) -> Result<FloorLoop> {
-        Self::build(pages, kind, delivery, true)
+        Self::build(pages, kind, delivery, true, PAGE_SIZE)
     }
 
-    fn build(pages: usize, kind: InstallKind, delivery: Delivery, hop: bool) -> Result<FloorLoop> {
+    fn build(
+        pages: usize,
+        kind: InstallKind,
+        delivery: Delivery,
+        hop: bool,
+        page_size: usize,
+    ) -> Result<FloorLoop> {
+        let huge = match page_size {
+            PAGE_SIZE => false,
+            HUGE_PAGE_SIZE if !hop => true,
+            HUGE_PAGE_SIZE => {
+                return Err(Error::Config(
+                    "the hop floor copies 4 KiB pages only".into(),
+                ))
+            }
+            other => return Err(Error::PageSize(other)),
+        };
         if hop
             && !matches!(
                 delivery,
@@ -185,9 +233,18 @@ impl FloorLoop {
             return Err(Error::ZeroLength);
         }
         let len = pages
-            .checked_mul(PAGE_SIZE)
+            .checked_mul(page_size)
             .ok_or_else(|| Error::Config(format!("{pages} pages is too large")))?;
         let shared = kind == InstallKind::Shared;
+        if huge {
+            let available = HugePagePool::read().map_or(0, |p| p.available());
+            if available < pages as u64 {
+                return Err(Error::NoHugePages {
+                    needed: pages as u64,
+                    available,
+                });
+            }
+        }
         let (nthreads, spin_us) = match delivery {
             Delivery::InThread => (0, 0),
             Delivery::Threads { threads: 0, .. } => {
@@ -200,7 +257,9 @@ impl FloorLoop {
                 ))
             }
         };
-        let mut features = if shared {
+        let mut features = if shared && huge {
+            feature::MINOR_HUGETLBFS
+        } else if shared {
             feature::MINOR_SHMEM
         } else {
             feature::MOVE
@@ -219,14 +278,20 @@ impl FloorLoop {
         let uffd = Arc::new(uffd);
 
         let src = mem::anonymous(len).map_err(sys("mmap source"))?;
-        fill(src.as_ptr() as usize, pages);
-        let (memfd, user) = if shared {
-            let memfd = Memfd::new(c"uffd-pager-floor", len).map_err(sys("memfd_create"))?;
+        fill(src.as_ptr() as usize, pages, page_size);
+        let (memfd, user, alias) = if shared {
+            let memfd =
+                Memfd::sized(c"uffd-pager-floor", len, page_size).map_err(sys("memfd_create"))?;
             let user = memfd.map_shared(len).map_err(sys("mmap memfd"))?;
-            (Some(memfd), user)
+            let alias = if huge {
+                Some(memfd.map_shared(len).map_err(sys("mmap memfd"))?)
+            } else {
+                None
+            };
+            (Some(memfd), user, alias)
         } else {
-            let user = mem::anonymous(len).map_err(sys("mmap"))?;
-            (None, user)
+            let user = mem::anonymous_sized(len, page_size).map_err(sys("mmap"))?;
+            (None, user, None)
         };
         let reg_mode = if shared {
             RegisterMode::MINOR | RegisterMode::MISSING
@@ -248,6 +313,8 @@ impl FloorLoop {
             len,
             src: src.as_ptr() as usize,
             memfd: memfd.as_ref().map_or(-1, |m| m.fd()),
+            alias: alias.as_ref().map_or(0, |a| a.as_ptr() as usize),
+            page: page_size,
             hop: hop.as_ref().map_or(0, |h| Arc::as_ptr(&h.hop) as usize),
         };
         let handlers = if nthreads > 0 {
@@ -257,12 +324,14 @@ impl FloorLoop {
         };
         Ok(FloorLoop {
             pages,
+            page_size,
             target,
             handlers,
             uffd,
             user,
             _src: src,
             _memfd: memfd,
+            _alias: alias,
             _hop: hop,
         })
     }
@@ -280,11 +349,11 @@ impl FloorLoop {
         // (the touch loops), and no pass is running (`&mut self`).
         unsafe {
             self.user
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, 0, n * PAGE_SIZE)
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, 0, n * self.page_size)
         }
         .map_err(sys("madvise(MADV_DONTNEED)"))?;
         if let Some(m) = &self._memfd {
-            m.punch_hole(0, n * PAGE_SIZE)
+            m.punch_hole(0, n * self.page_size)
                 .map_err(sys_errno("fallocate(PUNCH_HOLE)"))?;
         }
         Ok(())
@@ -300,7 +369,7 @@ impl FloorLoop {
             ));
         }
         let n = n.min(self.pages.saturating_sub(first));
-        super::touch_from(self.user.as_ptr() as usize, first, n)
+        super::touch_from(self.user.as_ptr() as usize, first, n, self.page_size)
     }
 
     /// One pass over the first `n` pages (at most [`FloorLoop::pages`]):
@@ -309,11 +378,12 @@ impl FloorLoop {
     pub fn pass(&mut self, n: usize) -> Result<Duration> {
         let n = n.min(self.pages);
         self.reset(n)?;
+        let size = self.page_size;
         if self.handlers.is_some() {
-            return touch(self.user.as_ptr() as usize, n);
+            return touch(self.user.as_ptr() as usize, n, size);
         }
         let base = self.user.as_ptr() as usize;
-        sigbus::with_handler(&self.uffd, &self.target, || touch(base, n))
+        sigbus::with_handler(&self.uffd, &self.target, || touch(base, n, size))
     }
 }
 

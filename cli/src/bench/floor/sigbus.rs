@@ -16,6 +16,8 @@ struct SigState {
     len: AtomicUsize,
     src: AtomicUsize,
     memfd: AtomicUsize,
+    alias: AtomicUsize,
+    page: AtomicUsize,
     hop: AtomicUsize,
 }
 
@@ -25,6 +27,8 @@ static SIG: SigState = SigState {
     len: AtomicUsize::new(0),
     src: AtomicUsize::new(0),
     memfd: AtomicUsize::new(0),
+    alias: AtomicUsize::new(0),
+    page: AtomicUsize::new(0),
     hop: AtomicUsize::new(0),
 };
 
@@ -56,6 +60,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             len,
             src: SIG.src.load(Acquire),
             memfd: SIG.memfd.load(Acquire) as i32,
+            alias: SIG.alias.load(Acquire),
+            page: SIG.page.load(Acquire),
             hop: SIG.hop.load(Acquire),
         };
         // SAFETY: `uffd` points to the floor's descriptor, which outlives
@@ -87,6 +93,8 @@ pub(super) fn with_handler<R>(uffd: &Uffd, t: &Target, f: impl FnOnce() -> Resul
         SIG.uffd.store(uffd as *const Uffd as usize, Release);
         SIG.src.store(t.src, Release);
         SIG.memfd.store(t.memfd as usize, Release);
+        SIG.alias.store(t.alias, Release);
+        SIG.page.store(t.page, Release);
         SIG.hop.store(t.hop, Release);
         SIG.len.store(t.len, Release);
         SIG.base.store(t.base, Release);
