@@ -103,6 +103,13 @@ impl MemCgroup {
         self.write("cgroup.procs", &pid.to_string())
     }
 
+    /// The group's `cgroup.procs`: a process that writes its own pid there
+    /// (say a shell, before it `exec`s the program to measure) runs in the
+    /// group from its first allocation on.
+    pub fn procs_file(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
     /// The group's statistics now.
     pub fn stat(&self) -> MemStat {
         let stat = self.dir.join("memory.stat");
