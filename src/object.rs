@@ -367,14 +367,25 @@ impl Object {
         self.kind == InstallKind::Shared && self.store.writable()
     }
 
-    /// Whether a shared page is mapped write-protected: always, but for a
-    /// write to a page over a writable store (which makes it dirty). Over a
-    /// read-only store every page stays protected, so a write (after the
-    /// application's own `mprotect(PROT_WRITE)`) faults and is refused with
-    /// SIGSEGV instead of changing a page no write-back would save.
+    /// Whether a page is mapped write-protected.
+    ///
+    /// A shared page: always, but for a write to a page over a writable
+    /// store (which makes it dirty). Over a read-only store every page stays
+    /// protected, so a write (after the application's own
+    /// `mprotect(PROT_WRITE)`) faults and is refused with SIGSEGV instead of
+    /// changing a page no write-back would save.
+    ///
+    /// A 2 MiB anonymous page: for a read. It is then clean (its contents are
+    /// its source's) until its first write, which faults and marks it dirty;
+    /// reclaim drops a clean one without writing 2 MiB to swap. A base
+    /// anonymous page is never protected: it leaves by `UFFDIO_MOVE` and is
+    /// written out whatever it holds (see `reclaim`).
     #[inline]
     pub fn install_wp(&self, write: bool) -> bool {
-        self.kind == InstallKind::Shared && !(write && self.store.writable())
+        match self.kind {
+            InstallKind::Shared => !(write && self.store.writable()),
+            InstallKind::Anonymous => self.is_huge() && !write,
+        }
     }
 
     /// Pages in the object.

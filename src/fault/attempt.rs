@@ -95,8 +95,9 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                 }
                 match recheck_installed(mm, vma, f, i, w) {
                     Recheck::Present { dirty } => {
-                        let dirty = if dirty { DIRTY } else { 0 };
-                        obj.cache.unlock(i, REFERENCED | dirty, 0);
+                        // A dirty page is no longer its source's copy.
+                        let (dirty, clean) = if dirty { (DIRTY, CLEAN) } else { (0, 0) };
+                        obj.cache.unlock(i, REFERENCED | dirty, clean);
                         return Outcome::Done;
                     }
                     Recheck::Gone => {
@@ -305,10 +306,15 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             let mut moved = if moved { MOVED } else { 0 };
             // An anonymous page mapped read-only cannot change: clean,
             // unless its contents are newer than its source (a write-back
-            // that failed, or a page read back from swap).
+            // that failed, or a page read back from swap). One mapped
+            // write-protected (a 2 MiB page, for a read: its first write
+            // faults and dirties it) is clean unless a write-back failed:
+            // a copy read back from swap stays there until the page is
+            // dropped or written out anew, so it may be dropped too.
+            let w = obj.cache.load(i);
             let clean = if obj.kind == InstallKind::Anonymous
-                && !vma.writable.load(Acquire)
-                && obj.cache.load(i) & (DIRTY | SWAPPED) == 0
+                && w & DIRTY == 0
+                && (obj.install_wp(f.write) || !vma.writable.load(Acquire) && w & SWAPPED == 0)
             {
                 CLEAN
             } else {

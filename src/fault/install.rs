@@ -116,14 +116,16 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
             uffd.zeropage(addr, len, MODE_DONTWAKE)
         }
         (InstallKind::Anonymous, true) => {
-            uffd.copy(addr, ZERO_PAGE.0.get() as usize, len, MODE_DONTWAKE)
+            let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
+            uffd.copy(addr, ZERO_PAGE.0.get() as usize, len, MODE_DONTWAKE | wp)
         }
         // Hugetlb has no `UFFDIO_MOVE`: copy from the cache area, then
         // free the copy there (a 2 MiB page must not be held twice), so
         // the page counts as moved.
         (InstallKind::Anonymous, false) if obj.is_huge() => {
             let src = obj.data(i)? as usize;
-            let r = uffd.copy(addr, src, len, MODE_DONTWAKE);
+            let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
+            let r = uffd.copy(addr, src, len, MODE_DONTWAKE | wp);
             // (EEXIST: something is mapped there already; keep the copy.)
             if r.is_ok() {
                 let _ = obj.free_data(i, 1);
@@ -163,6 +165,14 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         }
     };
     match huge_anon_eexist(obj, addr, r) {
+        // A page already mapped there (huge anonymous: see
+        // `huge_anon_eexist`) was not protected by this copy; a read's page
+        // must be, as the caller marks it clean.
+        Err(libc::EEXIST) if obj.kind == InstallKind::Anonymous && obj.install_wp(write) => {
+            uffd.writeprotect(addr, len, true, false)?;
+            mm.counters.inc(PGINSTALL);
+            Ok(moved)
+        }
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
             Ok(moved)
@@ -267,12 +277,14 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         // behind a swap PTE and faults it back itself), so a missing PTE
         // means the application dropped the page.
         InstallKind::Anonymous => match crate::sys::mem::page_present(addr) {
-            // A 2 MiB page left write-protected by an eviction that gave
-            // up (see `reclaim`'s `huge`): a write lifts the protection.
-            // (Any write fault on a present huge page takes this; lifting
-            // a protection that is not there is harmless.)
+            // A 2 MiB page installed write-protected for a read (see
+            // `Object::install_wp`), or left so by an eviction that gave up
+            // (see `reclaim`'s `huge`): a write lifts the protection and the
+            // page is dirty from now on. (Any write fault on a present huge
+            // page takes this; lifting a protection that is not there is
+            // harmless, and a dirty mark only costs a write to swap.)
             Ok(true) if obj.is_huge() && f.write => match make_writable(mm, vma, i) {
-                Ok(()) => Recheck::Present { dirty: false },
+                Ok(()) => Recheck::Present { dirty: true },
                 Err(libc::EAGAIN) => Recheck::Again,
                 Err(_) => Recheck::Failed,
             },

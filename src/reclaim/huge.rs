@@ -16,8 +16,10 @@
 //!    so this raises no event). A write waiting since step 1 then finds the
 //!    page absent and reads it back from swap.
 //!
-//! A page marked `CLEAN` (a read-only region's copy of its source) skips
-//! steps 1-3. Any step that fails lifts the protection again and leaves
+//! A page marked `CLEAN` skips steps 1-3: it was installed
+//! write-protected for a read and not written since (a write faults and
+//! clears the mark under the page lock), so its source (the store, or its
+//! copy in swap) still holds it. Any step that fails lifts the protection again and leaves
 //! the page where it was.
 
 use super::Unmapped;

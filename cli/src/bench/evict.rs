@@ -6,8 +6,8 @@
 //! Engine side: a region of `pages` pages is faulted in (installed), then
 //! [`Pager::reclaim_pages`] frees them all; the time of that call alone
 //! counts. Each page evicted is unmapped from the user mapping, written
-//! back (anonymous pages to swap; shared pages only if dirty, and these are
-//! clean) and freed.
+//! back (anonymous pages to swap: they were written, so all are dirty;
+//! shared pages only if dirty, and these were only read) and freed.
 //!
 //! With 2 MiB pages (`page_size` [`HUGE_PAGE_SIZE`], hugetlb on both
 //! sides) the raw anonymous primitive is a copy of the page out and
@@ -187,9 +187,16 @@ fn engine(kind: InstallKind, pages: usize, ps: usize) -> Result<(f64, u64)> {
             ..MapOptions::default()
         },
     )?;
-    // Install every page (reads: shared pages stay clean).
+    // Install every page: reads for shared pages (they stay clean), writes
+    // for anonymous ones, so that each goes to swap as the raw side's copy
+    // out does (a 2 MiB page only read is clean and would be dropped).
+    let s = r.as_mut_slice();
     for p in 0..pages {
-        std::hint::black_box(r.as_mut_slice()[p * ps]);
+        if kind == InstallKind::Anonymous {
+            s[p * ps] = 1;
+        } else {
+            std::hint::black_box(s[p * ps]);
+        }
     }
     let before = pager.stats().get(Counter::PGSTEAL);
     let t = Instant::now();
