@@ -64,6 +64,11 @@
 #define UFFD_PAGER_KIND_ANONYMOUS 1
 
 /**
+ * Bytes in a 2 MiB page, for `uffd_pager_map_options.page_size`.
+ */
+#define UFFD_PAGER_HUGE_PAGE_SIZE ((2 * 1024) * 1024)
+
+/**
  * A pager (opaque to C).
  */
 typedef struct uffd_pager uffd_pager;
@@ -143,6 +148,16 @@ typedef struct uffd_pager_map_options {
    * anywhere.
    */
   void *fixed_addr;
+  /**
+   * Page size in bytes: 0 or 4096 (the default), or
+   * `UFFD_PAGER_HUGE_PAGE_SIZE` for 2 MiB pages from the kernel's
+   * hugetlb pool (`uffd_pager_huge_pages_available`). A region of 2 MiB
+   * pages has a length (and fixed address) that is a multiple of 2 MiB,
+   * no readahead or fault-around, and cannot be refreshed; the budget
+   * counts its pages as 512 each. Another size: `-EINVAL`; a pool too
+   * small for the region: `-ENOMEM`, and the message says what to set.
+   */
+  size_t page_size;
 } uffd_pager_map_options;
 
 /**
@@ -419,8 +434,16 @@ void uffd_pager_free(struct uffd_pager *p);
 int64_t uffd_pager_reclaim(const struct uffd_pager *p, uint64_t pages);
 
 /**
+ * Free 2 MiB pages in the kernel's pool that no mapping has promised
+ * (`/sys/kernel/mm/hugepages/hugepages-2048kB/`): what regions of
+ * `UFFD_PAGER_HUGE_PAGE_SIZE` pages can draw on now. 0 where the kernel
+ * has no such pool. Root raises it with `sysctl vm.nr_hugepages=N`.
+ */
+uint64_t uffd_pager_huge_pages_available(void);
+
+/**
  * Fills `o` with the defaults: shared kind, writable, not populated, not
- * pinned, anywhere.
+ * pinned, anywhere, 4 KiB pages.
  *
  * # Safety
  * `o` is NULL (ignored) or points at writable memory for one options struct.
@@ -436,6 +459,20 @@ void uffd_pager_map_options_init(struct uffd_pager_map_options *o);
 int32_t uffd_pager_map_anonymous(const struct uffd_pager *p,
                                  size_t len,
                                  struct uffd_pager_region **out);
+
+/**
+ * Maps `len` bytes of zero-filled anonymous memory with options `opts`
+ * (NULL: the defaults, as [`uffd_pager_map_anonymous`]); `len` is a
+ * multiple of the page size (`opts->page_size`).
+ *
+ * # Safety
+ * `p` is a live pager; `opts` is NULL or points at options; `out` points
+ * at writable memory for a pointer.
+ */
+int32_t uffd_pager_map_anonymous_with(const struct uffd_pager *p,
+                                      size_t len,
+                                      const struct uffd_pager_map_options *opts,
+                                      struct uffd_pager_region **out);
 
 /**
  * Maps the file at `path`: `len` bytes from its start, or the whole file

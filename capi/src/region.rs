@@ -28,10 +28,31 @@ pub struct uffd_pager_map_options {
     /// Map at exactly this page-aligned address, which must be free; NULL:
     /// anywhere.
     pub fixed_addr: *mut c_void,
+    /// Page size in bytes: 0 or 4096 (the default), or
+    /// `UFFD_PAGER_HUGE_PAGE_SIZE` for 2 MiB pages from the kernel's
+    /// hugetlb pool (`uffd_pager_huge_pages_available`). A region of 2 MiB
+    /// pages has a length (and fixed address) that is a multiple of 2 MiB,
+    /// no readahead or fault-around, and cannot be refreshed; the budget
+    /// counts its pages as 512 each. Another size: `-EINVAL`; a pool too
+    /// small for the region: `-ENOMEM`, and the message says what to set.
+    pub page_size: usize,
+}
+
+/// Bytes in a 2 MiB page, for `uffd_pager_map_options.page_size`.
+pub const UFFD_PAGER_HUGE_PAGE_SIZE: usize = 2 * 1024 * 1024;
+const _: () = assert!(UFFD_PAGER_HUGE_PAGE_SIZE == engine::HUGE_PAGE_SIZE);
+
+/// Free 2 MiB pages in the kernel's pool that no mapping has promised
+/// (`/sys/kernel/mm/hugepages/hugepages-2048kB/`): what regions of
+/// `UFFD_PAGER_HUGE_PAGE_SIZE` pages can draw on now. 0 where the kernel
+/// has no such pool. Root raises it with `sysctl vm.nr_hugepages=N`.
+#[no_mangle]
+pub extern "C" fn uffd_pager_huge_pages_available() -> u64 {
+    std::panic::catch_unwind(|| engine::HugePagePool::now().available()).unwrap_or(0)
 }
 
 /// Fills `o` with the defaults: shared kind, writable, not populated, not
-/// pinned, anywhere.
+/// pinned, anywhere, 4 KiB pages.
 ///
 /// # Safety
 /// `o` is NULL (ignored) or points at writable memory for one options struct.
@@ -46,6 +67,7 @@ pub unsafe extern "C" fn uffd_pager_map_options_init(o: *mut uffd_pager_map_opti
                 populate: false,
                 pinned: false,
                 fixed_addr: std::ptr::null_mut(),
+                page_size: 0,
             })
         };
     }
@@ -74,7 +96,12 @@ pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i3
         populate: o.populate,
         pinned: o.pinned,
         fixed_addr: (!o.fixed_addr.is_null()).then_some(o.fixed_addr as usize),
-        ..MapOptions::default()
+        // (The engine refuses a size it does not offer: `-EINVAL`.)
+        page_size: if o.page_size == 0 {
+            engine::PAGE_SIZE
+        } else {
+            o.page_size
+        },
     })
 }
 
@@ -120,6 +147,23 @@ pub unsafe extern "C" fn uffd_pager_map_anonymous(
     out: *mut *mut uffd_pager_region,
 ) -> i32 {
     map_with(p, std::ptr::null(), out, |p, _| Ok(p.map_anonymous(len)))
+}
+
+/// Maps `len` bytes of zero-filled anonymous memory with options `opts`
+/// (NULL: the defaults, as [`uffd_pager_map_anonymous`]); `len` is a
+/// multiple of the page size (`opts->page_size`).
+///
+/// # Safety
+/// `p` is a live pager; `opts` is NULL or points at options; `out` points
+/// at writable memory for a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_map_anonymous_with(
+    p: *const uffd_pager,
+    len: usize,
+    opts: *const uffd_pager_map_options,
+    out: *mut *mut uffd_pager_region,
+) -> i32 {
+    map_with(p, opts, out, |p, o| Ok(p.map_anonymous_with(len, &o)))
 }
 
 /// Maps the file at `path`: `len` bytes from its start, or the whole file

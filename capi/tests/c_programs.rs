@@ -6,6 +6,8 @@ use std::process::Command;
 
 #[path = "../../tests/cdylib/build_lib.rs"]
 mod cdylib;
+#[path = "../../tests/huge_util.rs"]
+mod huge_util;
 use cdylib::build_lib;
 
 /// `target/<profile>`, with the libraries built.
@@ -85,6 +87,19 @@ fn c_api_threads_over_a_file_four_times_the_budget() {
     );
     let out = run(Command::new(&exe).arg(scratch("api.dat")));
     assert!(out.contains("c api: ok"), "{out}");
+}
+
+#[test]
+fn c_api_maps_2_mib_pages() {
+    let _pool = huge_util::HugePool::take(4);
+    let link = shared_link();
+    let exe = build(
+        "huge.c",
+        "api-huge",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let out = run(Command::new(&exe).arg(scratch("huge.dat")).arg("4"));
+    assert!(out.contains("c api huge: ok"), "{out}");
 }
 
 #[test]

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define PAGE 4096
 #define BUDGET_PAGES 64
 #define FILE_PAGES (4 * BUDGET_PAGES)
@@ -18,14 +20,6 @@
 static unsigned char *base;
 static int failures;
 
-#define CHECK(c)                                                              \
-  do {                                                                        \
-    if (!(c)) {                                                               \
-      fprintf(stderr, "%s:%d: %s (%s)\n", __FILE__, __LINE__, #c,             \
-              uffd_pager_last_error());                                       \
-      exit(1);                                                                \
-    }                                                                         \
-  } while (0)
 
 static void *worker(void *arg) {
   long t = (long)arg;
