@@ -58,6 +58,9 @@ pub struct Config {
     /// How long a thread waiting on an I/O worker, and a worker waiting for
     /// work, spin before they sleep (0: no spin).
     pub io_spin_ns: u64,
+    /// Shared objects kept cached after their last region goes, at most
+    /// ([`crate::kept`]; 0: none).
+    pub keep_unmapped: usize,
 }
 
 impl Default for Config {
@@ -76,6 +79,7 @@ impl Default for Config {
             io_threads: 2,
             io_spin_ns: 0,
             io_timeout_ns: 30_000_000_000,
+            keep_unmapped: 16,
         }
     }
 }
@@ -170,6 +174,8 @@ pub struct Mm {
     pub readahead: WorkQueue,
     /// Requests to the I/O workers (stores that are not signal-safe).
     pub io: crate::io::Io,
+    /// Shared objects no region maps, kept with their pages cached.
+    pub(crate) kept: crate::kept::KeptObjects,
 }
 
 impl Mm {
@@ -200,6 +206,7 @@ impl Mm {
             reclaim,
             readahead: WorkQueue::new(READAHEAD_QUEUE),
             io,
+            kept: Default::default(),
         })
     }
 

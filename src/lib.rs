@@ -28,6 +28,7 @@ mod footprint;
 mod fork;
 mod inject;
 mod io;
+mod kept;
 mod lru;
 mod madvise;
 mod mmap;

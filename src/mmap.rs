@@ -11,7 +11,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{LRU_BATCHED, MAPPED, ON_LRU, UPTODATE};
+use crate::page_cache::{LRU_BATCHED, MAPPED, ON_LRU, PINNED, UPTODATE};
 use crate::sys::mem::{madvise, mprotect, Mapping};
 use crate::sys::uffd::mode;
 use crate::vma::Vma;
@@ -44,6 +44,10 @@ pub struct Placement {
 impl Mm {
     /// Maps `len` bytes of `object` (from page 0) and registers the range.
     /// Returns the region's id and start.
+    ///
+    /// `kept`: `object` is one [`KeptObjects::take`](crate::kept) gave
+    /// back, still in the rmap. On an error the caller then releases it
+    /// ([`Mm::release_now`]).
     pub fn map(
         &self,
         object: Arc<Object>,
@@ -51,6 +55,7 @@ impl Mm {
         writable: bool,
         at: Placement,
         pinned: bool,
+        kept: bool,
     ) -> Result<(u64, usize)> {
         self.check_owner()?;
         self.events.quiesce();
@@ -89,18 +94,30 @@ impl Mm {
         if !writable {
             mprotect(start, len, libc::PROT_READ).map_err(|e| Error::sys("mprotect", e))?;
         }
-        let Some(slot) = self.objects.insert(&object) else {
-            return Err(Error::Config(format!(
-                "too many mapped objects (at most {})",
-                crate::rmap::MAX_OBJECTS
-            )));
+        let slot = if kept {
+            object.slot.load(Acquire)
+        } else {
+            let Some(slot) = self.objects.insert(&object) else {
+                return Err(Error::Config(format!(
+                    "too many mapped objects (at most {})",
+                    crate::rmap::MAX_OBJECTS
+                )));
+            };
+            object.slot.store(slot, Release);
+            slot
         };
-        object.slot.store(slot, Release);
+        // (A kept object stays in the rmap on an error: the caller's
+        // release takes it out.)
+        let unslot = || {
+            if !kept {
+                self.objects.remove(slot)
+            }
+        };
         let own = match self.per_region.get() {
             Some(p) => match p.open(object.quiet) {
                 Ok(u) => Some(u),
                 Err(e) => {
-                    self.objects.remove(slot);
+                    unslot();
                     return Err(Error::Io {
                         context: "opening a region's userfaultfd".into(),
                         source: e,
@@ -111,7 +128,7 @@ impl Mm {
         };
         let uffd = own.as_deref().unwrap_or(self.pager_uffd(object.quiet));
         if let Err(e) = uffd.register(start, len, register_mode(&object)) {
-            self.objects.remove(slot);
+            unslot();
             if let (Some(p), Some(u)) = (self.per_region.get(), &own) {
                 p.close(u);
             }
@@ -256,12 +273,42 @@ impl Mm {
         r
     }
 
-    /// Drops a reference to `obj`; the last one writes dirty pages back,
-    /// uncharges its resident pages and frees it.
+    /// Drops a reference to `obj`; the last one writes dirty pages back
+    /// and keeps the object cached ([`crate::kept`]) or releases it
+    /// ([`Mm::release_now`]).
     pub(crate) fn release_object(&self, obj: Arc<Object>) -> Result<()> {
         if Arc::strong_count(&obj) > 1 {
             return Ok(());
         }
+        // Kept: a shared object written back in full, with nothing pinned
+        // (a pinned page has left the LRU, and reclaim would never free
+        // it), over a store that can say whether it changed. Per-region
+        // delivery closes a region's descriptor with its region, so an
+        // object there is never kept.
+        let cap = self.config.keep_unmapped;
+        if cap > 0 && obj.kind == InstallKind::Shared && self.per_region.get().is_none() {
+            // (A failed write-back releases it, which tries once more and
+            // reports the error.)
+            let written = self.writeback_object(&obj).is_ok();
+            let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
+            let stamp = (written && !pinned)
+                .then(|| obj.store.contents_stamp())
+                .flatten();
+            if let Some(stamp) = stamp {
+                let mut r = Ok(());
+                for out in self.kept.keep(obj, stamp, cap) {
+                    let x = self.release_now(out);
+                    r = r.and(x);
+                }
+                return r;
+            }
+        }
+        self.release_now(obj)
+    }
+
+    /// Writes `obj`'s dirty pages back, uncharges its resident pages and
+    /// frees it: the caller's is the last reference but the rmap's.
+    pub(crate) fn release_now(&self, obj: Arc<Object>) -> Result<()> {
         // No region maps it any more: take it out of the rmap so reclaim
         // cannot reach it, then wait for evictions already under way.
         let slot = obj.slot.load(Acquire);

@@ -168,6 +168,8 @@ fn pager(d: Delivery) -> Pager {
     Pager::builder()
         .budget_pages(BUDGET)
         .kswapd(true)
+        // (The unmap must uncharge every page: nothing kept.)
+        .keep_unmapped(0)
         .delivery(d)
         .build()
         .expect("building a pager")

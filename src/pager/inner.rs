@@ -28,6 +28,12 @@ impl Drop for PagerInner {
             std::mem::forget(std::mem::take(&mut self.io_threads));
             return;
         }
+        // Objects kept cached after their regions went (`crate::kept`):
+        // written back already, released while reclaim and the I/O
+        // workers still run.
+        for obj in self.mm.kept.drain() {
+            let _ = self.mm.release_now(obj);
+        }
         // Stop delivery before the address space goes: join the handler
         // threads, or leave the SIGBUS registry (waiting out running faults).
         if let Some(k) = self.kswapd.take() {

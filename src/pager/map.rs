@@ -301,22 +301,47 @@ impl Pager {
             }
             InstallKind::Shared => None,
         };
-        let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill, shift)
-            .map_err(|(op, e)| Error::sys(op, e))?;
-        // Only a writable anonymous region of base pages needs to hear of
-        // the application's madvise (see `Object::quiet`); a huge one must
-        // not, since reclaim zaps its pages with `MADV_DONTNEED` (see
-        // `reclaim`'s `huge`).
-        obj.quiet = opts.kind == InstallKind::Shared || !opts.writable || obj.is_huge();
-        let (id, start) = self.inner.mm.map(
-            Arc::new(obj),
-            len,
-            opts.writable,
-            Placement {
-                fixed: opts.fixed_addr,
+        let mm = &self.inner.mm;
+        // A shared object kept since its last region went, over this store,
+        // whose contents have not changed since: its pages are still cached.
+        let kept = match opts.kind {
+            InstallKind::Shared => match mm.kept.take(&store, npages, shift) {
+                Some(Ok(obj)) => Some(obj),
+                Some(Err(stale)) => {
+                    mm.release_now(stale)?;
+                    None
+                }
+                None => None,
             },
-            opts.pinned,
-        )?;
+            InstallKind::Anonymous => None,
+        };
+        let reused = kept.is_some();
+        let obj = match kept {
+            Some(obj) => obj,
+            None => {
+                let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill, shift)
+                    .map_err(|(op, e)| Error::sys(op, e))?;
+                // Only a writable anonymous region of base pages needs to
+                // hear of the application's madvise (see `Object::quiet`);
+                // a huge one must not, since reclaim zaps its pages with
+                // `MADV_DONTNEED` (see `reclaim`'s `huge`).
+                obj.quiet = opts.kind == InstallKind::Shared || !opts.writable || obj.is_huge();
+                Arc::new(obj)
+            }
+        };
+        let at = Placement {
+            fixed: opts.fixed_addr,
+        };
+        let (id, start) = match mm.map(obj.clone(), len, opts.writable, at, opts.pinned, reused) {
+            Ok(m) => m,
+            Err(e) => {
+                if reused {
+                    let _ = mm.release_now(obj);
+                }
+                return Err(e);
+            }
+        };
+        drop(obj);
         let region = Region::new(self.inner.clone(), id, start, len, 1 << shift);
         if opts.populate {
             region.populate(0, len)?;

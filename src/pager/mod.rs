@@ -155,6 +155,22 @@ impl PagerBuilder {
         self
     }
 
+    /// Shared objects whose pages stay cached after the last region over
+    /// their store is unmapped, at most (default 16; 0: none). A region
+    /// mapped again over the same store (the same `Arc`, the same length
+    /// and page size) finds its pages there, as the kernel's page cache
+    /// outlives a file's mappings, if the store says its contents have not
+    /// changed since ([`Store::contents_stamp`](crate::store::Store::contents_stamp));
+    /// otherwise it reads them anew. Kept pages stay charged to the budget
+    /// and reclaim frees them like any cached page; the oldest kept object
+    /// goes first when more are kept. Not with per-region delivery.
+    ///
+    /// Example: [`PagerBuilder`](crate::PagerBuilder).
+    pub fn keep_unmapped(mut self, objects: usize) -> Self {
+        self.config.keep_unmapped = objects;
+        self
+    }
+
     /// How long a call to a store that is not signal-safe may take before
     /// it counts as failed (default 30 s): a read that never returns then
     /// takes the read-error path (the access gets SIGBUS), a write-back

@@ -414,7 +414,35 @@ impl Store for FileStore {
     fn name(&self) -> &'static str {
         "file"
     }
+
+    /// The file's identity, size and modification and change times
+    /// (`fstat`): a write by anyone, a truncate or a replaced inode moves
+    /// it. `None` while the last change is under 50 ms old:
+    /// a file system with coarse timestamps can give a change made in the
+    /// same clock tick as this call the same times, which would hide it.
+    fn contents_stamp(&self) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().ok()?;
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        let (mtime, ctime) = (ns(m.mtime(), m.mtime_nsec()), ns(m.ctime(), m.ctime_nsec()));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_nanos() as i128;
+        if now - mtime.max(ctime) < STAMP_SETTLE_NS {
+            return None;
+        }
+        let mut h = std::hash::DefaultHasher::new();
+        (m.dev(), m.ino(), m.size(), mtime, ctime).hash(&mut h);
+        Some(h.finish())
+    }
 }
+
+/// How old a file's last change must be for [`FileStore`]'s
+/// `contents_stamp` to vouch for it: well above the coarsest timestamp
+/// tick (10 ms at `HZ=100`).
+const STAMP_SETTLE_NS: i128 = 50_000_000;
 
 #[cfg(test)]
 #[path = "file_tests.rs"]

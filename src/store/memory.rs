@@ -29,6 +29,8 @@ pub struct MemoryStore {
     map: LazyMapping,
     len: u64,
     writable: bool,
+    /// Writes so far: [`Store::contents_stamp`].
+    writes: std::sync::atomic::AtomicU64,
 }
 
 impl MemoryStore {
@@ -54,6 +56,7 @@ impl MemoryStore {
             map: LazyMapping::new(n, advice),
             len,
             writable: true,
+            writes: Default::default(),
         })
     }
 
@@ -182,7 +185,15 @@ impl Store for MemoryStore {
         unsafe {
             std::ptr::copy_nonoverlapping(buf.as_ptr(), base.add(offset as usize), buf.len());
         }
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+
+    /// The number of writes so far: the contents change only through
+    /// [`Store::write`].
+    fn contents_stamp(&self) -> Option<u64> {
+        Some(self.writes.load(std::sync::atomic::Ordering::Acquire))
     }
 
     fn read_to_fd(

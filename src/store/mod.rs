@@ -227,6 +227,19 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// A value that changes whenever the store's contents change, by a
+    /// write through it or behind it; `None` where the store cannot tell.
+    ///
+    /// While it is `Some` and unchanged, the pager keeps a shared object's
+    /// pages cached after the last region over the store is unmapped (the
+    /// kernel's page cache outlives its mappings too): a region mapped
+    /// again over the same store (the same `Arc`) finds them there instead
+    /// of reading the store. Default `None`: every new region reads the
+    /// store afresh. Called at map and unmap, never in a signal handler.
+    fn contents_stamp(&self) -> Option<u64> {
+        None
+    }
+
     /// A short name for reports.
     fn name(&self) -> &'static str;
 

@@ -348,6 +348,10 @@ impl Store for SimulatedStore {
         "simulated"
     }
 
+    fn contents_stamp(&self) -> Option<u64> {
+        self.inner.contents_stamp()
+    }
+
     fn latency_report(&self) -> Option<LatencyReport> {
         Some(LatencyReport {
             model: self.model,

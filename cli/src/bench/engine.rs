@@ -98,6 +98,8 @@ impl EngineLoop {
         }
         let mut b = Pager::builder()
             .delivery(delivery)
+            // Every pass faults cold pages: nothing kept between passes.
+            .keep_unmapped(0)
             .readahead(0, 1)
             .fault_around(0)
             .io_spin(io_spin);

@@ -173,6 +173,7 @@ fn engine(kind: InstallKind, pages: usize, ps: usize) -> Result<(f64, u64)> {
     let pager = Pager::builder()
         .budget_pages(pages as u64 * units * 4)
         .kswapd(false)
+        .keep_unmapped(0)
         .readahead(0, 1)
         .fault_around(0)
         .build()?;

@@ -241,6 +241,7 @@ fn scan_side(
     let pager = Pager::builder()
         .io_spin(io_spin)
         .delivery(Delivery::InThread)
+        .keep_unmapped(0)
         .readahead(readahead, 2)
         .fault_around(fault_around)
         .build()?;

@@ -73,7 +73,11 @@ fn ensure_map_count(needed: usize) -> Result<()> {
 /// regions; ns per fault, and seconds spent mapping.
 fn run(regions: usize, faults: usize, seed: u64, ps: usize) -> Result<(f64, f64)> {
     let pages_each = faults.div_ceil(regions).max(1);
-    let pager = Pager::builder().readahead(0, 1).fault_around(0).build()?;
+    let pager = Pager::builder()
+        .readahead(0, 1)
+        .fault_around(0)
+        .keep_unmapped(0)
+        .build()?;
     let opts = MapOptions {
         page_size: ps,
         ..MapOptions::default()

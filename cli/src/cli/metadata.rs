@@ -269,6 +269,7 @@ fn measure(a: &Sizes) -> Result<Report, CliError> {
     // snapshot (reclaim is direct, in the faults).
     let pager = Pager::builder()
         .budget_pages(a.budget_units)
+        .keep_unmapped(0)
         .readahead(0, 1)
         .fault_around(0)
         .kswapd(false)

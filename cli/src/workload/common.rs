@@ -133,6 +133,10 @@ impl Knobs {
             .readahead(self.readahead_pages, 2)
             .fault_around(self.fault_around_pages)
             .kswapd(self.kswapd)
+            // The seeds' rounds read their file each time (their figures
+            // rest on major faults); `bench filemap --baseline kernel`
+            // keeps the page cache, as the kernel side does.
+            .keep_unmapped(0)
     }
 }
 

@@ -104,6 +104,9 @@ impl EngineMapper {
             .builder()
             .budget_pages(budget_pages)
             .swap_dir(swap_dir)
+            // The kernel keeps a file's page cache across its mappings:
+            // so does the engine here (one kept object per file).
+            .keep_unmapped(k.threads.max(16))
             .build()
             .map_err(|e| e.to_string())?;
         Ok(EngineMapper {

@@ -299,6 +299,8 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
 
     let mut b = Pager::builder()
         .budget_pages(cfg.budget_pages)
+        // (Its end checks that unmapping uncharges every page.)
+        .keep_unmapped(0)
         .kswapd(true)
         .delivery(cfg.delivery)
         .policy(cfg.policy);

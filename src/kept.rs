@@ -1,0 +1,96 @@
+//! Objects kept after their last region goes: the kernel's page cache,
+//! which belongs to the file (its `address_space`) and outlives every
+//! `mmap` of it, so that mapping a file again finds its pages cached.
+//!
+//! When the last region over a shared object is unmapped, the object is
+//! written back and, if its store can say whether its contents changed
+//! ([`Store::contents_stamp`]), kept here with that stamp: still in the
+//! rmap, its pages still resident, charged to the budget and on the LRU,
+//! so reclaim frees them as it frees any cached page. A new region over
+//! the same store (the same `Arc`), of the same page count and size, takes
+//! the object back if the stamp has not moved; otherwise the object is
+//! released and the region starts from the store. At most
+//! [`Config::keep_unmapped`](crate::address_space::Config) objects are
+//! kept, the oldest released first; the pager releases the rest when it
+//! goes.
+//!
+//! Hazard: the stamp sees what changes the store's stamp (for a file: its
+//! size and change times). A page another process writes through its own
+//! shared mapping, when that page was already dirty there (the kernel
+//! updates the times at the first write after a write-back only), is not
+//! seen: the same holds within a live region ([`crate::Region::refresh`]).
+
+use crate::object::Object;
+use crate::store::Store;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+/// One kept object and its store's stamp when it was kept.
+#[derive(Debug)]
+struct Kept {
+    obj: Arc<Object>,
+    stamp: u64,
+}
+
+/// The kept objects, oldest first. Cost: a mutex and a scan of at most
+/// `cap` entries per map and per unmap of a shared region.
+#[derive(Debug, Default)]
+pub struct KeptObjects {
+    list: Mutex<VecDeque<Kept>>,
+}
+
+/// Whether `a` and `b` are the same store (the same allocation).
+fn same_store(a: &Arc<dyn Store>, b: &Arc<dyn Store>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}
+
+impl KeptObjects {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Kept>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `obj` (no region maps it; its store's stamp is `stamp`).
+    /// Returns what must now be released: the oldest kept objects past
+    /// `cap`, or `obj` itself if `cap` is 0.
+    pub fn keep(&self, obj: Arc<Object>, stamp: u64, cap: usize) -> Vec<Arc<Object>> {
+        if cap == 0 {
+            return vec![obj];
+        }
+        let mut l = self.lock();
+        l.push_back(Kept { obj, stamp });
+        let over = l.len().saturating_sub(cap);
+        l.drain(..over).map(|k| k.obj).collect()
+    }
+
+    /// Takes back the object kept for `store` with `npages` pages of
+    /// `1 << shift` bytes, if there is one. `Ok`: its stamp still matches
+    /// (the caller maps it); `Err`: the store changed since (the caller
+    /// releases it).
+    pub fn take(
+        &self,
+        store: &Arc<dyn Store>,
+        npages: usize,
+        shift: u32,
+    ) -> Option<Result<Arc<Object>, Arc<Object>>> {
+        let k = {
+            let mut l = self.lock();
+            let at = l.iter().position(|k| {
+                same_store(&k.obj.store, store)
+                    && k.obj.npages() == npages
+                    && k.obj.page_shift() == shift
+            })?;
+            l.remove(at)?
+        };
+        // (Outside the lock: a file store's stamp is an `fstat`.)
+        Some(if store.contents_stamp() == Some(k.stamp) {
+            Ok(k.obj)
+        } else {
+            Err(k.obj)
+        })
+    }
+
+    /// Every kept object, for release (the pager is going).
+    pub fn drain(&self) -> Vec<Arc<Object>> {
+        self.lock().drain(..).map(|k| k.obj).collect()
+    }
+}

@@ -1,0 +1,187 @@
+//! A shared object's page cache outlives its mappings (`src/kept.rs`), on
+//! real faults: mapping the same store again reads nothing it still holds;
+//! a change to the store behind the pager's back, by a write through it
+//! or to the file, is seen; writes through a region survive its unmap;
+//! kept pages are reclaimed under the budget like any cached page.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use uffd_pager::store::{
+    FileStore, FileStoreOptions, LatencyModel, MemoryStore, SimulatedStore, Store,
+};
+use uffd_pager::{Counter, Delivery, MapOptions, Pager};
+use util::*;
+
+const PAGES: usize = 64;
+
+/// A store over `data` that counts its reads.
+fn counted(data: &[u8]) -> Arc<SimulatedStore> {
+    let mem = Arc::new(MemoryStore::from_bytes(data).unwrap());
+    Arc::new(SimulatedStore::new(mem, LatencyModel::None, 8, 1))
+}
+
+fn pager(keep: usize, budget: u64, delivery: Delivery) -> Pager {
+    Pager::builder()
+        .delivery(delivery)
+        .budget_pages(budget)
+        .readahead(0, 1)
+        .keep_unmapped(keep)
+        .build()
+        .unwrap()
+}
+
+/// Maps `store` (shared, writable), checks every page against `want`.
+fn map_and_check(p: &Pager, store: &Arc<SimulatedStore>, want: &[u8], ctx: &str) {
+    let r = p
+        .map_store(
+            store.clone() as Arc<dyn Store>,
+            want.len(),
+            &MapOptions::default(),
+        )
+        .unwrap();
+    assert_bytes(r.as_slice(), want, ctx);
+}
+
+#[test]
+fn mapping_a_store_again_reads_only_what_was_not_kept() {
+    for d in [Delivery::InThread, THREADS] {
+        let want = pattern_vec(3, PAGES * PAGE);
+        let store = counted(&want);
+        let p = pager(16, 0, d);
+        map_and_check(&p, &store, &want, &format!("{d}: first map"));
+        let first = store.reads();
+        assert!(first > 0, "{d}: the first map read the store");
+        for round in 0..3 {
+            map_and_check(&p, &store, &want, &format!("{d}: map {round} again"));
+        }
+        assert_eq!(
+            store.reads(),
+            first,
+            "{d}: a kept object's pages were read again"
+        );
+
+        // Nothing kept: every map reads the store.
+        let p = pager(0, 0, d);
+        let store = counted(&want);
+        map_and_check(&p, &store, &want, &format!("{d}: unkept"));
+        let first = store.reads();
+        map_and_check(&p, &store, &want, &format!("{d}: unkept again"));
+        assert_eq!(store.reads(), 2 * first, "{d}: keep_unmapped(0) kept pages");
+    }
+}
+
+#[test]
+fn a_write_behind_the_pagers_back_is_seen_at_the_next_map() {
+    let mut want = pattern_vec(5, PAGES * PAGE);
+    let store = counted(&want);
+    let p = pager(16, 0, Delivery::InThread);
+    map_and_check(&p, &store, &want, "first map");
+    // Written straight to the store, with no region over it.
+    let page = vec![0xa5u8; PAGE];
+    store.write(7 * PAGE as u64, &page).unwrap();
+    want[7 * PAGE..8 * PAGE].copy_from_slice(&page);
+    map_and_check(&p, &store, &want, "after a write to the store");
+}
+
+#[test]
+fn writes_through_a_region_survive_its_unmap_and_reach_the_store() {
+    let mut want = pattern_vec(9, PAGES * PAGE);
+    let store = counted(&want);
+    let p = pager(16, 0, Delivery::InThread);
+    {
+        let mut r = p
+            .map_store(
+                store.clone() as Arc<dyn Store>,
+                want.len(),
+                &MapOptions::default(),
+            )
+            .unwrap();
+        let s = r.as_mut_slice();
+        for i in (0..PAGES).step_by(3) {
+            s[i * PAGE + 11] = i as u8 ^ 0x5a;
+            want[i * PAGE + 11] = i as u8 ^ 0x5a;
+        }
+    }
+    // Written back at the unmap (the write moved the stamp: not kept, or
+    // kept with the new contents: either way, every byte).
+    let snapshot = {
+        let mut b = vec![0u8; want.len()];
+        store.read(0, &mut b).unwrap();
+        b
+    };
+    assert_bytes(&snapshot, &want, "the store after unmap");
+    map_and_check(&p, &store, &want, "mapped again");
+    map_and_check(&p, &store, &want, "and again");
+}
+
+#[test]
+fn kept_pages_are_reclaimed_under_the_budget() {
+    let a_want = pattern_vec(11, PAGES * PAGE);
+    let b_want = pattern_vec(12, 4 * PAGES * PAGE);
+    let (a, b) = (counted(&a_want), counted(&b_want));
+    let p = pager(16, PAGES as u64, Delivery::InThread);
+    map_and_check(&p, &a, &a_want, "a");
+    // b is four times the budget: a's kept pages must make room.
+    map_and_check(&p, &b, &b_want, "b");
+    let st = p.stats();
+    assert!(
+        st.peak_resident_pages <= PAGES as u64 + 64,
+        "peak {} over a budget of {PAGES}\n{st}",
+        st.peak_resident_pages
+    );
+    let before = a.reads();
+    map_and_check(&p, &a, &a_want, "a again, after b");
+    assert!(
+        a.reads() > before,
+        "a's pages were all evicted, yet none was read"
+    );
+}
+
+#[test]
+fn a_file_changed_behind_the_pager_is_read_anew() {
+    let dir = tempfile_dir();
+    let path = dir.join("kept.dat");
+    let mut want = pattern_vec(13, PAGES * PAGE);
+    std::fs::write(&path, &want).unwrap();
+    // Old enough that the file's times vouch for its contents.
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    let opts = FileStoreOptions {
+        writable: true,
+        ..FileStoreOptions::default()
+    };
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&path, &opts).unwrap());
+    let p = pager(16, 0, Delivery::InThread);
+    let majors = |p: &Pager| p.stats().get(Counter::PGMAJFAULT);
+    let map = |want: &[u8], ctx: &str| {
+        let r = p
+            .map_store(store.clone(), want.len(), &MapOptions::default())
+            .unwrap();
+        assert_bytes(r.as_slice(), want, ctx);
+    };
+    map(&want, "first map");
+    let first = majors(&p);
+    map(&want, "unchanged");
+    assert_eq!(majors(&p), first, "an unchanged file was read again");
+    // Another writer, at once (the same clock tick as the stamp, maybe).
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[0x3c; 100], 5 * PAGE as u64 + 40).unwrap();
+    want[5 * PAGE + 40..5 * PAGE + 140].fill(0x3c);
+    map(&want, "after another writer");
+    // And a truncate to the same length with new contents.
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    map(&want, "settled again");
+    f.set_len(0).unwrap();
+    f.set_len((PAGES * PAGE) as u64).unwrap();
+    want.fill(0);
+    map(&want, "after a truncate");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("uffd-kept-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
