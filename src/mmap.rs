@@ -137,6 +137,10 @@ impl Mm {
         if let Some(u) = own {
             let _ = object.region_uffd.set(u);
         }
+        if pinned {
+            // (Its pages leave the LRU: a kept object would hold them.)
+            *object.keep_stamp.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
         let id = self.next_region_id();
         let mut vma = Vma::new(start, len, 0, object, writable);
         vma.pinned = pinned;
@@ -280,23 +284,30 @@ impl Mm {
         if Arc::strong_count(&obj) > 1 {
             return Ok(());
         }
-        // Kept: a shared object written back in full, with nothing pinned
-        // (a pinned page has left the LRU, and reclaim would never free
-        // it), over a store that can say whether it changed. Per-region
-        // delivery closes a region's descriptor with its region, so an
-        // object there is never kept.
+        // Kept ([`crate::kept`]): a shared object, written back in full,
+        // over a store someone else still holds (so it can be mapped
+        // again), whose stamp has not moved since the object was made (its
+        // pages are the store's: not even its own write-backs moved it),
+        // with nothing pinned (a pinned page has left the LRU, and reclaim
+        // would never free it), under a budget (without one there is no
+        // LRU to reclaim kept pages from). Per-region delivery closes a
+        // region's descriptor with its region, so an object there is never
+        // kept.
         let cap = self.config.keep_unmapped;
-        if cap > 0 && obj.kind == InstallKind::Shared && self.per_region.get().is_none() {
+        let made = *obj.keep_stamp.lock().unwrap_or_else(|e| e.into_inner());
+        let candidate = cap > 0
+            && self.config.budget_pages > 0
+            && obj.kind == InstallKind::Shared
+            && self.per_region.get().is_none()
+            && Arc::strong_count(&obj.store) > 1;
+        if let (true, Some(made)) = (candidate, made) {
             // (A failed write-back releases it, which tries once more and
             // reports the error.)
             let written = self.writeback_object(&obj).is_ok();
             let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
-            let stamp = (written && !pinned)
-                .then(|| obj.store.contents_stamp())
-                .flatten();
-            if let Some(stamp) = stamp {
+            if written && !pinned && obj.store.contents_stamp() == Some(made) {
                 let mut r = Ok(());
-                for out in self.kept.keep(obj, stamp, cap) {
+                for out in self.kept.keep(obj, made, cap) {
                     let x = self.release_now(out);
                     r = r.and(x);
                 }

@@ -118,6 +118,12 @@ pub struct Object {
     pins: OwnLine<AtomicU32>,
     /// Slot in the pager's reverse map ([`crate::rmap`]); `u32::MAX` if none.
     pub slot: AtomicU32,
+    /// The store's stamp when the object was made, before any page was
+    /// read ([`crate::kept`]): it may be kept after its last region goes
+    /// only if the store still has this stamp then. `None`: never kept (no
+    /// stamp, or a pinned region mapped it). Never touched in a signal
+    /// handler.
+    pub(crate) keep_stamp: std::sync::Mutex<Option<u64>>,
     /// Where the object's pages are mapped: the reverse map reclaim and
     /// write-back use to find a page's user address.
     pub windows: Windows,
@@ -333,6 +339,7 @@ impl Object {
             backing,
             pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),
+            keep_stamp: std::sync::Mutex::new(None),
             windows: Windows::new(shift),
             ra_next: AtomicUsize::new(usize::MAX),
             ra_window: AtomicU32::new(0),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use uffd_pager::store::{
     FileStore, FileStoreOptions, LatencyModel, MemoryStore, SimulatedStore, Store,
 };
-use uffd_pager::{Counter, Delivery, MapOptions, Pager};
+use uffd_pager::{Counter, Delivery, MapOptions, Pager, Region};
 use util::*;
 
 const PAGES: usize = 64;
@@ -33,8 +33,9 @@ fn pager(keep: usize, budget: u64, delivery: Delivery) -> Pager {
         .unwrap()
 }
 
-/// Maps `store` (shared, writable), checks every page against `want`.
-fn map_and_check(p: &Pager, store: &Arc<SimulatedStore>, want: &[u8], ctx: &str) {
+/// Maps `store` (shared, writable), checks every page against `want`, and
+/// returns the region.
+fn map_checked(p: &Pager, store: &Arc<SimulatedStore>, want: &[u8], ctx: &str) -> Region {
     let r = p
         .map_store(
             store.clone() as Arc<dyn Store>,
@@ -43,6 +44,12 @@ fn map_and_check(p: &Pager, store: &Arc<SimulatedStore>, want: &[u8], ctx: &str)
         )
         .unwrap();
     assert_bytes(r.as_slice(), want, ctx);
+    r
+}
+
+/// [`map_checked`], then unmaps.
+fn map_and_check(p: &Pager, store: &Arc<SimulatedStore>, want: &[u8], ctx: &str) {
+    drop(map_checked(p, store, want, ctx));
 }
 
 #[test]
@@ -50,7 +57,7 @@ fn mapping_a_store_again_reads_only_what_was_not_kept() {
     for d in [Delivery::InThread, THREADS] {
         let want = pattern_vec(3, PAGES * PAGE);
         let store = counted(&want);
-        let p = pager(16, 0, d);
+        let p = pager(16, 4096, d);
         map_and_check(&p, &store, &want, &format!("{d}: first map"));
         let first = store.reads();
         assert!(first > 0, "{d}: the first map read the store");
@@ -64,7 +71,7 @@ fn mapping_a_store_again_reads_only_what_was_not_kept() {
         );
 
         // Nothing kept: every map reads the store.
-        let p = pager(0, 0, d);
+        let p = pager(0, 4096, d);
         let store = counted(&want);
         map_and_check(&p, &store, &want, &format!("{d}: unkept"));
         let first = store.reads();
@@ -73,24 +80,48 @@ fn mapping_a_store_again_reads_only_what_was_not_kept() {
     }
 }
 
+/// Writes page `page` of `store` straight to it (behind the pager's back)
+/// and into `want`.
+fn write_behind(store: &SimulatedStore, want: &mut [u8], page: usize, byte: u8) {
+    let bytes = vec![byte; PAGE];
+    store.write((page * PAGE) as u64, &bytes).unwrap();
+    want[page * PAGE..(page + 1) * PAGE].copy_from_slice(&bytes);
+}
+
 #[test]
 fn a_write_behind_the_pagers_back_is_seen_at_the_next_map() {
     let mut want = pattern_vec(5, PAGES * PAGE);
     let store = counted(&want);
+    let p = pager(16, 4096, Delivery::InThread);
+    map_and_check(&p, &store, &want, "first map");
+    // With no region over the store.
+    write_behind(&store, &mut want, 7, 0xa5);
+    map_and_check(&p, &store, &want, "after a write to the store");
+    // While a region holds the page (the region itself may show the old
+    // bytes: `Region::refresh`); the stamp it was made with has moved.
+    let r = map_checked(&p, &store, &want, "mapped");
+    write_behind(&store, &mut want, 9, 0x5a);
+    drop(r);
+    map_and_check(&p, &store, &want, "after a write while mapped");
+}
+
+#[test]
+fn without_a_budget_nothing_is_kept() {
+    // (No budget, no LRU: kept pages could never be reclaimed.)
+    let want = pattern_vec(4, PAGES * PAGE);
+    let store = counted(&want);
     let p = pager(16, 0, Delivery::InThread);
     map_and_check(&p, &store, &want, "first map");
-    // Written straight to the store, with no region over it.
-    let page = vec![0xa5u8; PAGE];
-    store.write(7 * PAGE as u64, &page).unwrap();
-    want[7 * PAGE..8 * PAGE].copy_from_slice(&page);
-    map_and_check(&p, &store, &want, "after a write to the store");
+    let first = store.reads();
+    map_and_check(&p, &store, &want, "again");
+    assert_eq!(store.reads(), 2 * first, "pages were kept without a budget");
 }
 
 #[test]
 fn writes_through_a_region_survive_its_unmap_and_reach_the_store() {
     let mut want = pattern_vec(9, PAGES * PAGE);
     let store = counted(&want);
-    let p = pager(16, 0, Delivery::InThread);
+    let p = pager(16, 4096, Delivery::InThread);
     {
         let mut r = p
             .map_store(
@@ -105,8 +136,8 @@ fn writes_through_a_region_survive_its_unmap_and_reach_the_store() {
             want[i * PAGE + 11] = i as u8 ^ 0x5a;
         }
     }
-    // Written back at the unmap (the write moved the stamp: not kept, or
-    // kept with the new contents: either way, every byte).
+    // Written back at the unmap; the write-back moved the store's stamp,
+    // so the next map reads the store.
     let snapshot = {
         let mut b = vec![0u8; want.len()];
         store.read(0, &mut b).unwrap();
@@ -153,7 +184,7 @@ fn a_file_changed_behind_the_pager_is_read_anew() {
         ..FileStoreOptions::default()
     };
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&path, &opts).unwrap());
-    let p = pager(16, 0, Delivery::InThread);
+    let p = pager(16, 4096, Delivery::InThread);
     let majors = |p: &Pager| p.stats().get(Counter::PGMAJFAULT);
     let map = |want: &[u8], ctx: &str| {
         let r = p

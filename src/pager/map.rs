@@ -326,6 +326,13 @@ impl Pager {
                 // a huge one must not, since reclaim zaps its pages with
                 // `MADV_DONTNEED` (see `reclaim`'s `huge`).
                 obj.quiet = opts.kind == InstallKind::Shared || !opts.writable || obj.is_huge();
+                // Stamped before any page is read: kept later only if the
+                // store still has this stamp (nothing changed it while the
+                // object was mapped, not even its own write-backs).
+                if opts.kind == InstallKind::Shared && !opts.pinned {
+                    *obj.keep_stamp.get_mut().unwrap_or_else(|e| e.into_inner()) =
+                        obj.store.contents_stamp();
+                }
                 Arc::new(obj)
             }
         };

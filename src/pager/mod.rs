@@ -163,7 +163,10 @@ impl PagerBuilder {
     /// changed since ([`Store::contents_stamp`](crate::store::Store::contents_stamp));
     /// otherwise it reads them anew. Kept pages stay charged to the budget
     /// and reclaim frees them like any cached page; the oldest kept object
-    /// goes first when more are kept. Not with per-region delivery.
+    /// goes first when more are kept. Only with a budget, for a store the
+    /// caller still holds, whose stamp has not moved since the object was
+    /// made (its own write-backs move it too); never after a pinned region
+    /// or with per-region delivery.
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn keep_unmapped(mut self, objects: usize) -> Self {
