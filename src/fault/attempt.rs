@@ -311,11 +311,13 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             // faults and dirties it) is clean unless a write-back failed:
             // a copy read back from swap stays there until the page is
             // dropped or written out anew, so it may be dropped too.
-            let w = obj.cache.load(i);
-            let clean = if obj.kind == InstallKind::Anonymous
-                && w & DIRTY == 0
-                && (obj.install_wp(f.write) || !vma.writable.load(Acquire) && w & SWAPPED == 0)
-            {
+            // (The state word is loaded only for anonymous pages: a shared
+            // install, the common path, skips it.)
+            let clean_anon = |w: u32| {
+                w & DIRTY == 0
+                    && (obj.install_wp(f.write) || !vma.writable.load(Acquire) && w & SWAPPED == 0)
+            };
+            let clean = if obj.kind == InstallKind::Anonymous && clean_anon(obj.cache.load(i)) {
                 CLEAN
             } else {
                 0
