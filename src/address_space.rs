@@ -176,6 +176,9 @@ pub struct Mm {
     pub io: crate::io::Io,
     /// Shared objects no region maps, kept with their pages cached.
     pub(crate) kept: crate::kept::KeptObjects,
+    /// Serialises dropping a reference to an object with the check for the
+    /// last one ([`Mm::release_object`]).
+    pub(crate) releasing: std::sync::Mutex<()>,
 }
 
 impl Mm {
@@ -207,6 +210,7 @@ impl Mm {
             readahead: WorkQueue::new(READAHEAD_QUEUE),
             io,
             kept: Default::default(),
+            releasing: Default::default(),
         })
     }
 
@@ -381,22 +385,36 @@ impl Mm {
         };
         // Copied out under RCU (readers must be short: writers wait for
         // them), measured outside it.
+        // The objects are given back through `release_object`: the
+        // application may unmap a region meanwhile, and then this is the
+        // last reference.
         let vmas: Vec<Arc<Vma>> = self.table.read(|t| t.iter().cloned().collect());
-        let mut objects: Vec<&Arc<Object>> = Vec::with_capacity(vmas.len());
+        let mut objects: Vec<Arc<Object>> = Vec::with_capacity(vmas.len());
+        let mut ranges = Vec::new();
         for vma in &vmas {
             if vma.object.kind == crate::object::InstallKind::Anonymous {
-                m.anonymous_bytes += crate::sys::mem::resident(vma.start, vma.end - vma.start);
+                ranges.push((vma.start, vma.end - vma.start));
             }
-            objects.push(&vma.object);
+            objects.push(vma.object.clone());
+        }
+        drop(vmas);
+        for (start, len) in ranges {
+            m.anonymous_bytes += crate::sys::mem::resident(start, len);
         }
         objects.sort_unstable_by_key(|o| Arc::as_ptr(o) as usize);
-        objects.dedup_by_key(|o| Arc::as_ptr(o) as usize);
+        let mut last: *const Object = std::ptr::null();
         for obj in objects {
-            let (memfd, area, swap, state) = obj.memory();
-            m.memfd_bytes += memfd;
-            m.cache_area_bytes += area;
-            m.swap_bytes += swap;
-            m.metadata_bytes += state;
+            if Arc::as_ptr(&obj) != last {
+                last = Arc::as_ptr(&obj);
+                let (memfd, area, swap, state) = obj.memory();
+                m.memfd_bytes += memfd;
+                m.cache_area_bytes += area;
+                m.swap_bytes += swap;
+                m.metadata_bytes += state;
+            }
+            if let Err(err) = self.release_object(obj) {
+                tracing::error!(error = %err, "writing back a region unmapped during a memory report");
+            }
         }
         m
     }

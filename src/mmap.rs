@@ -280,10 +280,28 @@ impl Mm {
     /// Drops a reference to `obj`; the last one writes dirty pages back
     /// and keeps the object cached ([`crate::kept`]) or releases it
     /// ([`Mm::release_now`]).
+    ///
+    /// Every holder of an `Arc<Object>` besides a region's VMAs (an unmap
+    /// on its way, a [`ResidentGuard`](crate::ResidentGuard), a flush or a
+    /// refresh) gives its reference back here, never by a plain drop: the
+    /// application's own `munmap` may have removed the last VMA meanwhile,
+    /// and then the holder's is the last reference. Dropped plainly, it
+    /// would free the object with its pages charged, its dirty pages
+    /// unwritten and its rmap slot still pointing at it. The count is
+    /// checked and the reference dropped under one lock, so of two holders
+    /// giving theirs back at once, one sees the other's gone. (A VMA is
+    /// dropped only where its object lives on in a new VMA or in a
+    /// reference given back here.)
     pub(crate) fn release_object(&self, obj: Arc<Object>) -> Result<()> {
-        if Arc::strong_count(&obj) > 1 {
-            return Ok(());
+        {
+            let _g = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+            if Arc::strong_count(&obj) > 1 {
+                drop(obj);
+                return Ok(());
+            }
         }
+        // The only reference now: no VMA, kept list or holder has another,
+        // so none can be made.
         // Kept ([`crate::kept`]): a shared object, written back in full,
         // over a store someone else still holds (so it can be mapped
         // again), whose stamp has not moved since the object was made (its

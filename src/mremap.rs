@@ -93,8 +93,8 @@ impl Mm {
         };
         if p == libc::MAP_FAILED {
             let e = crate::sys::errno();
-            let _ = uffd.register(start, old_len, register_mode(&old.object));
-            let _ = mprotect(start, old_len, prot);
+            // As it was, write protection included (see `register_again`).
+            let _ = register_again(uffd, &old, start, old_len, prot);
             old.lock.write_unlock();
             return Err(Error::sys("mremap", e));
         }
@@ -109,30 +109,43 @@ impl Mm {
         let (first, end, _) = old.window();
         old.object.windows.replace(first, end, &[new.window()]);
         self.publish(std::slice::from_ref(&old), std::slice::from_ref(&new));
-        // Registered again; the unregister cleared the write protection of
-        // tracked pages, so they are protected again and the next write to
-        // each is seen.
-        let r = uffd.register(new_start, new_len, register_mode(&new.object));
-        let r = r.and_then(|m| mprotect(new_start, new_len, prot).map(|_| m));
-        if r.is_ok()
-            && new.object.kind == InstallKind::Shared
-            && uffd.writeprotect(new_start, new_len, true, false).is_err()
-        {
-            // EAGAIN: an event is waiting, and it cannot be applied while
-            // we hold the global lock. Without the protection a write to a
-            // clean page would go unseen, so every mapped page counts as
-            // dirty instead (written back once, needlessly at worst).
-            if new.object.tracks_writes() {
-                for i in new.pages() {
-                    if new.object.cache.load(i) & MAPPED != 0 {
-                        new.object.cache.update(i, DIRTY, 0);
-                    }
-                }
-            }
-        }
+        let r = register_again(uffd, &new, new_start, new_len, prot);
         old.lock.write_unlock();
         new.lock.write_unlock();
         r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
         Ok(new_start)
     }
+}
+
+/// Registers `[start, start + len)`, mapped by `vma`, again after a remap
+/// unregistered it (moved, or refused and left where it was), and gives it
+/// protection `prot` back. The unregister cleared the write protection of
+/// the clean pages of a shared object, so they are protected again and the
+/// next write to each is seen.
+fn register_again(
+    uffd: &crate::sys::uffd::Uffd,
+    vma: &crate::vma::Vma,
+    start: usize,
+    len: usize,
+    prot: i32,
+) -> std::result::Result<u64, i32> {
+    let r = uffd.register(start, len, register_mode(&vma.object));
+    let r = r.and_then(|m| mprotect(start, len, prot).map(|_| m));
+    if r.is_ok()
+        && vma.object.kind == InstallKind::Shared
+        && uffd.writeprotect(start, len, true, false).is_err()
+    {
+        // EAGAIN: an event is waiting, and it cannot be applied while the
+        // caller holds the global lock. Without the protection a write to a
+        // clean page would go unseen, so every mapped page counts as dirty
+        // instead (written back once, needlessly at worst).
+        if vma.object.tracks_writes() {
+            for i in vma.pages() {
+                if vma.object.cache.load(i) & MAPPED != 0 {
+                    vma.object.cache.update(i, DIRTY, 0);
+                }
+            }
+        }
+    }
+    r
 }

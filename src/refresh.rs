@@ -7,9 +7,10 @@
 
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
-use crate::object::InstallKind;
+use crate::object::{InstallKind, Object};
 use crate::page_cache::UPTODATE;
 use crate::sys::{PageBuf, PAGE_SIZE};
+use std::sync::Arc;
 
 impl Mm {
     /// Brings the cached pages of region `id` that hold store bytes
@@ -26,6 +27,12 @@ impl Mm {
         let Some(obj) = self.pieces(id).first().map(|v| v.object.clone()) else {
             return Ok(()); // unmapped by the application meanwhile
         };
+        let r = self.refresh_object(&obj, offset, len);
+        // (The application may have unmapped it all meanwhile.)
+        r.and(self.release_object(obj))
+    }
+
+    fn refresh_object(&self, obj: &Arc<Object>, offset: u64, len: u64) -> Result<()> {
         let memfd = match (obj.kind, obj.memfd()) {
             (InstallKind::Shared, Some(m)) => m.fd(),
             _ => {

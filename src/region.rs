@@ -364,8 +364,12 @@ impl Region {
             // back.
             return Ok(());
         };
-        let _section = mm.events.section();
-        mm.writeback_object(&obj)
+        let r = {
+            let _section = mm.events.section();
+            mm.writeback_object(&obj)
+        };
+        // (The application may have unmapped it all meanwhile.)
+        r.and(mm.release_object(obj))
     }
 
     /// Tells the engine that bytes `[offset, offset + len)` of the region's

@@ -53,7 +53,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct ResidentGuard<'a> {
     mm: &'a Mm,
-    obj: Arc<Object>,
+    /// Given back on drop ([`Mm::release_object`]: the application may
+    /// have unmapped the region meanwhile).
+    obj: Option<Arc<Object>>,
     /// Object pages `[first, end)`.
     first: usize,
     end: usize,
@@ -62,6 +64,10 @@ pub struct ResidentGuard<'a> {
 }
 
 impl ResidentGuard<'_> {
+    fn obj(&self) -> &Object {
+        self.obj.as_deref().expect("taken only on drop")
+    }
+
     /// Whether the kernel also `mlock`ed the range (see above).
     ///
     /// Example: [`ResidentGuard`](crate::ResidentGuard).
@@ -93,7 +99,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
     let obj_shift = obj.page_shift();
     let mut guard = ResidentGuard {
         mm,
-        obj,
+        obj: Some(obj),
         first,
         end: first,
         locked: None,
@@ -102,7 +108,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
     // before the call.
     let pages = (end - start) >> obj_shift;
     for i in first..first + pages {
-        if !guard.obj.cache.guard(i) {
+        if !guard.obj().cache.guard(i) {
             return Err(Error::Config(
                 "too many residency guards on one page".into(),
             ));
@@ -133,7 +139,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             }
         }
         let all = (guard.first..guard.end)
-            .all(|i| guard.obj.cache.load(i) & (UPTODATE | MAPPED) == UPTODATE | MAPPED);
+            .all(|i| guard.obj().cache.load(i) & (UPTODATE | MAPPED) == UPTODATE | MAPPED);
         if all {
             return Ok(guard);
         }
@@ -147,9 +153,15 @@ impl Drop for ResidentGuard<'_> {
             // SAFETY: unlocks the range this guard locked.
             unsafe { libc::munlock(s as *const libc::c_void, e - s) };
         }
-        if !self.mm.in_child() {
-            for i in self.first..self.end {
-                self.obj.cache.unguard(i);
+        if self.mm.in_child() {
+            return;
+        }
+        for i in self.first..self.end {
+            self.obj().cache.unguard(i);
+        }
+        if let Some(obj) = self.obj.take() {
+            if let Err(err) = self.mm.release_object(obj) {
+                tracing::error!(error = %err, "writing back a region unmapped under a residency guard");
             }
         }
     }

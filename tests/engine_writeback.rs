@@ -305,3 +305,64 @@ fn ops_protect_round_trip_keeps_write_back() {
         assert_bytes(&store.snapshot(), &want, &format!("{d}: dropped"));
     }
 }
+
+/// A `remap` the kernel refuses (here `RLIMIT_AS` stops the growth) leaves
+/// the region as it was, dirty tracking included: the engine unregistered
+/// the range for the move, which cleared the write protection of its clean
+/// pages, so it must protect them again when it registers the range back.
+/// Before, a write to such a page after the failed remap went unseen and
+/// never reached the store.
+#[test]
+fn ops_failed_remap_keeps_write_tracking() {
+    let out = run_child("child_failed_remap_keeps_write_tracking", &[]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn child_failed_remap_keeps_write_tracking() {
+    if !is_child() {
+        return;
+    }
+    for d in DELIVERIES {
+        let p = pager(d);
+        let orig = pattern_vec(95, 16 * PAGE);
+        let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
+        let mut region = p
+            .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
+            .unwrap();
+        let mut want = orig.clone();
+        // Every page present and clean.
+        assert_bytes(region.as_slice(), &want[..8 * PAGE], &format!("{d}: read"));
+        let vm_size = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))
+            .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap() * 1024)
+            .unwrap();
+        let set = |soft: u64| {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            // SAFETY: setrlimit reads the struct it is given.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+        };
+        set(vm_size + 4 * PAGE as u64);
+        let grown = region.remap(16 * PAGE);
+        set(libc::RLIM_INFINITY);
+        assert!(grown.is_err(), "{d}: the growth was not refused");
+        assert_bytes(
+            region.as_slice(),
+            &want[..8 * PAGE],
+            &format!("{d}: after the refused remap"),
+        );
+        region.as_mut_slice()[3 * PAGE..5 * PAGE].fill(0x96);
+        want[3 * PAGE..5 * PAGE].fill(0x96);
+        region.flush().unwrap();
+        assert_bytes(
+            &store.snapshot()[..8 * PAGE],
+            &want[..8 * PAGE],
+            &format!("{d}: flushed after the refused remap"),
+        );
+    }
+}

@@ -330,3 +330,59 @@ fn dontneed_then_populate_reads_zeros_in_every_delivery_mode() {
         }
     }
 }
+
+/// The application unmaps a whole region while the engine's user still
+/// holds a residency guard on it (`Region::lock_resident`), so the unmap
+/// is not the object's last reference. Dropping the guard is, and it must
+/// finish the unmap: the region's writes reach the store and its pages
+/// leave the budget (before, the object was freed with its pages charged
+/// and its dirty pages never written, while reclaim's reverse map still
+/// pointed at it).
+#[test]
+fn a_residency_guard_held_across_the_applications_munmap_finishes_the_release() {
+    for d in DELIVERIES {
+        with_deadline(60, "guard across munmap", move || {
+            let pages = 8;
+            let store = Arc::new(MemoryStore::from_bytes(&vec![0u8; pages * PAGE]).unwrap());
+            let p = Pager::builder()
+                .delivery(d)
+                .budget_pages(64)
+                .keep_unmapped(0)
+                .build()
+                .unwrap();
+            let r = p
+                .map_store(store.clone(), pages * PAGE, &MapOptions::default())
+                .unwrap();
+            let base = r.as_ptr() as usize;
+            let guard = r.lock_resident(0, 2 * PAGE).unwrap();
+            for k in 0..pages * PAGE {
+                // SAFETY: inside the region, mapped writable.
+                unsafe { std::ptr::write_volatile((base + k) as *mut u8, 0x5A) };
+            }
+            // SAFETY: the application unmaps region memory itself.
+            assert_eq!(
+                unsafe { libc::munmap(base as *mut libc::c_void, pages * PAGE) },
+                0
+            );
+            let t = std::time::Instant::now();
+            while p.stats().get(Counter::EVENT_UNMAP) == 0 {
+                assert!(t.elapsed().as_secs() < 20, "{d}: no UNMAP event");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(guard);
+            let mut back = vec![0u8; pages * PAGE];
+            uffd_pager::store::Store::read(&*store, 0, &mut back).unwrap();
+            assert!(
+                back.iter().all(|&b| b == 0x5A),
+                "{d}: the writes did not reach the store"
+            );
+            assert_eq!(
+                p.stats().resident_pages,
+                0,
+                "{d}: pages still charged: {}",
+                p.stats()
+            );
+            drop(r);
+        });
+    }
+}

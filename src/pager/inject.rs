@@ -16,8 +16,10 @@ pub struct GlobalWriteHold<'a> {
 /// The global lock held for write and one region write-locked, as a writer
 /// in the middle of `mprotect` would; released on drop.
 pub struct RegionWriteHold<'a> {
-    _global: WriteGuard<'a>,
+    // (Dropped before the global lock: no unmap can take the region's
+    // last other reference meanwhile.)
     vma: Arc<Vma>,
+    _global: WriteGuard<'a>,
 }
 
 impl Pager {
@@ -42,7 +44,7 @@ impl Pager {
         let start = region.as_ptr() as usize;
         let vma = mm.table.read(|t| t.find(start).cloned())?;
         vma.lock.write_lock();
-        Some(RegionWriteHold { _global: g, vma })
+        Some(RegionWriteHold { vma, _global: g })
     }
 }
 
