@@ -536,18 +536,29 @@ impl Object {
                 }
                 r
             }
-            Backing::Shared { memfd, .. } if src.signal_safe() => {
+            Backing::Shared { memfd, .. }
+                if src.signal_safe() && !(n > 1 && src.batches_reads()) =>
+            {
                 src.read_to_fd(off, len, memfd.fd(), off)
             }
             Backing::Shared { memfd, .. } => {
                 let through = |buf: &mut [u8]| {
-                    io.read(src, off, buf)?;
+                    crate::io::read(io, src, off, buf)?;
                     crate::sys::mem::pwrite_all(memfd.fd(), buf, off).map_err(StoreError)
                 };
                 if n == 1 {
                     through(&mut crate::sys::PageBuf::zeroed().0)
                 } else {
-                    through(&mut vec![0u8; len])
+                    // Page-aligned (an `O_DIRECT` file needs it), one call.
+                    let mut pages: Vec<crate::sys::PageBuf> =
+                        (0..n).map(|_| crate::sys::PageBuf::zeroed()).collect();
+                    // SAFETY: `n` contiguous `PageBuf`s are `len` initialised
+                    // bytes (the type is a byte array with no padding), owned
+                    // here and borrowed only for the call.
+                    let buf = unsafe {
+                        std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), len)
+                    };
+                    through(buf)
                 }
             }
             Backing::Anonymous { .. } => {

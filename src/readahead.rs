@@ -116,12 +116,13 @@ struct Run {
 
 /// How many pages one store call of readahead carries: a batch only for a
 /// store that gains by it (one that is not signal-safe, a network round
-/// trip per call); a page at a time for the others, whose `read_many`
-/// would loop anyway, so that their pages are charged one by one as they
-/// are read. A batch is charged to the budget whole before its call, so it
-/// is also held to a quarter of the budget.
+/// trip per call, or one that [batches reads](crate::store::Store::batches_reads),
+/// a disk file's one request per window); a page at a time for the others,
+/// whose `read_many` would loop anyway, so that their pages are charged one
+/// by one as they are read. A batch is charged to the budget whole before
+/// its call, so it is also held to a quarter of the budget.
 fn run_limit(mm: &Mm, src: &dyn crate::store::Store) -> usize {
-    if src.signal_safe() {
+    if src.signal_safe() && !src.batches_reads() {
         return 1;
     }
     match mm.config.budget_pages {

@@ -404,3 +404,115 @@ fn a_failed_write_back_stops_at_its_first_batch_and_keeps_every_page_dirty() {
         );
     }
 }
+
+/// A disk file behind a counter of store calls: what the engine asks of it.
+struct CountedFile {
+    inner: uffd_pager::store::FileStore,
+    /// Calls that read (`read`, `read_many`, `read_to_fd`).
+    calls: AtomicU64,
+    /// Most pages one call read.
+    largest: AtomicUsize,
+}
+
+impl CountedFile {
+    fn note(&self, bytes: usize) {
+        self.calls.fetch_add(1, Relaxed);
+        self.largest.fetch_max(bytes / PAGE, Relaxed);
+    }
+}
+
+impl Store for CountedFile {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.note(buf.len());
+        self.inner.read(offset, buf)
+    }
+    fn read_many(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.note(buf.len());
+        self.inner.read_many(offset, buf)
+    }
+    fn read_to_fd(
+        &self,
+        offset: u64,
+        len: usize,
+        fd: std::os::fd::RawFd,
+        fd_offset: u64,
+    ) -> Result<(), StoreError> {
+        self.note(len);
+        self.inner.read_to_fd(offset, len, fd, fd_offset)
+    }
+    fn batches_reads(&self) -> bool {
+        self.inner.batches_reads()
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.inner.write(offset, buf)
+    }
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
+    fn signal_safe(&self) -> bool {
+        self.inner.signal_safe()
+    }
+    fn name(&self) -> &'static str {
+        "counted file"
+    }
+}
+
+/// A file on a disk is read ahead a window per `pread` (one request to the
+/// device), not a page per `pread`: a sequential reader of an `O_DIRECT`
+/// file then waits for a request per window, as under the kernel's
+/// readahead. (Before, a signal-safe store got its window a page at a
+/// time: 32 requests for 32 pages.)
+#[test]
+fn a_disk_files_readahead_window_is_one_read() {
+    const NPAGES: usize = 1024;
+    let path = std::env::temp_dir().join(format!("uffd-ra-window-{}.bin", std::process::id()));
+    let data: Vec<u8> = (0..NPAGES * PAGE).map(|o| fill_byte(o / PAGE, 3)).collect();
+    std::fs::write(&path, &data).unwrap();
+    let inner = uffd_pager::store::FileStore::open(
+        &path,
+        &uffd_pager::store::FileStoreOptions {
+            direct: true,
+            ..Default::default()
+        },
+    );
+    let _ = std::fs::remove_file(&path);
+    let inner = inner.unwrap();
+    if !inner.batches_reads() {
+        eprintln!("skipped: {} is not on a disk", path.display());
+        return;
+    }
+    let store = Arc::new(CountedFile {
+        inner,
+        calls: AtomicU64::new(0),
+        largest: AtomicUsize::new(0),
+    });
+    for d in [Delivery::InThread, util::THREADS] {
+        store.calls.store(0, Relaxed);
+        let pager = Pager::builder()
+            .delivery(d)
+            .budget_pages(4096)
+            .readahead(MAX_BATCH as u32, 1)
+            .keep_unmapped(0)
+            .build()
+            .unwrap();
+        let region = map_shared(&pager, store.clone(), NPAGES, false);
+        for p in 0..NPAGES {
+            let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+            assert!(page.iter().all(|&b| b == fill_byte(p, 3)), "{d}: page {p}");
+        }
+        let calls = store.calls.load(Relaxed);
+        let ra = pager.stats().get(Counter::RA_PAGES);
+        eprintln!(
+            "{d}: {NPAGES} pages in {calls} reads (largest {}), {ra} read ahead",
+            store.largest.load(Relaxed)
+        );
+        assert!(ra > NPAGES as u64 / 2, "{d}: readahead ran ({ra} pages)");
+        assert!(
+            calls <= (NPAGES / 8) as u64,
+            "{d}: {calls} reads for {NPAGES} pages: the windows went a page at a time"
+        );
+    }
+}

@@ -375,6 +375,18 @@ impl Store for FileStore {
         self.in_memory
     }
 
+    /// One `pread` of the whole batch: one request to the device, not one
+    /// per page.
+    fn read_many(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read(offset, buf)
+    }
+
+    /// A file on a disk: a window costs one request. (A tmpfs file's pages
+    /// are read one by one, charged as they come: no device to save.)
+    fn batches_reads(&self) -> bool {
+        !self.in_memory
+    }
+
     /// From a tmpfs file's view straight into `fd`: the kernel copies the
     /// file's pages into the engine's memfd, one copy and no buffer. If the
     /// view cannot be read (the file shrank), the buffered way reports

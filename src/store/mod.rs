@@ -161,6 +161,17 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether a [`Store::read_many`] of a batch costs about what one
+    /// page's read does (one device request, one round trip) rather than
+    /// one read per page. Readahead batches its window for a store that is
+    /// not [`Store::signal_safe`] anyway (a thread hop per call); for a
+    /// signal-safe one only if this says so, since a batch is charged to
+    /// the budget whole before its call. Default false; a file on a disk
+    /// says true (one `pread` of the window, one request).
+    fn batches_reads(&self) -> bool {
+        false
+    }
+
     /// Writes each `(offset, page)` of `pages` (at most [`MAX_BATCH`],
     /// offsets distinct and in no particular order): a write-back batch in
     /// one call, so that a networked store can pipeline it. On an error the
