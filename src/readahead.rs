@@ -23,14 +23,19 @@ use std::sync::Arc;
 /// gets no readahead (the kernel's `MMAP_LOTSAMISS`).
 const LOTSAMISS: u32 = 100;
 
+/// Free huge pages a huge page's readahead leaves in the pool.
+const HUGE_MARGIN: u64 = 2;
+
 /// After a fault on page `i` of `obj` (a miss, or a hit on a read-ahead
 /// page), updates the window and requests the pages past what was already
-/// requested. Nothing for objects of 2 MiB pages. Async-signal-safe.
+/// requested. Async-signal-safe.
 pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     let max = mm.config.readahead_pages;
-    // A 2 MiB page is a 512-page read already; no window is built on it.
-    if max == 0 || obj.is_huge() {
+    if max == 0 {
         return;
+    }
+    if obj.is_huge() {
+        return on_huge_fault(mm, obj, i);
     }
     let expected = obj.ra_next.swap(i + 1, Relaxed);
     let w = obj.ra_window.load(Relaxed);
@@ -102,6 +107,31 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     mm.readahead.kick();
 }
 
+/// [`on_fault`] for an object of 2 MiB pages. A 2 MiB page is a 512-page
+/// read already, so no window is built on it: a fault on the page right
+/// after the last one (a sequential reader) requests the next one, so that
+/// its read overlaps the reader's pass over this one; any other fault
+/// requests nothing. Shared objects only: an anonymous one's pages come
+/// back from swap, where a guessed 2 MiB read competes with the 2 MiB
+/// swap writes of the evictions it forces.
+fn on_huge_fault(mm: &Mm, obj: &Object, i: usize) {
+    if obj.kind != crate::object::InstallKind::Shared {
+        return;
+    }
+    let expected = obj.ra_next.swap(i + 1, Relaxed);
+    let j = i + 1;
+    if i != expected || j >= obj.npages() {
+        return;
+    }
+    if obj.cache.load(j) & (UPTODATE | LOCKED | POISONED) != 0 {
+        return;
+    }
+    if mm.readahead.push(entry(obj.slot.load(Relaxed), j)) {
+        obj.ra_end.fetch_max(j + 1, Relaxed);
+        mm.readahead.kick();
+    }
+}
+
 /// A run of consecutive requested pages of one object, locked and absent,
 /// that read from the same source: one store call.
 struct Run {
@@ -121,8 +151,9 @@ struct Run {
 /// whose `read_many` would loop anyway, so that their pages are charged one
 /// by one as they are read. A batch is charged to the budget whole before
 /// its call, so it is also held to a quarter of the budget.
-fn run_limit(mm: &Mm, src: &dyn crate::store::Store) -> usize {
-    if src.signal_safe() && !src.batches_reads() {
+fn run_limit(mm: &Mm, obj: &Object, src: &dyn crate::store::Store) -> usize {
+    // (One 2 MiB page is a request's whole buffer.)
+    if obj.is_huge() || (src.signal_safe() && !src.batches_reads()) {
         return 1;
     }
     match mm.config.budget_pages {
@@ -180,7 +211,7 @@ fn add(mm: &Mm, run: &mut Run, e: Entry) {
     }
     if !continuing {
         run.swapped = swapped;
-        run.max = run_limit(mm, &**obj.source(prev));
+        run.max = run_limit(mm, obj, &**obj.source(prev));
     }
     run.n += 1;
 }
@@ -199,7 +230,25 @@ fn flush(mm: &Mm, run: &mut Run) {
         return;
     }
     let (start, end) = (run.start, run.start + n);
-    crate::reclaim::charge(mm, n as u64);
+    let units = n as u64 * obj.units();
+    // A huge page read ahead comes out of the hugetlb pool, which a fault
+    // that finds it empty answers with SIGBUS. So one is read only if it
+    // fits in the budget as it stands (a guess must not make reclaim evict
+    // 2 MiB, nor add to the overshoot of the faults in flight, which is
+    // what map checked the pool for), and only while the pool keeps a
+    // margin beyond it (other pagers and processes draw on it too; a sysfs
+    // read: readahead threads are ordinary threads).
+    if obj.is_huge() {
+        let budget = mm.config.budget_pages;
+        let over_budget = budget > 0 && mm.resident.load(Relaxed) + units > budget;
+        if over_budget || crate::sys::huge::Pool::now().available() < HUGE_MARGIN + n as u64 {
+            for j in start..end {
+                obj.cache.unlock(j, 0, 0);
+            }
+            return;
+        }
+    }
+    crate::reclaim::charge(mm, units);
     let src = if run.swapped { obj.swap() } else { &obj.store };
     // SAFETY: we hold the lock of every page of the run, each absent, and
     // they all read from `src`.
@@ -215,7 +264,7 @@ fn flush(mm: &Mm, run: &mut Run) {
         for j in start..end {
             obj.cache.unlock(j, 0, 0);
         }
-        mm.uncharge(n as u64);
+        mm.uncharge(units);
     }
 }
 

@@ -153,7 +153,8 @@ typedef struct uffd_pager_map_options {
    * `UFFD_PAGER_HUGE_PAGE_SIZE` for 2 MiB pages from the kernel's
    * hugetlb pool (`uffd_pager_huge_pages_available`). A region of 2 MiB
    * pages has a length (and fixed address) that is a multiple of 2 MiB,
-   * no readahead or fault-around, and cannot be refreshed; the budget
+   * no fault-around (a shared one reads the next page ahead for a
+   * sequential reader), and cannot be refreshed; the budget
    * counts its pages as 512 each. Another size: `-EINVAL`; a pool too
    * small for the region: `-ENOMEM`, and the message says what to set.
    */

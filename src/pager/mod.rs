@@ -354,8 +354,9 @@ pub struct MapOptions {
     /// free). Faults, installs, eviction, write-back and store calls then
     /// work 2 MiB at a time; the budget still counts 4 KiB units (a huge
     /// page is 512 of them) and must hold one huge page at least. A region
-    /// of 2 MiB pages has no readahead or fault-around (a page is 512
-    /// base pages already), cannot be remapped, and its length (and fixed
+    /// of 2 MiB pages has no fault-around (a page is 512 base pages
+    /// already); a shared one reads the next page ahead for a sequential
+    /// reader, within the budget. It cannot be remapped, and its length (and fixed
     /// address) must be multiples of 2 MiB. A huge anonymous region does
     /// not hear of the application's own `madvise(MADV_DONTNEED)` on pages
     /// it has evicted (use [`Region::dontneed`](crate::Region::dontneed)).
