@@ -273,6 +273,13 @@ fn flush(mm: &Mm, run: &mut Run) {
 /// store call.
 fn work(mm: &Mm) {
     while let Some(e) = mm.readahead.next() {
+        // A read section per gathering, taken before any page lock (an
+        // event is applied under the gate's write side and locks pages):
+        // the direct reclaim a run's charge may start zaps user ranges, and
+        // with in-thread delivery the section is what keeps that from
+        // acting on a range the application has just unmapped (see
+        // `crate::events`).
+        let _section = mm.events.section();
         let mut run = Run {
             obj: None,
             slot: u32::MAX,

@@ -315,3 +315,100 @@ fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
         assert!((st.miss_drop_pct() - 100.0).abs() < 1e-9, "{d}");
     }
 }
+
+/// Set while the application side of
+/// `an_eviction_in_flight_never_takes_the_applications_new_page` runs.
+static EVICT_ARMED: AtomicBool = AtomicBool::new(false);
+static EVICT_HELD: AtomicBool = AtomicBool::new(false);
+static EVICT_GO: AtomicBool = AtomicBool::new(false);
+
+std::thread_local!(static EVICTOR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+
+/// Holds the evicting thread's first lookup until the test says go.
+fn hold_evictor(_: &uffd_pager::testing::Site<'_>) {
+    if EVICTOR.with(|c| c.get()) && EVICT_ARMED.swap(false, SeqCst) {
+        EVICT_HELD.store(true, SeqCst);
+        let t = Instant::now();
+        while !EVICT_GO.load(SeqCst) && t.elapsed() < Duration::from_secs(20) {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// An eviction that found its page before the application mapped its own
+/// memory over the range (`mmap(MAP_FIXED)`) must not act after: with
+/// handler threads the kernel lets the application's call return once the
+/// `UNMAP` event is read, before the engine applies it, and `UFFDIO_MOVE`
+/// checks only its destination's registration, so the move took the
+/// application's freshly written page (it then read zeros). Evictions now
+/// act only while no event is read and not applied.
+#[test]
+fn an_eviction_in_flight_never_takes_the_applications_new_page() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for d in [
+        Delivery::Threads {
+            threads: 2,
+            spin_us: 0,
+        },
+        Delivery::PerRegion,
+    ] {
+        let p = Pager::builder()
+            .delivery(d)
+            .budget_pages(64)
+            .kswapd(false)
+            .readahead(0, 1)
+            .fault_around(0)
+            .build()
+            .unwrap();
+        let mut r = p.map_anonymous(64 * PAGE).unwrap();
+        let base = r.as_ptr() as usize;
+        // Only pages 40..48 resident, dirty.
+        r.as_mut_slice()[40 * PAGE..48 * PAGE].fill(0x11);
+        let mine = base + 40 * PAGE;
+        EVICT_HELD.store(false, SeqCst);
+        EVICT_GO.store(false, SeqCst);
+        EVICT_ARMED.store(true, SeqCst);
+        uffd_pager::testing::set_after_lookup(Some(hold_evictor));
+        std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                EVICTOR.with(|c| c.set(true));
+                p.reclaim_pages(1)
+            });
+            wait_until("the eviction's lookup", || EVICT_HELD.load(SeqCst));
+            // SAFETY: the application maps its own memory over region
+            // memory, as it may.
+            let q = unsafe {
+                libc::mmap(
+                    mine as *mut libc::c_void,
+                    8 * PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            assert_eq!(q as usize, mine, "{d}: mmap");
+            for k in 0..8 * PAGE {
+                // SAFETY: the application's own mapping.
+                unsafe { std::ptr::write_volatile((mine + k) as *mut u8, 0xA5) };
+            }
+            EVICT_GO.store(true, SeqCst);
+            t.join().unwrap();
+        });
+        uffd_pager::testing::set_after_lookup(None);
+        let lost: Vec<usize> = (0..8)
+            // SAFETY: the application's own mapping.
+            .filter(
+                |pg| unsafe { std::ptr::read_volatile((mine + pg * PAGE) as *const u8) } != 0xA5,
+            )
+            .collect();
+        let st = p.stats();
+        drop(r);
+        // SAFETY: the application's own mapping.
+        unsafe { libc::munmap(mine as *mut libc::c_void, 8 * PAGE) };
+        assert!(
+            lost.is_empty(),
+            "{d}: the application's pages {lost:?} were taken\n{st}"
+        );
+    }
+}

@@ -28,6 +28,11 @@
 //!   re-checks its page when it meets the result (`fault::install`'s
 //!   recheck), so the window only matters for a page that an application
 //!   thread touches at the very time another thread unmaps or drops it.
+//!   An eviction is another matter: its `UFFDIO_MOVE` out of the range
+//!   (the kernel checks only the destination's registration) or its
+//!   `MADV_DONTNEED` of it would take the application's own new page
+//!   there, so evictions act only while no event is read and unapplied
+//!   ([`Events::act`]).
 //!
 //! What each event does:
 //! - `REMOVE` (only anonymous regions mapped writable report it): the pages
@@ -161,6 +166,31 @@ impl Events {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Runs `f`, a system call that takes a page out of a user mapping
+    /// without the kernel checking that the range is still the region's
+    /// (`UFFDIO_MOVE` from it, `MADV_DONTNEED` of it), only while no event
+    /// has been read and not applied, and with no read in flight: `None`
+    /// (try later) otherwise. With handler threads an event is read before
+    /// the gate is taken, and the read lets the application's `munmap` or
+    /// `mmap(MAP_FIXED)` return and write its own memory there; a read
+    /// section alone does not keep that out. In-thread delivery's reader
+    /// takes the gate before it reads, so the caller's section suffices
+    /// there (and direct reclaim runs in a signal handler, where no mutex
+    /// may be taken).
+    #[inline]
+    pub fn act<R>(&self, in_thread: bool, f: impl FnOnce() -> R) -> Option<R> {
+        if in_thread {
+            return Some(f());
+        }
+        let _order = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        // No read in flight (we hold `reads`): `busy` counts events read
+        // and not yet applied.
+        if self.busy.load(SeqCst) != 0 {
+            return None;
+        }
+        Some(f())
     }
 
     /// Reads up to `msgs.len()` messages from `uffd` (non-blocking; `Ok(0)`:

@@ -438,6 +438,9 @@ impl Pager {
         if mm.in_child() {
             return 0;
         }
+        // The application's own munmap/mmap just made is applied first,
+        // so this call sees the address space it left.
+        mm.events.quiesce();
         let _section = mm.events.section();
         crate::reclaim::shrink(mm, nr)
     }

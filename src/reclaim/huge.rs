@@ -34,7 +34,13 @@ use crate::sys::mem::{madvise, page_present};
 /// safe.
 pub(super) fn unmap_anon(mm: &Mm, obj: &Object, i: usize, addr: usize) -> Result<Unmapped, ()> {
     let len = obj.page_size();
-    let zap = || madvise(addr, len, libc::MADV_DONTNEED).map_err(|_| ());
+    let in_thread = mm.config.delivery.is_in_thread();
+    let zap = || {
+        mm.events
+            .act(in_thread, || madvise(addr, len, libc::MADV_DONTNEED))
+            .ok_or(())?
+            .map_err(|_| ())
+    };
     if obj.cache.load(i) & CLEAN != 0 {
         zap()?;
         return Ok(Unmapped::InCache);

@@ -73,8 +73,14 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     if !std::ptr::eq(&*vma.object, obj) || vma.page_index(addr) != i {
         return Err(());
     }
+    let in_thread = mm.config.delivery.is_in_thread();
     if obj.kind == InstallKind::Shared {
-        madvise(addr, obj.page_size(), libc::MADV_DONTNEED).map_err(|_| ())?;
+        mm.events
+            .act(in_thread, || {
+                madvise(addr, obj.page_size(), libc::MADV_DONTNEED)
+            })
+            .ok_or(())?
+            .map_err(|_| ())?;
         return Ok(Unmapped::InCache);
     }
     if obj.is_huge() {
@@ -84,9 +90,15 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     let s = r.take_slot();
     // A read-write slot first; a read-only mapping (the region's, or one
     // the application made with its own mprotect) takes the read-only one.
-    let moved = match r.move_to_slot(&mm.counters, addr, s, false) {
-        Err(libc::EINVAL) => r.move_to_slot(&mm.counters, addr, s, true),
-        m => m,
+    let moved = mm.events.act(in_thread, || {
+        match r.move_to_slot(&mm.counters, addr, s, false) {
+            Err(libc::EINVAL) => r.move_to_slot(&mm.counters, addr, s, true),
+            m => m,
+        }
+    });
+    let Some(moved) = moved else {
+        r.put_slot(s);
+        return Err(());
     };
     let src = match moved {
         Ok(src) => src,
@@ -248,7 +260,9 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
     let mut buf = [0 as Entry; ISOLATE];
     let mut back = [0 as Entry; ISOLATE];
     let mut batch = UnmapBatch::new();
-    while freed + (batch.len() as u64) < nr && scanned < max_scan {
+    // An event waiting to be applied waits for this section (and refuses
+    // our zaps meanwhile): leave instead of rotating through `max_scan`.
+    while freed + (batch.len() as u64) < nr && scanned < max_scan && !mm.events.pending() {
         let n = mm.lru.isolate(&mut buf, c);
         if n == 0 {
             if drained {

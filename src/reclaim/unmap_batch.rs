@@ -110,7 +110,12 @@ impl<'a> UnmapBatch<'a> {
         }
         let nz = crate::sys::mem::coalesce_ranges(&mut self.zaps[..self.nz]);
         // Pages that were not mapped are pending too, with nothing to zap.
-        let ok = nz == 0 || dontneed_batch(&self.zaps[..nz]).is_ok();
+        let in_thread = mm.config.delivery.is_in_thread();
+        let ok = nz == 0
+            || mm
+                .events
+                .act(in_thread, || dontneed_batch(&self.zaps[..nz]).is_ok())
+                .unwrap_or(false);
         if ok {
             free_clean_shared(&self.pending[..self.n]);
         }
