@@ -145,20 +145,26 @@ struct Run {
 }
 
 /// How many pages one store call of readahead carries: a batch only for a
-/// store that gains by it (one that is not signal-safe, a network round
-/// trip per call, or one that [batches reads](crate::store::Store::batches_reads),
-/// a disk file's one request per window); a page at a time for the others,
-/// whose `read_many` would loop anyway, so that their pages are charged one
-/// by one as they are read. A batch is charged to the budget whole before
-/// its call, so it is also held to a quarter of the budget.
+/// store that gains by it; a page at a time for the others, whose
+/// `read_many` would loop anyway, so that their pages are charged one by
+/// one as they are read. A batch is charged to the budget whole before its
+/// call, and the pages of batches in flight are residency past the budget
+/// until reclaim catches up, so a batch is held to a share of the budget:
+/// - a store that is not signal-safe (a network round trip and a thread
+///   hop per call): a quarter of it;
+/// - a signal-safe one that [batches reads](crate::store::Store::batches_reads)
+///   (a disk file: one request per window instead of one per page): a
+///   sixteenth, so that small budgets keep their bound (32 pages from a
+///   budget of 512 pages up).
 fn run_limit(mm: &Mm, obj: &Object, src: &dyn crate::store::Store) -> usize {
     // (One 2 MiB page is a request's whole buffer.)
     if obj.is_huge() || (src.signal_safe() && !src.batches_reads()) {
         return 1;
     }
+    let share = if src.signal_safe() { 16 } else { 4 };
     match mm.config.budget_pages {
         0 => MAX_BATCH,
-        b => MAX_BATCH.min((b / 4).max(1) as usize),
+        b => MAX_BATCH.min((b / share).max(1) as usize),
     }
 }
 
