@@ -239,22 +239,25 @@ fn flush(mm: &Mm, run: &mut Run) {
     let units = n as u64 * obj.units();
     // A huge page read ahead comes out of the hugetlb pool, which a fault
     // that finds it empty answers with SIGBUS. So one is read only if it
-    // fits in the budget as it stands (a guess must not make reclaim evict
-    // 2 MiB, nor add to the overshoot of the faults in flight, which is
-    // what map checked the pool for), and only while the pool keeps a
-    // margin beyond it (other pagers and processes draw on it too; a sysfs
-    // read: readahead threads are ordinary threads).
-    if obj.is_huge() {
-        let budget = mm.config.budget_pages;
-        let over_budget = budget > 0 && mm.resident.load(Relaxed) + units > budget;
-        if over_budget || crate::sys::huge::Pool::now().available() < HUGE_MARGIN + n as u64 {
-            for j in start..end {
-                obj.cache.unlock(j, 0, 0);
-            }
-            return;
+    // fits in the budget as it stands, charged in one step with the check
+    // (a guess must not make reclaim evict 2 MiB, nor add to the overshoot
+    // of the faults in flight, which is what map checked the pool for),
+    // and only while the pool keeps a margin beyond it (other pagers and
+    // processes draw on it too; a sysfs read: readahead threads are
+    // ordinary threads).
+    let charged = if obj.is_huge() {
+        crate::sys::huge::Pool::now().available() >= HUGE_MARGIN + n as u64
+            && crate::reclaim::charge_within_budget(mm, units)
+    } else {
+        crate::reclaim::charge(mm, units);
+        true
+    };
+    if !charged {
+        for j in start..end {
+            obj.cache.unlock(j, 0, 0);
         }
+        return;
     }
-    crate::reclaim::charge(mm, units);
     let src = if run.swapped { obj.swap() } else { &obj.store };
     // SAFETY: we hold the lock of every page of the run, each absent, and
     // they all read from `src`.

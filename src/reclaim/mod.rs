@@ -339,6 +339,31 @@ pub fn charge(mm: &Mm, n: u64) {
     }
 }
 
+/// Charges `n` pages only if they fit in the budget as it stands (one
+/// compare-and-swap: no other charge can slip in between the check and
+/// the charge); `false`, charging nothing, if they do not. For reads that
+/// are guesses (a 2 MiB page read ahead), which must never take residency
+/// past the budget: the faults in flight already may. Async-signal-safe.
+pub fn charge_within_budget(mm: &Mm, n: u64) -> bool {
+    let budget = mm.config.budget_pages;
+    if budget == 0 {
+        charge(mm, n);
+        return true;
+    }
+    let Ok(prev) = mm
+        .resident
+        .fetch_update(Relaxed, Relaxed, |r| (r + n <= budget).then_some(r + n))
+    else {
+        return false;
+    };
+    let now = prev + n;
+    if now > mm.peak_resident.load(Relaxed) {
+        mm.peak_resident.fetch_max(now, Relaxed);
+    }
+    maybe_wake_kswapd(mm, now);
+    true
+}
+
 /// Direct reclaim: called in the faulting context after a charge took the
 /// pager over its budget. Like the kernel's (`nr_to_reclaim` is
 /// `SWAP_CLUSTER_MAX`), it frees a batch, not just the page or two over
