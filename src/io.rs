@@ -88,6 +88,8 @@ pub struct Io {
     timeout_ns: u64,
     /// Spin this long before sleeping, waiting or idle.
     spin_ns: u64,
+    /// Pipes that fill kernel-mapped objects' memfds (`sys::pipe`).
+    pub(crate) pipes: crate::sys::pipe::PipePool,
 }
 
 // SAFETY: a slot's `store` cell is written only by the caller that claimed
@@ -127,6 +129,7 @@ impl Io {
             queue: WorkQueue::new(SLOTS * 2),
             timeout_ns,
             spin_ns,
+            pipes: Default::default(),
         })
     }
 

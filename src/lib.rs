@@ -71,6 +71,7 @@ pub use stats::histogram::{AtomicHistogram, Percentiles};
 pub use stats::{Counter, Stats};
 pub use sync::global_lock::Contention;
 pub use sys::huge::{Pool as HugePagePool, HUGE_PAGE_SIZE};
+pub use sys::pipe::PipePool;
 pub use sys::thread::in_engine;
 pub use sys::uffd::Descriptor;
 /// The page size the engine works in (bytes): x86-64's base page.

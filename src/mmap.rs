@@ -30,6 +30,9 @@ pub(crate) fn register_mode(obj: &Object) -> u64 {
         // UFFDIO_CONTINUE. WP: pages are installed write-protected (see
         // `Object::install_wp`), for dirty tracking over a writable store
         // and to refuse writes to a read-only one.
+        // MISSING only: the kernel maps what the memfd holds, with its own
+        // fault-around, which MINOR or WP registration would turn off.
+        InstallKind::Shared if obj.kernel_maps => mode::MISSING,
         InstallKind::Shared => mode::MINOR | mode::MISSING | mode::WP,
     }
 }

@@ -18,6 +18,13 @@ impl Mm {
             if writable && v.object.kind == InstallKind::Shared && !v.object.store.writable() {
                 return Err(Error::ReadOnlyStore);
             }
+            if writable && v.object.kernel_maps {
+                return Err(Error::Config(
+                    "a kernel_maps region cannot be made writable: the engine would not see \
+                     its writes"
+                        .into(),
+                ));
+            }
         }
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE

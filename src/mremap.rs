@@ -133,6 +133,7 @@ fn register_again(
     let r = r.and_then(|m| mprotect(start, len, prot).map(|_| m));
     if r.is_ok()
         && vma.object.kind == InstallKind::Shared
+        && !vma.object.kernel_maps
         && uffd.writeprotect(start, len, true, false).is_err()
     {
         // EAGAIN: an event is waiting, and it cannot be applied while the

@@ -109,6 +109,14 @@ pub struct Object {
     /// mapped read-only (whose pages equal their source). Set before the
     /// object is mapped.
     pub quiet: bool,
+    /// The kernel maps this object's cached pages itself
+    /// ([`MapOptions::kernel_maps`](crate::MapOptions::kernel_maps)): a
+    /// read-only shared object of base pages whose regions are registered
+    /// MISSING only, so a fault reaches the engine only for a page absent
+    /// from the memfd; the engine fills the memfd and the access, run
+    /// again, is mapped by the kernel's own fault path (clean PTEs, its
+    /// fault-around). Set before the object is mapped.
+    pub kernel_maps: bool,
     backing: Backing,
     /// Attempts working on this object with their lock dropped, and
     /// reclaim's references while it evicts a page. On a cache line of its
@@ -336,6 +344,7 @@ impl Object {
             cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,
             zero_fill,
             quiet: kind == InstallKind::Shared,
+            kernel_maps: false,
             backing,
             pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),
@@ -371,7 +380,7 @@ impl Object {
     /// first write faults, marks the page dirty and lifts the protection
     /// (the kernel's `page_mkwrite` for shared file mappings).
     pub fn tracks_writes(&self) -> bool {
-        self.kind == InstallKind::Shared && self.store.writable()
+        self.kind == InstallKind::Shared && self.store.writable() && !self.kernel_maps
     }
 
     /// Whether a page is mapped write-protected.
@@ -537,14 +546,37 @@ impl Object {
                 r
             }
             Backing::Shared { memfd, .. }
-                if src.signal_safe() && !(n > 1 && src.batches_reads()) =>
+                if src.signal_safe() && !(n > 1 && src.batches_reads()) && !self.kernel_maps =>
             {
                 src.read_to_fd(off, len, memfd.fd(), off)
             }
             Backing::Shared { memfd, .. } => {
+                // The kernel maps a kernel-mapped object's pages as soon as
+                // the memfd holds them, so none may be seen half written:
+                // through a pipe (`sys::pipe`), not `pwrite`.
+                let put = |p: *const u8| {
+                    // SAFETY: every caller below passes `len` bytes mapped
+                    // for the call (a buffer of its own, or the store's
+                    // page in memory, which the kernel reads or reports).
+                    unsafe {
+                        if self.kernel_maps {
+                            io.pipes.write_at(memfd.fd(), p, len, off)
+                        } else {
+                            crate::sys::mem::pwrite_all_raw(memfd.fd(), p, len, off)
+                        }
+                    }
+                    .map_err(StoreError)
+                };
+                if let Some(p) = src.page_in_memory(off).filter(|_| n == 1) {
+                    // (Not readable after all, a file shrunk behind the
+                    // store: the buffered read below reports it.)
+                    if put(p as *const u8).is_ok() {
+                        return Ok(());
+                    }
+                }
                 let through = |buf: &mut [u8]| {
                     crate::io::read(io, src, off, buf)?;
-                    crate::sys::mem::pwrite_all(memfd.fd(), buf, off).map_err(StoreError)
+                    put(buf.as_ptr())
                 };
                 if n == 1 {
                     through(&mut crate::sys::PageBuf::zeroed().0)

@@ -258,3 +258,40 @@ pub fn free_range(len: usize) -> usize {
 pub fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
+
+/// Runs child test `name` once per delivery mode (its `UFFD_DELIVERY`) and
+/// asserts that each was killed by SIGSEGV before it printed "went
+/// through" (a write the engine must refuse).
+pub fn assert_child_write_refused(name: &str) {
+    for d in DELIVERIES {
+        let out = run_child(name, &[("UFFD_DELIVERY", &d.to_string())]);
+        assert_eq!(
+            exit_signal(&out),
+            Some(libc::SIGSEGV),
+            "{d}: {}",
+            describe(&out)
+        );
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("went through"));
+    }
+}
+
+/// What a child of [`assert_child_write_refused`] does: makes `r` writable
+/// with the application's own `mprotect` and writes one byte at `offset`,
+/// printing "went through" if the write is not refused.
+pub fn make_writable_and_write(r: &uffd_pager::Region, offset: usize) {
+    assert!(offset < r.len());
+    // SAFETY: the application's own call on region memory.
+    let rc = unsafe {
+        libc::mprotect(
+            r.as_ptr().cast(),
+            r.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(rc, 0);
+    println!("about to write");
+    // SAFETY: inside the region (checked above); a write the engine must
+    // refuse.
+    unsafe { std::ptr::write_volatile(r.as_ptr().add(offset), 1u8) };
+    println!("the write went through");
+}

@@ -253,36 +253,12 @@ fn child_write_to_read_only_store_after_mprotect() {
     };
     let r = p.map_store(store, data.len(), &opts).unwrap();
     assert_eq!(byte(r.as_ptr() as usize), data[0]);
-    // SAFETY: the application's own call on region memory.
-    let rc = unsafe {
-        libc::mprotect(
-            r.as_ptr().cast(),
-            r.len(),
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
-    };
-    assert_eq!(rc, 0);
-    println!("about to write");
-    // SAFETY: a write the engine must refuse.
-    unsafe { std::ptr::write_volatile(r.as_ptr().add(PAGE), 1u8) };
-    println!("the write went through");
+    make_writable_and_write(&r, PAGE);
 }
 
 #[test]
 fn writes_to_a_read_only_store_are_refused_after_mprotect() {
-    for d in DELIVERIES {
-        let out = run_child(
-            "child_write_to_read_only_store_after_mprotect",
-            &[("UFFD_DELIVERY", &d.to_string())],
-        );
-        assert_eq!(
-            exit_signal(&out),
-            Some(libc::SIGSEGV),
-            "{d}: {}",
-            describe(&out)
-        );
-        assert!(!String::from_utf8_lossy(&out.stdout).contains("went through"));
-    }
+    assert_child_write_refused("child_write_to_read_only_store_after_mprotect");
 }
 
 /// `dontneed` then `populate` of an evicted anonymous region reads zeros in

@@ -103,6 +103,8 @@ pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i3
         } else {
             o.page_size
         },
+        // (Not offered to C: the options struct is part of the ABI.)
+        kernel_maps: false,
     })
 }
 

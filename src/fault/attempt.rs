@@ -49,6 +49,12 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     };
     let vma = held.vma();
     let obj = &*vma.object;
+    // A write reaches a kernel-mapped region only if the application made
+    // it writable itself; the engine could not see later writes to the
+    // page, so it refuses this one (see `MapOptions::kernel_maps`).
+    if f.write && obj.kernel_maps {
+        return Outcome::Denied;
+    }
 
     // Step 2: work that needs the global lock (`__vmf_anon_prepare`).
     if obj.zero_fill && !vma.anon_prepared.load(Acquire) {
@@ -285,9 +291,14 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
     // page is its own cluster.
     let around = !f.write
         && obj.kind == InstallKind::Shared
+        && !obj.kernel_maps
         && !obj.is_huge()
         && mm.config.fault_around_pages > 1;
-    let installed = if around && super::around::map_pages(mm, vma, i) {
+    // A kernel-mapped object's page is in the memfd now: the access, run
+    // again, maps it (`MapOptions::kernel_maps`).
+    let installed = if obj.kernel_maps {
+        Ok(false)
+    } else if around && super::around::map_pages(mm, vma, i) {
         mm.counters.inc(PGINSTALL);
         Ok(false)
     } else {

@@ -238,6 +238,14 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
     let obj = &vma.object;
     let addr = vma.addr_of(i);
     match obj.kind {
+        // MISSING only: the kernel found no page in the memfd, or found
+        // none before a racing fault filled it. (Writes never get here:
+        // `attempt` refuses them.)
+        InstallKind::Shared if obj.kernel_maps => match crate::sys::mem::page_present(addr) {
+            Ok(true) => Recheck::Present { dirty: false },
+            Ok(false) => Recheck::Gone,
+            Err(_) => Recheck::Failed,
+        },
         InstallKind::Shared => {
             if f.write && !obj.store.writable() {
                 return Recheck::Denied;

@@ -294,6 +294,17 @@ impl Pager {
     ) -> Result<Region> {
         check_fixed(opts.fixed_addr, PAGE_SIZE)?;
         let shift = page_shift(opts, len, self.inner.mm.config.budget_pages)?;
+        if opts.kernel_maps
+            && (opts.kind != InstallKind::Shared
+                || opts.writable
+                || shift != crate::sys::PAGE_SHIFT)
+        {
+            return Err(Error::Config(
+                "kernel_maps needs a read-only shared region of 4 KiB pages \
+                 (kind: Shared, writable: false, page_size: PAGE_SIZE)"
+                    .into(),
+            ));
+        }
         let npages = ((store.len() as usize) >> shift).max(len >> shift);
         let swap = match opts.kind {
             InstallKind::Anonymous => {
@@ -306,7 +317,12 @@ impl Pager {
         // whose contents have not changed since: its pages are still cached.
         let kept = match opts.kind {
             InstallKind::Shared => match mm.kept.take(&store, npages, shift) {
-                Some(Ok(obj)) => Some(obj),
+                // (Registered one way or the other for its whole life.)
+                Some(Ok(obj)) if obj.kernel_maps == opts.kernel_maps => Some(obj),
+                Some(Ok(other)) => {
+                    mm.release_now(other)?;
+                    None
+                }
                 Some(Err(stale)) => {
                     mm.release_now(stale)?;
                     None
@@ -326,6 +342,7 @@ impl Pager {
                 // a huge one must not, since reclaim zaps its pages with
                 // `MADV_DONTNEED` (see `reclaim`'s `huge`).
                 obj.quiet = opts.kind == InstallKind::Shared || !opts.writable || obj.is_huge();
+                obj.kernel_maps = opts.kernel_maps;
                 // Stamped before any page is read: kept later only if the
                 // store still has this stamp (nothing changed it while the
                 // object was mapped, not even its own write-backs).

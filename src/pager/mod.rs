@@ -361,6 +361,32 @@ pub struct MapOptions {
     /// not hear of the application's own `madvise(MADV_DONTNEED)` on pages
     /// it has evicted (use [`Region::dontneed`](crate::Region::dontneed)).
     pub page_size: usize,
+    /// Let the kernel map cached pages itself (default false): for a
+    /// read-only shared region of 4 KiB pages (`kind: Shared`, `writable:
+    /// false`; anything else is [`Error::Config`](crate::Error::Config)).
+    /// The region is registered for MISSING faults only, so the engine
+    /// hears of a page only when it is absent from the memfd: it reads the
+    /// page into the memfd and lets the access run again, and the kernel's
+    /// own fault path maps it, with its fault-around over the pages the
+    /// memfd holds. A page the engine cached but has not mapped (read
+    /// ahead, or left by an earlier region of the object) then costs a
+    /// kernel minor fault and no engine fault, and PTEs are installed
+    /// clean, so evicting a batch of pages costs one TLB flush, not one
+    /// per page (see the README's "Speed").
+    ///
+    /// What it gives up: the engine sees only the faults that miss, so
+    /// `minor_faults` and `readahead_used` count only those, the LRU's
+    /// second chance never sees a page the kernel mapped, and a page read
+    /// ahead is used without moving the readahead window until the reader
+    /// reaches a page that is not there yet. Fault-around and the
+    /// engine's write protection need MINOR and WP registration, which
+    /// would turn the kernel's fault-around off, so a write is refused only
+    /// where it reaches the engine: [`Region::protect`](crate::Region::protect)
+    /// refuses to make the region writable, but if the application makes it
+    /// writable with its own `mprotect` and writes, a write to a page the
+    /// memfd holds goes into the cache unseen and is lost when the page is
+    /// evicted (a write to an absent page is SIGSEGV).
+    pub kernel_maps: bool,
 }
 
 impl Default for MapOptions {
@@ -372,6 +398,7 @@ impl Default for MapOptions {
             pinned: false,
             populate: false,
             page_size: crate::PAGE_SIZE,
+            kernel_maps: false,
         }
     }
 }

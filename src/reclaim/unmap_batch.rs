@@ -34,7 +34,9 @@ pub const BATCH: usize = 32;
 /// evictions cost 32 shootdowns however they are grouped: about 25 µs
 /// each on this project's 2-vCPU VMs, so a batch of 32 held its pages
 /// locked for 0.5-1.7 ms (p50-p90) and a fault on one of them waited that
-/// long. Four keeps the lock hold near 0.1 ms.
+/// long. Four keeps the lock hold near 0.1 ms. A kernel-mapped object's
+/// pages ([`Object::kernel_maps`]) were mapped by the kernel's own read
+/// fault, clean, so they batch as anonymous pages do.
 pub const SHARED_BATCH: usize = 4;
 
 /// Why a page did not join the batch: what to do with its LRU entry, and
@@ -94,7 +96,7 @@ impl<'a> UnmapBatch<'a> {
             self.flush(mm);
         }
         let p = prepare_clean(mm, obj, i, &mut self.zaps, &mut self.nz)?;
-        self.shared += (p.obj.kind == InstallKind::Shared) as usize;
+        self.shared += (p.obj.kind == InstallKind::Shared && !p.obj.kernel_maps) as usize;
         self.pending[self.n] = Some(p);
         self.entries[self.n] = e;
         self.n += 1;

@@ -362,28 +362,18 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], off: u64) -> Result<(), i32> {
 /// `[src, src + len)` must be a mapped range of this process for the call
 /// (reading it may still fail, which is reported, not faulted on).
 pub unsafe fn pwrite_all_raw(fd: RawFd, src: *const u8, len: usize, off: u64) -> Result<(), i32> {
-    let mut done = 0;
-    while done < len {
+    super::all_of(len, |done| {
         // SAFETY: the caller's range, of which `[done, len)` is left; `fd`
         // is the caller's open descriptor. The kernel reads the bytes.
-        let n = unsafe {
+        unsafe {
             libc::pwrite(
                 fd,
                 src.add(done).cast(),
                 len - done,
                 (off + done as u64) as libc::off_t,
             )
-        };
-        match n {
-            n if n > 0 => done += n as usize,
-            0 => return Err(libc::EIO),
-            _ => match super::errno() {
-                libc::EINTR => {}
-                e => return Err(e),
-            },
         }
-    }
-    Ok(())
+    })
 }
 
 /// Sorts `ranges` by address and merges the ones that touch; returns how

@@ -6,6 +6,7 @@
 pub mod futex;
 pub mod huge;
 pub mod mem;
+pub mod pipe;
 pub mod thread;
 pub mod uffd;
 
@@ -26,6 +27,26 @@ impl PageBuf {
 }
 /// `log2(PAGE_SIZE)`.
 pub const PAGE_SHIFT: u32 = 12;
+
+/// Runs `step(done)` (a system call that moves up to the rest of `len`
+/// bytes from offset `done` and returns how many it moved, or -1 with
+/// errno) until all `len` have moved; EINTR runs it again, 0 is `EIO`.
+/// Async-signal-safe.
+#[inline]
+pub fn all_of(len: usize, mut step: impl FnMut(usize) -> isize) -> Result<(), i32> {
+    let mut done = 0;
+    while done < len {
+        match step(done) {
+            n if n > 0 => done += n as usize,
+            0 => return Err(libc::EIO),
+            _ => match errno() {
+                libc::EINTR => {}
+                e => return Err(e),
+            },
+        }
+    }
+    Ok(())
+}
 
 /// The calling thread's `errno`.
 #[inline]

@@ -13,6 +13,14 @@
 //!    `pwrite` from the store's view of the file);
 //! 3. maps it with one `UFFDIO_CONTINUE`, which also wakes.
 //!
+//! The kernel-mapped variant (the engine's `MapOptions::kernel_maps`)
+//! registers the memfd's mapping MISSING only: it queues its victims for
+//! one `process_madvise(MADV_DONTNEED)` per 32 (the kernel mapped them
+//! clean, so the batch costs one TLB flush) and punches them out of the
+//! memfd after the zap; it fills the page through a pipe (`PipePool`: the
+//! kernel maps what the memfd holds, so no page may be seen half written)
+//! and returns, and the access, run again, is mapped by the kernel.
+//!
 //! The anonymous variant maps a private anonymous area registered MISSING,
 //! queues its victims for one `process_madvise(MADV_DONTNEED)` per 32, and
 //! installs with one `UFFDIO_COPY`, from the file's page where the store
@@ -38,7 +46,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
 use uffd_pager::store::{FileStore, Store};
-use uffd_pager::{Error, InstallKind, Result, PAGE_SIZE};
+use uffd_pager::{Error, InstallKind, PipePool, Result, PAGE_SIZE};
 
 const EMPTY: usize = usize::MAX;
 
@@ -58,10 +66,13 @@ struct State {
     ring_len: AtomicUsize,
     head: AtomicUsize,
     faults: AtomicU64,
-    /// 1: the anonymous variant (see [`random_floor`]).
-    anon: AtomicUsize,
+    /// [`SHARED`], [`ANON`] or [`KERNEL_MAPS`]: the variant (see
+    /// [`random_floor`]).
+    variant: AtomicUsize,
     /// The store over the file (a `*const FileStore`).
     store: AtomicUsize,
+    /// The kernel-mapped variant's pipes (a `*const PipePool`).
+    pipes: AtomicUsize,
 }
 
 static ST: State = State {
@@ -74,11 +85,16 @@ static ST: State = State {
     ring_len: AtomicUsize::new(0),
     head: AtomicUsize::new(0),
     faults: AtomicU64::new(0),
-    anon: AtomicUsize::new(0),
+    variant: AtomicUsize::new(SHARED),
     store: AtomicUsize::new(0),
+    pipes: AtomicUsize::new(0),
 };
 
-/// Victims a thread of the anonymous variant collects before it zaps them
+const SHARED: usize = 0;
+const ANON: usize = 1;
+const KERNEL_MAPS: usize = 2;
+
+/// Victims a thread of the anonymous or kernel-mapped variant collects before it zaps them
 /// with one `process_madvise`.
 const ZAP_BATCH: usize = 32;
 
@@ -128,27 +144,50 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     let slot = ST.head.fetch_add(1, Relaxed) % ST.ring_len.load(Acquire);
     // SAFETY: `ring` points to `ring_len` atomics that outlive the pass.
     let victim = unsafe { &*ring.add(slot) }.swap(off, AcqRel);
-    if ST.anon.load(Acquire) == 1 {
+    let variant = ST.variant.load(Acquire);
+    if variant == ANON {
         if victim != EMPTY {
-            zap_later(base + victim);
+            zap_later(base, victim, None);
         }
         anon_fill_and_copy(base, off);
         return;
     }
-    if victim != EMPTY {
+    if variant == KERNEL_MAPS {
+        if victim != EMPTY {
+            zap_later(base, victim, Some(memfd));
+        }
+    } else if victim != EMPTY {
         // The floor's memfd, open for the pass.
         let _ = mem::punch_hole(memfd, victim, PAGE_SIZE);
     }
-    // 2. Fill it from the file, as the engine fills its memfd.
+    // 2. Fill it from the file, as the engine fills its memfd: the
+    // kernel-mapped variant through a pipe (see `PipePool`), since the
+    // kernel maps what the memfd holds.
     // SAFETY: the store outlives the pass (set before, cleared after).
     let store = unsafe { &*(ST.store.load(Acquire) as *const FileStore) };
-    if store
-        .read_to_fd(off as u64, PAGE_SIZE, memfd, off as u64)
-        .is_err()
-    {
+    let filled = if variant == KERNEL_MAPS {
+        // SAFETY: the pool outlives the pass (set before, cleared after).
+        let pipes = unsafe { &*(ST.pipes.load(Acquire) as *const PipePool) };
+        let mut buf = None;
+        let src = match store.page_in_memory(off as u64) {
+            Some(src) => src as *const u8,
+            None => buf.insert(read_file_page(off)).0.as_ptr(),
+        };
+        // SAFETY: `src` is the store's mapped page (the kernel reads it or
+        // reports EFAULT) or `buf`, a page on this stack.
+        unsafe { pipes.write_at(memfd, src, PAGE_SIZE, off as u64) }.is_ok()
+    } else {
+        store
+            .read_to_fd(off as u64, PAGE_SIZE, memfd, off as u64)
+            .is_ok()
+    };
+    if !filled {
         fatal(b"uffd-pager random floor: filling a page failed\n");
     }
-    // 3. Map it.
+    // 3. Map it (the kernel does, when the access runs again).
+    if variant == KERNEL_MAPS {
+        return;
+    }
     // SAFETY: the descriptor outlives the pass (set before, cleared after).
     let uffd = unsafe { &*(ST.uffd.load(Acquire) as *const Uffd) };
     loop {
@@ -182,24 +221,31 @@ fn read_file_page(off: usize) -> PageBuf {
     buf
 }
 
-/// The anonymous variant's eviction: queue the victim's user page and zap
-/// the queue with one `process_madvise(MADV_DONTNEED)` when it is full
-/// (anonymous PTEs need no flush of their own, so the batch costs one
-/// TLB flush).
-fn zap_later(addr: usize) {
+/// The batched eviction of the anonymous and kernel-mapped variants: queue
+/// the victim (its offset in the mapping at `base`) and zap the queue with
+/// one `process_madvise(MADV_DONTNEED)` when it is full (anonymous PTEs,
+/// and file PTEs the kernel mapped clean, need no flush of their own, so
+/// the batch costs one TLB flush); then, with a `memfd`, punch each
+/// victim out of it.
+fn zap_later(base: usize, victim: usize, memfd: Option<i32>) {
     PENDING.with(|(n, q)| {
         let mut a = q.get();
-        a[n.get()] = addr;
+        a[n.get()] = victim;
         n.set(n.get() + 1);
         if n.get() == ZAP_BATCH {
             let mut ranges = [(0usize, 0usize); ZAP_BATCH];
             for (r, &v) in ranges.iter_mut().zip(&a) {
-                *r = (v, PAGE_SIZE);
+                *r = (base + v, PAGE_SIZE);
             }
             // SAFETY: the victims are pages of the floor's user mapping,
             // which the readers only read through raw pointers (a zapped
             // page faults again and is refilled).
             let _ = unsafe { mem::dontneed_batch(&ranges) };
+            if let Some(fd) = memfd {
+                for &v in &a {
+                    let _ = mem::punch_hole(fd, v, PAGE_SIZE);
+                }
+            }
             n.set(0);
         }
         q.set(a);
@@ -240,6 +286,7 @@ pub fn random_floor(
     duration: Duration,
     seed: u64,
     kind: InstallKind,
+    kernel_maps: bool,
 ) -> Result<RandomFloorReport> {
     if budget == 0 || threads == 0 {
         return Err(Error::Config(
@@ -259,7 +306,8 @@ pub fn random_floor(
         memfd.map_shared(len).map_err(io("mmap memfd"))?
     };
     let user_base = user.as_ptr() as usize;
-    let (features, reg) = if anon {
+    let kernel_maps = kernel_maps && !anon;
+    let (features, reg) = if anon || kernel_maps {
         (feature::SIGBUS, RegisterMode::MISSING)
     } else {
         (
@@ -273,7 +321,9 @@ pub fn random_floor(
         .map_err(|e| crate::sys_error("UFFDIO_REGISTER", e))?;
     let ring: Vec<AtomicUsize> = (0..budget).map(|_| AtomicUsize::new(EMPTY)).collect();
     let mismatches = AtomicU64::new(0);
+    let pipes = PipePool::default();
     with_raw_handler(on_sigbus, || {
+        ST.pipes.store(&pipes as *const PipePool as usize, Release);
         ST.uffd.store(&uffd as *const Uffd as usize, Release);
         ST.file_fd.store(file.file().as_raw_fd() as usize, Release);
         ST.memfd.store(memfd.fd() as usize, Release);
@@ -281,7 +331,12 @@ pub fn random_floor(
         ST.ring_len.store(ring.len(), Release);
         ST.head.store(0, Release);
         ST.faults.store(0, Release);
-        ST.anon.store(anon as usize, Release);
+        let variant = match (anon, kernel_maps) {
+            (true, _) => ANON,
+            (false, true) => KERNEL_MAPS,
+            (false, false) => SHARED,
+        };
+        ST.variant.store(variant, Release);
         ST.store.store(&store as *const FileStore as usize, Release);
         ST.len.store(len, Release);
         ST.base.store(user_base, Release);
@@ -316,8 +371,12 @@ mod tests {
     #[test]
     fn floor_reads_the_file_correctly_under_its_budget() {
         let dir = crate::workload::pattern_file::default_dir();
-        for kind in [InstallKind::Shared, InstallKind::Anonymous] {
-            let r = random_floor(&dir, 64, 2, Duration::from_millis(200), 3, kind).unwrap();
+        for (kind, km) in [
+            (InstallKind::Shared, false),
+            (InstallKind::Shared, true),
+            (InstallKind::Anonymous, false),
+        ] {
+            let r = random_floor(&dir, 64, 2, Duration::from_millis(200), 3, kind, km).unwrap();
             assert_eq!(r.mismatches, 0);
             assert!(r.reads > 0);
             // A quarter of the file fits: most reads must have faulted.

@@ -73,6 +73,12 @@ pub struct WorkloadArgs {
     /// shootdown per eviction while a worker runs on the other vCPU.
     #[arg(long)]
     pub no_kswapd: bool,
+    /// Read-only shared regions are registered MISSING only and the kernel
+    /// maps the pages the engine cached (`MapOptions::kernel_maps`):
+    /// filemap, random (without --write-pct), scan and launch, shared
+    /// kind, 4 KiB pages.
+    #[arg(long)]
+    pub kernel_maps: bool,
     /// random: percentage of accesses that also write the word they read
     /// (back unchanged, so the page turns dirty and reclaim writes it back)
     #[arg(long, default_value_t = 0)]
@@ -235,6 +241,18 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
             "--budget must be at least 1 page for random (its file is 4x the budget)".into(),
         ));
     }
+    if a.kernel_maps
+        && (matches!(w, Which::Swap | Which::Churn)
+            || a.write_pct > 0
+            || a.kind == Some(InstallKind::Anonymous)
+            || a.page_size != uffd_pager::PAGE_SIZE)
+    {
+        return Err(CliError::Usage(
+            "--kernel-maps needs read-only shared regions of 4 KiB pages: filemap, random \
+             (without --write-pct), scan or launch, without --kind anonymous or --page-size 2M"
+                .into(),
+        ));
+    }
     if a.page_size != uffd_pager::PAGE_SIZE && w == Which::Churn {
         return Err(CliError::Usage(
             "--page-size 2M does not apply to populate-churn (its regions are one 4 KiB page each)"
@@ -282,6 +300,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         write_pct: a.write_pct,
         store: a.store.clone(),
         page_size: a.page_size,
+        kernel_maps: a.kernel_maps,
     };
     let (knob, values) = if a.writers.len() > 1 {
         ("writers", a.writers.clone())

@@ -64,6 +64,9 @@ pub struct Knobs {
     /// `pages` and `budget_pages` still count 4 KiB pages (multiples of
     /// 512 with 2 MiB pages).
     pub page_size: usize,
+    /// The kernel maps what read-only shared regions cache
+    /// ([`uffd_pager::MapOptions::kernel_maps`]).
+    pub kernel_maps: bool,
 }
 
 impl Default for Knobs {
@@ -89,15 +92,18 @@ impl Default for Knobs {
             write_pct: 0,
             store: None,
             page_size: uffd_pager::PAGE_SIZE,
+            kernel_maps: false,
         }
     }
 }
 
 impl Knobs {
-    /// `opts` with the knobs' page size.
+    /// `opts` with the knobs' page size, and kernel-mapped if the knobs
+    /// say so and `opts` is a read-only shared region.
     pub fn sized(&self, opts: uffd_pager::MapOptions) -> uffd_pager::MapOptions {
         uffd_pager::MapOptions {
             page_size: self.page_size,
+            kernel_maps: self.kernel_maps && opts.kind == InstallKind::Shared && !opts.writable,
             ..opts
         }
     }

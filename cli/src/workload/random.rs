@@ -75,6 +75,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             k.duration,
             k.seed,
             k.install,
+            k.kernel_maps,
         )?;
         if f.mismatches != 0 {
             mismatches.fetch_add(f.mismatches, Relaxed);

@@ -1,0 +1,218 @@
+//! `MapOptions::kernel_maps` on real faults: a read-only shared region
+//! registered MISSING only. The engine fills the memfd on a miss and the
+//! kernel maps what the memfd holds, so a page the engine has cached costs
+//! no engine fault, every byte read is the store's through eviction, and
+//! writes are refused where they reach the engine.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Counter, Delivery, Error, InstallKind, MapOptions, Pager, Region};
+use util::*;
+
+fn kernel_maps() -> MapOptions {
+    MapOptions {
+        kind: InstallKind::Shared,
+        writable: false,
+        kernel_maps: true,
+        ..MapOptions::default()
+    }
+}
+
+fn region(p: &Pager, data: &[u8]) -> Region {
+    let store = Arc::new(MemoryStore::read_only(data).unwrap());
+    p.map_store(store, data.len(), &kernel_maps()).unwrap()
+}
+
+/// Read once, page by page; unmapped (`dontneed` keeps a shared object's
+/// cache), read again: the second pass is mapped by the kernel from the
+/// memfd and reaches the engine not once. A region registered MINOR (the
+/// plain shared kind) takes an engine fault for every page of it.
+#[test]
+fn a_cached_page_is_mapped_by_the_kernel_without_an_engine_fault() {
+    const PAGES: usize = 512;
+    let data = pattern_vec(61, PAGES * PAGE);
+    for d in DELIVERIES {
+        let p = pager(d);
+        let mut r = region(&p, &data);
+        assert_bytes(r.as_slice(), &data, &format!("{d}: first pass"));
+        let s = p.stats();
+        assert_eq!(
+            s.get(Counter::PGFAULT),
+            PAGES as u64,
+            "{d}: one miss per page\n{s}"
+        );
+        assert_eq!(s.get(Counter::PGINSTALL), 0, "{d}: no install ioctl\n{s}");
+        r.dontneed(0, data.len()).unwrap();
+        p.reset_stats();
+        assert_bytes(r.as_slice(), &data, &format!("{d}: warm pass"));
+        let s = p.stats();
+        assert_eq!(
+            s.get(Counter::PGFAULT),
+            0,
+            "{d}: the kernel mapped them\n{s}"
+        );
+        assert_eq!(s.get(Counter::PGREAD), 0, "{d}\n{s}");
+    }
+}
+
+/// Two threads read random pages of a region 4× the budget, in every
+/// delivery mode: every page read is the store's, pages were evicted while
+/// the kernel had them mapped, and the memfd never holds much more than
+/// the budget.
+#[test]
+fn random_reads_through_eviction_read_the_store() {
+    const PAGES: usize = 1024;
+    const BUDGET: u64 = 256;
+    let data = Arc::new(pattern_vec(62, PAGES * PAGE));
+    for d in DELIVERIES {
+        let data = data.clone();
+        with_deadline(120, &format!("{d} random"), move || {
+            let p = Pager::builder()
+                .delivery(d)
+                .budget_pages(BUDGET)
+                .build()
+                .unwrap();
+            let r = Arc::new(region(&p, &data));
+            let mut peak_memfd = 0;
+            std::thread::scope(|sc| {
+                for t in 0..2u64 {
+                    let (r, data) = (r.clone(), data.clone());
+                    sc.spawn(move || {
+                        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
+                        for n in 0..20_000 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let pg = (x as usize) % PAGES;
+                            // Every 64th read checks the whole page; the
+                            // others a word at a random offset.
+                            if n % 64 == 0 {
+                                let at = pg * PAGE..(pg + 1) * PAGE;
+                                assert_bytes(&r.as_slice()[at.clone()], &data[at], "page");
+                            } else {
+                                let o = pg * PAGE + (x >> 40) as usize % PAGE;
+                                assert_eq!(r.as_slice()[o], data[o], "{d}: byte {o}");
+                            }
+                        }
+                    });
+                }
+                for _ in 0..50 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    peak_memfd = peak_memfd.max(p.memory_use().memfd_bytes);
+                }
+            });
+            let s = p.stats();
+            assert!(s.get(Counter::PGSTEAL) > 1000, "{d}: evictions\n{s}");
+            assert_eq!(s.get(Counter::SEGV), 0, "{d}\n{s}");
+            // The budget, one page per faulting thread and a batch in flight.
+            let bound = (BUDGET + 2 + 32) * PAGE as u64;
+            assert!(
+                peak_memfd <= bound,
+                "{d}: memfd held {peak_memfd} bytes, bound {bound}\n{s}"
+            );
+        });
+    }
+}
+
+#[test]
+fn kernel_maps_is_refused_where_it_cannot_hold() {
+    let p = pager(Delivery::InThread);
+    let data = pattern_vec(63, 4 * PAGE);
+    let store = || Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    for (what, opts) in [
+        (
+            "writable",
+            MapOptions {
+                writable: true,
+                ..kernel_maps()
+            },
+        ),
+        (
+            "anonymous",
+            MapOptions {
+                kind: InstallKind::Anonymous,
+                ..kernel_maps()
+            },
+        ),
+    ] {
+        match p.map_store(store(), data.len(), &opts) {
+            Err(Error::Config(m)) => assert!(m.contains("kernel_maps"), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    let r = p.map_store(store(), data.len(), &kernel_maps()).unwrap();
+    assert!(matches!(r.protect(true), Err(Error::Config(_))));
+    assert_bytes(r.as_slice(), &data, "still readable");
+}
+
+/// The application makes the region writable itself and writes to a page
+/// the engine has not cached: the write reaches the engine, which refuses
+/// it with SIGSEGV.
+#[test]
+fn child_write_to_an_absent_page_after_mprotect() {
+    if !is_child() {
+        return;
+    }
+    let d: Delivery = std::env::var("UFFD_DELIVERY").unwrap().parse().unwrap();
+    let p = pager(d);
+    let data = pattern_vec(64, 4 * PAGE);
+    let r = region(&p, &data);
+    make_writable_and_write(&r, 2 * PAGE);
+}
+
+#[test]
+fn a_write_to_an_absent_page_is_refused() {
+    assert_child_write_refused("child_write_to_an_absent_page_after_mprotect");
+}
+
+/// A sequential reader with readahead (I/O threads fill the memfd while the
+/// kernel maps from it) reads the store's bytes.
+#[test]
+fn a_sequential_reader_with_readahead_reads_the_store() {
+    const PAGES: usize = 2048;
+    let data = pattern_vec(65, PAGES * PAGE);
+    // A memory store, and a file on tmpfs (whose pages the store writes
+    // into the memfd from its view of the file).
+    let shm = std::path::Path::new("/dev/shm");
+    let file = TempFile::with_contents("km-seq", &data);
+    let shm_file = shm.is_dir().then(|| {
+        let p = shm.join(format!("uffd-engine-km-seq-{}.bin", std::process::id()));
+        std::fs::write(&p, &data).unwrap();
+        p
+    });
+    for (d, source) in DELIVERIES
+        .into_iter()
+        .flat_map(|d| [(d, 0), (d, 1), (d, 2)])
+    {
+        let p = Pager::builder().delivery(d).build().unwrap();
+        let r = match source {
+            0 => region(&p, &data),
+            1 => p.map_file(file.path(), None, &kernel_maps()).unwrap(),
+            _ => match &shm_file {
+                Some(f) => p.map_file(f, None, &kernel_maps()).unwrap(),
+                None => continue,
+            },
+        };
+        let got = r.as_slice();
+        for pg in 0..PAGES {
+            let at = pg * PAGE..(pg + 1) * PAGE;
+            if got[at.clone()] != data[at.clone()] {
+                let first = (0..PAGE)
+                    .find(|&o| got[pg * PAGE + o] != data[pg * PAGE + o])
+                    .unwrap();
+                let zeros = got[at.clone()].iter().all(|&b| b == 0);
+                panic!(
+                    "{d} source {source}: page {pg} differs at {first} (all zeros: {zeros})\n{}",
+                    p.stats()
+                );
+            }
+        }
+        assert!(p.stats().get(Counter::RA_PAGES) > 0, "{d}: readahead ran");
+    }
+    if let Some(f) = shm_file {
+        let _ = std::fs::remove_file(f);
+    }
+}
