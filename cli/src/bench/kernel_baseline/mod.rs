@@ -349,7 +349,13 @@ pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
     let mut kinds = vec![
         (
             Kind::Engine,
-            format!("engine ({}, {:?})", k.policy, k.install).to_lowercase(),
+            format!(
+                "engine ({}, {:?}{})",
+                k.policy,
+                k.install,
+                if k.kernel_maps { ", kernel-mapped" } else { "" }
+            )
+            .to_lowercase(),
         ),
         (Kind::Kernel { random: false }, "kernel mmap".to_string()),
     ];
