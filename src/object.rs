@@ -486,8 +486,10 @@ impl Object {
     /// workers for a store that is not signal-safe, see [`crate::io`]).
     /// Async-signal-safe.
     ///
-    /// Shared objects are filled through the memfd ([`Store::read_to_fd`]),
-    /// never by writing through the alias: a page written through the
+    /// Shared objects are filled through the memfd ([`Store::read_to_fd`];
+    /// a kernel-mapped one's through a pipe, [`crate::sys::pipe`], since
+    /// the kernel maps what the memfd holds), never by writing through the
+    /// alias: a page written through the
     /// alias is dirty in the alias's page table, and the kernel flushes the
     /// TLB on its own for every dirty shared-file PTE it zaps (before it
     /// drops the page's rmap), so evicting it would cost a shootdown of its
@@ -558,14 +560,21 @@ impl Object {
                     // SAFETY: every caller below passes `len` bytes mapped
                     // for the call (a buffer of its own, or the store's
                     // page in memory, which the kernel reads or reports).
-                    unsafe {
+                    let r = unsafe {
                         if self.kernel_maps {
                             io.pipes.write_at(memfd.fd(), p, len, off)
                         } else {
                             crate::sys::mem::pwrite_all_raw(memfd.fd(), p, len, off)
                         }
+                    };
+                    // Pages of a run written before the error are in the
+                    // memfd, where the kernel would map them with no fault
+                    // while the engine takes them for absent (uncharged,
+                    // off the LRU): out again.
+                    if r.is_err() && self.kernel_maps {
+                        let _ = memfd.punch_hole(off as usize, len);
                     }
-                    .map_err(StoreError)
+                    r.map_err(StoreError)
                 };
                 if let Some(p) = src.page_in_memory(off).filter(|_| n == 1) {
                     // (Not readable after all, a file shrunk behind the

@@ -128,7 +128,9 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
         }
         if guard.locked.is_none() {
             // SAFETY: mlock only changes how the kernel treats a range of
-            // this region, whose pages are all mapped now.
+            // this region, whose pages are all mapped now (a kernel-mapped
+            // region's are in its memfd, where mlock's own faults find
+            // them; the guard keeps reclaim off them).
             if unsafe { libc::mlock(start as *const libc::c_void, end - start) } == 0 {
                 guard.locked = Some((start, end));
             } else {

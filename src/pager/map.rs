@@ -305,6 +305,23 @@ impl Pager {
                     .into(),
             ));
         }
+        if opts.kernel_maps {
+            if crate::sys::pipe::large_folios_possible() {
+                return Err(Error::Config(
+                    "kernel_maps needs shmem's large folios off (the kernel would map pages \
+                     the engine has not filled as zeros): set \
+                     /sys/kernel/mm/transparent_hugepage/shmem_enabled and every \
+                     hugepages-*kB/shmem_enabled to never, advise or deny"
+                        .into(),
+                ));
+            }
+            self.inner
+                .mm
+                .io
+                .pipes
+                .prepare()
+                .map_err(|e| Error::sys("pipe2", e))?;
+        }
         let npages = ((store.len() as usize) >> shift).max(len >> shift);
         let swap = match opts.kind {
             InstallKind::Anonymous => {

@@ -386,6 +386,14 @@ pub struct MapOptions {
     /// writable with its own `mprotect` and writes, a write to a page the
     /// memfd holds goes into the cache unseen and is lost when the page is
     /// evicted (a write to an absent page is SIGSEGV).
+    ///
+    /// Refused ([`Error::Config`](crate::Error::Config)) while shmem may
+    /// use large folios (`/sys/kernel/mm/transparent_hugepage/shmem_enabled`
+    /// or a per-size `hugepages-*kB/shmem_enabled` set to `always`,
+    /// `within_size` or `force`): a folio larger than the page the engine
+    /// fills would hold pages it never read, as zeros, which the kernel
+    /// would map. Turning them on while such a region is mapped is not
+    /// noticed.
     pub kernel_maps: bool,
 }
 

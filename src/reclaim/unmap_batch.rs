@@ -217,7 +217,22 @@ fn prepare_clean<'a>(
         return Err((v, None));
     }
     let mut vma = None;
-    if w & MAPPED != 0 {
+    // The kernel maps a kernel-mapped object's cached pages on its own, so
+    // one that is not MAPPED may be mapped too: zapped with the batch if
+    // its region can be read-locked now (a clean PTE, so it shares the
+    // batch's flush); else the hole punch unmaps it, a flush of its own.
+    let maybe_mapped = obj.kernel_maps && w & MAPPED == 0;
+    if maybe_mapped {
+        if let Some(addr) = obj.windows.addr_of(i) {
+            if let Some(g) = mm.lock_vma_quiet(addr) {
+                if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i {
+                    zaps[*nz] = (addr, PAGE_SIZE);
+                    *nz += 1;
+                    vma = Some(g);
+                }
+            }
+        }
+    } else if w & MAPPED != 0 {
         let Some(addr) = obj.windows.addr_of(i) else {
             obj.cache.unlock(i, 0, 0);
             return Err((Evict::Rotate, None));

@@ -22,13 +22,24 @@
 //! pipe with a plain `write`, which may fault on the source freely (no
 //! folio is held then).
 //!
+//! That holds for a memfd of base-page folios only. With shmem's large
+//! folios on (`shmem_enabled` `always`, `within_size` or `force`, or a
+//! per-size `hugepages-*kB/shmem_enabled` that resolves to one of those),
+//! writing one page into a hole can allocate a large folio whose other
+//! pages are zeroed and up to date, and punching one page out of a folio
+//! that cannot split zeroes it in place: pages the engine thinks absent
+//! would read as zeros. [`large_folios_possible`] says whether the system
+//! allows them, and a kernel-mapped region is refused while it does.
+//!
 //! # Cost
 //! Two system calls per run of pages where `pwrite` takes one, and a second
-//! copy. Pipes come from a pool of [`PIPES`], each claimed with one atomic
-//! swap and made on first use; when all are busy a call makes a pipe of
-//! its own and closes it after. Async-signal-safe: no allocation, no lock
-//! that is waited for, errno left to the caller (the SIGBUS handler saves
-//! it).
+//! copy. Pipes come from a pool of [`PIPES`], made by [`PipePool::prepare`]
+//! (on an ordinary thread, when the first kernel-mapped region is mapped);
+//! a call claims the first free one with an atomic swap per pipe it tries.
+//! When all are busy it makes a pipe of its own and closes it after, and if
+//! it cannot (the process is out of descriptors) it yields and tries the
+//! pool again. Async-signal-safe: no allocation, no lock that is waited
+//! for, errno left to the caller (the SIGBUS handler saves it).
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::*};
@@ -112,7 +123,60 @@ fn make() -> Result<(RawFd, RawFd, usize), i32> {
     Ok((fds[0], fds[1], cap as usize))
 }
 
+/// Whether shmem may give a memfd large folios now (see the module docs):
+/// reads `/sys/kernel/mm/transparent_hugepage/shmem_enabled` and the
+/// per-size `hugepages-*kB/shmem_enabled`. A kernel without them has none.
+/// `advise` needs `MADV_HUGEPAGE` on a mapping, which the engine never
+/// sets and a `write` has none of. Allocates: ordinary threads only.
+pub fn large_folios_possible() -> bool {
+    let dir = std::path::Path::new("/sys/kernel/mm/transparent_hugepage");
+    let current = |p: &std::path::Path| -> Option<String> {
+        let s = std::fs::read_to_string(p).ok()?;
+        let a = s.find('[')?;
+        let b = s[a..].find(']')? + a;
+        Some(s[a + 1..b].to_string())
+    };
+    let top = current(&dir.join("shmem_enabled")).unwrap_or_default();
+    let sizes: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| current(&e.path().join("shmem_enabled")))
+        .collect();
+    large_folios_with(&top, &sizes)
+}
+
+/// [`large_folios_possible`] for the global setting `top` and the per-size
+/// settings `sizes` (the bracketed words of the sysfs files).
+fn large_folios_with(top: &str, sizes: &[String]) -> bool {
+    let on = |v: &str| matches!(v, "always" | "within_size" | "force");
+    on(top) || sizes.iter().any(|v| on(v) || (v == "inherit" && on(top)))
+}
+
 impl PipePool {
+    /// Makes every pipe of the pool that is not made yet (ordinary threads:
+    /// a failure here is reported where it can be, at map time, not in a
+    /// fault). Idempotent; racing calls are safe (a slot is claimed first).
+    pub fn prepare(&self) -> Result<(), i32> {
+        for s in &self.slots {
+            if s.busy.swap(true, Acquire) {
+                continue;
+            }
+            let r = if s.rd.load(Relaxed) < 0 {
+                make().map(|(rd, wr, cap)| {
+                    s.cap.store(cap, Relaxed);
+                    s.wr.store(wr, Relaxed);
+                    s.rd.store(rd, Relaxed);
+                })
+            } else {
+                Ok(())
+            };
+            s.busy.store(false, Release);
+            r?;
+        }
+        Ok(())
+    }
+
     /// Writes the `len` bytes at `src` to `fd` at `off` through a pipe
     /// (see the module docs): a reader of `fd`'s page cache sees each page
     /// either absent or whole. `fd` is a shmem file, `off` and `len` whole
@@ -128,35 +192,56 @@ impl PipePool {
         len: usize,
         off: u64,
     ) -> Result<(), i32> {
-        let Some(s) = self.slots.iter().find(|s| !s.busy.swap(true, Acquire)) else {
-            // All busy: a pipe of this call's own.
-            let (rd, wr, cap) = make()?;
-            // SAFETY: the caller's contract.
-            let r = unsafe { through(rd, wr, cap, fd, src, len, off) };
-            close_pair(rd, wr);
-            return r;
-        };
-        let r = (|| {
-            if s.rd.load(Relaxed) < 0 {
-                let (rd, wr, cap) = make()?;
-                s.cap.store(cap, Relaxed);
-                s.wr.store(wr, Relaxed);
-                s.rd.store(rd, Relaxed);
+        // Tries over a second at most (a pipe is held for one copy of a
+        // run, microseconds), then the error of the last make.
+        const TRIES: u32 = 100_000;
+        let mut last = libc::EMFILE;
+        for _ in 0..TRIES {
+            for s in &self.slots {
+                if s.busy.swap(true, Acquire) {
+                    continue;
+                }
+                if s.rd.load(Relaxed) < 0 {
+                    match make() {
+                        Ok((rd, wr, cap)) => {
+                            s.cap.store(cap, Relaxed);
+                            s.wr.store(wr, Relaxed);
+                            s.rd.store(rd, Relaxed);
+                        }
+                        // (The own pipe below will say why, if it fails too.)
+                        Err(_) => {
+                            s.busy.store(false, Release);
+                            continue;
+                        }
+                    }
+                }
+                let (rd, wr, cap) = (s.rd.load(Relaxed), s.wr.load(Relaxed), s.cap.load(Relaxed));
+                // SAFETY: the caller's contract; the slot is ours.
+                let r = unsafe { through(rd, wr, cap, fd, src, len, off) };
+                if r.is_err() {
+                    // It may hold bytes a later call would splice: a fresh
+                    // one next time.
+                    close_pair(rd, wr);
+                    s.rd.store(-1, Relaxed);
+                    s.wr.store(-1, Relaxed);
+                }
+                s.busy.store(false, Release);
+                return r;
             }
-            let (rd, wr, cap) = (s.rd.load(Relaxed), s.wr.load(Relaxed), s.cap.load(Relaxed));
-            // SAFETY: the caller's contract.
-            let r = unsafe { through(rd, wr, cap, fd, src, len, off) };
-            if r.is_err() {
-                // It may hold bytes a later call would splice: a fresh one
-                // next time.
-                close_pair(rd, wr);
-                s.rd.store(-1, Relaxed);
-                s.wr.store(-1, Relaxed);
+            // All busy (or none could be made): a pipe of this call's own.
+            match make() {
+                Ok((rd, wr, cap)) => {
+                    // SAFETY: the caller's contract.
+                    let r = unsafe { through(rd, wr, cap, fd, src, len, off) };
+                    close_pair(rd, wr);
+                    return r;
+                }
+                Err(e) => last = e,
             }
-            r
-        })();
-        s.busy.store(false, Release);
-        r
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+        Err(last)
     }
 }
 
@@ -199,8 +284,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn large_folios_are_possible_when_a_setting_resolves_on() {
+        let v = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(!large_folios_with(
+            "never",
+            &v(&["never", "inherit", "advise"])
+        ));
+        assert!(!large_folios_with("advise", &v(&["inherit"])));
+        assert!(!large_folios_with("", &[]));
+        assert!(large_folios_with("within_size", &[]));
+        assert!(large_folios_with("force", &v(&["never"])));
+        assert!(large_folios_with("never", &v(&["never", "always"])));
+        assert!(large_folios_with("always", &v(&["inherit"])));
+    }
+
+    #[test]
     fn writes_whole_runs_through_a_pool_and_past_it() {
         let pool = PipePool::default();
+        pool.prepare().unwrap();
         let m = crate::sys::mem::Memfd::new("pipe-test", 64 * 4096).unwrap();
         let data: Vec<u8> = (0..40 * 4096).map(|i| (i * 7 % 251) as u8).collect();
         // A run larger than any pipe, at an offset.
