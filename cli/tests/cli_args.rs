@@ -167,3 +167,15 @@ fn page_size_is_4k_or_2m() {
         "populate-churn",
     );
 }
+
+#[test]
+fn kernel_maps_needs_read_only_shared_base_pages() {
+    for args in [
+        &["bench", "swap", "--kernel-maps"][..],
+        &["bench", "random", "--kernel-maps", "--write-pct", "10"],
+        &["bench", "scan", "--kernel-maps", "--kind", "anonymous"],
+        &["bench", "filemap", "--kernel-maps", "--page-size", "2M"],
+    ] {
+        rejects(args, "--kernel-maps needs read-only shared regions");
+    }
+}

@@ -375,12 +375,12 @@ pub struct MapOptions {
     /// per page (see the README's "Speed").
     ///
     /// What it gives up: the engine sees only the faults that miss, so
-    /// `minor_faults` and `readahead_used` count only those, the LRU's
+    /// `pgfault` and `readahead_used` count only those, the LRU's
     /// second chance never sees a page the kernel mapped, and a page read
     /// ahead is used without moving the readahead window until the reader
-    /// reaches a page that is not there yet. Fault-around and the
-    /// engine's write protection need MINOR and WP registration, which
-    /// would turn the kernel's fault-around off, so a write is refused only
+    /// reaches a page that is not there yet. The engine's own
+    /// fault-around and write protection need MINOR and WP registration,
+    /// which turn the kernel's fault-around off, so a write is refused only
     /// where it reaches the engine: [`Region::protect`](crate::Region::protect)
     /// refuses to make the region writable, but if the application makes it
     /// writable with its own `mprotect` and writes, a write to a page the
