@@ -654,3 +654,37 @@ impl Object {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use crate::sys::PAGE_SIZE;
+
+    /// A kernel-mapped object's run that fails half written leaves none of
+    /// its pages in the memfd: the kernel would map them with no fault
+    /// while the engine takes them for absent.
+    #[test]
+    fn a_kernel_mapped_run_that_fails_half_written_leaves_no_page() {
+        let data: Vec<u8> = (0..4 * PAGE_SIZE).map(|i| (i % 253) as u8).collect();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+        let mut obj = Object::new(InstallKind::Shared, store.clone(), None, 4, false, 12).unwrap();
+        obj.kernel_maps = true;
+        let io = crate::io::Io::new(1_000_000_000, 0).unwrap();
+        io.pipes.prepare().unwrap();
+        crate::sys::pipe::tests::FAIL_AFTER.with(|f| f.set(2 * PAGE_SIZE));
+        // SAFETY: nothing else uses the object's pages (a test's own).
+        let r = unsafe { obj.fill_run(0, 4, &store, &io) };
+        crate::sys::pipe::tests::FAIL_AFTER.with(|f| f.set(usize::MAX));
+        assert!(r.is_err());
+        assert_eq!(
+            obj.memfd().unwrap().allocated(),
+            0,
+            "pages left in the memfd"
+        );
+        // The same run whole: all four there.
+        // SAFETY: as above.
+        unsafe { obj.fill_run(0, 4, &store, &io) }.unwrap();
+        assert_eq!(obj.memfd().unwrap().allocated(), 4 * PAGE_SIZE as u64);
+    }
+}

@@ -263,6 +263,11 @@ unsafe fn through(
     let mut done = 0;
     while done < len {
         let chunk = (len - done).min(cap);
+        #[cfg(test)]
+        let chunk = match tests::FAIL_AFTER.with(|f| f.get()) {
+            at if done >= at => return Err(libc::ENOMEM),
+            at => chunk.min(at - done),
+        };
         // SAFETY: `[done + put, done + chunk)` lies in the caller's range;
         // the pipe has room for the whole chunk, so a blocking write
         // returns.
@@ -280,8 +285,15 @@ unsafe fn through(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// Bytes a call on this thread writes before it fails with
+        /// `ENOMEM` (a splice that ran out of memory halfway).
+        pub(crate) static FAIL_AFTER: std::cell::Cell<usize> =
+            const { std::cell::Cell::new(usize::MAX) };
+    }
 
     #[test]
     fn large_folios_are_possible_when_a_setting_resolves_on() {
