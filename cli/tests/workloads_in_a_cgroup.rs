@@ -1,5 +1,5 @@
 //! Issue 14 item 3: every workload of the command line, with both install
-//! kinds where it has them, runs inside a memory cgroup whose limit is the
+//! kinds where it has them (and kernel-mapped shared regions), runs inside a memory cgroup whose limit is the
 //! budget × 1.1, plus the engine's fixed overhead (its footprint and
 //! [`FIXED_OVERHEAD`]), plus the workload's own data, without being
 //! OOM-killed. The workload's data is what a real deployment keeps
@@ -35,11 +35,18 @@ fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     let s = |a: &[&str]| a.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let common = ["--duration", "1", "--policy", "retry-once"];
-    for kind in ["shared", "anonymous"] {
+    // The two install kinds, and shared regions the kernel maps itself.
+    for kind in ["shared", "anonymous", "kernel-maps"] {
         let anon = kind == "anonymous";
+        let k: Vec<String> = if kind == "kernel-maps" {
+            s(&["--kernel-maps"])
+        } else {
+            s(&["--kind", kind])
+        };
         // Two threads' files of 2048 pages each, read only: nothing swaps.
         let mut a = s(&["bench", "filemap", "--threads", "2", "--pages", "2048"]);
-        a.extend(s(&["--budget", "1024", "--kind", kind]));
+        a.extend(s(&["--budget", "1024"]));
+        a.extend(k.clone());
         a.extend(s(&common));
         v.push(Case {
             name: "filemap",
@@ -49,7 +56,8 @@ fn cases() -> Vec<Case> {
             data: pages(4096),
         });
         // A file of 4 x the budget in tmpfs.
-        let mut a = s(&["bench", "random", "--budget", "1024", "--kind", kind]);
+        let mut a = s(&["bench", "random", "--budget", "1024"]);
+        a.extend(k.clone());
         a.extend(s(&common));
         v.push(Case {
             name: "random",
@@ -61,7 +69,7 @@ fn cases() -> Vec<Case> {
         // A tmpfs file the budget holds, beside the kernel's own mapping
         // of the same file.
         let mut a = s(&["bench", "scan", "--pages", "2048", "--budget", "4096"]);
-        a.extend(s(&["--kind", kind]));
+        a.extend(k.clone());
         a.extend(s(&common));
         v.push(Case {
             name: "scan",
@@ -71,7 +79,8 @@ fn cases() -> Vec<Case> {
             data: pages(2048),
         });
         let mut a = s(&["bench", "launch", "--launches", "1", "--think-scale", "10"]);
-        a.extend(s(&["--pages", "4096", "--budget", "1024", "--kind", kind]));
+        a.extend(s(&["--pages", "4096", "--budget", "1024"]));
+        a.extend(k.clone());
         a.extend(s(&["--policy", "retry-once"]));
         v.push(Case {
             name: "launch",
@@ -81,7 +90,11 @@ fn cases() -> Vec<Case> {
             data: pages(4096),
         });
         // The model (a word per word), the final snapshot it is compared
-        // with, and for anonymous memory its swap.
+        // with, and for anonymous memory its swap. (The torture writes: no
+        // kernel-mapped run.)
+        if kind == "kernel-maps" {
+            continue;
+        }
         let mut a = s(&[
             "torture", "--pages", "4096", "--budget", "1024", "--ops", "20000",
         ]);
