@@ -576,7 +576,13 @@ impl Object {
                     }
                     r.map_err(StoreError)
                 };
-                if let Some(p) = src.page_in_memory(off).filter(|_| n == 1) {
+                // A kernel-mapped page the store holds in memory goes into
+                // the pipe from there (what `read_to_fd` does for the other
+                // shared objects); the rest, as before, through a buffer.
+                if let Some(p) = (n == 1 && self.kernel_maps)
+                    .then(|| src.page_in_memory(off))
+                    .flatten()
+                {
                     // (Not readable after all, a file shrunk behind the
                     // store: the buffered read below reports it.)
                     if put(p as *const u8).is_ok() {

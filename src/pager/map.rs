@@ -294,18 +294,15 @@ impl Pager {
     ) -> Result<Region> {
         check_fixed(opts.fixed_addr, PAGE_SIZE)?;
         let shift = page_shift(opts, len, self.inner.mm.config.budget_pages)?;
-        if opts.kernel_maps
-            && (opts.kind != InstallKind::Shared
-                || opts.writable
-                || shift != crate::sys::PAGE_SHIFT)
-        {
-            return Err(Error::Config(
-                "kernel_maps needs a read-only shared region of 4 KiB pages \
-                 (kind: Shared, writable: false, page_size: PAGE_SIZE)"
-                    .into(),
-            ));
-        }
         if opts.kernel_maps {
+            if opts.kind != InstallKind::Shared || opts.writable || shift != crate::sys::PAGE_SHIFT
+            {
+                return Err(Error::Config(
+                    "kernel_maps needs a read-only shared region of 4 KiB pages \
+                     (kind: Shared, writable: false, page_size: PAGE_SIZE)"
+                        .into(),
+                ));
+            }
             if crate::sys::pipe::large_folios_possible() {
                 return Err(Error::Config(
                     "kernel_maps needs shmem's large folios off (the kernel would map pages \
