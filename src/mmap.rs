@@ -240,6 +240,17 @@ impl Mm {
             // munmap) gets SIGSEGV, as on a plain mapping being unmapped,
             // and not a page the kernel makes up (zeros) once the range is
             // no longer registered.
+            //
+            // A shared region's PTEs are zapped first: mprotect then walks
+            // empty page tables and flushes nothing, and the munmap has
+            // nothing left to zap, so the range costs one zap and one flush
+            // instead of a protection change of every PTE, its flush, and the
+            // zap. (Its pages stay in the memfd; an access racing the zap
+            // faults and is mapped again, or waits on the detached region.)
+            // Shared objects are quiet, so the madvise raises no event.
+            if vma.object.kind == InstallKind::Shared && vma.object.quiet {
+                let _ = madvise(s, e - s, libc::MADV_DONTNEED);
+            }
             let _ = mprotect(s, e - s, libc::PROT_NONE);
             let _ = self.uffd_for(&vma.object).unregister(s, e - s);
             // The dying range leaves the table before the range is freed:

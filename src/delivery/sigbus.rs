@@ -4,7 +4,9 @@
 //! The handler is async-signal-safe: it reads an [`Rcu`] registry of
 //! address spaces (atomics only), runs the fault path (futex locks, ioctls,
 //! store I/O, none of which allocate), and never logs. Addresses no pager
-//! owns go to the previous SIGBUS handler, or to the default action.
+//! owns go to the previous SIGBUS handler, or to the default action, once
+//! the access has been run again and faulted there a second time (the
+//! first may be a fault on a range unmapped since it was raised).
 
 use crate::address_space::Mm;
 use crate::fault::{handle_fault, Resolution};
@@ -157,6 +159,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         });
         match handled {
             Some(Resolution::Resolved) => {
+                UNCLAIMED.with(|last| last.set(0));
                 crate::sys::set_errno(saved);
                 return;
             }
@@ -165,6 +168,20 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 // SAFETY: raise is async-signal-safe; SIGSEGV is not blocked
                 // here, so it is delivered as the handler returns.
                 unsafe { libc::raise(libc::SIGSEGV) };
+                crate::sys::set_errno(saved);
+                return;
+            }
+            // No pager claims the address, live or dying: perhaps it never
+            // was ours, or the fault was raised while a pager owned the
+            // range and this thread was preempted before it looked, and the
+            // unmap has finished meanwhile (its dying claim is gone). The
+            // default action would kill with SIGBUS a thread whose access
+            // should get what an access to an unmapped range gets. So the
+            // first such SIGBUS at an address runs the access again and the
+            // kernel answers it: SIGSEGV where nothing is mapped, a fault in
+            // whatever is mapped there now. A second one in a row at the
+            // same address is not ours and goes on below.
+            None if unclaimed_first_time(addr) => {
                 crate::sys::set_errno(saved);
                 return;
             }
@@ -177,6 +194,23 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     crate::sys::set_errno(saved);
     chain(sig, info, uctx);
     crate::sys::set_errno(saved);
+}
+
+thread_local! {
+    /// The address of this thread's last SIGBUS that no pager claimed (0:
+    /// none). Const-initialised and without a destructor, so reading it in
+    /// the handler allocates nothing and registers nothing.
+    static UNCLAIMED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether a SIGBUS at `addr` that no pager claims is the first in a row
+/// at that address on this thread (see the handler). Async-signal-safe.
+fn unclaimed_first_time(addr: usize) -> bool {
+    UNCLAIMED.with(|last| {
+        let first = last.get() != addr;
+        last.set(if first { addr } else { 0 });
+        first
+    })
 }
 
 /// Passes a SIGBUS that is not ours (or a poisoned page) to the handler

@@ -303,15 +303,6 @@ impl Pager {
                         .into(),
                 ));
             }
-            if crate::sys::pipe::large_folios_possible() {
-                return Err(Error::Config(
-                    "kernel_maps needs shmem's large folios off (the kernel would map pages \
-                     the engine has not filled as zeros): set \
-                     /sys/kernel/mm/transparent_hugepage/shmem_enabled and every \
-                     hugepages-*kB/shmem_enabled to never, advise or deny"
-                        .into(),
-                ));
-            }
             self.inner
                 .mm
                 .io
@@ -349,6 +340,18 @@ impl Pager {
         let obj = match kept {
             Some(obj) => obj,
             None => {
+                // Checked when an object's memfd is made, not on every map of
+                // a kept one (ten sysfs reads cost a fifth of a map and
+                // unmap of 4 MiB); a setting changed later is not seen.
+                if opts.kernel_maps && crate::sys::pipe::large_folios_possible() {
+                    return Err(Error::Config(
+                        "kernel_maps needs shmem's large folios off (the kernel would map \
+                         pages the engine has not filled as zeros): set \
+                         /sys/kernel/mm/transparent_hugepage/shmem_enabled and every \
+                         hugepages-*kB/shmem_enabled to never, advise or deny"
+                            .into(),
+                    ));
+                }
                 let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill, shift)
                     .map_err(|(op, e)| Error::sys(op, e))?;
                 // Only a writable anonymous region of base pages needs to

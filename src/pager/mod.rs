@@ -392,8 +392,9 @@ pub struct MapOptions {
     /// or a per-size `hugepages-*kB/shmem_enabled` set to `always`,
     /// `within_size` or `force`): a folio larger than the page the engine
     /// fills would hold pages it never read, as zeros, which the kernel
-    /// would map. Turning them on while such a region is mapped is not
-    /// noticed.
+    /// would map. The settings are read when the region's object (its
+    /// memfd) is made, not again when a kept object is mapped anew:
+    /// turning them on while the object lives is not noticed.
     pub kernel_maps: bool,
 }
 
