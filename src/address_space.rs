@@ -159,6 +159,9 @@ pub struct Mm {
     pub config: Config,
     /// Event counters.
     pub counters: Counters,
+    /// Unmaps that have given their range up (dropped their dying claim);
+    /// with the events applied, what [`Mm::claims_epoch`] counts.
+    pub claims_dropped: AtomicU64,
     /// Pages cached or installed now.
     pub resident: AtomicU64,
     /// Highest `resident` seen.
@@ -199,6 +202,7 @@ impl Mm {
             pid: crate::fork::pid(),
             regions: Default::default(),
             next_id: AtomicU64::new(1),
+            claims_dropped: AtomicU64::new(0),
             per_region: std::sync::OnceLock::new(),
             config,
             counters: Counters::default(),
@@ -223,6 +227,15 @@ impl Mm {
             Some(u) => u,
             None => self.pager_uffd(obj.quiet),
         }
+    }
+
+    /// Goes up whenever a range this address space claimed stops being
+    /// claimed: an unmap finished, or an event (the application's own
+    /// `munmap` or `mremap`) applied. Atomics only: signal-safe.
+    pub fn claims_epoch(&self) -> u64 {
+        self.claims_dropped
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .wrapping_add(self.events.epoch())
     }
 
     /// The pager's descriptor for quiet or event-reporting regions.

@@ -261,6 +261,7 @@ impl Mm {
                 t.dying.retain(|&r| r != (s, e));
                 t
             });
+            self.claims_dropped.fetch_add(1, SeqCst);
             // SAFETY: the region owned this range since `map`/`remap`.
             drop(unsafe { Mapping::from_raw(s, e - s) });
             vma.lock.write_unlock();

@@ -460,8 +460,19 @@ fn huge_anonymous_pages_only_read_are_not_written_to_swap() {
                 assert_eq!(s[p * HUGE + 8], want, "{ctx}: page {p}, pass {pass}");
             }
         }
-        pager.reclaim_pages(pages as u64 * UNITS);
-        let st = pager.stats();
+        // kswapd may hold a page it is writing back (2 MiB to swap) while
+        // `reclaim_pages` runs, which then passes it by: ask again until
+        // everything is out and written, or 10 s have passed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let st = loop {
+            pager.reclaim_pages(pages as u64 * UNITS);
+            let st = pager.stats();
+            let settled = st.get(Counter::WRITEBACK) >= pages as u64 && st.resident_pages == 0;
+            if settled || std::time::Instant::now() > deadline {
+                break st;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
         assert!(
             st.get(Counter::WRITEBACK) >= pages as u64,
             "{ctx}: dirty pages written\n{st}"

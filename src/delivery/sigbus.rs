@@ -157,9 +157,11 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 }
             }
         });
+        if handled.is_some() {
+            UNCLAIMED.with(|last| last.set((0, 0)));
+        }
         match handled {
             Some(Resolution::Resolved) => {
-                UNCLAIMED.with(|last| last.set(0));
                 crate::sys::set_errno(saved);
                 return;
             }
@@ -180,8 +182,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             // first such SIGBUS at an address runs the access again and the
             // kernel answers it: SIGSEGV where nothing is mapped, a fault in
             // whatever is mapped there now. A second one in a row at the
-            // same address is not ours and goes on below.
-            None if unclaimed_first_time(addr) => {
+            // same address, with no claim given up in between, is not ours
+            // and goes on below.
+            None if unclaimed_first_time(addr, claims_epoch()) => {
                 crate::sys::set_errno(saved);
                 return;
             }
@@ -197,18 +200,33 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
 }
 
 thread_local! {
-    /// The address of this thread's last SIGBUS that no pager claimed (0:
-    /// none). Const-initialised and without a destructor, so reading it in
+    /// This thread's last SIGBUS that no pager claimed, as its address and
+    /// the pagers' [`claims_epoch`] then (0, 0: none, or a claimed one
+    /// since). Const-initialised and without a destructor, so using it in
     /// the handler allocates nothing and registers nothing.
-    static UNCLAIMED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static UNCLAIMED: std::cell::Cell<(usize, u64)> = const { std::cell::Cell::new((0, 0)) };
 }
 
-/// Whether a SIGBUS at `addr` that no pager claims is the first in a row
-/// at that address on this thread (see the handler). Async-signal-safe.
-fn unclaimed_first_time(addr: usize) -> bool {
+/// The sum of the registered pagers' [`Mm::claims_epoch`]: it changes
+/// whenever one of them gives a range up. Async-signal-safe.
+fn claims_epoch() -> u64 {
+    registry().read(|mms| {
+        mms.iter().fold(0u64, |a, &p| {
+            // SAFETY: as in the handler: registered pointers are live
+            // `Mm`s for the length of the read section.
+            let mm = unsafe { &*(p as *const Mm) };
+            a.wrapping_add(mm.claims_epoch())
+        })
+    })
+}
+
+/// Whether a SIGBUS at `addr` that no pager claims, seen at `epoch`, is the
+/// first in a row at that address and epoch on this thread (see the
+/// handler). Async-signal-safe.
+fn unclaimed_first_time(addr: usize, epoch: u64) -> bool {
     UNCLAIMED.with(|last| {
-        let first = last.get() != addr;
-        last.set(if first { addr } else { 0 });
+        let first = last.get() != (addr, epoch);
+        last.set(if first { (addr, epoch) } else { (0, 0) });
         first
     })
 }
