@@ -286,3 +286,25 @@ pub fn chain_to(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same address at the same epoch twice in a row is passed on; an
+    /// unmap (or event) in between, or another address, starts over. (Each
+    /// test runs on a thread of its own, so the cell starts empty.)
+    #[test]
+    fn an_unclaimed_sigbus_is_retried_once_per_address_and_epoch() {
+        assert!(unclaimed_first_time(0x1000, 7), "first: retried");
+        assert!(!unclaimed_first_time(0x1000, 7), "second in a row: passed on");
+        assert!(unclaimed_first_time(0x1000, 7), "after passing on: retried");
+        // A claim given up since: the same address is a new race.
+        assert!(unclaimed_first_time(0x1000, 8), "new epoch: retried");
+        assert!(!unclaimed_first_time(0x1000, 8));
+        // Another address in between.
+        assert!(unclaimed_first_time(0x1000, 9));
+        assert!(unclaimed_first_time(0x2000, 9));
+        assert!(unclaimed_first_time(0x1000, 9), "not in a row: retried");
+    }
+}
