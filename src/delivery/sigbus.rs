@@ -297,7 +297,10 @@ mod tests {
     #[test]
     fn an_unclaimed_sigbus_is_retried_once_per_address_and_epoch() {
         assert!(unclaimed_first_time(0x1000, 7), "first: retried");
-        assert!(!unclaimed_first_time(0x1000, 7), "second in a row: passed on");
+        assert!(
+            !unclaimed_first_time(0x1000, 7),
+            "second in a row: passed on"
+        );
         assert!(unclaimed_first_time(0x1000, 7), "after passing on: retried");
         // A claim given up since: the same address is a new race.
         assert!(unclaimed_first_time(0x1000, 8), "new epoch: retried");
