@@ -341,7 +341,7 @@ impl Pager {
             Some(obj) => obj,
             None => {
                 // Checked when an object's memfd is made, not on every map of
-                // a kept one (ten sysfs reads cost a fifth of a map and
+                // a kept one (ten sysfs reads were a sixth of a map and
                 // unmap of 4 MiB); a setting changed later is not seen.
                 if opts.kernel_maps && crate::sys::pipe::large_folios_possible() {
                     return Err(Error::Config(
