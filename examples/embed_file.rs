@@ -36,7 +36,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
 
     let pager = Pager::builder().budget_pages(BUDGET_PAGES).build()?;
     let opts = MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable: true,
         ..MapOptions::default()
     };

@@ -56,7 +56,7 @@ fn read_words(path: &Path) -> std::io::Result<Vec<u64>> {
 fn engine_sort(path: &Path) -> Result<(Duration, uffd_pager::Stats), uffd_pager::Error> {
     let pager = Pager::builder().budget_pages(BUDGET_PAGES).build()?;
     let opts = MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable: true,
         ..MapOptions::default()
     };

@@ -14,7 +14,7 @@ use crate::object::{InstallKind, Object};
 use crate::page_cache::{LRU_BATCHED, MAPPED, ON_LRU, PINNED, UPTODATE};
 use crate::sys::mem::{madvise, mprotect, Mapping};
 use crate::sys::uffd::mode;
-use crate::vma::Vma;
+use crate::vma::{VmFlags, Vma};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -55,11 +55,13 @@ impl Mm {
         &self,
         object: Arc<Object>,
         len: usize,
-        writable: bool,
+        flags: VmFlags,
         at: Placement,
-        pinned: bool,
         kept: bool,
     ) -> Result<(u64, usize)> {
+        let VmFlags {
+            writable, pinned, ..
+        } = flags;
         self.check_owner()?;
         self.events.quiesce();
         let _w = self.lock.write();
@@ -147,6 +149,7 @@ impl Mm {
         let id = self.next_region_id();
         let mut vma = Vma::new(start, len, 0, object, writable);
         vma.pinned = pinned;
+        vma.random = flags.random;
         vma.id = id;
         vma.object.windows.set(&[vma.window()]);
         self.publish(&[], &[Arc::new(vma)]);

@@ -42,6 +42,7 @@ pub struct Region {
     start: usize,
     len: usize,
     page_size: usize,
+    kind: crate::object::InstallKind,
 }
 
 /// `Region { addr: 0x7f.., len: 65536, kind: Shared, writable: true }`:
@@ -68,6 +69,7 @@ impl Region {
         start: usize,
         len: usize,
         page_size: usize,
+        kind: crate::object::InstallKind,
     ) -> Region {
         Region {
             owner,
@@ -75,7 +77,15 @@ impl Region {
             start,
             len,
             page_size,
+            kind,
         }
+    }
+
+    /// How the region's pages are installed: the
+    /// [`MapOptions::kind`](crate::MapOptions::kind) it was mapped with, or
+    /// the engine's choice ([`MapOptions::install_kind`](crate::MapOptions::install_kind)).
+    pub fn kind(&self) -> crate::object::InstallKind {
+        self.kind
     }
 
     /// Bytes per page: [`PAGE_SIZE`], or

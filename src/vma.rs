@@ -6,6 +6,18 @@ use crate::sync::region_lock::RegionLock;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
 
+/// What a region is mapped with besides its object and place
+/// (`vm_flags`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VmFlags {
+    /// Mapped writable.
+    pub writable: bool,
+    /// Never evicted (`VM_LOCKED`).
+    pub pinned: bool,
+    /// Read at random (`VM_RAND_READ`).
+    pub random: bool,
+}
+
 /// A registered range. Immutable in its bounds: an operation that changes
 /// them (remap) publishes a new `Vma` and detaches this one, as the kernel
 /// replaces VMAs on split and merge.
@@ -28,6 +40,9 @@ pub struct Vma {
     pub anon_prepared: AtomicBool,
     /// Never evicted (the mlock analog).
     pub pinned: bool,
+    /// Read at random ([`crate::Access::Random`], `VM_RAND_READ`): its
+    /// faults request no readahead.
+    pub random: bool,
     /// The [`crate::Region`] this VMA belongs to: pieces of one region (the
     /// application split it with its own `munmap`, or moved part of it)
     /// share it.
@@ -46,6 +61,7 @@ impl Vma {
             writable: AtomicBool::new(writable),
             anon_prepared: AtomicBool::new(false),
             pinned: false,
+            random: false,
             id: 0,
         }
     }
@@ -63,6 +79,7 @@ impl Vma {
             self.writable.load(Relaxed),
         );
         v.pinned = self.pinned;
+        v.random = self.random;
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
         v
@@ -88,6 +105,7 @@ impl Vma {
             self.writable.load(Relaxed),
         );
         v.pinned = self.pinned;
+        v.random = self.random;
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
         v

@@ -44,7 +44,7 @@ fn child_read_only_anonymous_region_over_a_disk_file() {
         .build()
         .unwrap();
     let opts = MapOptions {
-        kind: InstallKind::Anonymous,
+        kind: Some(InstallKind::Anonymous),
         writable: false,
         ..MapOptions::default()
     };
@@ -154,7 +154,7 @@ fn child_footprint_under_load() {
         .build()
         .unwrap();
     let opts = MapOptions {
-        kind,
+        kind: Some(kind),
         writable: true,
         ..MapOptions::default()
     };

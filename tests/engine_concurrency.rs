@@ -15,7 +15,7 @@ const KINDS: [InstallKind; 2] = [InstallKind::Anonymous, InstallKind::Shared];
 
 fn opts(kind: InstallKind) -> MapOptions {
     MapOptions {
-        kind,
+        kind: Some(kind),
         ..MapOptions::default()
     }
 }

@@ -11,7 +11,7 @@ use util::*;
 
 fn shared(writable: bool) -> MapOptions {
     MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable,
         ..MapOptions::default()
     }
@@ -19,7 +19,7 @@ fn shared(writable: bool) -> MapOptions {
 
 fn anon_opts(writable: bool) -> MapOptions {
     MapOptions {
-        kind: InstallKind::Anonymous,
+        kind: Some(InstallKind::Anonymous),
         writable,
         ..MapOptions::default()
     }
@@ -77,7 +77,7 @@ fn errors_store_shorter_than_region() {
     let p = pager(Delivery::InThread);
     for kind in [InstallKind::Anonymous, InstallKind::Shared] {
         let opts = MapOptions {
-            kind,
+            kind: Some(kind),
             ..MapOptions::default()
         };
         let r = p.map_store(mem(4, 3), 5 * PAGE, &opts);
@@ -201,7 +201,7 @@ fn errors_fixed_address_overlap() {
                     mem(16, 9),
                     len,
                     &MapOptions {
-                        kind,
+                        kind: Some(kind),
                         fixed_addr: Some(addr),
                         ..MapOptions::default()
                     },

@@ -29,7 +29,7 @@ fn cached_region(d: Delivery, data: &[u8]) -> (Pager, Region) {
             store,
             data.len(),
             &MapOptions {
-                kind: InstallKind::Shared,
+                kind: Some(InstallKind::Shared),
                 writable: false,
                 ..MapOptions::default()
             },

@@ -43,7 +43,7 @@ struct Mapped {
 
 fn map(pager: &Pager, kind: InstallKind, src: Source, seed: u64) -> Option<Mapped> {
     let opts = MapOptions {
-        kind,
+        kind: Some(kind),
         writable: true,
         ..MapOptions::default()
     };
@@ -234,7 +234,7 @@ fn integrity_store_reads_are_counted_once_per_page() {
                     sim.clone(),
                     LEN,
                     &MapOptions {
-                        kind,
+                        kind: Some(kind),
                         ..MapOptions::default()
                     },
                 )

@@ -14,7 +14,7 @@ use util::*;
 
 fn kernel_maps() -> MapOptions {
     MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable: false,
         kernel_maps: true,
         ..MapOptions::default()
@@ -133,7 +133,7 @@ fn kernel_maps_is_refused_where_it_cannot_hold() {
         (
             "anonymous",
             MapOptions {
-                kind: InstallKind::Anonymous,
+                kind: Some(InstallKind::Anonymous),
                 ..kernel_maps()
             },
         ),

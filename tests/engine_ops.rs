@@ -13,7 +13,7 @@ const KINDS: [InstallKind; 2] = [InstallKind::Anonymous, InstallKind::Shared];
 
 fn opts(kind: InstallKind) -> MapOptions {
     MapOptions {
-        kind,
+        kind: Some(kind),
         ..MapOptions::default()
     }
 }
@@ -52,7 +52,7 @@ fn ops_protect_readonly_then_writable() {
                     store,
                     4 * PAGE,
                     &MapOptions {
-                        kind,
+                        kind: Some(kind),
                         writable: false,
                         ..MapOptions::default()
                     },

@@ -88,7 +88,7 @@ fn child_touch_failing_page() {
             sim,
             LEN,
             &MapOptions {
-                kind: child_kind(),
+                kind: Some(child_kind()),
                 ..MapOptions::default()
             },
         )
@@ -115,7 +115,7 @@ fn child_touch_good_then_failing_page() {
             sim.clone(),
             LEN,
             &MapOptions {
-                kind: child_kind(),
+                kind: Some(child_kind()),
                 ..MapOptions::default()
             },
         )
@@ -145,7 +145,7 @@ fn child_touch_after_unmap() {
             mem,
             LEN,
             &MapOptions {
-                kind: child_kind(),
+                kind: Some(child_kind()),
                 fixed_addr: Some(at),
                 ..MapOptions::default()
             },
@@ -182,7 +182,7 @@ fn child_write_after_protect_readonly() {
             mem,
             LEN,
             &MapOptions {
-                kind: child_kind(),
+                kind: Some(child_kind()),
                 ..MapOptions::default()
             },
         )

@@ -30,7 +30,7 @@ fn region(p: &Pager, kind: Option<InstallKind>, seed: u64) -> (Region, Vec<u8>) 
                     store,
                     LEN,
                     &MapOptions {
-                        kind,
+                        kind: Some(kind),
                         ..MapOptions::default()
                     },
                 )
@@ -189,7 +189,7 @@ fn syscall_threads_read_into_present_clean_pages_is_written_back() {
             store.clone(),
             LEN,
             &MapOptions {
-                kind: InstallKind::Shared,
+                kind: Some(InstallKind::Shared),
                 ..MapOptions::default()
             },
         )
@@ -230,7 +230,7 @@ fn syscall_poisoned_page_is_efault_threads() {
                 sim.clone(),
                 LEN,
                 &MapOptions {
-                    kind,
+                    kind: Some(kind),
                     ..MapOptions::default()
                 },
             )

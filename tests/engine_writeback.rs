@@ -12,7 +12,7 @@ use util::*;
 
 fn opts(kind: InstallKind) -> MapOptions {
     MapOptions {
-        kind,
+        kind: Some(kind),
         ..MapOptions::default()
     }
 }

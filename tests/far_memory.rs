@@ -50,7 +50,7 @@ fn pager_and_region(
         .build()
         .unwrap();
     let map = MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable,
         ..MapOptions::default()
     };

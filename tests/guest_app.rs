@@ -200,7 +200,7 @@ fn dontneed_on_a_private_store_mapping_reads_the_store_again() {
             let data = pattern_vec(23, pages * PAGE);
             let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
             let opts = MapOptions {
-                kind: InstallKind::Anonymous,
+                kind: Some(InstallKind::Anonymous),
                 ..MapOptions::default()
             };
             let mut r = p.map_store(store, data.len(), &opts).unwrap();

@@ -14,7 +14,7 @@ const PAGES: usize = 16;
 
 fn cycle(p: &Pager, at: usize, v: u8, stop: &AtomicBool) -> u64 {
     let opts = MapOptions {
-        kind: uffd_pager::InstallKind::Anonymous,
+        kind: Some(uffd_pager::InstallKind::Anonymous),
         fixed_addr: Some(at),
         ..MapOptions::default()
     };

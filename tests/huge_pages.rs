@@ -37,7 +37,7 @@ fn deliveries() -> [Delivery; 2] {
 
 fn huge_opts(kind: InstallKind) -> MapOptions {
     MapOptions {
-        kind,
+        kind: Some(kind),
         page_size: HUGE,
         ..MapOptions::default()
     }

@@ -24,7 +24,7 @@ fn a_random_reader_gets_no_readahead_and_a_sequential_one_does() {
         .unwrap();
     let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
     let opts = MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable: false,
         ..MapOptions::default()
     };

@@ -108,7 +108,7 @@ fn read_only_region(delivery: Delivery, source: Source, data: &[u8]) -> (Pager, 
             store,
             data.len(),
             &MapOptions {
-                kind: InstallKind::Anonymous,
+                kind: Some(InstallKind::Anonymous),
                 writable: false,
                 ..MapOptions::default()
             },

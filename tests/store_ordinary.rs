@@ -115,7 +115,7 @@ fn map_shared(
     writable: bool,
 ) -> uffd_pager::Region {
     let opts = MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable,
         ..MapOptions::default()
     };

@@ -92,7 +92,7 @@ pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i3
         k => return Err(fail(libc::EINVAL, format_args!("unknown kind {k}"))),
     };
     Ok(MapOptions {
-        kind,
+        kind: Some(kind),
         writable: o.writable,
         populate: o.populate,
         pinned: o.pinned,
@@ -103,8 +103,9 @@ pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i3
         } else {
             o.page_size
         },
-        // (Not offered to C: the options struct is part of the ABI.)
+        // (Neither is offered to C: the options struct is part of the ABI.)
         kernel_maps: false,
+        access: engine::Access::Normal,
     })
 }
 
@@ -258,7 +259,7 @@ pub unsafe extern "C" fn uffd_pager_map_fd(
     out: *mut *mut uffd_pager_region,
 ) -> i32 {
     map_with(p, opts, out, |p, o| {
-        let writable = o.writable && o.kind == InstallKind::Shared;
+        let writable = o.writable && o.install_kind() == InstallKind::Shared;
         let store = fd_store(fd, offset, len, writable)?;
         Ok(p.map_store(store, len, &o))
     })

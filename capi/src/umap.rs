@@ -206,11 +206,11 @@ fn map(
     let len = len.div_ceil(engine::PAGE_SIZE) * engine::PAGE_SIZE;
     let writable = prot & libc::PROT_WRITE != 0;
     let opts = MapOptions {
-        kind: if writable {
+        kind: Some(if writable {
             InstallKind::Shared
         } else {
             InstallKind::Anonymous
-        },
+        }),
         writable,
         fixed_addr: (flags & libc::MAP_FIXED != 0).then_some(addr as usize),
         ..MapOptions::default()

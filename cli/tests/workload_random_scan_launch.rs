@@ -37,7 +37,7 @@ fn random_reads_check_out_and_reclaim_runs() {
         ),
     ] {
         let k = Knobs {
-            install,
+            install: Some(install),
             delivery,
             writers: 1,
             writer_pause: Duration::from_micros(200),
@@ -107,7 +107,7 @@ fn pattern_file_holds_the_pattern() {
 fn scan_reports_both_sides() {
     for install in [InstallKind::Shared, InstallKind::Anonymous] {
         let k = Knobs {
-            install,
+            install: Some(install),
             writers: 1,
             writer_pause: Duration::from_micros(200),
             ..knobs()
@@ -161,7 +161,7 @@ fn launch_replays_cold_launches() {
         (InstallKind::Anonymous, "retry-once"),
     ] {
         let k = Knobs {
-            install,
+            install: Some(install),
             policy: policy.parse().unwrap(),
             writers: 2,
             writer_pause: Duration::from_micros(100),

@@ -28,7 +28,7 @@ fn filemap_rounds_read_correct_data_under_reclaim() {
     for policy in [PolicyKind::Vanilla, PolicyKind::RetryOnce] {
         for install in [InstallKind::Shared, InstallKind::Anonymous] {
             let k = Knobs {
-                install,
+                install: Some(install),
                 ..knobs(policy)
             };
             let r = filemap::run(&k).unwrap();

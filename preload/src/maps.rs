@@ -242,11 +242,11 @@ pub fn mmap(
             crate::set_errno(libc::ENODEV);
             return Some(libc::MAP_FAILED);
         }
-        opts.kind = if write {
+        opts.kind = Some(if write {
             InstallKind::Shared
         } else {
             st.cfg.kind
-        };
+        });
         let latency = st.cfg.latency;
         let made = crate::maps::file_store(fd, off as u64, rlen, shared && write, latency)
             .and_then(|s| {

@@ -68,6 +68,8 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     }
 
     let i = vma.page_index(f.addr);
+    // (Read before the lock may be dropped for a major fault's I/O.)
+    let readahead = !vma.random;
     loop {
         let w = obj.cache.load(i);
         if w & POISONED != 0 {
@@ -140,7 +142,9 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                     // A read-ahead page used: keep the window moving.
                     mm.counters.inc(RA_USED);
                     obj.cache.update(i, 0, READAHEAD);
-                    crate::readahead::on_fault(mm, obj, i);
+                    if readahead {
+                        crate::readahead::on_fault(mm, obj, i);
+                    }
                 }
                 return finish_install(mm, vma, f, i, false, false);
             }
@@ -187,14 +191,18 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                 mm.uncharge(pin.units());
             } else {
                 mm.page_cached(&pin, i);
-                crate::readahead::on_fault(mm, &pin, i);
+                if readahead {
+                    crate::readahead::on_fault(mm, &pin, i);
+                }
             }
             mm.counters.inc(RETRY_MMAP_DROP);
             return Outcome::Retry { major: true };
         }
         match load(mm, obj, i) {
             LoadResult::Ok => {
-                crate::readahead::on_fault(mm, obj, i);
+                if readahead {
+                    crate::readahead::on_fault(mm, obj, i);
+                }
                 return finish_install(mm, vma, f, i, false, true);
             }
             LoadResult::Failed => {

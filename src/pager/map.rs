@@ -96,7 +96,7 @@ fn page_shift(opts: &MapOptions, len: usize, budget: u64) -> Result<u32> {
     if available < needed {
         return Err(Error::NoHugePages { needed, available });
     }
-    if opts.kind == InstallKind::Anonymous {
+    if opts.install_kind() == InstallKind::Anonymous {
         crate::sys::huge::open_self_mem().map_err(|e| Error::Io {
             context: "opening /proc/self/mem (evicting 2 MiB anonymous pages reads it)".into(),
             source: std::io::Error::from_raw_os_error(e),
@@ -162,7 +162,7 @@ impl Pager {
             len,
             true,
             &MapOptions {
-                kind: InstallKind::Anonymous,
+                kind: Some(InstallKind::Anonymous),
                 writable: true,
                 ..opts.clone()
             },
@@ -261,7 +261,7 @@ impl Pager {
         }
         // A shared mapping writes to its store; an anonymous one is a
         // private copy (writes go to its swap), so any store will do.
-        if opts.writable && !store.writable() && opts.kind == InstallKind::Shared {
+        if opts.writable && !store.writable() && opts.install_kind() == InstallKind::Shared {
             return Err(Error::ReadOnlyStore);
         }
         self.map_object(store, len, false, opts)
@@ -278,7 +278,7 @@ impl Pager {
             len,
             false,
             &MapOptions {
-                kind,
+                kind: Some(kind),
                 writable: kind == InstallKind::Anonymous,
                 ..MapOptions::default()
             },
@@ -294,9 +294,9 @@ impl Pager {
     ) -> Result<Region> {
         check_fixed(opts.fixed_addr, PAGE_SIZE)?;
         let shift = page_shift(opts, len, self.inner.mm.config.budget_pages)?;
+        let kind = opts.install_kind();
         if opts.kernel_maps {
-            if opts.kind != InstallKind::Shared || opts.writable || shift != crate::sys::PAGE_SHIFT
-            {
+            if kind != InstallKind::Shared || opts.writable || shift != crate::sys::PAGE_SHIFT {
                 return Err(Error::Config(
                     "kernel_maps needs a read-only shared region of 4 KiB pages \
                      (kind: Shared, writable: false, page_size: PAGE_SIZE)"
@@ -311,7 +311,7 @@ impl Pager {
                 .map_err(|e| Error::sys("pipe2", e))?;
         }
         let npages = ((store.len() as usize) >> shift).max(len >> shift);
-        let swap = match opts.kind {
+        let swap = match kind {
             InstallKind::Anonymous => {
                 Some(self.swap_store(npages << shift, shift != crate::sys::PAGE_SHIFT)?)
             }
@@ -320,7 +320,7 @@ impl Pager {
         let mm = &self.inner.mm;
         // A shared object kept since its last region went, over this store,
         // whose contents have not changed since: its pages are still cached.
-        let kept = match opts.kind {
+        let kept = match kind {
             InstallKind::Shared => match mm.kept.take(&store, npages, shift) {
                 // (Registered one way or the other for its whole life.)
                 Some(Ok(obj)) if obj.kernel_maps == opts.kernel_maps => Some(obj),
@@ -352,18 +352,18 @@ impl Pager {
                             .into(),
                     ));
                 }
-                let mut obj = Object::new(opts.kind, store, swap, npages, zero_fill, shift)
+                let mut obj = Object::new(kind, store, swap, npages, zero_fill, shift)
                     .map_err(|(op, e)| Error::sys(op, e))?;
                 // Only a writable anonymous region of base pages needs to
                 // hear of the application's madvise (see `Object::quiet`);
                 // a huge one must not, since reclaim zaps its pages with
                 // `MADV_DONTNEED` (see `reclaim`'s `huge`).
-                obj.quiet = opts.kind == InstallKind::Shared || !opts.writable || obj.is_huge();
+                obj.quiet = kind == InstallKind::Shared || !opts.writable || obj.is_huge();
                 obj.kernel_maps = opts.kernel_maps;
                 // Stamped before any page is read: kept later only if the
                 // store still has this stamp (nothing changed it while the
                 // object was mapped, not even its own write-backs).
-                if opts.kind == InstallKind::Shared && !opts.pinned {
+                if kind == InstallKind::Shared && !opts.pinned {
                     *obj.keep_stamp.get_mut().unwrap_or_else(|e| e.into_inner()) =
                         obj.store.contents_stamp();
                 }
@@ -373,7 +373,12 @@ impl Pager {
         let at = Placement {
             fixed: opts.fixed_addr,
         };
-        let (id, start) = match mm.map(obj.clone(), len, opts.writable, at, opts.pinned, reused) {
+        let flags = crate::vma::VmFlags {
+            writable: opts.writable,
+            pinned: opts.pinned,
+            random: opts.access == super::Access::Random,
+        };
+        let (id, start) = match mm.map(obj.clone(), len, flags, at, reused) {
             Ok(m) => m,
             Err(e) => {
                 if reused {
@@ -383,7 +388,7 @@ impl Pager {
             }
         };
         drop(obj);
-        let region = Region::new(self.inner.clone(), id, start, len, 1 << shift);
+        let region = Region::new(self.inner.clone(), id, start, len, 1 << shift, kind);
         if opts.populate {
             region.populate(0, len)?;
         }

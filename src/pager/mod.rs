@@ -5,7 +5,6 @@ use crate::delivery::threads::{HandlerPool, Serve};
 use crate::delivery::{sigbus, Delivery};
 use crate::error::{Error, Result};
 use crate::fault::Policy;
-use crate::object::InstallKind;
 use crate::stats::Stats;
 use crate::sys::uffd::{feature, Descriptor, Uffd, Want};
 use inner::PagerInner;
@@ -15,6 +14,9 @@ use std::sync::Arc;
 pub(crate) mod inject;
 pub(crate) mod inner;
 mod map;
+mod options;
+
+pub use options::{Access, MapOptions};
 
 /// Builds a [`Pager`].
 ///
@@ -317,98 +319,6 @@ impl PagerBuilder {
             inner: Arc::new(inner),
             swap: self.swap,
         })
-    }
-}
-
-/// Options for [`Pager::map_store`] and [`Pager::map_file`].
-///
-/// ```
-/// use uffd_pager::{InstallKind, MapOptions, Pager};
-/// use uffd_pager::store::MemoryStore;
-/// use std::sync::Arc;
-///
-/// let pager = Pager::builder().build()?;
-/// let store = Arc::new(MemoryStore::new(1 << 20)?);
-/// let opts = MapOptions { kind: InstallKind::Anonymous, populate: true, ..MapOptions::default() };
-/// let region = pager.map_store(store, 1 << 20, &opts)?;
-/// assert_eq!(region.as_slice()[0], 0);
-/// # Ok::<(), uffd_pager::Error>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct MapOptions {
-    /// How pages are installed (default: shared memfd, zero copy).
-    pub kind: InstallKind,
-    /// Map writable (default true).
-    pub writable: bool,
-    /// Place at exactly this address (must be free).
-    pub fixed_addr: Option<usize>,
-    /// Never evict this region's pages (the mlock analog).
-    pub pinned: bool,
-    /// Fault every page in at map time (the MAP_POPULATE analog).
-    pub populate: bool,
-    /// Bytes per page: [`PAGE_SIZE`](crate::PAGE_SIZE) (the default) or
-    /// [`HUGE_PAGE_SIZE`](crate::HUGE_PAGE_SIZE), 2 MiB pages from the
-    /// kernel's hugetlb pool (which root reserves with
-    /// `sysctl vm.nr_hugepages=N`; mapping fails with
-    /// [`Error::NoHugePages`](crate::Error::NoHugePages) if too few are
-    /// free). Faults, installs, eviction, write-back and store calls then
-    /// work 2 MiB at a time; the budget still counts 4 KiB units (a huge
-    /// page is 512 of them) and must hold one huge page at least. A region
-    /// of 2 MiB pages has no fault-around (a page is 512 base pages
-    /// already); a shared one reads the next page ahead for a sequential
-    /// reader, within the budget. It cannot be remapped, and its length (and fixed
-    /// address) must be multiples of 2 MiB. A huge anonymous region does
-    /// not hear of the application's own `madvise(MADV_DONTNEED)` on pages
-    /// it has evicted (use [`Region::dontneed`](crate::Region::dontneed)).
-    pub page_size: usize,
-    /// Let the kernel map cached pages itself (default false): for a
-    /// read-only shared region of 4 KiB pages (`kind: Shared`, `writable:
-    /// false`; anything else is [`Error::Config`](crate::Error::Config)).
-    /// The region is registered for MISSING faults only, so the engine
-    /// hears of a page only when it is absent from the memfd: it reads the
-    /// page into the memfd and lets the access run again, and the kernel's
-    /// own fault path maps it, with its fault-around over the pages the
-    /// memfd holds. A page the engine cached but has not mapped (read
-    /// ahead, or left by an earlier region of the object) then costs a
-    /// kernel minor fault and no engine fault, and PTEs are installed
-    /// clean, so evicting a batch of pages costs one TLB flush, not one
-    /// per page (see the README's "Speed").
-    ///
-    /// What it gives up: the engine sees only the faults that miss, so
-    /// `pgfault` and `readahead_used` count only those, the LRU's
-    /// second chance never sees a page the kernel mapped, and a page read
-    /// ahead is used without moving the readahead window until the reader
-    /// reaches a page that is not there yet. The engine's own
-    /// fault-around and write protection need MINOR and WP registration,
-    /// which turn the kernel's fault-around off, so a write is refused only
-    /// where it reaches the engine: [`Region::protect`](crate::Region::protect)
-    /// refuses to make the region writable, but if the application makes it
-    /// writable with its own `mprotect` and writes, a write to a page the
-    /// memfd holds goes into the cache unseen and is lost when the page is
-    /// evicted (a write to an absent page is SIGSEGV).
-    ///
-    /// Refused ([`Error::Config`](crate::Error::Config)) while shmem may
-    /// use large folios (`/sys/kernel/mm/transparent_hugepage/shmem_enabled`
-    /// or a per-size `hugepages-*kB/shmem_enabled` set to `always`,
-    /// `within_size` or `force`): a folio larger than the page the engine
-    /// fills would hold pages it never read, as zeros, which the kernel
-    /// would map. The settings are read when the region's object (its
-    /// memfd) is made, not again when a kept object is mapped anew:
-    /// turning them on while the object lives is not noticed.
-    pub kernel_maps: bool,
-}
-
-impl Default for MapOptions {
-    fn default() -> Self {
-        MapOptions {
-            kind: InstallKind::Shared,
-            writable: true,
-            fixed_addr: None,
-            pinned: false,
-            populate: false,
-            page_size: crate::PAGE_SIZE,
-            kernel_maps: false,
-        }
     }
 }
 

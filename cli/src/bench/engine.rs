@@ -136,7 +136,7 @@ impl EngineLoop {
             self.store.clone(),
             self.pages * self.page_size,
             &MapOptions {
-                kind: self.kind,
+                kind: Some(self.kind),
                 writable: false,
                 page_size: self.page_size,
                 ..MapOptions::default()

@@ -182,7 +182,7 @@ fn engine(kind: InstallKind, pages: usize, ps: usize) -> Result<(f64, u64)> {
         store,
         pages * ps,
         &MapOptions {
-            kind,
+            kind: Some(kind),
             writable: kind == InstallKind::Anonymous,
             page_size: ps,
             ..MapOptions::default()

@@ -246,7 +246,7 @@ fn scan_side(
         .fault_around(fault_around)
         .build()?;
     let opts = MapOptions {
-        kind: InstallKind::Shared,
+        kind: Some(InstallKind::Shared),
         writable: false,
         ..MapOptions::default()
     };

@@ -78,10 +78,11 @@ impl Sweep {
             let c = |k| st.get(k);
             let _ = writeln!(
                 s,
-                "[{}={} {}] {} {} in {:.2}s ({:.0}/CPU-s)",
+                "[{}={} {}{}] {} {} in {:.2}s ({:.0}/CPU-s)",
                 self.knob,
                 self.values[*vi],
                 self.labels[*li],
+                r.install.map_or(String::new(), |k| format!(", {k} kind")),
                 r.ops,
                 r.unit,
                 r.elapsed.as_secs_f64(),
@@ -328,6 +329,10 @@ fn run_json(knob: &str, value: usize, label: &str, r: &RunResult) -> Json {
         ("knob", Json::str(knob)),
         ("value", Json::Int(value as i64)),
         ("label", Json::str(label)),
+        (
+            "kind",
+            r.install.map_or(Json::Null, |k| Json::str(k.to_string())),
+        ),
         ("ops", Json::Int(r.ops as i64)),
         ("unit", Json::str(r.unit)),
         ("elapsed_s", Json::Num(r.elapsed.as_secs_f64())),

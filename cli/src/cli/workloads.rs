@@ -59,7 +59,9 @@ pub struct WorkloadArgs {
     #[arg(long, default_value = "in-thread")]
     pub delivery: Delivery,
     /// Install kind (filemap, random, scan, launch; swap is anonymous by
-    /// definition). Default: shared.
+    /// definition). Default: the engine's choice (`MapOptions::install_kind`):
+    /// anonymous for a read-only `random` (it advises random access),
+    /// shared for the rest.
     #[arg(long)]
     pub kind: Option<InstallKind>,
     /// Largest readahead window in pages (0: off).
@@ -289,7 +291,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         seed: a.seed,
         policy: a.policy[0],
         delivery: a.delivery,
-        install: a.kind.unwrap_or(InstallKind::Shared),
+        install: a.kind,
         budget_pages: budget,
         latency: a.latency,
         max_inflight: a.max_inflight,

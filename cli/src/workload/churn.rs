@@ -59,5 +59,6 @@ pub fn run(k: &Knobs, drain: DrainPolicy, shards: usize) -> Result<RunResult> {
         stats,
         latency: None,
         extra,
+        install: None,
     })
 }

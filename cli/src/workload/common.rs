@@ -35,8 +35,9 @@ pub struct Knobs {
     pub policy: Policy,
     /// Fault delivery.
     pub delivery: Delivery,
-    /// Install kind of the workload's regions.
-    pub install: InstallKind,
+    /// Install kind of the workload's regions (`--kind`); `None` lets the
+    /// engine choose ([`uffd_pager::MapOptions::install_kind`]).
+    pub install: Option<InstallKind>,
     /// Memory budget in pages.
     pub budget_pages: u64,
     /// Simulated store latency.
@@ -81,7 +82,7 @@ impl Default for Knobs {
             seed: 1,
             policy: Policy::default(),
             delivery: Delivery::InThread,
-            install: InstallKind::Shared,
+            install: None,
             budget_pages: 1024,
             latency: LatencyModel::Fixed { ns: 50_000 },
             max_inflight: 0,
@@ -101,9 +102,15 @@ impl Knobs {
     /// `opts` with the knobs' page size, and kernel-mapped if the knobs
     /// say so and `opts` is a read-only shared region.
     pub fn sized(&self, opts: uffd_pager::MapOptions) -> uffd_pager::MapOptions {
-        uffd_pager::MapOptions {
+        let opts = uffd_pager::MapOptions {
             page_size: self.page_size,
-            kernel_maps: self.kernel_maps && opts.kind == InstallKind::Shared && !opts.writable,
+            kernel_maps: self.kernel_maps,
+            ..opts
+        };
+        uffd_pager::MapOptions {
+            kernel_maps: self.kernel_maps
+                && opts.install_kind() == InstallKind::Shared
+                && !opts.writable,
             ..opts
         }
     }
@@ -167,6 +174,9 @@ pub struct RunResult {
     pub latency: Option<LatencyReport>,
     /// Workload-specific figures.
     pub extra: Vec<(&'static str, f64)>,
+    /// The install kind the workload's regions got (the engine chooses it
+    /// when `--kind` is not given), where it maps regions of one kind.
+    pub install: Option<InstallKind>,
 }
 
 impl RunResult {

@@ -74,5 +74,6 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
             ("noise_loops", noise_loops as f64),
             ("noise_prioritised", noise_prioritised as f64),
         ],
+        install: Some(opts.install_kind()),
     })
 }

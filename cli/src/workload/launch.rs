@@ -409,5 +409,6 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<Ru
             ("trace_len", trace.len() as f64),
             ("trace_pages", pages as f64),
         ],
+        install: Some(opts.install_kind()),
     })
 }

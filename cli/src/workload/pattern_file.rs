@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Instant;
 use uffd_pager::store::FileStore;
-use uffd_pager::{AtomicHistogram, Error, InstallKind, MapOptions, Result, PAGE_SIZE};
+use uffd_pager::{Access, AtomicHistogram, Error, InstallKind, MapOptions, Result, PAGE_SIZE};
 
 /// Where the workloads create their files by default: `/dev/shm` (tmpfs)
 /// if it is a directory, else [`std::env::temp_dir`].
@@ -114,7 +114,7 @@ impl PatternFile {
 /// Map options for a region the workloads only read, of install `kind`:
 /// read-only, so reclaim can drop its pages without writing them anywhere
 /// (shared pages are never dirty; anonymous ones are `CLEAN`).
-pub fn read_map_options(kind: InstallKind) -> MapOptions {
+pub fn read_map_options(kind: Option<InstallKind>) -> MapOptions {
     MapOptions {
         kind,
         writable: false,
@@ -122,10 +122,13 @@ pub fn read_map_options(kind: InstallKind) -> MapOptions {
     }
 }
 
-/// Map options for `random`: read-only unless `write_pct > 0`.
-pub fn random_map_options(kind: InstallKind, write_pct: u32) -> MapOptions {
+/// Map options for `random`: read-only unless `write_pct > 0`, and
+/// advised [`Access::Random`] (so with `kind` `None` a read-only run gets
+/// the anonymous kind, as any application that gives that advice would).
+pub fn random_map_options(kind: Option<InstallKind>, write_pct: u32) -> MapOptions {
     MapOptions {
         writable: write_pct > 0,
+        access: Access::Random,
         ..read_map_options(kind)
     }
 }

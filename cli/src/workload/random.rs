@@ -74,8 +74,8 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             threads,
             k.duration,
             k.seed,
-            k.install,
-            k.kernel_maps,
+            opts.install_kind(),
+            opts.kernel_maps,
         )?;
         if f.mismatches != 0 {
             mismatches.fetch_add(f.mismatches, Relaxed);
@@ -103,5 +103,6 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             ("writer_loops", writer_loops as f64),
             ("footprint_mib", mib(footprint.total_bytes())),
         ],
+        install: Some(opts.install_kind()),
     })
 }

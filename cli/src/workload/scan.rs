@@ -98,7 +98,9 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     };
     let pager = Arc::new(k.builder().budget_pages(budget).build()?);
     let store = Arc::new(file.store()?);
-    let mut region = pager.map_store(store, len, &k.sized(read_map_options(k.install)))?;
+    let opts = k.sized(read_map_options(k.install));
+    let region_kind = opts.install_kind();
+    let mut region = pager.map_store(store, len, &opts)?;
     // The kernel's own mapping of the same file, for comparison.
     let io = crate::io_error;
     // SAFETY: the file is this run's own, and nothing writes it while it
@@ -162,5 +164,6 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
             ("mismatches", mismatches as f64),
             ("writer_loops", writer_loops as f64),
         ],
+        install: Some(region_kind),
     })
 }

@@ -23,7 +23,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
         swap.clone(),
         k.pages * PAGE_SIZE,
         &k.sized(MapOptions {
-            kind: InstallKind::Anonymous,
+            kind: Some(InstallKind::Anonymous),
             ..MapOptions::default()
         }),
     )?;
@@ -77,5 +77,6 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
             ("footprint_mib", mib(footprint.total_bytes())),
             ("swap_in_memory_mib", mib(footprint.swap_bytes)),
         ],
+        install: Some(InstallKind::Anonymous),
     })
 }

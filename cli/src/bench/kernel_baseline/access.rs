@@ -74,11 +74,23 @@ pub struct EngineMapper {
     pages: usize,
 }
 
+/// The engine side's map options for `w`: `random`'s (read-only unless
+/// `--write-pct`, advised random access), or read-only ones for `scan` and
+/// `filemap`; the install kind is `--kind` or the engine's choice.
+pub fn engine_map_options(w: Workload, k: &Knobs) -> MapOptions {
+    use crate::workload::pattern_file::{random_map_options, read_map_options};
+    k.sized(match w {
+        Workload::Random => random_map_options(k.install, k.write_pct),
+        Workload::Scan | Workload::Filemap => read_map_options(k.install),
+    })
+}
+
 impl EngineMapper {
     /// A pager from `k` (its budget raised to `budget_pages`, anonymous
     /// regions swapping to files in `swap_dir`, whose page cache the cgroup
     /// can reclaim) and stores over `files` of `pages` pages each.
     pub fn new(
+        w: Workload,
         k: &Knobs,
         budget_pages: u64,
         files: &[std::fs::File],
@@ -112,10 +124,7 @@ impl EngineMapper {
         Ok(EngineMapper {
             pager,
             stores,
-            opts: k.sized(crate::workload::pattern_file::random_map_options(
-                k.install,
-                k.write_pct,
-            )),
+            opts: engine_map_options(w, k),
             pages,
         })
     }

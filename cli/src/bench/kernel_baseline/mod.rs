@@ -133,7 +133,7 @@ fn run_side(
         .map_err(|e| e.to_string())?;
     let (out, c, footprint) = match kind {
         Kind::Engine => {
-            let m = EngineMapper::new(k, budget, &raw, pages, dir)?;
+            let m = EngineMapper::new(w, k, budget, &raw, pages, dir)?;
             m.pager.reset_stats();
             let out = access::run(w, &m, pages, k)?;
             let st = m.pager.stats();
@@ -312,7 +312,9 @@ pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
             dir.display()
         ));
     }
-    if w == Workload::Scan && k.install == uffd_pager::InstallKind::Anonymous {
+    if w == Workload::Scan
+        && access::engine_map_options(w, k).install_kind() == uffd_pager::InstallKind::Anonymous
+    {
         return Err(
             "scan --baseline kernel needs the shared kind: an anonymous region's pages go with MADV_DONTNEED, so its passes would not be warm".into(),
         );
@@ -350,9 +352,9 @@ pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
         (
             Kind::Engine,
             format!(
-                "engine ({}, {:?}{})",
+                "engine ({}, {}{})",
                 k.policy,
-                k.install,
+                access::engine_map_options(w, k).install_kind(),
                 if k.kernel_maps { ", kernel-mapped" } else { "" }
             )
             .to_lowercase(),

@@ -329,7 +329,7 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
                 source: e,
             })?;
             let opts = MapOptions {
-                kind: cfg.install,
+                kind: Some(cfg.install),
                 page_size: cfg.page_size,
                 ..MapOptions::default()
             };
@@ -337,7 +337,7 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
         }
         TortureKind::Far { .. } => {
             let opts = MapOptions {
-                kind: cfg.install,
+                kind: Some(cfg.install),
                 page_size: cfg.page_size,
                 ..MapOptions::default()
             };

@@ -1,0 +1,139 @@
+//! `MapOptions::access` on real faults: `Access::Random` turns readahead
+//! off for the region (the kernel's `VM_RAND_READ`), and with `kind: None`
+//! a read-only region advised random gets the anonymous kind, every other
+//! region the shared one.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Access, Counter, InstallKind, MapOptions, Pager};
+use util::{pattern_vec, PAGE};
+
+const PAGES: usize = 2048;
+
+fn pager() -> Pager {
+    Pager::builder()
+        .budget_pages(256)
+        .readahead(32, 2)
+        .build()
+        .unwrap()
+}
+
+/// Reads every page in order; returns the pages read ahead meanwhile.
+fn sequential_pass(pager: &Pager, data: &[u8], opts: &MapOptions) -> u64 {
+    let store = Arc::new(MemoryStore::from_bytes(data).unwrap());
+    let region = pager.map_store(store, data.len(), opts).unwrap();
+    pager.reset_stats();
+    let s = region.as_slice();
+    for p in 0..PAGES {
+        assert_eq!(s[p * PAGE + 7], data[p * PAGE + 7], "page {p}");
+    }
+    let ra = pager.stats().get(Counter::RA_PAGES);
+    region.unmap().unwrap();
+    ra
+}
+
+#[test]
+fn random_advice_turns_readahead_off_for_the_region() {
+    let data = pattern_vec(11, PAGES * PAGE);
+    let pager = pager();
+    let shared = |access| MapOptions {
+        kind: Some(InstallKind::Shared),
+        writable: false,
+        access,
+        ..MapOptions::default()
+    };
+    // Over 2,048 pages in order a normal region reads ahead (the window
+    // grows to 32 pages); an advised one reads nothing it was not asked for.
+    let normal = sequential_pass(&pager, &data, &shared(Access::Normal));
+    assert!(normal > PAGES as u64 / 4, "{normal} pages read ahead");
+    let random = sequential_pass(&pager, &data, &shared(Access::Random));
+    assert_eq!(random, 0, "pages read ahead for a region advised random");
+}
+
+#[test]
+fn the_engine_chooses_the_install_kind_from_the_access_advice() {
+    let data = pattern_vec(12, PAGES * PAGE);
+    let pager = pager();
+    let map = |opts: MapOptions| {
+        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+        pager.map_store(store, data.len(), &opts).unwrap()
+    };
+    let read_only_random = MapOptions {
+        writable: false,
+        access: Access::Random,
+        ..MapOptions::default()
+    };
+    let r = map(read_only_random.clone());
+    assert_eq!(r.kind(), InstallKind::Anonymous);
+    assert_eq!(r.kind(), read_only_random.install_kind());
+    // Scattered reads over 8 times the budget: every byte right, while
+    // clean anonymous pages are dropped and read again.
+    let s = r.as_slice();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..20_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let p = x as usize % PAGES;
+        let o = (x >> 40) as usize % PAGE;
+        assert_eq!(s[p * PAGE + o], data[p * PAGE + o], "page {p} byte {o}");
+    }
+    let st = pager.stats();
+    assert!(st.get(Counter::PGSTEAL) > 0, "nothing was evicted");
+    assert!(st.peak_resident_pages <= 256 + 64, "{st:?}");
+    r.unmap().unwrap();
+
+    // What else stays shared: no advice, a writable region, a
+    // kernel-mapped one, 2 MiB pages; and a kind given is the kind got.
+    for (opts, want) in [
+        (
+            MapOptions {
+                writable: false,
+                ..MapOptions::default()
+            },
+            InstallKind::Shared,
+        ),
+        (
+            MapOptions {
+                access: Access::Random,
+                ..MapOptions::default()
+            },
+            InstallKind::Shared,
+        ),
+        (
+            MapOptions {
+                kind: Some(InstallKind::Shared),
+                ..read_only_random.clone()
+            },
+            InstallKind::Shared,
+        ),
+        (
+            MapOptions {
+                kind: Some(InstallKind::Anonymous),
+                writable: false,
+                ..MapOptions::default()
+            },
+            InstallKind::Anonymous,
+        ),
+    ] {
+        let r = map(opts.clone());
+        assert_eq!(r.kind(), want, "{opts:?}");
+        assert_eq!(r.as_slice()[5 * PAGE + 1], data[5 * PAGE + 1]);
+        r.unmap().unwrap();
+    }
+    for opts in [
+        MapOptions {
+            kernel_maps: true,
+            ..read_only_random.clone()
+        },
+        MapOptions {
+            page_size: uffd_pager::HUGE_PAGE_SIZE,
+            ..read_only_random.clone()
+        },
+    ] {
+        assert_eq!(opts.install_kind(), InstallKind::Shared, "{opts:?}");
+    }
+}
