@@ -499,11 +499,17 @@ mod tests {
             Err(StoreError(libc::ETIMEDOUT))
         );
         assert!(t.elapsed() >= std::time::Duration::from_millis(500));
+        // A panic is given a patient queue of its own: unwinding with
+        // `RUST_BACKTRACE` set symbolises a backtrace, which on a loaded
+        // machine outlasts the 500 ms above (CI saw ETIMEDOUT here).
+        let patient = Arc::new(Io::new(60_000_000_000, 0).unwrap());
+        start(&patient, |io| io, 1, &mut workers).unwrap();
         assert_eq!(
-            io.read(&store, 2 * PAGE_SIZE as u64, &mut buf),
+            patient.read(&store, 2 * PAGE_SIZE as u64, &mut buf),
             Err(StoreError(libc::EIO)),
             "a panic is a failed read"
         );
+        patient.stop();
         io.write(&store, &[(3 * PAGE_SIZE as u64, &[5u8; PAGE_SIZE])])
             .unwrap();
         io.read(&store, 3 * PAGE_SIZE as u64, &mut buf).unwrap();
