@@ -1,4 +1,5 @@
-//! `madvise(MADV_DONTNEED)` on a region: its pages leave the user mapping.
+//! `madvise` on a region: `MADV_DONTNEED` (its pages leave the user
+//! mapping) and the access advice `MADV_NORMAL` / `MADV_RANDOM`.
 
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
@@ -7,6 +8,26 @@ use crate::page_cache::{MAPPED, POISONED};
 use crate::sys::mem::madvise;
 
 impl Mm {
+    /// `madvise(MADV_NORMAL | MADV_RANDOM)` over every piece of region
+    /// `id`: sets or clears the `VM_RAND_READ` analog, which the next
+    /// fault attempt reads. The kernel takes `mmap_lock` for write to change
+    /// `vm_flags`; here the flag is an atomic that an attempt reads once,
+    /// so the global lock's read side (which keeps the region's pieces as
+    /// they are) is enough, and no fault waits for the advice.
+    pub fn advise(&self, id: u64, access: crate::Access) -> Result<()> {
+        self.check_owner()?;
+        let random = match access {
+            crate::Access::Normal => false,
+            crate::Access::Random => true,
+        };
+        let _g = self.lock.read();
+        for vma in self.pieces(id) {
+            vma.random
+                .store(random, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// `MADV_DONTNEED` over `[addr, addr+len)` of one region: the pages
     /// leave the user mapping. Shared pages stay in the page cache (the next
     /// access is a minor fault); anonymous contents are discarded (the next

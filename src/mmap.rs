@@ -149,7 +149,7 @@ impl Mm {
         let id = self.next_region_id();
         let mut vma = Vma::new(start, len, 0, object, writable);
         vma.pinned = pinned;
-        vma.random = flags.random;
+        vma.random = std::sync::atomic::AtomicBool::new(flags.random);
         vma.id = id;
         vma.object.windows.set(&[vma.window()]);
         self.publish(&[], &[Arc::new(vma)]);

@@ -315,6 +315,29 @@ impl Region {
         self.owner.mm.dontneed(start, end - start)
     }
 
+    /// Advises how the region will be read from now on (the
+    /// `madvise(MADV_NORMAL | MADV_RANDOM)` analog, over the whole region):
+    /// with [`Access::Random`](crate::Access::Random) its faults request no
+    /// readahead, with [`Access::Normal`](crate::Access::Normal) readahead
+    /// adapts again. The install kind stays what it was at map time
+    /// ([`Region::kind`]; `MapOptions::access` chooses it). Cheap: a flag
+    /// per piece of the region, under the global lock's read side.
+    ///
+    /// ```
+    /// # use uffd_pager::{Access, MapOptions, Pager};
+    /// # use uffd_pager::store::MemoryStore;
+    /// # use std::sync::Arc;
+    /// let pager = Pager::builder().build()?;
+    /// let store = Arc::new(MemoryStore::new(1 << 20)?);
+    /// let region = pager.map_store(store, 1 << 20, &MapOptions::default())?;
+    /// region.advise(Access::Random)?;
+    /// assert_eq!(region.as_slice()[4096 * 100], 0);
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn advise(&self, access: crate::Access) -> Result<()> {
+        self.owner.mm.advise(self.id, access)
+    }
+
     /// Makes the region read-only (`false`) or read-write (`true`).
     ///
     /// Example: [`Region`](crate::Region).

@@ -41,8 +41,10 @@ pub struct Vma {
     /// Never evicted (the mlock analog).
     pub pinned: bool,
     /// Read at random ([`crate::Access::Random`], `VM_RAND_READ`): its
-    /// faults request no readahead.
-    pub random: bool,
+    /// faults request no readahead. Set at map time, changed by
+    /// [`crate::Region::advise`] (a flag read once per fault attempt, as
+    /// the kernel reads `vm_flags`).
+    pub random: AtomicBool,
     /// The [`crate::Region`] this VMA belongs to: pieces of one region (the
     /// application split it with its own `munmap`, or moved part of it)
     /// share it.
@@ -61,7 +63,7 @@ impl Vma {
             writable: AtomicBool::new(writable),
             anon_prepared: AtomicBool::new(false),
             pinned: false,
-            random: false,
+            random: AtomicBool::new(false),
             id: 0,
         }
     }
@@ -79,7 +81,7 @@ impl Vma {
             self.writable.load(Relaxed),
         );
         v.pinned = self.pinned;
-        v.random = self.random;
+        v.random = AtomicBool::new(self.random.load(Relaxed));
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
         v
@@ -105,7 +107,7 @@ impl Vma {
             self.writable.load(Relaxed),
         );
         v.pinned = self.pinned;
-        v.random = self.random;
+        v.random = AtomicBool::new(self.random.load(Relaxed));
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
         v

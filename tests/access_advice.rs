@@ -6,9 +6,10 @@
 #[path = "engine_util.rs"]
 mod util;
 
+use std::ops::Range;
 use std::sync::Arc;
 use uffd_pager::store::MemoryStore;
-use uffd_pager::{Access, Counter, InstallKind, MapOptions, Pager};
+use uffd_pager::{Access, Counter, InstallKind, MapOptions, Pager, Region};
 use util::{pattern_vec, PAGE};
 
 const PAGES: usize = 2048;
@@ -21,6 +22,27 @@ fn pager() -> Pager {
         .unwrap()
 }
 
+/// A read-only shared region over `data`, with `access` advice.
+fn shared(access: Access) -> MapOptions {
+    MapOptions {
+        kind: Some(InstallKind::Shared),
+        writable: false,
+        access,
+        ..MapOptions::default()
+    }
+}
+
+/// Reads `pages` of `region` in order; returns the pages read ahead
+/// meanwhile.
+fn read_in_order(pager: &Pager, region: &Region, data: &[u8], pages: Range<usize>) -> u64 {
+    pager.reset_stats();
+    let s = region.as_slice();
+    for p in pages {
+        assert_eq!(s[p * PAGE + 7], data[p * PAGE + 7], "page {p}");
+    }
+    pager.stats().get(Counter::RA_PAGES)
+}
+
 /// Reads every page in order in a pager of its own; returns the pages
 /// read ahead meanwhile. (Its own: requests still queued for an earlier
 /// region of the same pager would be read meanwhile.)
@@ -28,12 +50,7 @@ fn sequential_pass(data: &[u8], opts: &MapOptions) -> u64 {
     let pager = pager();
     let store = Arc::new(MemoryStore::from_bytes(data).unwrap());
     let region = pager.map_store(store, data.len(), opts).unwrap();
-    pager.reset_stats();
-    let s = region.as_slice();
-    for p in 0..PAGES {
-        assert_eq!(s[p * PAGE + 7], data[p * PAGE + 7], "page {p}");
-    }
-    let ra = pager.stats().get(Counter::RA_PAGES);
+    let ra = read_in_order(&pager, &region, data, 0..PAGES);
     region.unmap().unwrap();
     ra
 }
@@ -41,18 +58,37 @@ fn sequential_pass(data: &[u8], opts: &MapOptions) -> u64 {
 #[test]
 fn random_advice_turns_readahead_off_for_the_region() {
     let data = pattern_vec(11, PAGES * PAGE);
-    let shared = |access| MapOptions {
-        kind: Some(InstallKind::Shared),
-        writable: false,
-        access,
-        ..MapOptions::default()
-    };
     // Over 2,048 pages in order a normal region reads ahead (the window
     // grows to 32 pages); an advised one reads nothing it was not asked for.
     let normal = sequential_pass(&data, &shared(Access::Normal));
     assert!(normal > PAGES as u64 / 4, "{normal} pages read ahead");
     let random = sequential_pass(&data, &shared(Access::Random));
     assert_eq!(random, 0, "pages read ahead for a region advised random");
+}
+
+/// `Region::advise` (the `madvise(MADV_RANDOM)` analog) applies from the
+/// next fault: a normal region advised random after its map reads nothing
+/// ahead over its first half in order, and reads ahead again over the
+/// second half once advised normal.
+#[test]
+fn advice_given_after_the_map_applies_from_the_next_fault() {
+    let data = pattern_vec(13, PAGES * PAGE);
+    let pager = pager();
+    let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    let region = pager
+        .map_store(store, data.len(), &shared(Access::Normal))
+        .unwrap();
+    let pass = |pages| read_in_order(&pager, &region, &data, pages);
+    region.advise(Access::Random).unwrap();
+    let random = pass(0..PAGES / 2);
+    assert_eq!(random, 0, "pages read ahead after advice random");
+    region.advise(Access::Normal).unwrap();
+    let normal = pass(PAGES / 2..PAGES);
+    assert!(
+        normal > PAGES as u64 / 8,
+        "{normal} pages read ahead after advice normal"
+    );
+    region.unmap().unwrap();
 }
 
 #[test]

@@ -64,6 +64,17 @@
 #define UFFD_PAGER_KIND_ANONYMOUS 1
 
 /**
+ * No access advice: readahead adapts to the faults (`MADV_NORMAL`).
+ */
+#define UFFD_PAGER_ACCESS_NORMAL 0
+
+/**
+ * Scattered reads: the region's faults request no readahead
+ * (`MADV_RANDOM`).
+ */
+#define UFFD_PAGER_ACCESS_RANDOM 1
+
+/**
  * Bytes in a 2 MiB page, for `uffd_pager_map_options.page_size`.
  */
 #define UFFD_PAGER_HUGE_PAGE_SIZE ((2 * 1024) * 1024)
@@ -536,6 +547,18 @@ int32_t uffd_pager_region_flush(const struct uffd_pager_region *r);
  * `r` is a live region handle.
  */
 int32_t uffd_pager_region_protect(const struct uffd_pager_region *r, bool writable);
+
+/**
+ * Advises how the whole region will be read from now on, as
+ * `madvise(MADV_NORMAL | MADV_RANDOM)` would: `UFFD_PAGER_ACCESS_RANDOM`
+ * turns its readahead off from the next fault, `UFFD_PAGER_ACCESS_NORMAL`
+ * turns it back on. The install kind stays what the map chose. Another
+ * value: `-EINVAL`.
+ *
+ * # Safety
+ * `r` is a live region handle.
+ */
+int32_t uffd_pager_region_advise(const struct uffd_pager_region *r, uint32_t access);
 
 /**
  * Faults `[offset, offset+len)` in now, for a buffer a system call is

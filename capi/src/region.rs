@@ -13,6 +13,12 @@ pub const UFFD_PAGER_KIND_SHARED: u32 = 0;
 /// pager's swap, never to the store (a private mapping).
 pub const UFFD_PAGER_KIND_ANONYMOUS: u32 = 1;
 
+/// No access advice: readahead adapts to the faults (`MADV_NORMAL`).
+pub const UFFD_PAGER_ACCESS_NORMAL: u32 = 0;
+/// Scattered reads: the region's faults request no readahead
+/// (`MADV_RANDOM`).
+pub const UFFD_PAGER_ACCESS_RANDOM: u32 = 1;
+
 /// How a region is mapped. Start from [`uffd_pager_map_options_init`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -322,6 +328,24 @@ pub unsafe extern "C" fn uffd_pager_region_protect(
     writable: bool,
 ) -> i32 {
     with(r, |g| g.protect(writable))
+}
+
+/// Advises how the whole region will be read from now on, as
+/// `madvise(MADV_NORMAL | MADV_RANDOM)` would: `UFFD_PAGER_ACCESS_RANDOM`
+/// turns its readahead off from the next fault, `UFFD_PAGER_ACCESS_NORMAL`
+/// turns it back on. The install kind stays what the map chose. Another
+/// value: `-EINVAL`.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_advise(r: *const uffd_pager_region, access: u32) -> i32 {
+    let access = match access {
+        UFFD_PAGER_ACCESS_NORMAL => engine::Access::Normal,
+        UFFD_PAGER_ACCESS_RANDOM => engine::Access::Random,
+        _ => return fail(libc::EINVAL, format!("unknown access advice {access}")),
+    };
+    with(r, |g| g.advise(access))
 }
 
 /// Faults `[offset, offset+len)` in now, for a buffer a system call is

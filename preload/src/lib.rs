@@ -266,7 +266,8 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c
     }
 }
 
-/// madvise(2): MADV_DONTNEED and MADV_WILLNEED on pager memory go through
+/// madvise(2): MADV_DONTNEED, MADV_WILLNEED and the access advice
+/// (MADV_RANDOM, MADV_NORMAL, MADV_SEQUENTIAL) on pager memory go through
 /// the engine.
 ///
 /// # Safety

@@ -479,11 +479,20 @@ pub fn msync(addr: usize, len: usize) -> Option<c_int> {
 
 /// madvise: MADV_DONTNEED drops pages through the engine (shared pages
 /// stay cached; anonymous ones read as zeros again), MADV_WILLNEED faults
-/// them in; other advice is the kernel's.
+/// them in, MADV_RANDOM / MADV_NORMAL / MADV_SEQUENTIAL set the region's
+/// access advice ([`Region::advise`]); other advice is the kernel's.
 pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
-    if advice != libc::MADV_DONTNEED && advice != libc::MADV_WILLNEED {
-        return None;
-    }
+    // The access advice: the whole of each pager mapping the range touches
+    // takes it (the kernel would split the VMA at the range's ends; the
+    // engine's flag is per region). MADV_SEQUENTIAL clears the random
+    // advice, as it clears the kernel's `VM_RAND_READ`; the engine's
+    // readahead then ramps up on the sequential faults by itself.
+    let access = match advice {
+        libc::MADV_RANDOM => Some(engine::Access::Random),
+        libc::MADV_NORMAL | libc::MADV_SEQUENTIAL => Some(engine::Access::Normal),
+        libc::MADV_DONTNEED | libc::MADV_WILLNEED => None,
+        _ => return None,
+    };
     let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
     let mut guard = state();
     let st = guard.as_mut()?;
@@ -496,7 +505,9 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         let r = &mut st.maps[i].region;
         let start = r.as_ptr() as usize;
         let (lo, hi) = (a.max(start), b.min(start + r.len()));
-        let res = if advice == libc::MADV_DONTNEED {
+        let res = if let Some(access) = access {
+            r.advise(access)
+        } else if advice == libc::MADV_DONTNEED {
             r.dontneed(lo - start, hi - lo)
         } else {
             r.populate(lo - start, hi - lo)

@@ -259,3 +259,37 @@ fn anonymous_mappings_over_the_threshold_are_paged() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
     assert!(counter(&st, "pgsteal") > 0, "{st}");
 }
+
+/// Python's `mmap.madvise(MADV_RANDOM)` reaches the engine: the same pass
+/// over a file in order reads ahead without the advice and not with it.
+#[test]
+fn madvise_random_from_python_turns_the_pagers_readahead_off() {
+    let d = scratch();
+    let file = d.join("advised.dat");
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i >> 12) as u8).collect();
+    std::fs::write(&file, data).unwrap();
+    const SCRIPT: &str = "import mmap, sys\n\
+        f = open(sys.argv[1], 'rb')\n\
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n\
+        if sys.argv[2] != 'none': m.madvise(getattr(mmap, 'MADV_' + sys.argv[2]))\n\
+        print(sum(m[i] for i in range(7, len(m), 4096)))\n";
+    let pattern = format!("{}/*.dat", d.display());
+    let mut read_ahead = Vec::new();
+    for advice in ["none", "RANDOM"] {
+        let (o, st) = under_shim(
+            Command::new(python())
+                .args(["-c", SCRIPT])
+                .arg(&file)
+                .arg(advice),
+            &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+            &d.join(format!("advised-{advice}.stats")),
+        );
+        // Pages 0..1024, each holding its number (mod 256) everywhere.
+        let want: u64 = (0..1024u64).map(|p| p % 256).sum();
+        assert_eq!(ok(&o).trim(), want.to_string(), "{advice}");
+        assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+        read_ahead.push(counter(&st, "readahead_pages"));
+    }
+    assert!(read_ahead[0] > 64, "without advice: {read_ahead:?}");
+    assert_eq!(read_ahead[1], 0, "advised random: {read_ahead:?}");
+}

@@ -69,7 +69,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
 
     let i = vma.page_index(f.addr);
     // (Read before the lock may be dropped for a major fault's I/O.)
-    let readahead = !vma.random;
+    let readahead = !vma.random.load(Relaxed);
     loop {
         let w = obj.cache.load(i);
         if w & POISONED != 0 {

@@ -5,7 +5,9 @@ use crate::object::InstallKind;
 
 /// How the application will read a region: the engine's analog of the
 /// `madvise` advice `MADV_NORMAL` and `MADV_RANDOM` (the kernel's
-/// `VM_RAND_READ` flag on a VMA), given when the region is mapped.
+/// `VM_RAND_READ` flag on a VMA), given when the region is mapped
+/// ([`MapOptions::access`], which also picks the install kind) or later
+/// ([`Region::advise`](crate::Region::advise), readahead only).
 ///
 /// | | `Normal` | `Random` |
 /// |---|---|---|

@@ -16,6 +16,7 @@
 #define FILE_PAGES (4 * BUDGET_PAGES)
 #define THREADS 4
 #define ROUNDS 20
+#define ADVISED_PAGES 1024
 
 static unsigned char *base;
 static int failures;
@@ -121,6 +122,30 @@ int main(int argc, char **argv) {
   unsigned char *m = uffd_pager_region_addr(r);
   CHECK(m[7 * PAGE + 1] == 7 && m[15 * PAGE] == 15 && read_ctx_calls >= 2);
   CHECK(uffd_pager_region_unmap(r) == 0);
+
+  /* Access advice (a pager of its own, so that no readahead of the
+   * regions above is counted): advised random, a region read in order
+   * reads nothing ahead; advised normal again, it does. */
+  uffd_pager *q = NULL;
+  uffd_pager_config_init(&cfg);
+  CHECK(uffd_pager_new(&cfg, &q) == 0);
+  s.len = 2 * ADVISED_PAGES * PAGE;
+  CHECK(uffd_pager_map_store(q, &s, 2 * ADVISED_PAGES * PAGE, &o, &r) == 0);
+  CHECK(uffd_pager_region_advise(r, 7) == -EINVAL);
+  CHECK(strstr(uffd_pager_last_error(), "advice") != NULL);
+  CHECK(uffd_pager_region_advise(NULL, UFFD_PAGER_ACCESS_RANDOM) == -EINVAL);
+  CHECK(uffd_pager_region_advise(r, UFFD_PAGER_ACCESS_RANDOM) == 0);
+  m = uffd_pager_region_addr(r);
+  for (int i = 0; i < ADVISED_PAGES; i++) CHECK(m[i * PAGE + 3] == (unsigned char)i);
+  CHECK(uffd_pager_stats_get(q, &st) == 0);
+  CHECK(st.readahead_pages == 0);
+  CHECK(uffd_pager_region_advise(r, UFFD_PAGER_ACCESS_NORMAL) == 0);
+  for (int i = ADVISED_PAGES; i < 2 * ADVISED_PAGES; i++)
+    CHECK(m[i * PAGE + 3] == (unsigned char)i);
+  CHECK(uffd_pager_stats_get(q, &st) == 0);
+  CHECK(st.readahead_pages > 0);
+  CHECK(uffd_pager_region_unmap(r) == 0);
+  uffd_pager_free(q);
 
   /* Anonymous memory larger than the budget. */
   CHECK(uffd_pager_map_anonymous(p, FILE_PAGES * PAGE, &r) == 0);
