@@ -386,8 +386,19 @@ impl Mm {
     }
 
     /// What the pager holds in memory now (see [`crate::MemoryUse`]).
-    /// Copies the region list out under RCU and measures outside it; for
-    /// reports, not for signal handlers.
+    /// Walks the regions under the global lock's read side, as the
+    /// kernel's `/proc/PID/smaps` walks VMAs under `mmap_lock`: maps and
+    /// unmaps wait for the walk (one `mincore` per anonymous region, one
+    /// `fstat` per memfd). For reports, not for signal handlers.
+    ///
+    /// Hazard: the walk must not hold a reference to an object that an
+    /// unmap could find still taken. It once cloned the objects out under
+    /// RCU and measured them outside any lock; an unmap that ran meanwhile
+    /// left the last reference to the report (`Mm::release_object`), so
+    /// the unmap returned before its write-back, which then ran on the
+    /// reporting thread with its error only logged
+    /// (`tests/memory_report_race.rs`). Under the read lock no unmap runs,
+    /// so the references are the regions' own, only borrowed.
     pub fn memory_use(&self) -> crate::MemoryUse {
         let mut m = crate::MemoryUse {
             resident_pages: self.resident.load(Relaxed),
@@ -396,38 +407,25 @@ impl Mm {
             buffer_bytes: self.io.resident_bytes() + self.reclaim.resident_bytes(),
             ..crate::MemoryUse::default()
         };
-        // Copied out under RCU (readers must be short: writers wait for
-        // them), measured outside it.
-        // The objects are given back through `release_object`: the
-        // application may unmap a region meanwhile, and then this is the
-        // last reference.
+        let _g = self.lock.read();
+        // The table changes only under the global write lock: what the RCU
+        // read section copies out stays mapped until `_g` goes.
         let vmas: Vec<Arc<Vma>> = self.table.read(|t| t.iter().cloned().collect());
-        let mut objects: Vec<Arc<Object>> = Vec::with_capacity(vmas.len());
-        let mut ranges = Vec::new();
+        let mut objects: Vec<&Object> = Vec::with_capacity(vmas.len());
         for vma in &vmas {
             if vma.object.kind == crate::object::InstallKind::Anonymous {
-                ranges.push((vma.start, vma.end - vma.start));
+                m.anonymous_bytes += crate::sys::mem::resident(vma.start, vma.end - vma.start);
             }
-            objects.push(vma.object.clone());
+            objects.push(&vma.object);
         }
-        drop(vmas);
-        for (start, len) in ranges {
-            m.anonymous_bytes += crate::sys::mem::resident(start, len);
-        }
-        objects.sort_unstable_by_key(|o| Arc::as_ptr(o) as usize);
-        let mut last: *const Object = std::ptr::null();
+        objects.sort_unstable_by_key(|o| *o as *const Object as usize);
+        objects.dedup_by_key(|o| *o as *const Object as usize);
         for obj in objects {
-            if Arc::as_ptr(&obj) != last {
-                last = Arc::as_ptr(&obj);
-                let (memfd, area, swap, state) = obj.memory();
-                m.memfd_bytes += memfd;
-                m.cache_area_bytes += area;
-                m.swap_bytes += swap;
-                m.metadata_bytes += state;
-            }
-            if let Err(err) = self.release_object(obj) {
-                tracing::error!(error = %err, "writing back a region unmapped during a memory report");
-            }
+            let (memfd, area, swap, state) = obj.memory();
+            m.memfd_bytes += memfd;
+            m.cache_area_bytes += area;
+            m.swap_bytes += swap;
+            m.metadata_bytes += state;
         }
         m
     }

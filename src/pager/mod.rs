@@ -408,7 +408,10 @@ impl Pager {
     /// What the pager holds in memory now, by kind, beside its budget: its
     /// real footprint (see [`MemoryUse`](crate::MemoryUse)). Walks the
     /// regions and asks the kernel about their pages: a report, not a
-    /// counter (milliseconds for gigabytes of regions).
+    /// counter (milliseconds for gigabytes of regions). The walk holds the
+    /// global lock's read side, as `/proc/PID/smaps` holds `mmap_lock`:
+    /// maps, unmaps and faults that fall back to the global lock wait for
+    /// it; faults under a region's lock do not.
     ///
     /// Example: [`MemoryUse`](crate::MemoryUse).
     pub fn memory_use(&self) -> crate::MemoryUse {
