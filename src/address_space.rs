@@ -389,7 +389,10 @@ impl Mm {
     /// Walks the regions under the global lock's read side, as the
     /// kernel's `/proc/PID/smaps` walks VMAs under `mmap_lock`: maps and
     /// unmaps wait for the walk (one `mincore` per anonymous region, one
-    /// `fstat` per memfd). For reports, not for signal handlers.
+    /// `fstat` per memfd, and each swap store's `Store::memory_bytes`). For
+    /// reports, not for signal handlers, nor for a store's own methods: a
+    /// fault may wait for those while an unmap waits for the fault, under
+    /// the global lock's write side, which the walk would wait for.
     ///
     /// Hazard: the walk must not hold a reference to an object that an
     /// unmap could find still taken. It once cloned the objects out under
@@ -407,7 +410,7 @@ impl Mm {
             buffer_bytes: self.io.resident_bytes() + self.reclaim.resident_bytes(),
             ..crate::MemoryUse::default()
         };
-        let _g = self.lock.read();
+        let g = self.lock.read();
         // The table changes only under the global write lock: what the RCU
         // read section copies out stays mapped until `_g` goes.
         let vmas: Vec<Arc<Vma>> = self.table.read(|t| t.iter().cloned().collect());
@@ -427,6 +430,10 @@ impl Mm {
             m.swap_bytes += swap;
             m.metadata_bytes += state;
         }
+        // The copied references go while the lock still keeps the regions
+        // mapped: none of them can be the last.
+        drop(vmas);
+        drop(g);
         m
     }
 

@@ -509,6 +509,9 @@ mod tests {
             Err(StoreError(libc::EIO)),
             "a panic is a failed read"
         );
+        // The worker that caught the panic serves the next call.
+        patient.read(&store, 0, &mut buf).unwrap();
+        assert_eq!(buf[9], 7);
         patient.stop();
         io.write(&store, &[(3 * PAGE_SIZE as u64, &[5u8; PAGE_SIZE])])
             .unwrap();

@@ -22,12 +22,20 @@ fn an_unmap_during_a_memory_report_has_written_back_when_it_returns() {
         .map(|_| pager.map_anonymous(PAGES * PAGE).unwrap())
         .collect();
     let done = AtomicBool::new(false);
+    /// Stops the reporter however the rounds end (a failed unwrap too).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
     std::thread::scope(|sc| {
         sc.spawn(|| {
             while !done.load(Relaxed) {
                 std::hint::black_box(pager.memory_use());
             }
         });
+        let stop = Stop(&done);
         let mut late = 0;
         for round in 0..ROUNDS {
             let store = Arc::new(MemoryStore::new((PAGES * PAGE) as u64).unwrap());
@@ -43,7 +51,7 @@ fn an_unmap_during_a_memory_report_has_written_back_when_it_returns() {
                 late += 1;
             }
         }
-        done.store(true, Relaxed);
+        drop(stop);
         assert_eq!(
             late, 0,
             "unmaps that returned before their write-back, of {ROUNDS}"

@@ -501,13 +501,31 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         return None;
     }
     let e = crate::errno();
+    if let Some(access) = access {
+        // The kernel's call first: advice it refuses (an unaligned start,
+        // a length that overflows) changes nothing in the engine either.
+        // ENOMEM (a hole in the range) still advises what is mapped, as
+        // the kernel's own madvise does.
+        // SAFETY: the program asked for this call on this range (see the function's comment).
+        let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
+        let after = crate::errno();
+        if rc != 0 && after != libc::ENOMEM {
+            return Some(rc);
+        }
+        for i in hits {
+            if let Err(err) = st.maps[i].region.advise(access) {
+                crate::set_errno(err.errno());
+                return Some(-1);
+            }
+        }
+        crate::set_errno(if rc == 0 { e } else { after });
+        return Some(rc);
+    }
     for i in hits {
         let r = &mut st.maps[i].region;
         let start = r.as_ptr() as usize;
         let (lo, hi) = (a.max(start), b.min(start + r.len()));
-        let res = if let Some(access) = access {
-            r.advise(access)
-        } else if advice == libc::MADV_DONTNEED {
+        let res = if advice == libc::MADV_DONTNEED {
             r.dontneed(lo - start, hi - lo)
         } else {
             r.populate(lo - start, hi - lo)

@@ -411,7 +411,10 @@ impl Pager {
     /// counter (milliseconds for gigabytes of regions). The walk holds the
     /// global lock's read side, as `/proc/PID/smaps` holds `mmap_lock`:
     /// maps, unmaps and faults that fall back to the global lock wait for
-    /// it; faults under a region's lock do not.
+    /// it; faults under a region's lock do not. Not to be called from a
+    /// [`Store`](crate::store::Store)'s own methods: a fault may be waiting
+    /// for the store while an unmap, holding the write side, waits for the
+    /// fault.
     ///
     /// Example: [`MemoryUse`](crate::MemoryUse).
     pub fn memory_use(&self) -> crate::MemoryUse {

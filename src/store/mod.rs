@@ -197,7 +197,9 @@ pub trait Store: Send + Sync + 'static {
     /// Bytes of this process's memory the store's contents take (an
     /// in-memory store's written pages); 0 for stores whose contents live
     /// elsewhere (a file, a server). Reported in
-    /// [`Pager::memory_use`](crate::Pager::memory_use) for swap stores.
+    /// [`Pager::memory_use`](crate::Pager::memory_use) for swap stores,
+    /// which calls it under the global lock's read side: it must not wait
+    /// for the pager (nor call `memory_use` itself).
     fn memory_bytes(&self) -> u64 {
         0
     }
