@@ -412,7 +412,7 @@ impl Mm {
         };
         let g = self.lock.read();
         // The table changes only under the global write lock: what the RCU
-        // read section copies out stays mapped until `_g` goes.
+        // read section copies out stays mapped until `g` goes.
         let vmas: Vec<Arc<Vma>> = self.table.read(|t| t.iter().cloned().collect());
         let mut objects: Vec<&Object> = Vec::with_capacity(vmas.len());
         for vma in &vmas {
