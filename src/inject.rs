@@ -60,13 +60,26 @@ mod imp {
     pub(crate) fn after_detach(v: &Vma) {
         call(&AFTER_DETACH, v)
     }
+
+    static FAIL_REREGISTER: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+
+    /// Makes the next remap's registration of the moved range fail with
+    /// `ENOMEM`, as `UFFDIO_REGISTER` does at `vm.max_map_count`.
+    pub fn fail_next_reregister() {
+        FAIL_REREGISTER.store(true, Release);
+    }
+
+    pub(crate) fn reregister_fails() -> bool {
+        FAIL_REREGISTER.swap(false, AcqRel)
+    }
 }
 
 #[cfg(feature = "fault-inject")]
-pub use imp::{set_after_detach, set_after_lookup, Hook, Site};
+pub use imp::{fail_next_reregister, set_after_detach, set_after_lookup, Hook, Site};
 
 #[cfg(feature = "fault-inject")]
-pub(crate) use imp::{after_detach, after_lookup};
+pub(crate) use imp::{after_detach, after_lookup, reregister_fails};
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
@@ -75,3 +88,9 @@ pub(crate) fn after_lookup(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_detach(_: &Vma) {}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn reregister_fails() -> bool {
+    false
+}

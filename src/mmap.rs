@@ -66,6 +66,9 @@ impl Mm {
         self.events.quiesce();
         let _w = self.lock.write();
         let (hint, fixed) = at.fixed.map_or((0, false), |a| (a, true));
+        if fixed && hint.checked_add(len).is_none() {
+            return Err(past_the_end(hint, len));
+        }
         if fixed && self.table.read(|t| t.overlaps(hint, hint + len, None)) {
             return Err(Error::Overlap { addr: hint, len });
         }
@@ -381,4 +384,12 @@ impl Mm {
         self.uncharge(resident * obj.units());
         r
     }
+}
+
+/// The error for a fixed range `[addr, addr+len)` that wraps past the end
+/// of the address space (`mmap`'s `EINVAL`).
+pub(crate) fn past_the_end(addr: usize, len: usize) -> Error {
+    Error::Config(format!(
+        "range {addr:#x}+{len:#x} runs past the end of the address space"
+    ))
 }

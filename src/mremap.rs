@@ -15,7 +15,19 @@ impl Mm {
     /// `new_len` bytes (at `new_addr` if given). Returns the new start. The
     /// old region is detached and a new one published, as the kernel
     /// replaces VMAs.
-    pub fn remap(&self, id: u64, new_len: usize, new_addr: Option<usize>) -> Result<usize> {
+    ///
+    /// The outer error means nothing changed. The inner one means the
+    /// region moved to the returned start but its new range could not be
+    /// registered: the range is then made inaccessible (`PROT_NONE`), as
+    /// an access there would get the kernel's own page (zeros, or the
+    /// memfd's hole) instead of the engine's: a clean `SIGSEGV` rather
+    /// than a silently wrong page. Unmapping the region still works.
+    pub fn remap(
+        &self,
+        id: u64,
+        new_len: usize,
+        new_addr: Option<usize>,
+    ) -> Result<(usize, Result<()>)> {
         self.check_owner()?;
         self.events.quiesce();
         let _w = self.lock.write();
@@ -34,6 +46,9 @@ impl Mm {
         // is mapped there: the heap, a stack, another library's memory),
         // and mremap then replaces only our own reservation.
         let target = match new_addr {
+            Some(a) if a.checked_add(new_len).is_none() => {
+                return Err(crate::mmap::past_the_end(a, new_len))
+            }
             Some(a) if self.table.read(|t| t.overlaps(a, a + new_len, Some(&old))) => {
                 return Err(Error::Overlap {
                     addr: a,
@@ -109,11 +124,20 @@ impl Mm {
         let (first, end, _) = old.window();
         old.object.windows.replace(first, end, &[new.window()]);
         self.publish(std::slice::from_ref(&old), std::slice::from_ref(&new));
-        let r = register_again(uffd, &new, new_start, new_len, prot);
+        let r = if crate::inject::reregister_fails() {
+            Err(libc::ENOMEM)
+        } else {
+            register_again(uffd, &new, new_start, new_len, prot)
+        };
+        if r.is_err() {
+            let _ = mprotect(new_start, new_len, libc::PROT_NONE);
+        }
         old.lock.write_unlock();
         new.lock.write_unlock();
-        r.map_err(|e| Error::sys("UFFDIO_REGISTER", e))?;
-        Ok(new_start)
+        Ok((
+            new_start,
+            r.map(|_| ()).map_err(|e| Error::sys("UFFDIO_REGISTER", e)),
+        ))
     }
 }
 

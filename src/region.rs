@@ -288,6 +288,10 @@ impl Region {
     /// next access reads what the store holds: zeros for
     /// [`Pager::map_anonymous`](crate::Pager::map_anonymous)).
     ///
+    /// `offset` must be a page boundary ([`Error::Unaligned`] otherwise,
+    /// as `madvise` answers `EINVAL`); the end is rounded up to a page
+    /// with 4 KiB pages and down with 2 MiB ones (hugetlb's rule).
+    ///
     /// Takes `&mut self`: the bytes change under any slice of the region.
     ///
     /// Example: [`Region`](crate::Region).
@@ -296,17 +300,17 @@ impl Region {
             return Ok(());
         }
         let (start, mut end) = self.page_span(offset, len)?;
+        // As the kernel's madvise: the start must be a page boundary
+        // (rounding it down would drop bytes the caller did not name).
+        if !offset.is_multiple_of(self.page_size) {
+            return Err(Error::Unaligned {
+                what: "offset",
+                value: offset,
+                page_size: self.page_size,
+            });
+        }
         if self.page_size != PAGE_SIZE {
-            // As the kernel's madvise on hugetlb: the start must be a page
-            // boundary and a partial last page is kept (rounding outward
-            // would drop bytes the caller did not name).
-            if !offset.is_multiple_of(self.page_size) {
-                return Err(Error::Unaligned {
-                    what: "offset",
-                    value: offset,
-                    page_size: self.page_size,
-                });
-            }
+            // As on hugetlb: a partial last page is kept.
             end = (self.start + offset + len) & !(self.page_size - 1);
             if end <= start {
                 return Ok(());
@@ -355,6 +359,13 @@ impl Region {
 
     /// Moves (and optionally resizes) the region to `addr`.
     ///
+    /// On an error the region is where it was, with one exception: if
+    /// the kernel moved the mapping and registering the new range then
+    /// failed (`UFFDIO_REGISTER` at `vm.max_map_count`), the region
+    /// follows the move ([`as_ptr`](Self::as_ptr) and [`len`](Self::len)
+    /// say where it is now), its memory is inaccessible, and the error is
+    /// [`Error::Sys`]; only unmapping it is left to do.
+    ///
     /// Example: [`Region`](crate::Region).
     pub fn remap_to(&mut self, new_len: usize, addr: Option<usize>) -> Result<()> {
         if new_len == 0 {
@@ -381,9 +392,13 @@ impl Region {
                 });
             }
         }
-        self.start = self.owner.mm.remap(self.id, new_len, addr)?;
+        // Once the kernel moved the mapping the region follows it, even if
+        // registering the new range failed (then inaccessible: see
+        // `Mm::remap`), so no slice points at memory it no longer owns.
+        let (start, registered) = self.owner.mm.remap(self.id, new_len, addr)?;
+        self.start = start;
         self.len = new_len;
-        Ok(())
+        registered
     }
 
     /// Writes cached pages back to the store (the msync analog).
@@ -421,7 +436,7 @@ impl Region {
     /// let path = std::env::temp_dir().join(format!("refresh-doc-{}", std::process::id()));
     /// std::fs::write(&path, vec![1u8; 2 * PAGE_SIZE]).unwrap();
     /// let pager = Pager::builder().build()?;
-    /// let region = pager.map_file(&path, None, &MapOptions::default())?;
+    /// let mut region = pager.map_file(&path, None, &MapOptions::default())?;
     /// assert_eq!(region.as_slice()[10], 1); // cached now
     /// let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     /// file.write_all_at(&[2; 4], 8).unwrap(); // behind the engine's back
@@ -430,7 +445,21 @@ impl Region {
     /// # std::fs::remove_file(&path).unwrap();
     /// # Ok::<(), uffd_pager::Error>(())
     /// ```
-    pub fn refresh(&self, offset: u64, len: u64) -> Result<()> {
+    ///
+    /// Takes `&mut self`: the bytes change under any slice of the region.
+    pub fn refresh(&mut self, offset: u64, len: u64) -> Result<()> {
+        // SAFETY: `&mut self` means no slice of the region is alive.
+        unsafe { self.refresh_unchecked(offset, len) }
+    }
+
+    /// [`refresh`](Self::refresh) through a shared reference, for callers
+    /// outside Rust's borrow rules (the C API, the `LD_PRELOAD` shim).
+    ///
+    /// # Safety
+    /// No Rust reference to the region's bytes (a slice from
+    /// [`as_slice`](Self::as_slice)) is alive during the call: the bytes
+    /// of the refreshed pages change under it.
+    pub unsafe fn refresh_unchecked(&self, offset: u64, len: u64) -> Result<()> {
         let mm = &self.owner.mm;
         let _section = mm.events.section();
         mm.refresh(self.id, offset, len)

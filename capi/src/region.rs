@@ -394,7 +394,10 @@ pub unsafe extern "C" fn uffd_pager_region_refresh(
     offset: u64,
     len: u64,
 ) -> i32 {
-    with(r, |g| g.refresh(offset, len))
+    // SAFETY: C code holds no Rust reference to the region's bytes (it
+    // reads them through raw pointers, as it would after a write(2) to a
+    // file it mapped).
+    with(r, |g| unsafe { g.refresh_unchecked(offset, len) })
 }
 
 /// Unmaps the region, writing a shared region's dirty pages back first,

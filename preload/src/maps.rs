@@ -420,12 +420,13 @@ pub fn mremap(
     }
     let to = (flags & libc::MREMAP_FIXED != 0).then_some(new);
     let e = &mut st.maps[i];
-    match e.region.remap_to(new_len_r, to) {
-        Ok(()) => {
-            let s = e.region.as_ptr() as usize;
-            e.live = vec![(s, s + e.region.len())];
-            Some(s as *mut c_void)
-        }
+    let r = e.region.remap_to(new_len_r, to);
+    // Where the region is now: moved on success, and also where the kernel
+    // moved it but the engine could not register it (see `remap_to`).
+    let s = e.region.as_ptr() as usize;
+    e.live = vec![(s, s + e.region.len())];
+    match r {
+        Ok(()) => Some(s as *mut c_void),
         Err(err) => fail(err.errno()),
     }
 }
@@ -617,7 +618,7 @@ pub fn refresh(t: Target, n: u64) {
     let mut guard = state();
     let Some(st) = guard.as_mut() else { return };
     let mut failed = Vec::new();
-    for e in st.maps.iter().filter(|e| e.file == Some(t.id)) {
+    for e in st.maps.iter_mut().filter(|e| e.file == Some(t.id)) {
         let (lo, hi) = (
             t.off.max(e.base),
             (t.off + n).min(e.base + e.region.len() as u64),

@@ -40,6 +40,11 @@ pub struct PagerBuilder {
 }
 
 impl PagerBuilder {
+    /// The largest fault-around cluster [`fault_around`](Self::fault_around)
+    /// takes, in pages (64 MiB of 4 KiB pages; a sequential reader's
+    /// cluster then grows to 512 MiB). A larger value is taken as this.
+    pub const MAX_FAULT_AROUND: usize = 16384;
+
     /// The fault-handling policy (default `retry-once`).
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
@@ -144,11 +149,13 @@ impl PagerBuilder {
     /// Fault-around base cluster in pages (default 64 = 256 KiB; the
     /// kernel's `fault_around_bytes` default is 16 pages, but a userspace
     /// fault costs a signal or a thread hop, so the engine maps more per
-    /// fault; 0 or 1 turns it off). Rounded down to a power of two. A
+    /// fault; 0 or 1 turns it off). Rounded down to a power of two, and
+    /// to [`MAX_FAULT_AROUND`](Self::MAX_FAULT_AROUND) pages at most. A
     /// sequential reader's cluster doubles at each fault, up to 8× this.
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn fault_around(mut self, pages: usize) -> Self {
+        let pages = pages.min(Self::MAX_FAULT_AROUND);
         self.config.fault_around_pages = if pages <= 1 {
             0
         } else {

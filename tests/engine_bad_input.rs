@@ -1,0 +1,145 @@
+//! Arguments at the edges of the public API: each gets its typed error or
+//! is taken within bounds, never a panic or a silently changed page.
+//! (A failed re-registration after a move needs `fault-inject`.)
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use uffd_pager::store::{Store, StoreError};
+use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager};
+use util::*;
+
+/// `madvise` refuses an unaligned start (`EINVAL`); rounding it down would
+/// zero bytes of an anonymous region the caller did not name.
+#[test]
+fn dontneed_at_an_unaligned_offset_is_refused_and_drops_nothing() {
+    let p = pager(Delivery::InThread);
+    let mut r = p.map_anonymous(2 * PAGE).unwrap();
+    r.as_mut_slice().fill(0xab);
+    let e = r.dontneed(100, 10);
+    assert!(
+        matches!(e, Err(Error::Unaligned { what: "offset", .. })),
+        "{e:?}"
+    );
+    assert!(
+        r.as_slice().iter().all(|&b| b == 0xab),
+        "bytes were dropped"
+    );
+    // An aligned call still works, and rounds its end up.
+    r.dontneed(0, 10).unwrap();
+    assert!(r.as_slice()[..PAGE].iter().all(|&b| b == 0));
+    assert!(r.as_slice()[PAGE..].iter().all(|&b| b == 0xab));
+}
+
+/// A cluster beyond any region is capped; it used to overflow the growth
+/// bound (and `clamp` panicked on the first sequential fault).
+#[test]
+fn a_huge_fault_around_setting_is_capped() {
+    for d in DELIVERIES {
+        let p = Pager::builder()
+            .delivery(d)
+            .fault_around(usize::MAX)
+            .build()
+            .unwrap();
+        let pages = 64;
+        let data = pattern_vec(7, pages * PAGE);
+        let store = Arc::new(uffd_pager::store::MemoryStore::from_bytes(&data).unwrap());
+        let opts = MapOptions {
+            kind: Some(InstallKind::Shared),
+            writable: false,
+            ..MapOptions::default()
+        };
+        let r = p.map_store(store, pages * PAGE, &opts).unwrap();
+        assert_bytes(r.as_slice(), &data, &format!("{d}"));
+    }
+}
+
+/// A store whose length is not a page multiple (the `Store` contract asks
+/// for one; nothing enforces it): the region covers its whole pages.
+struct Ragged;
+
+impl Store for Ragged {
+    fn len(&self) -> u64 {
+        PAGE as u64 + 904
+    }
+    fn read(&self, _offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        buf.fill(5);
+        Ok(())
+    }
+    fn write(&self, _offset: u64, _data: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError(libc::EROFS))
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "ragged"
+    }
+}
+
+/// `refresh` past the end of such a store stays within the object's pages
+/// (it indexed one page too far and panicked).
+#[test]
+fn refresh_of_a_store_with_a_partial_last_page_stays_in_range() {
+    let p = pager(Delivery::InThread);
+    let opts = MapOptions {
+        kind: Some(InstallKind::Shared),
+        writable: false,
+        ..MapOptions::default()
+    };
+    let mut r = p.map_store(Arc::new(Ragged), PAGE, &opts).unwrap();
+    assert_eq!(r.as_slice()[0], 5);
+    r.refresh(0, u64::MAX).unwrap();
+    assert_eq!(r.as_slice()[PAGE - 1], 5);
+}
+
+/// A fixed address whose range wraps past the end of the address space is
+/// a typed error (the sum overflowed: a panic with overflow checks on).
+#[test]
+fn a_fixed_range_past_the_end_of_the_address_space_is_refused() {
+    let p = pager(Delivery::InThread);
+    let opts = MapOptions {
+        fixed_addr: Some(usize::MAX & !(PAGE - 1)),
+        ..MapOptions::default()
+    };
+    let e = p.map_anonymous_with(2 * PAGE, &opts);
+    assert!(matches!(e, Err(Error::Config(_))), "{e:?}");
+    let mut r = p.map_anonymous(PAGE).unwrap();
+    let e = r.remap_to(2 * PAGE, Some(usize::MAX & !(PAGE - 1)));
+    assert!(e.is_err(), "{e:?}");
+    r.as_mut_slice()[0] = 1;
+}
+
+/// `mincore` on one page: whether anything is mapped at `addr`.
+fn mapped(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore only reads the page tables; `v` has room for one page.
+    unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut v) == 0 }
+}
+
+/// The kernel moved the mapping but registering the new range failed
+/// (`UFFDIO_REGISTER` at `vm.max_map_count`): the region follows the move,
+/// its memory is inaccessible, and unmapping it still works. It used to
+/// keep its old address, where nothing of it was mapped any more.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_failed_registration_after_a_move_leaves_the_region_where_it_went() {
+    let p = pager(Delivery::InThread);
+    let mut r = p.map_anonymous(4 * PAGE).unwrap();
+    r.as_mut_slice().fill(3);
+    let old = r.as_ptr() as usize;
+    let to = free_range(4 * PAGE);
+    uffd_pager::testing::fail_next_reregister();
+    let e = r.remap_to(4 * PAGE, Some(to));
+    assert!(matches!(e, Err(Error::Sys { .. })), "{e:?}");
+    assert_eq!(r.as_ptr() as usize, to, "the region follows the move");
+    assert!(!mapped(old), "the old range is gone");
+    assert!(mapped(to), "the new range is mapped");
+    r.unmap().unwrap();
+    assert!(!mapped(to), "unmap removed the new range");
+    // The pager is still usable.
+    let mut r = p.map_anonymous(PAGE).unwrap();
+    r.as_mut_slice()[0] = 9;
+    assert_eq!(r.as_slice()[0], 9);
+}
