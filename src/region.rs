@@ -16,6 +16,16 @@ use std::sync::Arc;
 /// under Rust's usual borrow rules. Threads that share a region write it
 /// through [`Region::as_ptr`] with their own synchronisation.
 ///
+/// One way around this contract is open, and it is the caller's to avoid:
+/// a store whose contents change behind the engine (the application
+/// writes a store it still holds, or another process writes a mapped
+/// file). A clean page the engine evicted and reads again then shows the
+/// new bytes, so a slice held across that sees them change, which Rust
+/// forbids: the hazard for which `memmap2` makes mapping a file `unsafe`.
+/// Do not write a region's store while a slice of the region is alive,
+/// or bring the region up to date with [`Region::refresh`] (which takes
+/// `&mut self`).
+///
 /// An access to a poisoned page (its store read failed repeatedly) gets
 /// SIGBUS, as a hardware memory error would.
 ///
