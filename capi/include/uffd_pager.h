@@ -571,6 +571,7 @@ int32_t uffd_pager_region_prefault(const struct uffd_pager_region *r, size_t off
 
 /**
  * Drops `[offset, offset+len)` from the mapping (MADV_DONTNEED).
+ * `offset` must be a page boundary (-EINVAL otherwise, as madvise).
  *
  * # Safety
  * `r` is a live region handle, and no other thread uses the range's bytes

@@ -363,6 +363,7 @@ pub unsafe extern "C" fn uffd_pager_region_prefault(
 }
 
 /// Drops `[offset, offset+len)` from the mapping (MADV_DONTNEED).
+/// `offset` must be a page boundary (-EINVAL otherwise, as madvise).
 ///
 /// # Safety
 /// `r` is a live region handle, and no other thread uses the range's bytes

@@ -96,6 +96,12 @@ int main(int argc, char **argv) {
   CHECK(uffd_pager_region_refresh(r, 5 * PAGE + 100, 1) == 0);
   CHECK(base[5 * PAGE + 100] == 9);
 
+  /* MADV_DONTNEED's rule: an unaligned start is refused, and drops nothing. */
+  CHECK(uffd_pager_region_dontneed(r, 5 * PAGE + 100, 1) == -EINVAL);
+  CHECK(base[5 * PAGE + 100] == 9);
+  CHECK(uffd_pager_region_dontneed(r, 5 * PAGE, PAGE) == 0);
+  CHECK(base[5 * PAGE + 100] == 9); /* a shared region's page stays cached */
+
   uffd_pager_stats st;
   CHECK(uffd_pager_stats_get(p, &st) == 0);
   CHECK(st.pgfault >= FILE_PAGES && st.pgsteal > 0 && st.writeback > 0);
