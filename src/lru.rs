@@ -134,6 +134,23 @@ impl Ring {
 struct Shard {
     lock: CountingMutex,
     ring: UnsafeCell<Ring>,
+    /// The ring's length as of its last change, for a peek without the
+    /// lock (the ring itself is touched only under it).
+    filled: AtomicUsize,
+}
+
+impl Shard {
+    /// Pushes `e` at the ring's tail; false if the ring is full.
+    ///
+    /// # Safety
+    /// The caller holds `lock`.
+    unsafe fn push_locked(&self, e: Entry) -> bool {
+        // SAFETY: the lock (the caller's contract) makes this the only view.
+        let ring = unsafe { &mut *self.ring.get() };
+        let pushed = ring.push(e);
+        self.filled.store(ring.len, Relaxed);
+        pushed
+    }
 }
 
 struct CpuBatch {
@@ -155,7 +172,8 @@ pub struct Lru {
 }
 
 // SAFETY: the UnsafeCells are only touched under their shard lock or the
-// batch's `busy` try-lock.
+// batch's `busy` try-lock (a peek at a ring's length reads `filled`, an
+// atomic outside the cell).
 unsafe impl Sync for Lru {}
 // SAFETY: as above; the mappings are plain memory.
 unsafe impl Send for Lru {}
@@ -193,6 +211,7 @@ impl Lru {
                     head: 0,
                     len: 0,
                 }),
+                filled: AtomicUsize::new(0),
             });
         }
         let batches = (0..ncpus() * 2)
@@ -298,7 +317,7 @@ impl Lru {
                 }
                 obj.cache.update(page, 0, LRU_BATCHED);
                 // SAFETY: we hold shard `s`'s lock.
-                if !unsafe { &mut *self.shards[s].ring.get() }.push(e) {
+                if !unsafe { self.shards[s].push_locked(e) } {
                     self.overflow.fetch_add(1, Relaxed);
                     obj.cache.update(page, 0, ON_LRU);
                 }
@@ -312,8 +331,8 @@ impl Lru {
         let n = self.shards.len();
         for _ in 0..n {
             let s = self.cursor.fetch_add(1, Relaxed) % n;
-            // SAFETY: read-only peek at the length; racy but only a hint.
-            if unsafe { &*self.shards[s].ring.get() }.len == 0 {
+            // A peek without the lock: only a hint.
+            if self.shards[s].filled.load(Relaxed) == 0 {
                 continue;
             }
             let _g = self.lock_shard(s, c);
@@ -329,6 +348,7 @@ impl Lru {
                     None => break,
                 }
             }
+            self.shards[s].filled.store(ring.len, Relaxed);
             if k > 0 {
                 return k;
             }
@@ -348,7 +368,7 @@ impl Lru {
                     g = Some(self.lock_shard(s, c));
                 }
                 // SAFETY: we hold the shard lock.
-                if !unsafe { &mut *self.shards[s].ring.get() }.push(e) {
+                if !unsafe { self.shards[s].push_locked(e) } {
                     self.overflow.fetch_add(1, Relaxed);
                 }
             }

@@ -72,7 +72,9 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
         return;
     }
     let w = if sequential {
-        (w * 2).clamp(4, max)
+        // (A window below 4 pages is allowed: `PagerBuilder::readahead`
+        // takes any maximum.)
+        w.saturating_mul(2).clamp(4.min(max), max)
     } else {
         w / 4
     };

@@ -55,6 +55,30 @@ fn a_huge_fault_around_setting_is_capped() {
     }
 }
 
+/// A readahead window below 4 pages: the window's growth clamped to
+/// `[4, max]`, which panicked on the first sequential fault.
+#[test]
+fn a_readahead_window_below_four_pages_is_taken() {
+    let pages = 64;
+    let data = pattern_vec(9, pages * PAGE);
+    let file = TempFile::with_contents("small-readahead", &data);
+    for max in [1, 2, 3] {
+        for d in DELIVERIES {
+            let p = Pager::builder()
+                .delivery(d)
+                .readahead(max, 1)
+                .build()
+                .unwrap();
+            let opts = MapOptions {
+                writable: false,
+                ..MapOptions::default()
+            };
+            let r = p.map_file(file.path(), None, &opts).unwrap();
+            assert_bytes(r.as_slice(), &data, &format!("max {max}, {d}"));
+        }
+    }
+}
+
 /// A store whose length is not a page multiple (the `Store` contract asks
 /// for one; nothing enforces it): the region covers its whole pages.
 struct Ragged;

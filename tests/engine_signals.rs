@@ -278,3 +278,61 @@ fn signals_write_to_readonly_is_sigsegv() {
         }
     }
 }
+
+/// The application's SIGSEGV handler, for the child below: writes whether
+/// it runs as engine code (`uffd_pager::in_engine`), then exits. Only
+/// `write` and `_exit`: async-signal-safe.
+extern "C" fn report_in_engine(_: libc::c_int) {
+    let msg: &[u8] = if uffd_pager::in_engine() {
+        b"SEGV-HANDLER-IN-ENGINE\n"
+    } else {
+        b"SEGV-HANDLER-AS-APP\n"
+    };
+    // SAFETY: write(2) of a static buffer, then _exit: both async-signal-safe.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::_exit(0);
+    }
+}
+
+fn child_segv_handler_runs_as_the_application() {
+    if !is_child() {
+        return;
+    }
+    let p = Pager::builder().delivery(Delivery::InThread).build().unwrap();
+    let data = pattern_vec(5, LEN);
+    let store = Arc::new(MemoryStore::read_only(&data).unwrap());
+    let opts = MapOptions {
+        writable: false,
+        ..MapOptions::default()
+    };
+    let region = p.map_store(store, LEN, &opts).unwrap();
+    // The application makes it writable itself: the kernel lets the write
+    // through to the engine, which refuses it (no write-back could keep it).
+    // SAFETY: the region's own range.
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    assert_eq!(unsafe { libc::mprotect(region.as_ptr().cast(), LEN, rw) }, 0);
+    // SAFETY: installs a handler whose body is async-signal-safe.
+    unsafe { libc::signal(libc::SIGSEGV, report_in_engine as libc::sighandler_t) };
+    marker();
+    // SAFETY: inside the region, absent: the engine answers the SIGBUS with
+    // a SIGSEGV, which the handler above catches.
+    unsafe { std::ptr::write_volatile(region.as_ptr().add(6 * PAGE), 0x77) };
+    eprintln!("CHILD: survived writing a read-only region");
+}
+
+/// The SIGSEGV the engine raises for a write to a read-only region runs the
+/// application's handler as application code: it used to run nested in the
+/// engine's SIGBUS handler with the thread still marked as engine code (so
+/// the LD_PRELOAD shim let its calls through unseen, and a handler that left
+/// with `siglongjmp` kept the mark for good).
+#[test]
+fn signals_the_raised_sigsegv_runs_as_application_code() {
+    if is_child() {
+        return child_segv_handler_runs_as_the_application();
+    }
+    let out = run_child("signals_the_raised_sigsegv_runs_as_application_code", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(MARKER), "{}", describe(&out));
+    assert!(err.contains("SEGV-HANDLER-AS-APP"), "{}", describe(&out));
+}

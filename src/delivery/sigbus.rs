@@ -167,8 +167,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             }
             // The access is this thread's, now: no region is SIGSEGV.
             Some(Resolution::Segv) | Some(Resolution::NoRegion) => {
-                // SAFETY: raise is async-signal-safe; SIGSEGV is not blocked
-                // here, so it is delivered as the handler returns.
+                // SIGSEGV is not blocked here, so `raise` delivers it before
+                // it returns: the application's handler runs nested in this
+                // one, and runs as application code (it may never come back,
+                // leaving with `siglongjmp`).
+                drop(mark);
+                // SAFETY: raise is async-signal-safe.
                 unsafe { libc::raise(libc::SIGSEGV) };
                 crate::sys::set_errno(saved);
                 return;
