@@ -299,7 +299,10 @@ fn child_segv_handler_runs_as_the_application() {
     if !is_child() {
         return;
     }
-    let p = Pager::builder().delivery(Delivery::InThread).build().unwrap();
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
     let data = pattern_vec(5, LEN);
     let store = Arc::new(MemoryStore::read_only(&data).unwrap());
     let opts = MapOptions {
@@ -311,7 +314,10 @@ fn child_segv_handler_runs_as_the_application() {
     // through to the engine, which refuses it (no write-back could keep it).
     // SAFETY: the region's own range.
     let rw = libc::PROT_READ | libc::PROT_WRITE;
-    assert_eq!(unsafe { libc::mprotect(region.as_ptr().cast(), LEN, rw) }, 0);
+    assert_eq!(
+        unsafe { libc::mprotect(region.as_ptr().cast(), LEN, rw) },
+        0
+    );
     // SAFETY: installs a handler whose body is async-signal-safe.
     unsafe { libc::signal(libc::SIGSEGV, report_in_engine as libc::sighandler_t) };
     marker();
