@@ -319,7 +319,12 @@ fn child_segv_handler_runs_as_the_application() {
         0
     );
     // SAFETY: installs a handler whose body is async-signal-safe.
-    unsafe { libc::signal(libc::SIGSEGV, report_in_engine as libc::sighandler_t) };
+    unsafe {
+        libc::signal(
+            libc::SIGSEGV,
+            report_in_engine as *const () as libc::sighandler_t,
+        )
+    };
     marker();
     // SAFETY: inside the region, absent: the engine answers the SIGBUS with
     // a SIGSEGV, which the handler above catches.
