@@ -61,7 +61,9 @@ fn engine_sort(path: &Path) -> Result<(Duration, uffd_pager::Stats), uffd_pager:
         ..MapOptions::default()
     };
     let t = Instant::now();
-    let mut region = pager.map_file(path, None, &opts)?;
+    // SAFETY: the file is this example's own, and nothing else writes it
+    // while it is mapped (the store contract).
+    let mut region = unsafe { pager.map_file(path, None, &opts) }?;
     // SAFETY: the region is page-aligned (no prefix or suffix), every bit
     // pattern is a valid u64, and `region` is borrowed mutably meanwhile.
     let (pre, words, post) = unsafe { region.as_mut_slice().align_to_mut::<u64>() };

@@ -16,15 +16,19 @@ use std::sync::Arc;
 /// under Rust's usual borrow rules. Threads that share a region write it
 /// through [`Region::as_ptr`] with their own synchronisation.
 ///
-/// One way around this contract is open, and it is the caller's to avoid:
-/// a store whose contents change behind the engine (the application
-/// writes a store it still holds, or another process writes a mapped
-/// file). A clean page the engine evicted and reads again then shows the
-/// new bytes, so a slice held across that sees them change, which Rust
-/// forbids: the hazard for which `memmap2` makes mapping a file `unsafe`.
-/// Do not write a region's store while a slice of the region is alive,
-/// or bring the region up to date with [`Region::refresh`] (which takes
-/// `&mut self`).
+/// For a region over a store that holds the contract rests on the store:
+/// a clean page the engine evicted is read from the store again, so a
+/// store changed behind the engine (the application writes a store it
+/// still holds, another process writes a mapped file) would change the
+/// bytes under a live slice, which Rust forbids. That is why
+/// [`Pager::map_store`](crate::Pager::map_store),
+/// [`Pager::map_file`](crate::Pager::map_file) and
+/// [`PagerBuilder::swap_to`](crate::PagerBuilder::swap_to) are `unsafe`,
+/// as `memmap2::Mmap::map` is: their callers promise the *store contract*
+/// (written on `map_store`), whose way out is [`Region::refresh`], which
+/// takes `&mut self`. [`Pager::map_anonymous`](crate::Pager::map_anonymous)
+/// and [`Pager::map_zero`](crate::Pager::map_zero) have stores nothing
+/// else can reach, and are safe.
 ///
 /// An access to a poisoned page (its store read failed repeatedly) gets
 /// SIGBUS, as a hardware memory error would.
@@ -343,7 +347,8 @@ impl Region {
     /// # use std::sync::Arc;
     /// let pager = Pager::builder().build()?;
     /// let store = Arc::new(MemoryStore::new(1 << 20)?);
-    /// let region = pager.map_store(store, 1 << 20, &MapOptions::default())?;
+    /// // SAFETY: the store was moved in; nothing else can change it.
+    /// let region = unsafe { pager.map_store(store, 1 << 20, &MapOptions::default()) }?;
     /// region.advise(Access::Random)?;
     /// assert_eq!(region.as_slice()[4096 * 100], 0);
     /// # Ok::<(), uffd_pager::Error>(())
@@ -446,7 +451,9 @@ impl Region {
     /// let path = std::env::temp_dir().join(format!("refresh-doc-{}", std::process::id()));
     /// std::fs::write(&path, vec![1u8; 2 * PAGE_SIZE]).unwrap();
     /// let pager = Pager::builder().build()?;
-    /// let mut region = pager.map_file(&path, None, &MapOptions::default())?;
+    /// // SAFETY: the write behind the engine below comes while no slice
+    /// // of the region is alive, and `refresh` covers it before the next.
+    /// let mut region = unsafe { pager.map_file(&path, None, &MapOptions::default()) }?;
     /// assert_eq!(region.as_slice()[10], 1); // cached now
     /// let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     /// file.write_all_at(&[2; 4], 8).unwrap(); // behind the engine's back

@@ -49,7 +49,9 @@ fn read_in_order(pager: &Pager, region: &Region, data: &[u8], pages: Range<usize
 fn sequential_pass(data: &[u8], opts: &MapOptions) -> u64 {
     let pager = pager();
     let store = Arc::new(MemoryStore::from_bytes(data).unwrap());
-    let region = pager.map_store(store, data.len(), opts).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { pager.map_store(store, data.len(), opts) }.unwrap();
     let ra = read_in_order(&pager, &region, data, 0..PAGES);
     region.unmap().unwrap();
     ra
@@ -75,9 +77,9 @@ fn advice_given_after_the_map_applies_from_the_next_fault() {
     let data = pattern_vec(13, PAGES * PAGE);
     let pager = pager();
     let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-    let region = pager
-        .map_store(store, data.len(), &shared(Access::Normal))
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { pager.map_store(store, data.len(), &shared(Access::Normal)) }.unwrap();
     let pass = |pages| read_in_order(&pager, &region, &data, pages);
     region.advise(Access::Random).unwrap();
     let random = pass(0..PAGES / 2);
@@ -97,7 +99,9 @@ fn the_engine_chooses_the_install_kind_from_the_access_advice() {
     let pager = pager();
     let map = |opts: MapOptions| {
         let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-        pager.map_store(store, data.len(), &opts).unwrap()
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        unsafe { pager.map_store(store, data.len(), &opts) }.unwrap()
     };
     let read_only_random = MapOptions {
         writable: false,

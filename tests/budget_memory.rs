@@ -48,9 +48,9 @@ fn child_read_only_anonymous_region_over_a_disk_file() {
         writable: false,
         ..MapOptions::default()
     };
-    let region = pager
-        .map_store(Arc::new(store), PAGES * PAGE, &opts)
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { pager.map_store(Arc::new(store), PAGES * PAGE, &opts) }.unwrap();
     let before = rss_anon_kib();
     let mut peak = 0;
     for pass in 0..2 {
@@ -158,9 +158,11 @@ fn child_footprint_under_load() {
         writable: true,
         ..MapOptions::default()
     };
-    let mut region = pager
-        .map_store(Arc::new(disk_store("load", true)), PAGES * PAGE, &opts)
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region =
+        unsafe { pager.map_store(Arc::new(disk_store("load", true)), PAGES * PAGE, &opts) }
+            .unwrap();
     random_reads_and_writes(&mut region, 4 * PAGES);
     println!("{}", pager.memory_use());
     let m = pager.memory_use();

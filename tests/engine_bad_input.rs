@@ -50,7 +50,9 @@ fn a_huge_fault_around_setting_is_capped() {
             writable: false,
             ..MapOptions::default()
         };
-        let r = p.map_store(store, pages * PAGE, &opts).unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe { p.map_store(store, pages * PAGE, &opts) }.unwrap();
         assert_bytes(r.as_slice(), &data, &format!("{d}"));
     }
 }
@@ -73,7 +75,9 @@ fn a_readahead_window_below_four_pages_is_taken() {
                 writable: false,
                 ..MapOptions::default()
             };
-            let r = p.map_file(file.path(), None, &opts).unwrap();
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let r = unsafe { p.map_file(file.path(), None, &opts) }.unwrap();
             assert_bytes(r.as_slice(), &data, &format!("max {max}, {d}"));
         }
     }
@@ -112,7 +116,9 @@ fn refresh_of_a_store_with_a_partial_last_page_stays_in_range() {
         writable: false,
         ..MapOptions::default()
     };
-    let mut r = p.map_store(Arc::new(Ragged), PAGE, &opts).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut r = unsafe { p.map_store(Arc::new(Ragged), PAGE, &opts) }.unwrap();
     assert_eq!(r.as_slice()[0], 5);
     r.refresh(0, u64::MAX).unwrap();
     assert_eq!(r.as_slice()[PAGE - 1], 5);

@@ -64,7 +64,9 @@ fn same_pages_once(d: Delivery, kind: InstallKind) {
         0,
         1,
     ));
-    let region = p.map_store(sim.clone(), PAGES * PAGE, &opts(kind)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { p.map_store(sim.clone(), PAGES * PAGE, &opts(kind)) }.unwrap();
     let span = Span::of(&region);
     let barrier = Arc::new(Barrier::new(THREADS_N));
     let handles: Vec<_> = (0..THREADS_N)
@@ -139,9 +141,10 @@ fn churn_while_faulting(d: Delivery) {
         0,
         1,
     ));
-    let region = p
-        .map_store(sim.clone(), PAGES * PAGE, &opts(InstallKind::Shared))
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region =
+        unsafe { p.map_store(sim.clone(), PAGES * PAGE, &opts(InstallKind::Shared)) }.unwrap();
     let span = Span::of(&region);
     let done = Arc::new(AtomicBool::new(false));
     let checked = Arc::new(AtomicU64::new(0));
@@ -175,8 +178,9 @@ fn churn_while_faulting(d: Delivery) {
         let seed = 1000 + i;
         let want = pattern_vec(seed, pages * PAGE);
         let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&want).unwrap());
-        let mut r = p
-            .map_store(store, pages * PAGE, &opts(kind))
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut r = unsafe { p.map_store(store, pages * PAGE, &opts(kind)) }
             .unwrap_or_else(|e| panic!("{ctx}: map #{i}: {e}"));
         assert_bytes(r.as_slice(), &want, &format!("{ctx}: churn region #{i}"));
         r.as_mut_slice()[0] = !want[0];
@@ -241,7 +245,9 @@ fn concurrent_several_pagers_dispatch_by_address() {
                 0,
                 seed,
             ));
-            let r = p.map_store(sim, pages * PAGE, &opts(kind)).unwrap();
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let r = unsafe { p.map_store(sim, pages * PAGE, &opts(kind)) }.unwrap();
             spans.push(Span::of(&r));
             regions.push(r);
             datas.push(data);
@@ -329,9 +335,11 @@ fn concurrent_pagers_created_and_dropped() {
             0,
             3,
         ));
-        let region = keep
-            .map_store(sim.clone(), 256 * PAGE, &opts(InstallKind::Anonymous))
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let region =
+            unsafe { keep.map_store(sim.clone(), 256 * PAGE, &opts(InstallKind::Anonymous)) }
+                .unwrap();
         let span = Span::of(&region);
         let reader = {
             let data = data.clone();
@@ -350,9 +358,9 @@ fn concurrent_pagers_created_and_dropped() {
             let p: Pager = pager(d);
             let want = pattern_vec(400 + i, 4 * PAGE);
             let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&want).unwrap());
-            let r = p
-                .map_store(store, 4 * PAGE, &opts(InstallKind::Shared))
-                .unwrap();
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let r = unsafe { p.map_store(store, 4 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
             assert_bytes(r.as_slice(), &want, &format!("{d} pager #{i}"));
             drop(r);
             drop(p);

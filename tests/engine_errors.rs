@@ -34,16 +34,22 @@ fn errors_zero_length() {
     let p = pager(Delivery::InThread);
     let r = p.map_anonymous(0);
     assert!(matches!(r, Err(Error::ZeroLength)), "{r:?}");
-    let r = p.map_store(mem(1, 1), 0, &shared(true));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(mem(1, 1), 0, &shared(true)) };
     assert!(matches!(r, Err(Error::ZeroLength)), "{r:?}");
     let r = p.map_zero(0, InstallKind::Shared);
     assert!(matches!(r, Err(Error::ZeroLength)), "{r:?}");
     let f = TempFile::with_contents("zero-len", &pattern_vec(2, PAGE));
-    let r = p.map_file(f.path(), Some(0), &shared(true));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_file(f.path(), Some(0), &shared(true)) };
     assert!(matches!(r, Err(Error::ZeroLength)), "{r:?}");
     // An empty file mapped whole is a zero-length region.
     let empty = TempFile::with_contents("empty", &[]);
-    let r = p.map_file(empty.path(), None, &shared(false));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_file(empty.path(), None, &shared(false)) };
     assert!(matches!(r, Err(Error::ZeroLength)), "{r:?}");
 }
 
@@ -56,7 +62,9 @@ fn errors_unaligned_length() {
             matches!(r, Err(Error::Unaligned { value, .. }) if value == len),
             "map_anonymous({len}): {r:?}"
         );
-        let r = p.map_store(mem(4, 1), len, &shared(true));
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe { p.map_store(mem(4, 1), len, &shared(true)) };
         assert!(
             matches!(r, Err(Error::Unaligned { .. })),
             "map_store({len}): {r:?}"
@@ -68,7 +76,9 @@ fn errors_unaligned_length() {
         );
     }
     let f = TempFile::with_contents("unaligned", &pattern_vec(2, 4 * PAGE));
-    let r = p.map_file(f.path(), Some(PAGE + 1), &shared(true));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_file(f.path(), Some(PAGE + 1), &shared(true)) };
     assert!(matches!(r, Err(Error::Unaligned { .. })), "{r:?}");
 }
 
@@ -80,7 +90,9 @@ fn errors_store_shorter_than_region() {
             kind: Some(kind),
             ..MapOptions::default()
         };
-        let r = p.map_store(mem(4, 3), 5 * PAGE, &opts);
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe { p.map_store(mem(4, 3), 5 * PAGE, &opts) };
         assert!(
             matches!(
                 r,
@@ -89,13 +101,17 @@ fn errors_store_shorter_than_region() {
             ),
             "{kind}: {r:?}"
         );
-        let r = p.map_store(Arc::new(ZeroStore::new(PAGE as u64)), 2 * PAGE, &opts);
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe { p.map_store(Arc::new(ZeroStore::new(PAGE as u64)), 2 * PAGE, &opts) };
         assert!(
             matches!(r, Err(Error::FileTooShort { .. })),
             "{kind}: {r:?}"
         );
         // Exactly as long is fine.
-        let ok = p.map_store(mem(4, 3), 4 * PAGE, &opts).unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let ok = unsafe { p.map_store(mem(4, 3), 4 * PAGE, &opts) }.unwrap();
         assert_bytes(ok.as_slice(), &pattern_vec(3, 4 * PAGE), "exact length");
     }
 }
@@ -105,7 +121,9 @@ fn errors_file_shorter_than_len() {
     let p = pager(Delivery::InThread);
     let f = TempFile::with_contents("short", &pattern_vec(4, 3 * PAGE));
     for opts in [shared(true), shared(false), anon_opts(true)] {
-        let r = p.map_file(f.path(), Some(4 * PAGE), &opts);
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe { p.map_file(f.path(), Some(4 * PAGE), &opts) };
         assert!(
             matches!(
                 r,
@@ -119,9 +137,13 @@ fn errors_file_shorter_than_len() {
     // tail reading as zeros.
     let mut content = pattern_vec(5, 3 * PAGE + 1);
     let g = TempFile::with_contents("partial", &content);
-    let r = p.map_file(g.path(), Some(5 * PAGE), &shared(false));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_file(g.path(), Some(5 * PAGE), &shared(false)) };
     assert!(matches!(r, Err(Error::FileTooShort { .. })), "{r:?}");
-    let region = p.map_file(g.path(), None, &shared(false)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { p.map_file(g.path(), None, &shared(false)) }.unwrap();
     assert_eq!(region.len(), 4 * PAGE);
     content.resize(4 * PAGE, 0);
     assert_bytes(region.as_slice(), &content, "partial last page");
@@ -131,15 +153,21 @@ fn errors_file_shorter_than_len() {
 fn errors_read_only_store_mapped_writable() {
     let p = pager(Delivery::InThread);
     // The zero store never accepts writes.
-    let r = p.map_store(
-        Arc::new(ZeroStore::new(4 * PAGE as u64)),
-        4 * PAGE,
-        &shared(true),
-    );
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe {
+        p.map_store(
+            Arc::new(ZeroStore::new(4 * PAGE as u64)),
+            4 * PAGE,
+            &shared(true),
+        )
+    };
     assert!(matches!(r, Err(Error::ReadOnlyStore)), "{r:?}");
     // A read-only memory store.
     let ro = Arc::new(MemoryStore::read_only(&pattern_vec(6, 4 * PAGE)).unwrap());
-    let r = p.map_store(ro.clone(), 4 * PAGE, &shared(true));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(ro.clone(), 4 * PAGE, &shared(true)) };
     assert!(matches!(r, Err(Error::ReadOnlyStore)), "{r:?}");
     // A file store opened read-only (permission bits would not stop root,
     // so the store itself is opened read-only).
@@ -153,11 +181,15 @@ fn errors_read_only_store_mapped_writable() {
     )
     .unwrap();
     let fs: Arc<dyn Store> = Arc::new(fs);
-    let r = p.map_store(fs.clone(), 4 * PAGE, &shared(true));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(fs.clone(), 4 * PAGE, &shared(true)) };
     assert!(matches!(r, Err(Error::ReadOnlyStore)), "{r:?}");
 
     // Mapped read-only, the same stores work.
-    let region = p.map_store(fs.clone(), 4 * PAGE, &shared(false)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { p.map_store(fs.clone(), 4 * PAGE, &shared(false)) }.unwrap();
     assert_bytes(
         region.as_slice(),
         &pattern_vec(7, 4 * PAGE),
@@ -166,7 +198,9 @@ fn errors_read_only_store_mapped_writable() {
     drop(region);
     // A private (anonymous-install) mapping of a read-only store may be
     // writable: writes stay in memory and never reach the store.
-    let mut region = p.map_store(fs, 4 * PAGE, &anon_opts(true)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe { p.map_store(fs, 4 * PAGE, &anon_opts(true)) }.unwrap();
     region.as_mut_slice()[PAGE..2 * PAGE].fill(0xEE);
     let mut want = pattern_vec(7, 4 * PAGE);
     want[PAGE..2 * PAGE].fill(0xEE);
@@ -174,7 +208,9 @@ fn errors_read_only_store_mapped_writable() {
     region.flush().unwrap();
     region.unmap().unwrap();
     assert_bytes(&f.read(), &pattern_vec(7, 4 * PAGE), "file untouched");
-    let region = p.map_store(ro.clone(), 4 * PAGE, &anon_opts(true)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { p.map_store(ro.clone(), 4 * PAGE, &anon_opts(true)) }.unwrap();
     drop(region);
     assert_bytes(
         &ro.snapshot(),
@@ -187,7 +223,9 @@ fn errors_read_only_store_mapped_writable() {
 fn errors_fixed_address_overlap() {
     for d in DELIVERIES {
         let p = pager(d);
-        let first = p.map_store(mem(8, 8), 8 * PAGE, &shared(true)).unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let first = unsafe { p.map_store(mem(8, 8), 8 * PAGE, &shared(true)) }.unwrap();
         let base = first.as_ptr() as usize;
         for (addr, len) in [
             (base, 8 * PAGE),
@@ -197,15 +235,19 @@ fn errors_fixed_address_overlap() {
             (base - 2 * PAGE, 3 * PAGE),
         ] {
             for kind in [InstallKind::Shared, InstallKind::Anonymous] {
-                let r = p.map_store(
-                    mem(16, 9),
-                    len,
-                    &MapOptions {
-                        kind: Some(kind),
-                        fixed_addr: Some(addr),
-                        ..MapOptions::default()
-                    },
-                );
+                // SAFETY: the test changes this store only through the region (the
+                // store contract).
+                let r = unsafe {
+                    p.map_store(
+                        mem(16, 9),
+                        len,
+                        &MapOptions {
+                            kind: Some(kind),
+                            fixed_addr: Some(addr),
+                            ..MapOptions::default()
+                        },
+                    )
+                };
                 assert!(
                     matches!(r, Err(Error::Overlap { addr: a, .. }) if a == addr),
                     "{d} {kind} at {addr:#x}+{len:#x}: {r:?}"
@@ -215,14 +257,18 @@ fn errors_fixed_address_overlap() {
         // A fixed address over a mapping that is not a region (another
         // pager's region) is refused too, and never replaces it.
         let other = pager(Delivery::InThread);
-        let r = other.map_store(
-            mem(8, 10),
-            8 * PAGE,
-            &MapOptions {
-                fixed_addr: Some(base),
-                ..MapOptions::default()
-            },
-        );
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe {
+            other.map_store(
+                mem(8, 10),
+                8 * PAGE,
+                &MapOptions {
+                    fixed_addr: Some(base),
+                    ..MapOptions::default()
+                },
+            )
+        };
         assert!(matches!(r, Err(Error::Overlap { .. })), "{d}: {r:?}");
         // The first region is intact.
         assert_bytes(first.as_slice(), &pattern_vec(8, 8 * PAGE), "first region");
@@ -230,8 +276,10 @@ fn errors_fixed_address_overlap() {
         // region): mapping exactly adjacent does not report an overlap with
         // the first region.
         let free = free_range(4 * PAGE);
-        let at = p
-            .map_store(
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let at = unsafe {
+            p.map_store(
                 mem(4, 11),
                 4 * PAGE,
                 &MapOptions {
@@ -239,7 +287,8 @@ fn errors_fixed_address_overlap() {
                     ..MapOptions::default()
                 },
             )
-            .unwrap();
+        }
+        .unwrap();
         assert_eq!(at.as_ptr() as usize, free);
         assert_bytes(at.as_slice(), &pattern_vec(11, 4 * PAGE), "fixed region");
     }
@@ -249,14 +298,18 @@ fn errors_fixed_address_overlap() {
 fn errors_fixed_address_unaligned_or_null() {
     let p = pager(Delivery::InThread);
     for addr in [0usize, 1, PAGE + 8, free_range(PAGE) + 1] {
-        let r = p.map_store(
-            mem(1, 12),
-            PAGE,
-            &MapOptions {
-                fixed_addr: Some(addr),
-                ..MapOptions::default()
-            },
-        );
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe {
+            p.map_store(
+                mem(1, 12),
+                PAGE,
+                &MapOptions {
+                    fixed_addr: Some(addr),
+                    ..MapOptions::default()
+                },
+            )
+        };
         assert!(
             matches!(r, Err(Error::Unaligned { value, .. }) if value == addr),
             "{addr:#x}: {r:?}"
@@ -267,7 +320,9 @@ fn errors_fixed_address_unaligned_or_null() {
 #[test]
 fn errors_prefault_out_of_range() {
     let p = pager(Delivery::InThread);
-    let region = p.map_store(mem(4, 13), 4 * PAGE, &shared(true)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { p.map_store(mem(4, 13), 4 * PAGE, &shared(true)) }.unwrap();
     for (off, len) in [
         (0, 4 * PAGE + 1),
         (4 * PAGE, 1),
@@ -302,8 +357,10 @@ fn child_prefault_unaligned_past_end() {
     let p = pager(Delivery::InThread);
     // Place a one-page region so that the page after it is unmapped.
     let free = free_range(2 * PAGE);
-    let region = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe {
+        p.map_store(
             mem(1, 14),
             PAGE,
             &MapOptions {
@@ -311,7 +368,8 @@ fn child_prefault_unaligned_past_end() {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     eprintln!("CHILD: calling prefault");
     let r = region.prefault(PAGE - 1, 2);
     eprintln!("CHILD: prefault returned {r:?}");
@@ -334,7 +392,9 @@ fn errors_prefault_unaligned_offset_past_end() {
 fn errors_remap_bad_arguments() {
     for d in DELIVERIES {
         let p = pager(d);
-        let mut region = p.map_store(mem(8, 15), 4 * PAGE, &shared(true)).unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region = unsafe { p.map_store(mem(8, 15), 4 * PAGE, &shared(true)) }.unwrap();
         let start = region.as_ptr() as usize;
         let r = region.remap(0);
         assert!(matches!(r, Err(Error::ZeroLength)), "{r:?}");
@@ -350,7 +410,9 @@ fn errors_remap_bad_arguments() {
         let r = region.remap(9 * PAGE);
         assert!(matches!(r, Err(Error::OutOfRange { .. })), "{r:?}");
         // Moving onto another region overlaps.
-        let other = p.map_store(mem(4, 16), 4 * PAGE, &shared(true)).unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let other = unsafe { p.map_store(mem(4, 16), 4 * PAGE, &shared(true)) }.unwrap();
         let r = region.remap_to(4 * PAGE, Some(other.as_ptr() as usize));
         assert!(matches!(r, Err(Error::Overlap { .. })), "{d}: {r:?}");
         // Nothing moved, and both regions still hold their data.
@@ -396,7 +458,9 @@ fn errors_zero_handler_threads_is_config() {
         })
         .build()
         .unwrap();
-    let r = p.map_store(mem(2, 17), 2 * PAGE, &shared(true)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(mem(2, 17), 2 * PAGE, &shared(true)) }.unwrap();
     assert_bytes(
         r.as_slice(),
         &pattern_vec(17, 2 * PAGE),
@@ -411,8 +475,12 @@ fn errors_leave_pager_usable() {
         let p = pager(d);
         let _ = p.map_anonymous(0);
         let _ = p.map_anonymous(3);
-        let _ = p.map_store(mem(1, 1), 2 * PAGE, &shared(true));
-        let _ = p.map_store(Arc::new(ZeroStore::new(PAGE as u64)), PAGE, &shared(true));
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let _ = unsafe { p.map_store(mem(1, 1), 2 * PAGE, &shared(true)) };
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let _ = unsafe { p.map_store(Arc::new(ZeroStore::new(PAGE as u64)), PAGE, &shared(true)) };
         let mut r = p.map_anonymous(16 * PAGE).unwrap();
         let want = pattern_vec(18, 16 * PAGE);
         r.as_mut_slice().copy_from_slice(&want);
@@ -426,17 +494,25 @@ fn errors_leave_pager_usable() {
 fn errors_map_file_of_a_directory() {
     let p = pager(Delivery::InThread);
     let dir = std::env::temp_dir();
-    let r = p.map_file(&dir, Some(PAGE), &MapOptions::default());
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_file(&dir, Some(PAGE), &MapOptions::default()) };
     assert!(matches!(r, Err(Error::NotRegularFile(_))), "{r:?}");
     // Read-only too (a directory opens read-only; the old code mapped it,
     // and the first touch died of SIGBUS).
-    let r = p.map_file(&dir, Some(PAGE), &shared(false));
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_file(&dir, Some(PAGE), &shared(false)) };
     assert!(matches!(r, Err(Error::NotRegularFile(_))), "{r:?}");
-    let r = p.map_file(
-        std::path::Path::new("/dev/null"),
-        Some(PAGE),
-        &shared(false),
-    );
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe {
+        p.map_file(
+            std::path::Path::new("/dev/null"),
+            Some(PAGE),
+            &shared(false),
+        )
+    };
     assert!(matches!(r, Err(Error::NotRegularFile(_))), "{r:?}");
     // The pager still works.
     let mut a = p.map_anonymous(PAGE).unwrap();
@@ -452,7 +528,9 @@ fn errors_protect_writable_over_a_read_only_store() {
     let p = pager(Delivery::InThread);
     let data = pattern_vec(5, 4 * PAGE);
     let store = Arc::new(MemoryStore::read_only(&data).unwrap());
-    let r = p.map_store(store, data.len(), &shared(false)).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store, data.len(), &shared(false)) }.unwrap();
     let e = r.protect(true);
     assert!(matches!(e, Err(Error::ReadOnlyStore)), "{e:?}");
     assert_bytes(r.as_slice(), &data, "still readable");
@@ -470,9 +548,9 @@ fn private_mapping_of_a_read_only_store_keeps_its_writes_through_eviction() {
             .unwrap();
         let data = pattern_vec(6, 64 * PAGE);
         let store = Arc::new(MemoryStore::read_only(&data).unwrap());
-        let mut r = p
-            .map_store(store.clone(), data.len(), &anon_opts(true))
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut r = unsafe { p.map_store(store.clone(), data.len(), &anon_opts(true)) }.unwrap();
         let mut want = data.clone();
         for pg in 0..64 {
             r.as_mut_slice()[pg * PAGE + 3] = 0x77;
@@ -495,7 +573,9 @@ fn private_mapping_of_a_read_only_store_keeps_its_writes_through_eviction() {
 fn errors_remap_onto_a_foreign_mapping_is_refused() {
     for d in DELIVERIES {
         let p = pager(d);
-        let mut region = p.map_store(mem(8, 17), 4 * PAGE, &shared(true)).unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region = unsafe { p.map_store(mem(8, 17), 4 * PAGE, &shared(true)) }.unwrap();
         // The application's own mapping, holding its data.
         let mut mine = vec![0x5Au8; 8 * PAGE];
         let heap = mine.as_mut_ptr() as usize;

@@ -24,8 +24,10 @@ fn cached_region(d: Delivery, data: &[u8]) -> (Pager, Region) {
         .build()
         .unwrap();
     let store = Arc::new(MemoryStore::from_bytes(data).unwrap());
-    let mut r = pager
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut r = unsafe {
+        pager.map_store(
             store,
             data.len(),
             &MapOptions {
@@ -34,7 +36,8 @@ fn cached_region(d: Delivery, data: &[u8]) -> (Pager, Region) {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     // Backwards, so that no fault looks sequential while the cache fills.
     for p in (0..PAGES).rev() {
         assert_eq!(r.as_slice()[p * PAGE], data[p * PAGE]);

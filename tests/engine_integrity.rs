@@ -52,8 +52,9 @@ fn map(pager: &Pager, kind: InstallKind, src: Source, seed: u64) -> Option<Mappe
         Source::Memory => {
             let initial = pattern_vec(seed, LEN);
             let store = Arc::new(MemoryStore::from_bytes(&initial).expect("memory store"));
-            let region = pager
-                .map_store(store.clone() as Arc<dyn Store>, LEN, &opts)
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let region = unsafe { pager.map_store(store.clone() as Arc<dyn Store>, LEN, &opts) }
                 .unwrap_or_else(|e| panic!("{ctx}: map_store: {e}"));
             Mapped {
                 region,
@@ -66,8 +67,9 @@ fn map(pager: &Pager, kind: InstallKind, src: Source, seed: u64) -> Option<Mappe
         Source::File => {
             let initial = pattern_vec(seed, LEN);
             let file = TempFile::with_contents("integrity", &initial);
-            let region = pager
-                .map_file(file.path(), Some(LEN), &opts)
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let region = unsafe { pager.map_file(file.path(), Some(LEN), &opts) }
                 .unwrap_or_else(|e| panic!("{ctx}: map_file: {e}"));
             Mapped {
                 region,
@@ -229,8 +231,10 @@ fn integrity_store_reads_are_counted_once_per_page() {
                 0,
                 1,
             ));
-            let region = pager
-                .map_store(
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let region = unsafe {
+                pager.map_store(
                     sim.clone(),
                     LEN,
                     &MapOptions {
@@ -238,7 +242,8 @@ fn integrity_store_reads_are_counted_once_per_page() {
                         ..MapOptions::default()
                     },
                 )
-                .unwrap();
+            }
+            .unwrap();
             read_all_scrambled(&region, &data, &ctx);
             assert_eq!(sim.reads(), PAGES as u64, "{ctx}: store reads");
             let s = pager.stats();

@@ -23,7 +23,9 @@ fn kernel_maps() -> MapOptions {
 
 fn region(p: &Pager, data: &[u8]) -> Region {
     let store = Arc::new(MemoryStore::read_only(data).unwrap());
-    p.map_store(store, data.len(), &kernel_maps()).unwrap()
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    unsafe { p.map_store(store, data.len(), &kernel_maps()) }.unwrap()
 }
 
 /// Read once, page by page; unmapped (`dontneed` keeps a shared object's
@@ -138,12 +140,16 @@ fn kernel_maps_is_refused_where_it_cannot_hold() {
             },
         ),
     ] {
-        match p.map_store(store(), data.len(), &opts) {
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        match unsafe { p.map_store(store(), data.len(), &opts) } {
             Err(Error::Config(m)) => assert!(m.contains("kernel_maps"), "{what}: {m}"),
             other => panic!("{what}: {other:?}"),
         }
     }
-    let r = p.map_store(store(), data.len(), &kernel_maps()).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store(), data.len(), &kernel_maps()) }.unwrap();
     assert!(matches!(r.protect(true), Err(Error::Config(_))));
     assert_bytes(r.as_slice(), &data, "still readable");
 }
@@ -190,9 +196,13 @@ fn a_sequential_reader_with_readahead_reads_the_store() {
         let p = Pager::builder().delivery(d).build().unwrap();
         let r = match source {
             0 => region(&p, &data),
-            1 => p.map_file(file.path(), None, &kernel_maps()).unwrap(),
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            1 => unsafe { p.map_file(file.path(), None, &kernel_maps()) }.unwrap(),
             _ => match &shm_file {
-                Some(f) => p.map_file(f, None, &kernel_maps()).unwrap(),
+                // SAFETY: the test changes this store only through the region (the
+                // store contract).
+                Some(f) => unsafe { p.map_file(f, None, &kernel_maps()) }.unwrap(),
                 None => continue,
             },
         };

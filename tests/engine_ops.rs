@@ -21,7 +21,9 @@ fn opts(kind: InstallKind) -> MapOptions {
 fn mem_region(p: &Pager, kind: InstallKind, store_pages: usize, pages: usize, seed: u64) -> Region {
     let store: Arc<dyn Store> =
         Arc::new(MemoryStore::from_bytes(&pattern_vec(seed, store_pages * PAGE)).unwrap());
-    p.map_store(store, pages * PAGE, &opts(kind)).unwrap()
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    unsafe { p.map_store(store, pages * PAGE, &opts(kind)) }.unwrap()
 }
 
 #[test]
@@ -47,8 +49,10 @@ fn ops_protect_readonly_then_writable() {
             // A region mapped read-only can be made writable.
             let store: Arc<dyn Store> =
                 Arc::new(MemoryStore::from_bytes(&pattern_vec(3, 4 * PAGE)).unwrap());
-            let mut ro = p
-                .map_store(
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let mut ro = unsafe {
+                p.map_store(
                     store,
                     4 * PAGE,
                     &MapOptions {
@@ -57,7 +61,8 @@ fn ops_protect_readonly_then_writable() {
                         ..MapOptions::default()
                     },
                 )
-                .unwrap();
+            }
+            .unwrap();
             assert_bytes(&ro.as_slice()[..PAGE], &pattern_vec(3, PAGE), &ctx);
             ro.protect(true).unwrap();
             ro.as_mut_slice()[..2 * PAGE].fill(0x5C);
@@ -191,8 +196,10 @@ fn ops_remap_move_frees_old_range() {
         let old = free_range(8 * PAGE);
         let store: Arc<dyn Store> =
             Arc::new(MemoryStore::from_bytes(&pattern_vec(30, 8 * PAGE)).unwrap());
-        let mut region = p
-            .map_store(
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region = unsafe {
+            p.map_store(
                 store,
                 8 * PAGE,
                 &MapOptions {
@@ -200,7 +207,8 @@ fn ops_remap_move_frees_old_range() {
                     ..MapOptions::default()
                 },
             )
-            .unwrap();
+        }
+        .unwrap();
         assert_eq!(region.as_ptr() as usize, old);
         assert_bytes(region.as_slice(), &pattern_vec(30, 8 * PAGE), "before move");
         region
@@ -209,8 +217,10 @@ fn ops_remap_move_frees_old_range() {
         assert_ne!(region.as_ptr() as usize, old);
         let store: Arc<dyn Store> =
             Arc::new(MemoryStore::from_bytes(&pattern_vec(31, 8 * PAGE)).unwrap());
-        let again = p
-            .map_store(
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let again = unsafe {
+            p.map_store(
                 store,
                 8 * PAGE,
                 &MapOptions {
@@ -218,7 +228,8 @@ fn ops_remap_move_frees_old_range() {
                     ..MapOptions::default()
                 },
             )
-            .unwrap();
+        }
+        .unwrap();
         assert_bytes(
             again.as_slice(),
             &pattern_vec(31, 8 * PAGE),

@@ -83,8 +83,10 @@ fn child_touch_failing_page() {
     let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&pattern_vec(1, LEN)).unwrap());
     let sim = Arc::new(SimulatedStore::new(mem, LatencyModel::None, 0, 1));
     sim.fail_next_reads(u32::MAX);
-    let region = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe {
+        p.map_store(
             sim,
             LEN,
             &MapOptions {
@@ -92,7 +94,8 @@ fn child_touch_failing_page() {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     marker();
     // SAFETY: inside the region.
     let v = unsafe { std::ptr::read_volatile(region.as_ptr().add(2 * PAGE)) };
@@ -110,8 +113,10 @@ fn child_touch_good_then_failing_page() {
     let data = pattern_vec(2, LEN);
     let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
     let sim = Arc::new(SimulatedStore::new(mem, LatencyModel::None, 0, 1));
-    let region = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe {
+        p.map_store(
             sim.clone(),
             LEN,
             &MapOptions {
@@ -119,7 +124,8 @@ fn child_touch_good_then_failing_page() {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     assert_bytes(&region.as_slice()[..PAGE], &data[..PAGE], "good page");
     sim.fail_next_reads(u32::MAX);
     marker();
@@ -140,8 +146,10 @@ fn child_touch_after_unmap() {
     // A fixed address in an area nothing else maps, so the range stays
     // unmapped once the region is gone.
     let at = free_range(LEN);
-    let region = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe {
+        p.map_store(
             mem,
             LEN,
             &MapOptions {
@@ -150,7 +158,8 @@ fn child_touch_after_unmap() {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     assert_bytes(&region.as_slice()[..PAGE], &data[..PAGE], "before unmap");
     let ptr = region.as_ptr();
     if std::env::var("UFFD_DROP").is_ok() {
@@ -177,8 +186,10 @@ fn child_write_after_protect_readonly() {
     let p = Pager::builder().delivery(child_delivery()).build().unwrap();
     let data = pattern_vec(4, LEN);
     let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-    let mut region = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe {
+        p.map_store(
             mem,
             LEN,
             &MapOptions {
@@ -186,7 +197,8 @@ fn child_write_after_protect_readonly() {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     region.as_mut_slice()[PAGE] = 0x42;
     region.protect(false).unwrap();
     // Reading still works, absent pages included.
@@ -309,7 +321,9 @@ fn child_segv_handler_runs_as_the_application() {
         writable: false,
         ..MapOptions::default()
     };
-    let region = p.map_store(store, LEN, &opts).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { p.map_store(store, LEN, &opts) }.unwrap();
     // The application makes it writable itself: the kernel lets the write
     // through to the engine, which refuses it (no write-back could keep it).
     // SAFETY: the region's own range.

@@ -83,7 +83,10 @@ fn child_map_read_unmap_with_signals() {
                 ..MapOptions::default()
             };
             while !stop.load(Relaxed) {
-                let region = pager.map_store(store.clone(), PAGES * PAGE, &opts).unwrap();
+                // SAFETY: the test changes this store only through the region (the
+                // store contract).
+                let region =
+                    unsafe { pager.map_store(store.clone(), PAGES * PAGE, &opts) }.unwrap();
                 let p = region.as_ptr();
                 for i in 0..PAGES {
                     let off = i * PAGE + (i % 7) * 13;

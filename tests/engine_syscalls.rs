@@ -25,8 +25,10 @@ fn region(p: &Pager, kind: Option<InstallKind>, seed: u64) -> (Region, Vec<u8>) 
         Some(kind) => {
             let data = pattern_vec(seed, LEN);
             let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let r = p
-                .map_store(
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let r = unsafe {
+                p.map_store(
                     store,
                     LEN,
                     &MapOptions {
@@ -34,7 +36,8 @@ fn region(p: &Pager, kind: Option<InstallKind>, seed: u64) -> (Region, Vec<u8>) 
                         ..MapOptions::default()
                     },
                 )
-                .unwrap();
+            }
+            .unwrap();
             (r, data)
         }
     }
@@ -184,8 +187,10 @@ fn syscall_threads_read_into_present_clean_pages_is_written_back() {
     let p = pager(THREADS);
     let data = pattern_vec(70, LEN);
     let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-    let region = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe {
+        p.map_store(
             store.clone(),
             LEN,
             &MapOptions {
@@ -193,7 +198,8 @@ fn syscall_threads_read_into_present_clean_pages_is_written_back() {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     // Every page present and clean.
     assert_bytes(region.as_slice(), &data, "read");
     let src = pattern_vec(71, 2 * PAGE);
@@ -225,8 +231,10 @@ fn syscall_poisoned_page_is_efault_threads() {
         let data = pattern_vec(60, LEN);
         let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
         let sim = Arc::new(SimulatedStore::new(mem, LatencyModel::None, 0, 1));
-        let region = p
-            .map_store(
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let region = unsafe {
+            p.map_store(
                 sim.clone(),
                 LEN,
                 &MapOptions {
@@ -234,7 +242,8 @@ fn syscall_poisoned_page_is_efault_threads() {
                     ..MapOptions::default()
                 },
             )
-            .unwrap();
+        }
+        .unwrap();
         let src = pattern_vec(97, PAGE);
         let f = TempFile::with_contents("poison", &src);
         let file = std::fs::File::open(f.path()).unwrap();

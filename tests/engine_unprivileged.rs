@@ -45,15 +45,17 @@ fn unprivileged_body() {
         // A store-backed shared region.
         let data = pattern_vec(3, 128 * PAGE);
         let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-        let r = pager
-            .map_store(store, data.len(), &MapOptions::default())
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe { pager.map_store(store, data.len(), &MapOptions::default()) }
             .expect("map_store");
         assert_bytes(r.as_slice(), &data, &format!("{d}: store region"));
         // A file mapped and written back.
         let f = TempFile::with_contents("unpriv", &pattern_vec(4, 64 * PAGE));
-        let mut fr = pager
-            .map_file(f.path(), None, &MapOptions::default())
-            .expect("map_file");
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut fr =
+            unsafe { pager.map_file(f.path(), None, &MapOptions::default()) }.expect("map_file");
         fr.as_mut_slice()[5 * PAGE] = 0xee;
         fr.flush().expect("flush");
         drop(fr);

@@ -88,8 +88,9 @@ pub fn filled_region(
         }
         uffd_pager::InstallKind::Shared => {
             let store = std::sync::Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let r = p
-                .map_store(store, data.len(), &uffd_pager::MapOptions::default())
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let r = unsafe { p.map_store(store, data.len(), &uffd_pager::MapOptions::default()) }
                 .unwrap();
             (r, data)
         }

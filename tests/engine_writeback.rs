@@ -40,13 +40,16 @@ fn ops_flush_and_unmap_write_back_shared_file() {
         let pages = 32;
         let orig = pattern_vec(40, pages * PAGE);
         let f = TempFile::with_contents("flush", &orig);
-        let mut region = p
-            .map_store(
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region = unsafe {
+            p.map_store(
                 writable_file_store(&f),
                 pages * PAGE,
                 &opts(InstallKind::Shared),
             )
-            .unwrap();
+        }
+        .unwrap();
         let mut want = orig.clone();
         region.as_mut_slice()[PAGE..3 * PAGE].fill(0xF1);
         want[PAGE..3 * PAGE].fill(0xF1);
@@ -66,9 +69,9 @@ fn ops_flush_and_unmap_write_back_shared_file() {
         assert_bytes(&f.read(), &want, &format!("{ctx}: after unmap"));
 
         // Remapped, the file's new contents come back; drop writes back.
-        let mut region = p
-            .map_file(f.path(), None, &opts(InstallKind::Shared))
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region = unsafe { p.map_file(f.path(), None, &opts(InstallKind::Shared)) }.unwrap();
         assert_bytes(region.as_slice(), &want, &format!("{ctx}: remapped"));
         region.as_mut_slice()[31 * PAGE..].fill(0xF4);
         want[31 * PAGE..].fill(0xF4);
@@ -86,9 +89,9 @@ fn ops_write_back_partial_last_page() {
         let flen = 5 * PAGE + 300;
         let orig = pattern_vec(50, flen);
         let f = TempFile::with_contents("partial-wb", &orig);
-        let mut region = p
-            .map_file(f.path(), None, &opts(InstallKind::Shared))
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region = unsafe { p.map_file(f.path(), None, &opts(InstallKind::Shared)) }.unwrap();
         assert_eq!(region.len(), 6 * PAGE);
         let mut want = orig.clone();
         want.resize(6 * PAGE, 0);
@@ -119,13 +122,16 @@ fn ops_private_file_mapping_never_writes_back() {
             .unwrap();
         let orig = pattern_vec(60, 16 * PAGE);
         let f = TempFile::with_contents("private", &orig);
-        let mut region = p
-            .map_store(
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region = unsafe {
+            p.map_store(
                 writable_file_store(&f),
                 16 * PAGE,
                 &opts(InstallKind::Anonymous),
             )
-            .unwrap();
+        }
+        .unwrap();
         region.as_mut_slice().fill(0x6D);
         p.reclaim_pages(64);
         assert!(region.as_slice().iter().all(|&b| b == 0x6D));
@@ -147,9 +153,10 @@ fn ops_flush_shared_memory_store() {
     let p = pager(Delivery::InThread);
     let orig = pattern_vec(70, 8 * PAGE);
     let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
-    let mut region = p
-        .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region =
+        unsafe { p.map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
     region.as_mut_slice()[4 * PAGE..5 * PAGE].fill(0x70);
     let mut want = orig.clone();
     want[4 * PAGE..5 * PAGE].fill(0x70);
@@ -165,9 +172,10 @@ fn write_after_move_is_written_back(d: Delivery, before_move: Option<u8>) {
     let p = pager(d);
     let orig = pattern_vec(80, 8 * PAGE);
     let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
-    let mut region = p
-        .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region =
+        unsafe { p.map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
     let mut want = orig.clone();
     // Every page present and clean (read faults).
     assert_bytes(region.as_slice(), &want, &format!("{ctx}: read"));
@@ -214,8 +222,10 @@ fn write_after_grow_that_moves_is_written_back(d: Delivery) {
     let orig = pattern_vec(85, 16 * PAGE);
     let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
     let at = free_range(16 * PAGE);
-    let mut region = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe {
+        p.map_store(
             store.clone(),
             8 * PAGE,
             &MapOptions {
@@ -223,10 +233,13 @@ fn write_after_grow_that_moves_is_written_back(d: Delivery) {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     // A neighbour right after the region.
-    let _blocker = p
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let _blocker = unsafe {
+        p.map_store(
             Arc::new(MemoryStore::new(PAGE as u64).unwrap()),
             PAGE,
             &MapOptions {
@@ -234,7 +247,8 @@ fn write_after_grow_that_moves_is_written_back(d: Delivery) {
                 ..MapOptions::default()
             },
         )
-        .unwrap();
+    }
+    .unwrap();
     let mut want = orig.clone();
     assert_bytes(region.as_slice(), &want[..8 * PAGE], "read");
     region.remap(16 * PAGE).unwrap();
@@ -257,9 +271,10 @@ fn ops_write_after_shrink_and_grow_is_written_back() {
         let p = pager(d);
         let orig = pattern_vec(90, 16 * PAGE);
         let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
-        let mut region = p
-            .map_store(store.clone(), 16 * PAGE, &opts(InstallKind::Shared))
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region =
+            unsafe { p.map_store(store.clone(), 16 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
         let mut want = orig.clone();
         assert_bytes(region.as_slice(), &want, "read");
         region.remap(8 * PAGE).unwrap();
@@ -283,9 +298,10 @@ fn ops_protect_round_trip_keeps_write_back() {
         let p = pager(d);
         let orig = pattern_vec(95, 8 * PAGE);
         let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
-        let mut region = p
-            .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region =
+            unsafe { p.map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
         let mut want = orig.clone();
         assert_bytes(region.as_slice(), &want, "read");
         region.as_mut_slice()[..PAGE].fill(0xA1);
@@ -327,9 +343,10 @@ fn child_failed_remap_keeps_write_tracking() {
         let p = pager(d);
         let orig = pattern_vec(95, 16 * PAGE);
         let store = Arc::new(MemoryStore::from_bytes(&orig).unwrap());
-        let mut region = p
-            .map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared))
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut region =
+            unsafe { p.map_store(store.clone(), 8 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
         let mut want = orig.clone();
         // Every page present and clean.
         assert_bytes(region.as_slice(), &want[..8 * PAGE], &format!("{d}: read"));

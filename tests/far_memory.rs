@@ -54,7 +54,9 @@ fn pager_and_region(
         writable,
         ..MapOptions::default()
     };
-    let region = pager.map_store(store, pages * PAGE, &map).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { pager.map_store(store, pages * PAGE, &map) }.unwrap();
     (pager, region)
 }
 

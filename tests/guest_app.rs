@@ -203,7 +203,9 @@ fn dontneed_on_a_private_store_mapping_reads_the_store_again() {
                 kind: Some(InstallKind::Anonymous),
                 ..MapOptions::default()
             };
-            let mut r = p.map_store(store, data.len(), &opts).unwrap();
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let mut r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
             r.as_mut_slice().fill(0x3C);
             // SAFETY: the application's own call on region memory.
             let rc = unsafe { libc::madvise(r.as_ptr().cast(), r.len(), libc::MADV_DONTNEED) };
@@ -251,7 +253,9 @@ fn child_write_to_read_only_store_after_mprotect() {
         writable: false,
         ..MapOptions::default()
     };
-    let r = p.map_store(store, data.len(), &opts).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
     assert_eq!(byte(r.as_ptr() as usize), data[0]);
     make_writable_and_write(&r, PAGE);
 }
@@ -326,8 +330,9 @@ fn a_residency_guard_held_across_the_applications_munmap_finishes_the_release() 
                 .keep_unmapped(0)
                 .build()
                 .unwrap();
-            let r = p
-                .map_store(store.clone(), pages * PAGE, &MapOptions::default())
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let r = unsafe { p.map_store(store.clone(), pages * PAGE, &MapOptions::default()) }
                 .unwrap();
             let base = r.as_ptr() as usize;
             let guard = r.lock_resident(0, 2 * PAGE).unwrap();

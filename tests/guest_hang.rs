@@ -100,9 +100,9 @@ fn child_touch_a_page_whose_read_misbehaves() {
         .build()
         .unwrap();
     let (store, data) = misbehaving(mode);
-    let r = p
-        .map_store(store, PAGES * PAGE, &MapOptions::default())
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store, PAGES * PAGE, &MapOptions::default()) }.unwrap();
     assert_eq!(r.as_slice()[5], data[5]);
     assert_eq!(r.as_slice()[2 * PAGE + 5], data[2 * PAGE + 5]);
     println!("good pages served");
@@ -158,9 +158,9 @@ fn other_pages_are_served_while_one_read_hangs() {
         .build()
         .unwrap();
     let (store, data) = misbehaving(Mode::Hang);
-    let r = p
-        .map_store(store, PAGES * PAGE, &MapOptions::default())
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store, PAGES * PAGE, &MapOptions::default()) }.unwrap();
     // The bad page's fault runs in a handler thread, which gives up after
     // the timeout and poisons it; the access is not made here (it would
     // be SIGBUS), only the page's fault is driven through `populate`.
@@ -200,9 +200,9 @@ fn child_drop_with_a_fault_in_flight() {
         .build()
         .unwrap();
     let (store, data) = misbehaving(Mode::Slow);
-    let r = p
-        .map_store(store, PAGES * PAGE, &MapOptions::default())
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store, PAGES * PAGE, &MapOptions::default()) }.unwrap();
     let addr = r.as_ptr() as usize + PAGE;
     let want = data[PAGE];
     std::thread::spawn(move || {

@@ -34,9 +34,9 @@ fn errno_survives_faults_in_thread() {
         let mut anon = pager.map_anonymous(pages * PAGE).unwrap();
         let data = pattern_vec(9, 64 * PAGE);
         let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-        let shared = pager
-            .map_store(store, data.len(), &MapOptions::default())
-            .unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let shared = unsafe { pager.map_store(store, data.len(), &MapOptions::default()) }.unwrap();
         let mut changed = 0;
         for round in 0..2 {
             for p in 0..pages {
@@ -71,9 +71,10 @@ fn pages_the_kernel_unmapped_are_mapped_again() {
             let pager = pager(d);
             let data = pattern_vec(11, 64 * PAGE);
             let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let mut region = pager
-                .map_store(store, data.len(), &MapOptions::default())
-                .unwrap();
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let mut region =
+                unsafe { pager.map_store(store, data.len(), &MapOptions::default()) }.unwrap();
             assert_bytes(region.as_slice(), &data, &format!("{d}: first read"));
             // Dirty a few pages too: their contents must survive.
             let mut want = data.clone();
@@ -108,9 +109,10 @@ fn shared_dontneed_by_the_application_keeps_data() {
             let pager = pager(d);
             let data = pattern_vec(12, 32 * PAGE);
             let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let mut region = pager
-                .map_store(store, data.len(), &MapOptions::default())
-                .unwrap();
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let mut region =
+                unsafe { pager.map_store(store, data.len(), &MapOptions::default()) }.unwrap();
             region.as_mut_slice()[5 * PAGE] = 0x42;
             let mut want = data.clone();
             want[5 * PAGE] = 0x42;

@@ -21,7 +21,9 @@ fn cycle(p: &Pager, at: usize, v: u8, stop: &AtomicBool) -> u64 {
     let mut done = 0;
     while !stop.load(Ordering::Relaxed) {
         let store = std::sync::Arc::new(uffd_pager::store::ZeroStore::new((PAGES * PAGE) as u64));
-        let mut r = match p.map_store(store, PAGES * PAGE, &opts) {
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let mut r = match unsafe { p.map_store(store, PAGES * PAGE, &opts) } {
             Ok(r) => r,
             Err(Error::Overlap { .. }) => {
                 std::hint::spin_loop();

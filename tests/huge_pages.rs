@@ -59,13 +59,16 @@ fn map_huge(
         ),
         InstallKind::Shared => {
             let store = Arc::new(MemoryStore::from_bytes(initial).unwrap());
-            let r = pager
-                .map_store(
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let r = unsafe {
+                pager.map_store(
                     store.clone() as Arc<dyn Store>,
                     initial.len(),
                     &huge_opts(kind),
                 )
-                .expect("map a huge shared region");
+            }
+            .expect("map a huge shared region");
             (r, Some(store))
         }
     }
@@ -268,11 +271,15 @@ fn huge_page_errors_are_typed_and_say_what_to_set() {
     for kind in [InstallKind::Anonymous, InstallKind::Shared] {
         let r = match kind {
             InstallKind::Anonymous => pager.map_anonymous_with(4 * HUGE, &huge_opts(kind)),
-            InstallKind::Shared => pager.map_store(
-                Arc::new(MemoryStore::new(4 * HUGE as u64).unwrap()),
-                4 * HUGE,
-                &huge_opts(kind),
-            ),
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            InstallKind::Shared => unsafe {
+                pager.map_store(
+                    Arc::new(MemoryStore::new(4 * HUGE as u64).unwrap()),
+                    4 * HUGE,
+                    &huge_opts(kind),
+                )
+            },
         };
         match r {
             Err(e @ Error::NoHugePages { available: 0, .. }) => {
@@ -321,13 +328,16 @@ fn a_store_on_the_io_workers_is_called_2_mib_at_a_time() {
         lens: Default::default(),
     });
     let pager = Pager::builder().budget_pages(2 * UNITS).build().unwrap();
-    let mut region = pager
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe {
+        pager.map_store(
             store.clone() as Arc<dyn Store>,
             pages * HUGE,
             &huge_opts(InstallKind::Shared),
         )
-        .unwrap();
+    }
+    .unwrap();
     let mut model = initial.clone();
     for round in 0..2 {
         for p in 0..pages {
@@ -519,8 +529,10 @@ fn a_sequential_reader_of_huge_pages_gets_the_next_one_read_ahead() {
                 .build()
                 .unwrap();
             let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let region = pager
-                .map_store(
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let region = unsafe {
+                pager.map_store(
                     store as Arc<dyn Store>,
                     data.len(),
                     &MapOptions {
@@ -528,7 +540,8 @@ fn a_sequential_reader_of_huge_pages_gets_the_next_one_read_ahead() {
                         ..huge_opts(kind)
                     },
                 )
-                .unwrap();
+            }
+            .unwrap();
             let s = region.as_slice();
             for p in 0..pages {
                 // Give the read ahead of page p + 1 time to land while this

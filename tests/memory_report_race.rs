@@ -39,9 +39,11 @@ fn an_unmap_during_a_memory_report_has_written_back_when_it_returns() {
         let mut late = 0;
         for round in 0..ROUNDS {
             let store = Arc::new(MemoryStore::new((PAGES * PAGE) as u64).unwrap());
-            let mut r = pager
-                .map_store(store.clone(), PAGES * PAGE, &MapOptions::default())
-                .unwrap();
+            // SAFETY: the test changes this store only through the region (the
+            // store contract).
+            let mut r =
+                unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }
+                    .unwrap();
             let v = (round % 251) as u8 + 1;
             r.as_mut_slice()[PAGE + 3] = v;
             r.unmap().unwrap();

@@ -115,8 +115,9 @@ fn run(pager: &Pager, ops: &[Op]) -> Result<(), String> {
                 let data = fill(seed, len);
                 let m = if shared {
                     let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-                    let region = pager
-                        .map_store(store, len, &MapOptions::default())
+                    // SAFETY: the test changes this store only through the region (the
+                    // store contract).
+                    let region = unsafe { pager.map_store(store, len, &MapOptions::default()) }
                         .map_err(|e| ctx(&e.to_string()))?;
                     Modeled {
                         region,

@@ -28,7 +28,9 @@ fn a_random_reader_gets_no_readahead_and_a_sequential_one_does() {
         writable: false,
         ..MapOptions::default()
     };
-    let region = pager.map_store(store, data.len(), &opts).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { pager.map_store(store, data.len(), &opts) }.unwrap();
     let s = region.as_slice();
     let reads = 20_000;
     // Two random readers at once, as `bench random --threads 2`.

@@ -62,9 +62,9 @@ fn flush_writes_back_only_dirty_pages(delivery: Delivery, budget: u64) {
         .kswapd(false)
         .build()
         .unwrap();
-    let mut region = pager
-        .map_file(file.path(), None, &MapOptions::default())
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe { pager.map_file(file.path(), None, &MapOptions::default()) }.unwrap();
     assert_eq!(region.len(), PAGES * PAGE);
 
     // Read every page: nothing is dirty.
@@ -132,9 +132,9 @@ fn flush_after_eviction_writes_each_dirty_page_once() {
         .kswapd(false)
         .build()
         .unwrap();
-    let mut region = pager
-        .map_file(file.path(), None, &MapOptions::default())
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe { pager.map_file(file.path(), None, &MapOptions::default()) }.unwrap();
     // Dirty the even pages once each; read the odd ones.
     let mut want = contents.clone();
     for p in 0..PAGES {

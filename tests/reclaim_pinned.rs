@@ -22,8 +22,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn map_pinned(pager: &Pager, contents: &[u8]) -> Region {
     let store = Arc::new(MemoryStore::from_bytes(contents).unwrap());
-    pager
-        .map_store(
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    unsafe {
+        pager.map_store(
             store,
             contents.len(),
             &MapOptions {
@@ -32,7 +34,8 @@ fn map_pinned(pager: &Pager, contents: &[u8]) -> Region {
                 ..MapOptions::default()
             },
         )
-        .unwrap()
+    }
+    .unwrap()
 }
 
 /// Reads the pinned region and checks it is intact and still mapped: the

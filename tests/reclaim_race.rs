@@ -178,9 +178,10 @@ fn pager(d: Delivery) -> Pager {
 fn shared_over_memory_store(d: Delivery) {
     let pager = pager(d);
     let store = Arc::new(MemoryStore::new((PAGES * PAGE) as u64).unwrap());
-    let region = pager
-        .map_store(store.clone(), PAGES * PAGE, &MapOptions::default())
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
     let o = race(&pager, &region);
     check_outcome(&pager, &o);
     check_region(&region, &o.counts);

@@ -97,7 +97,9 @@ fn setup(policy: PolicyKind, delivery: Delivery, page: usize) -> Setup {
         page_size: page,
         ..MapOptions::default()
     };
-    let region = pager.map_store(store.clone(), 4 * page, &opts).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { pager.map_store(store.clone(), 4 * page, &opts) }.unwrap();
     pager.reset_stats();
     Setup {
         pager,
@@ -275,8 +277,10 @@ fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
             .build()
             .unwrap();
         let store = GateStore::new(4, page);
-        let region = pager
-            .map_store(
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let region = unsafe {
+            pager.map_store(
                 store.clone(),
                 4 * page,
                 &MapOptions {
@@ -285,7 +289,8 @@ fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
                     ..MapOptions::default()
                 },
             )
-            .unwrap();
+        }
+        .unwrap();
         pager.reset_stats();
         let t = touch(&region);
         wait_until("the read to start", || store.entered.load(SeqCst) == 1);

@@ -119,7 +119,9 @@ fn map_shared(
         writable,
         ..MapOptions::default()
     };
-    pager.map_store(store, npages * PAGE, &opts).unwrap()
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    unsafe { pager.map_store(store, npages * PAGE, &opts) }.unwrap()
 }
 
 /// Logs go through a real subscriber (formatting allocates, the writer
@@ -292,19 +294,23 @@ fn anonymous_regions_swap_to_the_stores_swap_to_makes() {
     install_logger();
     const NPAGES: usize = 512;
     let made: Arc<Mutex<Vec<Arc<Ordinary>>>> = Arc::default();
-    let pager = Pager::builder()
-        .delivery(Delivery::InThread)
-        .budget_pages(64)
-        .swap_to({
-            let made = made.clone();
-            move |len| {
-                let s = Arc::new(Ordinary::new(len / PAGE));
-                made.lock().unwrap().push(s.clone());
-                Ok(s as Arc<dyn Store>)
-            }
-        })
-        .build()
-        .unwrap();
+    // SAFETY: each swap store is made for one region; the test keeps them
+    // to read their call counts, never to write their bytes.
+    let pager = unsafe {
+        Pager::builder()
+            .delivery(Delivery::InThread)
+            .budget_pages(64)
+            .swap_to({
+                let made = made.clone();
+                move |len| {
+                    let s = Arc::new(Ordinary::new(len / PAGE));
+                    made.lock().unwrap().push(s.clone());
+                    Ok(s as Arc<dyn Store>)
+                }
+            })
+    }
+    .build()
+    .unwrap();
     let mut region = pager.map_anonymous(NPAGES * PAGE).unwrap();
     for p in 0..NPAGES {
         region.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(fill_byte(p, 5));
@@ -324,16 +330,18 @@ fn anonymous_regions_swap_to_the_stores_swap_to_makes() {
     assert!(pager.stats().get(Counter::WRITEBACK) >= (NPAGES - 64) as u64);
 
     // A maker that fails, or a store too small, fails the map call.
-    let failing = Pager::builder()
-        .swap_to(|_| Err(std::io::Error::other("no swap here")))
-        .build()
-        .unwrap();
+    // SAFETY: the maker keeps no store it returns (the map fails anyway).
+    let failing =
+        unsafe { Pager::builder().swap_to(|_| Err(std::io::Error::other("no swap here"))) }
+            .build()
+            .unwrap();
     let e = failing.map_anonymous(4 * PAGE).unwrap_err();
     assert!(e.to_string().contains("swap"), "{e}");
-    let small = Pager::builder()
-        .swap_to(|_| Ok(Arc::new(Ordinary::new(1)) as Arc<dyn Store>))
-        .build()
-        .unwrap();
+    // SAFETY: the maker keeps no store it returns (the map fails anyway).
+    let small =
+        unsafe { Pager::builder().swap_to(|_| Ok(Arc::new(Ordinary::new(1)) as Arc<dyn Store>)) }
+            .build()
+            .unwrap();
     let e = small.map_anonymous(4 * PAGE).unwrap_err();
     assert!(e.to_string().contains("swap store"), "{e}");
 }

@@ -133,7 +133,9 @@ fn child_readers_race_the_unmap() {
     };
     let cut = Arc::new(AtomicU64::new(0));
     for round in 0..ROUNDS {
-        let r = p.map_store(store.clone(), PAGES * PAGE, &opts).unwrap();
+        // SAFETY: the test changes this store only through the region (the
+        // store contract).
+        let r = unsafe { p.map_store(store.clone(), PAGES * PAGE, &opts) }.unwrap();
         assert_eq!(r.as_ptr() as usize, base);
         let stop = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..READERS)
@@ -176,7 +178,9 @@ fn child_readers_race_the_unmap() {
         unsafe { libc::munmap(base as *mut libc::c_void, PAGES * PAGE) };
     }
     BASE.store(0, Relaxed);
-    let r = p.map_store(store, PAGES * PAGE, &opts).unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store, PAGES * PAGE, &opts) }.unwrap();
     assert_bytes(r.as_slice(), &data, "the last map, after the races");
     println!("cut off {} times in {ROUNDS} rounds", cut.load(Relaxed));
 }

@@ -490,6 +490,12 @@ int32_t uffd_pager_map_anonymous_with(const struct uffd_pager *p,
  * Maps the file at `path`: `len` bytes from its start, or the whole file
  * (rounded up to pages) if `len` is 0.
  *
+ * A store changed behind the engine (the file written by another
+ * descriptor or process, a store whose callbacks return other bytes) shows
+ * its new bytes in a page only after the engine evicts the page clean and
+ * reads it again; `uffd_pager_region_refresh` brings cached pages up to
+ * date at once.
+ *
  * # Safety
  * `p` is a live pager; `path` is a NUL-terminated string; `opts` is NULL
  * or points at options; `out` points at writable memory for a pointer.
@@ -503,7 +509,8 @@ int32_t uffd_pager_map_file(const struct uffd_pager *p,
 /**
  * Maps `len` bytes of the open file `fd` from `offset` on (both whole
  * pages, inside the file). The descriptor is duplicated, so the caller may
- * close its own.
+ * close its own. A change to the file behind the engine: as for
+ * `uffd_pager_map_file`.
  *
  * # Safety
  * `p` is a live pager; `opts` is NULL or points at options; `out` points
@@ -620,6 +627,12 @@ int64_t uffd_pager_stats_vmstat(const struct uffd_pager *p, char *buf, size_t ca
 /**
  * Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
  * is called when the region is gone, or at once if mapping fails).
+ *
+ * A store changed behind the engine (the file written by another
+ * descriptor or process, a store whose callbacks return other bytes) shows
+ * its new bytes in a page only after the engine evicts the page clean and
+ * reads it again; `uffd_pager_region_refresh` brings cached pages up to
+ * date at once.
  *
  * # Safety
  * `p` is a live pager; `store` points at a store struct whose callbacks

@@ -179,6 +179,12 @@ pub unsafe extern "C" fn uffd_pager_map_anonymous_with(
 /// Maps the file at `path`: `len` bytes from its start, or the whole file
 /// (rounded up to pages) if `len` is 0.
 ///
+/// A store changed behind the engine (the file written by another
+/// descriptor or process, a store whose callbacks return other bytes) shows
+/// its new bytes in a page only after the engine evicts the page clean and
+/// reads it again; `uffd_pager_region_refresh` brings cached pages up to
+/// date at once.
+///
 /// # Safety
 /// `p` is a live pager; `path` is a NUL-terminated string; `opts` is NULL
 /// or points at options; `out` points at writable memory for a pointer.
@@ -199,7 +205,10 @@ pub unsafe extern "C" fn uffd_pager_map_file(
         <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
     );
     map_with(p, opts, out, |p, o| {
-        Ok(p.map_file(path, (len > 0).then_some(len), &o))
+        // SAFETY: C callers reach a region's bytes through raw pointers only, and the C API
+        // makes no Rust slice of them, so a store changed behind the engine shows its new bytes
+        // without breaking a Rust reference (the header says so).
+        Ok(unsafe { p.map_file(path, (len > 0).then_some(len), &o) })
     })
 }
 
@@ -250,7 +259,8 @@ pub(crate) fn fd_store(
 
 /// Maps `len` bytes of the open file `fd` from `offset` on (both whole
 /// pages, inside the file). The descriptor is duplicated, so the caller may
-/// close its own.
+/// close its own. A change to the file behind the engine: as for
+/// `uffd_pager_map_file`.
 ///
 /// # Safety
 /// `p` is a live pager; `opts` is NULL or points at options; `out` points
@@ -267,7 +277,10 @@ pub unsafe extern "C" fn uffd_pager_map_fd(
     map_with(p, opts, out, |p, o| {
         let writable = o.writable && o.install_kind() == InstallKind::Shared;
         let store = fd_store(fd, offset, len, writable)?;
-        Ok(p.map_store(store, len, &o))
+        // SAFETY: C callers reach a region's bytes through raw pointers only, and the C API
+        // makes no Rust slice of them, so a store changed behind the engine shows its new bytes
+        // without breaking a Rust reference (the header says so).
+        Ok(unsafe { p.map_store(store, len, &o) })
     })
 }
 

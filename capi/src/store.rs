@@ -83,6 +83,12 @@ impl Drop for CStore {
 /// Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
 /// is called when the region is gone, or at once if mapping fails).
 ///
+/// A store changed behind the engine (the file written by another
+/// descriptor or process, a store whose callbacks return other bytes) shows
+/// its new bytes in a page only after the engine evicts the page clean and
+/// reads it again; `uffd_pager_region_refresh` brings cached pages up to
+/// date at once.
+///
 /// # Safety
 /// `p` is a live pager; `store` points at a store struct whose callbacks
 /// honour its contract; `opts` is NULL or points at options; `out` points
@@ -106,5 +112,10 @@ pub unsafe extern "C" fn uffd_pager_map_store(
             "a store needs a read callback and a whole-page len",
         );
     }
-    map_with(p, opts, out, |p, o| Ok(p.map_store(Arc::new(s), len, &o)))
+    // SAFETY: C callers reach a region's bytes through raw pointers only, and the C API makes
+    // no Rust slice of them, so a store changed behind the engine shows its new bytes without
+    // breaking a Rust reference (the header says so).
+    map_with(p, opts, out, |p, o| {
+        Ok(unsafe { p.map_store(Arc::new(s), len, &o) })
+    })
 }

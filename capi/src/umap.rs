@@ -220,7 +220,10 @@ fn map(
         Err(rc) => return umap_failed(-rc, crate::error_text()),
     };
     let pager = st.pager.as_ref().expect("made above");
-    match pager.map_store(store, len, &opts) {
+    // SAFETY: C callers reach a region's bytes through raw pointers only, and the C API makes
+    // no Rust slice of them, so a store changed behind the engine shows its new bytes without
+    // breaking a Rust reference (the header says so).
+    match unsafe { pager.map_store(store, len, &opts) } {
         Ok(r) => {
             let p = r.as_ptr();
             st.regions.push(r);

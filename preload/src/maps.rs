@@ -251,7 +251,11 @@ pub fn mmap(
         let made = crate::maps::file_store(fd, off as u64, rlen, shared && write, latency)
             .and_then(|s| {
                 st.pager()
-                    .and_then(|p| p.map_store(s, rlen, &opts).map_err(|e| e.to_string()))
+                    // SAFETY: the program reaches the region's bytes through raw pointers only,
+                    // and the shim makes no Rust slice of them: a file changed behind the
+                    // engine shows its new bytes, as under the kernel's mmap, without breaking
+                    // a Rust reference.
+                    .and_then(|p| unsafe { p.map_store(s, rlen, &opts) }.map_err(|e| e.to_string()))
             });
         (made, Some(id), off as u64, name, !shared)
     };

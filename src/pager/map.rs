@@ -198,8 +198,21 @@ impl Pager {
 
     /// Maps the file at `path`: the whole file if `len` is `None`.
     ///
+    /// # Safety
+    /// The store contract of [`Pager::map_store`], where the store is the
+    /// file: nothing but this region changes the file's mapped bytes (not
+    /// the application through another descriptor or mapping, not another
+    /// region, not another process) unless the region is refreshed before
+    /// any slice of it is made again. It is the contract that makes
+    /// `memmap2::Mmap::map` `unsafe`, for the same reason.
+    ///
     /// Example: [`Pager`](crate::Pager).
-    pub fn map_file(&self, path: &Path, len: Option<usize>, opts: &MapOptions) -> Result<Region> {
+    pub unsafe fn map_file(
+        &self,
+        path: &Path,
+        len: Option<usize>,
+        opts: &MapOptions,
+    ) -> Result<Region> {
         let meta = std::fs::metadata(path).map_err(|e| Error::Io {
             context: format!("stat {}", path.display()),
             source: e,
@@ -240,13 +253,64 @@ impl Pager {
                 needed: len as u64,
             });
         }
-        self.map_store(Arc::new(store), len, opts)
+        // SAFETY: the store is the file, and this function's caller keeps
+        // the store contract for it (this function's own contract).
+        unsafe { self.map_store(Arc::new(store), len, opts) }
     }
 
     /// Maps `len` bytes backed by `store`.
     ///
-    /// Example: [`Pager`](crate::Pager).
-    pub fn map_store(
+    /// # Safety
+    /// The *store contract*. The engine reads a page from `store` on its
+    /// first touch and again each time it has evicted it clean, so the
+    /// store's bytes are the region's bytes. For as long as the region
+    /// exists, the bytes of `store` in `[0, len)` change only by the
+    /// engine's write-back of this region's own pages; or else, from such
+    /// a change on, no slice of the region ([`Region::as_slice`],
+    /// [`Region::as_mut_slice`]) is alive or made until a
+    /// [`Region::refresh`] over the changed range has returned. (Only a
+    /// region of the shared kind can be refreshed: an anonymous one is a
+    /// private copy, so after a change no slice of it may be made again.)
+    ///
+    /// A change is any other way the store comes to return other bytes: a
+    /// write through another handle on it (a clone of the `Arc`, another
+    /// region or pager over the same store), another process writing what
+    /// the store reads (a file, a Redis key), or a store whose reads are
+    /// not repeatable. A change made while no region mapped the store
+    /// counts as one for the next region over it only where the engine
+    /// kept the store's pages meanwhile
+    /// ([`PagerBuilder::keep_unmapped`](crate::PagerBuilder::keep_unmapped))
+    /// and the change did not move the store's [`Store::contents_stamp`].
+    ///
+    /// Broken, a page evicted and read again shows new bytes under a live
+    /// `&[u8]`, which is undefined behaviour in Rust. A caller that makes
+    /// no slice of the region (only raw accesses through
+    /// [`Region::as_ptr`], as C does), or whose store nothing else can
+    /// reach, keeps it without effort.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use uffd_pager::store::MemoryStore;
+    /// use uffd_pager::{MapOptions, Pager, PAGE_SIZE};
+    ///
+    /// let pager = Pager::builder().build()?;
+    /// let store = Arc::new(MemoryStore::from_bytes(&[3; 4 * PAGE_SIZE])?);
+    /// // SAFETY: the store was moved in, so nothing else can change it.
+    /// let region = unsafe { pager.map_store(store, 4 * PAGE_SIZE, &MapOptions::default()) }?;
+    /// assert_eq!(region.as_slice()[PAGE_SIZE], 3);
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    ///
+    /// Without the promise it does not compile:
+    ///
+    /// ```compile_fail,E0133
+    /// # use std::sync::Arc;
+    /// # use uffd_pager::{store::MemoryStore, MapOptions, Pager, PAGE_SIZE};
+    /// # let pager = Pager::builder().build().unwrap();
+    /// let store = Arc::new(MemoryStore::new(PAGE_SIZE as u64).unwrap());
+    /// let region = pager.map_store(store.clone(), PAGE_SIZE, &MapOptions::default());
+    /// ```
+    pub unsafe fn map_store(
         &self,
         store: Arc<dyn Store>,
         len: usize,

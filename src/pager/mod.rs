@@ -114,21 +114,43 @@ impl PagerBuilder {
     /// ordinary Rust (see [`crate::store`]): pages then go to swap and
     /// come back through the I/O workers.
     ///
+    /// # Safety
+    /// Each store `make` returns is the swap of one region and of nothing
+    /// else: until the pager is dropped, its bytes change only by the
+    /// engine's writes, and a read returns what the engine last wrote
+    /// there. A page swapped out is read back when it is touched again, so
+    /// a store changed behind the engine (through a handle the caller
+    /// kept, or a Redis key another client writes) would change the bytes
+    /// under a live slice of an anonymous region, which is undefined
+    /// behaviour in Rust. A fresh store per call that the caller does not
+    /// keep, or a namespace nobody else uses, keeps it.
+    ///
     /// ```
     /// use std::sync::Arc;
     /// use uffd_pager::store::{MemoryStore, Store};
     /// use uffd_pager::Pager;
     ///
-    /// let pager = Pager::builder()
-    ///     .budget_pages(4)
-    ///     .swap_to(|len| Ok(Arc::new(MemoryStore::new(len as u64)?) as Arc<dyn Store>))
-    ///     .build()?;
+    /// let builder = Pager::builder().budget_pages(4);
+    /// // SAFETY: each swap store is made here and kept by the pager alone.
+    /// let builder = unsafe {
+    ///     builder.swap_to(|len| Ok(Arc::new(MemoryStore::new(len as u64)?) as Arc<dyn Store>))
+    /// };
+    /// let pager = builder.build()?;
     /// let mut region = pager.map_anonymous(64 * uffd_pager::PAGE_SIZE)?;
     /// region.as_mut_slice().fill(7); // most pages go to their swap store
     /// assert!(region.as_slice().iter().all(|&b| b == 7));
     /// # Ok::<(), uffd_pager::Error>(())
     /// ```
-    pub fn swap_to<F>(mut self, make: F) -> Self
+    ///
+    /// Without the promise it does not compile:
+    ///
+    /// ```compile_fail,E0133
+    /// # use std::sync::Arc;
+    /// # use uffd_pager::store::{MemoryStore, Store};
+    /// let builder = uffd_pager::Pager::builder()
+    ///     .swap_to(|len| Ok(Arc::new(MemoryStore::new(len as u64)?) as Arc<dyn Store>));
+    /// ```
+    pub unsafe fn swap_to<F>(mut self, make: F) -> Self
     where
         F: Fn(usize) -> std::io::Result<Arc<dyn crate::store::Store>> + Send + Sync + 'static,
     {

@@ -69,7 +69,8 @@ impl std::fmt::Display for Access {
 ///     populate: true,
 ///     ..MapOptions::default()
 /// };
-/// let region = pager.map_store(store, 1 << 20, &opts)?;
+/// // SAFETY: the store was moved in; nothing else can change it.
+/// let region = unsafe { pager.map_store(store, 1 << 20, &opts) }?;
 /// assert_eq!(region.as_slice()[0], 0);
 /// # Ok::<(), uffd_pager::Error>(())
 /// ```

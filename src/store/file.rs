@@ -48,7 +48,8 @@ pub struct FileStoreOptions {
 /// let store = FileStore::open(&path, &opts).unwrap();
 /// assert_eq!(store.len(), 4 * PAGE_SIZE as u64);
 /// let pager = Pager::builder().build()?;
-/// let mut region = pager.map_store(Arc::new(store), 4 * PAGE_SIZE, &MapOptions::default())?;
+/// // SAFETY: the file is this example's own; nothing else writes it.
+/// let mut region = unsafe { pager.map_store(Arc::new(store), 4 * PAGE_SIZE, &MapOptions::default()) }?;
 /// region.as_mut_slice()[0] = 8;
 /// region.flush()?; // written back to the file
 /// drop(region);

@@ -104,7 +104,8 @@ impl From<StoreError> for std::io::Error {
 /// let pager = Pager::builder().build()?;
 /// let len = 4 * uffd_pager::PAGE_SIZE;
 /// let opts = MapOptions { writable: false, ..MapOptions::default() };
-/// let region = pager.map_store(Arc::new(Numbered(len as u64)), len, &opts)?;
+/// // SAFETY: `Numbered`'s reads always return the same bytes.
+/// let region = unsafe { pager.map_store(Arc::new(Numbered(len as u64)), len, &opts) }?;
 /// assert_eq!(region.as_slice()[3 * uffd_pager::PAGE_SIZE], 3);
 /// # Ok::<(), uffd_pager::Error>(())
 /// ```

@@ -154,7 +154,8 @@ pub fn page_key(prefix: &str, page: u64) -> String {
 /// assert_eq!(store.key(PAGE_SIZE as u64), "{doc:0}:1");
 ///
 /// let pager = Pager::builder().build()?;
-/// let region = pager.map_store(Arc::new(store), len, &MapOptions::default())?;
+/// // SAFETY: the namespace is this example's own; no other client writes it.
+/// let region = unsafe { pager.map_store(Arc::new(store), len, &MapOptions::default()) }?;
 /// assert_eq!(region.as_slice()[PAGE_SIZE], 7);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

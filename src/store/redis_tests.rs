@@ -456,9 +456,10 @@ fn the_engine_pages_through_redis() {
         seeded.write(p * P as u64, &page(p)).unwrap();
     }
     let pager = crate::Pager::builder().build().unwrap();
-    let mut region = pager
-        .map_store(Arc::new(s), pages * P, &crate::MapOptions::default())
-        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region =
+        unsafe { pager.map_store(Arc::new(s), pages * P, &crate::MapOptions::default()) }.unwrap();
     for p in 0..pages {
         let got = &region.as_slice()[p * P..(p + 1) * P];
         let expect = if [0, 1, 100, 255].contains(&p) {

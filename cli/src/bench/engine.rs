@@ -132,16 +132,20 @@ impl EngineLoop {
         let n = n.min(self.pages);
         // Read faults only: nothing is dirty at unmap, so the untimed
         // teardown stays cheap (and see the module docs).
-        let region = self.pager.map_store(
-            self.store.clone(),
-            self.pages * self.page_size,
-            &MapOptions {
-                kind: Some(self.kind),
-                writable: false,
-                page_size: self.page_size,
-                ..MapOptions::default()
-            },
-        )?;
+        // SAFETY: the workload's stores and files are its own, and it changes them only through
+        // its regions (the store contract).
+        let region = unsafe {
+            self.pager.map_store(
+                self.store.clone(),
+                self.pages * self.page_size,
+                &MapOptions {
+                    kind: Some(self.kind),
+                    writable: false,
+                    page_size: self.page_size,
+                    ..MapOptions::default()
+                },
+            )
+        }?;
         let t = touch(region.as_ptr() as usize, n, self.page_size);
         region.unmap()?;
         t

@@ -178,16 +178,20 @@ fn engine(kind: InstallKind, pages: usize, ps: usize) -> Result<(f64, u64)> {
         .fault_around(0)
         .build()?;
     let store = Arc::new(MemoryStore::new((pages * ps) as u64)?);
-    let mut r = pager.map_store(
-        store,
-        pages * ps,
-        &MapOptions {
-            kind: Some(kind),
-            writable: kind == InstallKind::Anonymous,
-            page_size: ps,
-            ..MapOptions::default()
-        },
-    )?;
+    // SAFETY: the workload's stores and files are its own, and it changes them only through its
+    // regions (the store contract).
+    let mut r = unsafe {
+        pager.map_store(
+            store,
+            pages * ps,
+            &MapOptions {
+                kind: Some(kind),
+                writable: kind == InstallKind::Anonymous,
+                page_size: ps,
+                ..MapOptions::default()
+            },
+        )
+    }?;
     // Install every page: reads for shared pages (they stay clean), writes
     // for anonymous ones, so that each goes to swap as the raw side's copy
     // out does (a 2 MiB page only read is clean and would be dropped).

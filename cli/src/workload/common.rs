@@ -132,7 +132,9 @@ impl Knobs {
     /// `far` if there is one.
     pub fn pager_far(&self, far: Option<&Arc<Far>>) -> uffd_pager::Result<Pager> {
         match far {
-            Some(f) => self.builder().swap_to(f.swap_maker()).build(),
+            // SAFETY: `swap_maker` gives each region a store of its own under a
+            // namespace of this run's, which nothing but the pager writes.
+            Some(f) => unsafe { self.builder().swap_to(f.swap_maker()) }.build(),
             None => self.pager(),
         }
     }

@@ -368,7 +368,9 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<Ru
         let one = || -> Result<(Duration, u64, uffd_pager::Stats)> {
             let s0 = pager.stats();
             let t = Instant::now();
-            let region = pager.map_store(store.clone(), pages * PAGE_SIZE, &opts)?;
+            // SAFETY: the workload's stores and files are its own, and it changes them only
+            // through its regions (the store contract).
+            let region = unsafe { pager.map_store(store.clone(), pages * PAGE_SIZE, &opts) }?;
             let bad = replay(&pager, region.as_ptr() as usize, trace, model)?;
             let dt = t.elapsed();
             let d = pager.stats().since(&s0);

@@ -45,7 +45,9 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let pager = Arc::new(k.pager()?);
     let opts = k.sized(random_map_options(k.install, k.write_pct));
     let store = Arc::new(file.store_rw(k.write_pct > 0)?);
-    let region = pager.map_store(store, pages * PAGE_SIZE, &opts)?;
+    // SAFETY: the workload's stores and files are its own, and it changes them only through its
+    // regions (the store contract).
+    let region = unsafe { pager.map_store(store, pages * PAGE_SIZE, &opts) }?;
     let base = region.as_ptr() as usize;
     let mismatches = AtomicU64::new(0);
     pager.reset_stats();

@@ -77,7 +77,9 @@ pub fn churn(pager: &Pager, seed: u64, stop: &AtomicBool) -> Result<ChurnReport>
                     }
                 } else {
                     let store = Arc::new(MemoryStore::from_bytes(&data)?);
-                    let region = pager.map_store(store, len, &MapOptions::default())?;
+                    // SAFETY: the workload's stores and files are its own, and it changes them
+                    // only through its regions (the store contract).
+                    let region = unsafe { pager.map_store(store, len, &MapOptions::default()) }?;
                     Side {
                         region,
                         want: data,

@@ -19,14 +19,18 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let far = k.far("swap")?;
     let pager = Arc::new(k.pager_far(far.as_ref())?);
     let swap = pattern_stores(k, far.as_deref(), "swap", k.pages, 1)?.remove(0);
-    let region = pager.map_store(
-        swap.clone(),
-        k.pages * PAGE_SIZE,
-        &k.sized(MapOptions {
-            kind: Some(InstallKind::Anonymous),
-            ..MapOptions::default()
-        }),
-    )?;
+    // SAFETY: the workload's stores and files are its own, and it changes them only through its
+    // regions (the store contract).
+    let region = unsafe {
+        pager.map_store(
+            swap.clone(),
+            k.pages * PAGE_SIZE,
+            &k.sized(MapOptions {
+                kind: Some(InstallKind::Anonymous),
+                ..MapOptions::default()
+            }),
+        )
+    }?;
     let mut order: Vec<u32> = (0..k.pages as u32).collect();
     Rng::new(k.seed).shuffle(&mut order);
     let base = region.as_ptr() as usize;

@@ -308,7 +308,9 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
         b = b.swap_dir(dir.clone());
     }
     if let Some(far) = &far {
-        b = b.swap_to(far.swap_maker());
+        // SAFETY: `swap_maker` gives each region a store of its own under a
+        // namespace of this run's, which nothing but the pager writes.
+        b = unsafe { b.swap_to(far.swap_maker()) };
     }
     let pager = b.build()?;
     let far_object = match (&far, &cfg.kind) {
@@ -333,7 +335,9 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
                 page_size: cfg.page_size,
                 ..MapOptions::default()
             };
-            pager.map_file(path, Some(len), &opts)?
+            // SAFETY: the workload's stores and files are its own, and it changes them only
+            // through its regions (the store contract).
+            unsafe { pager.map_file(path, Some(len), &opts) }?
         }
         TortureKind::Far { .. } => {
             let opts = MapOptions {
@@ -342,7 +346,9 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
                 ..MapOptions::default()
             };
             let object = far_object.clone().expect("made above for this kind");
-            pager.map_store(object, len, &opts)?
+            // SAFETY: the workload's stores and files are its own, and it changes them only
+            // through its regions (the store contract).
+            unsafe { pager.map_store(object, len, &opts) }?
         }
         TortureKind::Anonymous | TortureKind::Swapfile { .. } | TortureKind::FarSwap { .. } => {
             let opts = MapOptions {
