@@ -11,6 +11,7 @@
 use crate::address_space::Mm;
 use crate::fault::{handle_fault, Resolution};
 use crate::sync::rcu::Rcu;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Registered address spaces, as raw pointers kept alive by the pagers
@@ -235,33 +236,65 @@ fn unclaimed_first_time(addr: usize, epoch: u64) -> bool {
     })
 }
 
-/// Passes a SIGBUS that is not ours (or a poisoned page) to the handler
-/// that was installed before ours, or applies the default action.
+/// Set once a previous handler installed with `SA_RESETHAND` has been
+/// called: the kernel would have reset SIGBUS to its default action on
+/// that delivery, so every later SIGBUS that is not ours gets the default.
+/// (Ours stays installed: the engine still serves its faults.)
+static PREVIOUS_RESET: AtomicBool = AtomicBool::new(false);
+
+/// Passes a SIGBUS that is not ours (or a poisoned page) on as the kernel
+/// would have delivered it with the action that was installed before ours.
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
-    let prev = PREVIOUS.get();
-    chain_to(
-        prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction),
-        prev.map_or(0, |p| p.sa_flags),
-        sig,
-        info,
-        uctx,
-    );
+    let prev = PREVIOUS
+        .get()
+        .filter(|_| !PREVIOUS_RESET.load(Ordering::Acquire));
+    if let Some(p) = prev {
+        let handler = p.sa_sigaction;
+        if p.sa_flags & libc::SA_RESETHAND != 0
+            && handler != libc::SIG_DFL
+            && handler != libc::SIG_IGN
+        {
+            PREVIOUS_RESET.store(true, Ordering::Release);
+        }
+    }
+    chain_to(prev, sig, info, uctx);
 }
 
-/// Calls the SIGBUS handler `handler` (a `sa_sigaction` value, with its
-/// `sa_flags`) as the kernel would have, or applies the default action
-/// (the process dies of SIGBUS) or ignores the signal. Async-signal-safe.
-pub fn chain_to(
-    handler: libc::sighandler_t,
-    flags: libc::c_int,
+/// Whether `info` is a fault the kernel raised (a positive `si_code`),
+/// not a signal a process sent (`kill`, `tgkill`, `sigqueue`: zero or
+/// negative).
+fn raised_by_a_fault(info: *const libc::siginfo_t) -> bool {
+    // SAFETY: the kernel's siginfo for this delivery, or null.
+    !info.is_null() && unsafe { (*info).si_code } > 0
+}
+
+/// Delivers SIGBUS with `action` (`None`: the default action) as the
+/// kernel would have. Async-signal-safe.
+///
+/// - `SIG_DFL`: the process dies of SIGBUS, as it would without a pager.
+/// - `SIG_IGN`: a SIGBUS some process sent is ignored; one a fault raised
+///   cannot be, since the access would only fault again (the kernel's
+///   `force_sig_fault` resets an ignored or blocked SIGBUS to the default
+///   action), so the process dies of it.
+/// - A handler runs with the signal mask the kernel would give it: the
+///   mask at the fault (`uc_sigmask`), plus its `sa_mask`, plus SIGBUS
+///   unless `SA_NODEFER`; ours is restored when it returns (a handler that
+///   leaves with `siglongjmp` restores the mask its `sigsetjmp` saved).
+///   `SA_RESETHAND` is [`chain`]'s: it cannot reset our installed action.
+///   `SA_ONSTACK` is not honoured: the handler runs on the faulting
+///   thread's stack, which ours runs on too (see [`ensure_installed`]; a
+///   SIGBUS is not the stack overflow an alternate stack is for).
+fn chain_to(
+    action: Option<&libc::sigaction>,
     sig: libc::c_int,
     info: *mut libc::siginfo_t,
     uctx: *mut libc::c_void,
 ) {
-    if handler == libc::SIG_IGN {
+    let (handler, flags) = action.map_or((libc::SIG_DFL, 0), |a| (a.sa_sigaction, a.sa_flags));
+    if handler == libc::SIG_IGN && !raised_by_a_fault(info) {
         return;
     }
-    if handler == libc::SIG_DFL {
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // SAFETY: sigaction/sigprocmask/raise are async-signal-safe. We reset
         // SIGBUS to its default (terminate), unblock it and raise it: the
         // process dies with SIGBUS, as it would without a pager.
@@ -277,6 +310,32 @@ pub fn chain_to(
         }
         return;
     }
+    let Some(action) = action else {
+        return; // (a handler comes only from an action)
+    };
+    // SAFETY: sigemptyset/sigismember/sigaddset work on the local set and
+    // on the kernel's ucontext for this delivery (read only, when given);
+    // pthread_sigmask is async-signal-safe and gets valid pointers.
+    let ours = unsafe {
+        let mut mask = action.sa_mask;
+        let at_fault: Option<&libc::sigset_t> =
+            (!uctx.is_null()).then(|| &(*(uctx as *const libc::ucontext_t)).uc_sigmask);
+        if let Some(at_fault) = at_fault {
+            for s in 1..=64 {
+                if libc::sigismember(at_fault, s) == 1 {
+                    libc::sigaddset(&mut mask, s);
+                }
+            }
+        }
+        if flags & libc::SA_NODEFER == 0 {
+            libc::sigaddset(&mut mask, sig);
+        } else {
+            libc::sigdelset(&mut mask, sig);
+        }
+        let mut ours: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut ours);
+        ours
+    };
     // SAFETY: `handler` is a function pointer installed with sigaction; we
     // call it with the signature its flags declare.
     unsafe {
@@ -289,6 +348,8 @@ pub fn chain_to(
             f(sig);
         }
     }
+    // SAFETY: as above; restores the mask this handler ran with.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &ours, std::ptr::null_mut()) };
 }
 
 #[cfg(test)]

@@ -1,0 +1,236 @@
+//! A SIGBUS that no pager claims goes to the action installed before the
+//! first pager, delivered as the kernel would have delivered it: the
+//! handler's `sa_mask`, `SA_RESETHAND`, and an ignored SIGBUS that a fault
+//! raised. Each case runs in a child process (the engine's handler is
+//! installed once per process, and records the action it finds then), with
+//! a deadline: a SIGBUS passed on wrongly can loop for ever.
+//!
+//! The SIGBUS that is not the engine's is the kernel's own: a read past the
+//! end of a one-page file through a two-page shared mapping.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use uffd_pager::{Delivery, Pager};
+use util::*;
+
+const MARKER: &str = "CHILD-REACHED-THE-FOREIGN-SIGBUS";
+
+/// Runs test `name` of this binary as a child; kills it after `secs`.
+/// Returns its output and whether it had to be killed.
+fn run_child_with_deadline(name: &str, secs: u64) -> (Output, bool) {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning the child");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut killed = false;
+    while child.try_wait().expect("waiting for the child").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (
+        child.wait_with_output().expect("the child's output"),
+        killed,
+    )
+}
+
+/// Builds an in-thread pager and shows that it serves its own faults, then
+/// reads past the end of a one-page file: a SIGBUS (`BUS_ADRERR`) that no
+/// pager claims. Returns only if that read came back.
+fn engine_then_foreign_sigbus() {
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    let mut anon = pager.map_anonymous(4 * PAGE).unwrap();
+    anon.as_mut_slice()[PAGE] = 9;
+    assert_eq!(anon.as_slice()[PAGE], 9);
+    let file = TempFile::with_contents("chain", &[1u8; PAGE]);
+    let f = std::fs::File::open(file.path()).unwrap();
+    // SAFETY: a fresh two-page shared mapping of the open file.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * PAGE,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let p = p as *const u8;
+    // SAFETY: inside the file.
+    assert_eq!(unsafe { std::ptr::read_volatile(p) }, 1);
+    eprintln!("{MARKER}");
+    // SAFETY: mapped, past the file's end: the kernel answers with SIGBUS.
+    let b = unsafe { std::ptr::read_volatile(p.add(PAGE)) };
+    eprintln!("CHILD: the read past the end returned {b}");
+}
+
+/// Writes `msg` to stderr with write(2): async-signal-safe.
+fn say(msg: &[u8]) {
+    // SAFETY: write(2) of a valid buffer.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// Installs `handler` for SIGBUS with `flags`, and `mask` as its `sa_mask`.
+fn install(handler: libc::sighandler_t, flags: libc::c_int, mask: &[libc::c_int]) {
+    // SAFETY: a zeroed sigaction filled in here; the handlers passed are
+    // async-signal-safe (`say` and `_exit` only).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler;
+        sa.sa_flags = flags;
+        libc::sigemptyset(&mut sa.sa_mask);
+        for &s in mask {
+            libc::sigaddset(&mut sa.sa_mask, s);
+        }
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+fn child_ignored_sigbus() {
+    install(libc::SIG_IGN, 0, &[]);
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    // A SIGBUS another process (here: this one) sends is ignored, as set.
+    // SAFETY: raise is always safe to call.
+    unsafe { libc::raise(libc::SIGBUS) };
+    eprintln!("CHILD: a sent SIGBUS was ignored");
+    drop(pager);
+    engine_then_foreign_sigbus();
+}
+
+/// An ignored SIGBUS cannot hide a fault: without a pager the kernel kills
+/// the process (it resets the action of a SIGBUS raised by a fault); with
+/// one, the engine's handler passed it to `SIG_IGN`, the access ran again
+/// and faulted again, and the process spun for ever.
+#[test]
+fn an_ignored_sigbus_from_a_fault_still_kills() {
+    if is_child() {
+        return child_ignored_sigbus();
+    }
+    let (out, killed) = run_child_with_deadline("an_ignored_sigbus_from_a_fault_still_kills", 30);
+    assert!(!killed, "the child hung: {}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a sent SIGBUS was ignored") && err.contains(MARKER),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(exit_signal(&out), Some(libc::SIGBUS), "{}", describe(&out));
+}
+
+/// Reports which of SIGUSR1 (in its `sa_mask`) and SIGBUS (not `SA_NODEFER`)
+/// are blocked while it runs, then exits.
+extern "C" fn report_mask(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: pthread_sigmask reads the mask into a local set.
+    let (usr1, bus) = unsafe {
+        let mut cur: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+        (
+            libc::sigismember(&cur, libc::SIGUSR1) == 1,
+            libc::sigismember(&cur, libc::SIGBUS) == 1,
+        )
+    };
+    say(if usr1 {
+        b"MASK usr1=blocked "
+    } else {
+        b"MASK usr1=open "
+    });
+    say(if bus { b"bus=blocked\n" } else { b"bus=open\n" });
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(0) };
+}
+
+fn child_handler_mask() {
+    install(
+        report_mask as *const () as libc::sighandler_t,
+        libc::SA_SIGINFO,
+        &[libc::SIGUSR1],
+    );
+    engine_then_foreign_sigbus();
+}
+
+/// The previous handler runs with its own `sa_mask` blocked, as the kernel
+/// would have run it (it ran with the engine's handler's empty one).
+#[test]
+fn the_previous_handler_runs_with_its_sa_mask() {
+    if is_child() {
+        return child_handler_mask();
+    }
+    let (out, killed) = run_child_with_deadline("the_previous_handler_runs_with_its_sa_mask", 30);
+    assert!(!killed, "the child hung: {}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(MARKER), "{}", describe(&out));
+    assert!(
+        err.contains("MASK usr1=blocked bus=blocked"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+}
+
+static CALLS: AtomicU32 = AtomicU32::new(0);
+
+/// Returns the first time (so the access runs again); exits with 7 if it is
+/// ever called a second time.
+extern "C" fn once_then_default(_: libc::c_int) {
+    if CALLS.fetch_add(1, Ordering::Relaxed) == 0 {
+        say(b"RESETHAND-HANDLER\n");
+        return;
+    }
+    say(b"RESETHAND-HANDLER-AGAIN\n");
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(7) };
+}
+
+fn child_resethand() {
+    install(
+        once_then_default as *const () as libc::sighandler_t,
+        libc::SA_RESETHAND,
+        &[],
+    );
+    engine_then_foreign_sigbus();
+}
+
+/// A handler installed with `SA_RESETHAND` runs once; the kernel resets
+/// SIGBUS to its default on that delivery, so the access, run again and
+/// faulting again, kills the process. It used to be called on every fault.
+#[test]
+fn a_resethand_handler_runs_once_then_the_default_kills() {
+    if is_child() {
+        return child_resethand();
+    }
+    let (out, killed) =
+        run_child_with_deadline("a_resethand_handler_runs_once_then_the_default_kills", 30);
+    assert!(!killed, "the child hung: {}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(MARKER) && err.contains("RESETHAND-HANDLER\n"),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        !err.contains("RESETHAND-HANDLER-AGAIN"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(exit_signal(&out), Some(libc::SIGBUS), "{}", describe(&out));
+}
