@@ -22,6 +22,44 @@ enum Mode {
     Panic,
     /// Its read takes 300 ms.
     Slow,
+    /// Its read waits until [`Gate::open`] (at most a minute).
+    Gated,
+}
+
+/// Where a [`Mode::Gated`] read waits: (a read waits, the gate is open).
+#[derive(Default)]
+struct Gate {
+    state: std::sync::Mutex<(bool, bool)>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.cv.notify_all();
+    }
+
+    /// Returns once a read waits at the gate.
+    fn wait_for_reader(&self) {
+        let mut st = self.state.lock().unwrap();
+        while !st.0 {
+            st = self.cv.wait(st).unwrap();
+        }
+    }
+
+    fn pass(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.0 = true;
+        self.cv.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !st.1 && Instant::now() < deadline {
+            st = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap()
+                .0;
+        }
+    }
 }
 
 /// An application's store (not signal-safe, so the engine calls it on its
@@ -29,6 +67,7 @@ enum Mode {
 struct Misbehaving {
     inner: MemoryStore,
     mode: Mode,
+    gate: Gate,
 }
 
 impl Store for Misbehaving {
@@ -43,6 +82,7 @@ impl Store for Misbehaving {
                 },
                 Mode::Panic => panic!("the application's store has a bug"),
                 Mode::Slow => std::thread::sleep(Duration::from_millis(300)),
+                Mode::Gated => self.gate.pass(),
             }
         }
         // An ordinary store may allocate and lock: it never runs in a
@@ -65,10 +105,16 @@ impl Store for Misbehaving {
 const PAGES: usize = 8;
 
 fn misbehaving(mode: Mode) -> (Arc<dyn Store>, Vec<u8>) {
+    let (store, data) = misbehaving_store(mode);
+    (store, data)
+}
+
+fn misbehaving_store(mode: Mode) -> (Arc<Misbehaving>, Vec<u8>) {
     let data = pattern_vec(51, PAGES * PAGE);
     let store = Misbehaving {
         inner: MemoryStore::from_bytes(&data).unwrap(),
         mode,
+        gate: Gate::default(),
     };
     (Arc::new(store), data)
 }
@@ -249,4 +295,57 @@ fn dropping_with_a_fault_in_flight_does_not_hang() {
             t.elapsed()
         );
     }
+}
+
+/// A fault that waits on its store (in-thread: inside the SIGBUS handler)
+/// holds up no other pager: one built and dropped meanwhile finishes while
+/// the fault still waits. The handler served the fault inside the
+/// registry's read section, so every other pager's build and drop (which
+/// publish a new registry and wait out its readers) waited, spinning, for
+/// as long as the store took.
+#[test]
+fn another_pager_is_built_and_dropped_while_a_fault_waits_on_its_store() {
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .io_timeout(Duration::from_secs(60))
+        .read_attempts(1)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let (store, data) = misbehaving_store(Mode::Gated);
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let r = unsafe { p.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    let addr = r.as_ptr() as usize + PAGE + 7;
+    let reader = std::thread::spawn(move || {
+        // SAFETY: inside the region, which outlives this thread (joined
+        // below before `r` is dropped).
+        unsafe { std::ptr::read_volatile(addr as *const u8) }
+    });
+    store.gate.wait_for_reader();
+    let other = std::thread::spawn(|| {
+        let q = Pager::builder()
+            .delivery(Delivery::InThread)
+            .build()
+            .unwrap();
+        let mut a = q.map_anonymous(4 * PAGE).unwrap();
+        a.as_mut_slice()[PAGE] = 3;
+        assert_eq!(a.as_slice()[PAGE], 3);
+        drop(a);
+        drop(q);
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !other.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let finished_first = other.is_finished();
+    store.gate.open();
+    other.join().unwrap();
+    assert_eq!(reader.join().unwrap(), data[PAGE + 7]);
+    assert!(
+        finished_first,
+        "the other pager's build and drop waited for this pager's fault"
+    );
+    drop(r);
 }

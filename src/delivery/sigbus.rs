@@ -10,13 +10,36 @@
 
 use crate::address_space::Mm;
 use crate::fault::{handle_fault, Resolution};
+use crate::sync::pins::Pins;
 use crate::sync::rcu::Rcu;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// Registered address spaces, as raw pointers kept alive by the pagers
-/// (a pager unregisters, waiting out readers, before it frees its `Mm`).
+/// Registered address spaces, as raw pointers to their [`Entry`]s (a
+/// pager unregisters, waiting out readers and then its entry's pins,
+/// before it frees its `Mm`).
 static REGISTRY: OnceLock<Rcu<Vec<usize>>> = OnceLock::new();
+
+/// A registered address space, and the faults running on it: the handler
+/// pins the entry in the registry's read section and leaves that section
+/// before it serves the fault, so a fault that waits on its store (for up
+/// to the store's timeouts) holds up only its own pager's unregister, not
+/// every other pager's register and unregister (see [`Pins`]).
+struct Entry {
+    /// Kept alive by its pager until [`unregister`] returns.
+    mm: *const Mm,
+    pins: Pins,
+}
+
+impl Entry {
+    /// The address space.
+    fn mm(&self) -> &Mm {
+        // SAFETY: the pager keeps its `Mm` alive until `unregister` has
+        // removed this entry and waited out its readers and pins, and an
+        // `&Entry` is had only inside a read section or under a pin.
+        unsafe { &*self.mm }
+    }
+}
 /// The SIGBUS action in place before ours: read before ours is installed,
 /// so the handler never runs without it.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
@@ -70,7 +93,11 @@ fn ensure_installed() -> Result<(), i32> {
 /// Adds an address space to the dispatch registry.
 pub fn register(mm: &Arc<Mm>) -> Result<(), i32> {
     ensure_installed()?;
-    let p = Arc::as_ptr(mm) as usize;
+    let entry = Box::new(Entry {
+        mm: Arc::as_ptr(mm),
+        pins: Pins::default(),
+    });
+    let p = Box::into_raw(entry) as usize;
     registry().update(|v| {
         let mut v = v.clone();
         v.push(p);
@@ -79,10 +106,23 @@ pub fn register(mm: &Arc<Mm>) -> Result<(), i32> {
     Ok(())
 }
 
-/// Removes an address space; returns once no handler can still use it.
+/// Removes an address space; returns once no handler can still use it:
+/// after the registry's readers (short: a lookup) and then the faults
+/// still running on it (as long as they take).
 pub fn unregister(mm: &Mm) {
-    let p = mm as *const Mm as usize;
-    registry().update(|v| v.iter().copied().filter(|&x| x != p).collect());
+    let mine = |&p: &usize| {
+        // SAFETY: entries in the snapshot are live: only this function
+        // frees one, after removing it.
+        std::ptr::eq(unsafe { &*(p as *const Entry) }.mm, mm)
+    };
+    let old = registry().update(|v| v.iter().copied().filter(|p| !mine(p)).collect());
+    for p in old.into_iter().filter(mine) {
+        // SAFETY: removed above, and the update waited out every reader
+        // that could still find it, so no pin can be taken from here on.
+        let entry = unsafe { Box::from_raw(p as *mut Entry) };
+        entry.pins.wait_unpinned();
+        drop(entry);
+    }
 }
 
 /// `BUS_ADRERR`: what the kernel sends for a userfaultfd fault in SIGBUS
@@ -114,32 +154,36 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             let err = uc.uc_mcontext.gregs[libc::REG_ERR as usize];
             (err & PF_WRITE != 0, err & PF_PROT != 0)
         };
-        let handled = registry().read(|mms| {
-            // SAFETY: registered pointers are live `Mm`s until `unregister`
-            // has waited out this read section.
+        let found = registry().read(|entries| {
             // In a fork()ed child the parent's pagers serve nothing (their
             // regions are not mapped here, and their ioctls would act on
             // the parent).
-            let mms = || {
-                mms.iter()
-                    .map(|&p| unsafe { &*(p as *const Mm) })
-                    .filter(|mm| !mm.in_child())
+            let live = || {
+                entries
+                    .iter()
+                    // SAFETY: registered entries are live until
+                    // `unregister` has waited out this read section.
+                    .map(|&p| unsafe { &*(p as *const Entry) })
+                    .filter(|e| !e.mm().in_child())
             };
+            let mms = || live().map(Entry::mm);
             loop {
                 let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
                 // A live region first: another pager may still list the
                 // same range as dying after unmapping it, and a fault on
-                // this pager's new region there must not go to it.
-                if let Some(mm) = mms().find(|mm| mm.owns_live(addr)) {
-                    let present = Some(present);
-                    let access = crate::fault::Access { write, present };
-                    return Some(handle_fault(mm, addr, access));
+                // this pager's new region there must not go to it. Served
+                // after the read section, under a pin of its entry.
+                if let Some(e) = live().find(|e| e.mm().owns_live(addr)) {
+                    // SAFETY: `unregister` frees the entry only once this
+                    // pin is dropped (below, when the fault is served).
+                    let e: &'static Entry = unsafe { &*(e as *const Entry) };
+                    return Found::Live(e, e.pins.pin());
                 }
                 // A fault raised on a range while its pager unmapped it:
                 // the access is to memory that is going away.
                 if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
                     mm.counters.inc(crate::stats::Counter::SEGV);
-                    return Some(Resolution::Segv);
+                    return Found::Done(Resolution::Segv);
                 }
                 // No pager's, unless an event that puts a region here is
                 // being applied: the application's mremap returns once its
@@ -154,10 +198,21 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 }
                 let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
                 if !waited && now == epochs {
-                    return None;
+                    return Found::Nobody;
                 }
             }
         });
+        let handled = match found {
+            Found::Live(entry, pin) => {
+                let present = Some(present);
+                let access = crate::fault::Access { write, present };
+                let r = handle_fault(entry.mm(), addr, access);
+                drop(pin);
+                Some(r)
+            }
+            Found::Done(r) => Some(r),
+            Found::Nobody => None,
+        };
         if handled.is_some() {
             UNCLAIMED.with(|last| last.set((0, 0)));
         }
@@ -204,6 +259,17 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     crate::sys::set_errno(saved);
 }
 
+/// What the handler's look in the registry found.
+enum Found {
+    /// A live region of this entry's pager holds the address: the fault is
+    /// served under the pin, outside the read section.
+    Live(&'static Entry, crate::sync::pins::Pin<'static>),
+    /// Answered in the read section.
+    Done(Resolution),
+    /// No pager claims the address.
+    Nobody,
+}
+
 thread_local! {
     /// This thread's last SIGBUS that no pager claimed, as its address and
     /// the pagers' [`claims_epoch`] then (0, 0: none, or a claimed one
@@ -215,12 +281,12 @@ thread_local! {
 /// The sum of the registered pagers' [`Mm::claims_epoch`]: it changes
 /// whenever one of them gives a range up. Async-signal-safe.
 fn claims_epoch() -> u64 {
-    registry().read(|mms| {
-        mms.iter().fold(0u64, |a, &p| {
-            // SAFETY: as in the handler: registered pointers are live
-            // `Mm`s for the length of the read section.
-            let mm = unsafe { &*(p as *const Mm) };
-            a.wrapping_add(mm.claims_epoch())
+    registry().read(|entries| {
+        entries.iter().fold(0u64, |a, &p| {
+            // SAFETY: as in the handler: registered entries are live for
+            // the length of the read section.
+            let e = unsafe { &*(p as *const Entry) };
+            a.wrapping_add(e.mm().claims_epoch())
         })
     })
 }

@@ -14,6 +14,7 @@ pub mod model;
 pub(crate) mod model;
 pub mod mutex;
 pub mod percpu_rwsem;
+pub mod pins;
 pub mod rcu;
 pub mod region_lock;
 pub mod work_queue;

@@ -1,7 +1,7 @@
 //! What the concurrency primitives are built on: the real thing normally,
 //! the `loom` model checker's stand-ins under `--cfg loom`.
 //!
-//! [`crate::page_cache`], [`crate::sync::region_lock`],
+//! [`crate::page_cache`], [`crate::sync::region_lock`], [`crate::sync::pins`],
 //! [`crate::sync::global_lock`] and [`crate::sync::rcu`] take their atomics,
 //! futex calls, clock, CPU number, mutex and spin hints from here. In a
 //! normal build everything here is a plain re-export of `std` or

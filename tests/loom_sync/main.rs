@@ -19,11 +19,13 @@
 //! hand-over that does not wake the asking readers, `try_read` ignoring a
 //! waiting writer, a Relaxed writer acquire (`global_lock`); an RCU reader
 //! without the epoch recheck, an update waiting on the wrong parity or not
-//! at all, a Relaxed reader exit (`rcu`).
+//! at all, a Relaxed reader exit (`rcu`); an unpin that does not wake the
+//! draining owner (`pins`).
 #![cfg(loom)]
 
 mod global_lock;
 mod page_cache;
+mod pins;
 mod rcu;
 mod region_lock;
 mod util;

@@ -35,8 +35,9 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
                 s.spawn(move || -> Result<u64> {
                     let mut n = 0;
                     while Instant::now() < deadline {
-                        // SAFETY: the workload's stores and files are its own, and it changes
-                        // them only through its regions (the store contract).
+                        // SAFETY: the stores are filled before the run and never written
+                        // after: the regions are read-only, so the workers' regions that
+                        // map one store at once write nothing back (the store contract).
                         let r =
                             unsafe { pager.map_store(store.clone(), k.pages * PAGE_SIZE, opts) }?;
                         for p in 0..k.pages {
