@@ -31,6 +31,7 @@ mod imp {
 
     static AFTER_LOOKUP: AtomicUsize = AtomicUsize::new(0);
     static AFTER_DETACH: AtomicUsize = AtomicUsize::new(0);
+    static AFTER_REPROTECT: AtomicUsize = AtomicUsize::new(0);
 
     fn call(slot: &AtomicUsize, v: &Vma) {
         let p = slot.load(Acquire);
@@ -51,6 +52,17 @@ mod imp {
     /// unregistered and unmapped. Set `None` to clear.
     pub fn set_after_detach(h: Option<Hook>) {
         AFTER_DETACH.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    /// Runs in a remap once the range is registered again and given its
+    /// protection back (`mprotect`), with the global and region locks
+    /// still held for write. Set `None` to clear.
+    pub fn set_after_reprotect(h: Option<Hook>) {
+        AFTER_REPROTECT.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(crate) fn after_reprotect(v: &Vma) {
+        call(&AFTER_REPROTECT, v)
     }
 
     pub(crate) fn after_lookup(v: &Vma) {
@@ -76,10 +88,12 @@ mod imp {
 }
 
 #[cfg(feature = "fault-inject")]
-pub use imp::{fail_next_reregister, set_after_detach, set_after_lookup, Hook, Site};
+pub use imp::{
+    fail_next_reregister, set_after_detach, set_after_lookup, set_after_reprotect, Hook, Site,
+};
 
 #[cfg(feature = "fault-inject")]
-pub(crate) use imp::{after_detach, after_lookup, reregister_fails};
+pub(crate) use imp::{after_detach, after_lookup, after_reprotect, reregister_fails};
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
@@ -88,6 +102,10 @@ pub(crate) fn after_lookup(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_detach(_: &Vma) {}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn after_reprotect(_: &Vma) {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

@@ -82,7 +82,9 @@ pub use sys::PAGE_SIZE;
 /// fault path and of unmap, and holds on a pager's locks.
 #[cfg(feature = "fault-inject")]
 pub mod testing {
-    pub use crate::inject::{fail_next_reregister, set_after_detach, set_after_lookup, Hook, Site};
+    pub use crate::inject::{
+        fail_next_reregister, set_after_detach, set_after_lookup, set_after_reprotect, Hook, Site,
+    };
     pub use crate::pager::inject::{GlobalWriteHold, RegionWriteHold};
 }
 

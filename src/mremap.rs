@@ -154,7 +154,10 @@ fn register_again(
     prot: i32,
 ) -> std::result::Result<u64, i32> {
     let r = uffd.register(start, len, register_mode(&vma.object));
-    let r = r.and_then(|m| mprotect(start, len, prot).map(|_| m));
+    // Write-protected before the protection is given back: every PTE the
+    // engine installed is dirty, so until then `mprotect(PROT_WRITE)` would
+    // make a clean page writable, and a write to it from another thread
+    // would go unseen (the page stays clean: lost at its eviction).
     if r.is_ok()
         && vma.object.kind == InstallKind::Shared
         && !vma.object.kernel_maps
@@ -171,6 +174,10 @@ fn register_again(
                 }
             }
         }
+    }
+    let r = r.and_then(|m| mprotect(start, len, prot).map(|_| m));
+    if r.is_ok() {
+        crate::inject::after_reprotect(vma);
     }
     r
 }

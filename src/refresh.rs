@@ -8,7 +8,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::UPTODATE;
+use crate::page_cache::{LOCKED, UPTODATE};
 use crate::sys::{PageBuf, PAGE_SIZE};
 use std::sync::Arc;
 
@@ -60,8 +60,12 @@ impl Mm {
         let page = PAGE_SIZE as u64;
         let mut buf = PageBuf::zeroed();
         for i in (offset / page) as usize..end.div_ceil(page) as usize {
-            if obj.cache.load(i) & UPTODATE == 0 {
-                continue; // its next fault reads the store
+            // Neither cached nor being read: its next fault reads the
+            // store, changed already. A page being read (locked, not yet
+            // up to date) may hold bytes read before the change, so the
+            // lock waits for that read and the page is refreshed after it.
+            if obj.cache.load(i) & (UPTODATE | LOCKED) == 0 {
+                continue;
             }
             let w = obj.cache.lock(i);
             let r = if w & UPTODATE == 0 {

@@ -1,0 +1,197 @@
+//! Windows in which a shared page's bytes could go wrong, each held open
+//! on purpose: a write to a clean page while a remap gives the range its
+//! protection back, and a `refresh` that meets a page whose store read is
+//! still in flight.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use uffd_pager::store::{MemoryStore, Store, StoreError};
+use uffd_pager::testing::{set_after_reprotect, Site};
+use uffd_pager::{Delivery, InstallKind, MapOptions, Pager};
+use util::*;
+
+/// An in-thread pager that maps and reads one page per fault (no
+/// readahead, no fault-around), so each test's page is on its own.
+fn one_page_at_a_time() -> Pager {
+    Pager::builder()
+        .delivery(Delivery::InThread)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap()
+}
+
+/// Where [`write_from_another_thread`] writes (offset into the region + 1;
+/// 0: nothing to do), and whether its write has landed.
+static WRITE_OFF: AtomicUsize = AtomicUsize::new(0);
+static WROTE: AtomicBool = AtomicBool::new(false);
+
+/// The remap hook: another thread writes one byte of the region while the
+/// remap still holds its locks; the hook gives it 300 ms to land (at once
+/// where the page is writable without a fault; a fault waits for the
+/// remap to finish).
+fn write_from_another_thread(site: &Site<'_>) {
+    let off = WRITE_OFF.swap(0, SeqCst);
+    if off == 0 {
+        return;
+    }
+    let addr = site.start() + off - 1;
+    std::thread::spawn(move || {
+        // SAFETY: inside the region, which the test keeps mapped until this
+        // write has landed (it waits for `WROTE`).
+        unsafe { std::ptr::write_volatile(addr as *mut u8, 0xab) };
+        WROTE.store(true, SeqCst);
+    });
+    let t = Instant::now();
+    while !WROTE.load(SeqCst) && t.elapsed() < Duration::from_millis(300) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A remap unregisters the range (which clears the write protection of the
+/// clean pages) and registers it again. It gave the range its protection
+/// back before it protected the clean pages again, and a write in between
+/// (another thread's) found a page writable without a fault: the page
+/// stayed clean, so `flush` skipped it and the byte never reached the
+/// store.
+#[test]
+fn a_write_while_a_remap_restores_access_is_written_back() {
+    let p = one_page_at_a_time();
+    let data = pattern_vec(61, 32 * PAGE);
+    let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    let opts = MapOptions {
+        kind: Some(InstallKind::Shared),
+        ..MapOptions::default()
+    };
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut r = unsafe { p.map_store(store.clone(), 16 * PAGE, &opts) }.unwrap();
+    // Every page mapped clean.
+    assert_bytes(r.as_slice(), &data[..16 * PAGE], "before the remap");
+    let off = 3 * PAGE + 5;
+    WRITE_OFF.store(off + 1, SeqCst);
+    set_after_reprotect(Some(write_from_another_thread));
+    let remapped = r.remap(24 * PAGE);
+    set_after_reprotect(None);
+    remapped.unwrap();
+    let t = Instant::now();
+    while !WROTE.load(SeqCst) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the write never landed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(r.as_slice()[off], 0xab);
+    r.flush().unwrap();
+    assert_eq!(
+        store.snapshot()[off],
+        0xab,
+        "a write made while the remap gave access back was not written back"
+    );
+}
+
+/// A store whose page 1 read takes its bytes, then waits at a gate; the
+/// test changes its bytes behind the engine meanwhile.
+struct Behind {
+    bytes: Mutex<Vec<u8>>,
+    /// (a read of page 1 waits, the gate is open)
+    gate: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl Store for Behind {
+    fn len(&self) -> u64 {
+        self.bytes.lock().unwrap().len() as u64
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let o = off as usize;
+        buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
+        if o / PAGE == 1 {
+            let mut g = self.gate.lock().unwrap();
+            g.0 = true;
+            self.cv.notify_all();
+            let t = Instant::now();
+            while !g.1 && t.elapsed() < Duration::from_secs(20) {
+                g = self
+                    .cv
+                    .wait_timeout(g, Duration::from_millis(50))
+                    .unwrap()
+                    .0;
+            }
+        }
+        Ok(())
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        let o = off as usize;
+        self.bytes.lock().unwrap()[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "behind"
+    }
+}
+
+/// `refresh` skipped a page whose read was in flight (locked, not yet up
+/// to date) as if nothing held it: the read, which took the bytes before
+/// the change, then made the page up to date with the old ones, and the
+/// region showed them after the refresh. It now waits for the read and
+/// refreshes the page after it.
+#[test]
+fn a_refresh_during_the_pages_read_leaves_the_new_bytes() {
+    let p = one_page_at_a_time();
+    let data = pattern_vec(67, 4 * PAGE);
+    let store = Arc::new(Behind {
+        bytes: Mutex::new(data.clone()),
+        gate: Mutex::new((false, false)),
+        cv: Condvar::new(),
+    });
+    let opts = MapOptions {
+        kind: Some(InstallKind::Shared),
+        ..MapOptions::default()
+    };
+    // SAFETY: the one change behind the engine (below) comes while no
+    // slice of the region is alive, and the refresh that covers it returns
+    // before the next slice is made.
+    let mut r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    let at = PAGE + 7;
+    let addr = r.as_ptr() as usize + at;
+    // SAFETY: inside the region, which outlives this thread (joined below).
+    let reader = std::thread::spawn(move || unsafe { std::ptr::read_volatile(addr as *const u8) });
+    // The read has taken the old bytes and waits.
+    {
+        let mut g = store.gate.lock().unwrap();
+        while !g.0 {
+            g = store.cv.wait(g).unwrap();
+        }
+    }
+    let new = data[at] ^ 0xff;
+    store.bytes.lock().unwrap()[at] = new;
+    let opener = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            store.gate.lock().unwrap().1 = true;
+            store.cv.notify_all();
+        })
+    };
+    r.refresh(at as u64, 1).unwrap();
+    opener.join().unwrap();
+    let seen = reader.join().unwrap();
+    assert!(
+        seen == data[at] || seen == new,
+        "the racing read got {seen}"
+    );
+    assert_eq!(
+        r.as_slice()[at],
+        new,
+        "the page kept the bytes its in-flight read took before the change"
+    );
+}
