@@ -340,6 +340,62 @@ fn hold_evictor(_: &uffd_pager::testing::Site<'_>) {
     }
 }
 
+/// Checks that the application's own 8 pages at `mine` (where region `r`
+/// of `p` was) still hold the 0xA5 it wrote, after dropping `r` and
+/// unmapping them.
+fn assert_own_pages_kept(p: &Pager, r: Region, mine: usize, ctx: &str) {
+    let lost: Vec<usize> = (0..8)
+        .filter(|pg| {
+            // SAFETY: the application's own mapping.
+            let b = unsafe { std::ptr::read_volatile((mine + pg * PAGE) as *const u8) };
+            b != 0xA5
+        })
+        .collect();
+    let st = p.stats();
+    drop(r);
+    // SAFETY: the application's own mapping.
+    unsafe { libc::munmap(mine as *mut libc::c_void, 8 * PAGE) };
+    assert!(
+        lost.is_empty(),
+        "{ctx}: the application's pages {lost:?} were taken\n{st}"
+    );
+}
+
+/// A pager whose evictions run only when asked (`reclaim_pages`), one
+/// page per fault.
+fn evict_on_demand(d: Delivery) -> Pager {
+    Pager::builder()
+        .delivery(d)
+        .budget_pages(64)
+        .kswapd(false)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap()
+}
+
+/// Starts an eviction of one page of `p`, holds it right after its lookup,
+/// runs `app` meanwhile, then lets the eviction finish.
+fn with_an_eviction_held<R>(p: &Pager, app: impl FnOnce() -> R) -> R {
+    EVICT_HELD.store(false, SeqCst);
+    EVICT_GO.store(false, SeqCst);
+    EVICT_ARMED.store(true, SeqCst);
+    uffd_pager::testing::set_after_lookup(Some(hold_evictor));
+    let r = std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            EVICTOR.with(|c| c.set(true));
+            p.reclaim_pages(1)
+        });
+        wait_until("the eviction's lookup", || EVICT_HELD.load(SeqCst));
+        let r = app();
+        EVICT_GO.store(true, SeqCst);
+        t.join().unwrap();
+        r
+    });
+    uffd_pager::testing::set_after_lookup(None);
+    r
+}
+
 /// An eviction that found its page before the application mapped its own
 /// memory over the range (`mmap(MAP_FIXED)`) must not act after: with
 /// handler threads the kernel lets the application's call return once the
@@ -357,29 +413,13 @@ fn an_eviction_in_flight_never_takes_the_applications_new_page() {
         },
         Delivery::PerRegion,
     ] {
-        let p = Pager::builder()
-            .delivery(d)
-            .budget_pages(64)
-            .kswapd(false)
-            .readahead(0, 1)
-            .fault_around(0)
-            .build()
-            .unwrap();
+        let p = evict_on_demand(d);
         let mut r = p.map_anonymous(64 * PAGE).unwrap();
         let base = r.as_ptr() as usize;
         // Only pages 40..48 resident, dirty.
         r.as_mut_slice()[40 * PAGE..48 * PAGE].fill(0x11);
         let mine = base + 40 * PAGE;
-        EVICT_HELD.store(false, SeqCst);
-        EVICT_GO.store(false, SeqCst);
-        EVICT_ARMED.store(true, SeqCst);
-        uffd_pager::testing::set_after_lookup(Some(hold_evictor));
-        std::thread::scope(|s| {
-            let t = s.spawn(|| {
-                EVICTOR.with(|c| c.set(true));
-                p.reclaim_pages(1)
-            });
-            wait_until("the eviction's lookup", || EVICT_HELD.load(SeqCst));
+        with_an_eviction_held(&p, || {
             // SAFETY: the application maps its own memory over region
             // memory, as it may.
             let q = unsafe {
@@ -397,23 +437,82 @@ fn an_eviction_in_flight_never_takes_the_applications_new_page() {
                 // SAFETY: the application's own mapping.
                 unsafe { std::ptr::write_volatile((mine + k) as *mut u8, 0xA5) };
             }
-            EVICT_GO.store(true, SeqCst);
-            t.join().unwrap();
         });
-        uffd_pager::testing::set_after_lookup(None);
-        let lost: Vec<usize> = (0..8)
-            // SAFETY: the application's own mapping.
-            .filter(
-                |pg| unsafe { std::ptr::read_volatile((mine + pg * PAGE) as *const u8) } != 0xA5,
-            )
-            .collect();
-        let st = p.stats();
-        drop(r);
-        // SAFETY: the application's own mapping.
-        unsafe { libc::munmap(mine as *mut libc::c_void, 8 * PAGE) };
-        assert!(
-            lost.is_empty(),
-            "{d}: the application's pages {lost:?} were taken\n{st}"
-        );
+        assert_own_pages_kept(&p, r, mine, &d.to_string());
+    }
+}
+
+/// As above, but another thread unmaps the region memory and the
+/// application maps its own there while the unmap waits for its event: the
+/// kernel frees the range before it posts the event, so nothing the engine
+/// reads or applies stands between the two. In-thread delivery took every
+/// one of the new pages (its evictions checked for no event at all); the
+/// eviction now asks the kernel whether an event is on its way on the
+/// region's descriptor right before it acts. Both the move of a dirty
+/// anonymous page and the batched zap of clean shared pages.
+#[test]
+fn an_eviction_in_flight_never_takes_another_threads_new_mapping() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let threads = Delivery::Threads {
+        threads: 2,
+        spin_us: 0,
+    };
+    for d in [Delivery::InThread, threads, Delivery::PerRegion] {
+        for shared in [false, true] {
+            let p = evict_on_demand(d);
+            let store = Arc::new(MemoryStore::new(64 * PAGE as u64).unwrap());
+            let mut r = if shared {
+                // SAFETY: nothing writes the store but the engine (the
+                // store contract).
+                unsafe { p.map_store(store, 64 * PAGE, &MapOptions::default()) }.unwrap()
+            } else {
+                p.map_anonymous(64 * PAGE).unwrap()
+            };
+            let base = r.as_ptr() as usize;
+            if shared {
+                // Pages 40..48 mapped clean.
+                assert!(r.as_slice()[40 * PAGE..48 * PAGE].iter().all(|&b| b == 0));
+            } else {
+                // Pages 40..48 resident, dirty.
+                r.as_mut_slice()[40 * PAGE..48 * PAGE].fill(0x11);
+            }
+            let mine = base + 40 * PAGE;
+            let ctx = format!("{d}, {}", if shared { "shared" } else { "anonymous" });
+            let (mapped, un) = with_an_eviction_held(&p, || {
+                // SAFETY: the application unmaps region memory, as it may.
+                let un = std::thread::spawn(move || unsafe {
+                    libc::munmap(mine as *mut libc::c_void, 8 * PAGE)
+                });
+                let mut mapped = false;
+                let t0 = Instant::now();
+                while !mapped && t0.elapsed() < Duration::from_secs(10) {
+                    // SAFETY: maps only where nothing is mapped.
+                    let q = unsafe {
+                        libc::mmap(
+                            mine as *mut libc::c_void,
+                            8 * PAGE,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                            -1,
+                            0,
+                        )
+                    };
+                    mapped = q as usize == mine;
+                    if !mapped {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                if mapped {
+                    for k in 0..8 * PAGE {
+                        // SAFETY: the application's own mapping.
+                        unsafe { std::ptr::write_volatile((mine + k) as *mut u8, 0xA5) };
+                    }
+                }
+                (mapped, un)
+            });
+            assert_eq!(un.join().unwrap(), 0, "{ctx}: munmap");
+            assert!(mapped, "{ctx}: the unmapped range never became free");
+            assert_own_pages_kept(&p, r, mine, &ctx);
+        }
     }
 }

@@ -171,23 +171,39 @@ impl Events {
     /// Runs `f`, a system call that takes a page out of a user mapping
     /// without the kernel checking that the range is still the region's
     /// (`UFFDIO_MOVE` from it, `MADV_DONTNEED` of it), only while no event
-    /// has been read and not applied, and with no read in flight: `None`
-    /// (try later) otherwise. With handler threads an event is read before
-    /// the gate is taken, and the read lets the application's `munmap` or
-    /// `mmap(MAP_FIXED)` return and write its own memory there; a read
-    /// section alone does not keep that out. In-thread delivery's reader
-    /// takes the gate before it reads, so the caller's section suffices
-    /// there (and direct reclaim runs in a signal handler, where no mutex
-    /// may be taken).
+    /// is on its way: `None` (try later) otherwise.
+    ///
+    /// Hazard: the kernel frees a range the application unmaps before it
+    /// posts the event (`__vm_munmap` drops `mmap_lock`, then waits for
+    /// the event to be read), so another thread of the application can map
+    /// its own memory there and write it before the engine hears of the
+    /// unmap; a page the engine looked up before that would take the new
+    /// memory with it. `changing` asks the kernel whether such an event is
+    /// on its way on the descriptors of the pages `f` acts on
+    /// ([`Uffd::mmap_changing`]: the kernel's count covers the window from
+    /// before the unmap until the event is read); it is asked last, right
+    /// before `f`. What is left is an unmap and another thread's new
+    /// mapping both fitting between that question and `f`.
+    ///
+    /// With handler threads an event is also counted from its read until it
+    /// is applied (`busy`, under `reads`, so no read is in flight meanwhile).
+    /// In-thread delivery's reader takes the gate before it reads, so the
+    /// caller's section covers that part there (and direct reclaim runs in
+    /// a signal handler, where no mutex may be taken).
     #[inline]
-    pub fn act<R>(&self, in_thread: bool, f: impl FnOnce() -> R) -> Option<R> {
+    pub fn act<R>(
+        &self,
+        in_thread: bool,
+        changing: impl FnOnce() -> bool,
+        f: impl FnOnce() -> R,
+    ) -> Option<R> {
         if in_thread {
-            return Some(f());
+            return (!changing()).then(f);
         }
         let _order = self.reads.lock().unwrap_or_else(|e| e.into_inner());
         // No read in flight (we hold `reads`): `busy` counts events read
         // and not yet applied.
-        if self.busy.load(SeqCst) != 0 {
+        if self.busy.load(SeqCst) != 0 || changing() {
             return None;
         }
         Some(f())

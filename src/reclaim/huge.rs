@@ -35,9 +35,12 @@ use crate::sys::mem::{madvise, page_present};
 pub(super) fn unmap_anon(mm: &Mm, obj: &Object, i: usize, addr: usize) -> Result<Unmapped, ()> {
     let len = obj.page_size();
     let in_thread = mm.config.delivery.is_in_thread();
+    let changing = || mm.uffd_for(obj).mmap_changing();
     let zap = || {
         mm.events
-            .act(in_thread, || madvise(addr, len, libc::MADV_DONTNEED))
+            .act(in_thread, changing, || {
+                madvise(addr, len, libc::MADV_DONTNEED)
+            })
             .ok_or(())?
             .map_err(|_| ())
     };

@@ -74,9 +74,10 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
         return Err(());
     }
     let in_thread = mm.config.delivery.is_in_thread();
+    let changing = || mm.uffd_for(obj).mmap_changing();
     if obj.kind == InstallKind::Shared {
         mm.events
-            .act(in_thread, || {
+            .act(in_thread, changing, || {
                 madvise(addr, obj.page_size(), libc::MADV_DONTNEED)
             })
             .ok_or(())?
@@ -90,7 +91,7 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     let s = r.take_slot();
     // A read-write slot first; a read-only mapping (the region's, or one
     // the application made with its own mprotect) takes the read-only one.
-    let moved = mm.events.act(in_thread, || {
+    let moved = mm.events.act(in_thread, changing, || {
         match r.move_to_slot(&mm.counters, addr, s, false) {
             Err(libc::EINVAL) => r.move_to_slot(&mm.counters, addr, s, true),
             m => m,

@@ -103,6 +103,28 @@ impl<'a> UnmapBatch<'a> {
         Ok(())
     }
 
+    /// Whether an event is on its way on a descriptor of a pending page's
+    /// object (see [`crate::events::Events::act`]): one question per
+    /// descriptor (the pages of a batch share one or two).
+    fn mmap_changing(&self, mm: &Mm) -> bool {
+        let mut asked = [-1; 4];
+        let mut n = 0;
+        for p in self.pending[..self.n].iter().flatten() {
+            let uffd = mm.uffd_for(&p.obj);
+            if asked[..n].contains(&uffd.fd()) {
+                continue;
+            }
+            if uffd.mmap_changing() {
+                return true;
+            }
+            if n < asked.len() {
+                asked[n] = uffd.fd();
+                n += 1;
+            }
+        }
+        false
+    }
+
     /// Zaps every pending page's mappings at once, frees what they cached
     /// and unlocks them as absent; returns how many were freed. If the zap
     /// fails, the pages are unlocked as they were and go back on the LRU.
@@ -116,7 +138,11 @@ impl<'a> UnmapBatch<'a> {
         let ok = nz == 0
             || mm
                 .events
-                .act(in_thread, || dontneed_batch(&self.zaps[..nz]).is_ok())
+                .act(
+                    in_thread,
+                    || self.mmap_changing(mm),
+                    || dontneed_batch(&self.zaps[..nz]).is_ok(),
+                )
                 .unwrap_or(false);
         if ok {
             free_clean_shared(&self.pending[..self.n]);

@@ -328,6 +328,28 @@ impl Uffd {
         partial(r, a.zeropage)
     }
 
+    /// Whether an event that changes the address space is on its way on
+    /// this descriptor: the application's `munmap`, `mremap` or
+    /// `madvise(MADV_DONTNEED)` of a range registered with it has begun,
+    /// and the engine has not read its event yet. The kernel counts that
+    /// window (`mmap_changing`) from before it changes the mappings, under
+    /// `mmap_lock`, until the event is read, and an ioctl that fills pages
+    /// checks it before anything else: a `UFFDIO_ZEROPAGE` of an empty
+    /// range is `EAGAIN` inside the window and `EINVAL` outside it. One
+    /// system call; async-signal-safe (errno is the caller's to keep).
+    pub fn mmap_changing(&self) -> bool {
+        let mut a = ZeropageArg {
+            range: Range { start: 0, len: 0 },
+            mode: 0,
+            zeropage: 0,
+        };
+        ioctl(
+            self.fd(),
+            iowr(nr::ZEROPAGE, std::mem::size_of::<ZeropageArg>()),
+            &mut a,
+        ) == Err(libc::EAGAIN)
+    }
+
     /// UFFDIO_CONTINUE over `[dst, dst+len)`: maps the shmem pages already in
     /// the page cache.
     #[inline]
