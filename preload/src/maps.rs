@@ -8,6 +8,7 @@ use crate::sys;
 use engine::store::{SimulatedStore, Store};
 use engine::{InstallKind, MapOptions, Pager, Region};
 use std::ffi::{c_int, c_void};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -78,7 +79,7 @@ pub fn load() {
     let cfg = match Config::from(|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("uffd-pager-preload: {e}");
+            let _ = writeln!(std::io::stderr(), "uffd-pager-preload: {e}");
             // SAFETY: ends the process at once, before main, without
             // running anything of the program's.
             unsafe { libc::_exit(2) };
@@ -98,7 +99,9 @@ impl State {
     /// Prints `msg` on stderr the first time it comes up.
     fn say(&mut self, msg: String) {
         if self.cfg.verbose || !self.said.contains(&msg) {
-            eprintln!("uffd-pager-preload: {msg}");
+            // Never `eprintln!`: it panics when stderr fails (a closed
+            // pipe), and a panic here would abort the program.
+            let _ = writeln!(std::io::stderr(), "uffd-pager-preload: {msg}");
             self.said.push(msg);
         }
     }
@@ -192,13 +195,15 @@ pub fn mmap(
     let rlen = len.div_ceil(PAGE) * PAGE;
     let entry = if anon {
         // (A fixed anonymous mapping is the kernel's: the engine places
-        // anonymous regions itself.)
-        if shared || fixed || st.cfg.anon_min.is_none_or(|m| len < m) {
+        // anonymous regions itself. So is a read-only one: the engine's
+        // anonymous regions are writable, and zeros need no pager.)
+        if shared || fixed || !write || st.cfg.anon_min.is_none_or(|m| len < m) {
             return None;
         }
+        // (`MAP_POPULATE` and `MAP_LOCKED` are in `opts`.)
         let made = st
             .pager()
-            .and_then(|p| p.map_anonymous(rlen).map_err(|e| e.to_string()));
+            .and_then(|p| p.map_anonymous_with(rlen, &opts).map_err(|e| e.to_string()));
         (made, None, 0, "anonymous memory".to_string(), false)
     } else {
         if st.cfg.files.is_empty() || fd < 0 {

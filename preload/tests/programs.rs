@@ -293,3 +293,74 @@ fn madvise_random_from_python_turns_the_pagers_readahead_off() {
     assert!(read_ahead[0] > 64, "without advice: {read_ahead:?}");
     assert_eq!(read_ahead[1], 0, "advised random: {read_ahead:?}");
 }
+
+/// A read-only anonymous mapping stays read-only: the engine's anonymous
+/// regions are writable, so the shim leaves it to the kernel, and pages the
+/// writable one beside it. It used to page both, and the program's
+/// read-only mapping came back `rw-p`.
+#[test]
+fn a_read_only_anonymous_mapping_stays_read_only() {
+    let d = scratch();
+    // The permissions of every 32 MiB mapping in /proc/self/maps.
+    let script = "import mmap\n\
+                  m = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)\n\
+                  w = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE)\n\
+                  w[4096] = 3\n\
+                  assert m[4096] == 0 and w[4096] == 3\n\
+                  perms = []\n\
+                  for l in open('/proc/self/maps'):\n\
+                  \x20   a, b = (int(x, 16) for x in l.split()[0].split('-'))\n\
+                  \x20   if b - a == 32 << 20: perms.append(l.split()[1])\n\
+                  print(sorted(perms))\n";
+    let plain = ok(&Command::new(python())
+        .args(["-c", script])
+        .output()
+        .unwrap());
+    assert_eq!(plain, "['r--p', 'rw-p']\n");
+    let (o, st) = under_shim(
+        Command::new(python()).args(["-c", script]),
+        &[("UFFD_PAGER_ANON_MIN", "16M"), ("UFFD_PAGER_BUDGET", "4M")],
+        &d.join("anon-ro.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    // The writable one only.
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
+/// A message the shim prints to a stderr that fails (a pipe whose reader
+/// is gone, with SIGPIPE ignored, as Python ignores it) is dropped: the
+/// shim used `eprintln!`, whose panic aborted the program.
+#[test]
+fn a_message_to_a_broken_stderr_does_not_abort_the_program() {
+    use std::process::Stdio;
+    let d = scratch();
+    let file = d.join("copy.dat");
+    std::fs::write(&file, vec![7u8; 1 << 20]).unwrap();
+    let pattern = format!("{}/copy.dat", d.display());
+    // A writable private mapping of a matching file: the shim says it
+    // leaves it to the kernel. Stderr's reader is gone by then.
+    let script = "import mmap, sys, time\n\
+                  time.sleep(0.3)\n\
+                  f = open(sys.argv[1], 'r+b')\n\
+                  m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)\n\
+                  m[0] = 1\n\
+                  print(m[0], m[1])\n";
+    let mut child = Command::new(python())
+        .args(["-c", script])
+        .arg(&file)
+        .env("LD_PRELOAD", shim())
+        .env("UFFD_PAGER_FILES", &pattern)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1 7\n");
+}
