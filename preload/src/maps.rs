@@ -57,17 +57,34 @@ static PASSED: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 static REFRESHED: AtomicU64 = AtomicU64::new(0);
 
+/// Set in a `fork()`ed child (by an atfork handler installed at load).
+/// The shim then passes every call to the kernel and never takes the
+/// table's lock: the parent's regions are not mapped in the child (they
+/// are `MADV_DONTFORK`), the engine refuses to work there, and the lock may
+/// have been held at the fork by another of the parent's threads (a
+/// write-back in `msync` or `munmap`), which the child does not have to
+/// release it. Each check below is the one load before any lock.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn forked() {
+    FORKED.store(true, Relaxed);
+}
+
+fn here() -> bool {
+    !FORKED.load(Relaxed)
+}
+
 pub fn active() -> bool {
-    ACTIVE.load(Relaxed)
+    ACTIVE.load(Relaxed) && here()
 }
 pub fn any() -> bool {
-    ENTRIES.load(Relaxed) > 0
+    ENTRIES.load(Relaxed) > 0 && here()
 }
 pub fn any_file() -> bool {
-    FILE_ENTRIES.load(Relaxed) > 0
+    FILE_ENTRIES.load(Relaxed) > 0 && here()
 }
 pub fn any_writable() -> bool {
-    WRITABLE_ENTRIES.load(Relaxed) > 0
+    WRITABLE_ENTRIES.load(Relaxed) > 0 && here()
 }
 
 fn state() -> MutexGuard<'static, Option<State>> {
@@ -86,6 +103,9 @@ pub fn load() {
         }
     };
     ACTIVE.store(!cfg.files.is_empty() || cfg.anon_min.is_some(), Relaxed);
+    // SAFETY: registers a child handler that only stores to an atomic
+    // (async-signal-safe, as a fork child handler must be).
+    unsafe { libc::pthread_atfork(None, None, Some(forked)) };
     *state() = Some(State {
         cfg,
         pager: None,
@@ -650,6 +670,11 @@ pub fn refresh(t: Target, n: u64) {
 
 /// At exit: write shared mappings back, and the counters out.
 pub fn unload() {
+    // A fork()ed child's copy of the table serves nothing and reports
+    // nothing, and its lock may be held for good (see `FORKED`).
+    if !here() {
+        return;
+    }
     let mut guard = state();
     let Some(st) = guard.as_mut() else { return };
     // Only the process that made a pager reports: every process started

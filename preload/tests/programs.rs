@@ -44,6 +44,21 @@ fn under_shim(cmd: &mut Command, env: &[(&str, &str)], stats: &Path) -> (Output,
     (out, text)
 }
 
+/// Builds `tests/c/NAME.c` into `dir`; returns the executable.
+fn build_c(dir: &Path, name: &str) -> PathBuf {
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let st = Command::new("cc")
+        .args(["-O2", "-pthread"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc {}", src.display());
+    exe
+}
+
 fn counter(stats: &str, name: &str) -> u64 {
     stats
         .lines()
@@ -170,16 +185,7 @@ fn sqlite3_reads_a_database_four_times_the_budget() {
 #[test]
 fn the_seed_reproducer_runs_unchanged_under_both_policies() {
     let d = scratch();
-    let exe = d.join("mmap_thrash");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mmap_thrash.c");
-    let st = Command::new("cc")
-        .args(["-O2", "-pthread"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let exe = build_c(&d, "mmap_thrash");
     let plain = ok(&Command::new(&exe)
         .arg(&d)
         .args(["2", "1"])
@@ -363,4 +369,29 @@ fn a_message_to_a_broken_stderr_does_not_abort_the_program() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "1 7\n");
+}
+
+/// A `fork()`ed child runs with the shim passing every call to the kernel:
+/// the parent's regions are not mapped there and the engine refuses to work
+/// in a child, and the shim's lock may have been held by another thread of
+/// the parent at the fork (a write-back in `msync`), never to be released
+/// in the child. A child's `write(2)` to a file used to wait for that lock
+/// for ever.
+#[test]
+fn a_child_forked_during_a_write_back_does_not_hang() {
+    let d = scratch();
+    let exe = build_c(&d, "fork_during_msync");
+    let data = d.join("forked.dat");
+    std::fs::write(&data, vec![1u8; 4 << 20]).unwrap();
+    let pattern = format!("{}/forked.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe)
+            .arg(&data)
+            .arg(d.join("forked.out"))
+            .arg("5"),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "8M")],
+        &d.join("forked.stats"),
+    );
+    assert_eq!(ok(&o), "children 5 hung 0\n");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
