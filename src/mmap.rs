@@ -175,6 +175,18 @@ impl Mm {
         })
     }
 
+    /// The address ranges of region `id` still mapped, in address order,
+    /// once every event the kernel has sent is applied (the application's
+    /// own `munmap`, `mremap` or `MAP_FIXED` over the region cut or move
+    /// its pieces). Empty in a `fork()`ed child.
+    pub fn mapped(&self, id: u64) -> Vec<std::ops::Range<usize>> {
+        if self.check_owner().is_err() {
+            return Vec::new();
+        }
+        self.events.quiesce();
+        self.pieces(id).iter().map(|v| v.start..v.end).collect()
+    }
+
     /// The one piece of region `id`, or an error if the application split
     /// it or unmapped it all.
     pub(crate) fn only_piece(&self, id: u64) -> Result<Arc<Vma>> {

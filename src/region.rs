@@ -130,6 +130,31 @@ impl Region {
         self.len == 0
     }
 
+    /// The parts of the region still mapped, in address order: the whole
+    /// of it until the application unmaps or moves region memory with its
+    /// own `munmap`, `mremap` or a `MAP_FIXED` mapping over it (the engine
+    /// follows those through userfaultfd events; the call waits until every
+    /// event sent so far is applied). Empty once all of it is gone, and in
+    /// a `fork()`ed child. Costs a lock and a table lookup per piece.
+    ///
+    /// ```
+    /// use uffd_pager::{Pager, PAGE_SIZE};
+    ///
+    /// let pager = Pager::builder().build()?;
+    /// let region = pager.map_anonymous(4 * PAGE_SIZE)?;
+    /// let start = region.as_ptr() as usize;
+    /// // SAFETY: no slice of the region is alive; the page is not used again.
+    /// unsafe { libc::munmap((start + PAGE_SIZE) as *mut _, PAGE_SIZE) };
+    /// assert_eq!(
+    ///     region.mapped(),
+    ///     [start..start + PAGE_SIZE, start + 2 * PAGE_SIZE..start + 4 * PAGE_SIZE]
+    /// );
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn mapped(&self) -> Vec<std::ops::Range<usize>> {
+        self.owner.mm.mapped(self.id)
+    }
+
     /// Panics in a `fork()`ed child, where the region is not mapped (see
     /// [`crate::fork`]): a slice of it there would point at nothing.
     #[inline]

@@ -9,6 +9,7 @@ use engine::store::{SimulatedStore, Store};
 use engine::{InstallKind, MapOptions, Pager, Region};
 use std::ffi::{c_int, c_void};
 use std::io::Write;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -16,10 +17,11 @@ const PAGE: usize = engine::PAGE_SIZE;
 
 /// One pager mapping the program made.
 struct Entry {
+    /// What of it is still mapped is the engine's to say
+    /// ([`Region::mapped`]): the program may unmap or move parts of it, or
+    /// map over it with `MAP_FIXED`, through calls the shim passes to the
+    /// kernel, and the engine follows each through its event.
     region: Region,
-    /// The pieces of `[region start, +len)` still mapped (the program may
-    /// unmap part of a mapping itself).
-    live: Vec<(usize, usize)>,
     /// `(st_dev, st_ino)` of a file mapping.
     file: Option<(u64, u64)>,
     /// The file offset the region starts at.
@@ -154,6 +156,23 @@ impl State {
         p
     }
 
+    /// Drops the entries none of whose memory is mapped any more (the
+    /// program mapped over them with `MAP_FIXED`, or unmapped or moved them
+    /// piece by piece through calls the kernel served): their regions
+    /// release nothing, and a stale entry would answer later calls on
+    /// what is now the program's memory, or refuse a new mapping of its
+    /// file.
+    fn prune(&mut self) {
+        let mut i = 0;
+        while i < self.maps.len() {
+            if self.maps[i].region.mapped().is_empty() {
+                drop(self.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     fn remove(&mut self, i: usize) -> Entry {
         let e = self.maps.swap_remove(i);
         if e.file.is_some() {
@@ -253,6 +272,7 @@ pub fn mmap(
             ));
             return None;
         }
+        st.prune();
         let clash = st
             .maps
             .iter()
@@ -288,18 +308,14 @@ pub fn mmap(
     // (MAP_FIXED over memory already mapped: the engine maps only into a
     // free range, so the map fails with an overlap and the kernel maps it.)
     match made {
-        Ok(region) => {
-            let start = region.as_ptr() as usize;
-            Some(st.add(Entry {
-                live: vec![(start, start + region.len())],
-                region,
-                file,
-                base,
-                writable_shared: shared && write && file.is_some(),
-                private_ro,
-                path,
-            }))
-        }
+        Ok(region) => Some(st.add(Entry {
+            region,
+            file,
+            base,
+            writable_shared: shared && write && file.is_some(),
+            private_ro,
+            path,
+        })),
         Err(e) => {
             PASSED.fetch_add(1, Relaxed);
             st.say(format!("{path}: left to the kernel: {e}"));
@@ -333,17 +349,31 @@ pub fn file_store(
     Ok(Arc::new(s))
 }
 
-/// The entries overlapping `[a, b)`, by index.
-fn overlapping(st: &State, a: usize, b: usize) -> Vec<usize> {
+/// The entries with mapped memory in `[a, b)`: each one's index and its
+/// mapped pieces (all of them, not only those in the range). Prunes the
+/// table first, so the indices are those after the pruning.
+fn overlapping(st: &mut State, a: usize, b: usize) -> Vec<(usize, Vec<Range<usize>>)> {
+    st.prune();
     (0..st.maps.len())
-        .filter(|&i| st.maps[i].live.iter().any(|&(s, e)| s < b && a < e))
+        .map(|i| (i, st.maps[i].region.mapped()))
+        .filter(|(_, m)| m.iter().any(|p| p.start < b && a < p.end))
         .collect()
 }
 
-/// munmap: pager mappings inside the range are unmapped through the engine
-/// (writing a shared mapping back); parts of one are cut from its live
-/// pieces and unmapped by the kernel (the engine sees that unmap as an
-/// event); the rest of the range is the kernel's.
+/// The parts of `holes` outside `piece`.
+fn without(holes: Vec<(usize, usize)>, piece: &Range<usize>) -> Vec<(usize, usize)> {
+    holes
+        .into_iter()
+        .flat_map(|(x, y)| [(x, y.min(piece.start)), (x.max(piece.end), y)])
+        .filter(|&(x, y)| x < y)
+        .collect()
+}
+
+/// munmap: pager mappings whose mapped memory lies all inside the range
+/// are unmapped through the engine (writing a shared mapping back); parts
+/// of others are unmapped by the kernel (the engine follows that unmap
+/// through its event); the rest of the range is the kernel's, including
+/// what the program mapped over a pager mapping.
 ///
 /// The kernel never unmaps what the engine already did: once a pager
 /// mapping is gone its range is free, and another thread's new mapping
@@ -361,34 +391,18 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
     if len == 0 || !addr.is_multiple_of(PAGE) {
         return kernel(addr, len); // the kernel's EINVAL
     }
+    // Mappings all of whose memory lies in the range go away through the
+    // engine; the kernel unmaps the rest of the range (parts of other pager
+    // mappings among it: the engine follows that unmap through its event).
     let mut gone = Vec::new();
-    for i in overlapping(st, a, b) {
-        let e = &mut st.maps[i];
-        let mut rest = Vec::new();
-        for &(s, t) in &e.live {
-            if s < a {
-                rest.push((s, a.min(t)));
-            }
-            if t > b {
-                rest.push((b.max(s), t));
-            }
-        }
-        if rest.is_empty() {
-            gone.push(i);
-        } else {
-            e.live = rest;
-        }
-    }
-    // The parts of [a, b) outside mappings that go away whole.
     let mut holes = vec![(a, b)];
-    for &i in &gone {
-        let r = &st.maps[i].region;
-        let (s, t) = (r.as_ptr() as usize, r.as_ptr() as usize + r.len());
-        holes = holes
-            .into_iter()
-            .flat_map(|(x, y)| [(x, y.min(s)), (x.max(t), y)])
-            .filter(|&(x, y)| x < y)
-            .collect();
+    for (i, pieces) in overlapping(st, a, b) {
+        if pieces.iter().all(|p| a <= p.start && p.end <= b) {
+            gone.push(i);
+            for p in &pieces {
+                holes = without(holes, p);
+            }
+        }
     }
     gone.sort_unstable_by(|x, y| y.cmp(x));
     for i in gone {
@@ -407,11 +421,13 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
     rc
 }
 
-/// The one entry whose whole live extent is exactly `[a, a+len)`.
+/// The one entry mapped whole, and at exactly `[a, a+len)`.
 fn whole(st: &State, a: usize, len: usize) -> Option<usize> {
     st.maps.iter().position(|e| {
         let start = e.region.as_ptr() as usize;
-        e.live == [(start, start + e.region.len())] && start == a && e.region.len() == len
+        start == a
+            && e.region.len() == len
+            && e.region.mapped().as_slice() == std::slice::from_ref(&(a..a + len))
     })
 }
 
@@ -434,8 +450,8 @@ pub fn mremap(
         Some(libc::MAP_FAILED)
     };
     let Some(i) = whole(st, old, old_len) else {
-        let touched = overlapping(st, old, old + old_len);
-        if touched.iter().any(|&i| st.maps[i].writable_shared) {
+        let touched = overlapping(st, old, old.saturating_add(old_len));
+        if touched.iter().any(|&(i, _)| st.maps[i].writable_shared) {
             return fail(libc::EINVAL);
         }
         return None;
@@ -444,6 +460,9 @@ pub fn mremap(
         return fail(libc::EINVAL);
     }
     let may_move = flags & libc::MREMAP_MAYMOVE != 0;
+    if flags & libc::MREMAP_FIXED != 0 && !may_move {
+        return fail(libc::EINVAL); // as the kernel answers
+    }
     if new_len_r > old_len && !may_move {
         return fail(libc::ENOMEM); // growing in place is not offered
     }
@@ -453,7 +472,6 @@ pub fn mremap(
     // Where the region is now: moved on success, and also where the kernel
     // moved it but the engine could not register it (see `remap_to`).
     let s = e.region.as_ptr() as usize;
-    e.live = vec![(s, s + e.region.len())];
     match r {
         Ok(()) => Some(s as *mut c_void),
         Err(err) => fail(err.errno()),
@@ -465,10 +483,10 @@ pub fn mremap(
 /// parts are the kernel's.
 pub fn mprotect(addr: usize, len: usize, prot: c_int) -> Option<c_int> {
     let len = len.div_ceil(PAGE) * PAGE;
-    let guard = state();
-    let st = guard.as_ref()?;
+    let mut guard = state();
+    let st = guard.as_mut()?;
     let write = prot & libc::PROT_WRITE != 0;
-    for i in overlapping(st, addr, addr + len) {
+    for (i, _) in overlapping(st, addr, addr.saturating_add(len)) {
         if st.maps[i].private_ro && write {
             crate::set_errno(libc::EACCES);
             return Some(-1);
@@ -494,10 +512,10 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int) -> Option<c_int> {
 /// msync: every pager mapping in the range writes its dirty pages back
 /// (then the kernel's msync runs on the range, a no-op on pager memory).
 pub fn msync(addr: usize, len: usize) -> Option<c_int> {
-    let guard = state();
-    let st = guard.as_ref()?;
+    let mut guard = state();
+    let st = guard.as_mut()?;
     let e = crate::errno();
-    for i in overlapping(st, addr, addr.saturating_add(len.max(1))) {
+    for (i, _) in overlapping(st, addr, addr.saturating_add(len.max(1))) {
         if let Err(err) = st.maps[i].region.flush() {
             crate::set_errno(err.errno());
             return Some(-1);
@@ -542,7 +560,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         if rc != 0 && after != libc::ENOMEM {
             return Some(rc);
         }
-        for i in hits {
+        for (i, _) in hits {
             if let Err(err) = st.maps[i].region.advise(access) {
                 crate::set_errno(err.errno());
                 return Some(-1);
@@ -551,18 +569,29 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         crate::set_errno(if rc == 0 { e } else { after });
         return Some(rc);
     }
-    for i in hits {
+    // Piece by piece: after the program's own partial munmap the range
+    // may span a hole, and each mapped piece in it takes the advice, as
+    // each VMA does under the kernel's madvise (which answers ENOMEM for
+    // the hole below). A piece the program moved out of the mapping's own
+    // range is left to the kernel's call.
+    for (i, pieces) in hits {
         let r = &mut st.maps[i].region;
         let start = r.as_ptr() as usize;
-        let (lo, hi) = (a.max(start), b.min(start + r.len()));
-        let res = if advice == libc::MADV_DONTNEED {
-            r.dontneed(lo - start, hi - lo)
-        } else {
-            r.populate(lo - start, hi - lo)
-        };
-        if let Err(err) = res {
-            crate::set_errno(err.errno());
-            return Some(-1);
+        let end = start + r.len();
+        for p in pieces {
+            let (lo, hi) = (a.max(p.start), b.min(p.end));
+            if lo >= hi || p.start < start || p.end > end {
+                continue;
+            }
+            let res = if advice == libc::MADV_DONTNEED {
+                r.dontneed(lo - start, hi - lo)
+            } else {
+                r.populate(lo - start, hi - lo)
+            };
+            if let Err(err) = res {
+                crate::set_errno(err.errno());
+                return Some(-1);
+            }
         }
     }
     // Memory in the range outside pager mappings gets the kernel's advice.

@@ -395,3 +395,42 @@ fn a_child_forked_during_a_write_back_does_not_hang() {
     assert_eq!(ok(&o), "children 5 hung 0\n");
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// What a program maps over, moves or cuts out of pager mappings with
+/// calls the shim passes to the kernel is the program's afterwards, as
+/// without the shim: `tests/c/map_over.c` prints the same lines either
+/// way. The shim kept its own record of each mapping's range, which those
+/// calls left stale: `mprotect` and `munmap` of an anonymous mapping placed
+/// with `MAP_FIXED` over a whole pager mapping returned 0 without reaching
+/// the kernel, a munmap left the program's mapping in the middle of a
+/// pager mapping in place, a second mapping of the file was refused
+/// (ENODEV), and `MADV_DONTNEED` across a hole the program's `munmap` left
+/// was EINVAL and dropped nothing. `mremap(MREMAP_FIXED)` without
+/// `MREMAP_MAYMOVE` is the kernel's EINVAL.
+#[test]
+fn what_a_program_maps_over_a_pager_mapping_is_its_own() {
+    let d = scratch();
+    let exe = build_c(&d, "map_over");
+    let data = d.join("over.dat");
+    let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let plain = ok(&Command::new(&exe).arg(&data).output().unwrap());
+    std::fs::write(&data, &bytes).unwrap();
+    let pattern = format!("{}/over.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(&data),
+        &[
+            ("UFFD_PAGER_FILES", &pattern),
+            ("UFFD_PAGER_ANON_MIN", "16M"),
+            ("UFFD_PAGER_BUDGET", "8M"),
+        ],
+        &d.join("over.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert!(
+        plain.contains("perms r--p") && plain.contains("middle free"),
+        "{plain}"
+    );
+    // Every file mapping and the anonymous one were the pager's.
+    assert_eq!(counter(&st, "preload_paged"), 5, "{st}");
+}
