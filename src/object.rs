@@ -449,19 +449,40 @@ impl Object {
         Ok((base + (i << self.shift)) as *mut u8)
     }
 
-    /// Page `i`'s cached contents as a slice (see [`Object::data`]).
+    /// Page `i`'s cached contents, to be written to its store or swap (see
+    /// [`Object::data`]).
+    ///
+    /// Hazard: a 2 MiB shared page the application punched out of the memfd
+    /// (`MADV_REMOVE` through its mapping) is a hole, and loading from a
+    /// hugetlbfs hole takes a page from the pool: with the pool empty that
+    /// load is SIGBUS in the engine's own thread. So the page is taken from
+    /// the pool first (a no-op for a page that is there); where none can be
+    /// had, the hole's contents, zeros, are returned instead (what the
+    /// kernel writes for a punched file range). An application punching the
+    /// page between that check and the caller's read still has the window.
     ///
     /// # Safety
     /// The caller holds page `i`'s lock, so nobody else writes it through the
     /// engine (the application may still write it through an installed
-    /// shared mapping; callers that read for write-back first unmap it).
-    #[inline]
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn page_mut(&self, i: usize) -> Result<&mut [u8], i32> {
+    /// shared mapping; callers that read for write-back first unmap it or
+    /// protect it against writes).
+    pub unsafe fn page_to_write_out(&self, i: usize) -> Result<&[u8], i32> {
+        /// A hole's contents (in `.bss`: no memory until read, and then the
+        /// kernel's zero page).
+        static HOLE: [u8; crate::sys::huge::HUGE_PAGE_SIZE] = [0; crate::sys::huge::HUGE_PAGE_SIZE];
         let p = self.data(i)?;
+        if let Backing::Shared {
+            memfd, huge: true, ..
+        } = &self.backing
+        {
+            if crate::sys::huge::allocate(memfd.fd(), i << self.shift, self.page_size()).is_err() {
+                return Ok(&HOLE[..self.page_size()]);
+            }
+        }
         // SAFETY: `p` is a page-sized range of a live mapping owned by this
-        // object; exclusivity is the caller's contract.
-        Ok(unsafe { std::slice::from_raw_parts_mut(p, self.page_size()) })
+        // object, backed by a page (a huge one was just made sure of);
+        // exclusivity is the caller's contract.
+        Ok(unsafe { std::slice::from_raw_parts(p, self.page_size()) })
     }
 
     /// Where dirty pages go when they are written back or evicted: the

@@ -85,7 +85,7 @@ impl Mm {
         for (k, &(i, _)) in b.pages[..b.n].iter().enumerate() {
             // SAFETY: we hold page `i`'s lock; its contents are only read,
             // and the slice lives until the page is unlocked below.
-            match unsafe { obj.page_mut(i) } {
+            match unsafe { obj.page_to_write_out(i) } {
                 Ok(p) => list[k] = ((i << obj.page_shift()) as u64, p),
                 Err(e) => r = Err(crate::store::StoreError(e)),
             }

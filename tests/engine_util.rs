@@ -296,3 +296,21 @@ pub fn make_writable_and_write(r: &uffd_pager::Region, offset: usize) {
     unsafe { std::ptr::write_volatile(r.as_ptr().add(offset), 1u8) };
     println!("the write went through");
 }
+
+/// Map options for a region of 2 MiB pages of `kind`.
+pub fn huge_opts(kind: uffd_pager::InstallKind) -> uffd_pager::MapOptions {
+    uffd_pager::MapOptions {
+        kind: Some(kind),
+        page_size: uffd_pager::HUGE_PAGE_SIZE,
+        ..uffd_pager::MapOptions::default()
+    }
+}
+
+/// A pager with delivery `d` and a budget of `pages` 2 MiB pages.
+pub fn huge_pager(d: uffd_pager::Delivery, pages: u64) -> uffd_pager::Pager {
+    uffd_pager::Pager::builder()
+        .delivery(d)
+        .budget_pages(pages * (uffd_pager::HUGE_PAGE_SIZE / 4096) as u64)
+        .build()
+        .expect("build a pager")
+}

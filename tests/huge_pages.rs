@@ -35,14 +35,6 @@ fn deliveries() -> [Delivery; 2] {
     ]
 }
 
-fn huge_opts(kind: InstallKind) -> MapOptions {
-    MapOptions {
-        kind: Some(kind),
-        page_size: HUGE,
-        ..MapOptions::default()
-    }
-}
-
 /// A writable region of `pages` huge pages: anonymous memory (zeros), or
 /// a shared region over a memory store holding `initial`.
 fn map_huge(
@@ -428,11 +420,7 @@ fn huge_anonymous_pages_only_read_are_not_written_to_swap() {
     let pages = 8;
     for d in deliveries() {
         let ctx = format!("{d}");
-        let pager = Pager::builder()
-            .delivery(d)
-            .budget_pages(2 * UNITS)
-            .build()
-            .unwrap();
+        let pager = huge_pager(d, 2);
         let mut region = pager
             .map_anonymous_with(pages * HUGE, &huge_opts(InstallKind::Anonymous))
             .expect("map a huge anonymous region");

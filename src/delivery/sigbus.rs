@@ -249,7 +249,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 return;
             }
             // `handle_fault` restarts faults itself.
-            Some(Resolution::Bus) | Some(Resolution::Restart) | None => {}
+            Some(Resolution::Bus) | Some(Resolution::NoPage) | Some(Resolution::Restart) | None => {
+            }
         }
     }
     // The application's own handler runs as application code.

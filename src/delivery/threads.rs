@@ -211,7 +211,11 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
     }));
     match r {
         Ok(Resolution::Restart) => return false,
+        // A poisoned page's access gets SIGBUS from the kernel when it runs
+        // again; one with no page and no mark would fault again at once, for
+        // ever (an empty huge page pool): it gets the signal from here.
         Ok(Resolution::Resolved) | Ok(Resolution::Bus) => {}
+        Ok(Resolution::NoPage) => signal_thread(libc::SIGBUS),
         // No region: the message may be stale (its thread left the kernel's
         // wait early, on a signal or a spurious wake-up, faulted again, was
         // woken when the other message for the page was served, and has

@@ -124,7 +124,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                     }
                     Recheck::Failed => {
                         obj.cache.unlock(i, 0, 0);
-                        return Outcome::Bus;
+                        return Outcome::NoPage;
                     }
                 }
             }
@@ -215,7 +215,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             LoadResult::NoMemory => {
                 obj.cache.unlock(i, 0, 0);
                 mm.uncharge(obj.units());
-                return Outcome::Bus;
+                return Outcome::NoPage;
             }
         }
     }
@@ -255,7 +255,7 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
         if e == libc::EAGAIN {
             Outcome::Restart
         } else {
-            Outcome::Bus
+            Outcome::NoPage
         }
     };
     if let Some(src) = source.page_in_memory(off) {
@@ -379,7 +379,7 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             if e == libc::EAGAIN {
                 Outcome::Restart
             } else {
-                Outcome::Bus
+                Outcome::NoPage
             }
         }
     }

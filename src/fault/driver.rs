@@ -85,6 +85,7 @@ pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access) -> Resolution {
     match out {
         Outcome::Done => Resolution::Resolved,
         Outcome::Bus => Resolution::Bus,
+        Outcome::NoPage => Resolution::NoPage,
         Outcome::Restart => Resolution::Restart,
         Outcome::Denied => {
             c.inc(SEGV);

@@ -209,6 +209,10 @@ pub enum Outcome {
     Denied,
     /// The page is poisoned (store read failed for good).
     Bus,
+    /// No page can be had now and nothing marks the address: the huge
+    /// page pool is empty, or the kernel refused the install. The page
+    /// stays absent; the access gets SIGBUS, which the delivery raises.
+    NoPage,
     /// An event is waiting to be read (an ioctl failed with EAGAIN): the
     /// attempt undid what it had started; restart the fault once the event
     /// is applied.
@@ -230,8 +234,15 @@ pub enum Resolution {
     /// still waits, its access runs again against the kernel's view (which
     /// raises SIGSEGV itself on a range being unmapped or gone).
     NoRegion,
-    /// SIGBUS semantics: the page is poisoned.
+    /// SIGBUS semantics: the page is poisoned (marked with
+    /// `UFFDIO_POISON`, so the access run again gets SIGBUS from the
+    /// kernel).
     Bus,
+    /// SIGBUS semantics with nothing marking the page ([`Outcome::NoPage`]):
+    /// the access run again would fault again, so the delivery raises
+    /// SIGBUS itself (a handler thread with `tgkill` to the faulting
+    /// thread, before the wake).
+    NoPage,
     /// Not resolved yet: a non-cooperative event must be read and applied
     /// first (handler threads read it, then call again).
     Restart,

@@ -45,6 +45,14 @@ pub(super) fn unmap_anon(mm: &Mm, obj: &Object, i: usize, addr: usize) -> Result
             .map_err(|_| ())
     };
     if obj.cache.load(i) & CLEAN != 0 {
+        // The application may have dropped it (its own `MADV_DONTNEED`,
+        // which this region's quiet descriptor does not report): then its
+        // contents are the object's source again, not the copy it was read
+        // from (an older swap copy would come back). One that drops it
+        // between this look and the zap still has the window.
+        if page_present(addr) == Ok(false) {
+            return Ok(Unmapped::Dropped);
+        }
         zap()?;
         return Ok(Unmapped::InCache);
     }

@@ -209,7 +209,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     if dirty && !written && obj.swap().writable() {
         // SAFETY: page lock held and the page is not mapped: nobody else
         // reads or writes its cached contents.
-        let buf = unsafe { obj.page_mut(i) };
+        let buf = unsafe { obj.page_to_write_out(i) };
         let off = (i << obj.page_shift()) as u64;
         if buf
             .map(|b| crate::io::write(&mm.io, obj.swap(), &[(off, b)]))

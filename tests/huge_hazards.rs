@@ -1,0 +1,212 @@
+//! What an application does behind the engine's back to 2 MiB pages, and
+//! a pool that runs dry: a page it dropped with its own `MADV_DONTNEED`
+//! is not brought back from an old swap copy, a page it punched with
+//! `MADV_REMOVE` is written back without a fault in the engine's thread,
+//! and an access with no page to be had gets SIGBUS in every delivery
+//! (before, a handler thread woke the faulting thread into the same fault
+//! for ever).
+//!
+//! The tests reserve the huge pages they need as root and give them back
+//! ([`huge_util::HugePool`]); a child that dies leaves the pool to its
+//! parent's guard.
+
+#[path = "engine_util.rs"]
+mod util;
+
+#[path = "huge_util.rs"]
+mod huge_util;
+
+use huge_util::HugePool;
+use std::sync::Arc;
+use uffd_pager::store::{MemoryStore, Store};
+use uffd_pager::{Counter, Delivery, InstallKind, Pager, HUGE_PAGE_SIZE};
+use util::*;
+
+const HUGE: usize = HUGE_PAGE_SIZE;
+/// The budget's 4 KiB units in one huge page.
+const UNITS: u64 = (HUGE / PAGE) as u64;
+const MARKER: &str = "CHILD-REACHED-THE-ACCESS";
+
+fn delivery_named(name: &str) -> Delivery {
+    match name {
+        "threads" => THREADS,
+        "per-region" => Delivery::PerRegion,
+        _ => Delivery::InThread,
+    }
+}
+
+/// Reclaims until nothing of the pager is resident (kswapd may hold a page
+/// it is writing back while `reclaim_pages` passes it by), or 10 s.
+fn reclaim_all(pager: &Pager, units: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        pager.reclaim_pages(units);
+        if pager.stats().resident_pages == 0 || std::time::Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A 2 MiB anonymous page read back from swap is installed clean (its swap
+/// copy still holds it). If the application then drops it with its own
+/// `madvise(MADV_DONTNEED)`, it reads as zeros, as on the kernel's hugetlb,
+/// also after reclaim has passed over it. Before, reclaim took the clean
+/// page for one still mapped and left its swap copy as its contents: the
+/// read after returned the old bytes.
+#[test]
+fn a_huge_page_the_application_dropped_is_not_its_old_swap_copy() {
+    let _pool = HugePool::take(4);
+    for d in [Delivery::InThread, THREADS] {
+        let pager = huge_pager(d, 2);
+        let mut region = pager
+            .map_anonymous_with(2 * HUGE, &huge_opts(InstallKind::Anonymous))
+            .expect("map a huge anonymous region");
+        region.as_mut_slice()[..HUGE].fill(7);
+        reclaim_all(&pager, 4 * UNITS);
+        assert!(
+            pager.stats().get(Counter::WRITEBACK) >= 1,
+            "{d}: page 0 written to swap\n{}",
+            pager.stats()
+        );
+        // Read back from swap: installed clean, write-protected.
+        assert_eq!(region.as_slice()[HUGE / 2], 7, "{d}: read back from swap");
+        // SAFETY: the range is the region's first (whole) page; the
+        // application may drop its own memory.
+        let rc = unsafe { libc::madvise(region.as_ptr().cast(), HUGE, libc::MADV_DONTNEED) };
+        assert_eq!(rc, 0, "{d}: madvise: {}", errno());
+        reclaim_all(&pager, 4 * UNITS);
+        let s = region.as_slice();
+        assert!(
+            s[..HUGE].iter().all(|&b| b == 0),
+            "{d}: a dropped page read {} (its old swap copy) at byte 0, not 0",
+            s[0]
+        );
+        assert!(s[HUGE..].iter().all(|&b| b == 0), "{d}: page 1");
+    }
+}
+
+/// Child of the test below: maps a 2 MiB anonymous region with the delivery
+/// named in `UFFD_DELIVERY`, empties the pool, and touches the region.
+#[test]
+fn child_touch_a_huge_page_with_the_pool_empty() {
+    if !is_child() {
+        return;
+    }
+    let d = delivery_named(&std::env::var("UFFD_DELIVERY").unwrap_or_default());
+    let pool = HugePool::take(2);
+    let pager = huge_pager(d, 2);
+    let region = pager
+        .map_anonymous_with(2 * HUGE, &huge_opts(InstallKind::Anonymous))
+        .expect("map a huge anonymous region");
+    // The parent's guard puts the pool back: this process dies below.
+    std::mem::forget(pool.drain());
+    std::mem::forget(pool);
+    // A delivery that never answers would keep this thread in the fault:
+    // SIGALRM ends it instead, which the parent reports.
+    // SAFETY: alarm has no preconditions.
+    unsafe { libc::alarm(20) };
+    eprintln!("{MARKER}");
+    // SAFETY: the region is mapped and readable; a volatile read so the
+    // access is made.
+    let b = unsafe { std::ptr::read_volatile(region.as_ptr()) };
+    eprintln!("read {b} with no page in the pool");
+}
+
+/// With the pool empty, an access to a huge page that is not there gets
+/// SIGBUS, as with the kernel's own hugetlb, whichever thread serves the
+/// fault. Before, handler threads (`threads`, `per-region`) only woke the
+/// faulting thread, which faulted again at once, for ever.
+#[test]
+fn an_access_with_no_huge_page_to_be_had_gets_sigbus_in_every_delivery() {
+    if is_child() {
+        return;
+    }
+    let _pool = HugePool::take(2);
+    for d in ["in-thread", "threads", "per-region"] {
+        let out = run_child(
+            "child_touch_a_huge_page_with_the_pool_empty",
+            &[("UFFD_DELIVERY", d)],
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(MARKER),
+            "{d}: the child died before its access; {}",
+            describe(&out)
+        );
+        assert_eq!(
+            exit_signal(&out),
+            Some(libc::SIGBUS),
+            "{d}: expected SIGBUS (SIGALRM = {}: the access never ended); {}",
+            libc::SIGALRM,
+            describe(&out)
+        );
+    }
+}
+
+/// Child of the test below: writes a shared 2 MiB page, punches it out of
+/// the memfd through its mapping (`MADV_REMOVE`), empties the pool, and
+/// writes the region back (`UFFD_HOW=flush`) or reclaims it (`reclaim`).
+/// Prints the store's first byte of that page after.
+#[test]
+fn child_write_back_a_punched_huge_page_with_the_pool_empty() {
+    if !is_child() {
+        return;
+    }
+    let pool = HugePool::take(4);
+    let pager = Pager::builder().budget_pages(4 * UNITS).build().unwrap();
+    let store = Arc::new(MemoryStore::from_bytes(&vec![3u8; 2 * HUGE]).unwrap());
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe {
+        pager.map_store(
+            store.clone() as Arc<dyn Store>,
+            2 * HUGE,
+            &huge_opts(InstallKind::Shared),
+        )
+    }
+    .expect("map a huge shared region");
+    region.as_mut_slice()[..HUGE].fill(5);
+    region.as_mut_slice()[HUGE] = 6;
+    // SAFETY: the region's first page; the application may punch its own
+    // shared memory.
+    let rc = unsafe { libc::madvise(region.as_ptr().cast(), HUGE, libc::MADV_REMOVE) };
+    assert_eq!(rc, 0, "madvise(MADV_REMOVE): {}", errno());
+    std::mem::forget(pool.drain());
+    std::mem::forget(pool);
+    eprintln!("{MARKER}");
+    match std::env::var("UFFD_HOW").as_deref() {
+        Ok("reclaim") => reclaim_all(&pager, 8 * UNITS),
+        _ => region.flush().expect("flush"),
+    }
+    let mut b = [0u8; 2];
+    store.read(0, &mut b[..1]).unwrap();
+    store.read(HUGE as u64, &mut b[1..]).unwrap();
+    println!("STORE {} {}", b[0], b[1]);
+}
+
+/// A dirty shared 2 MiB page the application punched out of the memfd
+/// (`MADV_REMOVE` through its mapping) is a hole; with the pool empty,
+/// loading from it to write it back was SIGBUS in the engine's own thread,
+/// which killed the process. Now the hole's contents (zeros, what the
+/// kernel's punched file range holds) are written, by `flush` and by
+/// reclaim alike, and the other page keeps its write.
+#[test]
+fn a_punched_huge_page_is_written_back_without_a_fault_in_the_engine() {
+    if is_child() {
+        return;
+    }
+    let _pool = HugePool::take(4);
+    for how in ["flush", "reclaim"] {
+        let out = run_child(
+            "child_write_back_a_punched_huge_page_with_the_pool_empty",
+            &[("UFFD_HOW", how)],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("STORE 0 6"),
+            "{how}: expected the punched page written as zeros and the other \
+             kept; {}",
+            describe(&out)
+        );
+    }
+}
