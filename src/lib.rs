@@ -63,7 +63,7 @@ pub use fault::{Policy, PolicyKind};
 pub use footprint::{Footprint, MemoryUse};
 pub use lru::DrainPolicy;
 pub use object::InstallKind;
-pub use pager::{Access, MapOptions, Pager, PagerBuilder};
+pub use pager::{limits, Access, MapOptions, Pager, PagerBuilder};
 pub use reclaim::watermarks;
 pub use region::Region;
 pub use resident::ResidentGuard;

@@ -199,8 +199,15 @@ impl Lru {
         let shards = shards.max(1);
         // Resident pages are at most the budget plus a few in flight; stale
         // entries add to that until reached. Generous and lazily touched.
-        let cap = (budget * 4 + 4096) / shards + 1024;
-        let ring_len = (cap * 8).div_ceil(4096) * 4096;
+        let cap = budget
+            .checked_mul(4)
+            .and_then(|b| b.checked_add(4096))
+            .map(|b| b / shards + 1024)
+            .ok_or(libc::ENOMEM)?;
+        let ring_len = cap
+            .checked_mul(8)
+            .and_then(|b| b.checked_next_multiple_of(4096))
+            .ok_or(libc::ENOMEM)?;
         let mut v = Vec::with_capacity(shards);
         for _ in 0..shards {
             v.push(Shard {

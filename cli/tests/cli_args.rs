@@ -3,36 +3,7 @@
 
 mod cli_util;
 
-use cli_util::run;
-use std::time::{Duration, Instant};
-
-/// Asserts that `args` is rejected as a usage error: exit code 2, a message
-/// on stderr that mentions `needle` (case-insensitive), nothing run (fast).
-fn rejects(args: &[&str], needle: &str) {
-    let t = Instant::now();
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "{args:?}: want exit 2, got {:?}\nstdout: {}\nstderr: {err}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout)
-    );
-    assert!(
-        !err.trim().is_empty(),
-        "{args:?}: exit 2 without a message on stderr"
-    );
-    assert!(
-        err.to_lowercase().contains(&needle.to_lowercase()),
-        "{args:?}: stderr does not mention {needle:?}:\n{err}"
-    );
-    assert!(
-        t.elapsed() < Duration::from_secs(10),
-        "{args:?}: took {:?}; usage errors must be caught before running",
-        t.elapsed()
-    );
-}
+use cli_util::{rejects, run};
 
 #[test]
 fn unknown_subcommand() {

@@ -96,11 +96,19 @@ impl fmt::Display for Delivery {
 }
 
 /// Parses `in-thread` (or `sigbus`), `threads` (one handler per CPU),
-/// `threads:N`, `threads:N:spinUS`, `per-region`.
+/// `threads:N`, `threads:N:spinUS`, `per-region`; N and US within
+/// [`crate::limits`].
 impl FromStr for Delivery {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("bad delivery {s:?} (in-thread, threads[:N[:spinUS]], per-region)");
+        let bad = || {
+            format!(
+                "bad delivery {s:?} (in-thread, threads[:N[:spinUS]] with N in 1..={} and US at \
+                 most {}, per-region)",
+                crate::limits::MAX_THREADS,
+                crate::limits::MAX_SPIN_US
+            )
+        };
         let mut it = s.split(':');
         match it.next() {
             Some("in-thread") | Some("sigbus") if s.find(':').is_none() => Ok(Delivery::InThread),
@@ -108,13 +116,18 @@ impl FromStr for Delivery {
             Some("threads") => {
                 let threads = match it.next() {
                     None => Delivery::per_cpu_threads(),
-                    Some(n) => n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?,
+                    Some(n) => n
+                        .parse()
+                        .ok()
+                        .filter(|&n| n > 0 && n <= crate::limits::MAX_THREADS)
+                        .ok_or_else(bad)?,
                 };
                 let spin_us = match it.next() {
                     None => 0,
                     Some(x) => x
                         .strip_prefix("spin")
                         .and_then(|v| v.parse().ok())
+                        .filter(|&us| us <= crate::limits::MAX_SPIN_US)
                         .ok_or_else(bad)?,
                 };
                 if it.next().is_some() {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 #[cfg(feature = "fault-inject")]
 pub(crate) mod inject;
 pub(crate) mod inner;
+pub mod limits;
 mod map;
 mod options;
 
@@ -257,7 +258,9 @@ impl PagerBuilder {
         self
     }
 
-    /// Opens the descriptor and starts delivery.
+    /// Opens the descriptor and starts delivery. A budget, thread count,
+    /// shard count or spin past [`limits`](crate::limits) is
+    /// [`Error::Config`].
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn build(self) -> Result<Pager> {
@@ -270,9 +273,7 @@ impl PagerBuilder {
         } else {
             features |= feature::THREAD_ID;
         }
-        if let Delivery::Threads { threads: 0, .. } = self.config.delivery {
-            return Err(Error::Config("handler threads must be at least 1".into()));
-        }
+        limits::check(&self.config)?;
         let want = match self.user_mode_only {
             Some(true) => Want::UserModeOnly,
             Some(false) => Want::Full,

@@ -356,7 +356,9 @@ pub fn random_floor(
         ST.base.store(0, Release);
         ST.len.store(0, Release);
         Ok(RandomFloorReport {
-            reads,
+            // (A thread that could not start is an error only now, after the
+            // handler's state is cleared.)
+            reads: reads?,
             faults: ST.faults.load(Acquire),
             elapsed,
             mismatches: mismatches.load(Relaxed),

@@ -66,7 +66,7 @@ struct ScaleArgs {
     /// Faults timed in each, at distinct pages [default: 16384 (64 MiB)].
     #[arg(long, value_parser = at_least_one)]
     faults: Option<u64>,
-    /// Passes; the best counts.
+    /// Passes; the best counts (at most 20).
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     passes: u64,
     /// Page size: 4K or 2M (hugetlb on both sides; root reserves the pages
@@ -84,7 +84,7 @@ struct WakeupArgs {
     /// Pages each faulter touches per pass [default: 2048 (8 MiB)].
     #[arg(long, value_parser = at_least_one)]
     pages: Option<u64>,
-    /// Passes; the best counts.
+    /// Passes; the best counts (at most 100).
     #[arg(long, default_value_t = 9, value_parser = at_least_one)]
     passes: u64,
     /// Install kind; repeatable; default both.
@@ -102,7 +102,7 @@ struct EvictArgs {
     /// Pages evicted per pass [default: 8192 (32 MiB)].
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pages: Option<u64>,
-    /// Passes per side; the best counts.
+    /// Passes per side; the best counts (at most 100).
     #[arg(long, value_name = "R", default_value_t = 3, value_parser = at_least_one)]
     passes: u64,
     /// Install kind; repeatable; default both.
@@ -181,18 +181,6 @@ fn dedup<T: PartialEq + Copy>(v: &[T], default: &[T]) -> Vec<T> {
     out
 }
 
-/// Physical memory in bytes, if the system says.
-fn phys_mem() -> Option<u64> {
-    // SAFETY: sysconf has no preconditions; -1 means unknown.
-    let (pages, size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
-}
-
 /// Rejects runs that cannot fit: the floor and the engine each hold the
 /// source data plus the installed pages (and a memfd for shared runs),
 /// about five times the pass size at once.
@@ -202,7 +190,7 @@ fn check_pages(pages: u64, page_size: usize) -> Result<usize, CliError> {
         .filter(|&b| usize::try_from(b).is_ok())
         .ok_or_else(|| CliError::Usage(format!("--pages {pages} is too large")))?;
     let needed = bytes.saturating_mul(5);
-    if let Some(mem) = phys_mem() {
+    if let Some(mem) = super::phys_mem() {
         if needed > mem {
             return Err(CliError::Usage(format!(
                 "--pages {pages} needs about {} MiB of memory; this machine has {} MiB",
@@ -219,6 +207,13 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
     if a.hop && a.page_size != PAGE_SIZE {
         return Err(CliError::Usage(
             "--hop is measured with 4 KiB pages only".into(),
+        ));
+    }
+    let one_handler =
+        |d: &Delivery| matches!(d, Delivery::InThread | Delivery::Threads { threads: 1, .. });
+    if a.hop && !a.delivery.iter().all(one_handler) {
+        return Err(CliError::Usage(
+            "--hop is measured with --delivery in-thread or threads:1 only".into(),
         ));
     }
     if a.passes > 1000 {
@@ -301,20 +296,24 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
 
 fn run_scale(a: &ScaleArgs) -> CliResult {
     let faults = super::pages_of(a.faults, 16384, a.page_size);
-    if a.many > 1_000_000 || a.few > 1_000_000 || faults > 10_000_000 {
+    if a.many > 1_000_000 || a.few >= a.many || faults > 10_000_000 || a.passes > 20 {
         return Err(CliError::Usage(
-            "--few/--many at most 1000000 regions, --faults at most 10000000".into(),
+            "--few fewer than --many, --many at most 1000000 regions, --faults at most \
+             10000000, --passes at most 20"
+                .into(),
         ));
     }
     let r = uffd_pager_cli::bench::scale(
         a.few as usize,
         a.many as usize,
         faults as usize,
-        (a.passes as usize).min(20),
+        a.passes as usize,
         a.page_size,
     )
     .map_err(|e| CliError::Runtime(format!("scale: {e}")))?;
-    println!(
+    let mut o = String::new();
+    outln!(
+        o,
         "scale: {} faults at random pages of {}, best of {} passes \
          (kernel = the same faults on plain mappings, no engine)\n\
          {:>8} regions: engine {:>8.0} ns/fault, kernel {:>8.0} ns/fault\n\
@@ -334,19 +333,20 @@ fn run_scale(a: &ScaleArgs) -> CliResult {
         r.ratio(),
         r.kernel_ratio()
     );
-    Ok(())
+    super::emit(&o)
 }
 
 fn run_wakeup(a: &WakeupArgs) -> CliResult {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     let faulters = a.faulters.map_or(cpus, |f| f as usize);
     let pages = super::pages_of(a.pages, 2048, a.page_size);
-    if faulters > 256 || pages > 1 << 20 {
+    if faulters > 256 || pages > 1 << 20 || a.passes > 100 {
         return Err(CliError::Usage(
-            "--faulters at most 256, --pages at most 1048576".into(),
+            "--faulters at most 256, --pages at most 1048576, --passes at most 100".into(),
         ));
     }
-    let passes = (a.passes as usize).min(100);
+    let passes = a.passes as usize;
+    let mut o = String::new();
     for kind in dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]) {
         let r = uffd_pager_cli::bench::wakeup_placement(
             kind,
@@ -356,7 +356,8 @@ fn run_wakeup(a: &WakeupArgs) -> CliResult {
             a.page_size,
         )
         .map_err(|e| CliError::Runtime(format!("wakeup: {e}")))?;
-        println!(
+        outln!(
+            o,
             "wakeup placement, {kind}: {} faulters × {} pages of {}, best of {passes} passes \
              (raw floor, µs per fault over all faulters)",
             r.faulters,
@@ -365,15 +366,22 @@ fn run_wakeup(a: &WakeupArgs) -> CliResult {
         );
         let base = r.rows[0].1;
         for (name, us) in &r.rows {
-            println!("  {name:<48} {us:>8.2} µs  ({:.2}× the first)", us / base);
+            outln!(
+                o,
+                "  {name:<48} {us:>8.2} µs  ({:.2}× the first)",
+                us / base
+            );
         }
     }
-    Ok(())
+    super::emit(&o)
 }
 
 fn run_evict(a: &EvictArgs) -> CliResult {
     let pages = check_pages(super::pages_of(a.pages, 8192, a.page_size), a.page_size)?;
-    let passes = (a.passes as usize).min(100);
+    if a.passes > 100 {
+        return Err(CliError::Usage("--passes is at most 100".into()));
+    }
+    let passes = a.passes as usize;
     let kinds = dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]);
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));

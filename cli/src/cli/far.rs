@@ -31,11 +31,13 @@ pub struct FarArgs {
     /// Install kind of the miss pass.
     #[arg(long, default_value = "anonymous")]
     kind: InstallKind,
-    /// Delivery of the miss pass: in-thread or threads\[:N\[:spinUS\]\].
+    /// Delivery of the miss pass: in-thread, threads\[:N\[:spinUS\]\] or
+    /// per-region.
     #[arg(long, default_value = "in-thread")]
     delivery: Delivery,
     /// Microseconds a thread waiting on an I/O worker, and an idle worker,
-    /// spin before they sleep (`PagerBuilder::io_spin`; 0: none).
+    /// spin before they sleep (`PagerBuilder::io_spin`; 0: none; at most
+    /// 1000).
     #[arg(long, default_value_t = 0)]
     io_spin_us: u64,
     /// Print JSON instead of text.
@@ -55,16 +57,22 @@ pub struct FarArgs {
 pub fn run(a: &FarArgs) -> CliResult {
     let pages = super::pages_of(a.pages, 2048, a.page_size);
     let huge = a.page_size != uffd_pager::PAGE_SIZE;
-    if pages > 1 << 20 || a.scan_pages > 1 << 20 || a.passes > 50 || a.readahead > 1024 {
+    if pages > 1 << 20
+        || a.scan_pages > 1 << 20
+        || a.passes > 50
+        || a.readahead > 1024
+        || a.io_spin_us > 1000
+    {
         return Err(CliError::Usage(
-            "--pages/--scan-pages at most 1048576, --passes at most 50, --readahead at most 1024"
+            "--pages/--scan-pages at most 1048576, --passes at most 50, --readahead at most 1024, \
+             --io-spin-us at most 1000"
                 .into(),
         ));
     }
     let rt =
         |what: &'static str| move |e: uffd_pager::Error| CliError::Runtime(format!("{what}: {e}"));
     let far = Far::open(&a.store, "bench").map_err(rt("bench far"))?;
-    let spin = std::time::Duration::from_micros(a.io_spin_us.min(1000));
+    let spin = std::time::Duration::from_micros(a.io_spin_us);
     let miss = far_miss(
         &far,
         pages as usize,
@@ -96,7 +104,7 @@ pub fn run(a: &FarArgs) -> CliResult {
             |f: fn(&FarScanReport) -> i64| scan.as_ref().map_or(Json::Null, |s| Json::Int(f(s)));
         let j = Json::obj([
             ("store", Json::str(a.store.0.clone())),
-            ("io_spin_us", Json::Int(a.io_spin_us.min(1000) as i64)),
+            ("io_spin_us", Json::Int(a.io_spin_us as i64)),
             ("page_size", Json::Int(a.page_size as i64)),
             ("miss_pages", Json::Int(miss.pages as i64)),
             ("miss_floor_get_us", Json::Num(miss.floor_us)),
@@ -116,20 +124,20 @@ pub fn run(a: &FarArgs) -> CliResult {
             ("scan_single_pages_per_s", num(|s| s.single_pages_per_s)),
             ("scan_ratio", num(|s| s.ratio)),
         ]);
-        println!("{j}");
-        return Ok(());
+        return super::emit(&format!("{j}\n"));
     }
+    let mut o = String::new();
     if let (Some(f), Some(r)) = (miss.spinning_floor_us, miss.spinning_ratio) {
-        println!(
+        outln!(o,
             "a raw GET that busy-polls as long as the engine spins: {f:.1} µs; engine against it: {r:.2}"
         );
     }
-    println!(
+    outln!(o,
         "far memory on {}: best of {} passes, io spin {} µs\n\
          miss ({} {}, {} pages of {}): engine {:.1} µs per fault, plain {} {:.1} µs: ratio {:.2} (goal <= 1.3)",
         a.store,
         a.passes,
-        a.io_spin_us.min(1000),
+        a.io_spin_us,
         a.kind,
         a.delivery,
         miss.pages,
@@ -140,7 +148,7 @@ pub fn run(a: &FarArgs) -> CliResult {
         miss.ratio,
     );
     match scan {
-        Some(scan) => println!(
+        Some(scan) => outln!(o,
             "scan ({} pages): readahead {} (MGET) {:.0} pages/s, one GET per fault {:.0} pages/s: ratio {:.1} (goal >= 5)",
             scan.pages,
             scan.readahead,
@@ -148,7 +156,7 @@ pub fn run(a: &FarArgs) -> CliResult {
             scan.single_pages_per_s,
             scan.ratio
         ),
-        None => println!("scan: left out with 2 MiB pages (their regions have no readahead to compare)"),
+        None => outln!(o, "scan: left out with 2 MiB pages (their regions have no readahead to compare)"),
     }
-    Ok(())
+    super::emit(&o)
 }

@@ -338,8 +338,18 @@ pub fn run(a: &MetadataArgs) -> CliResult {
             MAX_PAGES / units
         )));
     }
-    if sizes.budget_units == 0 {
-        return Err(CliError::Usage("--budget must be at least 1".into()));
+    if sizes.budget_units == 0 || sizes.budget_units > uffd_pager::limits::MAX_BUDGET_PAGES {
+        return Err(CliError::Usage(format!(
+            "--budget must be in 1..={} pages of {} bytes",
+            uffd_pager::limits::MAX_BUDGET_PAGES / units,
+            a.page_size
+        )));
+    }
+    if sizes.touch == 0 || sizes.touch > sizes.pages {
+        return Err(CliError::Usage(format!(
+            "--touch {} must be in 1..=--pages ({})",
+            sizes.touch, sizes.pages
+        )));
     }
     let r = measure(&sizes)?;
     let mut out = std::io::stdout().lock();

@@ -3,6 +3,18 @@
 //! Exit codes: 0 success; 2 bad arguments (clap's own errors, and the
 //! validation done here); 1 runtime errors.
 
+/// `println!` into a `String` (which cannot fail), for [`emit`] to write
+/// out in one go.
+macro_rules! outln {
+    ($o:expr) => {
+        $o.push('\n')
+    };
+    ($o:expr, $($t:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($o, $($t)*);
+    }};
+}
+
 mod bench;
 mod demo;
 mod far;
@@ -93,6 +105,28 @@ pub fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Writes `text` to standard output: a runtime error (exit 1), not a
+/// panic, where it cannot be written (a full disk, a closed pipe).
+fn emit(text: &str) -> CliResult {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| CliError::Runtime(format!("writing output: {e}")))
+}
+
+/// Physical memory in bytes, if the system says.
+fn phys_mem() -> Option<u64> {
+    // SAFETY: sysconf has no preconditions; -1 means unknown.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
 }
 
 /// `--page-size`: `4K` (4096) or `2M` (2097152), in bytes.

@@ -184,11 +184,10 @@ pub fn run(a: &ProbeArgs) -> CliResult {
     }
     let r = gather();
     if a.json {
-        println!("{}", to_json(&r));
+        super::emit(&format!("{}\n", to_json(&r)))
     } else {
-        print_human(&r);
+        super::emit(&print_human(&r))
     }
-    Ok(())
 }
 
 fn yes(b: bool) -> &'static str {
@@ -207,49 +206,54 @@ fn range_has(r: &Report, bit: u64) -> Vec<&'static str> {
         .collect()
 }
 
-fn print_human(r: &Report) {
+fn print_human(r: &Report) -> String {
+    let mut o = String::new();
     let api = |g: &Result<Grants, i32>| match g {
         Ok(_) => "ok".to_string(),
         Err(e) => format!("refused: {}", errno_str(*e)),
     };
-    println!("kernel                       {}", r.kernel);
-    println!("effective uid                {}", r.euid);
+    outln!(o, "kernel                       {}", r.kernel);
+    outln!(o, "effective uid                {}", r.euid);
     if let Some(s) = &r.sysctl {
         let meaning = if s == "0" {
             "unprivileged processes: user-mode-only descriptors only"
         } else {
             "unprivileged processes: all faults"
         };
-        println!("vm.unprivileged_userfaultfd  {s} ({meaning})");
+        outln!(o, "vm.unprivileged_userfaultfd  {s} ({meaning})");
     }
-    println!("userfaultfd(2)");
-    println!("  user-mode-only             {}", api(&r.umo));
-    println!("  all faults (no UMO flag)   {}", api(&r.full));
+    outln!(o, "userfaultfd(2)");
+    outln!(o, "  user-mode-only             {}", api(&r.umo));
+    outln!(o, "  all faults (no UMO flag)   {}", api(&r.full));
     let dev = match (&r.dev_present, &r.dev_open) {
         (false, _) => "absent".to_string(),
         (true, Ok(())) => "present, opens".to_string(),
         (true, Err(e)) => format!("present, refused: {e}"),
     };
-    println!("/dev/userfaultfd             {dev}");
-    println!("unprivileged (UMO) works     {}", yes(r.umo.is_ok()));
-    println!("non-UMO works (root/dev)     {}", yes(r.non_umo()));
+    outln!(o, "/dev/userfaultfd             {dev}");
+    outln!(o, "unprivileged (UMO) works     {}", yes(r.umo.is_ok()));
+    outln!(o, "non-UMO works (root/dev)     {}", yes(r.non_umo()));
     let feats = |g: &Result<Grants, i32>| g.as_ref().map_or(0, |g| g.features);
-    println!("\nfeatures                     user-mode-only  all faults");
+    outln!(
+        o,
+        "\nfeatures                     user-mode-only  all faults"
+    );
     for (bit, name) in feature::all() {
         let (u, f) = (feats(&r.umo) & bit != 0, feats(&r.full) & bit != 0);
-        println!("  {name:<26} {:<15} {}", yes(u), yes(f));
+        outln!(o, "  {name:<26} {:<15} {}", yes(u), yes(f));
     }
     let ioctls = r
         .full
         .as_ref()
         .or(r.umo.as_ref())
         .map_or(0, |g: &Grants| g.ioctls);
-    println!(
+    outln!(
+        o,
         "descriptor ioctls            {}",
         ioctl_names(ioctls).join(" ")
     );
     match r.huge_2m {
-        Some((nr, free, resv)) => println!(
+        Some((nr, free, resv)) => outln!(o,
             "huge pages (2 MiB)           {nr} reserved, {free} free, {resv} promised to mappings{}",
             if nr == 0 {
                 " (reserve some as root: echo N > /proc/sys/vm/nr_hugepages)"
@@ -257,31 +261,32 @@ fn print_human(r: &Report) {
                 ""
             }
         ),
-        None => println!("huge pages (2 MiB)           none (no hugetlb in this kernel)"),
+        None => outln!(o, "huge pages (2 MiB)           none (no hugetlb in this kernel)"),
     }
-    println!("\ndelivery modes");
+    outln!(o, "\ndelivery modes");
     let in_thread = if r.in_thread() {
         "usable"
     } else {
         "not usable (no SIGBUS feature)"
     };
-    println!("  in-thread (SIGBUS)         {in_thread}");
+    outln!(o, "  in-thread (SIGBUS)         {in_thread}");
     let threads = if r.threads() {
         "usable"
     } else {
         "not usable (userfaultfd refused)"
     };
-    println!("  handler threads            {threads}");
+    outln!(o, "  handler threads            {threads}");
     let kernel_mode = if r.non_umo() {
         "served (handler threads without user-mode-only)"
     } else {
         "not served (user-mode-only only: syscalls get EFAULT)"
     };
-    println!("  faults inside syscalls     {kernel_mode}");
+    outln!(o, "  faults inside syscalls     {kernel_mode}");
     match &r.range_fd {
-        Err(e) => println!("\nranges: could not open a descriptor: {e}"),
+        Err(e) => outln!(o, "\nranges: could not open a descriptor: {e}"),
         Ok((f, umo)) => {
-            println!(
+            outln!(
+                o,
                 "\nranges (descriptor: user-mode-only {}, features {})",
                 yes(*umo),
                 feature_names(*f).join("|")
@@ -289,8 +294,8 @@ fn print_human(r: &Report) {
             for p in &r.ranges {
                 let what = format!("{} {}", p.what, p.mode);
                 match &p.ioctls {
-                    Ok(b) => println!("  {what:<26} {}", ioctl_names(*b).join(" ")),
-                    Err(e) => println!("  {what:<26} refused: {e}"),
+                    Ok(b) => outln!(o, "  {what:<26} {}", ioctl_names(*b).join(" ")),
+                    Err(e) => outln!(o, "  {what:<26} refused: {e}"),
                 }
             }
             for (n, name) in [
@@ -305,10 +310,11 @@ fn print_human(r: &Report) {
                 } else {
                     format!("yes ({})", on.join(", "))
                 };
-                println!("  {name:<26} {s}");
+                outln!(o, "  {name:<26} {s}");
             }
         }
     }
+    o
 }
 
 fn to_json(r: &Report) -> Json {
@@ -424,6 +430,7 @@ fn probe_store(url: &StoreUrl, json: bool) -> CliResult {
         ));
     }
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+    let mut o = String::new();
     if json {
         let j = Json::obj([
             ("store", Json::str(url.0.clone())),
@@ -432,14 +439,14 @@ fn probe_store(url: &StoreUrl, json: bool) -> CliResult {
             ("read_us", Json::Num(us(read))),
             ("round_trip_ok", Json::Bool(true)),
         ]);
-        println!("{j}");
+        outln!(o, "{j}");
     } else {
-        println!("store {url}: {about}");
-        println!(
+        outln!(o, "store {url}: {about}");
+        outln!(o,
             "  one page written ({:.0} us) and read back ({:.0} us) through the store, and read back by a plain client: ok",
             us(written),
             us(read)
         );
     }
-    Ok(())
+    super::emit(&o)
 }

@@ -148,8 +148,25 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     if a.budget == 0 {
         return usage("--budget must be at least 1 page (the run must evict)".into());
     }
-    if a.pages == 0 || a.pages > MAX_PAGES {
-        return usage(format!("--pages {} must be in 1..={MAX_PAGES}", a.pages));
+    // The torture counts 4 KiB pages: a 2 MiB page is 512 of them.
+    let units = a.page_size / uffd_pager::PAGE_SIZE;
+    if a.pages == 0 || a.pages > MAX_PAGES / units {
+        return usage(format!(
+            "--pages {} must be in 1..={} (64 GiB)",
+            a.pages,
+            MAX_PAGES / units
+        ));
+    }
+    // The model holds a word for every word of the region, and the file
+    // kind writes the region's initial contents from a buffer of its size.
+    let bytes = (a.pages * a.page_size) as u64;
+    if super::phys_mem().is_some_and(|mem| bytes.saturating_mul(2) > mem) {
+        return usage(format!(
+            "--pages {} needs about {} MiB of memory for the region's model; this machine has {} MiB",
+            a.pages,
+            bytes.saturating_mul(2) >> 20,
+            super::phys_mem().unwrap_or(0) >> 20
+        ));
     }
     if a.budget > (a.pages / 4) as u64 {
         return usage(format!(
@@ -194,8 +211,6 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
             return usage("--store and --kind swapfile: the swap goes to one or the other".into())
         }
     };
-    // The torture counts 4 KiB pages: a 2 MiB page is 512 of them.
-    let units = a.page_size / uffd_pager::PAGE_SIZE;
     Ok(TortureConfig {
         threads: a.threads,
         pages: a.pages * units,

@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 use uffd_pager::store::LatencyModel;
-use uffd_pager::{Delivery, DrainPolicy, InstallKind, Policy};
+use uffd_pager::{Delivery, DrainPolicy, InstallKind, Policy, PolicyKind};
 use uffd_pager_cli::far::StoreUrl;
 use uffd_pager_cli::workload::{churn, filemap, launch, random, scan, swap, Knobs, RunResult};
 
@@ -19,19 +19,24 @@ use uffd_pager_cli::workload::{churn, filemap, launch, random, scan, swap, Knobs
 #[derive(Debug, Args, Clone)]
 pub struct WorkloadArgs {
     /// Policies to compare; the first is the baseline of the % column.
-    /// Each may carry `+uptodate-no-retry`.
-    #[arg(long, value_delimiter = ',', default_value = "vanilla,retry-once")]
+    /// Each may carry `+uptodate-no-retry`. [default: vanilla,retry-once;
+    /// populate-churn, which compares drain policies, takes one: vanilla]
+    #[arg(long, value_delimiter = ',')]
     pub policy: Vec<Policy>,
-    /// Worker threads (several values: sweep).
+    /// Worker threads (several values: sweep): filemap, swap,
+    /// populate-churn, random (scan has one scanner, launch one app).
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
     /// Extra global-lock writer threads (several values: sweep).
     #[arg(long, value_delimiter = ',')]
     pub writers: Vec<usize>,
-    /// Region size in pages (per worker for filemap).
+    /// Region size in pages (per worker for filemap): filemap, swap and
+    /// scan (random's file is 4x --budget; launch's is its trace's).
     #[arg(long)]
     pub pages: Option<usize>,
-    /// Memory budget in pages.
+    /// Memory budget in pages (0: none, nothing is evicted; random needs
+    /// one, as its file is 4x the budget; scan raises it to hold its file,
+    /// so that its passes are warm).
     #[arg(long)]
     pub budget: Option<u64>,
     /// Simulated store latency: none, fixed:50us, uniform:10us-100us, exp:50us.
@@ -48,7 +53,7 @@ pub struct WorkloadArgs {
     /// deletes it.
     #[arg(long, value_name = "URL")]
     pub store: Option<StoreUrl>,
-    /// Seconds per run.
+    /// Seconds per run (launch runs --launches launches instead).
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
     /// RNG seed.
@@ -149,6 +154,24 @@ pub struct WorkloadArgs {
     pub plot: Option<PathBuf>,
 }
 
+impl WorkloadArgs {
+    /// The policies to run: those given, or the workload's default.
+    pub fn policies(&self, w: Which) -> Vec<Policy> {
+        if !self.policy.is_empty() {
+            return self.policy.clone();
+        }
+        let of = |kind| Policy {
+            kind,
+            uptodate_no_retry: false,
+        };
+        if w == Which::Churn {
+            vec![of(PolicyKind::Vanilla)]
+        } else {
+            vec![of(PolicyKind::Vanilla), of(PolicyKind::RetryOnce)]
+        }
+    }
+}
+
 /// Which workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Which {
@@ -221,9 +244,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
             "--threads and --shards must be at least 1".into(),
         ));
     }
-    if a.policy.is_empty() {
-        return Err(CliError::Usage("--policy needs at least one policy".into()));
-    }
+    applies_here(w, a)?;
     if a.store.is_some() && !matches!(w, Which::Filemap | Which::Swap | Which::Launch) {
         return Err(CliError::Usage(format!(
             "--store applies to the workloads that read a store (filemap, swap, launch), not {}",
@@ -273,6 +294,32 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         Some(b) => b.saturating_mul(units as u64),
         None => budget.div_ceil(units as u64) * units as u64,
     };
+    if budget > uffd_pager::limits::MAX_BUDGET_PAGES {
+        return Err(CliError::Usage(format!(
+            "--budget {} is more than {} pages of {} bytes (128 TiB)",
+            budget / units as u64,
+            uffd_pager::limits::MAX_BUDGET_PAGES / units as u64,
+            a.page_size
+        )));
+    }
+    // `random` and `scan` keep their file in tmpfs (`/dev/shm`), which holds
+    // at most half of the memory by default.
+    let file_bytes = match w {
+        Which::Random => budget.saturating_mul(4 * uffd_pager::PAGE_SIZE as u64),
+        Which::Scan => pages as u64 * uffd_pager::PAGE_SIZE as u64,
+        _ => 0,
+    };
+    if let Some(mem) = super::phys_mem() {
+        if file_bytes > mem / 2 && a.baseline.is_none() {
+            return Err(CliError::Usage(format!(
+                "{}'s file would be {} MiB, more than half of this machine's {} MiB of memory \
+                 (random's file is 4x --budget, scan's is --pages)",
+                w.name(),
+                file_bytes >> 20,
+                mem >> 20
+            )));
+        }
+    }
     if (pages == 0 && w != Which::Random) || pages > (1 << 24) {
         return Err(CliError::Usage(format!(
             "--pages {} must be in 1..={} ({} bytes at most)",
@@ -289,7 +336,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         noise: a.noise,
         duration: Duration::from_secs_f64(a.duration),
         seed: a.seed,
-        policy: a.policy[0],
+        policy: a.policies(w)[0],
         delivery: a.delivery,
         install: a.kind,
         budget_pages: budget,
@@ -314,6 +361,128 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
         ("threads", vec![k.threads])
     };
     Ok((knob, values, k))
+}
+
+/// Refuses what the workload would ignore or could not honour: a flag of
+/// another workload, a list with an entry twice, a flag that contradicts
+/// another, a value too large to run.
+fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
+    use Which::*;
+    let only = |flag: &str, given: bool, to: &[Which]| {
+        if given && !to.contains(&w) {
+            let names: Vec<&str> = to.iter().map(|w| w.name()).collect();
+            return Err(CliError::Usage(format!(
+                "{flag} applies to {} only, not {}",
+                names.join(", "),
+                w.name()
+            )));
+        }
+        Ok(())
+    };
+    // `random` sizes its file from the budget; `launch` from its trace;
+    // `populate-churn` maps one page at a time.
+    only("--pages", a.pages.is_some(), &[Filemap, Swap, Scan])?;
+    // `scan` has one scanner; `launch` one app.
+    only(
+        "--threads",
+        !a.threads.is_empty(),
+        &[Filemap, Swap, Churn, Random],
+    )?;
+    only(
+        "--writers",
+        !a.writers.is_empty(),
+        &[Filemap, Swap, Random, Scan, Launch],
+    )?;
+    only("--noise", a.noise > 0, &[Filemap, Swap])?;
+    only("--kind", a.kind.is_some(), &[Filemap, Random, Scan, Launch])?;
+    only(
+        "--drain",
+        a.drain
+            != [
+                DrainPolicy::Always,
+                DrainPolicy::LockedOnly,
+                DrainPolicy::Never,
+            ],
+        &[Churn],
+    )?;
+    only("--shards", a.shards != [1], &[Churn])?;
+    only("--trace", a.trace.is_some(), &[Launch])?;
+    only("--launches", a.launches != 10, &[Launch])?;
+    only("--think-scale", a.think_scale.is_some(), &[Launch])?;
+    only("--heap-every", a.heap_every.is_some(), &[Launch])?;
+    if w == Churn && a.policy.len() > 1 {
+        return Err(CliError::Usage(
+            "populate-churn compares drain policies and shard counts (--drain, --shards), \
+             under one --policy"
+                .into(),
+        ));
+    }
+    if a.store.is_some() && (a.latency != LatencyModel::Fixed { ns: 50_000 } || a.max_inflight != 0)
+    {
+        return Err(CliError::Usage(
+            "--latency and --max-inflight shape the simulated store; with --store the latency \
+             is the network's"
+                .into(),
+        ));
+    }
+    if a.baseline.is_some() && (a.json || a.csv || a.plot.is_some()) {
+        return Err(CliError::Usage(
+            "--baseline kernel prints its own table: no --json, --csv or --plot".into(),
+        ));
+    }
+    twice("--policy", &a.policy)?;
+    twice("--threads", &a.threads)?;
+    twice("--writers", &a.writers)?;
+    twice("--drain", &a.drain)?;
+    twice("--shards", &a.shards)?;
+    let max = uffd_pager::limits::MAX_THREADS;
+    let most = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+    if most(&a.threads) > max || most(&a.writers) > max || a.noise > max {
+        return Err(CliError::Usage(format!(
+            "--threads, --writers and --noise are at most {max}"
+        )));
+    }
+    if most(&a.shards) > uffd_pager::limits::MAX_LRU_SHARDS {
+        return Err(CliError::Usage(format!(
+            "--shards is at most {}",
+            uffd_pager::limits::MAX_LRU_SHARDS
+        )));
+    }
+    let worst = match a.latency {
+        LatencyModel::None => 0,
+        LatencyModel::Fixed { ns } => ns,
+        LatencyModel::Uniform { max_ns, .. } => max_ns,
+        LatencyModel::Exponential { mean_ns } => mean_ns,
+    };
+    if worst > 1_000_000_000 {
+        return Err(CliError::Usage(format!(
+            "--latency {}: a simulated I/O is at most 1 s",
+            a.latency
+        )));
+    }
+    if a.think_scale.is_some_and(|t| t > 10_000) {
+        return Err(CliError::Usage("--think-scale is at most 10000".into()));
+    }
+    if let Some(p) = &a.plot {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) {
+            return Err(CliError::Usage(format!(
+                "--plot {}: no such directory",
+                p.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a list that names one value twice (it would run twice).
+fn twice<T: PartialEq + std::fmt::Display>(flag: &str, v: &[T]) -> Result<(), CliError> {
+    for (i, x) in v.iter().enumerate() {
+        if v[..i].contains(x) {
+            return Err(CliError::Usage(format!("{flag} lists {x} twice")));
+        }
+    }
+    Ok(())
 }
 
 /// Runs one workload once.
@@ -366,7 +535,7 @@ pub fn sweep(w: Which, a: &WorkloadArgs) -> Result<Sweep, CliError> {
         }
         v
     } else {
-        a.policy
+        a.policies(w)
             .iter()
             .map(|&p| (p.to_string(), p, DrainPolicy::Always, 1))
             .collect()
@@ -469,13 +638,14 @@ fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
             ))
         }
     };
-    if a.threads.len() > 1 || a.policy.len() > 1 || a.writers.len() > 1 {
+    if a.threads.len() > 1 || a.policies(w).len() > 1 || a.writers.len() > 1 {
         return Err(CliError::Usage(
             "--baseline kernel runs one configuration: give one --policy, --threads and --writers"
                 .into(),
         ));
     }
     let (_, _, k) = plan(w, a)?;
+    kb::check(workload, &k, &a.baseline_dir).map_err(CliError::Usage)?;
     let report = kb::run(workload, &k, &a.baseline_dir).map_err(CliError::Runtime)?;
     let mut out = std::io::stdout().lock();
     write!(out, "{}", report.table(&k, &a.baseline_dir))

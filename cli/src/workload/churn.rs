@@ -3,7 +3,7 @@
 //! it: the LRU lock is taken on the way in (the populate drain) and on the
 //! way out (release). Compares drain policies and LRU shards.
 
-use super::common::{cpu_time, Knobs, RunResult};
+use super::common::{cpu_time, join_sum, spawn_scoped, Knobs, RunResult};
 use std::time::Instant;
 use uffd_pager::{Counter, DrainPolicy, Result, PAGE_SIZE};
 
@@ -23,7 +23,7 @@ pub fn run(k: &Knobs, drain: DrainPolicy, shards: usize) -> Result<RunResult> {
         let hs: Vec<_> = (0..k.threads)
             .map(|_| {
                 let pager = &pager;
-                s.spawn(move || -> Result<u64> {
+                spawn_scoped(s, move || -> Result<u64> {
                     let mut n = 0u64;
                     while Instant::now() < deadline {
                         let mut r = pager.map_anonymous(PAGE_SIZE)?;
@@ -36,9 +36,7 @@ pub fn run(k: &Knobs, drain: DrainPolicy, shards: usize) -> Result<RunResult> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("churn panicked"))
-            .sum()
+        join_sum(hs)
     });
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let ops = ops?;

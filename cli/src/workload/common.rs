@@ -221,43 +221,52 @@ impl Writers {
     /// Starts `k.writers` writers on `pager` (`k.writer_burst` of map/unmap
     /// loops, then `k.writer_pause`, in turn); they stop by themselves at
     /// `deadline` (so that workers they hold up can always finish).
-    pub fn start(pager: &Arc<Pager>, k: &Knobs, deadline: Instant) -> Writers {
-        let (n, pause, burst) = (k.writers, k.writer_pause, k.writer_burst);
-        let stop = Arc::new(AtomicBool::new(false));
-        let loops = Arc::new(AtomicU64::new(0));
-        let handles = (0..n)
-            .map(|_| {
-                let (p, stop, loops) = (pager.clone(), stop.clone(), loops.clone());
-                std::thread::spawn(move || {
-                    while !stop.load(Relaxed) && Instant::now() < deadline {
-                        let until = Instant::now() + burst;
-                        loop {
-                            if let Ok(r) = p.map_anonymous(uffd_pager::PAGE_SIZE) {
-                                drop(r);
-                            }
-                            loops.fetch_add(1, Relaxed);
-                            if stop.load(Relaxed) || Instant::now() >= until {
-                                break;
-                            }
+    pub fn start(pager: &Arc<Pager>, k: &Knobs, deadline: Instant) -> uffd_pager::Result<Writers> {
+        let (pause, burst) = (k.writer_pause, k.writer_burst);
+        let mut w = Writers {
+            stop: Arc::new(AtomicBool::new(false)),
+            handles: Vec::with_capacity(k.writers),
+            loops: Arc::new(AtomicU64::new(0)),
+        };
+        for _ in 0..k.writers {
+            let (p, stop, loops) = (pager.clone(), w.stop.clone(), w.loops.clone());
+            let started = spawn(move || {
+                while !stop.load(Relaxed) && Instant::now() < deadline {
+                    let until = Instant::now() + burst;
+                    loop {
+                        if let Ok(r) = p.map_anonymous(uffd_pager::PAGE_SIZE) {
+                            drop(r);
                         }
-                        if !pause.is_zero() {
-                            // Woken early by `stop` (a launch must not wait
-                            // out a writer's pause to end).
-                            std::thread::park_timeout(pause);
+                        loops.fetch_add(1, Relaxed);
+                        if stop.load(Relaxed) || Instant::now() >= until {
+                            break;
                         }
                     }
-                })
-            })
-            .collect();
-        Writers {
-            stop,
-            handles,
-            loops,
+                    if !pause.is_zero() {
+                        // Woken early by `stop` (a launch must not wait
+                        // out a writer's pause to end).
+                        std::thread::park_timeout(pause);
+                    }
+                }
+            });
+            match started {
+                Ok(h) => w.handles.push(h),
+                Err(e) => {
+                    w.stop();
+                    return Err(e);
+                }
+            }
         }
+        Ok(w)
     }
 
     /// Stops and joins them.
     pub fn stop(mut self) -> u64 {
+        self.halt();
+        self.loops.load(Relaxed)
+    }
+
+    fn halt(&mut self) {
         self.stop.store(true, Relaxed);
         for h in &self.handles {
             h.thread().unpark();
@@ -265,7 +274,13 @@ impl Writers {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
-        self.loops.load(Relaxed)
+    }
+}
+
+/// Writers left behind by an error stop too.
+impl Drop for Writers {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 
@@ -356,15 +371,63 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
+/// Why a thread could not be started (the process's thread limit, or no
+/// memory for its stack), as the workloads' error.
+fn not_started(e: std::io::Error) -> uffd_pager::Error {
+    uffd_pager::Error::Io {
+        context: "starting a workload thread".into(),
+        source: e,
+    }
+}
+
+/// Starts a thread: an error, not a panic, where none can be started.
+pub fn spawn<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> uffd_pager::Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new().spawn(f).map_err(not_started)
+}
+
+/// Starts a scoped thread: an error, not a panic, where none can be
+/// started. (A panic there would leave the scope waiting for the threads
+/// already started, which may run until told to stop.)
+pub fn spawn_scoped<'s, 'e, T: Send + 's>(
+    s: &'s std::thread::Scope<'s, 'e>,
+    f: impl FnOnce() -> T + Send + 's,
+) -> uffd_pager::Result<std::thread::ScopedJoinHandle<'s, T>> {
+    std::thread::Builder::new()
+        .spawn_scoped(s, f)
+        .map_err(not_started)
+}
+
+/// Joins every thread that started and sums what they did; the first
+/// error (a thread that could not start, or one that failed) is returned
+/// once all have been joined.
+pub fn join_sum(
+    hs: Vec<uffd_pager::Result<std::thread::ScopedJoinHandle<'_, uffd_pager::Result<u64>>>>,
+) -> uffd_pager::Result<u64> {
+    let mut sum = Ok(0u64);
+    for h in hs {
+        let r = h.and_then(|h| h.join().expect("workload thread panicked"));
+        sum = match (sum, r) {
+            (Ok(a), Ok(b)) => Ok(a + b),
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        };
+    }
+    sum
+}
+
 /// Runs `f(i)` on `threads` scoped threads (`i` = 0..threads) and sums
 /// what they return (operations done).
-pub fn sum_over_threads(threads: usize, f: impl Fn(usize) -> u64 + Sync) -> u64 {
+pub fn sum_over_threads(
+    threads: usize,
+    f: impl Fn(usize) -> u64 + Sync,
+) -> uffd_pager::Result<u64> {
     std::thread::scope(|s| {
         let f = &f;
-        let hs: Vec<_> = (0..threads).map(|i| s.spawn(move || f(i))).collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("workload thread panicked"))
-            .sum()
+        let hs = (0..threads)
+            .map(|i| spawn_scoped(s, move || Ok(f(i))))
+            .collect();
+        join_sum(hs)
     })
 }
 

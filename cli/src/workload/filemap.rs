@@ -4,7 +4,9 @@
 //! the global-lock writers; `writers` adds more. The budget is far below
 //! `threads × pages`, so reclaim runs all the time. Throughput is rounds/s.
 
-use super::common::{cpu_time, pattern, pattern_stores, Knobs, RunResult, Writers};
+use super::common::{
+    cpu_time, join_sum, pattern, pattern_stores, spawn_scoped, Knobs, RunResult, Writers,
+};
 use super::noise::Noise;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
@@ -25,14 +27,14 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k, deadline);
-    let noise = Noise::start(k.noise, deadline);
+    let writers = Writers::start(&pager, k, deadline)?;
+    let noise = Noise::start(k.noise, deadline)?;
     let rounds: Result<u64> = std::thread::scope(|s| {
         let hs: Vec<_> = stores
             .iter()
             .map(|store| {
                 let (pager, opts, mismatches) = (&pager, &opts, &mismatches);
-                s.spawn(move || -> Result<u64> {
+                spawn_scoped(s, move || -> Result<u64> {
                     let mut n = 0;
                     while Instant::now() < deadline {
                         // SAFETY: the stores are filled before the run and never written
@@ -55,9 +57,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("worker panicked"))
-            .sum()
+        join_sum(hs)
     });
     let writer_loops = writers.stop();
     let (noise_loops, noise_prioritised) = noise.stop();

@@ -62,7 +62,8 @@ impl Trace {
         r.finish()
     }
 
-    /// Parses the text format (see the module docs).
+    /// Parses the text format (see the module docs). A trace with no
+    /// access, or one past [`MAX_TRACE_PAGES`], is an error.
     pub fn parse(text: &str) -> io::Result<Trace> {
         let bad = |n: usize, what: &str| {
             io::Error::new(
@@ -78,7 +79,13 @@ impl Trace {
             }
             let mut it = line.split_whitespace();
             let page = it.next().unwrap_or_default();
-            let page = page.parse().map_err(|_| bad(n, "bad page index"))?;
+            let page: usize = page.parse().map_err(|_| bad(n, "bad page index"))?;
+            if page >= MAX_TRACE_PAGES {
+                return Err(bad(
+                    n,
+                    "page index past the largest region (16777216 pages)",
+                ));
+            }
             let think_us = match it.next() {
                 Some(t) => t.parse().map_err(|_| bad(n, "bad think time"))?,
                 None => 0,
@@ -87,6 +94,12 @@ impl Trace {
                 return Err(bad(n, "expected `page [think_us]`"));
             }
             accesses.push(Access { page, think_us });
+        }
+        if accesses.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "launch trace: no accesses",
+            ));
         }
         Ok(Trace { accesses })
     }
@@ -146,6 +159,9 @@ impl Trace {
         Duration::from_micros(self.accesses.iter().map(|a| a.think_us as u64).sum())
     }
 }
+
+/// The largest region a trace may address, in pages (64 GiB).
+pub const MAX_TRACE_PAGES: usize = 1 << 24;
 
 /// Records a trace from any code: call [`touch`](TraceRecorder::touch)
 /// with the byte offset (into the region) of each access. A timed recorder
@@ -364,7 +380,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<Ru
         // Stopped right after the launch below; the deadline is only a
         // backstop.
         let backstop = Instant::now() + Duration::from_secs(3600);
-        let writers = Writers::start(&pager, k, backstop);
+        let writers = Writers::start(&pager, k, backstop)?;
         let one = || -> Result<(Duration, u64, uffd_pager::Stats)> {
             let s0 = pager.stats();
             let t = Instant::now();

@@ -75,35 +75,42 @@ pub struct Noise {
 
 impl Noise {
     /// Starts `n` noise threads, the i-th pinned to CPU `i % CPUs`.
-    pub fn start(n: usize, deadline: Instant) -> Noise {
+    pub fn start(n: usize, deadline: Instant) -> uffd_pager::Result<Noise> {
         let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let stop = Arc::new(AtomicBool::new(false));
-        let loops = Arc::new(AtomicU64::new(0));
-        let prioritised = Arc::new(AtomicUsize::new(0));
-        let handles = (0..n)
-            .map(|i| {
-                let (stop, loops, prio) = (stop.clone(), loops.clone(), prioritised.clone());
-                std::thread::spawn(move || {
-                    if place(i % cpus) {
-                        prio.fetch_add(1, Relaxed);
+        let mut noise = Noise {
+            stop: Arc::new(AtomicBool::new(false)),
+            handles: Vec::with_capacity(n),
+            prioritised: Arc::new(AtomicUsize::new(0)),
+            loops: Arc::new(AtomicU64::new(0)),
+        };
+        for i in 0..n {
+            let (stop, loops, prio) = (
+                noise.stop.clone(),
+                noise.loops.clone(),
+                noise.prioritised.clone(),
+            );
+            let started = super::common::spawn(move || {
+                if place(i % cpus) {
+                    prio.fetch_add(1, Relaxed);
+                }
+                while !stop.load(Relaxed) && Instant::now() < deadline {
+                    let t = Instant::now();
+                    while t.elapsed() < SPIN {
+                        std::hint::spin_loop();
                     }
-                    while !stop.load(Relaxed) && Instant::now() < deadline {
-                        let t = Instant::now();
-                        while t.elapsed() < SPIN {
-                            std::hint::spin_loop();
-                        }
-                        std::thread::sleep(SLEEP);
-                        loops.fetch_add(1, Relaxed);
-                    }
-                })
-            })
-            .collect();
-        Noise {
-            stop,
-            handles,
-            prioritised,
-            loops,
+                    std::thread::sleep(SLEEP);
+                    loops.fetch_add(1, Relaxed);
+                }
+            });
+            match started {
+                Ok(h) => noise.handles.push(h),
+                Err(e) => {
+                    noise.stop();
+                    return Err(e);
+                }
+            }
         }
+        Ok(noise)
     }
 
     /// How many threads got nice −10 and the 10 µs slice.
@@ -113,11 +120,22 @@ impl Noise {
 
     /// Stops and joins them; returns (loops, threads prioritised).
     pub fn stop(mut self) -> (u64, usize) {
+        self.halt();
+        (self.loops.load(Relaxed), self.prioritised())
+    }
+
+    fn halt(&mut self) {
         self.stop.store(true, Relaxed);
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
-        (self.loops.load(Relaxed), self.prioritised())
+    }
+}
+
+/// Noise left behind by an error stops too.
+impl Drop for Noise {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 
@@ -128,7 +146,8 @@ mod tests {
         let n = super::Noise::start(
             2,
             std::time::Instant::now() + std::time::Duration::from_secs(5),
-        );
+        )
+        .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         let (loops, prio) = n.stop();
         assert!(loops > 0);

@@ -175,7 +175,7 @@ impl RandomWords {
     /// from the pattern in `mismatches`. With `latency`, each access is
     /// timed (two `clock_gettime` calls through the vDSO, tens of ns) into a
     /// histogram of its thread's, merged into `latency` at the end. Returns
-    /// the accesses done.
+    /// the accesses done (an error if a thread could not be started).
     ///
     /// # Safety
     /// `base` must map `pages` readable pages for the whole call, writable
@@ -185,7 +185,7 @@ impl RandomWords {
         base: usize,
         mismatches: &AtomicU64,
         latency: Option<&AtomicHistogram>,
-    ) -> u64 {
+    ) -> uffd_pager::Result<u64> {
         let pages = self.pages;
         sum_over_threads(self.threads, |i| {
             let mut rng = Rng::new(self.seed.wrapping_add(i as u64));

@@ -53,12 +53,12 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k, deadline);
+    let writers = Writers::start(&pager, k, deadline)?;
     let threads = k.threads.max(1);
     let words = RandomWords::of(k, pages, deadline);
     // SAFETY: the region maps `pages` pages of the file, writable when
     // writes are asked for, and outlives the call.
-    let reads = unsafe { words.run(base, &mismatches, None) };
+    let reads = unsafe { words.run(base, &mismatches, None) }?;
     let writer_loops = writers.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let stats = pager.stats();

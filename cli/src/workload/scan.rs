@@ -117,7 +117,7 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
 
     pager.reset_stats();
     let deadline = Instant::now() + k.duration;
-    let writers = Writers::start(&pager, k, deadline);
+    let writers = Writers::start(&pager, k, deadline)?;
     let (mut ewall, mut ecpu, mut kwall) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut passes = 0u64;
     let result = (|| -> Result<()> {

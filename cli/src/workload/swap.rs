@@ -38,8 +38,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     pager.reset_stats();
     let (t0, c0) = (Instant::now(), cpu_time());
     let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k, deadline);
-    let noise = Noise::start(k.noise, deadline);
+    let writers = Writers::start(&pager, k, deadline)?;
+    let noise = Noise::start(k.noise, deadline)?;
     let reads = sum_over_threads(k.threads, |_| {
         let mut n = 0u64;
         'run: loop {
@@ -57,7 +57,7 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
             }
         }
         n
-    });
+    })?;
     let writer_loops = writers.stop();
     let (noise_loops, noise_prioritised) = noise.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);

@@ -255,7 +255,8 @@ pub fn run<M: Mapper>(w: Workload, mapper: &M, pages: usize, k: &Knobs) -> Resul
             let words = RandomWords::of(k, pages, deadline);
             // SAFETY: `m` maps `pages` pages of the pattern file (writable
             // when writes are asked for) and outlives the call.
-            let n = unsafe { words.run(m.base(), &mismatches, Some(&out.latency)) };
+            let n = unsafe { words.run(m.base(), &mismatches, Some(&out.latency)) }
+                .map_err(|e| e.to_string())?;
             (n, t0.elapsed())
         }
         Workload::Scan => {
@@ -302,7 +303,8 @@ pub fn run<M: Mapper>(w: Workload, mapper: &M, pages: usize, k: &Knobs) -> Resul
                 }
                 out.latency.absorb(&lat);
                 rounds
-            });
+            })
+            .map_err(|e| e.to_string())?;
             if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
                 return Err(e);
             }

@@ -301,24 +301,7 @@ fn in_child(job: &Job<'_>, group: &MemCgroup, name: String) -> Result<Side, Stri
 /// engine's budget raised to hold it (warm passes); `filemap` `k.pages`
 /// per thread.
 pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
-    if k.budget_pages == 0 {
-        return Err(
-            "--baseline kernel needs a budget (--budget PAGES): it is the memory limit".into(),
-        );
-    }
-    if crate::os::mem::on_tmpfs(dir) {
-        return Err(format!(
-            "{} is tmpfs: the kernel baseline needs a disk file system (--baseline-dir)",
-            dir.display()
-        ));
-    }
-    if w == Workload::Scan
-        && access::engine_map_options(w, k).install_kind() == uffd_pager::InstallKind::Anonymous
-    {
-        return Err(
-            "scan --baseline kernel needs the shared kind: an anonymous region's pages go with MADV_DONTNEED, so its passes would not be warm".into(),
-        );
-    }
+    check(w, k, dir)?;
     if threads_in_process() != 1 {
         return Err(
             "the kernel baseline forks its sides and must start before any other thread".into(),
@@ -331,7 +314,10 @@ pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
             for _ in 0..3 {
                 pages = 4 * (limit(k.budget_pages, pages)? as usize / PAGE_SIZE);
             }
-            (pages, 1, k.budget_pages)
+            // Whole pages of the engine's page size (a 2 MiB region's
+            // length is a multiple of 2 MiB).
+            let units = k.page_size / PAGE_SIZE;
+            (pages.next_multiple_of(units), 1, k.budget_pages)
         }
         Workload::Scan => {
             let p = k.pages.max(1);
@@ -503,4 +489,35 @@ impl Report {
         }
         t
     }
+}
+
+/// What [`run`] refuses before it starts, for the command line to report
+/// as a usage error: no budget, a directory that is missing or on tmpfs,
+/// an anonymous scan.
+pub fn check(w: Workload, k: &Knobs, dir: &Path) -> Result<(), String> {
+    if !dir.is_dir() {
+        return Err(format!(
+            "{}: not a directory (--baseline-dir)",
+            dir.display()
+        ));
+    }
+    if k.budget_pages == 0 {
+        return Err(
+            "--baseline kernel needs a budget (--budget PAGES): it is the memory limit".into(),
+        );
+    }
+    if crate::os::mem::on_tmpfs(dir) {
+        return Err(format!(
+            "{} is tmpfs: the kernel baseline needs a disk file system (--baseline-dir)",
+            dir.display()
+        ));
+    }
+    if w == Workload::Scan
+        && access::engine_map_options(w, k).install_kind() == uffd_pager::InstallKind::Anonymous
+    {
+        return Err(
+            "scan --baseline kernel needs the shared kind: an anonymous region's pages go with MADV_DONTNEED, so its passes would not be warm".into(),
+        );
+    }
+    Ok(())
 }

@@ -40,6 +40,7 @@
 //! as any difference; data from another page shows up as a wrong tag.
 
 use crate::far::{Far, StoreUrl};
+use crate::workload::common::spawn_scoped;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
@@ -366,29 +367,42 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
 
     let stop = AtomicBool::new(false);
     let started = Instant::now();
-    let (reads, writes, bg, churn) = std::thread::scope(|s| {
-        let bg = s.spawn(|| background(&pager, &region, cfg.budget_pages, &stop));
-        let churn = cfg
-            .churn
-            .then(|| s.spawn(|| crate::workload::soak::churn(&pager, mix(cfg.seed), &stop)));
+    // A thread that cannot be started is an error once the others are
+    // joined; the background threads stop with `stop` whatever happened (a
+    // panic in the scope would wait for them for ever).
+    let (reads, writes, bg, churn, not_started) = std::thread::scope(|s| {
+        let bg = spawn_scoped(s, || background(&pager, &region, cfg.budget_pages, &stop));
+        let churn = cfg.churn.then(|| {
+            spawn_scoped(s, || {
+                crate::workload::soak::churn(&pager, mix(cfg.seed), &stop)
+            })
+        });
         let hs: Vec<_> = (0..cfg.threads)
             .map(|t| {
                 let (model, findings) = (&model, &findings);
-                s.spawn(move || worker(t, cfg, base, model, findings))
+                spawn_scoped(s, move || worker(t, cfg, base, model, findings))
             })
             .collect();
-        let (mut reads, mut writes) = (0, 0);
+        let (mut reads, mut writes, mut not_started) = (0, 0, None);
         for h in hs {
-            let (r, w) = h.join().expect("torture worker panicked");
-            reads += r;
-            writes += w;
+            match h {
+                Ok(h) => {
+                    let (r, w) = h.join().expect("torture worker panicked");
+                    reads += r;
+                    writes += w;
+                }
+                Err(e) => not_started = not_started.or(Some(e)),
+            }
         }
         stop.store(true, Release);
-        let bg = bg.join().expect("torture background thread panicked");
-        let churn = churn.map(|c| c.join().expect("torture churn thread panicked"));
-        (reads, writes, bg, churn)
+        let bg = bg.and_then(|h| h.join().expect("torture background thread panicked"));
+        let churn = churn.map(|c| c.and_then(|c| c.join().expect("torture churn thread panicked")));
+        (reads, writes, bg, churn, not_started)
     });
     let elapsed = started.elapsed();
+    if let Some(e) = not_started {
+        return Err(e);
+    }
     let (background_flushes, background_reclaimed) = bg?;
     let churn = churn.transpose()?.unwrap_or_default();
     if churn.mismatches > 0 {

@@ -1,0 +1,269 @@
+//! Bad input to the command line, as a read-only review found it: values
+//! too large to run (before, panics on overflow, aborts, allocations of
+//! 64 GiB, spins and sleeps without end), flags a workload would have
+//! ignored, mistakes in where output or files go, a process that may not
+//! start more threads, and standard output that cannot be written. Each
+//! is exit 2 with a message before anything runs, or exit 1 with a message
+//! for what fails while running; never a panic (101), an abort (134) or a
+//! hang.
+
+mod cli_util;
+
+use cli_util::rejects;
+use std::process::{Command, Output, Stdio};
+
+const MAX: &str = "18446744073709551615";
+
+fn describe(args: &[&str], o: &Output) -> String {
+    format!(
+        "{args:?}: {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn values_too_large_to_run_are_usage_errors() {
+    for (args, needle) in [
+        (&["bench", "swap", "--budget", MAX][..], "--budget"),
+        (&["bench", "random", "--budget", MAX], "--budget"),
+        (&["bench", "metadata", "--budget", MAX], "--budget"),
+        (&["bench", "random", "--budget", "100000000"], "memory"),
+        (&["bench", "populate-churn", "--shards", MAX], "--shards"),
+        (
+            &["bench", "swap", "--delivery", "threads:100000"],
+            "delivery",
+        ),
+        (
+            &["bench", "swap", "--delivery", "threads:1:spin4294967295"],
+            "delivery",
+        ),
+        (
+            &["bench", "filemap", "--latency", "fixed:100s"],
+            "--latency",
+        ),
+        (
+            &["bench", "launch", "--think-scale", "4294967295"],
+            "--think-scale",
+        ),
+        (&["bench", "swap", "--threads", "100000"], "at most"),
+        (
+            &["torture", "--pages", "16777216", "--budget", "4"],
+            "--pages",
+        ),
+        (
+            &[
+                "torture",
+                "--page-size",
+                "2M",
+                "--pages",
+                "65536",
+                "--budget",
+                "4",
+            ],
+            "--pages",
+        ),
+        (&["bench", "scale", "--passes", "1000"], "--passes"),
+        (&["bench", "scale", "--few", "100", "--many", "2"], "--few"),
+        (&["bench", "evict", "--passes", "1000"], "--passes"),
+        (&["bench", "wakeup", "--passes", "1000"], "--passes"),
+        (
+            &[
+                "bench",
+                "far",
+                "--store",
+                "redis://127.0.0.1:1",
+                "--io-spin-us",
+                "5000",
+            ],
+            "--io-spin-us",
+        ),
+        (&["bench", "metadata", "--touch", "0"], "--touch"),
+    ] {
+        rejects(args, needle);
+    }
+}
+
+#[test]
+fn flags_a_workload_would_ignore_are_refused() {
+    for (args, needle) in [
+        (&["bench", "random", "--pages", "10"][..], "--pages"),
+        (&["bench", "scan", "--threads", "2"], "--threads"),
+        (&["bench", "launch", "--threads", "2"], "--threads"),
+        (&["bench", "launch", "--pages", "10"], "--pages"),
+        (
+            &["bench", "populate-churn", "--policy", "vanilla,retry-once"],
+            "populate-churn",
+        ),
+        (&["bench", "swap", "--kind", "shared"], "--kind"),
+        (&["bench", "swap", "--drain", "never"], "--drain"),
+        (&["bench", "swap", "--shards", "2"], "--shards"),
+        (&["bench", "swap", "--trace", "/etc/hostname"], "--trace"),
+        (&["bench", "scan", "--noise", "1"], "--noise"),
+        (
+            &[
+                "bench",
+                "filemap",
+                "--store",
+                "redis://127.0.0.1:1",
+                "--latency",
+                "fixed:10us",
+            ],
+            "--latency",
+        ),
+        (
+            &[
+                "bench",
+                "scan",
+                "--baseline",
+                "kernel",
+                "--policy",
+                "retry-once",
+                "--json",
+            ],
+            "--json",
+        ),
+        (
+            &["bench", "filemap", "--policy", "vanilla,vanilla"],
+            "twice",
+        ),
+        (&["bench", "filemap", "--threads", "2,2"], "twice"),
+        (
+            &["bench", "fault-cost", "--hop", "--delivery", "per-region"],
+            "--hop",
+        ),
+    ] {
+        rejects(args, needle);
+    }
+}
+
+#[test]
+fn where_files_and_output_go_is_checked_before_the_run() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let empty = dir.join("empty-trace.txt");
+    std::fs::write(&empty, "# nothing\n").unwrap();
+    let far = dir.join("far-trace.txt");
+    std::fs::write(&far, format!("{MAX}\n")).unwrap();
+    let (empty, far) = (empty.to_str().unwrap(), far.to_str().unwrap());
+    for (args, needle) in [
+        (
+            &[
+                "bench",
+                "random",
+                "--baseline",
+                "kernel",
+                "--policy",
+                "retry-once",
+                "--budget",
+                "16",
+                "--baseline-dir",
+                "/nonexistent",
+            ][..],
+            "not a directory",
+        ),
+        (
+            &["bench", "filemap", "--plot", "/nonexistent/x.svg"],
+            "--plot",
+        ),
+        (&["bench", "launch", "--trace", empty], "no accesses"),
+        (&["bench", "launch", "--trace", far], "page index"),
+    ] {
+        rejects(args, needle);
+    }
+}
+
+/// Output that cannot be written is exit 1 with a message, as for every
+/// other subcommand; before, `probe` and `bench scale|wakeup|far` panicked.
+#[test]
+fn output_that_cannot_be_written_is_an_error_not_a_panic() {
+    for args in [
+        &["probe"][..],
+        &["probe", "--json"],
+        &[
+            "bench", "scale", "--few", "2", "--many", "4", "--faults", "64",
+        ],
+        &["bench", "wakeup", "--pages", "16", "--passes", "1"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_uffd-pager"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::from(full))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", describe(args, &o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("writing output"),
+            "{}",
+            describe(args, &o)
+        );
+    }
+}
+
+/// A process that may start no more threads gets an error from every
+/// workload that starts them (exit 1, the reason named); before, swap,
+/// filemap and torture panicked, and torture then waited for ever for its
+/// background thread.
+#[test]
+fn a_thread_that_cannot_start_is_an_error() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    // Root is not held to RLIMIT_NPROC: run as nobody.
+    let have = |tool: &str| Command::new(tool).arg("--help").output().is_ok();
+    if !root || !have("setpriv") || !have("prlimit") {
+        eprintln!("skipped: needs root (to become uid 65534), setpriv and prlimit");
+        return;
+    }
+    let exe = std::env::temp_dir().join(format!("uffd-pager-nproc-{}", std::process::id()));
+    std::fs::copy(env!("CARGO_BIN_EXE_uffd-pager"), &exe).unwrap();
+    for args in [
+        &["bench", "swap", "--threads", "100", "--duration", "1"][..],
+        &["bench", "swap", "--writers", "100", "--duration", "1"],
+        &["bench", "swap", "--noise", "100", "--duration", "1"],
+        &[
+            "bench",
+            "filemap",
+            "--threads",
+            "100",
+            "--duration",
+            "1",
+            "--policy",
+            "vanilla",
+        ],
+        &[
+            "torture",
+            "--threads",
+            "100",
+            "--pages",
+            "4096",
+            "--budget",
+            "64",
+            "--ops",
+            "100000",
+            "--kind",
+            "anonymous",
+        ],
+    ] {
+        let o = Command::new("timeout")
+            .arg("120")
+            .arg("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(["prlimit", "--nproc=40"])
+            .arg(&exe)
+            .args(args)
+            .current_dir("/tmp")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", describe(args, &o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("starting a workload thread"),
+            "{}",
+            describe(args, &o)
+        );
+    }
+    let _ = std::fs::remove_file(&exe);
+}
