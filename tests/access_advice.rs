@@ -85,9 +85,14 @@ fn advice_given_after_the_map_applies_from_the_next_fault() {
     let random = pass(0..PAGES / 2);
     assert_eq!(random, 0, "pages read ahead after advice random");
     region.advise(Access::Normal).unwrap();
+    // At least one whole window (32 pages). How many more depends on how
+    // often the readahead threads run before the reader gets there: on a
+    // loaded 2-vCPU machine 218 of 1024 were seen, where the bound was
+    // once an eighth of the region (256); advice that did not apply would
+    // read none.
     let normal = pass(PAGES / 2..PAGES);
     assert!(
-        normal > PAGES as u64 / 8,
+        normal >= 32,
         "{normal} pages read ahead after advice normal"
     );
     region.unmap().unwrap();
