@@ -457,8 +457,9 @@ impl Object {
     /// hugetlbfs hole takes a page from the pool: with the pool empty that
     /// load is SIGBUS in the engine's own thread. So the page is taken from
     /// the pool first (a no-op for a page that is there); where none can be
-    /// had, the hole's contents, zeros, are returned instead (what the
-    /// kernel writes for a punched file range). An application punching the
+    /// had (`ENOSPC`), the hole's contents, zeros, are returned instead (what
+    /// the kernel writes for a punched file range). Any other error leaves
+    /// the page to the caller to keep dirty. An application punching the
     /// page between that check and the caller's read still has the window.
     ///
     /// # Safety
@@ -467,16 +468,18 @@ impl Object {
     /// shared mapping; callers that read for write-back first unmap it or
     /// protect it against writes).
     pub unsafe fn page_to_write_out(&self, i: usize) -> Result<&[u8], i32> {
-        /// A hole's contents (in `.bss`: no memory until read, and then the
-        /// kernel's zero page).
-        static HOLE: [u8; crate::sys::huge::HUGE_PAGE_SIZE] = [0; crate::sys::huge::HUGE_PAGE_SIZE];
         let p = self.data(i)?;
         if let Backing::Shared {
             memfd, huge: true, ..
         } = &self.backing
         {
-            if crate::sys::huge::allocate(memfd.fd(), i << self.shift, self.page_size()).is_err() {
-                return Ok(&HOLE[..self.page_size()]);
+            match crate::sys::huge::allocate(memfd.fd(), i << self.shift, self.page_size()) {
+                Ok(()) => {}
+                // No page to be had: the page was a hole.
+                Err(libc::ENOSPC) | Err(libc::ENOMEM) => {
+                    return Ok(crate::sys::mem::zeros(self.page_size()))
+                }
+                Err(e) => return Err(e),
             }
         }
         // SAFETY: `p` is a page-sized range of a live mapping owned by this

@@ -360,6 +360,24 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             }
             Outcome::Done
         }
+        // No page in the memfd at that offset (`UFFDIO_CONTINUE` answers
+        // `EFAULT` for a hole): the application punched it (`MADV_REMOVE`
+        // through its mapping) after it was cached, by readahead or a fault
+        // that did not map it. As `recheck_installed` does for a mapped
+        // page: give it up and fault it in again.
+        Err(libc::EFAULT) if obj.kind == InstallKind::Shared && !zero => {
+            let clear = if fresh {
+                // Charged, not yet on the LRU or up to date.
+                mm.uncharge(obj.units());
+                let _ = obj.free_data(i, 1);
+                crate::discard::DISCARDED
+            } else {
+                crate::discard::discard_page(mm, obj, i, obj.cache.load(i))
+            };
+            obj.cache.unlock(i, 0, clear);
+            mm.counters.inc(PAGE_DROPPED);
+            Outcome::Retry { major: false }
+        }
         Err(e) => {
             // Not installed: the page goes back to what it was before this
             // install. A fresh zero page is absent again; a page this fault

@@ -70,10 +70,11 @@ pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access) -> Resolution {
         global(mm, &mut f)
     };
 
-    // No region, while events may be half applied: the application may
-    // have just moved or mapped what this fault is for. Try again once they
-    // are applied (a true SIGSEGV stays one).
-    let refused = matches!(out, Outcome::Segv | Outcome::Denied);
+    // No region, or an install the kernel refused, while events may be
+    // half applied: the application may have just moved, unmapped or
+    // mapped what this fault is for. Try again once they are applied (a
+    // true SIGSEGV or SIGBUS stays one).
+    let refused = matches!(out, Outcome::Segv | Outcome::Denied | Outcome::NoPage);
     if out == Outcome::Restart || (refused && mm.events.unsettled_since(epoch)) {
         return Resolution::Restart;
     }

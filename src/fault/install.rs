@@ -4,22 +4,9 @@ use super::Outcome;
 use crate::address_space::Mm;
 use crate::object::{InstallKind, Object};
 use crate::stats::Counter::*;
-use crate::sys::huge::HUGE_PAGE_SIZE;
 use crate::sys::uffd::{IoResult, MODE_DONTWAKE, MODE_WP};
 use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
-
-/// Zeros to copy a zero page from: 2 MiB, so that a huge page (which has
-/// no `UFFDIO_ZEROPAGE`) takes them too. Interior mutability (never used:
-/// nothing writes it) puts it in `.bss`, not `.rodata`: it adds nothing to
-/// the binary, costs no memory, and reading it maps the kernel's shared
-/// zero page.
-#[repr(C, align(4096))]
-struct ZeroPage(std::cell::UnsafeCell<[u8; HUGE_PAGE_SIZE]>);
-// SAFETY: nothing ever writes the bytes; they are only read (by the kernel,
-// as a copy source).
-unsafe impl Sync for ZeroPage {}
-static ZERO_PAGE: ZeroPage = ZeroPage(std::cell::UnsafeCell::new([0; HUGE_PAGE_SIZE]));
 
 /// Installs object page `i` at its address in `vma`. `zero`: an anonymous
 /// page that was never written back (UFFDIO_ZEROPAGE for a read, a copy of
@@ -117,7 +104,12 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
         }
         (InstallKind::Anonymous, true) => {
             let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
-            uffd.copy(addr, ZERO_PAGE.0.get() as usize, len, MODE_DONTWAKE | wp)
+            uffd.copy(
+                addr,
+                crate::sys::mem::zeros(len).as_ptr() as usize,
+                len,
+                MODE_DONTWAKE | wp,
+            )
         }
         // Hugetlb has no `UFFDIO_MOVE`: copy from the cache area, then
         // free the copy there (a 2 MiB page must not be held twice), so

@@ -47,14 +47,19 @@ pub fn memfd(name: &str, len: usize) -> Result<Memfd, i32> {
 /// Takes the pages of `[off, off + len)` of a hugetlbfs memfd from the
 /// pool now (`fallocate`), so that writing them through a mapping cannot
 /// fault for want of one (which would be SIGBUS in the engine's own
-/// thread). `ENOSPC` when the pool is empty. Async-signal-safe.
+/// thread). `ENOSPC` when the pool is empty; `EINTR` is retried.
+/// Async-signal-safe.
 pub fn allocate(fd: RawFd, off: usize, len: usize) -> Result<(), i32> {
-    // SAFETY: fallocate on a descriptor the caller holds open.
-    let rc = unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(super::errno())
+    loop {
+        // SAFETY: fallocate on a descriptor the caller holds open.
+        let rc = unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64) };
+        match rc {
+            0 => return Ok(()),
+            // Hugetlbfs checks for a pending signal before it looks for the
+            // page (a stop, a freeze, a handled signal): not an answer.
+            _ if super::errno() == libc::EINTR => continue,
+            _ => return Err(super::errno()),
+        }
     }
 }
 

@@ -306,7 +306,7 @@ fn plan(w: Which, a: &WorkloadArgs) -> Result<(&'static str, Vec<usize>, Knobs),
     // at most half of the memory by default.
     let file_bytes = match w {
         Which::Random => budget.saturating_mul(4 * uffd_pager::PAGE_SIZE as u64),
-        Which::Scan => pages as u64 * uffd_pager::PAGE_SIZE as u64,
+        Which::Scan => (pages as u64).saturating_mul(uffd_pager::PAGE_SIZE as u64),
         _ => 0,
     };
     if let Some(mem) = super::phys_mem() {
@@ -513,6 +513,26 @@ fn run_once(
                 think_scale: a.think_scale.unwrap_or(launch::THINK_SCALE),
                 heap_every: a.heap_every.unwrap_or(launch::HEAP_EVERY),
             };
+            // The app's think time, scaled: bounded, so a launch ends.
+            let scale = u64::from(model.think_scale);
+            let longest = trace.longest_think_us().saturating_mul(scale);
+            let total = (trace.think_time().as_micros() as u64).saturating_mul(scale);
+            if longest > 10_000_000 || total > 600_000_000 {
+                return Err(CliError::Usage(format!(
+                    "the trace's think times × --think-scale {scale} come to {:.1} s for one \
+                     access and {:.1} s for a launch: at most 10 s and 600 s",
+                    longest as f64 / 1e6,
+                    total as f64 / 1e6
+                )));
+            }
+            // The trace's region lives in a memory store.
+            let bytes = (trace.pages() as u64).saturating_mul(uffd_pager::PAGE_SIZE as u64);
+            if super::phys_mem().is_some_and(|mem| bytes > mem / 2) {
+                return Err(CliError::Usage(format!(
+                    "the trace addresses {} MiB, more than half of this machine's memory",
+                    bytes >> 20
+                )));
+            }
             launch::run(k, &trace, a.launches, model).map_err(rt)
         }
     }

@@ -154,6 +154,15 @@ impl Trace {
             .count()
     }
 
+    /// The longest think time of one access, in µs.
+    pub fn longest_think_us(&self) -> u64 {
+        self.accesses
+            .iter()
+            .map(|a| u64::from(a.think_us))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Total think time.
     pub fn think_time(&self) -> Duration {
         Duration::from_micros(self.accesses.iter().map(|a| a.think_us as u64).sum())
