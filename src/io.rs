@@ -30,8 +30,9 @@
 //! pages, or one 2 MiB page. Requests are a fixed table ([`SLOTS`] of
 //! them, each with 2 MiB of buffer mapped on first use; a request of base
 //! pages touches 128 KiB of it, and a 2 MiB request gives the rest back
-//! when it is done): a request that finds every slot taken (that many
-//! calls stuck) fails at once.
+//! when it is done): a request that finds every slot taken (queued behind
+//! slow calls, or stuck) polls for a free one every 20 µs, within its own
+//! timeout, and fails with `EBUSY` only then.
 
 use crate::store::{Store, StoreError, MAX_BATCH};
 use crate::sync::work_queue::WorkQueue;
@@ -192,14 +193,29 @@ impl Io {
         if len > SLOT_BYTES || (len > MAX_BATCH * PAGE_SIZE && len != HUGE_PAGE_SIZE) {
             return Err(StoreError(libc::EINVAL));
         }
-        let k = (0..SLOTS)
-            .find(|&k| {
+        // Every slot taken (by requests queued behind slow calls, or by
+        // calls stuck in the store): wait for one to come free, within the
+        // request's own timeout. Failing at once made a burst of faults on
+        // a healthy but slow store count failed reads and poison pages.
+        let claim = || {
+            (0..SLOTS).find(|&k| {
                 self.slots[k]
                     .state
                     .compare_exchange(FREE, CLAIMED, Acquire, Relaxed)
                     .is_ok()
             })
-            .ok_or(StoreError(libc::EBUSY))?;
+        };
+        let deadline = now_ns().saturating_add(self.timeout_ns);
+        let k = loop {
+            if let Some(k) = claim() {
+                break k;
+            }
+            if now_ns() >= deadline {
+                return Err(StoreError(libc::EBUSY));
+            }
+            // (nanosleep: async-signal-safe.)
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        };
         let s = &self.slots[k];
         s.op.store(op, Relaxed);
         s.store_id

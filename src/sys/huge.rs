@@ -37,6 +37,9 @@ pub fn shared_at(fd: RawFd, len: usize, hint: usize, fixed: bool) -> Result<Mapp
     Mapping::with_flags(hint, len, libc::MAP_SHARED | libc::MAP_NORESERVE, fd, fixed)
 }
 
+// A huge page's worth of zeros is there to copy or write out.
+const _: () = assert!(HUGE_PAGE_SIZE <= super::mem::ZEROS_LEN);
+
 /// A memfd on hugetlbfs of 2 MiB pages (`MFD_HUGETLB`). It has no
 /// `write`: pages are filled through a mapping of it, after
 /// [`allocate`].

@@ -263,23 +263,26 @@ pub fn page_present(addr: usize) -> Result<bool, i32> {
     }
 }
 
+/// Bytes of [`zeros`] there are: a 2 MiB page's (`sys::huge` checks).
+pub const ZEROS_LEN: usize = 2 << 20;
+
 /// Zeros: 2 MiB, so that a huge page takes them too (a zero page to copy
 /// in, which hugetlb has no `UFFDIO_ZEROPAGE` for; a hole's contents). Interior mutability (never used:
 /// nothing writes it) puts it in `.bss`, not `.rodata`: it adds nothing to
 /// the binary, costs no memory, and reading it maps the kernel's shared
 /// zero page.
 #[repr(C, align(4096))]
-struct ZeroPage(std::cell::UnsafeCell<[u8; super::huge::HUGE_PAGE_SIZE]>);
+struct ZeroPage(std::cell::UnsafeCell<[u8; ZEROS_LEN]>);
 // SAFETY: nothing ever writes the bytes; they are only read.
 unsafe impl Sync for ZeroPage {}
-static ZERO_PAGE: ZeroPage = ZeroPage(std::cell::UnsafeCell::new([0; super::huge::HUGE_PAGE_SIZE]));
+static ZERO_PAGE: ZeroPage = ZeroPage(std::cell::UnsafeCell::new([0; ZEROS_LEN]));
 
-/// `len` (at most 2 MiB) bytes of zeros that live for ever, at a 4 KiB
+/// `len` (at most [`ZEROS_LEN`]) bytes of zeros that live for ever, at a 4 KiB
 /// aligned address. Async-signal-safe.
 pub fn zeros(len: usize) -> &'static [u8] {
     // SAFETY: the array is never written (see `ZeroPage`), so a shared
     // slice of it aliases no mutable access.
-    let all: &'static [u8; super::huge::HUGE_PAGE_SIZE] = unsafe { &*ZERO_PAGE.0.get() };
+    let all: &'static [u8; ZEROS_LEN] = unsafe { &*ZERO_PAGE.0.get() };
     &all[..len]
 }
 
