@@ -179,6 +179,8 @@ pub struct Mm {
     pub io: crate::io::Io,
     /// Shared objects no region maps, kept with their pages cached.
     pub(crate) kept: crate::kept::KeptObjects,
+    /// Objects no region maps whose write-back failed.
+    pub(crate) unwritten: crate::unwritten::Unwritten,
     /// Serialises dropping a reference to an object with the check for the
     /// last one ([`Mm::release_object`]).
     pub(crate) releasing: std::sync::Mutex<()>,
@@ -214,6 +216,7 @@ impl Mm {
             readahead: WorkQueue::new(READAHEAD_QUEUE),
             io,
             kept: Default::default(),
+            unwritten: Default::default(),
             releasing: Default::default(),
         })
     }

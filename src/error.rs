@@ -106,6 +106,23 @@ pub enum Error {
     /// A store operation failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A region was to be mapped over a store that still owes the pager
+    /// the dirty pages of an earlier region, unmapped when they could not
+    /// be written back, and they still cannot be: the new region would
+    /// read older bytes, and a later write-back would put them back over
+    /// its own. Mapping it succeeds once the store takes them (see
+    /// [`Pager::flush_unmapped`](crate::Pager::flush_unmapped)).
+    #[error(
+        "the store still has {bytes} bytes of dirty pages from an unmapped region that could \
+         not be written back ({source}); the region would read older bytes: try again once the \
+         store answers"
+    )]
+    UnwrittenPages {
+        /// The dirty bytes waiting for the store.
+        bytes: u64,
+        /// Why they could not be written now.
+        source: Box<Error>,
+    },
     /// Called in a `fork()`ed child of the process that made the pager: its
     /// regions are not mapped there, and the engine cannot serve it.
     #[error("this process is a fork()ed child of the one that made the pager; the pager cannot be used here")]
@@ -145,6 +162,7 @@ impl Error {
             Error::Sys { errno, .. } => *errno,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Store(e) => e.0,
+            Error::UnwrittenPages { source, .. } => source.errno(),
             Error::ForkedChild => libc::EPERM,
         }
     }

@@ -54,7 +54,9 @@ pub mod sync;
 #[cfg(not(loom))]
 mod sync;
 mod sys;
+mod unwritten;
 mod vma;
+mod write_error;
 mod writeback;
 
 pub use delivery::Delivery;

@@ -369,7 +369,9 @@ impl Mm {
     }
 
     /// Writes `obj`'s dirty pages back, uncharges its resident pages and
-    /// frees it: the caller's is the last reference but the rmap's.
+    /// frees it: the caller's is the last reference but the rmap's. One
+    /// whose write-back fails is kept with its dirty pages
+    /// ([`crate::unwritten`]), and the error returned.
     pub(crate) fn release_now(&self, obj: Arc<Object>) -> Result<()> {
         // No region maps it any more: take it out of the rmap so reclaim
         // cannot reach it, then wait for evictions already under way.
@@ -394,6 +396,17 @@ impl Mm {
             }
         }
         self.uncharge(resident * obj.units());
+        if r.is_err() && crate::unwritten::dirty_pages(&obj) > 0 {
+            // No mapping is left to write its pages: the next write-back
+            // may count them clean once written (see `writeback_object`).
+            for i in 0..obj.npages() {
+                if obj.cache.load(i) & MAPPED != 0 {
+                    obj.cache.lock(i);
+                    obj.cache.unlock(i, 0, MAPPED);
+                }
+            }
+            self.unwritten.push(obj);
+        }
         r
     }
 }

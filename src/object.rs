@@ -135,6 +135,9 @@ pub struct Object {
     /// Where the object's pages are mapped: the reverse map reclaim and
     /// write-back use to find a page's user address.
     pub windows: Windows,
+    /// Reclaim's view of the writes to the store its dirty pages go to
+    /// (the swap store for an anonymous object): see [`crate::write_error`].
+    pub write_health: crate::write_error::WriteHealth,
     /// Readahead state (`file_ra_state`): where the next sequential fault
     /// is expected, the current window, and the end of what was requested.
     pub ra_next: AtomicUsize,
@@ -351,6 +354,7 @@ impl Object {
             keep_stamp: std::sync::Mutex::new(None),
             windows: Windows::new(shift),
             ra_next: AtomicUsize::new(usize::MAX),
+            write_health: Default::default(),
             ra_window: AtomicU32::new(0),
             region_uffd: std::sync::OnceLock::new(),
             ra_end: AtomicUsize::new(0),

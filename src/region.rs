@@ -508,7 +508,9 @@ impl Region {
     }
 
     /// Unmaps the region, reporting write-back errors (dropping it does the
-    /// same but can only log them).
+    /// same but can only log them). Dirty pages the store refused are kept
+    /// and written later: see
+    /// [`Pager::flush_unmapped`](crate::Pager::flush_unmapped).
     ///
     /// Example: [`Region`](crate::Region).
     pub fn unmap(self) -> Result<()> {
@@ -528,7 +530,11 @@ impl Drop for Region {
             return;
         }
         if let Err(e) = self.owner.mm.unmap(self.id) {
-            tracing::error!(start = self.start, error = %e, "unmapping region");
+            tracing::error!(
+                start = self.start,
+                error = %e,
+                "unmapping region (dirty pages the store refused are kept: Pager::flush_unmapped)"
+            );
         }
     }
 }

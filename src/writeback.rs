@@ -12,6 +12,9 @@
 //! ends the write-back with its error (a store that is down is not asked
 //! again for every other batch).
 //!
+//! An object no region maps whose write-back failed waits in
+//! [`crate::unwritten`]; [`Mm::flush_unwritten`] tries it again.
+//!
 //! [`Store::write_many`]: crate::store::Store::write_many
 
 use crate::address_space::Mm;
@@ -19,7 +22,8 @@ use crate::error::Result;
 use crate::object::{InstallKind, Object};
 use crate::page_cache::{DIRTY, MAPPED, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
-use crate::store::MAX_BATCH;
+use crate::store::{Store, MAX_BATCH};
+use std::sync::Arc;
 
 /// Pages of one batch: index, and whether it is protected against writes
 /// (so its dirty bit may be cleared once written).
@@ -102,5 +106,24 @@ impl Mm {
         }
         b.n = 0;
         Ok(r?)
+    }
+
+    /// Tries the write-back of the unmapped objects whose write-back
+    /// failed ([`crate::unwritten`]) again: those over `store`, or all of
+    /// them. Frees those written; keeps the rest and returns the first
+    /// error.
+    pub(crate) fn flush_unwritten(&self, store: Option<&Arc<dyn Store>>) -> Result<()> {
+        let mut r = Ok(());
+        for obj in self.unwritten.take(store) {
+            if let Err(e) = self.writeback_object(&obj) {
+                if crate::unwritten::dirty_pages(&obj) > 0 {
+                    self.unwritten.push(obj);
+                }
+                if r.is_ok() {
+                    r = Err(e);
+                }
+            }
+        }
+        r
     }
 }

@@ -446,6 +446,17 @@ void uffd_pager_free(struct uffd_pager *p);
 int64_t uffd_pager_reclaim(const struct uffd_pager *p, uint64_t pages);
 
 /**
+ * Writes back, again, the dirty pages of regions unmapped while their
+ * store refused them (the pager keeps them until written; dropping it
+ * logs any it still cannot write). Returns 0, or `-errno` of the first
+ * store error (those pages stay kept).
+ *
+ * # Safety
+ * `p` is a live pager handle.
+ */
+int32_t uffd_pager_flush_unmapped(const struct uffd_pager *p);
+
+/**
  * Free 2 MiB pages in the kernel's pool that no mapping has promised
  * (`/sys/kernel/mm/hugepages/hugepages-2048kB/`): what regions of
  * `UFFD_PAGER_HUGE_PAGE_SIZE` pages can draw on now. 0 where the kernel

@@ -203,3 +203,24 @@ pub unsafe extern "C" fn uffd_pager_reclaim(p: *const uffd_pager, pages: u64) ->
         Err(_) => i64::from(fail(libc::EFAULT, "internal error in reclaim")),
     }
 }
+
+/// Writes back, again, the dirty pages of regions unmapped while their
+/// store refused them (the pager keeps them until written; dropping it
+/// logs any it still cannot write). Returns 0, or `-errno` of the first
+/// store error (those pages stay kept).
+///
+/// # Safety
+/// `p` is a live pager handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_flush_unmapped(p: *const uffd_pager) -> i32 {
+    crate::guard(|| {
+        if p.is_null() {
+            return fail(libc::EINVAL, "p is NULL");
+        }
+        // SAFETY: the caller's contract.
+        match unsafe { &*p }.pager.flush_unmapped() {
+            Ok(()) => 0,
+            Err(e) => crate::fail_with(&e),
+        }
+    })
+}

@@ -291,8 +291,9 @@ fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
-/// Writes every region's dirty pages back to its file. Returns 0, or -1
-/// with errno set.
+/// Writes every region's dirty pages back to its file, and those of
+/// regions unmapped while their file refused them. Returns 0, or -1 with
+/// errno set.
 #[no_mangle]
 pub extern "C" fn umap_flush() -> c_int {
     let r = std::panic::catch_unwind(|| {
@@ -300,6 +301,7 @@ pub extern "C" fn umap_flush() -> c_int {
         st.regions
             .iter()
             .try_for_each(Region::flush)
+            .and_then(|()| st.pager.as_ref().map_or(Ok(()), |p| p.flush_unmapped()))
             .map_err(|e| e.errno())
     });
     match r {

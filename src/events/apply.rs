@@ -88,9 +88,14 @@ fn apply(mm: &Mm, e: Event, pre: &[(usize, usize)]) {
             drop(vmas);
             for obj in released {
                 // The last piece of an object gone: its dirty shared pages
-                // are written back, as a file mapping's are after munmap.
+                // are written back, as a file mapping's are after munmap
+                // (kept for a later try if the store refuses them).
                 if let Err(err) = mm.release_object(obj) {
-                    tracing::error!(error = %err, "writing back a region the application unmapped");
+                    tracing::error!(
+                        error = %err,
+                        "writing back a region the application unmapped (its dirty pages are \
+                         kept: Pager::flush_unmapped)"
+                    );
                 }
             }
         }

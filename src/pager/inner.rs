@@ -34,6 +34,18 @@ impl Drop for PagerInner {
         for obj in self.mm.kept.drain() {
             let _ = self.mm.release_now(obj);
         }
+        // Dirty pages of unmapped regions their store refused
+        // (`crate::unwritten`): a last try, while the workers run.
+        if let Err(e) = self.mm.flush_unwritten(None) {
+            for obj in self.mm.unwritten.take(None) {
+                tracing::error!(
+                    store = obj.store.name(),
+                    pages = crate::unwritten::dirty_pages(&obj),
+                    error = %e,
+                    "dirty pages lost: their store refused them until the pager was dropped"
+                );
+            }
+        }
         // Stop delivery before the address space goes: join the handler
         // threads, or leave the SIGBUS registry (waiting out running faults).
         if let Some(k) = self.kswapd.take() {

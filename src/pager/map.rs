@@ -382,6 +382,14 @@ impl Pager {
             InstallKind::Shared => None,
         };
         let mm = &self.inner.mm;
+        // Dirty pages an earlier region over this store could not write
+        // back when it went ([`crate::unwritten`]): written now, or no map.
+        if let Err(e) = mm.flush_unwritten(Some(&store)) {
+            return Err(Error::UnwrittenPages {
+                bytes: mm.unwritten.bytes(Some(&store)),
+                source: Box::new(e),
+            });
+        }
         // A shared object kept since its last region went, over this store,
         // whose contents have not changed since: its pages are still cached.
         let kept = match kind {

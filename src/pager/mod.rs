@@ -421,6 +421,38 @@ impl Pager {
         crate::reclaim::shrink(mm, nr)
     }
 
+    /// Writes back, again, the dirty pages of regions that were unmapped
+    /// (by [`Region::unmap`](crate::Region::unmap), a drop, or the
+    /// application's own `munmap`) while their store refused them. The
+    /// pager keeps such pages, outside its budget, until they are written:
+    /// here, before another region over the same store is mapped, or when
+    /// the pager is dropped (which logs any it still cannot write: only
+    /// those are lost). Returns the first store error; what failed stays
+    /// kept. Calls the stores in this thread.
+    ///
+    /// ```
+    /// use uffd_pager::Pager;
+    ///
+    /// let pager = Pager::builder().build()?;
+    /// pager.flush_unmapped()?; // nothing is waiting
+    /// assert_eq!(pager.unwritten_bytes(), 0);
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn flush_unmapped(&self) -> Result<()> {
+        let mm = &self.inner.mm;
+        mm.check_owner()?;
+        // The application's own munmap just made is applied first, so its
+        // region's pages are among those written.
+        mm.events.quiesce();
+        mm.flush_unwritten(None)
+    }
+
+    /// The bytes of dirty pages of unmapped regions waiting for their
+    /// store (see [`flush_unmapped`](Self::flush_unmapped)).
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.inner.mm.unwritten.bytes(None)
+    }
+
     /// LRU-lock (acquisitions, contended acquisitions) per shard.
     ///
     /// Example: [`Pager`](crate::Pager).

@@ -22,17 +22,22 @@
 //! copy in swap) still holds it. Any step that fails lifts the protection again and leaves
 //! the page where it was.
 
-use super::Unmapped;
+use super::{Pass, Unmapped};
 use crate::address_space::Mm;
 use crate::object::Object;
 use crate::page_cache::CLEAN;
-use crate::stats::Counter::*;
 use crate::sys::mem::{madvise, page_present};
 
 /// Takes huge anonymous page `i` (mapped at `addr`; the caller holds its
 /// page lock and its region's read lock) out of the mapping. Async-signal-
 /// safe.
-pub(super) fn unmap_anon(mm: &Mm, obj: &Object, i: usize, addr: usize) -> Result<Unmapped, ()> {
+pub(super) fn unmap_anon(
+    mm: &Mm,
+    obj: &Object,
+    i: usize,
+    addr: usize,
+    pass: &mut Pass,
+) -> Result<Unmapped, ()> {
     let len = obj.page_size();
     let in_thread = mm.config.delivery.is_in_thread();
     let changing = || mm.uffd_for(obj).mmap_changing();
@@ -78,18 +83,16 @@ pub(super) fn unmap_anon(mm: &Mm, obj: &Object, i: usize, addr: usize) -> Result
     // SAFETY: as above; the copy is complete.
     let page = unsafe { std::slice::from_raw_parts(dst as *const u8, len) };
     let off = (i << obj.page_shift()) as u64;
-    let written = crate::io::write(&mm.io, obj.swap(), &[(off, page)]).is_ok();
+    let written = pass.write_out(mm, obj, &[(off, page)]);
     if zap().is_err() {
         let _ = obj.free_data(i, 1);
         unprotect();
         return Err(());
     }
     if written {
-        mm.counters.inc(WRITEBACK);
         let _ = obj.free_data(i, 1);
         Ok(Unmapped::WrittenBack)
     } else {
-        mm.counters.inc(IO_ERROR);
         Ok(Unmapped::KeptDirty)
     }
 }

@@ -14,7 +14,11 @@
 //! 4. write a cached page back if dirty;
 //! 5. free the cached contents (hole punch / `MADV_DONTNEED`), uncharge.
 //!
-//! A write-back failure keeps the page cached and dirty.
+//! A write-back failure keeps the page cached and dirty. A pass (one
+//! [`shrink`], or one direct reclaim) whose write failed tries no other,
+//! and reclaim leaves a failing store's dirty pages alone for a backoff
+//! ([`crate::write_error`]): a store that hangs costs a fault one I/O
+//! timeout at most, not one per dirty page.
 
 mod huge;
 pub mod staging;
@@ -27,7 +31,7 @@ use crate::page_cache::*;
 use crate::stats::Counter::*;
 use crate::sys::mem::madvise;
 use crate::sys::uffd::MODE_DONTWAKE;
-use crate::sys::{futex, PAGE_SIZE};
+use crate::sys::{futex, now_ns, PAGE_SIZE};
 
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -45,6 +49,47 @@ pub enum Evict {
     Rotate,
     /// Stale or unevictable: drop the entry.
     Drop,
+}
+
+/// One reclaim pass: whether it may still write to a store. It may not
+/// once one of its writes failed.
+#[derive(Debug)]
+pub struct Pass {
+    writes: bool,
+}
+
+impl Pass {
+    /// A pass that has written nothing yet.
+    pub fn new() -> Pass {
+        Pass { writes: true }
+    }
+
+    /// Whether this pass may write a page of `obj` to its store now: none
+    /// of its own writes failed, and `obj`'s store is not in a backoff
+    /// (or this caller won its probe). Async-signal-safe.
+    fn may_write(&self, obj: &Object) -> bool {
+        self.writes && obj.write_health.may_write(now_ns())
+    }
+
+    /// Writes `pages` of `obj` to its swap store (the store itself for a
+    /// shared object), counts and records the result. Async-signal-safe.
+    fn write_out(&mut self, mm: &Mm, obj: &Object, pages: &[(u64, &[u8])]) -> bool {
+        let ok = crate::io::write(&mm.io, obj.swap(), pages).is_ok();
+        obj.write_health.record(ok, now_ns());
+        if ok {
+            mm.counters.inc(WRITEBACK);
+        } else {
+            mm.counters.inc(IO_ERROR);
+            self.writes = false;
+        }
+        ok
+    }
+}
+
+impl Default for Pass {
+    fn default() -> Pass {
+        Pass::new()
+    }
 }
 
 /// How an installed page left the user mapping.
@@ -67,7 +112,7 @@ enum Unmapped {
 /// out atomically (`UFFDIO_MOVE`) to a staging page and written to swap
 /// from there: the engine never reads the user's mapping, where a page
 /// dropped behind its back would fault in the engine itself.
-fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
+fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapped, ()> {
     let addr = obj.windows.addr_of(i).ok_or(())?;
     let vma = mm.lock_vma_quiet(addr).ok_or(())?;
     if !std::ptr::eq(&*vma.object, obj) || vma.page_index(addr) != i {
@@ -85,7 +130,7 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
         return Ok(Unmapped::InCache);
     }
     if obj.is_huge() {
-        return huge::unmap_anon(mm, obj, i, addr);
+        return huge::unmap_anon(mm, obj, i, addr, pass);
     }
     let r = &mm.reclaim;
     let s = r.take_slot();
@@ -117,11 +162,9 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     // SAFETY: `src` is a present page of a staging slot that is ours
     // until `put_slot`.
     let page = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
-    let out = if crate::io::write(&mm.io, obj.swap(), &[((i * PAGE_SIZE) as u64, page)]).is_ok() {
-        mm.counters.inc(WRITEBACK);
+    let out = if pass.write_out(mm, obj, &[((i * PAGE_SIZE) as u64, page)]) {
         Unmapped::WrittenBack
     } else {
-        mm.counters.inc(IO_ERROR);
         match obj.data(i) {
             Ok(dst) => {
                 // SAFETY: the cache page is ours under the page lock.
@@ -147,8 +190,8 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize) -> Result<Unmapped, ()> {
     Ok(out)
 }
 
-/// Tries to evict page `i` of `obj`. Async-signal-safe.
-pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
+/// Tries to evict page `i` of `obj` in `pass`. Async-signal-safe.
+pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     if i >= obj.npages() {
         return Evict::Drop;
     }
@@ -177,6 +220,18 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     }
     let mut dirty = w & DIRTY != 0;
     let mut written = false;
+    // A page that needs a store write (an anonymous one mapped and maybe
+    // written, a dirty one of a writable store) while this pass or its
+    // store may not write: later (`crate::write_error`).
+    let needs_write = if w & MAPPED != 0 && obj.kind == InstallKind::Anonymous {
+        !obj.is_huge() || w & CLEAN == 0
+    } else {
+        dirty && obj.swap().writable()
+    };
+    if needs_write && !pass.may_write(obj) {
+        obj.cache.unlock(i, 0, 0);
+        return Evict::Rotate;
+    }
     // A clean shared page cannot be written under us (it is write-protected
     // or its region read-only, and a write would wait for our page lock):
     // the hole punch below takes it out of every mapping at once, so one
@@ -185,7 +240,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
     if w & MAPPED != 0 && punch_unmaps {
         obj.cache.update(i, 0, MAPPED);
     } else if w & MAPPED != 0 {
-        match unmap_page(mm, obj, i) {
+        match unmap_page(mm, obj, i, pass) {
             Err(()) => {
                 obj.cache.unlock(i, 0, 0);
                 return Evict::Rotate;
@@ -211,15 +266,17 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
         // reads or writes its cached contents.
         let buf = unsafe { obj.page_to_write_out(i) };
         let off = (i << obj.page_shift()) as u64;
-        if buf
-            .map(|b| crate::io::write(&mm.io, obj.swap(), &[(off, b)]))
-            .map_or(true, |r| r.is_err())
-        {
-            mm.counters.inc(IO_ERROR);
+        let ok = match buf {
+            Ok(b) => pass.write_out(mm, obj, &[(off, b)]),
+            Err(_) => {
+                mm.counters.inc(IO_ERROR);
+                false
+            }
+        };
+        if !ok {
             obj.cache.unlock(i, DIRTY, 0);
             return Evict::Rotate;
         }
-        mm.counters.inc(WRITEBACK);
     }
     dirty |= written;
     if w & READAHEAD != 0 {
@@ -253,6 +310,11 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize) -> Evict {
 /// isolation that takes (rotated pages do not shrink the batch).
 /// Async-signal-safe.
 pub fn shrink(mm: &Mm, nr: u64) -> u64 {
+    shrink_in(mm, nr, &mut Pass::new())
+}
+
+/// [`shrink`] as part of `pass`.
+fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     let c = &mm.counters;
     let mut freed = 0;
     let mut scanned = 0u64;
@@ -298,7 +360,7 @@ pub fn shrink(mm: &Mm, nr: u64) -> u64 {
                         // locked meanwhile (see `unmap_batch`'s contract).
                         freed += batch.flush(mm);
                         units = obj.units();
-                        evict_page(mm, &obj, page)
+                        evict_page(mm, &obj, page, pass)
                     }
                     Err((v, None)) => v,
                 },
@@ -369,18 +431,21 @@ pub fn charge_within_budget(mm: &Mm, n: u64) -> bool {
 /// pager over its budget. Like the kernel's (`nr_to_reclaim` is
 /// `SWAP_CLUSTER_MAX`), it frees a batch, not just the page or two over
 /// the budget: one zap, and so one TLB flush, for 32 evictions (fewer for
-/// budgets under 512 pages, at most a sixteenth of the budget).
+/// budgets under 512 pages, at most a sixteenth of the budget). One pass:
+/// after a failed store write it writes no more, and frees what it can
+/// without writing (the fault may then leave the pager over its budget).
 pub fn direct(mm: &Mm) {
     let budget = mm.config.budget_pages;
     let over = mm.resident.load(Relaxed).saturating_sub(budget);
     if over > 0 {
         mm.counters.inc(DIRECT_RECLAIM);
         let batch = (unmap_batch::BATCH as u64).min(budget / 16).max(1);
-        if shrink(mm, over.max(batch)) < over {
+        let mut pass = Pass::new();
+        if shrink_in(mm, over.max(batch), &mut pass) < over {
             // What is left may sit in other CPUs' add batches.
             mm.lru.drain_all(&mm.objects, &mm.counters);
             let over = mm.resident.load(Relaxed).saturating_sub(budget);
-            shrink(mm, over);
+            shrink_in(mm, over, &mut pass);
         }
     }
 }

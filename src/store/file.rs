@@ -433,6 +433,13 @@ impl Store for FileStore {
     /// it. `None` while the last change is under 50 ms old:
     /// a file system with coarse timestamps can give a change made in the
     /// same clock tick as this call the same times, which would hide it.
+    /// The file's device and inode number.
+    fn identity(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().ok()?;
+        Some((m.dev(), m.ino()))
+    }
+
     fn contents_stamp(&self) -> Option<u64> {
         use std::hash::{Hash, Hasher};
         use std::os::unix::fs::MetadataExt;

@@ -344,3 +344,18 @@ fn tmpfs_file_is_read_in_place() {
         assert_eq!(s.page_in_memory(0), None);
     }
 }
+
+#[test]
+fn two_stores_over_one_file_share_an_identity() {
+    let (a, b) = (TempPath::new("id-a"), TempPath::new("id-b"));
+    let opts = FileStoreOptions {
+        create_len: Some(PAGE_SIZE as u64),
+        ..FileStoreOptions::default()
+    };
+    let s1 = FileStore::open(&a.0, &opts).unwrap();
+    let s2 = FileStore::open(&a.0, &opts).unwrap();
+    let other = FileStore::open(&b.0, &opts).unwrap();
+    assert!(s1.identity().is_some());
+    assert_eq!(s1.identity(), s2.identity());
+    assert_ne!(s1.identity(), other.identity());
+}

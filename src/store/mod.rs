@@ -254,6 +254,17 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// What the store reads and writes, where two stores can reach the same
+    /// bytes: a file's device and inode number. Two stores with the same
+    /// identity count as one store when the pager keeps pages it could not
+    /// write back ([`Pager::flush_unmapped`](crate::Pager::flush_unmapped)):
+    /// a region mapped over either is refused while those pages wait.
+    /// Default `None`: only the same `Arc` is the same store. Called at map
+    /// and unmap, never in a signal handler.
+    fn identity(&self) -> Option<(u64, u64)> {
+        None
+    }
+
     /// A short name for reports.
     fn name(&self) -> &'static str;
 

@@ -1,0 +1,86 @@
+//! Objects whose last region went while their dirty pages could not be
+//! written back: the kernel keeps a file's dirty page cache after its last
+//! `munmap` and its flusher writes it later; the engine keeps the object
+//! and writes it when asked.
+//!
+//! When the write-back of an object no region maps any more fails (a
+//! [`Region::unmap`](crate::Region::unmap) that returns the error, a drop
+//! or the application's own `munmap` that can only log it), the object is
+//! kept here with its pages: out of the rmap and the budget (reclaim
+//! cannot reach it), in memory. Its write-back is tried again by
+//! [`Pager::flush_unmapped`](crate::Pager::flush_unmapped), before any new
+//! region over the same store is mapped (one that cannot be written then
+//! refuses the map: the new region would read the store's older bytes,
+//! and a later write-back would put them back over its own), and when the
+//! pager is dropped, which logs the pages it still cannot write: those
+//! alone are lost.
+//!
+//! Cost: an atomic load per map while the list is empty; a mutex and a
+//! scan otherwise.
+
+use crate::object::Object;
+use crate::page_cache::{DIRTY, UPTODATE};
+use crate::store::Store;
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+
+/// The objects waiting for a write-back. See the module docs.
+#[derive(Debug, Default)]
+pub struct Unwritten {
+    list: Mutex<Vec<Arc<Object>>>,
+    /// `list.len()`, read without the lock.
+    len: AtomicUsize,
+}
+
+/// Whether `a` and `b` are the same store: the same allocation, or the
+/// same [`Store::identity`].
+pub fn same_store(a: &Arc<dyn Store>, b: &Arc<dyn Store>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+        || a.identity().is_some_and(|i| b.identity() == Some(i))
+}
+
+/// The number of pages of `obj` that are cached and dirty.
+pub fn dirty_pages(obj: &Object) -> usize {
+    (0..obj.npages())
+        .filter(|&i| obj.cache.load(i) & (UPTODATE | DIRTY) == UPTODATE | DIRTY)
+        .count()
+}
+
+impl Unwritten {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Object>>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `obj` (no region maps it; the rmap no longer holds it).
+    pub fn push(&self, obj: Arc<Object>) {
+        let mut l = self.lock();
+        l.push(obj);
+        self.len.store(l.len(), Release);
+    }
+
+    /// Takes the objects over `store` (all of them if `None`).
+    pub fn take(&self, store: Option<&Arc<dyn Store>>) -> Vec<Arc<Object>> {
+        if self.len.load(Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut l = self.lock();
+        let (out, keep) = std::mem::take(&mut *l)
+            .into_iter()
+            .partition(|o| store.is_none_or(|s| same_store(&o.store, s)));
+        *l = keep;
+        self.len.store(l.len(), Release);
+        out
+    }
+
+    /// The dirty pages waiting for `store` (or for any), in bytes.
+    pub fn bytes(&self, store: Option<&Arc<dyn Store>>) -> u64 {
+        if self.len.load(Acquire) == 0 {
+            return 0;
+        }
+        self.lock()
+            .iter()
+            .filter(|o| store.is_none_or(|s| same_store(&o.store, s)))
+            .map(|o| (dirty_pages(o) as u64) << o.page_shift())
+            .sum()
+    }
+}
