@@ -639,7 +639,9 @@ pub struct Target {
 }
 
 /// The target of a write on `fd` at `at` (None: the descriptor's
-/// position), if the pager maps its file.
+/// position), if the pager maps its file. On a descriptor opened with
+/// `O_APPEND` every write lands at the end of the file, `pwrite`'s too
+/// (Linux ignores its offset there).
 pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
     // SAFETY: a zeroed stat is a valid out-parameter.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
@@ -651,18 +653,13 @@ pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
     if !state().as_ref()?.maps.iter().any(|e| e.file == Some(id)) {
         return None;
     }
+    // SAFETY: F_GETFL reads the descriptor's flags.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     let off = match at {
+        _ if fl >= 0 && fl & libc::O_APPEND != 0 => s.st_size,
         Some(o) => o,
-        None => {
-            // SAFETY: F_GETFL reads the descriptor's flags.
-            let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-            if fl >= 0 && fl & libc::O_APPEND != 0 {
-                s.st_size
-            } else {
-                // SAFETY: lseek on the program's descriptor, not moving it.
-                unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) }
-            }
-        }
+        // SAFETY: lseek on the program's descriptor, not moving it.
+        None => unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) },
     };
     (off >= 0).then_some(Target {
         id,

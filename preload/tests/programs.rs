@@ -434,3 +434,28 @@ fn what_a_program_maps_over_a_pager_mapping_is_its_own() {
     // Every file mapping and the anonymous one were the pager's.
     assert_eq!(counter(&st, "preload_paged"), 5, "{st}");
 }
+
+/// `pwrite` on a descriptor opened with `O_APPEND` appends (Linux ignores
+/// the offset). The shim refreshed the pages at the offset it was given,
+/// so a mapping of the file showed zeros where the appended bytes landed
+/// in its last page: `tests/c/append_pwrite.c` printed
+/// `past-the-old-end 0000` under the shim and `tail` without it.
+#[test]
+fn a_pwrite_that_appends_is_seen_through_the_mapping() {
+    let d = scratch();
+    let exe = build_c(&d, "append_pwrite");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("append-plain.dat"))
+        .output()
+        .unwrap());
+    assert!(plain.contains("past-the-old-end tail"), "{plain}");
+    let data = d.join("append.dat");
+    let pattern = format!("{}/append.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(&data),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("append.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
