@@ -166,6 +166,48 @@ fn frozen_store(kswapd: bool) {
     }
 }
 
+/// kswapd over its watermark with nothing it may free (every resident
+/// page dirty, its store failing) rescanned the LRU every millisecond for
+/// as long as the store stayed down: a CPU spent on nothing (593,472 pages
+/// scanned in this half second; 10,560 now). It now waits longer after
+/// each round that freed nothing, up to 100 ms. (The store
+/// fails at once here rather than hanging: writes stuck in it would hold
+/// the I/O workers its reads need.)
+#[test]
+fn kswapd_rests_while_every_page_waits_for_a_failing_store() {
+    const PAGES: usize = 128;
+    let pager = Pager::builder()
+        .budget_pages(64)
+        .io_timeout(Duration::from_millis(200))
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let store = Faulty::new(PAGES);
+    store.failing.store(true, SeqCst);
+    // Reads still work: every page is read, written and stays dirty.
+    let r = written(&pager, &store, PAGES, 9);
+    let st = pager.stats();
+    assert!(st.resident_pages > 64, "{st}");
+    let scanned = st.get(Counter::PGSCAN);
+    std::thread::sleep(Duration::from_millis(500));
+    let st = pager.stats();
+    let idle = st.get(Counter::PGSCAN) - scanned;
+    store.failing.store(false, SeqCst);
+    eprintln!("kswapd scanned {idle} pages in 500 ms");
+    // About nine rounds of at most 2,112 pages each.
+    assert!(
+        idle < 100_000,
+        "kswapd scanned {idle} pages in 500 ms\n{st}"
+    );
+    let t = Instant::now();
+    while let Err(e) = r.flush() {
+        assert!(t.elapsed() < Duration::from_secs(10), "flush: {e}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_store(&store, PAGES, 9);
+}
+
 /// A shared region over `store` with page `p` holding `p + 1 + seed`.
 fn written(pager: &Pager, store: &Arc<Faulty>, pages: usize, seed: u8) -> uffd_pager::Region {
     // SAFETY: only the test's regions write the store, one at a time.

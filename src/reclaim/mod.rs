@@ -482,6 +482,8 @@ pub fn start_kswapd(mm: &Arc<Mm>) -> std::io::Result<std::thread::JoinHandle<()>
     crate::sys::thread::spawn("uffd-kswapd".into(), move || {
         let r = &mm.reclaim;
         let (high, low) = watermarks(mm.config.budget_pages);
+        // How long to wait after a round that freed nothing.
+        let mut idle_ns = 0u64;
         while !r.stop.load(Acquire) {
             let seq = r.kswapd_seq.load(Acquire);
             let resident = mm.resident.load(Relaxed);
@@ -492,8 +494,16 @@ pub fn start_kswapd(mm: &Arc<Mm>) -> std::io::Result<std::thread::JoinHandle<()>
                 let section = mm.events.section();
                 let got = shrink(&mm, resident - low);
                 drop(section);
+                // Nothing could go (every page busy, referenced, or dirty
+                // over a store in its write backoff, `crate::write_error`):
+                // wait, twice as long each time up to 100 ms, instead of
+                // scanning the LRU a thousand times a second while a store
+                // is down. A stop wakes it.
                 if got == 0 {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    idle_ns = (idle_ns * 2).clamp(1_000_000, 100_000_000);
+                    futex::wait_timeout(&r.kswapd_seq, seq, idle_ns);
+                } else {
+                    idle_ns = 0;
                 }
                 continue;
             }
