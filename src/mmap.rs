@@ -378,6 +378,23 @@ impl Mm {
         let slot = obj.slot.load(Acquire);
         self.objects.remove(slot);
         obj.wait_unpinned();
+        // Dirty pages owed to the store: listed before the write starts
+        // (`crate::unwritten`), so that a map over the store sees them
+        // while it is in flight, and kept there if it fails. No mapping is
+        // left to write them, so a page written is clean (see
+        // `writeback_object`).
+        let owed = obj.kind == InstallKind::Shared
+            && obj.store.writable()
+            && crate::unwritten::dirty_pages(&obj) > 0;
+        if owed {
+            for i in 0..obj.npages() {
+                if obj.cache.load(i) & MAPPED != 0 {
+                    obj.cache.lock(i);
+                    obj.cache.unlock(i, 0, MAPPED);
+                }
+            }
+            self.unwritten.add(&obj);
+        }
         let r = self.writeback_object(&obj);
         let (mut resident, mut on_lru) = (0, 0);
         for i in 0..obj.npages() {
@@ -396,16 +413,8 @@ impl Mm {
             }
         }
         self.uncharge(resident * obj.units());
-        if r.is_err() && crate::unwritten::dirty_pages(&obj) > 0 {
-            // No mapping is left to write its pages: the next write-back
-            // may count them clean once written (see `writeback_object`).
-            for i in 0..obj.npages() {
-                if obj.cache.load(i) & MAPPED != 0 {
-                    obj.cache.lock(i);
-                    obj.cache.unlock(i, 0, MAPPED);
-                }
-            }
-            self.unwritten.push(obj);
+        if owed && r.is_ok() {
+            self.unwritten.remove(&obj);
         }
         r
     }

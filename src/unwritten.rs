@@ -3,11 +3,13 @@
 //! `munmap` and its flusher writes it later; the engine keeps the object
 //! and writes it when asked.
 //!
-//! When the write-back of an object no region maps any more fails (a
-//! [`Region::unmap`](crate::Region::unmap) that returns the error, a drop
-//! or the application's own `munmap` that can only log it), the object is
-//! kept here with its pages: out of the rmap and the budget (reclaim
-//! cannot reach it), in memory. Its write-back is tried again by
+//! An object no region maps any more whose pages are dirty is listed here
+//! from before its last write-back starts until that write-back
+//! succeeds (so that a map over its store never misses it while the write
+//! is in flight). When it fails (a [`Region::unmap`](crate::Region::unmap)
+//! that returns the error, a drop or the application's own `munmap` that
+//! can only log it), the object stays here with its pages: out of the
+//! rmap and the budget (reclaim cannot reach it), in memory. Its write-back is tried again by
 //! [`Pager::flush_unmapped`](crate::Pager::flush_unmapped), before any new
 //! region over the same store is mapped (one that cannot be written then
 //! refuses the map: the new region would read the store's older bytes,
@@ -51,25 +53,32 @@ impl Unwritten {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `obj` (no region maps it; the rmap no longer holds it).
-    pub fn push(&self, obj: Arc<Object>) {
+    /// Lists `obj` (no region maps it; the rmap no longer holds it).
+    pub fn add(&self, obj: &Arc<Object>) {
         let mut l = self.lock();
-        l.push(obj);
+        if !l.iter().any(|o| Arc::ptr_eq(o, obj)) {
+            l.push(obj.clone());
+        }
         self.len.store(l.len(), Release);
     }
 
-    /// Takes the objects over `store` (all of them if `None`).
-    pub fn take(&self, store: Option<&Arc<dyn Store>>) -> Vec<Arc<Object>> {
+    /// Takes `obj` off the list (written).
+    pub fn remove(&self, obj: &Arc<Object>) {
+        let mut l = self.lock();
+        l.retain(|o| !Arc::ptr_eq(o, obj));
+        self.len.store(l.len(), Release);
+    }
+
+    /// The listed objects over `store` (all of them if `None`).
+    pub fn over(&self, store: Option<&Arc<dyn Store>>) -> Vec<Arc<Object>> {
         if self.len.load(Acquire) == 0 {
             return Vec::new();
         }
-        let mut l = self.lock();
-        let (out, keep) = std::mem::take(&mut *l)
-            .into_iter()
-            .partition(|o| store.is_none_or(|s| same_store(&o.store, s)));
-        *l = keep;
-        self.len.store(l.len(), Release);
-        out
+        self.lock()
+            .iter()
+            .filter(|o| store.is_none_or(|s| same_store(&o.store, s)))
+            .cloned()
+            .collect()
     }
 
     /// The dirty pages waiting for `store` (or for any), in bytes.

@@ -16,8 +16,9 @@
 //! Write-back the application asks for ([`crate::Region::flush`], unmap)
 //! always tries: it reports its own error.
 //!
-//! Cost: one atomic load per dirty page reclaim writes while the store is
-//! healthy.
+//! Cost: one atomic load per page reclaim writes (and one per write
+//! after it) while the store is healthy; the clock is read only while it
+//! is not.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -38,14 +39,15 @@ pub struct WriteHealth {
 }
 
 impl WriteHealth {
-    /// Whether reclaim may write now (at `now`): the store is healthy, or
-    /// its backoff ended and this caller won the probe (the next caller
-    /// finds the backoff renewed until the probe reports).
-    pub fn may_write(&self, now: u64) -> bool {
+    /// Whether reclaim may write now (`now` reads the clock): the store is
+    /// healthy, or its backoff ended and this caller won the probe (the
+    /// next caller finds the backoff renewed until the probe reports).
+    pub fn may_write(&self, now: impl FnOnce() -> u64) -> bool {
         let at = self.retry_at.load(Relaxed);
         if at == 0 {
             return true;
         }
+        let now = now();
         if now < at {
             return false;
         }
@@ -56,8 +58,8 @@ impl WriteHealth {
     }
 
     /// Records how a write that [`may_write`](Self::may_write) allowed
-    /// ended (at `now`).
-    pub fn record(&self, ok: bool, now: u64) {
+    /// ended (`now` reads the clock).
+    pub fn record(&self, ok: bool, now: impl FnOnce() -> u64) {
         if ok {
             if self.retry_at.load(Relaxed) != 0 {
                 self.retry_at.store(0, Relaxed);
@@ -73,7 +75,7 @@ impl WriteHealth {
         };
         self.backoff.store(next, Relaxed);
         self.retry_at
-            .store(now.saturating_add(next).max(1), Relaxed);
+            .store(now().saturating_add(next).max(1), Relaxed);
     }
 }
 
@@ -90,32 +92,32 @@ mod tests {
     #[test]
     fn a_failure_pauses_writes_until_one_probe_and_a_success_ends_it() {
         let h = WriteHealth::default();
-        assert!(h.may_write(5));
-        h.record(true, 5);
+        assert!(h.may_write(|| 5));
+        h.record(true, || 5);
         assert!(!h.failing());
-        h.record(false, 1_000);
+        h.record(false, || 1_000);
         assert!(h.failing());
-        assert!(!h.may_write(1_000 + FIRST_BACKOFF_NS - 1));
+        assert!(!h.may_write(|| 1_000 + FIRST_BACKOFF_NS - 1));
         // The backoff ends: one caller probes, the next waits.
         let t = 1_000 + FIRST_BACKOFF_NS;
-        assert!(h.may_write(t));
-        assert!(!h.may_write(t));
+        assert!(h.may_write(|| t));
+        assert!(!h.may_write(|| t));
         // The probe fails: twice as long.
-        h.record(false, t);
-        assert!(!h.may_write(t + 2 * FIRST_BACKOFF_NS - 1));
-        assert!(h.may_write(t + 2 * FIRST_BACKOFF_NS));
-        h.record(true, t + 2 * FIRST_BACKOFF_NS);
+        h.record(false, || t);
+        assert!(!h.may_write(|| t + 2 * FIRST_BACKOFF_NS - 1));
+        assert!(h.may_write(|| t + 2 * FIRST_BACKOFF_NS));
+        h.record(true, || t + 2 * FIRST_BACKOFF_NS);
         assert!(!h.failing());
-        assert!(h.may_write(t + 2 * FIRST_BACKOFF_NS));
+        assert!(h.may_write(|| t + 2 * FIRST_BACKOFF_NS));
     }
 
     #[test]
     fn the_backoff_stops_growing_at_its_cap() {
         let h = WriteHealth::default();
         for _ in 0..64 {
-            h.record(false, 0);
+            h.record(false, || 0);
         }
-        assert!(!h.may_write(MAX_BACKOFF_NS - 1));
-        assert!(h.may_write(MAX_BACKOFF_NS));
+        assert!(!h.may_write(|| MAX_BACKOFF_NS - 1));
+        assert!(h.may_write(|| MAX_BACKOFF_NS));
     }
 }

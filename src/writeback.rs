@@ -30,6 +30,9 @@ use std::sync::Arc;
 struct Batch {
     pages: [(usize, bool); MAX_BATCH],
     n: usize,
+    /// Pages written and marked clean, until the store's sync says they
+    /// are durable.
+    cleaned: Vec<usize>,
 }
 
 impl Mm {
@@ -42,6 +45,7 @@ impl Mm {
         let mut b = Batch {
             pages: [(0, false); MAX_BATCH],
             n: 0,
+            cleaned: Vec::new(),
         };
         for i in 0..obj.npages() {
             if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
@@ -75,7 +79,16 @@ impl Mm {
             }
         }
         self.write_batch(obj, &mut b)?;
-        obj.store.sync()?;
+        if let Err(e) = obj.store.sync() {
+            // Written but not durable (after a failed `fsync` the kernel
+            // may already have dropped its copy): dirty again, so that the
+            // next write-back writes them once more.
+            for &i in &b.cleaned {
+                obj.cache.lock(i);
+                obj.cache.unlock(i, DIRTY, 0);
+            }
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -99,6 +112,9 @@ impl Mm {
         }
         for &(i, protected) in &b.pages[..b.n] {
             let clear = if r.is_ok() && protected { DIRTY } else { 0 };
+            if clear != 0 {
+                b.cleaned.push(i);
+            }
             obj.cache.unlock(i, 0, clear);
             if r.is_ok() {
                 self.counters.inc(WRITEBACK);
@@ -114,13 +130,16 @@ impl Mm {
     /// error.
     pub(crate) fn flush_unwritten(&self, store: Option<&Arc<dyn Store>>) -> Result<()> {
         let mut r = Ok(());
-        for obj in self.unwritten.take(store) {
-            if let Err(e) = self.writeback_object(&obj) {
-                if crate::unwritten::dirty_pages(&obj) > 0 {
-                    self.unwritten.push(obj);
-                }
-                if r.is_ok() {
-                    r = Err(e);
+        // (An object whose first write-back is still in flight is written
+        // here too: the page locks order the two.)
+        for obj in self.unwritten.over(store) {
+            match self.writeback_object(&obj) {
+                Ok(()) if crate::unwritten::dirty_pages(&obj) == 0 => self.unwritten.remove(&obj),
+                Ok(()) => {}
+                Err(e) => {
+                    if r.is_ok() {
+                        r = Err(e);
+                    }
                 }
             }
         }

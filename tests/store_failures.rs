@@ -22,22 +22,29 @@ use uffd_pager::{Counter, InstallKind, MapOptions, Pager};
 use util::PAGE;
 
 /// A memory store whose writes can be frozen (they wait until thawed) or
-/// made to fail at once. Ordinary Rust (not signal-safe): the engine calls
-/// it on its I/O workers, within the I/O timeout.
+/// made to fail at once, and whose `sync` can fail. A write is durable
+/// (in `inner`) only after a `sync`; a failed `sync` loses the writes since
+/// the last one, as the kernel may drop its copy after a failed `fsync`.
+/// Ordinary Rust (not signal-safe): the engine calls it on its I/O
+/// workers, within the I/O timeout.
 struct Faulty {
     inner: MemoryStore,
+    staged: Mutex<std::collections::HashMap<u64, Vec<u8>>>,
     frozen: Mutex<bool>,
     thawed: Condvar,
     failing: AtomicBool,
+    sync_failing: AtomicBool,
 }
 
 impl Faulty {
     fn new(pages: usize) -> Arc<Faulty> {
         Arc::new(Faulty {
             inner: MemoryStore::new((pages * PAGE) as u64).unwrap(),
+            staged: Default::default(),
             frozen: Mutex::new(false),
             thawed: Condvar::new(),
             failing: Default::default(),
+            sync_failing: Default::default(),
         })
     }
 
@@ -52,7 +59,11 @@ impl Store for Faulty {
         self.inner.len()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.inner.read(offset, buf)
+        match self.staged.lock().unwrap().get(&offset) {
+            Some(page) => buf.copy_from_slice(page),
+            None => self.inner.read(offset, buf)?,
+        }
+        Ok(())
     }
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
         let mut f = self.frozen.lock().unwrap();
@@ -63,7 +74,19 @@ impl Store for Faulty {
         if self.failing.load(SeqCst) {
             return Err(StoreError(libc::EIO));
         }
-        self.inner.write(offset, buf)
+        self.staged.lock().unwrap().insert(offset, buf.to_vec());
+        Ok(())
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        let mut staged = self.staged.lock().unwrap();
+        if self.sync_failing.load(SeqCst) {
+            staged.clear();
+            return Err(StoreError(libc::EIO));
+        }
+        for (off, page) in staged.drain() {
+            self.inner.write(off, &page)?;
+        }
+        Ok(())
     }
     fn writable(&self) -> bool {
         true
@@ -280,6 +303,14 @@ fn a_dropped_or_munmapped_region_the_store_refuses_is_written_later() {
             // SAFETY: the region's own range; nothing of it is used again.
             assert_eq!(unsafe { libc::munmap(r.as_ptr().cast(), PAGES * PAGE) }, 0);
             std::mem::forget(r);
+            // A map right after: it applies the munmap first, so its
+            // pages bar the way.
+            // SAFETY: as in `written`.
+            let again = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &shared(true)) };
+            assert!(
+                matches!(again, Err(uffd_pager::Error::UnwrittenPages { .. })),
+                "{again:?}"
+            );
         } else {
             drop(r);
         }
@@ -292,4 +323,31 @@ fn a_dropped_or_munmapped_region_the_store_refuses_is_written_later() {
         }
         assert_store(&store, PAGES, 5);
     }
+}
+
+/// A write-back whose writes landed but whose `sync` failed marked the
+/// pages clean all the same: the next flush wrote nothing and said Ok,
+/// and the pages the failed `sync` lost were gone. They are dirty again
+/// now, and written once more. The same for an unmap: its object stays
+/// kept until a write-back with a good `sync`.
+#[test]
+fn a_failed_sync_leaves_the_pages_dirty() {
+    const PAGES: usize = 8;
+    let pager = Pager::builder().build().unwrap();
+    let store = Faulty::new(PAGES);
+    let r = written(&pager, &store, PAGES, 20);
+    store.sync_failing.store(true, SeqCst);
+    assert!(r.flush().is_err());
+    store.sync_failing.store(false, SeqCst);
+    r.flush().unwrap();
+    assert_store(&store, PAGES, 20);
+
+    let r = written(&pager, &store, PAGES, 30);
+    store.sync_failing.store(true, SeqCst);
+    assert!(r.unmap().is_err());
+    assert_eq!(pager.unwritten_bytes(), (PAGES * PAGE) as u64);
+    store.sync_failing.store(false, SeqCst);
+    pager.flush_unmapped().unwrap();
+    assert_eq!(pager.unwritten_bytes(), 0);
+    assert_store(&store, PAGES, 30);
 }

@@ -37,7 +37,7 @@ impl Drop for PagerInner {
         // Dirty pages of unmapped regions their store refused
         // (`crate::unwritten`): a last try, while the workers run.
         if let Err(e) = self.mm.flush_unwritten(None) {
-            for obj in self.mm.unwritten.take(None) {
+            for obj in self.mm.unwritten.over(None) {
                 tracing::error!(
                     store = obj.store.name(),
                     pages = crate::unwritten::dirty_pages(&obj),

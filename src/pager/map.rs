@@ -384,6 +384,10 @@ impl Pager {
         let mm = &self.inner.mm;
         // Dirty pages an earlier region over this store could not write
         // back when it went ([`crate::unwritten`]): written now, or no map.
+        // (The application's own munmap is applied first: its region's
+        // pages may be among them.)
+        mm.check_owner()?;
+        mm.events.quiesce();
         if let Err(e) = mm.flush_unwritten(Some(&store)) {
             return Err(Error::UnwrittenPages {
                 bytes: mm.unwritten.bytes(Some(&store)),

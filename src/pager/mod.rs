@@ -427,8 +427,11 @@ impl Pager {
     /// pager keeps such pages, outside its budget, until they are written:
     /// here, before another region over the same store is mapped, or when
     /// the pager is dropped (which logs any it still cannot write: only
-    /// those are lost). Returns the first store error; what failed stays
-    /// kept. Calls the stores in this thread.
+    /// those are lost). A write-back whose store `sync` fails keeps its
+    /// pages dirty too. Returns the first store error; what failed stays
+    /// kept. Waits for the stores in this thread (called on the I/O
+    /// workers for a store that is not signal-safe, within the I/O
+    /// timeout).
     ///
     /// ```
     /// use uffd_pager::Pager;

@@ -68,14 +68,14 @@ impl Pass {
     /// of its own writes failed, and `obj`'s store is not in a backoff
     /// (or this caller won its probe). Async-signal-safe.
     fn may_write(&self, obj: &Object) -> bool {
-        self.writes && obj.write_health.may_write(now_ns())
+        self.writes && obj.write_health.may_write(now_ns)
     }
 
     /// Writes `pages` of `obj` to its swap store (the store itself for a
     /// shared object), counts and records the result. Async-signal-safe.
     fn write_out(&mut self, mm: &Mm, obj: &Object, pages: &[(u64, &[u8])]) -> bool {
         let ok = crate::io::write(&mm.io, obj.swap(), pages).is_ok();
-        obj.write_health.record(ok, now_ns());
+        obj.write_health.record(ok, now_ns);
         if ok {
             mm.counters.inc(WRITEBACK);
         } else {

@@ -428,11 +428,6 @@ impl Store for FileStore {
         "file"
     }
 
-    /// The file's identity, size and modification and change times
-    /// (`fstat`): a write by anyone, a truncate or a replaced inode moves
-    /// it. `None` while the last change is under 50 ms old:
-    /// a file system with coarse timestamps can give a change made in the
-    /// same clock tick as this call the same times, which would hide it.
     /// The file's device and inode number.
     fn identity(&self) -> Option<(u64, u64)> {
         use std::os::unix::fs::MetadataExt;
@@ -440,6 +435,11 @@ impl Store for FileStore {
         Some((m.dev(), m.ino()))
     }
 
+    /// The file's identity, size and modification and change times
+    /// (`fstat`): a write by anyone, a truncate or a replaced inode moves
+    /// it. `None` while the last change is under 50 ms old:
+    /// a file system with coarse timestamps can give a change made in the
+    /// same clock tick as this call the same times, which would hide it.
     fn contents_stamp(&self) -> Option<u64> {
         use std::hash::{Hash, Hasher};
         use std::os::unix::fs::MetadataExt;

@@ -260,7 +260,8 @@ pub trait Store: Send + Sync + 'static {
     /// write back ([`Pager::flush_unmapped`](crate::Pager::flush_unmapped)):
     /// a region mapped over either is refused while those pages wait.
     /// Default `None`: only the same `Arc` is the same store. Called at map
-    /// and unmap, never in a signal handler.
+    /// and by [`Pager::unwritten_bytes`](crate::Pager::unwritten_bytes),
+    /// only while such pages wait, never in a signal handler.
     fn identity(&self) -> Option<(u64, u64)> {
         None
     }

@@ -352,6 +352,10 @@ impl Store for SimulatedStore {
         self.inner.contents_stamp()
     }
 
+    fn identity(&self) -> Option<(u64, u64)> {
+        self.inner.identity()
+    }
+
     fn latency_report(&self) -> Option<LatencyReport> {
         Some(LatencyReport {
             model: self.model,

@@ -132,6 +132,12 @@ impl Store for SliceStore {
         self.inner.sync()
     }
 
+    /// The inner store's: a window of a file counts as the file (any two
+    /// windows of it as one store, which errs on the safe side).
+    fn identity(&self) -> Option<(u64, u64)> {
+        self.inner.identity()
+    }
+
     fn signal_safe(&self) -> bool {
         self.inner.signal_safe()
     }
@@ -185,6 +191,21 @@ mod tests {
         assert_eq!(page[0], 8);
         whole.read(7 * P, &mut page).unwrap();
         assert_eq!(page[0], 7, "the page past the window is untouched");
+    }
+
+    #[test]
+    fn a_window_of_a_file_is_that_file() {
+        let path = std::env::temp_dir().join(format!("slice-id-{}", std::process::id()));
+        let opts = crate::store::FileStoreOptions {
+            create_len: Some(4 * P),
+            ..Default::default()
+        };
+        let file: Arc<dyn Store> = Arc::new(crate::store::FileStore::open(&path, &opts).unwrap());
+        let _ = std::fs::remove_file(&path);
+        let s = SliceStore::new(file.clone(), P, P).unwrap();
+        assert!(s.identity().is_some());
+        assert_eq!(s.identity(), file.identity());
+        assert_eq!(SliceStore::new(numbered(2), 0, P).unwrap().identity(), None);
     }
 
     #[test]
