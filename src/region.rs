@@ -335,6 +335,18 @@ impl Region {
     ///
     /// Example: [`Region`](crate::Region).
     pub fn dontneed(&mut self, offset: usize, len: usize) -> Result<()> {
+        // SAFETY: `&mut self` means no slice of the region is alive.
+        unsafe { self.dontneed_unchecked(offset, len) }
+    }
+
+    /// [`dontneed`](Self::dontneed) through a shared reference, for callers
+    /// outside Rust's borrow rules (the C API, the `LD_PRELOAD` shim).
+    ///
+    /// # Safety
+    /// No Rust reference to the bytes of the dropped pages (a slice from
+    /// [`as_slice`](Self::as_slice)) is alive during the call: they change
+    /// under it.
+    pub unsafe fn dontneed_unchecked(&self, offset: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }

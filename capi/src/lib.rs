@@ -38,13 +38,17 @@ thread_local! {
 /// Records `msg` as this thread's last error and returns `-errno`.
 pub(crate) fn fail(errno: i32, msg: impl std::fmt::Display) -> i32 {
     let text = msg.to_string().replace('\0', " ");
-    LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(text).unwrap_or_default());
+    // (`try_with`: a call from a thread-exit destructor, after this
+    // thread's locals are gone, keeps no message but must not panic.)
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = CString::new(text).unwrap_or_default());
     -errno.abs().max(1)
 }
 
 /// This thread's last error message, as text.
 pub(crate) fn error_text() -> String {
-    LAST_ERROR.with(|e| e.borrow().to_string_lossy().into_owned())
+    LAST_ERROR
+        .try_with(|e| e.borrow().to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// An engine error as `-errno`, its message kept for
@@ -82,5 +86,7 @@ pub(crate) use non_null;
 /// string stays valid until this thread's next failing call.
 #[no_mangle]
 pub extern "C" fn uffd_pager_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }

@@ -389,8 +389,11 @@ pub unsafe extern "C" fn uffd_pager_region_dontneed(
 ) -> i32 {
     guard(|| {
         non_null!(r);
-        // SAFETY: the caller's contract.
-        match unsafe { (*r).region.dontneed(offset, len) } {
+        // SAFETY: a live handle (the caller's contract), used through a
+        // shared reference as every other call on it (a `&mut` would alias
+        // another thread's); the C API makes no Rust slice of the region's
+        // bytes.
+        match unsafe { (*r).region.dontneed_unchecked(offset, len) } {
             Ok(()) => 0,
             Err(e) => fail_with(&e),
         }

@@ -34,6 +34,7 @@
 
 use engine::{Delivery, InstallKind, MapOptions, Pager, Policy, Region};
 use std::ffi::{c_int, c_long, c_void};
+use std::io::Write;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// One entry of [`umap_prefetch`]'s array.
@@ -172,7 +173,9 @@ fn state() -> MutexGuard<'static, State> {
 /// `uffd_pager_last_error` and printing it (UMap reports on stderr).
 fn umap_failed(errno: i32, msg: impl std::fmt::Display) -> *mut c_void {
     let _ = crate::fail(errno, &msg);
-    eprintln!("umap: {msg}");
+    // (Never `eprintln!`: it panics when stderr is gone, and this runs
+    // outside the callers' `catch_unwind` too.)
+    let _ = writeln!(std::io::stderr(), "umap: {msg}");
     // SAFETY: this thread's errno.
     unsafe { *libc::__errno_location() = errno };
     usize::MAX as *mut c_void
@@ -191,13 +194,16 @@ fn map(
         return umap_failed(libc::EINVAL, m);
     }
     if st.pager.is_none() {
+        // (A bad setting is EINVAL; a pager the kernel refuses keeps its
+        // errno: EPERM where userfaultfd is not allowed.)
         let made = st
             .settings
             .builder()
-            .and_then(|b| b.build().map_err(|e| e.to_string()));
+            .map_err(|m| (libc::EINVAL, m))
+            .and_then(|b| b.build().map_err(|e| (e.errno(), e.to_string())));
         match made {
             Ok(p) => st.pager = Some(p),
-            Err(m) => return umap_failed(libc::EINVAL, m),
+            Err((errno, m)) => return umap_failed(errno, m),
         }
     }
     if len == 0 || offset < 0 {
@@ -298,11 +304,16 @@ fn set_errno(e: i32) {
 pub extern "C" fn umap_flush() -> c_int {
     let r = std::panic::catch_unwind(|| {
         let st = state();
-        st.regions
-            .iter()
-            .try_for_each(Region::flush)
-            .and_then(|()| st.pager.as_ref().map_or(Ok(()), |p| p.flush_unmapped()))
-            .map_err(|e| e.errno())
+        // Every region, and the pages of regions unmapped while their file
+        // refused them, even after a failure: the first error is reported.
+        let mut r = Ok(());
+        for region in &st.regions {
+            r = r.and(region.flush());
+        }
+        if let Some(p) = &st.pager {
+            r = r.and(p.flush_unmapped());
+        }
+        r.map_err(|e| e.errno())
     });
     match r {
         Ok(Ok(())) => 0,
@@ -408,7 +419,10 @@ pub extern "C" fn umapcfg_get_umap_page_size() -> u64 {
 #[no_mangle]
 pub extern "C" fn umapcfg_set_umap_page_size(page_size: u64) {
     if page_size == 0 || !page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
-        eprintln!("umap: page size {page_size} must be a non-zero multiple of 4096; unchanged");
+        let _ = writeln!(
+            std::io::stderr(),
+            "umap: page size {page_size} must be a non-zero multiple of 4096; unchanged"
+        );
         return;
     }
     let _ = std::panic::catch_unwind(|| state().settings.page_size = page_size);

@@ -144,3 +144,35 @@ fn a_umap_program_runs_unchanged_on_the_engine() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("UMAP_PAGESIZE=1000"), "{err}");
 }
+
+/// UMap's messages go to stderr. With its reader gone (EPIPE, SIGPIPE
+/// ignored) `eprintln!` panicked: in `umapcfg_set_umap_page_size`, which
+/// has no unwind guard, and in `umap`'s fallback after the first panic was
+/// caught, so the program aborted. The messages are dropped now.
+#[test]
+fn a_umap_message_to_a_broken_stderr_does_not_abort_the_program() {
+    use std::process::Stdio;
+    let link = shared_link();
+    let exe = build(
+        "umap_broken_stderr.c",
+        "umap_broken_stderr",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let mut child = Command::new(&exe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "page size 4096, umap failed (errno 22)\n"
+    );
+}

@@ -9,7 +9,8 @@
 //! file the pager maps updates the cached pages it touches: see
 //! [`engine::Region::refresh`]) and `read`, `pread`/`pread64`, `readv` and
 //! `preadv`/`preadv64` (a read of a file the pager maps writable and shared
-//! writes the mapping's dirty pages back first). Calls that are not the program's own (the
+//! writes the mapping's dirty pages back first), and `fsync`/`fdatasync`
+//! (which write them back and report a failure). Calls that are not the program's own (the
 //! engine's threads, its fault handler, the shim itself) go straight to the
 //! kernel, so the engine's mappings never recurse into the shim.
 //!
@@ -38,7 +39,14 @@ fn programs_own() -> bool {
     !IN_SHIM.with(|c| c.get()) && !engine::in_engine()
 }
 
-/// Runs `f` marked as shim code, keeping the caller's errno on success.
+/// Whether this thread is running shim code now (false once its
+/// thread-locals are gone).
+pub(crate) fn in_shim_here() -> bool {
+    IN_SHIM.try_with(|c| c.get()).unwrap_or(false)
+}
+
+/// Runs `f` marked as shim code. (The callers keep the program's errno
+/// where the call succeeds.)
 fn in_shim<T>(f: impl FnOnce() -> T) -> T {
     struct Reset(bool);
     impl Drop for Reset {
@@ -403,6 +411,46 @@ pub unsafe extern "C" fn pwritev64(
     unsafe { pwritev(fd, iov, cnt, off) }
 }
 
+/// fsync(2): the pager's writable shared mappings of the file are written
+/// back first, as the kernel's `fsync` covers what was stored through a
+/// mapping, and so are pages of pager mappings unmapped while their file
+/// refused them. A write-back that fails makes the call fail with its
+/// errno (EIO for a file).
+///
+/// # Safety
+/// As fsync(2).
+#[no_mangle]
+pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+    coherent_sync(fd, libc::SYS_fsync)
+}
+
+/// fdatasync(2): as [`fsync`].
+///
+/// # Safety
+/// As fdatasync(2).
+#[no_mangle]
+pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
+    coherent_sync(fd, libc::SYS_fdatasync)
+}
+
+fn coherent_sync(fd: c_int, nr: libc::c_long) -> c_int {
+    let mut failed = Ok(());
+    if programs_own() && maps::any_to_sync() {
+        let e = errno();
+        failed = in_shim(|| maps::flush_file(fd, "at fsync", true));
+        set_errno(e);
+    }
+    // SAFETY: the program's own call on its descriptor, passed on.
+    let r = unsafe { sys::call(nr, fd as usize, 0, 0, 0, 0) } as c_int;
+    match failed {
+        Err(e) if r == 0 => {
+            set_errno(e);
+            -1
+        }
+        _ => r,
+    }
+}
+
 /// Runs the read `f` on `fd`, first writing back a writable shared pager
 /// mapping of its file (see [`maps::flush_for_read`]).
 fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
@@ -506,6 +554,13 @@ extern "C" fn load() {
 
 /// Writes the counters and flushes writable mappings at exit.
 extern "C" fn unload() {
+    // An exit from inside the shim's own work on this thread (a signal
+    // handler that calls exit() while this thread holds the table in a
+    // write(2) or msync): the table's lock is this thread's, and waiting
+    // for it would never end.
+    if in_shim_here() {
+        return;
+    }
     in_shim(maps::unload);
 }
 

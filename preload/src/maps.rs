@@ -53,6 +53,9 @@ static ENTRIES: AtomicUsize = AtomicUsize::new(0);
 static FILE_ENTRIES: AtomicUsize = AtomicUsize::new(0);
 /// Entries that are writable shared file mappings.
 static WRITABLE_ENTRIES: AtomicUsize = AtomicUsize::new(0);
+/// A pager mapping was unmapped while its file refused its dirty pages:
+/// the pager keeps them ([`engine::Pager::flush_unmapped`]).
+static UNWRITTEN: AtomicBool = AtomicBool::new(false);
 /// The shim's own counters (printed with the pager's).
 static PAGED: AtomicU64 = AtomicU64::new(0);
 static PASSED: AtomicU64 = AtomicU64::new(0);
@@ -87,6 +90,10 @@ pub fn any_file() -> bool {
 }
 pub fn any_writable() -> bool {
     WRITABLE_ENTRIES.load(Relaxed) > 0 && here()
+}
+/// Whether an `fsync` may have pages of the pager's to write first.
+pub fn any_to_sync() -> bool {
+    (WRITABLE_ENTRIES.load(Relaxed) > 0 || UNWRITTEN.load(Relaxed)) && here()
 }
 
 fn state() -> MutexGuard<'static, Option<State>> {
@@ -293,6 +300,7 @@ pub fn mmap(
             st.cfg.kind
         });
         let latency = st.cfg.latency;
+        let mut unwritten = false;
         let made = crate::maps::file_store(fd, off as u64, rlen, shared && write, latency)
             .and_then(|s| {
                 st.pager()
@@ -300,8 +308,22 @@ pub fn mmap(
                     // and the shim makes no Rust slice of them: a file changed behind the
                     // engine shows its new bytes, as under the kernel's mmap, without breaking
                     // a Rust reference.
-                    .and_then(|p| unsafe { p.map_store(s, rlen, &opts) }.map_err(|e| e.to_string()))
+                    .and_then(|p| {
+                        unsafe { p.map_store(s, rlen, &opts) }.map_err(|e| {
+                            unwritten = matches!(e, engine::Error::UnwrittenPages { .. });
+                            e.to_string()
+                        })
+                    })
             });
+        if let (true, Err(e)) = (unwritten, &made) {
+            // Pages an earlier mapping of the file stored, which the file
+            // still refuses: a kernel mapping would show the older bytes,
+            // and the engine would later write them over its writes.
+            let msg = format!("{name}: refusing the mapping: {e}");
+            st.say(msg);
+            crate::set_errno(libc::EIO);
+            return Some(libc::MAP_FAILED);
+        }
         (made, Some(id), off as u64, name, !shared)
     };
     let (made, file, base, path, private_ro) = entry;
@@ -408,7 +430,12 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
     for i in gone {
         let e = st.remove(i);
         if let Err(err) = e.region.unmap() {
-            let msg = format!("{}: write-back at munmap failed: {err}", e.path);
+            UNWRITTEN.store(true, Relaxed);
+            let msg = format!(
+                "{}: write-back at munmap failed (the pages are kept, written at the next \
+                 fsync, or at exit): {err}",
+                e.path
+            );
             st.say(msg);
         }
     }
@@ -605,31 +632,51 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
 /// the mapping's dirty pages are written back, so that the read sees what
 /// was stored through the mapping, as the kernel's one page cache shows it.
 pub fn flush_for_read(fd: c_int) {
+    let _ = flush_file(fd, "before a read", false);
+}
+
+/// Writes back the pager's mappings of `fd`'s file that are writable and
+/// shared, and with `unmapped` the pages of mappings unmapped while their
+/// file refused them; `Err(errno)` of the first failure (said on stderr).
+pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
     // SAFETY: a zeroed stat is a valid out-parameter.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes only `s`.
     if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return;
+        return Ok(());
     }
     let id = (s.st_dev, s.st_ino);
     let mut guard = state();
-    let Some(st) = guard.as_mut() else { return };
+    let Some(st) = guard.as_mut() else {
+        return Ok(());
+    };
     let mut failed = Vec::new();
+    let mut first = Ok(());
     for e in st
         .maps
         .iter()
         .filter(|e| e.writable_shared && e.file == Some(id))
     {
         if let Err(err) = e.region.flush() {
-            failed.push(format!(
-                "{}: write-back before a read failed: {err}",
-                e.path
-            ));
+            first = first.and(Err(err.errno()));
+            failed.push(format!("{}: write-back {when} failed: {err}", e.path));
+        }
+    }
+    if unmapped && UNWRITTEN.load(Relaxed) {
+        if let Some(p) = &st.pager {
+            match p.flush_unmapped() {
+                Ok(()) => UNWRITTEN.store(false, Relaxed),
+                Err(err) => {
+                    first = first.and(Err(err.errno()));
+                    failed.push(format!("write-back of unmapped pages {when} failed: {err}"));
+                }
+            }
         }
     }
     for m in failed {
         st.say(m);
     }
+    first
 }
 
 /// A write about to land in a file the pager maps.
@@ -718,6 +765,14 @@ pub fn unload() {
         if let Err(err) = e.region.flush() {
             failed.push(format!("{}: write-back at exit failed: {err}", e.path));
         }
+    }
+    // Pages of mappings unmapped while their file refused them: the pager
+    // is never dropped (it lives in a static), so this is their last try.
+    if let Some(Err(err)) = st.pager.as_ref().map(|p| p.flush_unmapped()) {
+        let lost = st.pager.as_ref().map_or(0, |p| p.unwritten_bytes());
+        failed.push(format!(
+            "{lost} bytes stored through mappings already unmapped are lost: {err}"
+        ));
     }
     for m in failed {
         st.say(m);

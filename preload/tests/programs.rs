@@ -459,3 +459,27 @@ fn a_pwrite_that_appends_is_seen_through_the_mapping() {
     assert_eq!(ok(&o), plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// `fsync` after a store through a writable shared mapping: the kernel's
+/// covers what was stored through the mapping, so the bytes are in the
+/// file when it returns. The shim passed `fsync` to the kernel, which
+/// knew nothing of the pager's dirty pages: `tests/c/fsync_mapped.c` read
+/// `aaaaaa` back with a raw `pread` under the shim, `synced` without it.
+#[test]
+fn fsync_writes_back_what_was_stored_through_the_mapping() {
+    let d = scratch();
+    let exe = build_c(&d, "fsync_mapped");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("fsync-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, "after-fsync synced\n");
+    let pattern = format!("{}/fsync.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("fsync.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("fsync.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
