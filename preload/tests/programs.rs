@@ -338,7 +338,6 @@ fn a_read_only_anonymous_mapping_stays_read_only() {
 /// shim used `eprintln!`, whose panic aborted the program.
 #[test]
 fn a_message_to_a_broken_stderr_does_not_abort_the_program() {
-    use std::process::Stdio;
     let d = scratch();
     let file = d.join("copy.dat");
     std::fs::write(&file, vec![7u8; 1 << 20]).unwrap();
@@ -351,24 +350,14 @@ fn a_message_to_a_broken_stderr_does_not_abort_the_program() {
                   m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)\n\
                   m[0] = 1\n\
                   print(m[0], m[1])\n";
-    let mut child = Command::new(python())
-        .args(["-c", script])
-        .arg(&file)
-        .env("LD_PRELOAD", shim())
-        .env("UFFD_PAGER_FILES", &pattern)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stderr.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout)
+    let out = cdylib::stdout_with_stderr_gone(
+        Command::new(python())
+            .args(["-c", script])
+            .arg(&file)
+            .env("LD_PRELOAD", shim())
+            .env("UFFD_PAGER_FILES", &pattern),
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "1 7\n");
+    assert_eq!(out, "1 7\n");
 }
 
 /// A `fork()`ed child runs with the shim passing every call to the kernel:

@@ -1,5 +1,6 @@
 //! Shared by the tests of the C API and of the LD_PRELOAD shim (included
-//! with `#[path]`): building the cdylib under test.
+//! with `#[path]`): building the cdylib under test, and running a program
+//! whose stderr has no reader.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -24,4 +25,22 @@ pub fn build_lib(pkg: &str) -> PathBuf {
         dir
     })
     .clone()
+}
+
+/// Runs `cmd` with stderr a pipe whose reader is gone at once (its writes
+/// fail with `EPIPE` where the program ignores SIGPIPE); asserts it exits
+/// 0 and returns its stdout.
+#[allow(dead_code)]
+pub fn stdout_with_stderr_gone(cmd: &mut Command) -> String {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}: {text}", out.status);
+    text
 }
