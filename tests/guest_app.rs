@@ -367,3 +367,60 @@ fn a_residency_guard_held_across_the_applications_munmap_finishes_the_release() 
         });
     }
 }
+
+/// The application grows a region with its own `mremap`: the kernel keeps
+/// the grown part registered, but the event reports the old length only,
+/// so no region covers it. An access there ends in a signal (SIGSEGV;
+/// SIGBUS in-thread). Under handler threads it faulted again for ever: the handler
+/// found no region and only woke the thread (the child hung until its
+/// alarm). One child per delivery mode, killed by the signal.
+#[test]
+fn an_access_past_a_region_the_application_grew_is_sigsegv() {
+    if let Ok(k) = std::env::var("GROW_DELIVERY") {
+        let d = DELIVERIES[k.parse::<usize>().unwrap()];
+        // SAFETY: alarm has no preconditions: a hang ends the child.
+        unsafe { libc::alarm(20) };
+        let p = small_pager(d);
+        let pages = 4;
+        let (r, want) = filled_region(&p, InstallKind::Anonymous, pages, 23);
+        let to = free_range(2 * pages * PAGE);
+        // SAFETY: the application grows region memory itself.
+        let q = unsafe {
+            libc::mremap(
+                r.as_ptr().cast(),
+                pages * PAGE,
+                2 * pages * PAGE,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                to as *mut libc::c_void,
+            )
+        };
+        assert_eq!(q as usize, to, "mremap: {}", errno());
+        assert_eq!(byte(to + 2 * PAGE + 9), want[2 * PAGE + 9], "{d}");
+        byte(to + 6 * PAGE);
+        println!("{d}: the access past the region returned");
+        std::process::exit(0);
+    }
+    if is_child() {
+        return;
+    }
+    for k in 0..DELIVERIES.len() {
+        let out = run_child(
+            "an_access_past_a_region_the_application_grew_is_sigsegv",
+            &[("GROW_DELIVERY", &k.to_string())],
+        );
+        // In-thread delivery gets the kernel's SIGBUS for a registered
+        // range it cannot serve (its handler passes it on: not ours).
+        let want = if DELIVERIES[k] == Delivery::InThread {
+            libc::SIGBUS
+        } else {
+            libc::SIGSEGV
+        };
+        assert_eq!(
+            exit_signal(&out),
+            Some(want),
+            "{}: {}",
+            DELIVERIES[k],
+            describe(&out)
+        );
+    }
+}

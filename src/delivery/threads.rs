@@ -156,7 +156,14 @@ struct Done {
     pages: [usize; BATCH],
     n: usize,
     oldest: u64,
+    /// The last fault that found no region (thread id, page) and how many
+    /// times in a row it came.
+    unserved: ((u32, usize), u32),
 }
+
+/// How many times in a row one thread's fault on one page may find no
+/// region and be woken before it gets SIGSEGV.
+const UNSERVED_WAKES: u32 = 2;
 
 impl Done {
     fn new() -> Self {
@@ -164,7 +171,20 @@ impl Done {
             pages: [0; BATCH],
             n: 0,
             oldest: 0,
+            unserved: ((0, usize::MAX), 0),
         }
+    }
+
+    /// Records that thread `tid`'s fault at `addr` found no region; true
+    /// if it has come more than [`UNSERVED_WAKES`] times in a row.
+    fn unserved_again(&mut self, tid: u32, addr: usize) -> bool {
+        let key = (tid, addr & !(PAGE_SIZE - 1));
+        if self.unserved.0 == key {
+            self.unserved.1 += 1;
+        } else {
+            self.unserved = (key, 1);
+        }
+        self.unserved.1 > UNSERVED_WAKES
     }
 
     fn push(&mut self, mm: &Mm, uffd: &Uffd, addr: usize) {
@@ -223,8 +243,18 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
         // at the same address). A signal would kill it at whatever it does
         // now; a wake lets a thread that really waits run its access again,
         // and the kernel answers it (SIGSEGV on the PROT_NONE or unmapped
-        // range, a new fault in a region mapped there since).
-        Ok(Resolution::NoRegion) => {}
+        // range, a new fault in a region mapped there since). But a range
+        // the kernel still has registered while no region covers it (the
+        // part of a region the application grew with its own `mremap`: the
+        // event reports the old length only) faults again at once, for
+        // ever: the same thread at the same page a third time in a row,
+        // with the events applied (the driver restarts while they are
+        // not), gets SIGSEGV, as in-thread delivery answers it.
+        Ok(Resolution::NoRegion) => {
+            if done.unserved_again(m.arg2 as u32, addr) {
+                signal_thread(libc::SIGSEGV);
+            }
+        }
         Ok(Resolution::Segv) => signal_thread(libc::SIGSEGV),
         Err(_) => {
             tracing::error!(
