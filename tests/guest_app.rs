@@ -403,24 +403,18 @@ fn an_access_past_a_region_the_application_grew_is_sigsegv() {
     if is_child() {
         return;
     }
-    for k in 0..DELIVERIES.len() {
+    for (k, d) in DELIVERIES.iter().enumerate() {
         let out = run_child(
             "an_access_past_a_region_the_application_grew_is_sigsegv",
             &[("GROW_DELIVERY", &k.to_string())],
         );
         // In-thread delivery gets the kernel's SIGBUS for a registered
         // range it cannot serve (its handler passes it on: not ours).
-        let want = if DELIVERIES[k] == Delivery::InThread {
+        let want = if *d == Delivery::InThread {
             libc::SIGBUS
         } else {
             libc::SIGSEGV
         };
-        assert_eq!(
-            exit_signal(&out),
-            Some(want),
-            "{}: {}",
-            DELIVERIES[k],
-            describe(&out)
-        );
+        assert_eq!(exit_signal(&out), Some(want), "{d}: {}", describe(&out));
     }
 }
