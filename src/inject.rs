@@ -85,15 +85,29 @@ mod imp {
     pub(crate) fn reregister_fails() -> bool {
         FAIL_REREGISTER.swap(false, AcqRel)
     }
+
+    static FAIL_REMAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// Makes the next remap's `mremap` fail with `ENOMEM` before the
+    /// kernel is asked, as it fails when a split would pass
+    /// `vm.max_map_count`.
+    pub fn fail_next_remap() {
+        FAIL_REMAP.store(true, Release);
+    }
+
+    pub(crate) fn remap_fails() -> bool {
+        FAIL_REMAP.swap(false, AcqRel)
+    }
 }
 
 #[cfg(feature = "fault-inject")]
 pub use imp::{
-    fail_next_reregister, set_after_detach, set_after_lookup, set_after_reprotect, Hook, Site,
+    fail_next_remap, fail_next_reregister, set_after_detach, set_after_lookup, set_after_reprotect,
+    Hook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
-pub(crate) use imp::{after_detach, after_lookup, after_reprotect, reregister_fails};
+pub(crate) use imp::{after_detach, after_lookup, after_reprotect, remap_fails, reregister_fails};
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
@@ -110,5 +124,11 @@ pub(crate) fn after_reprotect(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn reregister_fails() -> bool {
+    false
+}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn remap_fails() -> bool {
     false
 }

@@ -85,7 +85,8 @@ pub use sys::PAGE_SIZE;
 #[cfg(feature = "fault-inject")]
 pub mod testing {
     pub use crate::inject::{
-        fail_next_reregister, set_after_detach, set_after_lookup, set_after_reprotect, Hook, Site,
+        fail_next_remap, fail_next_reregister, set_after_detach, set_after_lookup,
+        set_after_reprotect, Hook, Site,
     };
     pub use crate::pager::inject::{GlobalWriteHold, RegionWriteHold};
 }

@@ -82,32 +82,38 @@ impl Mm {
         let _ = mprotect(start, old_len, libc::PROT_NONE);
         let uffd = self.uffd_for(&old.object);
         let _ = uffd.unregister(start, old_len);
-        // Shrinking drops the tail's PTEs. Shared pages stay in the memfd
-        // (cached); anonymous memory past the end is discarded, as the
-        // kernel does: those pages read as zeros if the region grows again.
-        if new_len < old_len {
-            let shift = old.object.page_shift();
-            let tail = old.pgoff + (new_len >> shift)..old.pgoff + (old_len >> shift);
-            crate::discard::give_up_pages(self, &old.object, tail);
-        }
         let flags = match new_addr {
             Some(_) => libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
             None if new_len > old_len => libc::MREMAP_MAYMOVE,
             None => 0,
         };
-        // SAFETY: remaps a range the region owns; with MREMAP_FIXED the
-        // target is our own reservation (made above, over free addresses).
-        let p = unsafe {
-            libc::mremap(
-                start as *mut libc::c_void,
-                old_len,
-                new_len,
-                flags,
-                new_addr.unwrap_or(0) as *mut libc::c_void,
-            )
+        let p = if crate::inject::remap_fails() {
+            crate::sys::set_errno(libc::ENOMEM);
+            libc::MAP_FAILED
+        } else {
+            // SAFETY: remaps a range the region owns; with MREMAP_FIXED the
+            // target is our own reservation (made above, over free
+            // addresses).
+            unsafe {
+                libc::mremap(
+                    start as *mut libc::c_void,
+                    old_len,
+                    new_len,
+                    flags,
+                    new_addr.unwrap_or(0) as *mut libc::c_void,
+                )
+            }
         };
         if p == libc::MAP_FAILED {
             let e = crate::sys::errno();
+            // A shrink that moves (`MREMAP_FIXED`) unmaps the tail before
+            // checks that can still fail: a tail the kernel dropped is
+            // given up here too (its pages are gone from the mapping).
+            if new_len < old_len && crate::sys::mem::page_present(start + new_len).is_err() {
+                let shift = old.object.page_shift();
+                let tail = old.pgoff + (new_len >> shift)..old.pgoff + (old_len >> shift);
+                crate::discard::give_up_pages(self, &old.object, tail);
+            }
             // As it was, write protection included (see `register_again`).
             let _ = register_again(uffd, &old, start, old_len, prot);
             old.lock.write_unlock();
@@ -116,6 +122,19 @@ impl Mm {
         if let Some(t) = target {
             // mremap replaced the reservation.
             let _ = t.into_raw();
+        }
+        // Shrinking dropped the tail's PTEs. Shared pages stay in the memfd
+        // (cached); anonymous memory past the end is discarded, as the
+        // kernel does: those pages read as zeros if the region grows again.
+        // Only now that the shrink happened: a refused mremap leaves the
+        // region as it was, its tail's pages (resident or swapped) too.
+        // (State words and the object's own memory only: no user address
+        // is touched, and reclaim cannot reach the tail meanwhile, its
+        // region lock held for writing.)
+        if new_len < old_len {
+            let shift = old.object.page_shift();
+            let tail = old.pgoff + (new_len >> shift)..old.pgoff + (old_len >> shift);
+            crate::discard::give_up_pages(self, &old.object, tail);
         }
         let new_start = p as usize;
         let new = Arc::new(old.resized(new_start, new_len));

@@ -173,3 +173,34 @@ fn a_failed_registration_after_a_move_leaves_the_region_where_it_went() {
     r.as_mut_slice()[0] = 9;
     assert_eq!(r.as_slice()[0], 9);
 }
+
+/// A shrink whose `mremap` fails leaves the region as it was, the pages
+/// it would have cut off too. They were given up before the call, so an
+/// anonymous region's tail read as zeros after the error said nothing
+/// had changed.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_shrink_the_kernel_refuses_keeps_the_tail() {
+    for reclaimed in [false, true] {
+        let p = Pager::builder().budget_pages(64).build().unwrap();
+        let mut r = p.map_anonymous(8 * PAGE).unwrap();
+        for pg in 0..8 {
+            r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE].fill(pg as u8 + 1);
+        }
+        if reclaimed {
+            // The tail's pages in swap, not mapped.
+            assert_eq!(p.reclaim_pages(64), 8);
+        }
+        uffd_pager::testing::fail_next_remap();
+        let e = r.remap(4 * PAGE);
+        assert!(matches!(e, Err(Error::Sys { .. })), "{e:?}");
+        assert_eq!(r.len(), 8 * PAGE);
+        for pg in 0..8 {
+            assert_eq!(
+                r.as_slice()[pg * PAGE + 7],
+                pg as u8 + 1,
+                "page {pg} (reclaimed first: {reclaimed})"
+            );
+        }
+    }
+}
