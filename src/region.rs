@@ -191,7 +191,11 @@ impl Region {
     }
 
     /// The addresses of the whole pages (of the region's page size)
-    /// covering `[offset, offset+len)`, checked to lie inside the region.
+    /// covering `[offset, offset+len)`, checked to lie inside the region
+    /// and to be its memory still: the application may have moved or
+    /// unmapped it with its own `mremap`/`munmap`, and another region may
+    /// be mapped there since (its pages are not this call's to drop or
+    /// fault in).
     fn page_span(&self, offset: usize, len: usize) -> Result<(usize, usize)> {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
             return Err(Error::OutOfRange {
@@ -202,6 +206,30 @@ impl Region {
         }
         let start = (self.start + offset) & !(self.page_size - 1);
         let end = (self.start + offset + len).next_multiple_of(self.page_size);
+        let mm = &self.owner.mm;
+        mm.check_owner()?;
+        // (The application's own munmap or mremap applied first.)
+        mm.events.quiesce();
+        let mut pieces: Vec<_> = mm
+            .pieces(self.id)
+            .iter()
+            .map(|v| (v.start, v.end))
+            .collect();
+        pieces.sort_unstable();
+        let mut at = start;
+        for (s, e) in pieces {
+            if s <= at && at < e {
+                at = e;
+            }
+        }
+        if at < end {
+            return Err(Error::Config(format!(
+                "{:#x}+{:#x} is no longer the region's memory: the application moved or \
+                 unmapped it with its own mremap/munmap",
+                at,
+                end - at
+            )));
+        }
         Ok((start, end))
     }
 

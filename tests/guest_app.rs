@@ -418,3 +418,55 @@ fn an_access_past_a_region_the_application_grew_is_sigsegv() {
         assert_eq!(exit_signal(&out), Some(want), "{d}: {}", describe(&out));
     }
 }
+
+/// After the application moved a region with its own `mremap` and a new
+/// region was mapped at the old address, the old `Region`'s calls still
+/// named the old address: `dontneed` dropped the new region's pages
+/// (they read as zeros). They now refuse a range that is no longer the
+/// region's.
+#[test]
+fn a_region_the_application_moved_does_not_act_at_its_old_address() {
+    if !is_child() {
+        let out = run_child(
+            "a_region_the_application_moved_does_not_act_at_its_old_address",
+            &[],
+        );
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    let p = small_pager(Delivery::InThread);
+    let pages = 4;
+    // The kernel may give the freed range to the process's own next
+    // mapping (a thread's stack, the engine's staging memory) before the
+    // new region takes it: then try again.
+    let (mut r, mut other) = (0..50)
+        .find_map(|_| {
+            let (r, _) = filled_region(&p, InstallKind::Anonymous, pages, 24);
+            let old = r.as_ptr() as usize;
+            let to = free_range(pages * PAGE);
+            // SAFETY: the application moves region memory itself.
+            let q = unsafe {
+                libc::mremap(
+                    old as *mut libc::c_void,
+                    pages * PAGE,
+                    pages * PAGE,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                    to as *mut libc::c_void,
+                )
+            };
+            assert_eq!(q as usize, to, "mremap: {}", errno());
+            let opts = MapOptions {
+                fixed_addr: Some(old),
+                ..MapOptions::default()
+            };
+            let other = p.map_anonymous_with(pages * PAGE, &opts).ok()?;
+            Some((r, other))
+        })
+        .expect("the old range stayed free once in 50 tries");
+    other.as_mut_slice().fill(0x5A);
+    assert!(r.dontneed(0, pages * PAGE).is_err());
+    assert!(r.populate(0, PAGE).is_err());
+    assert!(r.prefault(0, PAGE).is_err());
+    assert!(r.lock_resident(0, PAGE).is_err());
+    assert!(other.as_slice().iter().all(|&b| b == 0x5A));
+}
