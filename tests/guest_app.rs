@@ -22,6 +22,23 @@ fn small_pager(d: Delivery) -> Pager {
         .unwrap_or_else(|e| panic!("{d}: {e}"))
 }
 
+/// The application's own `mremap` of `[old, old + len)` to exactly `to`,
+/// `new_len` long.
+fn app_mremap(old: usize, len: usize, new_len: usize, to: usize) {
+    // SAFETY: the application moves region memory itself (MREMAP_FIXED
+    // onto a range the caller found free).
+    let q = unsafe {
+        libc::mremap(
+            old as *mut libc::c_void,
+            len,
+            new_len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_eq!(q as usize, to, "mremap: {}", errno());
+}
+
 fn byte(addr: usize) -> u8 {
     // SAFETY: callers pass addresses inside live mappings.
     unsafe { std::ptr::read_volatile(addr as *const u8) }
@@ -152,17 +169,7 @@ fn mremap_by_the_application_moves_the_region() {
                 let (r, want) = filled_region(&p, kind, pages, 22);
                 let old = r.as_ptr() as usize;
                 let to = free_range(pages * PAGE);
-                // SAFETY: the application moves region memory itself.
-                let q = unsafe {
-                    libc::mremap(
-                        old as *mut libc::c_void,
-                        pages * PAGE,
-                        pages * PAGE,
-                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                        to as *mut libc::c_void,
-                    )
-                };
-                assert_eq!(q as usize, to, "mremap: {}", errno());
+                app_mremap(old, pages * PAGE, pages * PAGE, to);
                 for round in 0..3 {
                     for pg in 0..pages {
                         assert_eq!(
@@ -384,17 +391,7 @@ fn an_access_past_a_region_the_application_grew_is_sigsegv() {
         let pages = 4;
         let (r, want) = filled_region(&p, InstallKind::Anonymous, pages, 23);
         let to = free_range(2 * pages * PAGE);
-        // SAFETY: the application grows region memory itself.
-        let q = unsafe {
-            libc::mremap(
-                r.as_ptr().cast(),
-                pages * PAGE,
-                2 * pages * PAGE,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                to as *mut libc::c_void,
-            )
-        };
-        assert_eq!(q as usize, to, "mremap: {}", errno());
+        app_mremap(r.as_ptr() as usize, pages * PAGE, 2 * pages * PAGE, to);
         assert_eq!(byte(to + 2 * PAGE + 9), want[2 * PAGE + 9], "{d}");
         byte(to + 6 * PAGE);
         println!("{d}: the access past the region returned");
@@ -444,17 +441,7 @@ fn a_region_the_application_moved_does_not_act_at_its_old_address() {
             let (r, _) = filled_region(&p, InstallKind::Anonymous, pages, 24);
             let old = r.as_ptr() as usize;
             let to = free_range(pages * PAGE);
-            // SAFETY: the application moves region memory itself.
-            let q = unsafe {
-                libc::mremap(
-                    old as *mut libc::c_void,
-                    pages * PAGE,
-                    pages * PAGE,
-                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                    to as *mut libc::c_void,
-                )
-            };
-            assert_eq!(q as usize, to, "mremap: {}", errno());
+            app_mremap(old, pages * PAGE, pages * PAGE, to);
             let opts = MapOptions {
                 fixed_addr: Some(old),
                 ..MapOptions::default()
