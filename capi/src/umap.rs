@@ -22,7 +22,8 @@
 //! - A region mapped without `PROT_WRITE` is a private copy (the anonymous
 //!   install kind, the fastest for reads); with `PROT_WRITE` it is a shared
 //!   region whose dirty pages are written back to the file at
-//!   [`umap_flush`], eviction and [`uunmap`], as UMap writes them back.
+//!   [`umap_flush`], eviction and [`uunmap`], as UMap writes them back,
+//!   and at exit for a region the program never unmapped.
 //!   `UMAP_PRIVATE` and `MAP_SHARED` are both accepted and mean that;
 //!   `UMAP_FIXED` places the region at `addr`; other flags are ignored, as
 //!   UMap ignores them. `offset` is honoured (whole pages).
@@ -156,18 +157,52 @@ struct State {
     regions: Vec<Region>,
 }
 
+static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+
 fn state() -> MutexGuard<'static, State> {
-    static S: OnceLock<Mutex<State>> = OnceLock::new();
-    S.get_or_init(|| {
-        Mutex::new(State {
-            settings: Settings::from_env(),
-            pager: None,
-            regions: Vec::new(),
+    STATE
+        .get_or_init(|| {
+            Mutex::new(State {
+                settings: Settings::from_env(),
+                pager: None,
+                regions: Vec::new(),
+            })
         })
-    })
-    .lock()
-    .unwrap_or_else(|e| e.into_inner())
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
+
+/// At exit: the regions the program never `uunmap`ped are written back
+/// (as the kernel keeps what was stored through a shared mapping), and so
+/// are pages of regions unmapped while their file refused them; what
+/// fails is said on stderr. Skipped if the state's lock is taken (an exit
+/// from inside a UMap call on this thread, or another thread's call in
+/// flight) or in a `fork()`ed child (a region's flush refuses to run there).
+extern "C" fn umap_fini() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(Ok(st)) = STATE.get().map(|m| m.try_lock()) else {
+            return;
+        };
+        let mut r = Ok(());
+        for region in &st.regions {
+            // (A private copy has nothing to write: `Ok` at once.)
+            r = r.and(region.flush());
+        }
+        if let Some(p) = &st.pager {
+            r = r.and(p.flush_unmapped());
+        }
+        match r {
+            Err(engine::Error::ForkedChild) | Ok(()) => {}
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "umap: write-back at exit failed: {e}");
+            }
+        }
+    });
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static UMAP_FINI: extern "C" fn() = umap_fini;
 
 /// Sets errno and returns UMAP_FAILED, keeping the message for
 /// `uffd_pager_last_error` and printing it (UMap reports on stderr).

@@ -160,3 +160,21 @@ fn a_umap_message_to_a_broken_stderr_does_not_abort_the_program() {
     let out = cdylib::stdout_with_stderr_gone(&mut Command::new(&exe));
     assert_eq!(out, "page size 4096, umap failed (errno 22)\n");
 }
+
+/// A UMap program that exits without `uunmap` or `umap_flush`: what it
+/// stored through a writable mapping reaches the file (the library writes
+/// its regions back at exit). It was lost: the state is a static that is
+/// never dropped.
+#[test]
+fn a_umap_program_that_exits_without_unmapping_keeps_its_stores() {
+    let link = shared_link();
+    let exe = build(
+        "umap_exit.c",
+        "umap_exit",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let file = scratch("umap-exit.dat");
+    run(Command::new(&exe).arg(&file));
+    let data = std::fs::read(&file).unwrap();
+    assert_eq!(&data[4096 + 8..4096 + 18], b"aastoredaa");
+}
