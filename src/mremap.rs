@@ -104,23 +104,29 @@ impl Mm {
                 )
             }
         };
-        if p == libc::MAP_FAILED {
+        // A shrink that moves (`MREMAP_FIXED`) unmaps the target and then
+        // the tail before checks that can still fail: then the region was
+        // shrunk where it was, and follows that (with the error), as a
+        // refused registration after a move does below.
+        let mut refused = None;
+        let p = if p == libc::MAP_FAILED {
             let e = crate::sys::errno();
-            // A shrink that moves (`MREMAP_FIXED`) unmaps the tail before
-            // checks that can still fail: a tail the kernel dropped is
-            // given up here too (its pages are gone from the mapping).
             if new_len < old_len && crate::sys::mem::page_present(start + new_len).is_err() {
-                let shift = old.object.page_shift();
-                let tail = old.pgoff + (new_len >> shift)..old.pgoff + (old_len >> shift);
-                crate::discard::give_up_pages(self, &old.object, tail);
+                refused = Some(Error::sys("mremap", e));
+                start as *mut libc::c_void
+            } else {
+                // As it was, write protection included (see
+                // `register_again`).
+                let _ = register_again(uffd, &old, start, old_len, prot);
+                old.lock.write_unlock();
+                return Err(Error::sys("mremap", e));
             }
-            // As it was, write protection included (see `register_again`).
-            let _ = register_again(uffd, &old, start, old_len, prot);
-            old.lock.write_unlock();
-            return Err(Error::sys("mremap", e));
-        }
+        } else {
+            p
+        };
         if let Some(t) = target {
-            // mremap replaced the reservation.
+            // mremap replaced the reservation (or unmapped it, before it
+            // failed).
             let _ = t.into_raw();
         }
         // Shrinking dropped the tail's PTEs. Shared pages stay in the memfd
@@ -153,10 +159,8 @@ impl Mm {
         }
         old.lock.write_unlock();
         new.lock.write_unlock();
-        Ok((
-            new_start,
-            r.map(|_| ()).map_err(|e| Error::sys("UFFDIO_REGISTER", e)),
-        ))
+        let r = r.map(|_| ()).map_err(|e| Error::sys("UFFDIO_REGISTER", e));
+        Ok((new_start, refused.map_or(r, Err)))
     }
 }
 

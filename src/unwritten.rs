@@ -34,11 +34,29 @@ pub struct Unwritten {
     len: AtomicUsize,
 }
 
-/// Whether `a` and `b` are the same store: the same allocation, or the
-/// same [`Store::identity`].
-pub fn same_store(a: &Arc<dyn Store>, b: &Arc<dyn Store>) -> bool {
-    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
-        || a.identity().is_some_and(|i| b.identity() == Some(i))
+/// Which stores' objects a call is about.
+#[derive(Clone, Copy)]
+pub enum Which<'a> {
+    /// Every store.
+    All,
+    /// The same store as this one: the same allocation, or the same
+    /// [`Store::identity`].
+    SameAs(&'a Arc<dyn Store>),
+    /// Stores with this [`Store::identity`] (a file's device and inode).
+    Identity((u64, u64)),
+}
+
+impl Which<'_> {
+    fn matches(self, s: &Arc<dyn Store>) -> bool {
+        match self {
+            Which::All => true,
+            Which::SameAs(b) => {
+                std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(b))
+                    || s.identity().is_some_and(|i| b.identity() == Some(i))
+            }
+            Which::Identity(i) => s.identity() == Some(i),
+        }
+    }
 }
 
 /// The number of pages of `obj` that are cached and dirty.
@@ -69,26 +87,26 @@ impl Unwritten {
         self.len.store(l.len(), Release);
     }
 
-    /// The listed objects over `store` (all of them if `None`).
-    pub fn over(&self, store: Option<&Arc<dyn Store>>) -> Vec<Arc<Object>> {
+    /// The listed objects over the stores `which` names.
+    pub fn over(&self, which: Which<'_>) -> Vec<Arc<Object>> {
         if self.len.load(Acquire) == 0 {
             return Vec::new();
         }
         self.lock()
             .iter()
-            .filter(|o| store.is_none_or(|s| same_store(&o.store, s)))
+            .filter(|o| which.matches(&o.store))
             .cloned()
             .collect()
     }
 
-    /// The dirty pages waiting for `store` (or for any), in bytes.
-    pub fn bytes(&self, store: Option<&Arc<dyn Store>>) -> u64 {
+    /// The dirty pages waiting for the stores `which` names, in bytes.
+    pub fn bytes(&self, which: Which<'_>) -> u64 {
         if self.len.load(Acquire) == 0 {
             return 0;
         }
         self.lock()
             .iter()
-            .filter(|o| store.is_none_or(|s| same_store(&o.store, s)))
+            .filter(|o| which.matches(&o.store))
             .map(|o| (dirty_pages(o) as u64) << o.page_shift())
             .sum()
     }

@@ -22,8 +22,8 @@ use crate::error::Result;
 use crate::object::{InstallKind, Object};
 use crate::page_cache::{DIRTY, MAPPED, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
-use crate::store::{Store, MAX_BATCH};
-use std::sync::Arc;
+use crate::store::MAX_BATCH;
+use crate::unwritten::Which;
 
 /// Pages of one batch: index, and whether it is protected against writes
 /// (so its dirty bit may be cleared once written).
@@ -125,14 +125,14 @@ impl Mm {
     }
 
     /// Tries the write-back of the unmapped objects whose write-back
-    /// failed ([`crate::unwritten`]) again: those over `store`, or all of
-    /// them. Frees those written; keeps the rest and returns the first
+    /// failed ([`crate::unwritten`]) again: those over the stores `which`
+    /// names. Frees those written; keeps the rest and returns the first
     /// error.
-    pub(crate) fn flush_unwritten(&self, store: Option<&Arc<dyn Store>>) -> Result<()> {
+    pub(crate) fn flush_unwritten(&self, which: Which<'_>) -> Result<()> {
         let mut r = Ok(());
         // (An object whose first write-back is still in flight is written
         // here too: the page locks order the two.)
-        for obj in self.unwritten.over(store) {
+        for obj in self.unwritten.over(which) {
             match self.writeback_object(&obj) {
                 Ok(()) if crate::unwritten::dirty_pages(&obj) == 0 => self.unwritten.remove(&obj),
                 Ok(()) => {}

@@ -204,3 +204,36 @@ fn a_shrink_the_kernel_refuses_keeps_the_tail() {
         }
     }
 }
+
+/// A shrinking move the kernel refuses (the region spans more than one
+/// kernel mapping: the application split it with its own `madvise`). This
+/// kernel refuses it before it touches anything, and the region stays as
+/// it was; kernels that unmapped the tail first (then refused) leave it
+/// shrunk where it was, and the region follows that. Either way the
+/// region's view matches the kernel's and its data is intact.
+#[test]
+fn a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it() {
+    let p = pager(Delivery::InThread);
+    let mut r = p.map_anonymous(8 * PAGE).unwrap();
+    for pg in 0..8 {
+        r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE].fill(pg as u8 + 1);
+    }
+    let start = r.as_ptr() as usize;
+    // SAFETY: region memory, its flags only (the engine mapped it
+    // MADV_DONTFORK; one page of it is not now, so the kernel splits it).
+    assert_eq!(
+        unsafe { libc::madvise((start + PAGE) as *mut libc::c_void, PAGE, libc::MADV_DOFORK) },
+        0
+    );
+    let to = free_range(4 * PAGE);
+    let e = r.remap_to(4 * PAGE, Some(to));
+    assert!(matches!(e, Err(Error::Sys { .. })), "{e:?}");
+    let len = r.len();
+    assert!(len == 8 * PAGE || len == 4 * PAGE, "{len}");
+    assert_eq!(r.as_ptr() as usize, start);
+    assert_eq!(r.mapped(), vec![start..start + len]);
+    for pg in 0..len / PAGE {
+        assert_eq!(r.as_slice()[pg * PAGE + 3], pg as u8 + 1, "page {pg}");
+    }
+    r.unmap().unwrap();
+}

@@ -91,6 +91,10 @@ impl Store for Faulty {
     fn writable(&self) -> bool {
         true
     }
+    /// As a file's: one per store here (its address).
+    fn identity(&self) -> Option<(u64, u64)> {
+        Some((0xfa, self as *const Faulty as u64))
+    }
     fn name(&self) -> &'static str {
         "faulty"
     }
@@ -350,4 +354,32 @@ fn a_failed_sync_leaves_the_pages_dirty() {
     pager.flush_unmapped().unwrap();
     assert_eq!(pager.unwritten_bytes(), 0);
     assert_store(&store, PAGES, 30);
+}
+
+/// `flush_unmapped_of` writes one store's kept pages and reports only its
+/// own failure: another store still refusing its pages is not its error
+/// (the shim's `fsync` of one file failed while another file's pages
+/// waited).
+#[test]
+fn flushing_one_stores_unmapped_pages_leaves_the_others_out() {
+    const PAGES: usize = 4;
+    let pager = Pager::builder().build().unwrap();
+    let (a, b) = (Faulty::new(PAGES), Faulty::new(PAGES));
+    let (ra, rb) = (
+        written(&pager, &a, PAGES, 40),
+        written(&pager, &b, PAGES, 50),
+    );
+    a.failing.store(true, SeqCst);
+    b.failing.store(true, SeqCst);
+    assert!(ra.unmap().is_err());
+    assert!(rb.unmap().is_err());
+    b.failing.store(false, SeqCst);
+    pager.flush_unmapped_of(b.identity().unwrap()).unwrap();
+    assert_store(&b, PAGES, 50);
+    assert_eq!(pager.unwritten_bytes(), (PAGES * PAGE) as u64);
+    assert!(pager.flush_unmapped_of(a.identity().unwrap()).is_err());
+    a.failing.store(false, SeqCst);
+    pager.flush_unmapped_of(a.identity().unwrap()).unwrap();
+    assert_store(&a, PAGES, 40);
+    assert_eq!(pager.unwritten_bytes(), 0);
 }

@@ -179,9 +179,27 @@ fn state() -> MutexGuard<'static, State> {
 /// from inside a UMap call on this thread, or another thread's call in
 /// flight) or in a `fork()`ed child (a region's flush refuses to run there).
 extern "C" fn umap_fini() {
+    // (An exit from a signal handler that interrupted the engine serving
+    // a fault on this thread: what a write-back would wait for may be
+    // held here.)
+    if engine::in_engine() {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
-        let Some(Ok(st)) = STATE.get().map(|m| m.try_lock()) else {
-            return;
+        use std::sync::TryLockError;
+        let st = match STATE.get().map(|m| m.try_lock()) {
+            None => return,
+            Some(Ok(st)) => st,
+            // A call that panicked (caught) while it held the state: the
+            // regions are still there to write.
+            Some(Err(TryLockError::Poisoned(p))) => p.into_inner(),
+            Some(Err(TryLockError::WouldBlock)) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "umap: a call was in flight at exit: regions not written back"
+                );
+                return;
+            }
         };
         let mut r = Ok(());
         for region in &st.regions {

@@ -558,7 +558,10 @@ extern "C" fn unload() {
     // handler that calls exit() while this thread holds the table in a
     // write(2) or msync): the table's lock is this thread's, and waiting
     // for it would never end.
-    if in_shim_here() {
+    // Likewise an exit from a signal handler that interrupted the engine's
+    // own work on this thread (a fault it was serving in-thread): it may
+    // hold what the write-back would wait for.
+    if in_shim_here() || engine::in_engine() {
         return;
     }
     in_shim(maps::unload);

@@ -636,8 +636,9 @@ pub fn flush_for_read(fd: c_int) {
 }
 
 /// Writes back the pager's mappings of `fd`'s file that are writable and
-/// shared, and with `unmapped` the pages of mappings unmapped while their
-/// file refused them; `Err(errno)` of the first failure (said on stderr).
+/// shared, and with `unmapped` the pages of that file's mappings unmapped
+/// while it refused them; `Err(errno)` of the first failure (said on
+/// stderr). Another file's failures are not this call's.
 pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
     // SAFETY: a zeroed stat is a valid out-parameter.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
@@ -664,8 +665,12 @@ pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
     }
     if unmapped && UNWRITTEN.load(Relaxed) {
         if let Some(p) = &st.pager {
-            match p.flush_unmapped() {
-                Ok(()) => UNWRITTEN.store(false, Relaxed),
+            match p.flush_unmapped_of(id) {
+                Ok(()) => {
+                    if p.unwritten_bytes() == 0 {
+                        UNWRITTEN.store(false, Relaxed);
+                    }
+                }
                 Err(err) => {
                     first = first.and(Err(err.errno()));
                     failed.push(format!("write-back of unmapped pages {when} failed: {err}"));

@@ -156,14 +156,17 @@ struct Done {
     pages: [usize; BATCH],
     n: usize,
     oldest: u64,
-    /// The last fault that found no region (thread id, page) and how many
-    /// times in a row it came.
-    unserved: ((u32, usize), u32),
+    /// The last fault that found no region (thread id, page), how many
+    /// times in a row it came, and when it last did.
+    unserved: ((u32, usize), u32, u64),
 }
 
 /// How many times in a row one thread's fault on one page may find no
-/// region and be woken before it gets SIGSEGV.
+/// region and be woken before it gets SIGSEGV...
 const UNSERVED_WAKES: u32 = 2;
+/// ... each within this long of the one before (a thread that faults
+/// again at once is stuck; stale messages do not come that close).
+const UNSERVED_WITHIN_NS: u64 = 10_000_000;
 
 impl Done {
     fn new() -> Self {
@@ -171,7 +174,7 @@ impl Done {
             pages: [0; BATCH],
             n: 0,
             oldest: 0,
-            unserved: ((0, usize::MAX), 0),
+            unserved: ((0, usize::MAX), 0, 0),
         }
     }
 
@@ -179,12 +182,20 @@ impl Done {
     /// if it has come more than [`UNSERVED_WAKES`] times in a row.
     fn unserved_again(&mut self, tid: u32, addr: usize) -> bool {
         let key = (tid, addr & !(PAGE_SIZE - 1));
-        if self.unserved.0 == key {
+        let now = now_ns();
+        if self.unserved.0 == key && now - self.unserved.2 < UNSERVED_WITHIN_NS {
             self.unserved.1 += 1;
         } else {
-            self.unserved = (key, 1);
+            self.unserved.0 = key;
+            self.unserved.1 = 1;
         }
-        self.unserved.1 > UNSERVED_WAKES
+        self.unserved.2 = now;
+        if self.unserved.1 > UNSERVED_WAKES {
+            // (Counted afresh after the signal.)
+            self.unserved.1 = 0;
+            return true;
+        }
+        false
     }
 
     fn push(&mut self, mm: &Mm, uffd: &Uffd, addr: usize) {
@@ -422,5 +433,23 @@ mod tests {
         let got: Vec<_> = runs(&pages).collect();
         assert_eq!(got, vec![(p, 3 * p), (5 * p, p), (9 * p, p)]);
         assert_eq!(runs(&[]).count(), 0);
+    }
+
+    #[test]
+    fn only_a_third_unserved_fault_in_quick_succession_is_signalled() {
+        let mut d = Done::new();
+        let p = PAGE_SIZE;
+        assert!(!d.unserved_again(7, p + 1));
+        assert!(!d.unserved_again(7, p + 2));
+        assert!(d.unserved_again(7, p + 3), "the third in a row");
+        // Counted afresh after the signal.
+        assert!(!d.unserved_again(7, p));
+        // Another thread, or another page, starts over.
+        assert!(!d.unserved_again(8, p));
+        assert!(!d.unserved_again(7, p));
+        assert!(!d.unserved_again(7, p));
+        // Stale messages far apart never add up.
+        d.unserved.2 -= UNSERVED_WITHIN_NS;
+        assert!(!d.unserved_again(7, p));
     }
 }

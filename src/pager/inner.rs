@@ -36,8 +36,9 @@ impl Drop for PagerInner {
         }
         // Dirty pages of unmapped regions their store refused
         // (`crate::unwritten`): a last try, while the workers run.
-        if let Err(e) = self.mm.flush_unwritten(None) {
-            for obj in self.mm.unwritten.over(None) {
+        use crate::unwritten::Which::All;
+        if let Err(e) = self.mm.flush_unwritten(All) {
+            for obj in self.mm.unwritten.over(All) {
                 tracing::error!(
                     store = obj.store.name(),
                     pages = crate::unwritten::dirty_pages(&obj),

@@ -388,9 +388,10 @@ impl Pager {
         // pages may be among them.)
         mm.check_owner()?;
         mm.events.quiesce();
-        if let Err(e) = mm.flush_unwritten(Some(&store)) {
+        let same = crate::unwritten::Which::SameAs(&store);
+        if let Err(e) = mm.flush_unwritten(same) {
             return Err(Error::UnwrittenPages {
-                bytes: mm.unwritten.bytes(Some(&store)),
+                bytes: mm.unwritten.bytes(same),
                 source: Box::new(e),
             });
         }

@@ -447,13 +447,23 @@ impl Pager {
         // The application's own munmap just made is applied first, so its
         // region's pages are among those written.
         mm.events.quiesce();
-        mm.flush_unwritten(None)
+        mm.flush_unwritten(crate::unwritten::Which::All)
+    }
+
+    /// [`flush_unmapped`](Self::flush_unmapped) for the pages of one file
+    /// only: of stores whose [`Store::identity`](crate::store::Store::identity)
+    /// is `identity` (its device and inode numbers, as `stat` gives them).
+    pub fn flush_unmapped_of(&self, identity: (u64, u64)) -> Result<()> {
+        let mm = &self.inner.mm;
+        mm.check_owner()?;
+        mm.events.quiesce();
+        mm.flush_unwritten(crate::unwritten::Which::Identity(identity))
     }
 
     /// The bytes of dirty pages of unmapped regions waiting for their
     /// store (see [`flush_unmapped`](Self::flush_unmapped)).
     pub fn unwritten_bytes(&self) -> u64 {
-        self.inner.mm.unwritten.bytes(None)
+        self.inner.mm.unwritten.bytes(crate::unwritten::Which::All)
     }
 
     /// LRU-lock (acquisitions, contended acquisitions) per shard.
