@@ -57,6 +57,10 @@ pub struct Region {
     len: usize,
     page_size: usize,
     kind: crate::object::InstallKind,
+    /// The object it mapped, for a flush after the application unmapped
+    /// all of it (its pages may wait in [`crate::unwritten`]). Weak: the
+    /// region does not keep it alive.
+    object: std::sync::Weak<crate::object::Object>,
 }
 
 /// `Region { addr: 0x7f.., len: 65536, kind: Shared, writable: true }`:
@@ -84,6 +88,7 @@ impl Region {
         len: usize,
         page_size: usize,
         kind: crate::object::InstallKind,
+        object: std::sync::Weak<crate::object::Object>,
     ) -> Region {
         Region {
             owner,
@@ -92,6 +97,7 @@ impl Region {
             len,
             page_size,
             kind,
+            object,
         }
     }
 
@@ -489,8 +495,11 @@ impl Region {
         mm.check_owner()?;
         let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
             // The application unmapped it all itself; the unmap wrote it
-            // back.
-            return Ok(());
+            // back, or kept what its store refused: written now.
+            return match self.object.upgrade() {
+                Some(obj) => mm.flush_unwritten_object(&obj),
+                None => Ok(()),
+            };
         };
         let r = {
             let _section = mm.events.section();

@@ -24,6 +24,7 @@ use crate::page_cache::{DIRTY, MAPPED, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
 use crate::store::MAX_BATCH;
 use crate::unwritten::Which;
+use std::sync::Arc;
 
 /// Pages of one batch: index, and whether it is protected against writes
 /// (so its dirty bit may be cleared once written).
@@ -130,19 +131,34 @@ impl Mm {
     /// error.
     pub(crate) fn flush_unwritten(&self, which: Which<'_>) -> Result<()> {
         let mut r = Ok(());
-        // (An object whose first write-back is still in flight is written
-        // here too: the page locks order the two.)
         for obj in self.unwritten.over(which) {
-            match self.writeback_object(&obj) {
-                Ok(()) if crate::unwritten::dirty_pages(&obj) == 0 => self.unwritten.remove(&obj),
-                Ok(()) => {}
-                Err(e) => {
-                    if r.is_ok() {
-                        r = Err(e);
-                    }
-                }
-            }
+            r = r.and(self.flush_one_unwritten(&obj));
         }
         r
+    }
+
+    /// [`flush_unwritten`](Self::flush_unwritten) for `obj` alone: `Ok` at
+    /// once if it is not kept there.
+    pub(crate) fn flush_unwritten_object(&self, obj: &Arc<Object>) -> Result<()> {
+        if self
+            .unwritten
+            .over(Which::All)
+            .iter()
+            .any(|o| Arc::ptr_eq(o, obj))
+        {
+            self.flush_one_unwritten(obj)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn flush_one_unwritten(&self, obj: &Arc<Object>) -> Result<()> {
+        // (An object whose first write-back is still in flight is written
+        // here too: the page locks order the two.)
+        self.writeback_object(obj)?;
+        if crate::unwritten::dirty_pages(obj) == 0 {
+            self.unwritten.remove(obj);
+        }
+        Ok(())
     }
 }

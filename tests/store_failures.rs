@@ -383,3 +383,23 @@ fn flushing_one_stores_unmapped_pages_leaves_the_others_out() {
     assert_store(&a, PAGES, 40);
     assert_eq!(pager.unwritten_bytes(), 0);
 }
+
+/// `Region::flush` after the application unmapped the whole region itself
+/// said Ok ("the unmap wrote it back") while the unmap's write-back had
+/// failed and its pages waited: it writes them now, and reports it.
+#[test]
+fn a_flush_after_the_applications_munmap_writes_what_the_unmap_could_not() {
+    const PAGES: usize = 4;
+    let pager = Pager::builder().build().unwrap();
+    let store = Faulty::new(PAGES);
+    let r = written(&pager, &store, PAGES, 60);
+    store.failing.store(true, SeqCst);
+    // SAFETY: the region's own range; nothing of it is used again.
+    assert_eq!(unsafe { libc::munmap(r.as_ptr().cast(), PAGES * PAGE) }, 0);
+    assert!(r.flush().is_err());
+    store.failing.store(false, SeqCst);
+    r.flush().unwrap();
+    assert_store(&store, PAGES, 60);
+    assert_eq!(pager.unwritten_bytes(), 0);
+    drop(r);
+}

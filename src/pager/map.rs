@@ -464,8 +464,9 @@ impl Pager {
                 return Err(e);
             }
         };
+        let object = Arc::downgrade(&obj);
         drop(obj);
-        let region = Region::new(self.inner.clone(), id, start, len, 1 << shift, kind);
+        let region = Region::new(self.inner.clone(), id, start, len, 1 << shift, kind, object);
         if opts.populate {
             region.populate(0, len)?;
         }
