@@ -119,6 +119,13 @@ impl Mm {
                 // `register_again`).
                 let _ = register_again(uffd, &old, start, old_len, prot);
                 old.lock.write_unlock();
+                // A target the kernel unmapped before it failed is not ours
+                // to unmap again.
+                if let (Some(t), Some(a)) = (target, new_addr) {
+                    if crate::sys::mem::page_present(a).is_err() {
+                        let _ = t.into_raw();
+                    }
+                }
                 return Err(Error::sys("mremap", e));
             }
         } else {

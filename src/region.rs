@@ -58,8 +58,9 @@ pub struct Region {
     page_size: usize,
     kind: crate::object::InstallKind,
     /// The object it mapped, for a flush after the application unmapped
-    /// all of it (its pages may wait in [`crate::unwritten`]). Weak: the
-    /// region does not keep it alive.
+    /// all of it (its pages may wait in [`crate::unwritten`]): found there
+    /// by address. Weak: the region does not keep it alive, but its
+    /// allocation stays, so no other object takes that address meanwhile.
     object: std::sync::Weak<crate::object::Object>,
 }
 
@@ -445,12 +446,15 @@ impl Region {
 
     /// Moves (and optionally resizes) the region to `addr`.
     ///
-    /// On an error the region is where it was, with one exception: if
+    /// On an error the region is where it was, with two exceptions: if
     /// the kernel moved the mapping and registering the new range then
     /// failed (`UFFDIO_REGISTER` at `vm.max_map_count`), the region
     /// follows the move ([`as_ptr`](Self::as_ptr) and [`len`](Self::len)
     /// say where it is now), its memory is inaccessible, and the error is
-    /// [`Error::Sys`]; only unmapping it is left to do.
+    /// [`Error::Sys`]; only unmapping it is left to do. And a shrinking
+    /// move that a kernel refuses after it has unmapped the tail leaves
+    /// the region shrunk where it was ([`len`](Self::len) says so), with
+    /// the error.
     ///
     /// Example: [`Region`](crate::Region).
     pub fn remap_to(&mut self, new_len: usize, addr: Option<usize>) -> Result<()> {
@@ -495,11 +499,12 @@ impl Region {
         mm.check_owner()?;
         let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
             // The application unmapped it all itself; the unmap wrote it
-            // back, or kept what its store refused: written now.
-            return match self.object.upgrade() {
-                Some(obj) => mm.flush_unwritten_object(&obj),
-                None => Ok(()),
-            };
+            // back, or kept what its store refused: written now. (Its
+            // unmap applied first. The object is found by address in the
+            // list, never revived from `object`: a reference that is not
+            // the list's must go back through `release_object`.)
+            mm.events.quiesce();
+            return mm.flush_unwritten_object(self.object.as_ptr());
         };
         let r = {
             let _section = mm.events.section();

@@ -137,18 +137,13 @@ impl Mm {
         r
     }
 
-    /// [`flush_unwritten`](Self::flush_unwritten) for `obj` alone: `Ok` at
-    /// once if it is not kept there.
-    pub(crate) fn flush_unwritten_object(&self, obj: &Arc<Object>) -> Result<()> {
-        if self
-            .unwritten
-            .over(Which::All)
-            .iter()
-            .any(|o| Arc::ptr_eq(o, obj))
-        {
-            self.flush_one_unwritten(obj)
-        } else {
-            Ok(())
+    /// [`flush_unwritten`](Self::flush_unwritten) for the object at `obj`
+    /// alone: `Ok` at once if none is kept there.
+    pub(crate) fn flush_unwritten_object(&self, obj: *const Object) -> Result<()> {
+        let kept = self.unwritten.over(Which::All);
+        match kept.iter().find(|o| std::ptr::eq(Arc::as_ptr(o), obj)) {
+            Some(o) => self.flush_one_unwritten(o),
+            None => Ok(()),
         }
     }
 

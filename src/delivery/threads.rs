@@ -165,8 +165,10 @@ struct Done {
 /// region and be woken before it gets SIGSEGV...
 const UNSERVED_WAKES: u32 = 2;
 /// ... each within this long of the one before (a thread that faults
-/// again at once is stuck; stale messages do not come that close).
-const UNSERVED_WITHIN_NS: u64 = 10_000_000;
+/// again at once is stuck, though its wake may wait for the rest of a
+/// handler's batch, slow store reads among them; stale messages do not
+/// come three in a second).
+const UNSERVED_WITHIN_NS: u64 = 1_000_000_000;
 
 impl Done {
     fn new() -> Self {
