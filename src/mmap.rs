@@ -23,6 +23,9 @@ pub(crate) fn register_mode(obj: &Object) -> u64 {
         // WP: a huge page is write-protected while reclaim copies it out
         // (`reclaim`'s `huge`: hugetlb has no `UFFDIO_MOVE`).
         InstallKind::Anonymous if obj.is_huge() => mode::MISSING | mode::WP,
+        // WP: clean pages of a read-only region are installed protected
+        // (`Object::protects_clean`).
+        InstallKind::Anonymous if obj.protects_clean() => mode::MISSING | mode::WP,
         InstallKind::Anonymous => mode::MISSING,
         // MINOR catches pages present in the memfd but not mapped; MISSING
         // catches holes (absent pages), which would otherwise be zero-filled

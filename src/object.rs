@@ -408,6 +408,17 @@ impl Object {
         }
     }
 
+    /// Whether a base anonymous page installed clean (a read in a region
+    /// mapped read-only) is also write-protected: in a quiet object, whose
+    /// clean pages reclaim drops with a zap. Nothing else would tell the
+    /// engine that the application's own `mprotect(PROT_WRITE)` let a write
+    /// change such a page; protected, the write faults first and marks it
+    /// dirty (see `fault::install`'s `recheck_installed`).
+    #[inline]
+    pub fn protects_clean(&self) -> bool {
+        self.kind == InstallKind::Anonymous && self.quiet && !self.is_huge()
+    }
+
     /// Pages in the object.
     pub fn npages(&self) -> usize {
         self.cache.len()

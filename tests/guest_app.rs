@@ -457,3 +457,52 @@ fn a_region_the_application_moved_does_not_act_at_its_old_address() {
     assert!(r.lock_resident(0, PAGE).is_err());
     assert!(other.as_slice().iter().all(|&b| b == 0x5A));
 }
+
+/// An anonymous region mapped read-only over a store, made writable by the
+/// application's own `mprotect` (not `Region::protect`): its writes survive
+/// reclaim, both to pages read before the `mprotect` (installed clean) and
+/// to pages first touched by the write.
+#[test]
+fn writes_after_the_applications_own_mprotect_survive_reclaim() {
+    for d in DELIVERIES {
+        with_deadline(60, "mprotect rw", move || {
+            let p = small_pager(d);
+            let pages = 64;
+            let data = pattern_vec(31, pages * PAGE);
+            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+            let opts = MapOptions {
+                kind: Some(InstallKind::Anonymous),
+                writable: false,
+                ..MapOptions::default()
+            };
+            // SAFETY: the store changes only through the region.
+            let r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
+            // Read the first half: installed clean.
+            assert_bytes(
+                &r.as_slice()[..pages / 2 * PAGE],
+                &data[..pages / 2 * PAGE],
+                "read",
+            );
+            // SAFETY: the application's own call on region memory.
+            let rc = unsafe {
+                libc::mprotect(
+                    r.as_ptr() as *mut libc::c_void,
+                    r.len(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                )
+            };
+            assert_eq!(rc, 0);
+            let mut want = data.clone();
+            for pg in 0..pages {
+                let a = r.as_ptr() as usize + pg * PAGE + 7;
+                // SAFETY: inside the region, now writable.
+                unsafe { std::ptr::write_volatile(a as *mut u8, !want[pg * PAGE + 7]) };
+                want[pg * PAGE + 7] = !want[pg * PAGE + 7];
+            }
+            for round in 0..3 {
+                p.reclaim_pages(64);
+                assert_bytes(r.as_slice(), &want, &format!("{d}: round {round}"));
+            }
+        });
+    }
+}

@@ -1,7 +1,9 @@
 //! One fault attempt, `attempt(lock, tried)`: steps 1-5 of
 //! `kernel-model.md`.
 
-use super::install::{copy_in, install, poison, recheck_installed, Recheck};
+use super::install::{
+    copy_in, install, installs_clean, installs_wp, poison, recheck_installed, Recheck,
+};
 use super::load::{load, read_with_retries, LoadResult};
 use super::{Fault, LockKind, Outcome};
 use crate::address_space::{Mm, VmaReadGuard};
@@ -180,7 +182,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             && obj.source(prev).synchronous()
             && obj.source(prev).signal_safe()
         {
-            return read_and_copy(mm, vma, i, prev, pinned);
+            return read_and_copy(mm, vma, i, prev, pinned, f.write);
         }
         if !f.tried {
             let pin = obj.pin();
@@ -227,14 +229,17 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
 /// synchronous swap-in, `SWP_SYNCHRONOUS_IO`). The page is clean: reclaim
 /// can drop it with the next batched zap. The caller holds the page lock
 /// and charged the page.
-fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
+fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32, write: bool) -> Outcome {
     let obj: &Object = &vma.object;
     // (Base pages only: the caller sends huge pages the cache-area way.)
     let off = (i * PAGE_SIZE) as u64;
     let source = obj.source(w);
-    // A page read back from swap holds writes its source lacks: clean only
-    // if it comes from the source itself.
-    let clean = if w & SWAPPED == 0 { CLEAN } else { 0 };
+    let clean = if installs_clean(vma, w, write) {
+        CLEAN
+    } else {
+        0
+    };
+    let wp = installs_wp(vma, w, write);
     let installed = |mm: &Mm| {
         obj.cache.unlock(
             i,
@@ -259,7 +264,7 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
         }
     };
     if let Some(src) = source.page_in_memory(off) {
-        match copy_in(mm, vma, i, src) {
+        match copy_in(mm, vma, i, src, wp) {
             Ok(()) => {
                 mm.counters.inc(PGREAD);
                 return installed(mm);
@@ -276,7 +281,7 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32) -> Outcome {
         mm.uncharge(obj.units());
         return poison(mm, vma, i);
     }
-    match copy_in(mm, vma, i, buf.0.as_ptr() as usize) {
+    match copy_in(mm, vma, i, buf.0.as_ptr() as usize, wp) {
         Ok(()) => installed(mm),
         Err(e) => not_installed(e),
     }
@@ -310,7 +315,14 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
         mm.counters.inc(PGINSTALL);
         Ok(false)
     } else {
-        install(mm, vma, i, zero, f.write)
+        install(
+            mm,
+            vma,
+            i,
+            zero,
+            f.write,
+            installs_wp(vma, obj.cache.load(i), f.write),
+        )
     };
     match installed {
         Ok(moved) => {
@@ -323,20 +335,14 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             };
             let pinned = if vma.pinned { PINNED } else { 0 };
             let mut moved = if moved { MOVED } else { 0 };
-            // An anonymous page mapped read-only cannot change: clean,
-            // unless its contents are newer than its source (a write-back
-            // that failed, or a page read back from swap). One mapped
-            // write-protected (a 2 MiB page, for a read: its first write
-            // faults and dirties it) is clean unless a write-back failed:
-            // a copy read back from swap stays there until the page is
-            // dropped or written out anew, so it may be dropped too.
-            // (The state word is loaded only for anonymous pages: a shared
-            // install, the common path, skips it.)
-            let clean_anon = |w: u32| {
-                w & DIRTY == 0
-                    && (obj.install_wp(f.write) || !vma.writable.load(Acquire) && w & SWAPPED == 0)
-            };
-            let clean = if obj.kind == InstallKind::Anonymous && clean_anon(obj.cache.load(i)) {
+            // See `installs_clean`. A 2 MiB page read back from swap may
+            // be clean: that copy stays in swap until the page is dropped
+            // or written out anew, so it may be dropped too. (The state
+            // word is loaded only for anonymous pages: a shared install,
+            // the common path, skips it.)
+            let clean = if obj.kind == InstallKind::Anonymous
+                && installs_clean(vma, obj.cache.load(i), f.write)
+            {
                 CLEAN
             } else {
                 0

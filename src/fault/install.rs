@@ -3,18 +3,51 @@
 use super::Outcome;
 use crate::address_space::Mm;
 use crate::object::{InstallKind, Object};
+use crate::page_cache::{DIRTY, SWAPPED};
 use crate::stats::Counter::*;
 use crate::sys::uffd::{IoResult, MODE_DONTWAKE, MODE_WP};
 use crate::sys::PAGE_SIZE;
 use crate::vma::Vma;
+use std::sync::atomic::Ordering::Acquire;
+
+/// Whether anonymous page `i` (state `w`, locked by the caller) goes in
+/// clean, its contents its source's until a write that the engine sees.
+/// A 2 MiB page for a read (it is write-protected); a base page for a read
+/// in a region mapped read-only, unless its contents are newer than its
+/// source (a write-back that failed, or a page read back from swap). A
+/// write fault in a region the engine maps read-only comes after the
+/// application's own `mprotect(PROT_WRITE)`: that page is not clean.
+pub(super) fn installs_clean(vma: &Vma, w: u32, write: bool) -> bool {
+    let obj = &vma.object;
+    obj.kind == InstallKind::Anonymous
+        && w & DIRTY == 0
+        && (obj.install_wp(write) || !write && !vma.writable.load(Acquire) && w & SWAPPED == 0)
+}
+
+/// Whether page `i` (state `w`) is installed write-protected: a shared or
+/// 2 MiB page per [`Object::install_wp`], a base anonymous one when it goes
+/// in clean in an object that protects those ([`Object::protects_clean`]).
+pub(super) fn installs_wp(vma: &Vma, w: u32, write: bool) -> bool {
+    let obj = &vma.object;
+    obj.install_wp(write) || obj.protects_clean() && installs_clean(vma, w, write)
+}
 
 /// Installs object page `i` at its address in `vma`. `zero`: an anonymous
 /// page that was never written back (UFFDIO_ZEROPAGE for a read, a copy of
-/// zeros for a write so the write needs no second fault). Never wakes:
-/// the delivery layer wakes waiters once per batch. Returns whether the
-/// page was moved out of the cache area (which then holds no copy).
-pub(super) fn install(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
-    retry_eagain(mm, || install_once(mm, vma, i, zero, write))
+/// zeros for a write so the write needs no second fault, or for a page
+/// that goes in write-protected: the zero page takes no protection with
+/// it). `wp`: [`installs_wp`]. Never wakes: the delivery layer wakes
+/// waiters once per batch. Returns whether the page was moved out of the
+/// cache area (which then holds no copy).
+pub(super) fn install(
+    mm: &Mm,
+    vma: &Vma,
+    i: usize,
+    zero: bool,
+    write: bool,
+    wp: bool,
+) -> Result<bool, i32> {
+    retry_eagain(mm, || install_once(mm, vma, i, zero, write, wp))
 }
 
 /// How long an install keeps retrying EAGAIN before it reports the error.
@@ -71,11 +104,13 @@ fn retry_eagain_within<T>(
 }
 
 /// Copies the page at `src` (a buffer of the caller's) into place as object
-/// page `i` with `UFFDIO_COPY` (which allocates it). Never wakes.
-pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i32> {
+/// page `i` with `UFFDIO_COPY` (which allocates it), write-protected if
+/// `wp`. Never wakes.
+pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize, wp: bool) -> Result<(), i32> {
     let uffd = mm.uffd_for(&vma.object);
     let (len, addr) = (vma.object.page_size(), vma.addr_of(i));
-    let r = retry_eagain(mm, || uffd.copy(addr, src, len, MODE_DONTWAKE));
+    let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
+    let r = retry_eagain(mm, || uffd.copy(addr, src, len, mode));
     match huge_anon_eexist(&vma.object, addr, r) {
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
@@ -85,41 +120,44 @@ pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize) -> Result<(), i3
     }
 }
 
-fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result<bool, i32> {
+fn install_once(
+    mm: &Mm,
+    vma: &Vma,
+    i: usize,
+    zero: bool,
+    write: bool,
+    wp: bool,
+) -> Result<bool, i32> {
     let addr = vma.addr_of(i);
     let obj = &vma.object;
     let uffd = mm.uffd_for(obj);
     let len = obj.page_size();
     let mut moved = false;
+    let wp_mode = if wp { MODE_WP } else { 0 };
     let r = match (obj.kind, zero) {
         // A read maps it write-protected; a write to a write-tracked page
         // maps it writable (the caller marks it dirty).
-        (InstallKind::Shared, _) => {
-            let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
-            uffd.cont(addr, len, MODE_DONTWAKE | wp)
-        }
+        (InstallKind::Shared, _) => uffd.cont(addr, len, MODE_DONTWAKE | wp_mode),
         // Hugetlb has no zero-page install: a copy of zeros.
-        (InstallKind::Anonymous, true) if !write && !obj.is_huge() => {
+        (InstallKind::Anonymous, true) if !write && !wp && !obj.is_huge() => {
             uffd.zeropage(addr, len, MODE_DONTWAKE)
         }
-        (InstallKind::Anonymous, true) => {
-            let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
-            uffd.copy(
-                addr,
-                crate::sys::mem::zeros(len).as_ptr() as usize,
-                len,
-                MODE_DONTWAKE | wp,
-            )
-        }
+        (InstallKind::Anonymous, true) => uffd.copy(
+            addr,
+            crate::sys::mem::zeros(len).as_ptr() as usize,
+            len,
+            MODE_DONTWAKE | wp_mode,
+        ),
         // Hugetlb has no `UFFDIO_MOVE`: copy from the cache area, then
         // free the copy there (a 2 MiB page must not be held twice), so
-        // the page counts as moved.
-        (InstallKind::Anonymous, false) if obj.is_huge() => {
+        // the page counts as moved. A base page that goes in protected is
+        // copied too (a move takes no protection with it); the caller
+        // frees the cache area's copy of a clean page.
+        (InstallKind::Anonymous, false) if obj.is_huge() || wp => {
             let src = obj.data(i)? as usize;
-            let wp = if obj.install_wp(write) { MODE_WP } else { 0 };
-            let r = uffd.copy(addr, src, len, MODE_DONTWAKE | wp);
+            let r = uffd.copy(addr, src, len, MODE_DONTWAKE | wp_mode);
             // (EEXIST: something is mapped there already; keep the copy.)
-            if r.is_ok() {
+            if r.is_ok() && obj.is_huge() {
                 let _ = obj.free_data(i, 1);
                 moved = true;
             }
@@ -158,9 +196,9 @@ fn install_once(mm: &Mm, vma: &Vma, i: usize, zero: bool, write: bool) -> Result
     };
     match huge_anon_eexist(obj, addr, r) {
         // A page already mapped there (huge anonymous: see
-        // `huge_anon_eexist`) was not protected by this copy; a read's page
+        // `huge_anon_eexist`) was not protected by this copy; a clean page
         // must be, as the caller marks it clean.
-        Err(libc::EEXIST) if obj.kind == InstallKind::Anonymous && obj.install_wp(write) => {
+        Err(libc::EEXIST) if obj.kind == InstallKind::Anonymous && wp => {
             uffd.writeprotect(addr, len, true, false)?;
             mm.counters.inc(PGINSTALL);
             Ok(moved)
@@ -252,7 +290,7 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
             }
             // Map it again: write-protected for a read of a clean tracked
             // page, writable otherwise. EEXIST: it is present.
-            let wp = obj.install_wp(f.write) && w & crate::page_cache::DIRTY == 0;
+            let wp = obj.install_wp(f.write) && w & DIRTY == 0;
             let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
             let uffd = mm.uffd_for(obj);
             match retry_eagain(mm, || uffd.cont(addr, obj.page_size(), mode)) {
@@ -279,15 +317,21 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         InstallKind::Anonymous => match crate::sys::mem::page_present(addr) {
             // A 2 MiB page installed write-protected for a read (see
             // `Object::install_wp`), or left so by an eviction that gave up
-            // (see `reclaim`'s `huge`): a write lifts the protection and the
-            // page is dirty from now on. (Any write fault on a present huge
-            // page takes this; lifting a protection that is not there is
-            // harmless, and a dirty mark only costs a write to swap.)
-            Ok(true) if obj.is_huge() && f.write => match make_writable(mm, vma, i) {
-                Ok(()) => Recheck::Present { dirty: true },
-                Err(libc::EAGAIN) => Recheck::Again,
-                Err(_) => Recheck::Failed,
-            },
+            // (see `reclaim`'s `huge`); or a clean base page of a read-only
+            // region, written after the application's own
+            // `mprotect(PROT_WRITE)` (see `Object::protects_clean`): a write
+            // lifts the protection and the page is dirty from now on, so
+            // reclaim no longer drops it. (Any write fault on a present page
+            // of such an object takes this; lifting a protection that is not
+            // there is harmless, and a dirty mark only costs a write to
+            // swap.)
+            Ok(true) if f.write && (obj.is_huge() || obj.protects_clean()) => {
+                match make_writable(mm, vma, i) {
+                    Ok(()) => Recheck::Present { dirty: true },
+                    Err(libc::EAGAIN) => Recheck::Again,
+                    Err(_) => Recheck::Failed,
+                }
+            }
             Ok(true) => Recheck::Present { dirty: false },
             Ok(false) => Recheck::Gone,
             Err(_) => Recheck::Failed,
