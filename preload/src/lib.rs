@@ -45,9 +45,19 @@ pub(crate) fn in_shim_here() -> bool {
     IN_SHIM.try_with(|c| c.get()).unwrap_or(false)
 }
 
-/// Runs `f` marked as shim code. (The callers keep the program's errno
-/// where the call succeeds.)
-fn in_shim<T>(f: impl FnOnce() -> T) -> T {
+/// Runs `f`, the shim's work for the call `site`, marked as shim code.
+/// (The callers keep the program's errno where the call succeeds.)
+///
+/// A panic in `f` (a bug in the shim or the engine) must not unwind into
+/// the program's C frames: Rust aborts the process there, and the program
+/// dies of SIGABRT in the middle of a `write` or `msync`. It is caught: the
+/// panic hook has said what it was on stderr, the shim says which call
+/// failed, and the call returns `failed` with errno `err` (the caller's
+/// failure value for the call), so a program that checks its calls sees a
+/// failed call, not a wrong answer. The engine's locks are released as
+/// the panic unwinds, and the shim's table takes a poisoned lock, so later
+/// calls go on.
+fn in_shim<T>(site: &'static str, failed: T, err: c_int, f: impl FnOnce() -> T) -> T {
     struct Reset(bool);
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -55,8 +65,40 @@ fn in_shim<T>(f: impl FnOnce() -> T) -> T {
         }
     }
     let _r = Reset(IN_SHIM.with(|c| c.replace(true)));
-    f()
+    let run = || {
+        test_panic(site);
+        f()
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(v) => v,
+        Err(_) => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "uffd-pager-preload: internal error in {site} (a panic, said above){}",
+                if err != 0 { "; the call fails" } else { "" }
+            );
+            set_errno(err);
+            failed
+        }
+    }
 }
+
+/// Test builds only (debug assertions on): `UFFD_PAGER_PRELOAD_PANIC=SITE`
+/// makes the shim's work for `SITE` panic, so the tests can show what a
+/// program sees then. A release build has no such hook.
+#[cfg(debug_assertions)]
+fn test_panic(site: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var("UFFD_PAGER_PRELOAD_PANIC").ok());
+    if at.as_deref() == Some(site) {
+        panic!("UFFD_PAGER_PRELOAD_PANIC={site}");
+    }
+}
+
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+fn test_panic(_: &str) {}
 
 fn errno() -> c_int {
     // SAFETY: this thread's errno.
@@ -135,7 +177,9 @@ pub unsafe extern "C" fn mmap(
     off: libc::off_t,
 ) -> *mut c_void {
     if programs_own() && maps::active() {
-        if let Some(r) = in_shim(|| maps::mmap(addr, len, prot, flags, fd, off)) {
+        let failed = Some(libc::MAP_FAILED);
+        let served = || maps::mmap(addr, len, prot, flags, fd, off);
+        if let Some(r) = in_shim("mmap", failed, libc::ENOMEM, served) {
             return r;
         }
     }
@@ -167,7 +211,7 @@ pub unsafe extern "C" fn mmap64(
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if programs_own() && maps::any() {
-        return in_shim(|| maps::munmap(addr as usize, len));
+        return in_shim("munmap", -1, libc::EIO, || maps::munmap(addr as usize, len));
     }
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     unsafe { sys::call(libc::SYS_munmap, addr as usize, len, 0, 0, 0) as c_int }
@@ -195,9 +239,8 @@ pub unsafe extern "C" fn mremap(
         std::ptr::null_mut()
     };
     if programs_own() && maps::any() {
-        if let Some(r) =
-            in_shim(|| maps::mremap(old as usize, old_len, new_len, flags, new_addr as usize))
-        {
+        let served = || maps::mremap(old as usize, old_len, new_len, flags, new_addr as usize);
+        if let Some(r) = in_shim("mremap", Some(libc::MAP_FAILED), libc::ENOMEM, served) {
             return r;
         }
     }
@@ -221,6 +264,8 @@ pub unsafe extern "C" fn mremap(
 /// # Safety
 /// As the call `nr` names with these arguments.
 unsafe fn served_or_kernel(
+    site: &'static str,
+    errno: c_int,
     served: impl FnOnce() -> Option<c_int>,
     nr: std::ffi::c_long,
     a: usize,
@@ -228,7 +273,7 @@ unsafe fn served_or_kernel(
     c: usize,
 ) -> c_int {
     if programs_own() && maps::any() {
-        if let Some(r) = in_shim(served) {
+        if let Some(r) = in_shim(site, Some(-1), errno, served) {
             return r;
         }
     }
@@ -246,6 +291,8 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     // this function's caller's.
     unsafe {
         served_or_kernel(
+            "mprotect",
+            libc::ENOMEM,
             || maps::mprotect(addr as usize, len, prot),
             libc::SYS_mprotect,
             addr as usize,
@@ -265,6 +312,8 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c
     // this function's caller's.
     unsafe {
         served_or_kernel(
+            "msync",
+            libc::EIO,
             || maps::msync(addr as usize, len),
             libc::SYS_msync,
             addr as usize,
@@ -286,6 +335,8 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
     // this function's caller's.
     unsafe {
         served_or_kernel(
+            "madvise",
+            libc::EIO,
             || maps::madvise(addr as usize, len, advice),
             libc::SYS_madvise,
             addr as usize,
@@ -302,12 +353,18 @@ fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isiz
     if !programs_own() || !maps::any_file() {
         return f();
     }
-    let target = in_shim(|| maps::file_of(fd, at));
+    // A failure to find out whether the write lands in a mapped file fails
+    // the write before it is made: made, it could leave a mapping showing
+    // older bytes.
+    let Ok(target) = in_shim("write", Err(()), libc::EIO, || Ok(maps::file_of(fd, at))) else {
+        return -1;
+    };
     let n = f();
     if n > 0 {
         if let Some(t) = target {
             let e = errno();
-            in_shim(|| maps::refresh(t, n as u64));
+            // (A failure now cannot undo the write: it is said on stderr.)
+            in_shim("refresh", (), e, || maps::refresh(t, n as u64));
             set_errno(e);
         }
     }
@@ -437,7 +494,9 @@ fn coherent_sync(fd: c_int, nr: libc::c_long) -> c_int {
     let mut failed = Ok(());
     if programs_own() && maps::any_to_sync() {
         let e = errno();
-        failed = in_shim(|| maps::flush_file(fd, "at fsync", true));
+        failed = in_shim("fsync", Err(libc::EIO), e, || {
+            maps::flush_file(fd, "at fsync", true)
+        });
         set_errno(e);
     }
     // SAFETY: the program's own call on its descriptor, passed on.
@@ -456,7 +515,14 @@ fn coherent_sync(fd: c_int, nr: libc::c_long) -> c_int {
 fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
     if programs_own() && maps::any_writable() {
         let e = errno();
-        in_shim(|| maps::flush_for_read(fd));
+        // A read that could not see what was stored through the mapping
+        // fails rather than return older bytes.
+        if !in_shim("read", false, libc::EIO, || {
+            maps::flush_for_read(fd);
+            true
+        }) {
+            return -1;
+        }
         set_errno(e);
     }
     f()
@@ -549,7 +615,7 @@ pub unsafe extern "C" fn preadv64(
 
 /// Reads the settings when the library loads (before `main`).
 extern "C" fn load() {
-    in_shim(maps::load);
+    in_shim("load", (), 0, maps::load);
 }
 
 /// Writes the counters and flushes writable mappings at exit.
@@ -564,7 +630,7 @@ extern "C" fn unload() {
     if in_shim_here() || engine::in_engine() {
         return;
     }
-    in_shim(maps::unload);
+    in_shim("unload", (), 0, maps::unload);
 }
 
 #[used]

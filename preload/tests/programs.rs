@@ -472,3 +472,65 @@ fn fsync_writes_back_what_was_stored_through_the_mapping() {
     assert_eq!(ok(&o), plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// A panic in the shim's work for a call (a bug in the shim or the engine,
+/// forced here with the test builds' `UFFD_PAGER_PRELOAD_PANIC`) fails that
+/// call with an errno, and the program goes on. It unwound into the
+/// program's C frames before, and Rust aborted the program (SIGABRT).
+#[test]
+fn a_panic_in_the_shim_fails_the_call_and_the_program_goes_on() {
+    let d = scratch();
+    let exe = build_c(&d, "shim_calls");
+    let file = d.join("calls.dat");
+    let pattern = format!("{}", file.display());
+    let env = |site: &'static str| {
+        [
+            ("UFFD_PAGER_FILES", pattern.clone()),
+            ("UFFD_PAGER_BUDGET", "1M".to_string()),
+            ("UFFD_PAGER_PRELOAD_PANIC", site.to_string()),
+        ]
+    };
+    let run = |site: &'static str| {
+        let env = env(site);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (o, st) = under_shim(
+            Command::new(&exe).arg(&file),
+            &env,
+            &d.join(format!("calls-{site}.stats")),
+        );
+        (ok(&o), String::from_utf8_lossy(&o.stderr).into_owned(), st)
+    };
+    // No panic: every call succeeds, through the pager.
+    let (out, _, st) = run("none");
+    let calls = [
+        "mmap", "msync", "write", "read", "fsync", "mprotect", "munmap",
+    ];
+    for c in calls {
+        assert!(out.contains(&format!("{c} 0 0\n")), "{out}");
+    }
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    for (site, errno) in [
+        ("mmap", libc::ENOMEM),
+        ("msync", libc::EIO),
+        ("write", libc::EIO),
+        ("read", libc::EIO),
+        ("fsync", libc::EIO),
+        ("mprotect", libc::ENOMEM),
+        ("munmap", libc::EIO),
+    ] {
+        let (out, err, _) = run(site);
+        assert!(
+            out.contains(&format!("{site} -1 {errno}\n")),
+            "{site}: {out}\n{err}"
+        );
+        assert!(out.ends_with("done\n"), "{site}: {out}");
+        assert!(
+            err.contains(&format!("internal error in {site}")),
+            "{site}: {err}"
+        );
+        // Only that call failed.
+        for c in calls.iter().filter(|c| **c != site && site != "mmap") {
+            assert!(out.contains(&format!("{c} 0 0\n")), "{site}: {out}");
+        }
+    }
+}
