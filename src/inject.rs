@@ -73,6 +73,31 @@ mod imp {
         call(&AFTER_DETACH, v)
     }
 
+    /// A map hook: called with the mapping's length, returns an address
+    /// to hint to the kernel (0: none). A plain function pointer.
+    pub type MapHook = fn(usize) -> usize;
+
+    static BEFORE_MAP: AtomicUsize = AtomicUsize::new(0);
+
+    /// Runs in a map that has no fixed placement, with the global lock
+    /// held for write, right before the kernel is asked for the range; its
+    /// answer is passed to `mmap` as a hint (not `MAP_FIXED`). Set `None`
+    /// to clear.
+    pub fn set_before_map(h: Option<MapHook>) {
+        BEFORE_MAP.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(crate) fn before_map(len: usize) -> usize {
+        let p = BEFORE_MAP.load(Acquire);
+        if p == 0 {
+            return 0;
+        }
+        // SAFETY: only `set_before_map` stores here, and it stores valid
+        // `MapHook`s.
+        let f: MapHook = unsafe { std::mem::transmute::<usize, MapHook>(p) };
+        f(len)
+    }
+
     static FAIL_REREGISTER: std::sync::atomic::AtomicBool =
         std::sync::atomic::AtomicBool::new(false);
 
@@ -103,11 +128,19 @@ mod imp {
 #[cfg(feature = "fault-inject")]
 pub use imp::{
     fail_next_remap, fail_next_reregister, set_after_detach, set_after_lookup, set_after_reprotect,
-    Hook, Site,
+    set_before_map, Hook, MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
-pub(crate) use imp::{after_detach, after_lookup, after_reprotect, remap_fails, reregister_fails};
+pub(crate) use imp::{
+    after_detach, after_lookup, after_reprotect, before_map, remap_fails, reregister_fails,
+};
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn before_map(_: usize) -> usize {
+    0
+}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

@@ -67,14 +67,22 @@ impl Mm {
         } = flags;
         self.check_owner()?;
         self.events.quiesce();
-        let _w = self.lock.write();
-        let (hint, fixed) = at.fixed.map_or((0, false), |a| (a, true));
+        let w = self.lock.write();
+        let (hint, fixed) = at
+            .fixed
+            .map_or((crate::inject::before_map(len), false), |a| (a, true));
         if fixed && hint.checked_add(len).is_none() {
             return Err(past_the_end(hint, len));
         }
-        if fixed && self.table.read(|t| t.overlaps(hint, hint + len, None)) {
-            return Err(Error::Overlap { addr: hint, len });
-        }
+        let w = if fixed {
+            let (w, still) = crate::events::apply::settle(self, w, hint, hint + len);
+            if still {
+                return Err(Error::Overlap { addr: hint, len });
+            }
+            w
+        } else {
+            w
+        };
         let m = match object.kind {
             InstallKind::Anonymous if object.is_huge() => {
                 crate::sys::huge::anonymous_at(hint, len, fixed)
@@ -95,9 +103,13 @@ impl Mm {
         })?;
         let start = m.addr();
         // The kernel gave us this range, so whatever the table still holds
-        // there was unmapped by the application and its event is not read
-        // yet: apply it now.
-        crate::events::apply::stale(self, start, start + len);
+        // there was unmapped or moved by the application and its event is
+        // not applied yet: wait for it, or apply an unmap now if none is
+        // coming (see `settle`).
+        let (_w, still) = crate::events::apply::settle(self, w, start, start + len);
+        if still {
+            crate::events::apply::stale(self, start, start + len);
+        }
         // A fork()ed child gets no copy of region memory: its touches are a
         // clean SIGSEGV, and the engine refuses to work in a child (see
         // `crate::fork`).

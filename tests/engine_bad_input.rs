@@ -156,7 +156,14 @@ fn mapped(addr: usize) -> bool {
 #[test]
 fn a_failed_registration_after_a_move_leaves_the_region_where_it_went() {
     let p = pager(Delivery::InThread);
-    let mut r = p.map_anonymous(4 * PAGE).unwrap();
+    // At an address the kernel does not hand out on its own: another test
+    // of this binary mapping at the same time could be given the old range
+    // once it is free.
+    let opts = uffd_pager::MapOptions {
+        fixed_addr: Some(free_range(4 * PAGE)),
+        ..Default::default()
+    };
+    let mut r = p.map_anonymous_with(4 * PAGE, &opts).unwrap();
     r.as_mut_slice().fill(3);
     let old = r.as_ptr() as usize;
     let to = free_range(4 * PAGE);

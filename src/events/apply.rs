@@ -4,6 +4,7 @@
 use super::Event;
 use crate::address_space::Mm;
 use crate::stats::Counter;
+use crate::sync::global_lock::WriteGuard as GlobalWriteGuard;
 use crate::sync::percpu_rwsem::WriteGuard;
 use crate::vma::Vma;
 use std::sync::atomic::Ordering::SeqCst;
@@ -31,10 +32,63 @@ pub fn queued_locked(mm: &Mm, _gate: &WriteGuard<'_>) {
     }
 }
 
+/// How long a `map` waits for the events of regions whose range the
+/// kernel has freed before it takes them for unmapped ([`stale`]). The
+/// kernel posts such an event as soon as the application's call lets go
+/// of `mmap_lock`, and the engine's readers read it at once; this bounds
+/// the wait should a reader be stuck.
+const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A `map` is about to claim `[start, end)` (the kernel gave it the range,
+/// or it asks for exactly that range) while the table still holds regions
+/// there. Their range was freed by the application's own `munmap` or
+/// `mremap`, whose event is on its way: the kernel counts it on the
+/// region's descriptor from before the change until the event is read
+/// ([`Uffd::mmap_changing`]), and once read it waits in the queue for the
+/// global lock this map holds.
+///
+/// Hazard: taken for an unmap ([`stale`]), a move loses its region: the
+/// moved pages that were evicted are discarded, and the region's new
+/// address has none. So while such an event is coming, the lock is let go
+/// (`w` is dropped and taken again), the events are applied, and the table
+/// is looked at again. Returns the lock and whether regions still overlap
+/// the range with no event coming for them (bounded by
+/// [`SETTLE_PATIENCE`]).
+///
+/// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
+pub(crate) fn settle<'a>(
+    mm: &'a Mm,
+    mut w: GlobalWriteGuard<'a>,
+    start: usize,
+    end: usize,
+) -> (GlobalWriteGuard<'a>, bool) {
+    let mut deadline = None;
+    loop {
+        let there = mm.table.read(|t| t.overlapping(start, end));
+        if there.is_empty() {
+            return (w, false);
+        }
+        let coming =
+            mm.events.in_flight() || there.iter().any(|v| mm.uffd_for(&v.object).mmap_changing());
+        drop(there);
+        let now = std::time::Instant::now();
+        let late = *deadline.get_or_insert(now + SETTLE_PATIENCE) <= now;
+        if !coming || late {
+            return (w, true);
+        }
+        mm.counters.inc(Counter::MAP_WAITED_EVENT);
+        drop(w);
+        mm.events.quiesce();
+        std::thread::yield_now();
+        w = mm.lock.write();
+    }
+}
+
 /// A `map` found table entries overlapping `[start, end)`, which the
-/// kernel just gave it: the application unmapped them and the event is
-/// not read yet. Applies the unmap now and remembers the range. The
-/// caller holds the global write lock.
+/// kernel just gave it, with no event coming for them ([`settle`]): the
+/// application unmapped them and the event is not read yet. Applies the
+/// unmap now and remembers the range. The caller holds the global write
+/// lock.
 pub(crate) fn stale(mm: &Mm, start: usize, end: usize) {
     if mm.table.read(|t| t.overlaps(start, end, None)) {
         apply(mm, Event::Unmap(start, end), &[]);

@@ -153,6 +153,13 @@ impl Events {
         self.pending() || self.busy.load(SeqCst) != 0 || self.applied.load(SeqCst) != epoch
     }
 
+    /// Whether an event is being read, or was read and waits to be
+    /// applied. One load.
+    #[inline]
+    pub fn in_flight(&self) -> bool {
+        self.busy.load(SeqCst) != 0
+    }
+
     /// Waits until no event is being read, waits or is being applied.
     /// Address-space writers call it before they take the global lock
     /// (which applying an event needs), so that an application that

@@ -113,6 +113,9 @@ counters! {
     EVENT_UNMAP => "event_unmap",
     /// Non-cooperative events read: `mremap` that moved region memory.
     EVENT_REMAP => "event_remap",
+    /// A map the kernel gave a range the table still held let go of the
+    /// global lock to let the event that freed it be applied first.
+    MAP_WAITED_EVENT => "map_waited_event",
 }
 
 const N: usize = Counter::ALL.len();
