@@ -5,7 +5,7 @@ use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::mmap::register_mode;
 use crate::object::InstallKind;
-use crate::page_cache::{DIRTY, MAPPED};
+use crate::page_cache::{CLEAN, DIRTY, MAPPED};
 use crate::sys::mem::{mprotect, Mapping};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -174,8 +174,11 @@ impl Mm {
 /// Registers `[start, start + len)`, mapped by `vma`, again after a remap
 /// unregistered it (moved, or refused and left where it was), and gives it
 /// protection `prot` back. The unregister cleared the write protection of
-/// the clean pages of a shared object, so they are protected again and the
-/// next write to each is seen.
+/// the clean pages of a shared object, and of an anonymous object that
+/// protects its clean pages ([`Object::protects_clean`]), so they are
+/// protected again and the next write to each is seen.
+///
+/// [`Object::protects_clean`]: crate::object::Object::protects_clean
 fn register_again(
     uffd: &crate::sys::uffd::Uffd,
     vma: &crate::vma::Vma,
@@ -188,19 +191,19 @@ fn register_again(
     // engine installed is dirty, so until then `mprotect(PROT_WRITE)` would
     // make a clean page writable, and a write to it from another thread
     // would go unseen (the page stays clean: lost at its eviction).
-    if r.is_ok()
-        && vma.object.kind == InstallKind::Shared
-        && !vma.object.kernel_maps
-        && uffd.writeprotect(start, len, true, false).is_err()
-    {
+    let obj = &vma.object;
+    let protects = (obj.kind == InstallKind::Shared && !obj.kernel_maps) || obj.protects_clean();
+    if r.is_ok() && protects && uffd.writeprotect(start, len, true, false).is_err() {
         // EAGAIN: an event is waiting, and it cannot be applied while the
         // caller holds the global lock. Without the protection a write to a
         // clean page would go unseen, so every mapped page counts as dirty
-        // instead (written back once, needlessly at worst).
-        if vma.object.tracks_writes() {
+        // instead (written back once, needlessly at worst; an anonymous
+        // one is moved out to swap rather than dropped, and one of a
+        // read-only mapping, which cannot be moved, stays resident).
+        if obj.tracks_writes() || obj.protects_clean() {
             for i in vma.pages() {
-                if vma.object.cache.load(i) & MAPPED != 0 {
-                    vma.object.cache.update(i, DIRTY, 0);
+                if obj.cache.load(i) & MAPPED != 0 {
+                    obj.cache.update(i, DIRTY, CLEAN);
                 }
             }
         }

@@ -398,8 +398,10 @@ impl Object {
     /// A 2 MiB anonymous page: for a read. It is then clean (its contents are
     /// its source's) until its first write, which faults and marks it dirty;
     /// reclaim drops a clean one without writing 2 MiB to swap. A base
-    /// anonymous page is never protected: it leaves by `UFFDIO_MOVE` and is
-    /// written out whatever it holds (see `reclaim`).
+    /// anonymous page is not protected here: it leaves by `UFFDIO_MOVE` and
+    /// is written out whatever it holds (see `reclaim`), but for a clean
+    /// one of a read-only region, which reclaim drops (see
+    /// [`Object::protects_clean`]).
     #[inline]
     pub fn install_wp(&self, write: bool) -> bool {
         match self.kind {

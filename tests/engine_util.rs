@@ -314,3 +314,20 @@ pub fn huge_pager(d: uffd_pager::Delivery, pages: u64) -> uffd_pager::Pager {
         .build()
         .expect("build a pager")
 }
+
+/// The application's own `mremap` of `[old, old + len)` to exactly `to`,
+/// `new_len` long.
+pub fn app_mremap(old: usize, len: usize, new_len: usize, to: usize) {
+    // SAFETY: the application moves region memory itself (MREMAP_FIXED
+    // onto a range the caller found free).
+    let q = unsafe {
+        libc::mremap(
+            old as *mut libc::c_void,
+            len,
+            new_len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_eq!(q as usize, to, "mremap: {}", errno());
+}

@@ -22,23 +22,6 @@ fn small_pager(d: Delivery) -> Pager {
         .unwrap_or_else(|e| panic!("{d}: {e}"))
 }
 
-/// The application's own `mremap` of `[old, old + len)` to exactly `to`,
-/// `new_len` long.
-fn app_mremap(old: usize, len: usize, new_len: usize, to: usize) {
-    // SAFETY: the application moves region memory itself (MREMAP_FIXED
-    // onto a range the caller found free).
-    let q = unsafe {
-        libc::mremap(
-            old as *mut libc::c_void,
-            len,
-            new_len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            to as *mut libc::c_void,
-        )
-    };
-    assert_eq!(q as usize, to, "mremap: {}", errno());
-}
-
 fn byte(addr: usize) -> u8 {
     // SAFETY: callers pass addresses inside live mappings.
     unsafe { std::ptr::read_volatile(addr as *const u8) }
@@ -498,6 +481,51 @@ fn writes_after_the_applications_own_mprotect_survive_reclaim() {
                 // SAFETY: inside the region, now writable.
                 unsafe { std::ptr::write_volatile(a as *mut u8, !want[pg * PAGE + 7]) };
                 want[pg * PAGE + 7] = !want[pg * PAGE + 7];
+            }
+            for round in 0..3 {
+                p.reclaim_pages(64);
+                assert_bytes(r.as_slice(), &want, &format!("{d}: round {round}"));
+            }
+        });
+    }
+}
+
+/// As above, after `Region::remap` moved the region: the move's unregister
+/// cleared the write protection of its clean pages, and the new
+/// registration did not put it back, so a write after the application's
+/// own `mprotect(PROT_WRITE)` went unseen and reclaim dropped it.
+#[test]
+fn writes_after_a_remap_and_the_applications_own_mprotect_survive_reclaim() {
+    for d in DELIVERIES {
+        with_deadline(60, "remap then mprotect rw", move || {
+            let p = small_pager(d);
+            let pages = 16;
+            let data = pattern_vec(37, pages * PAGE);
+            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+            let opts = MapOptions {
+                kind: Some(InstallKind::Anonymous),
+                writable: false,
+                ..MapOptions::default()
+            };
+            // SAFETY: the store changes only through the region.
+            let mut r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
+            assert_bytes(r.as_slice(), &data, "read");
+            r.remap_to(r.len(), Some(free_range(r.len()))).unwrap();
+            // SAFETY: the application's own call on region memory.
+            let rc = unsafe {
+                libc::mprotect(
+                    r.as_ptr() as *mut libc::c_void,
+                    r.len(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                )
+            };
+            assert_eq!(rc, 0);
+            let mut want = data.clone();
+            for pg in 0..pages {
+                let o = pg * PAGE + 5;
+                want[o] = !want[o];
+                // SAFETY: inside the region, now writable.
+                unsafe { std::ptr::write_volatile((r.as_ptr() as usize + o) as *mut u8, want[o]) };
             }
             for round in 0..3 {
                 p.reclaim_pages(64);

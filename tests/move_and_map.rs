@@ -18,22 +18,6 @@ static TO: AtomicUsize = AtomicUsize::new(0);
 /// Set by the hook: the mover thread may move now.
 static GO: AtomicBool = AtomicBool::new(false);
 
-/// The application's own `mremap` of `[from, from + len)` to exactly `to`.
-fn app_move(from: usize, len: usize, to: usize) {
-    // SAFETY: the application moves region memory itself, onto a range
-    // `free_range` found free.
-    let q = unsafe {
-        libc::mremap(
-            from as *mut libc::c_void,
-            len,
-            len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            to as *mut libc::c_void,
-        )
-    };
-    assert_eq!(q as usize, to, "mremap: {}", errno());
-}
-
 /// Whether anything is mapped at `addr`.
 fn mapped(addr: usize) -> bool {
     // SAFETY: msync of one page only asks whether it is mapped (ENOMEM if
@@ -85,7 +69,7 @@ fn a_region_moved_while_another_thread_maps_keeps_its_pages() {
             while !GO.load(SeqCst) {
                 std::thread::yield_now();
             }
-            app_move(from, len, to);
+            app_mremap(from, len, len, to);
         });
         TO.store(to, SeqCst);
         FROM.store(from, SeqCst);

@@ -112,6 +112,13 @@ pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize, wp: bool) -> Res
     let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
     let r = retry_eagain(mm, || uffd.copy(addr, src, len, mode));
     match huge_anon_eexist(&vma.object, addr, r) {
+        // A page already there was not protected by this copy; a clean
+        // one must be (see `install_once`).
+        Err(libc::EEXIST) if wp => {
+            uffd.writeprotect(addr, len, true, false)?;
+            mm.counters.inc(PGINSTALL);
+            Ok(())
+        }
         Ok(_) | Err(libc::EEXIST) => {
             mm.counters.inc(PGINSTALL);
             Ok(())
