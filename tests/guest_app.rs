@@ -441,6 +441,51 @@ fn a_region_the_application_moved_does_not_act_at_its_old_address() {
     assert!(other.as_slice().iter().all(|&b| b == 0x5A));
 }
 
+/// An anonymous region of `pages` mapped read-only over a store of
+/// pattern `seed`, and the store's bytes.
+fn read_only_anonymous(p: &Pager, pages: usize, seed: u64) -> (uffd_pager::Region, Vec<u8>) {
+    let data = pattern_vec(seed, pages * PAGE);
+    let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    let opts = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        writable: false,
+        ..MapOptions::default()
+    };
+    // SAFETY: the store changes only through the region.
+    let r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
+    (r, data)
+}
+
+/// The application makes `r` writable with its own `mprotect` and flips
+/// the byte at `off` of every page (in `want` too); then reclaim runs
+/// three times and every byte must be what was written.
+fn app_writes_survive_reclaim(
+    p: &Pager,
+    r: &uffd_pager::Region,
+    want: &mut [u8],
+    off: usize,
+    ctx: &str,
+) {
+    // SAFETY: the application's own call on region memory.
+    let rc = unsafe {
+        libc::mprotect(
+            r.as_ptr() as *mut libc::c_void,
+            r.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(rc, 0);
+    for o in (off..r.len()).step_by(PAGE) {
+        want[o] = !want[o];
+        // SAFETY: inside the region, now writable.
+        unsafe { std::ptr::write_volatile((r.as_ptr() as usize + o) as *mut u8, want[o]) };
+    }
+    for round in 0..3 {
+        p.reclaim_pages(64);
+        assert_bytes(r.as_slice(), want, &format!("{ctx}: round {round}"));
+    }
+}
+
 /// An anonymous region mapped read-only over a store, made writable by the
 /// application's own `mprotect` (not `Region::protect`): its writes survive
 /// reclaim, both to pages read before the `mprotect` (installed clean) and
@@ -451,41 +496,11 @@ fn writes_after_the_applications_own_mprotect_survive_reclaim() {
         with_deadline(60, "mprotect rw", move || {
             let p = small_pager(d);
             let pages = 64;
-            let data = pattern_vec(31, pages * PAGE);
-            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let opts = MapOptions {
-                kind: Some(InstallKind::Anonymous),
-                writable: false,
-                ..MapOptions::default()
-            };
-            // SAFETY: the store changes only through the region.
-            let r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
+            let (r, mut want) = read_only_anonymous(&p, pages, 31);
             // Read the first half: installed clean.
-            assert_bytes(
-                &r.as_slice()[..pages / 2 * PAGE],
-                &data[..pages / 2 * PAGE],
-                "read",
-            );
-            // SAFETY: the application's own call on region memory.
-            let rc = unsafe {
-                libc::mprotect(
-                    r.as_ptr() as *mut libc::c_void,
-                    r.len(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                )
-            };
-            assert_eq!(rc, 0);
-            let mut want = data.clone();
-            for pg in 0..pages {
-                let a = r.as_ptr() as usize + pg * PAGE + 7;
-                // SAFETY: inside the region, now writable.
-                unsafe { std::ptr::write_volatile(a as *mut u8, !want[pg * PAGE + 7]) };
-                want[pg * PAGE + 7] = !want[pg * PAGE + 7];
-            }
-            for round in 0..3 {
-                p.reclaim_pages(64);
-                assert_bytes(r.as_slice(), &want, &format!("{d}: round {round}"));
-            }
+            let half = pages / 2 * PAGE;
+            assert_bytes(&r.as_slice()[..half], &want[..half], "read");
+            app_writes_survive_reclaim(&p, &r, &mut want, 7, &d.to_string());
         });
     }
 }
@@ -499,38 +514,10 @@ fn writes_after_a_remap_and_the_applications_own_mprotect_survive_reclaim() {
     for d in DELIVERIES {
         with_deadline(60, "remap then mprotect rw", move || {
             let p = small_pager(d);
-            let pages = 16;
-            let data = pattern_vec(37, pages * PAGE);
-            let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-            let opts = MapOptions {
-                kind: Some(InstallKind::Anonymous),
-                writable: false,
-                ..MapOptions::default()
-            };
-            // SAFETY: the store changes only through the region.
-            let mut r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
-            assert_bytes(r.as_slice(), &data, "read");
+            let (mut r, mut want) = read_only_anonymous(&p, 16, 37);
+            assert_bytes(r.as_slice(), &want, "read");
             r.remap_to(r.len(), Some(free_range(r.len()))).unwrap();
-            // SAFETY: the application's own call on region memory.
-            let rc = unsafe {
-                libc::mprotect(
-                    r.as_ptr() as *mut libc::c_void,
-                    r.len(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                )
-            };
-            assert_eq!(rc, 0);
-            let mut want = data.clone();
-            for pg in 0..pages {
-                let o = pg * PAGE + 5;
-                want[o] = !want[o];
-                // SAFETY: inside the region, now writable.
-                unsafe { std::ptr::write_volatile((r.as_ptr() as usize + o) as *mut u8, want[o]) };
-            }
-            for round in 0..3 {
-                p.reclaim_pages(64);
-                assert_bytes(r.as_slice(), &want, &format!("{d}: round {round}"));
-            }
+            app_writes_survive_reclaim(&p, &r, &mut want, 5, &d.to_string());
         });
     }
 }
