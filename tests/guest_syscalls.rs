@@ -15,16 +15,22 @@ use util::*;
 
 const BUDGET: u64 = 64;
 
+/// A pager of `BUDGET` pages on a user-mode-only descriptor: a fault inside
+/// a system call is `EFAULT` whatever the delivery.
+fn user_mode_pager(d: Delivery) -> Pager {
+    Pager::builder()
+        .delivery(d)
+        .budget_pages(BUDGET)
+        .user_mode_only(true)
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn syscalls_on_guarded_buffers_never_fail_while_reclaim_runs() {
     for d in [Delivery::InThread, Delivery::PerRegion] {
         with_deadline(180, "guarded syscalls", move || {
-            let p = Pager::builder()
-                .delivery(d)
-                .budget_pages(BUDGET)
-                .user_mode_only(true)
-                .build()
-                .unwrap();
+            let p = user_mode_pager(d);
             let pages = 1024;
             let r = p.map_anonymous(pages * PAGE).unwrap();
             let base = r.as_ptr() as usize;
@@ -112,4 +118,41 @@ fn prefault_and_guards_larger_than_the_budget_are_refused() {
     r.prefault(0, 8 * PAGE).unwrap();
     let g = r.lock_resident(0, 8 * PAGE).unwrap();
     drop(g);
+}
+
+/// An anonymous region mapped read-only over a store whose pages were read
+/// (so installed write-protected, see `Object::protects_clean`), then made
+/// writable with `Region::protect`: `read(2)` into its resident pages
+/// lands, with in-thread delivery too. `protect` lifts the write
+/// protection; left there, the write-protect fault inside the call was
+/// `EFAULT`, where before such pages were never protected.
+#[test]
+fn read_2_into_a_region_made_writable_by_protect_lands() {
+    for d in [Delivery::InThread, Delivery::PerRegion] {
+        let p = user_mode_pager(d);
+        let pages = 8;
+        let data = pattern_vec(43, pages * PAGE);
+        let store = std::sync::Arc::new(uffd_pager::store::MemoryStore::from_bytes(&data).unwrap());
+        let opts = uffd_pager::MapOptions {
+            kind: Some(uffd_pager::InstallKind::Anonymous),
+            writable: false,
+            ..Default::default()
+        };
+        // SAFETY: the store changes only through the region.
+        let r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
+        assert_bytes(r.as_slice(), &data, &format!("{d}: read"));
+        r.protect(true).unwrap();
+        let from = pattern_vec(44, pages * PAGE);
+        let f = TempFile::with_contents("protect-read", &from);
+        let mut file = std::fs::File::open(f.path()).unwrap();
+        // (Resident: the budget holds them, and nothing else runs.)
+        // SAFETY: the region's range, mapped and now writable.
+        let buf = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), pages * PAGE) };
+        match file.read(buf) {
+            Ok(n) => assert_eq!(n, pages * PAGE, "{d}"),
+            Err(e) => panic!("{d}: read(2) into the region: {e}"),
+        }
+        p.reclaim_pages(64);
+        assert_bytes(r.as_slice(), &from, &format!("{d}: the read landed"));
+    }
 }
