@@ -22,11 +22,11 @@ pub(crate) fn register_mode(obj: &Object) -> u64 {
     match obj.kind {
         // WP: a huge page is write-protected while reclaim copies it out
         // (`reclaim`'s `huge`: hugetlb has no `UFFDIO_MOVE`).
-        InstallKind::Anonymous if obj.is_huge() => mode::MISSING | mode::WP,
-        // WP: clean pages of a read-only region are installed protected
-        // (`Object::protects_clean`).
-        InstallKind::Anonymous if obj.protects_clean() => mode::MISSING | mode::WP,
-        InstallKind::Anonymous => mode::MISSING,
+        // WP for base pages: clean pages of a read-only region are
+        // installed protected (`Object::protects_clean`), and `protect`
+        // makes a region read-only with write protection
+        // (`Vma::read_only_wp`).
+        InstallKind::Anonymous => mode::MISSING | mode::WP,
         // MINOR catches pages present in the memfd but not mapped; MISSING
         // catches holes (absent pages), which would otherwise be zero-filled
         // by the kernel. Both are resolved by filling the memfd and

@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::object::InstallKind;
 use crate::page_cache::CLEAN;
 use crate::sys::mem::mprotect;
+use crate::vma::Vma;
 use std::sync::atomic::Ordering::*;
 
 impl Mm {
@@ -33,6 +34,10 @@ impl Mm {
         };
         for vma in &pieces {
             vma.lock.write_lock();
+            if self.protect_with_wp(vma, writable) {
+                vma.lock.write_unlock();
+                continue;
+            }
             let r = mprotect(vma.start, vma.len(), prot);
             if r.is_ok() {
                 vma.writable.store(writable, Release);
@@ -61,5 +66,57 @@ impl Mm {
             r.map_err(|e| Error::sys("mprotect", e))?;
         }
         Ok(())
+    }
+
+    /// `protect` of a writable anonymous region of base pages without
+    /// `mprotect`: its mapping stays writable and every page is
+    /// write-protected ([`Vma::read_only_wp`]), and back. Returns whether
+    /// that was done (the caller holds the region's write lock).
+    ///
+    /// Hazard: a region made read-only with `mprotect` cannot give up a
+    /// page it holds that differs from its source (`UFFDIO_MOVE` moves only
+    /// out of writable mappings, and a zap would raise an event the engine
+    /// must not cause), so its resident pages would stay in memory for good,
+    /// over the budget. Where the protection cannot be set (an event is
+    /// waiting: `EAGAIN`), the caller's `mprotect` does it, with that cost.
+    fn protect_with_wp(&self, vma: &Vma, writable: bool) -> bool {
+        let obj = &vma.object;
+        if obj.kind != InstallKind::Anonymous || obj.is_huge() {
+            return false;
+        }
+        let uffd = self.uffd_for(obj);
+        let emulated = vma.read_only_wp.load(Acquire);
+        if !writable {
+            if emulated {
+                return true;
+            }
+            if !vma.writable.load(Acquire) {
+                // Mapped read-only: `mprotect` (again, in case the
+                // application's own call made it writable).
+                return false;
+            }
+            if uffd
+                .writeprotect(vma.start, vma.len(), true, false)
+                .is_err()
+            {
+                return false;
+            }
+            vma.writable.store(false, Release);
+            vma.read_only_wp.store(true, Release);
+            return true;
+        }
+        if !emulated {
+            return false;
+        }
+        // Writable again. Its pages may change unseen from now on, so none
+        // is clean (see `protect`'s note); then the protection goes. (If
+        // it cannot go now, each page's first write lifts it.)
+        for i in vma.pages() {
+            obj.cache.update(i, 0, CLEAN);
+        }
+        vma.read_only_wp.store(false, Release);
+        vma.writable.store(true, Release);
+        let _ = uffd.writeprotect(vma.start, vma.len(), false, false);
+        true
     }
 }

@@ -74,7 +74,9 @@ impl Mm {
         // Unregistered first, so the move (and the tail a shrink unmaps)
         // raises no event; inaccessible meanwhile, so that an access racing
         // the remap gets SIGSEGV rather than a page the kernel makes up.
-        let prot = if old.writable.load(Acquire) {
+        // (A region made read-only with write protection keeps a
+        // writable mapping: see `Vma::read_only_wp`.)
+        let prot = if old.writable.load(Acquire) || old.read_only_wp.load(Acquire) {
             libc::PROT_READ | libc::PROT_WRITE
         } else {
             libc::PROT_READ
@@ -192,8 +194,18 @@ fn register_again(
     // make a clean page writable, and a write to it from another thread
     // would go unseen (the page stays clean: lost at its eviction).
     let obj = &vma.object;
-    let protects = (obj.kind == InstallKind::Shared && !obj.kernel_maps) || obj.protects_clean();
+    let emulated = vma.read_only_wp.load(Acquire);
+    let protects =
+        (obj.kind == InstallKind::Shared && !obj.kernel_maps) || obj.protects_clean() || emulated;
+    let mut prot = prot;
     if r.is_ok() && protects && uffd.writeprotect(start, len, true, false).is_err() {
+        // A region made read-only with write protection that cannot be
+        // protected again now is made read-only with `mprotect` instead
+        // (its pages then stay resident: see `Mm::protect_with_wp`).
+        if emulated {
+            vma.read_only_wp.store(false, Release);
+            prot = libc::PROT_READ;
+        }
         // EAGAIN: an event is waiting, and it cannot be applied while the
         // caller holds the global lock. Without the protection a write to a
         // clean page would go unseen, so every mapped page counts as dirty

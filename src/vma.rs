@@ -35,6 +35,15 @@ pub struct Vma {
     pub lock: RegionLock,
     /// Writable (changed by protect under the region's write lock).
     pub writable: AtomicBool,
+    /// Made read-only by [`Mm::protect`](crate::address_space::Mm::protect)
+    /// with write protection (`UFFDIO_WRITEPROTECT` of every page, and
+    /// pages installed protected) instead of `mprotect`: an anonymous
+    /// region of base pages, whose mapping must stay writable for reclaim
+    /// to move its pages out (`UFFDIO_MOVE` moves only out of writable
+    /// mappings). A write faults and is refused with SIGSEGV, as the
+    /// kernel refuses a write to a read-only mapping. `writable` is false
+    /// meanwhile. Changed under the region's write lock.
+    pub read_only_wp: AtomicBool,
     /// Set by the first anonymous fault (`anon_vma_prepare`), which needs
     /// the global lock.
     pub anon_prepared: AtomicBool,
@@ -61,6 +70,7 @@ impl Vma {
             object,
             lock: RegionLock::new(),
             writable: AtomicBool::new(writable),
+            read_only_wp: AtomicBool::new(false),
             anon_prepared: AtomicBool::new(false),
             pinned: false,
             random: AtomicBool::new(false),
@@ -84,6 +94,7 @@ impl Vma {
         v.random = AtomicBool::new(self.random.load(Relaxed));
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
+        v.read_only_wp = AtomicBool::new(self.read_only_wp.load(Relaxed));
         v
     }
 
@@ -110,6 +121,7 @@ impl Vma {
         v.random = AtomicBool::new(self.random.load(Relaxed));
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
+        v.read_only_wp = AtomicBool::new(self.read_only_wp.load(Relaxed));
         v
     }
 

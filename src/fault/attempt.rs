@@ -57,6 +57,12 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     if f.write && obj.kernel_maps {
         return Outcome::Denied;
     }
+    // A region made read-only with write protection: a write is refused,
+    // as the kernel refuses it on a read-only mapping (see
+    // `Vma::read_only_wp`).
+    if f.write && vma.read_only_wp.load(Acquire) {
+        return Outcome::Denied;
+    }
 
     // Step 2: work that needs the global lock (`__vmf_anon_prepare`).
     if obj.zero_fill && !vma.anon_prepared.load(Acquire) {

@@ -25,11 +25,15 @@ pub(super) fn installs_clean(vma: &Vma, w: u32, write: bool) -> bool {
 }
 
 /// Whether page `i` (state `w`) is installed write-protected: a shared or
-/// 2 MiB page per [`Object::install_wp`], a base anonymous one when it goes
-/// in clean in an object that protects those ([`Object::protects_clean`]).
+/// 2 MiB page per [`Object::install_wp`]; a base anonymous one when it goes
+/// in clean in an object that protects those ([`Object::protects_clean`]),
+/// or into a region made read-only with write protection
+/// ([`Vma::read_only_wp`]).
 pub(super) fn installs_wp(vma: &Vma, w: u32, write: bool) -> bool {
     let obj = &vma.object;
-    obj.install_wp(write) || obj.protects_clean() && installs_clean(vma, w, write)
+    obj.install_wp(write)
+        || obj.protects_clean() && installs_clean(vma, w, write)
+        || obj.kind == InstallKind::Anonymous && vma.read_only_wp.load(Acquire)
 }
 
 /// Installs object page `i` at its address in `vma`. `zero`: an anonymous
