@@ -67,49 +67,76 @@ impl Mm {
         } = flags;
         self.check_owner()?;
         self.events.quiesce();
-        let w = self.lock.write();
+        let mut w = self.lock.write();
         let (hint, fixed) = at
             .fixed
             .map_or((crate::inject::before_map(len), false), |a| (a, true));
         if fixed && hint.checked_add(len).is_none() {
             return Err(past_the_end(hint, len));
         }
-        let w = if fixed {
-            let (w, still) = crate::events::apply::settle(self, w, hint, hint + len);
-            if still {
-                return Err(Error::Overlap { addr: hint, len });
+        // The table may still hold regions where this map lands: the
+        // application freed their range with its own `munmap` or `mremap`
+        // and the event is not applied yet. A move taken for an unmap
+        // loses the region (its evicted pages are discarded, its new
+        // address has none), so while such an event is on its way the map
+        // lets its range go, waits with no lock held, and starts again
+        // (see `events::apply::event_coming`). Bounded; then the regions
+        // there are taken for unmapped (`stale`).
+        let deadline = std::time::Instant::now() + crate::events::apply::SETTLE_PATIENCE;
+        let mut waited = false;
+        let wait = |w, start: usize, waited: &mut bool| {
+            drop(w);
+            if !std::mem::replace(waited, true) {
+                self.counters.inc(crate::stats::Counter::MAP_WAITED_EVENT);
             }
-            w
-        } else {
-            w
+            crate::events::apply::wait_for_event(self, start, start + len, deadline);
+            self.lock.write()
         };
-        let m = match object.kind {
-            InstallKind::Anonymous if object.is_huge() => {
-                crate::sys::huge::anonymous_at(hint, len, fixed)
-            }
-            InstallKind::Anonymous => Mapping::anonymous_at(hint, len, fixed),
-            InstallKind::Shared => {
-                let fd = object.memfd().expect("shared objects have a memfd").fd();
-                if object.is_huge() {
-                    crate::sys::huge::shared_at(fd, len, hint, fixed)
-                } else {
-                    Mapping::shared(fd, len, hint, fixed)
+        let m = loop {
+            let coming = crate::events::apply::event_coming;
+            if fixed {
+                match coming(self, hint, hint + len) {
+                    None => {}
+                    Some(true) if std::time::Instant::now() < deadline => {
+                        w = wait(w, hint, &mut waited);
+                        continue;
+                    }
+                    Some(_) => return Err(Error::Overlap { addr: hint, len }),
                 }
             }
-        }
-        .map_err(|e| match e {
-            libc::EEXIST => Error::Overlap { addr: hint, len },
-            e => Error::sys("mmap", e),
-        })?;
+            let m = match object.kind {
+                InstallKind::Anonymous if object.is_huge() => {
+                    crate::sys::huge::anonymous_at(hint, len, fixed)
+                }
+                InstallKind::Anonymous => Mapping::anonymous_at(hint, len, fixed),
+                InstallKind::Shared => {
+                    let fd = object.memfd().expect("shared objects have a memfd").fd();
+                    if object.is_huge() {
+                        crate::sys::huge::shared_at(fd, len, hint, fixed)
+                    } else {
+                        Mapping::shared(fd, len, hint, fixed)
+                    }
+                }
+            }
+            .map_err(|e| match e {
+                libc::EEXIST => Error::Overlap { addr: hint, len },
+                e => Error::sys("mmap", e),
+            })?;
+            let start = m.addr();
+            match coming(self, start, start + len) {
+                None => {}
+                // (Unmapped at once: not registered, so no event.)
+                Some(true) if std::time::Instant::now() < deadline => {
+                    drop(m);
+                    w = wait(w, start, &mut waited);
+                    continue;
+                }
+                Some(awaited) => crate::events::apply::stale(self, start, start + len, awaited),
+            }
+            break m;
+        };
+        let _w = w;
         let start = m.addr();
-        // The kernel gave us this range, so whatever the table still holds
-        // there was unmapped or moved by the application and its event is
-        // not applied yet: wait for it, or apply an unmap now if none is
-        // coming (see `settle`).
-        let (_w, still) = crate::events::apply::settle(self, w, start, start + len);
-        if still {
-            crate::events::apply::stale(self, start, start + len);
-        }
         // A fork()ed child gets no copy of region memory: its touches are a
         // clean SIGSEGV, and the engine refuses to work in a child (see
         // `crate::fork`).

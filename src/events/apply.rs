@@ -4,7 +4,6 @@
 use super::Event;
 use crate::address_space::Mm;
 use crate::stats::Counter;
-use crate::sync::global_lock::WriteGuard as GlobalWriteGuard;
 use crate::sync::percpu_rwsem::WriteGuard;
 use crate::vma::Vma;
 use std::sync::atomic::Ordering::SeqCst;
@@ -37,62 +36,62 @@ pub fn queued_locked(mm: &Mm, _gate: &WriteGuard<'_>) {
 /// kernel posts such an event as soon as the application's call lets go
 /// of `mmap_lock`, and the engine's readers read it at once; this bounds
 /// the wait should a reader be stuck.
-const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A `map` is about to claim `[start, end)` (the kernel gave it the range,
-/// or it asks for exactly that range) while the table still holds regions
-/// there. Their range was freed by the application's own `munmap` or
-/// `mremap`, whose event is on its way: the kernel counts it on the
-/// region's descriptor from before the change until the event is read
-/// ([`Uffd::mmap_changing`]), and once read it waits in the queue for the
-/// global lock this map holds.
-///
-/// Hazard: taken for an unmap ([`stale`]), a move loses its region: the
-/// moved pages that were evicted are discarded, and the region's new
-/// address has none. So while such an event is coming, the lock is let go
-/// (`w` is dropped and taken again), the events are applied, and the table
-/// is looked at again. Returns the lock and whether regions still overlap
-/// the range with no event coming for them (bounded by
-/// [`SETTLE_PATIENCE`]).
+/// Whether the table holds regions overlapping `[start, end)` that an
+/// event on its way will change: the application's own `munmap` or
+/// `mremap` freed their range, and the kernel counts the event on the
+/// region's descriptor from before the change until it is read
+/// ([`Uffd::mmap_changing`]); read, it waits in the queue until it is
+/// applied ([`Events::in_flight`](super::Events::in_flight), pager-wide).
+/// `None`: no region overlaps. One system call per overlapping region.
 ///
 /// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
-pub(crate) fn settle<'a>(
-    mm: &'a Mm,
-    mut w: GlobalWriteGuard<'a>,
-    start: usize,
-    end: usize,
-) -> (GlobalWriteGuard<'a>, bool) {
-    let mut deadline = None;
-    loop {
-        let there = mm.table.read(|t| t.overlapping(start, end));
-        if there.is_empty() {
-            return (w, false);
-        }
-        let coming =
-            mm.events.in_flight() || there.iter().any(|v| mm.uffd_for(&v.object).mmap_changing());
-        drop(there);
-        let now = std::time::Instant::now();
-        let late = *deadline.get_or_insert(now + SETTLE_PATIENCE) <= now;
-        if !coming || late {
-            return (w, true);
-        }
-        mm.counters.inc(Counter::MAP_WAITED_EVENT);
-        drop(w);
-        mm.events.quiesce();
-        std::thread::yield_now();
-        w = mm.lock.write();
+pub(crate) fn event_coming(mm: &Mm, start: usize, end: usize) -> Option<bool> {
+    let there = mm.table.read(|t| t.overlapping(start, end));
+    if there.is_empty() {
+        return None;
+    }
+    Some(mm.events.in_flight() || there.iter().any(|v| mm.uffd_for(&v.object).mmap_changing()))
+}
+
+/// Waits, holding no engine lock, until the events on their way for the
+/// regions overlapping `[start, end)` now ([`event_coming`]) are read and
+/// applied, or until `deadline`: sleeps that grow from 20 µs to 1 ms, so
+/// the wait takes no lock that the event's reader or its application
+/// needs.
+///
+/// Hazard: one call of the application's can post several events, and a
+/// move posts the move and then the unmap of the range it left. The
+/// kernel counts them all from before the change, so the wait asks the
+/// descriptors of the regions that were there, wherever those regions
+/// have gone since: a map that went ahead once the move alone was applied
+/// would have its new region there cut by the unmap after it.
+pub(crate) fn wait_for_event(mm: &Mm, start: usize, end: usize, deadline: std::time::Instant) {
+    let there = mm.table.read(|t| t.overlapping(start, end));
+    let mut pause = std::time::Duration::from_micros(20);
+    while std::time::Instant::now() < deadline
+        && (mm.events.in_flight() || there.iter().any(|v| mm.uffd_for(&v.object).mmap_changing()))
+    {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
     }
 }
 
 /// A `map` found table entries overlapping `[start, end)`, which the
-/// kernel just gave it, with no event coming for them ([`settle`]): the
-/// application unmapped them and the event is not read yet. Applies the
-/// unmap now and remembers the range. The caller holds the global write
-/// lock.
-pub(crate) fn stale(mm: &Mm, start: usize, end: usize) {
+/// kernel just gave it: the application unmapped them (or moved them) and
+/// no event will change them in time (see `Mm::map`). Applies an unmap
+/// now. `awaited`: an event was still on its way when the map gave up
+/// waiting; the range is then remembered, so that event, when it is read,
+/// does not touch the new region there. (Recorded when no event is coming,
+/// the range would be taken by the next event, whatever it is, and could
+/// hide the new region from an unmap of its own.)
+pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     if mm.table.read(|t| t.overlaps(start, end, None)) {
         apply(mm, Event::Unmap(start, end), &[]);
-        mm.events.lock_pre_applied().push((start, end));
+        if awaited {
+            mm.events.lock_pre_applied().push((start, end));
+        }
     }
 }
 
