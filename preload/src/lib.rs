@@ -45,19 +45,15 @@ pub(crate) fn in_shim_here() -> bool {
     IN_SHIM.try_with(|c| c.get()).unwrap_or(false)
 }
 
-/// Runs `f`, the shim's work for the call `site`, marked as shim code.
-/// (The callers keep the program's errno where the call succeeds.)
+/// Runs `f`, the shim's work for the call `site`, marked as shim code;
+/// `Err` if it panicked. (The callers keep the program's errno where the
+/// call succeeds.)
 ///
-/// A panic in `f` (a bug in the shim or the engine) must not unwind into
-/// the program's C frames: Rust aborts the process there, and the program
-/// dies of SIGABRT in the middle of a `write` or `msync`. It is caught: the
-/// panic hook has said what it was on stderr, the shim says which call
-/// failed, and the call returns `failed` with errno `err` (the caller's
-/// failure value for the call), so a program that checks its calls sees a
-/// failed call, not a wrong answer. The engine's locks are released as
-/// the panic unwinds, and the shim's table takes a poisoned lock, so later
-/// calls go on.
-fn in_shim<T>(site: &'static str, failed: T, err: c_int, f: impl FnOnce() -> T) -> T {
+/// A panic (a bug in the shim or the engine) must not unwind into the
+/// program's C frames, where Rust aborts the process with no word of which
+/// call it was. It is caught here; the panic hook has said what it was on
+/// stderr.
+fn guarded<T>(site: &'static str, f: impl FnOnce() -> T) -> Result<T, ()> {
     struct Reset(bool);
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -69,19 +65,52 @@ fn in_shim<T>(site: &'static str, failed: T, err: c_int, f: impl FnOnce() -> T) 
         test_panic(site);
         f()
     };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).map_err(|_| ())
+}
+
+/// [`guarded`] work that goes into the engine: a panic there stops the
+/// program (SIGABRT), after a line that names the call.
+///
+/// Hazard: the engine's locks are not all released by an unwinding panic
+/// (a page's lock bit, a region's write lock, an RCU reader's slot are
+/// taken and released by hand), so a program that went on would hang at
+/// its next touch of that page, or in its next map; and the exit-time
+/// write-back would wait on them too. Stopping at once is the lesser harm.
+fn in_shim<T>(site: &'static str, f: impl FnOnce() -> T) -> T {
+    match guarded(site, f) {
         Ok(v) => v,
-        Err(_) => {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "uffd-pager-preload: internal error in {site} (a panic, said above){}",
-                if err != 0 { "; the call fails" } else { "" }
+        Err(()) => {
+            say_panic(
+                site,
+                "the pager's locks may be held for good, so the program stops here",
             );
+            std::process::abort()
+        }
+    }
+}
+
+/// [`guarded`] work that takes no engine lock (the shim's own table, whose
+/// lock is taken poison-safe, and system calls): a panic there fails the
+/// call, which returns `failed` with errno `err`, and the program goes on.
+fn in_shim_or<T>(site: &'static str, failed: T, err: c_int, f: impl FnOnce() -> T) -> T {
+    match guarded(site, f) {
+        Ok(v) => v,
+        Err(()) => {
+            say_panic(site, "the call fails");
             set_errno(err);
             failed
         }
     }
+}
+
+/// One line on stderr, written with a raw system call: through `write`,
+/// the shim's own interposer, it would be shim work again, which is what
+/// just failed.
+fn say_panic(site: &str, then: &str) {
+    let line =
+        format!("uffd-pager-preload: internal error in {site} (a panic, said above); {then}\n");
+    // SAFETY: writes `line`'s bytes, which live across the call, to fd 2.
+    let _ = unsafe { sys::call(libc::SYS_write, 2, line.as_ptr() as usize, line.len(), 0, 0) };
 }
 
 /// Test builds only (debug assertions on): `UFFD_PAGER_PRELOAD_PANIC=SITE`
@@ -177,9 +206,7 @@ pub unsafe extern "C" fn mmap(
     off: libc::off_t,
 ) -> *mut c_void {
     if programs_own() && maps::active() {
-        let failed = Some(libc::MAP_FAILED);
-        let served = || maps::mmap(addr, len, prot, flags, fd, off);
-        if let Some(r) = in_shim("mmap", failed, libc::ENOMEM, served) {
+        if let Some(r) = in_shim("mmap", || maps::mmap(addr, len, prot, flags, fd, off)) {
             return r;
         }
     }
@@ -211,7 +238,7 @@ pub unsafe extern "C" fn mmap64(
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if programs_own() && maps::any() {
-        return in_shim("munmap", -1, libc::EIO, || maps::munmap(addr as usize, len));
+        return in_shim("munmap", || maps::munmap(addr as usize, len));
     }
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     unsafe { sys::call(libc::SYS_munmap, addr as usize, len, 0, 0, 0) as c_int }
@@ -240,7 +267,7 @@ pub unsafe extern "C" fn mremap(
     };
     if programs_own() && maps::any() {
         let served = || maps::mremap(old as usize, old_len, new_len, flags, new_addr as usize);
-        if let Some(r) = in_shim("mremap", Some(libc::MAP_FAILED), libc::ENOMEM, served) {
+        if let Some(r) = in_shim("mremap", served) {
             return r;
         }
     }
@@ -265,7 +292,6 @@ pub unsafe extern "C" fn mremap(
 /// As the call `nr` names with these arguments.
 unsafe fn served_or_kernel(
     site: &'static str,
-    errno: c_int,
     served: impl FnOnce() -> Option<c_int>,
     nr: std::ffi::c_long,
     a: usize,
@@ -273,7 +299,7 @@ unsafe fn served_or_kernel(
     c: usize,
 ) -> c_int {
     if programs_own() && maps::any() {
-        if let Some(r) = in_shim(site, Some(-1), errno, served) {
+        if let Some(r) = in_shim(site, served) {
             return r;
         }
     }
@@ -292,7 +318,6 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     unsafe {
         served_or_kernel(
             "mprotect",
-            libc::ENOMEM,
             || maps::mprotect(addr as usize, len, prot),
             libc::SYS_mprotect,
             addr as usize,
@@ -313,7 +338,6 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c
     unsafe {
         served_or_kernel(
             "msync",
-            libc::EIO,
             || maps::msync(addr as usize, len),
             libc::SYS_msync,
             addr as usize,
@@ -336,7 +360,6 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
     unsafe {
         served_or_kernel(
             "madvise",
-            libc::EIO,
             || maps::madvise(addr as usize, len, advice),
             libc::SYS_madvise,
             addr as usize,
@@ -356,15 +379,14 @@ fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isiz
     // A failure to find out whether the write lands in a mapped file fails
     // the write before it is made: made, it could leave a mapping showing
     // older bytes.
-    let Ok(target) = in_shim("write", Err(()), libc::EIO, || Ok(maps::file_of(fd, at))) else {
+    let Ok(target) = in_shim_or("write", Err(()), libc::EIO, || Ok(maps::file_of(fd, at))) else {
         return -1;
     };
     let n = f();
     if n > 0 {
         if let Some(t) = target {
             let e = errno();
-            // (A failure now cannot undo the write: it is said on stderr.)
-            in_shim("refresh", (), e, || maps::refresh(t, n as u64));
+            in_shim("refresh", || maps::refresh(t, n as u64));
             set_errno(e);
         }
     }
@@ -494,9 +516,7 @@ fn coherent_sync(fd: c_int, nr: libc::c_long) -> c_int {
     let mut failed = Ok(());
     if programs_own() && maps::any_to_sync() {
         let e = errno();
-        failed = in_shim("fsync", Err(libc::EIO), e, || {
-            maps::flush_file(fd, "at fsync", true)
-        });
+        failed = in_shim("fsync", || maps::flush_file(fd, "at fsync", true));
         set_errno(e);
     }
     // SAFETY: the program's own call on its descriptor, passed on.
@@ -515,14 +535,7 @@ fn coherent_sync(fd: c_int, nr: libc::c_long) -> c_int {
 fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
     if programs_own() && maps::any_writable() {
         let e = errno();
-        // A read that could not see what was stored through the mapping
-        // fails rather than return older bytes.
-        if !in_shim("read", false, libc::EIO, || {
-            maps::flush_for_read(fd);
-            true
-        }) {
-            return -1;
-        }
+        in_shim("read", || maps::flush_for_read(fd));
         set_errno(e);
     }
     f()
@@ -615,7 +628,7 @@ pub unsafe extern "C" fn preadv64(
 
 /// Reads the settings when the library loads (before `main`).
 extern "C" fn load() {
-    in_shim("load", (), 0, maps::load);
+    in_shim_or("load", (), 0, maps::load);
 }
 
 /// Writes the counters and flushes writable mappings at exit.
@@ -630,7 +643,7 @@ extern "C" fn unload() {
     if in_shim_here() || engine::in_engine() {
         return;
     }
-    in_shim("unload", (), 0, maps::unload);
+    in_shim("unload", maps::unload);
 }
 
 #[used]
