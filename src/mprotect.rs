@@ -51,12 +51,12 @@ impl Mm {
                     }
                     // None is clean now, so none needs the write protection
                     // a clean page of a read-only region is installed with
-                    // (`Object::protects_clean`): lifted, so a write inside
-                    // a system call does not fault where the kernel will
-                    // not deliver it (EFAULT). If it cannot be lifted now
-                    // (an event first: EAGAIN), each page's first write
-                    // faults and lifts it.
-                    if vma.object.protects_clean() {
+                    // (`Object::protects_clean`, `Vma::read_only_wp`): lifted,
+                    // so a write inside a system call does not fault where
+                    // the kernel will not deliver it (EFAULT). If it cannot
+                    // be lifted now (an event first: EAGAIN), each page's
+                    // first write faults and lifts it.
+                    if !vma.object.is_huge() {
                         let uffd = self.uffd_for(&vma.object);
                         let _ = uffd.writeprotect(vma.start, vma.len(), false, false);
                     }

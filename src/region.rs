@@ -429,7 +429,18 @@ impl Region {
         self.owner.mm.advise(self.id, access)
     }
 
-    /// Makes the region read-only (`false`) or read-write (`true`).
+    /// Makes the region read-only (`false`) or read-write (`true`). A write
+    /// to a read-only region gets SIGSEGV.
+    ///
+    /// An anonymous region of 4 KiB pages is made read-only with write
+    /// protection (`UFFDIO_WRITEPROTECT` of every page), not `mprotect`: its
+    /// mapping stays writable in `/proc/self/maps`, so reclaim can still
+    /// move its pages out (`UFFDIO_MOVE` moves only out of writable
+    /// mappings). The first write to it makes it read-only with `mprotect`
+    /// after all, so the write gets the kernel's own answer (SIGSEGV, or
+    /// `EFAULT` inside a system call); its resident pages then stay until
+    /// it is made writable again. Change it back with this call, not your
+    /// own `mprotect`.
     ///
     /// Example: [`Region`](crate::Region).
     pub fn protect(&self, writable: bool) -> Result<()> {

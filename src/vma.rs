@@ -40,9 +40,10 @@ pub struct Vma {
     /// pages installed protected) instead of `mprotect`: an anonymous
     /// region of base pages, whose mapping must stay writable for reclaim
     /// to move its pages out (`UFFDIO_MOVE` moves only out of writable
-    /// mappings). A write faults and is refused with SIGSEGV, as the
-    /// kernel refuses a write to a read-only mapping. `writable` is false
-    /// meanwhile. Changed under the region's write lock.
+    /// mappings). `writable` is false meanwhile. The first write faults,
+    /// and the fault makes the region read-only with `mprotect` and clears
+    /// this flag, so the write gets the kernel's own answer (SIGSEGV, or
+    /// EFAULT inside a system call). Set under the region's write lock.
     pub read_only_wp: AtomicBool,
     /// Set by the first anonymous fault (`anon_vma_prepare`), which needs
     /// the global lock.

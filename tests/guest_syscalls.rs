@@ -156,3 +156,41 @@ fn read_2_into_a_region_made_writable_by_protect_lands() {
         assert_bytes(r.as_slice(), &from, &format!("{d}: the read landed"));
     }
 }
+
+/// `read(2)` into an anonymous region made read-only with
+/// `Region::protect(false)` fails with `EFAULT`, as into a read-only
+/// mapping, in every delivery mode; made writable again, it lands. With
+/// handler threads the call hung: the engine refused the write with a
+/// SIGSEGV sent to the thread, which a thread inside the kernel does not
+/// take while the program has a handler for it (Rust's runtime has one), so
+/// the copy faulted again for ever.
+#[test]
+fn read_2_into_a_region_made_read_only_is_efault() {
+    for d in DELIVERIES {
+        with_deadline(30, "read(2) into a read-only region", move || {
+            let p = Pager::builder()
+                .delivery(d)
+                .budget_pages(BUDGET)
+                .build()
+                .unwrap();
+            let (r, want) = filled_region(&p, uffd_pager::InstallKind::Anonymous, 8, 45);
+            r.protect(false).unwrap();
+            let from = pattern_vec(46, 8 * PAGE);
+            let f = TempFile::with_contents("read-only-read", &from);
+            let mut file = std::fs::File::open(f.path()).unwrap();
+            // SAFETY: the region's range; the kernel refuses the write.
+            let buf = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), 8 * PAGE) };
+            let e = file.read(buf).expect_err("read(2) into a read-only region");
+            assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{d}: {e}");
+            assert_bytes(r.as_slice(), &want, &format!("{d}: read-only"));
+            r.protect(true).unwrap();
+            let g = r.lock_resident(0, 8 * PAGE).unwrap();
+            file.rewind().unwrap();
+            // SAFETY: as above, writable now and kept resident by `g`.
+            let buf = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), 8 * PAGE) };
+            assert_eq!(file.read(buf).unwrap(), 8 * PAGE, "{d}");
+            drop(g);
+            assert_bytes(r.as_slice(), &from, &format!("{d}: writable again"));
+        });
+    }
+}

@@ -57,11 +57,19 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     if f.write && obj.kernel_maps {
         return Outcome::Denied;
     }
-    // A region made read-only with write protection: a write is refused,
-    // as the kernel refuses it on a read-only mapping (see
-    // `Vma::read_only_wp`).
+    // A write to a region made read-only with write protection (see
+    // `Vma::read_only_wp`): the region becomes read-only for real, and the
+    // access, run again, gets the kernel's own answer: SIGSEGV, or EFAULT
+    // for a write inside a system call. (Refused from here, a write inside
+    // a system call would fault again for ever: a SIGSEGV sent to a thread
+    // in the kernel is not fatal there while the program has a handler for
+    // it.) Its resident pages then stay until it is made writable again.
     if f.write && vma.read_only_wp.load(Acquire) {
-        return Outcome::Denied;
+        if crate::sys::mem::mprotect(vma.start, vma.len(), libc::PROT_READ).is_err() {
+            return Outcome::Denied;
+        }
+        vma.read_only_wp.store(false, Release);
+        return Outcome::Done;
     }
 
     // Step 2: work that needs the global lock (`__vmf_anon_prepare`).

@@ -330,19 +330,20 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
             // `Object::install_wp`), or left so by an eviction that gave up
             // (see `reclaim`'s `huge`); or a clean base page of a read-only
             // region, written after the application's own
-            // `mprotect(PROT_WRITE)` (see `Object::protects_clean`): a write
-            // lifts the protection and the page is dirty from now on, so
-            // reclaim no longer drops it. (Any write fault on a present page
-            // of such an object takes this; lifting a protection that is not
-            // there is harmless, and a dirty mark only costs a write to
-            // swap.)
-            Ok(true) if f.write && (obj.is_huge() || obj.protects_clean()) => {
-                match make_writable(mm, vma, i) {
-                    Ok(()) => Recheck::Present { dirty: true },
-                    Err(libc::EAGAIN) => Recheck::Again,
-                    Err(_) => Recheck::Failed,
-                }
-            }
+            // `mprotect(PROT_WRITE)` (see `Object::protects_clean`), or a
+            // page of a region made writable again after it was made
+            // read-only with write protection (see `Vma::read_only_wp`): a
+            // write lifts the protection and the page is dirty from now on,
+            // so reclaim no longer drops it. (Any write fault on a present
+            // anonymous page takes this: every anonymous region is
+            // registered for write protection, and a protection left on
+            // would fault for ever; lifting one that is not there is
+            // harmless, and a dirty mark only costs a write to swap.)
+            Ok(true) if f.write => match make_writable(mm, vma, i) {
+                Ok(()) => Recheck::Present { dirty: true },
+                Err(libc::EAGAIN) => Recheck::Again,
+                Err(_) => Recheck::Failed,
+            },
             Ok(true) => Recheck::Present { dirty: false },
             Ok(false) => Recheck::Gone,
             Err(_) => Recheck::Failed,
