@@ -84,12 +84,12 @@ impl Mm {
         // there are taken for unmapped (`stale`).
         let deadline = std::time::Instant::now() + crate::events::apply::SETTLE_PATIENCE;
         let mut waited = false;
-        let wait = |w, start: usize, waited: &mut bool| {
+        let wait = |w, claim: &crate::events::apply::Claim, waited: &mut bool| {
             drop(w);
             if !std::mem::replace(waited, true) {
                 self.counters.inc(crate::stats::Counter::MAP_WAITED_EVENT);
             }
-            crate::events::apply::wait_for_event(self, start, start + len, deadline);
+            crate::events::apply::wait_for_event(self, claim, deadline);
             self.lock.write()
         };
         let m = loop {
@@ -97,10 +97,13 @@ impl Mm {
             if fixed {
                 match coming(self, hint, hint + len) {
                     None => {}
-                    Some(true) if std::time::Instant::now() < deadline => {
-                        w = wait(w, hint, &mut waited);
+                    Some(c) if c.coming && std::time::Instant::now() < deadline => {
+                        w = wait(w, &c, &mut waited);
                         continue;
                     }
+                    // (A range a move left, whose unmap was not read in
+                    // time: the kernel has it free.)
+                    Some(_) if !self.table.read(|t| t.overlaps(hint, hint + len, None)) => {}
                     Some(_) => return Err(Error::Overlap { addr: hint, len }),
                 }
             }
@@ -126,12 +129,12 @@ impl Mm {
             match coming(self, start, start + len) {
                 None => {}
                 // (Unmapped at once: not registered, so no event.)
-                Some(true) if std::time::Instant::now() < deadline => {
+                Some(c) if c.coming && std::time::Instant::now() < deadline => {
                     drop(m);
-                    w = wait(w, start, &mut waited);
+                    w = wait(w, &c, &mut waited);
                     continue;
                 }
-                Some(awaited) => crate::events::apply::stale(self, start, start + len, awaited),
+                Some(c) => crate::events::apply::stale(self, start, start + len, c.coming),
             }
             break m;
         };

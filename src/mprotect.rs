@@ -114,6 +114,10 @@ impl Mm {
         for i in vma.pages() {
             obj.cache.update(i, 0, CLEAN);
         }
+        // (Writable already, but for the application's own `mprotect`.)
+        if mprotect(vma.start, vma.len(), libc::PROT_READ | libc::PROT_WRITE).is_err() {
+            return false;
+        }
         vma.read_only_wp.store(false, Release);
         vma.writable.store(true, Release);
         let _ = uffd.writeprotect(vma.start, vma.len(), false, false);

@@ -127,11 +127,23 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             a += 1 << obj_shift;
         }
         if guard.locked.is_none() {
-            // SAFETY: mlock only changes how the kernel treats a range of
+            // MLOCK_ONFAULT: the pages are mapped already, faulted in for
+            // write where the region is writable; plain mlock would fault a
+            // private writable mapping's pages for write itself, which is a
+            // write to a region made read-only with write protection (see
+            // `Vma::read_only_wp`: it would end that).
+            // SAFETY: mlock2 only changes how the kernel treats a range of
             // this region, whose pages are all mapped now (a kernel-mapped
             // region's are in its memfd, where mlock's own faults find
             // them; the guard keeps reclaim off them).
-            if unsafe { libc::mlock(start as *const libc::c_void, end - start) } == 0 {
+            let r = unsafe {
+                libc::mlock2(
+                    start as *const libc::c_void,
+                    end - start,
+                    libc::MLOCK_ONFAULT,
+                )
+            };
+            if r == 0 {
                 guard.locked = Some((start, end));
             } else {
                 // Over RLIMIT_MEMLOCK, or a page went meanwhile: the engine's

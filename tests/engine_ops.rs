@@ -296,9 +296,11 @@ fn debug_output_is_short() {
 }
 
 /// A writable anonymous region made read-only with `Region::protect` gives
-/// its pages up to reclaim and keeps its data. Made read-only with
-/// `mprotect`, its pages could not leave (`UFFDIO_MOVE` moves only out of
-/// writable mappings): reclaim freed 0 of 64, over the budget for good.
+/// its pages up to reclaim and keeps its data, after a residency guard too.
+/// Made read-only with `mprotect`, its pages could not leave
+/// (`UFFDIO_MOVE` moves only out of writable mappings): reclaim freed 0 of
+/// 64, over the budget for good; and the guard's plain `mlock` faulted the
+/// pages for write, which ended the write protection the same way.
 #[test]
 fn an_anonymous_region_made_read_only_gives_its_pages_up() {
     for d in DELIVERIES {
@@ -309,6 +311,9 @@ fn an_anonymous_region_made_read_only_gives_its_pages_up() {
             .unwrap();
         let (r, want) = filled_region(&p, InstallKind::Anonymous, 64, 5);
         r.protect(false).unwrap();
+        // A guard's mlock does not write-fault the pages (a write would make
+        // the region read-only for real: see `Region::protect`).
+        drop(r.lock_resident(0, 64 * PAGE).unwrap());
         for round in 0..2 {
             assert_eq!(p.reclaim_pages(64), 64, "{d}: round {round}");
             assert_eq!(p.stats().resident_pages, 0, "{d}: round {round}");

@@ -38,40 +38,98 @@ pub fn queued_locked(mm: &Mm, _gate: &WriteGuard<'_>) {
 /// the wait should a reader be stuck.
 pub(crate) const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Whether the table holds regions overlapping `[start, end)` that an
-/// event on its way will change: the application's own `munmap` or
-/// `mremap` freed their range, and the kernel counts the event on the
-/// region's descriptor from before the change until it is read
-/// ([`Uffd::mmap_changing`]); read, it waits in the queue until it is
-/// applied ([`Events::in_flight`](super::Events::in_flight), pager-wide).
-/// `None`: no region overlaps. One system call per overlapping region.
-///
-/// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
-pub(crate) fn event_coming(mm: &Mm, start: usize, end: usize) -> Option<bool> {
-    let there = mm.table.read(|t| t.overlapping(start, end));
-    if there.is_empty() {
-        return None;
-    }
-    Some(mm.events.in_flight() || there.iter().any(|v| mm.uffd_for(&v.object).mmap_changing()))
+/// The descriptor an object's regions are registered with, held without
+/// the object.
+#[derive(Debug, Clone)]
+pub(crate) enum Desc {
+    /// The pager's quiet or event-reporting descriptor.
+    Pager { quiet: bool },
+    /// The region's own (per-region delivery).
+    Own(Arc<crate::sys::uffd::Uffd>),
 }
 
-/// Waits, holding no engine lock, until the events on their way for the
-/// regions overlapping `[start, end)` now ([`event_coming`]) are read and
-/// applied, or until `deadline`: sleeps that grow from 20 µs to 1 ms, so
-/// the wait takes no lock that the event's reader or its application
-/// needs.
+impl Desc {
+    fn of(obj: &crate::object::Object) -> Desc {
+        match obj.region_uffd.get() {
+            Some(u) => Desc::Own(u.clone()),
+            None => Desc::Pager { quiet: obj.quiet },
+        }
+    }
+
+    /// Whether an event is on its way on it ([`Uffd::mmap_changing`]).
+    ///
+    /// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
+    fn changing(&self, mm: &Mm) -> bool {
+        match self {
+            Desc::Pager { quiet } => mm.pager_uffd(*quiet).mmap_changing(),
+            Desc::Own(u) => u.mmap_changing(),
+        }
+    }
+}
+
+/// What a `map` about to claim a range found there ([`event_coming`]).
+pub(crate) struct Claim {
+    /// The descriptors of the regions overlapping the range, or of moved
+    /// regions that left a range overlapping it whose unmap is not applied
+    /// yet.
+    there: Vec<Desc>,
+    /// An event on its way will change them.
+    pub(crate) coming: bool,
+}
+
+/// Whether a `map` may claim `[start, end)` now. `None`: nothing of the
+/// engine's is there. Otherwise the table holds regions there, or a move
+/// left the range and the unmap the application's `mremap` posts after
+/// the move is not applied yet; `coming` says whether an event on its way
+/// will change that. The application's own `munmap` or `mremap` freed the
+/// range, and the kernel counts its events on the region's descriptor
+/// from before the change until they are read ([`Uffd::mmap_changing`]);
+/// read, they wait in the queue until applied
+/// ([`Events::in_flight`](super::Events::in_flight), pager-wide). One
+/// system call per region found. The caller holds the global write lock.
+///
+/// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
+pub(crate) fn event_coming(mm: &Mm, start: usize, end: usize) -> Option<Claim> {
+    let there: Vec<Desc> = mm
+        .table
+        .read(|t| t.overlapping(start, end))
+        .iter()
+        .map(|v| Desc::of(&v.object))
+        .collect();
+    if !there.is_empty() {
+        let coming = mm.events.in_flight() || there.iter().any(|d| d.changing(mm));
+        return Some(Claim { there, coming });
+    }
+    let mut left = mm.events.lock_left();
+    // (A record whose events have all been applied is done with.)
+    let busy = mm.events.in_flight();
+    left.retain(|(_, _, d)| busy || d.changing(mm));
+    let there: Vec<Desc> = left
+        .iter()
+        .filter(|(a, b, _)| *a < end && start < *b)
+        .map(|(_, _, d)| d.clone())
+        .collect();
+    (!there.is_empty()).then_some(Claim {
+        there,
+        coming: true,
+    })
+}
+
+/// Waits, holding no engine lock, until the events on their way for what
+/// `claim` found are read and applied, or until `deadline`: sleeps that
+/// grow from 20 µs to 1 ms, so the wait takes no lock that the event's
+/// reader or its application needs.
 ///
 /// Hazard: one call of the application's can post several events, and a
 /// move posts the move and then the unmap of the range it left. The
 /// kernel counts them all from before the change, so the wait asks the
-/// descriptors of the regions that were there, wherever those regions
-/// have gone since: a map that went ahead once the move alone was applied
-/// would have its new region there cut by the unmap after it.
-pub(crate) fn wait_for_event(mm: &Mm, start: usize, end: usize, deadline: std::time::Instant) {
-    let there = mm.table.read(|t| t.overlapping(start, end));
+/// descriptors of the regions found there under the lock, wherever those
+/// regions have gone since: a map that went ahead once the move alone was
+/// applied would have its new region there cut by the unmap after it.
+pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instant) {
     let mut pause = std::time::Duration::from_micros(20);
     while std::time::Instant::now() < deadline
-        && (mm.events.in_flight() || there.iter().any(|v| mm.uffd_for(&v.object).mmap_changing()))
+        && (mm.events.in_flight() || claim.there.iter().any(|d| d.changing(mm)))
     {
         std::thread::sleep(pause);
         pause = (pause * 2).min(std::time::Duration::from_millis(1));
@@ -132,6 +190,7 @@ fn apply(mm: &Mm, e: Event, pre: &[(usize, usize)]) {
         }
         Event::Unmap(..) => {
             mm.counters.inc(Counter::EVENT_UNMAP);
+            mm.events.lock_left().retain(|&(a, b, _)| a < s || b > end);
             let mut released = Vec::new();
             for v in &vmas {
                 let Cut { kept, .. } = cut(mm, v, s, end, None);
@@ -154,6 +213,9 @@ fn apply(mm: &Mm, e: Event, pre: &[(usize, usize)]) {
         }
         Event::Remap { to, .. } => {
             mm.counters.inc(Counter::EVENT_REMAP);
+            if let Some(v) = vmas.first() {
+                mm.events.lock_left().push((s, end, Desc::of(&v.object)));
+            }
             for v in &vmas {
                 let Cut { mut kept, moved } = cut(mm, v, s, end, Some(to));
                 kept.extend(moved);

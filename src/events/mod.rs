@@ -86,6 +86,14 @@ pub struct Events {
     /// handed the range to the new mapping): the event, when it is read,
     /// must not touch the new region there.
     pre_applied: Mutex<Vec<(usize, usize)>>,
+    /// Ranges a move applied has left, with the moved region's descriptor:
+    /// the application's `mremap` posts the unmap of the old range after
+    /// the move, and a `map` must not land there before that unmap is
+    /// applied (it would cut the new region). Dropped when that unmap is
+    /// applied, or once the descriptor has no event on its way. (The
+    /// descriptor, not the region: a record must not keep an object
+    /// alive.)
+    left: Mutex<Vec<(usize, usize, apply::Desc)>>,
 }
 
 /// One event, decoded.
@@ -240,5 +248,9 @@ impl Events {
 
     fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
         self.pre_applied.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_left(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize, apply::Desc)>> {
+        self.left.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -175,6 +175,17 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
                 // No cache area could be made to keep it in, and the page
                 // must not be lost: put it back where it was.
                 let back = mm.uffd_for(obj).mv(addr, src, PAGE_SIZE, MODE_DONTWAKE);
+                // A page moved in is mapped writable: in a region made
+                // read-only with write protection it must be protected
+                // again, or the region is made read-only for real.
+                if back.is_ok() && vma.read_only_wp.load(Acquire) {
+                    let uffd = mm.uffd_for(obj);
+                    if uffd.writeprotect(addr, PAGE_SIZE, true, true).is_err()
+                        && crate::sys::mem::mprotect(vma.start, vma.len(), libc::PROT_READ).is_ok()
+                    {
+                        vma.read_only_wp.store(false, Release);
+                    }
+                }
                 let home = back.is_ok() || crate::sys::mem::page_present(src) != Ok(true);
                 if home {
                     r.put_slot(s);
