@@ -307,6 +307,10 @@ typedef struct uffd_pager_stats {
    */
   uint64_t event_remap;
   /**
+   * A map the kernel gave a range the table still held let go of the global lock to let the event that freed it be applied first.
+   */
+  uint64_t map_waited_event;
+  /**
    * Global-lock read acquisitions.
    */
   uint64_t global_lock_read;

@@ -74,6 +74,8 @@ pub struct uffd_pager_stats {
     pub event_unmap: u64,
     /// Non-cooperative events read: `mremap` that moved region memory.
     pub event_remap: u64,
+    /// A map the kernel gave a range the table still held let go of the global lock to let the event that freed it be applied first.
+    pub map_waited_event: u64,
     /// Global-lock read acquisitions.
     pub global_lock_read: u64,
     /// Global-lock read acquisitions that waited.
@@ -138,6 +140,7 @@ impl From<&Stats> for uffd_pager_stats {
             event_remove: s.get(Counter::EVENT_REMOVE),
             event_unmap: s.get(Counter::EVENT_UNMAP),
             event_remap: s.get(Counter::EVENT_REMAP),
+            map_waited_event: s.get(Counter::MAP_WAITED_EVENT),
             global_lock_read: g.read_acquisitions,
             global_lock_read_contended: g.read_contended,
             global_lock_read_wait_ns: g.read_wait_ns,
