@@ -127,22 +127,22 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             a += 1 << obj_shift;
         }
         if guard.locked.is_none() {
-            // MLOCK_ONFAULT: the pages are mapped already, faulted in for
-            // write where the region is writable; plain mlock would fault a
-            // private writable mapping's pages for write itself, which is a
-            // write to a region made read-only with write protection (see
-            // `Vma::read_only_wp`: it would end that).
+            // MLOCK_ONFAULT for an anonymous region: its pages are mapped
+            // already, faulted in for write where the region is writable;
+            // plain mlock would fault a private writable mapping's pages
+            // for write itself, which is a write to a region made read-only
+            // with write protection (see `Vma::read_only_wp`: it would end
+            // that). A shared region's mlock faults for read only.
+            let flags = if guard.obj().kind == crate::object::InstallKind::Anonymous {
+                libc::MLOCK_ONFAULT
+            } else {
+                0
+            };
             // SAFETY: mlock2 only changes how the kernel treats a range of
             // this region, whose pages are all mapped now (a kernel-mapped
             // region's are in its memfd, where mlock's own faults find
             // them; the guard keeps reclaim off them).
-            let r = unsafe {
-                libc::mlock2(
-                    start as *const libc::c_void,
-                    end - start,
-                    libc::MLOCK_ONFAULT,
-                )
-            };
+            let r = unsafe { libc::mlock2(start as *const libc::c_void, end - start, flags) };
             if r == 0 {
                 guard.locked = Some((start, end));
             } else {
