@@ -103,7 +103,9 @@ impl Mm {
                     }
                     // (A range a move left, whose unmap was not read in
                     // time: the kernel has it free.)
-                    Some(_) if !self.table.read(|t| t.overlaps(hint, hint + len, None)) => {}
+                    Some(_) if !self.table.read(|t| t.overlaps(hint, hint + len, None)) => {
+                        crate::events::apply::stale(self, hint, hint + len, true);
+                    }
                     Some(_) => return Err(Error::Overlap { addr: hint, len }),
                 }
             }

@@ -147,9 +147,11 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
 pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     if mm.table.read(|t| t.overlaps(start, end, None)) {
         apply(mm, Event::Unmap(start, end), &[]);
-        if awaited {
-            mm.events.lock_pre_applied().push((start, end));
-        }
+    }
+    // (Recorded for a range a move left too, which the table no longer
+    // holds: its unmap is the late event.)
+    if awaited {
+        mm.events.lock_pre_applied().push((start, end));
     }
 }
 

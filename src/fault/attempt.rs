@@ -65,11 +65,24 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     // in the kernel is not fatal there while the program has a handler for
     // it.) Its resident pages then stay until it is made writable again.
     if f.write && vma.read_only_wp.load(Acquire) {
-        if crate::sys::mem::mprotect(vma.start, vma.len(), libc::PROT_READ).is_err() {
-            return Outcome::Denied;
+        // The engine's own fault (populate, prefault, a residency guard)
+        // that read the region as writable before a racing `protect(false)`:
+        // a read does.
+        if f.present.is_none() {
+            f.write = false;
+        } else {
+            // Events first: the range may no longer be this region's (an
+            // `mprotect` checks nothing, unlike the ioctls that fail with
+            // EAGAIN then).
+            if mm.events.in_flight() || mm.uffd_for(obj).mmap_changing() {
+                return Outcome::Restart;
+            }
+            if crate::sys::mem::mprotect(vma.start, vma.len(), libc::PROT_READ).is_err() {
+                return Outcome::Denied;
+            }
+            vma.read_only_wp.store(false, Release);
+            return Outcome::Done;
         }
-        vma.read_only_wp.store(false, Release);
-        return Outcome::Done;
     }
 
     // Step 2: work that needs the global lock (`__vmf_anon_prepare`).

@@ -21,6 +21,7 @@
 //! timeout at most, not one per dirty page.
 
 mod huge;
+mod put_back;
 pub mod staging;
 mod unmap_batch;
 
@@ -30,7 +31,6 @@ use crate::object::{InstallKind, Object};
 use crate::page_cache::*;
 use crate::stats::Counter::*;
 use crate::sys::mem::madvise;
-use crate::sys::uffd::MODE_DONTWAKE;
 use crate::sys::{futex, now_ns, PAGE_SIZE};
 
 use std::sync::atomic::Ordering::*;
@@ -174,19 +174,7 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
             Err(_) => {
                 // No cache area could be made to keep it in, and the page
                 // must not be lost: put it back where it was.
-                let back = mm.uffd_for(obj).mv(addr, src, PAGE_SIZE, MODE_DONTWAKE);
-                // A page moved in is mapped writable: in a region made
-                // read-only with write protection it must be protected
-                // again, or the region is made read-only for real.
-                if back.is_ok() && vma.read_only_wp.load(Acquire) {
-                    let uffd = mm.uffd_for(obj);
-                    if uffd.writeprotect(addr, PAGE_SIZE, true, true).is_err()
-                        && crate::sys::mem::mprotect(vma.start, vma.len(), libc::PROT_READ).is_ok()
-                    {
-                        vma.read_only_wp.store(false, Release);
-                    }
-                }
-                let home = back.is_ok() || crate::sys::mem::page_present(src) != Ok(true);
+                let home = put_back::put_back(mm, &vma, addr, src);
                 if home {
                     r.put_slot(s);
                 }
