@@ -44,14 +44,17 @@ pub(crate) const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::fro
 pub(crate) enum Desc {
     /// The pager's quiet or event-reporting descriptor.
     Pager { quiet: bool },
-    /// The region's own (per-region delivery).
-    Own(Arc<crate::sys::uffd::Uffd>),
+    /// The region's own (per-region delivery), held weakly: a record
+    /// must not keep a descriptor open once its region is gone (nothing
+    /// would read an event posted on it then, and the application's call
+    /// would wait for ever).
+    Own(std::sync::Weak<crate::sys::uffd::Uffd>),
 }
 
 impl Desc {
     fn of(obj: &crate::object::Object) -> Desc {
         match obj.region_uffd.get() {
-            Some(u) => Desc::Own(u.clone()),
+            Some(u) => Desc::Own(Arc::downgrade(u)),
             None => Desc::Pager { quiet: obj.quiet },
         }
     }
@@ -62,7 +65,7 @@ impl Desc {
     fn changing(&self, mm: &Mm) -> bool {
         match self {
             Desc::Pager { quiet } => mm.pager_uffd(*quiet).mmap_changing(),
-            Desc::Own(u) => u.mmap_changing(),
+            Desc::Own(u) => u.upgrade().is_some_and(|u| u.mmap_changing()),
         }
     }
 }
