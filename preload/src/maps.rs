@@ -26,11 +26,18 @@ struct Entry {
     file: Option<(u64, u64)>,
     /// The file offset the region starts at.
     base: u64,
-    /// A writable MAP_SHARED mapping: its writes reach the file.
+    /// A writable MAP_SHARED mapping: its writes reach the file. Set at
+    /// `mmap`, or when `mprotect` makes a [`may_write`](Self::may_write)
+    /// one writable.
     writable_shared: bool,
-    /// A read-only MAP_PRIVATE mapping, served as a shared one: it must
-    /// never become writable (its writes would reach the file).
-    private_ro: bool,
+    /// Its store takes writes, so `mprotect(PROT_WRITE)` may make it
+    /// writable: anonymous memory, or a MAP_SHARED mapping of a descriptor
+    /// opened for writing (served with the shared kind, whatever
+    /// `UFFD_PAGER_KIND` says: an anonymous-kind copy would keep the
+    /// writes from the file). Never a MAP_PRIVATE one (served as a shared
+    /// one, its writes would reach the file) nor one of a descriptor opened
+    /// read-only: `EACCES`, as the kernel answers.
+    may_write: bool,
     path: String,
 }
 
@@ -250,7 +257,7 @@ pub fn mmap(
         let made = st
             .pager()
             .and_then(|p| p.map_anonymous_with(rlen, &opts).map_err(|e| e.to_string()));
-        (made, None, 0, "anonymous memory".to_string(), false)
+        (made, None, 0, "anonymous memory".to_string(), true)
     } else {
         if st.cfg.files.is_empty() || fd < 0 {
             return None;
@@ -294,15 +301,24 @@ pub fn mmap(
             crate::set_errno(libc::ENODEV);
             return Some(libc::MAP_FAILED);
         }
-        opts.kind = Some(if write {
+        // A read-only shared mapping of a descriptor opened for writing may
+        // be made writable later (the kernel allows `mprotect(PROT_WRITE)`
+        // there), so its store takes writes from the start; its pages go in
+        // write-protected all the same, so the first write to each faults
+        // and marks it dirty.
+        // SAFETY: F_GETFL reads the program's descriptor's flags.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        let rdwr = fl >= 0 && fl & libc::O_ACCMODE == libc::O_RDWR;
+        let may_write = shared && (write || rdwr && st.cfg.kind == InstallKind::Shared);
+        opts.kind = Some(if may_write {
             InstallKind::Shared
         } else {
             st.cfg.kind
         });
         let latency = st.cfg.latency;
         let mut unwritten = false;
-        let made = crate::maps::file_store(fd, off as u64, rlen, shared && write, latency)
-            .and_then(|s| {
+        let made =
+            crate::maps::file_store(fd, off as u64, rlen, may_write, latency).and_then(|s| {
                 st.pager()
                     // SAFETY: the program reaches the region's bytes through raw pointers only,
                     // and the shim makes no Rust slice of them: a file changed behind the
@@ -324,9 +340,9 @@ pub fn mmap(
             crate::set_errno(libc::EIO);
             return Some(libc::MAP_FAILED);
         }
-        (made, Some(id), off as u64, name, !shared)
+        (made, Some(id), off as u64, name, may_write)
     };
-    let (made, file, base, path, private_ro) = entry;
+    let (made, file, base, path, may_write) = entry;
     // (MAP_FIXED over memory already mapped: the engine maps only into a
     // free range, so the map fails with an overlap and the kernel maps it.)
     match made {
@@ -335,7 +351,7 @@ pub fn mmap(
             file,
             base,
             writable_shared: shared && write && file.is_some(),
-            private_ro,
+            may_write,
             path,
         })),
         Err(e) => {
@@ -505,18 +521,55 @@ pub fn mremap(
     }
 }
 
-/// mprotect of a whole pager mapping goes through the engine; a read-only
-/// private file mapping never becomes writable (EACCES); PROT_NONE and
-/// parts are the kernel's.
+/// mprotect of a whole pager mapping goes through the engine; parts and
+/// PROT_NONE are the kernel's. `PROT_WRITE` on a mapping whose store takes
+/// no writes (`Entry::may_write`) is `EACCES`, as the kernel answers for a
+/// file opened read-only, and so is making a file mapping writable while
+/// the pager maps that file elsewhere too (each mapping has its own
+/// cache: the other would not see the writes; the kernel allows it).
 pub fn mprotect(addr: usize, len: usize, prot: c_int) -> Option<c_int> {
     let len = len.div_ceil(PAGE) * PAGE;
     let mut guard = state();
     let st = guard.as_mut()?;
     let write = prot & libc::PROT_WRITE != 0;
-    for (i, _) in overlapping(st, addr, addr.saturating_add(len)) {
-        if st.maps[i].private_ro && write {
-            crate::set_errno(libc::EACCES);
-            return Some(-1);
+    let hits = overlapping(st, addr, addr.saturating_add(len));
+    if write {
+        for &(i, _) in &hits {
+            let e = &st.maps[i];
+            if !e.may_write {
+                crate::set_errno(libc::EACCES);
+                return Some(-1);
+            }
+            let shared = e.file.is_some_and(|id| {
+                st.maps
+                    .iter()
+                    .enumerate()
+                    .any(|(j, o)| j != i && o.file == Some(id))
+            });
+            if !e.writable_shared && shared {
+                let msg = format!(
+                    "{}: refusing mprotect(PROT_WRITE): the file has another pager mapping, and \
+                     a file mapped writable and shared can have one only (the pager keeps a \
+                     cache per mapping); exclude it from UFFD_PAGER_FILES to let the kernel \
+                     map it",
+                    e.path
+                );
+                REFUSED.fetch_add(1, Relaxed);
+                st.say(msg);
+                crate::set_errno(libc::EACCES);
+                return Some(-1);
+            }
+        }
+        // Writable from here on, in whole or in part (a part is the
+        // kernel's `mprotect`; the engine sees each first write through
+        // the write protection its pages went in with): `msync`, `fsync`,
+        // `read` and the exit write its dirty pages back.
+        for &(i, _) in &hits {
+            let e = &mut st.maps[i];
+            if e.file.is_some() && !e.writable_shared {
+                e.writable_shared = true;
+                WRITABLE_ENTRIES.fetch_add(1, Relaxed);
+            }
         }
     }
     let i = whole(st, addr, len)?;

@@ -533,3 +533,49 @@ fn a_panic_in_the_shim_names_the_call_and_fails_safe() {
     }
     assert!(out.ends_with("done\n"), "{out}");
 }
+
+/// `mprotect(PROT_WRITE)` on read-only shared file mappings, answered as
+/// the kernel answers it: a descriptor opened for writing lets the mapping
+/// become writable, whole or in part, and what is stored through it
+/// reaches the file, dirty pages evicted under the budget included; one
+/// opened read-only gets `EACCES`. Before, the shim answered `EACCES` to
+/// the first (the read-only mapping's store took no writes), and let the
+/// kernel make part of the second writable (its memfd is writable) to no
+/// avail.
+#[test]
+fn mprotect_write_on_a_read_only_shared_mapping_is_the_kernels_answer() {
+    let d = scratch().join("mprotect");
+    std::fs::create_dir_all(&d).unwrap();
+    let exe = build_c(&d, "mprotect_write");
+    let plain_dir = d.join("plain");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    let plain = ok(&Command::new(&exe).arg(&plain_dir).output().unwrap());
+    assert!(plain.contains("whole: fsync 0 ok, 1024 of 1024"), "{plain}");
+    assert!(plain.contains("read-only: part -1"), "{plain}");
+    let pattern = format!("{}/*.dat", d.display());
+    let env = [
+        ("UFFD_PAGER_FILES", pattern.as_str()),
+        ("UFFD_PAGER_BUDGET", "1M"),
+    ];
+    let (o, st) = under_shim(Command::new(&exe).arg(&d), &env, &d.join("mprotect.stats"));
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 3, "{st}");
+    // Dirty pages left under the budget: written back by reclaim.
+    assert!(counter(&st, "pgsteal") >= 1024, "{st}");
+    assert!(counter(&st, "writeback") >= 1024 + 256, "{st}");
+
+    // Two pager mappings of one file: the pager keeps a cache per mapping,
+    // so one may not become writable (the kernel's one page cache lets it).
+    let (o, _) = under_shim(
+        Command::new(&exe).arg(&d).arg("twice"),
+        &env,
+        &d.join("twice.stats"),
+    );
+    let out = ok(&o);
+    assert!(
+        out.contains("twice: mprotect -1 Permission denied"),
+        "{out}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("has another pager mapping"), "{err}");
+}
