@@ -96,6 +96,13 @@ typedef struct uffd_pager_region uffd_pager_region;
  */
 typedef struct uffd_pager_config {
   /**
+   * `sizeof(uffd_pager_config)` as the program was built: set by
+   * [`uffd_pager_config_init`]. A library newer than the header gives
+   * the fields the program lacks their defaults; an older one refuses
+   * fields it does not know that are set (`-E2BIG`).
+   */
+  size_t size;
+  /**
    * Memory budget in bytes (rounded up to pages); 0: unlimited.
    */
   uint64_t budget_bytes;
@@ -138,6 +145,11 @@ typedef struct uffd_pager_config {
  * How a region is mapped. Start from [`uffd_pager_map_options_init`].
  */
 typedef struct uffd_pager_map_options {
+  /**
+   * `sizeof(uffd_pager_map_options)` as the program was built: set by
+   * [`uffd_pager_map_options_init`] (see `uffd_pager_config.size`).
+   */
+  size_t size;
   /**
    * `UFFD_PAGER_KIND_*`.
    */
@@ -375,6 +387,10 @@ typedef struct uffd_pager_stats {
  */
 typedef struct uffd_pager_store {
   /**
+   * `sizeof(uffd_pager_store)`: set it (see `uffd_pager_config.size`).
+   */
+  size_t size;
+  /**
    * Passed to every callback.
    */
   void *ctx;
@@ -411,19 +427,25 @@ extern "C" {
 const char *uffd_pager_last_error(void);
 
 /**
- * Fills `cfg` with the defaults: no budget, RETRY_ONCE, in-thread
- * delivery, the engine's readahead (32 pages, 2 threads) and fault-around
- * (64 pages), kswapd on, swap in memory.
+ * Fills `cfg`, of `size` bytes (`sizeof *cfg`), with the defaults: no
+ * budget, RETRY_ONCE, in-thread delivery, the engine's readahead (32
+ * pages, 2 threads) and fault-around (64 pages), kswapd on, swap in
+ * memory; and `cfg->size` with `size`.
+ *
+ * Returns 0, or -EINVAL for a NULL `cfg` or a `size` smaller than any
+ * version of the struct (nothing written).
  *
  * # Safety
- * `cfg` is NULL (ignored) or points at writable memory for one config.
+ * `cfg` is NULL or points at `size` writable bytes.
  */
-void uffd_pager_config_init(struct uffd_pager_config *cfg);
+int32_t uffd_pager_config_init(struct uffd_pager_config *cfg, size_t size);
 
 /**
  * Makes a pager from `cfg` (NULL: the defaults) into `*out`.
  *
- * Returns 0, or -EINVAL for a bad setting, -EPERM/-EOPNOTSUPP when the
+ * Returns 0, or -EINVAL for a bad setting (a `cfg->size` not set by
+ * [`uffd_pager_config_init`] among them), -E2BIG for fields of a newer
+ * header this library does not know, set, -EPERM/-EOPNOTSUPP when the
  * process cannot get a userfaultfd, and the like.
  *
  * # Safety
@@ -469,13 +491,17 @@ int32_t uffd_pager_flush_unmapped(const struct uffd_pager *p);
 uint64_t uffd_pager_huge_pages_available(void);
 
 /**
- * Fills `o` with the defaults: shared kind, writable, not populated, not
- * pinned, anywhere, 4 KiB pages.
+ * Fills `o`, of `size` bytes (`sizeof *o`), with the defaults: shared
+ * kind, writable, not populated, not pinned, anywhere, 4 KiB pages; and
+ * `o->size` with `size`.
+ *
+ * Returns 0, or -EINVAL for a NULL `o` or a `size` smaller than any
+ * version of the struct (nothing written).
  *
  * # Safety
- * `o` is NULL (ignored) or points at writable memory for one options struct.
+ * `o` is NULL or points at `size` writable bytes.
  */
-void uffd_pager_map_options_init(struct uffd_pager_map_options *o);
+int32_t uffd_pager_map_options_init(struct uffd_pager_map_options *o, size_t size);
 
 /**
  * Maps `len` bytes (a multiple of 4096) of zero-filled anonymous memory.
@@ -621,12 +647,18 @@ int32_t uffd_pager_region_refresh(const struct uffd_pager_region *r, uint64_t of
 int32_t uffd_pager_region_unmap(struct uffd_pager_region *r);
 
 /**
- * Fills `*out` with a snapshot of `p`'s statistics.
+ * Fills `*out`, of `size` bytes (`sizeof *out`), with a snapshot of `p`'s
+ * statistics: as many of the library's fields as fit (a struct from an
+ * older header gets those it has), the rest of `size` zeroed (fields of a
+ * newer header read 0). Fields are only ever appended.
+ *
+ * Returns the bytes of statistics written (at most `size`), or a
+ * negative errno.
  *
  * # Safety
- * `p` is a live pager; `out` points at writable memory for one struct.
+ * `p` is a live pager; `out` points at `size` writable bytes.
  */
-int32_t uffd_pager_stats_get(const struct uffd_pager *p, struct uffd_pager_stats *out);
+int32_t uffd_pager_stats_get(const struct uffd_pager *p, struct uffd_pager_stats *out, size_t size);
 
 /**
  * Writes `p`'s statistics as `/proc/vmstat`-style text (`name value`
@@ -641,7 +673,9 @@ int64_t uffd_pager_stats_vmstat(const struct uffd_pager *p, char *buf, size_t ca
 
 /**
  * Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
- * is called when the region is gone, or at once if mapping fails).
+ * is called when the region is gone, or at once if mapping fails, but for
+ * a `store->size` refused: -EINVAL, or -E2BIG, as for
+ * `uffd_pager_config.size`, when nothing of the struct is taken).
  *
  * A store changed behind the engine (the file written by another
  * descriptor or process, a store whose callbacks return other bytes) shows

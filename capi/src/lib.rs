@@ -11,10 +11,15 @@
 //! - treats a NULL pointer argument as `-EINVAL`, never as a crash. Other
 //!   pointers must point at what the header says; that is the C caller's
 //!   half of the contract, as with any C library.
+//!
+//! Every struct carries the size the program was built with, so the
+//! library and a program built against an older or newer header agree on
+//! what each byte means (`abi.rs`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_camel_case_types)]
 
+mod abi;
 mod pager;
 mod region;
 mod stats;

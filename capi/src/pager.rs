@@ -1,6 +1,6 @@
 //! `uffd_pager`: a pager made from a config struct.
 
-use crate::{fail, fail_with, guard, non_null};
+use crate::{abi, fail, fail_with, guard, non_null};
 use engine::{Delivery, Pager, Policy, PolicyKind};
 use std::ffi::{c_char, CStr};
 
@@ -27,6 +27,11 @@ pub const UFFD_PAGER_DELIVERY_PER_REGION: u32 = 2;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct uffd_pager_config {
+    /// `sizeof(uffd_pager_config)` as the program was built: set by
+    /// [`uffd_pager_config_init`]. A library newer than the header gives
+    /// the fields the program lacks their defaults; an older one refuses
+    /// fields it does not know that are set (`-E2BIG`).
+    pub size: usize,
     /// Memory budget in bytes (rounded up to pages); 0: unlimited.
     pub budget_bytes: u64,
     /// `UFFD_PAGER_POLICY_*` (default RETRY_ONCE).
@@ -48,30 +53,41 @@ pub struct uffd_pager_config {
     pub swap_dir: *const c_char,
 }
 
-/// Fills `cfg` with the defaults: no budget, RETRY_ONCE, in-thread
-/// delivery, the engine's readahead (32 pages, 2 threads) and fault-around
-/// (64 pages), kswapd on, swap in memory.
+/// Fills `cfg`, of `size` bytes (`sizeof *cfg`), with the defaults: no
+/// budget, RETRY_ONCE, in-thread delivery, the engine's readahead (32
+/// pages, 2 threads) and fault-around (64 pages), kswapd on, swap in
+/// memory; and `cfg->size` with `size`.
+///
+/// Returns 0, or -EINVAL for a NULL `cfg` or a `size` smaller than any
+/// version of the struct (nothing written).
 ///
 /// # Safety
-/// `cfg` is NULL (ignored) or points at writable memory for one config.
+/// `cfg` is NULL or points at `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn uffd_pager_config_init(cfg: *mut uffd_pager_config) {
-    if cfg.is_null() {
-        return;
+pub unsafe extern "C" fn uffd_pager_config_init(cfg: *mut uffd_pager_config, size: usize) -> i32 {
+    // SAFETY: NULL or `size` writable bytes (the caller's contract).
+    unsafe { abi::init(cfg, size) }
+}
+
+// SAFETY: repr(C), `size` first; every other field is an integer, a bool
+// (0 or 1, C's `_Bool`) or a nullable pointer.
+unsafe impl abi::Versioned for uffd_pager_config {
+    const NAME: &'static str = "uffd_pager_config";
+    const FIRST_SIZE: usize = 56;
+    fn defaults() -> Self {
+        uffd_pager_config {
+            size: std::mem::size_of::<Self>(),
+            budget_bytes: 0,
+            policy: UFFD_PAGER_POLICY_RETRY_ONCE,
+            delivery: UFFD_PAGER_DELIVERY_IN_THREAD,
+            handler_threads: 0,
+            readahead_pages: 32,
+            readahead_threads: 2,
+            fault_around_pages: 64,
+            kswapd: true,
+            swap_dir: std::ptr::null(),
+        }
     }
-    let d = uffd_pager_config {
-        budget_bytes: 0,
-        policy: UFFD_PAGER_POLICY_RETRY_ONCE,
-        delivery: UFFD_PAGER_DELIVERY_IN_THREAD,
-        handler_threads: 0,
-        readahead_pages: 32,
-        readahead_threads: 2,
-        fault_around_pages: 64,
-        kswapd: true,
-        swap_dir: std::ptr::null(),
-    };
-    // SAFETY: non-NULL and writable, the caller's contract.
-    unsafe { cfg.write(d) };
 }
 
 /// A pager (opaque to C).
@@ -132,7 +148,9 @@ pub(crate) fn builder(c: &uffd_pager_config) -> Result<engine::PagerBuilder, i32
 
 /// Makes a pager from `cfg` (NULL: the defaults) into `*out`.
 ///
-/// Returns 0, or -EINVAL for a bad setting, -EPERM/-EOPNOTSUPP when the
+/// Returns 0, or -EINVAL for a bad setting (a `cfg->size` not set by
+/// [`uffd_pager_config_init`] among them), -E2BIG for fields of a newer
+/// header this library does not know, set, -EPERM/-EOPNOTSUPP when the
 /// process cannot get a userfaultfd, and the like.
 ///
 /// # Safety
@@ -146,14 +164,13 @@ pub unsafe extern "C" fn uffd_pager_new(
     guard(|| {
         non_null!(out);
         let c = if cfg.is_null() {
-            let mut d = std::mem::MaybeUninit::uninit();
-            // SAFETY: `d` is writable memory for one config.
-            unsafe { uffd_pager_config_init(d.as_mut_ptr()) };
-            // SAFETY: just initialised.
-            unsafe { d.assume_init() }
+            <uffd_pager_config as abi::Versioned>::defaults()
         } else {
-            // SAFETY: the caller's contract.
-            unsafe { *cfg }
+            // SAFETY: a config of the size it says (the caller's contract).
+            match unsafe { abi::read(cfg) } {
+                Ok(c) => c,
+                Err(rc) => return rc,
+            }
         };
         let b = match builder(&c) {
             Ok(b) => b,

@@ -1,6 +1,6 @@
 //! `uffd_pager_region`: mapping, and what a mapping can do.
 
-use crate::{fail, fail_with, guard, non_null, uffd_pager};
+use crate::{abi, fail, fail_with, guard, non_null, uffd_pager};
 use engine::store::{FileStore, SliceStore, Store};
 use engine::{InstallKind, MapOptions, Region};
 use std::ffi::{c_char, c_void, CStr};
@@ -23,6 +23,9 @@ pub const UFFD_PAGER_ACCESS_RANDOM: u32 = 1;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct uffd_pager_map_options {
+    /// `sizeof(uffd_pager_map_options)` as the program was built: set by
+    /// [`uffd_pager_map_options_init`] (see `uffd_pager_config.size`).
+    pub size: usize,
     /// `UFFD_PAGER_KIND_*`.
     pub kind: u32,
     /// Map writable (default true).
@@ -58,25 +61,39 @@ pub extern "C" fn uffd_pager_huge_pages_available() -> u64 {
     std::panic::catch_unwind(|| engine::HugePagePool::now().available()).unwrap_or(0)
 }
 
-/// Fills `o` with the defaults: shared kind, writable, not populated, not
-/// pinned, anywhere, 4 KiB pages.
+/// Fills `o`, of `size` bytes (`sizeof *o`), with the defaults: shared
+/// kind, writable, not populated, not pinned, anywhere, 4 KiB pages; and
+/// `o->size` with `size`.
+///
+/// Returns 0, or -EINVAL for a NULL `o` or a `size` smaller than any
+/// version of the struct (nothing written).
 ///
 /// # Safety
-/// `o` is NULL (ignored) or points at writable memory for one options struct.
+/// `o` is NULL or points at `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn uffd_pager_map_options_init(o: *mut uffd_pager_map_options) {
-    if !o.is_null() {
-        // SAFETY: the caller's contract.
-        unsafe {
-            o.write(uffd_pager_map_options {
-                kind: UFFD_PAGER_KIND_SHARED,
-                writable: true,
-                populate: false,
-                pinned: false,
-                fixed_addr: std::ptr::null_mut(),
-                page_size: 0,
-            })
-        };
+pub unsafe extern "C" fn uffd_pager_map_options_init(
+    o: *mut uffd_pager_map_options,
+    size: usize,
+) -> i32 {
+    // SAFETY: NULL or `size` writable bytes (the caller's contract).
+    unsafe { abi::init(o, size) }
+}
+
+// SAFETY: repr(C), `size` first; every other field is an integer, a bool
+// (0 or 1, C's `_Bool`) or a nullable pointer.
+unsafe impl abi::Versioned for uffd_pager_map_options {
+    const NAME: &'static str = "uffd_pager_map_options";
+    const FIRST_SIZE: usize = 32;
+    fn defaults() -> Self {
+        uffd_pager_map_options {
+            size: std::mem::size_of::<Self>(),
+            kind: UFFD_PAGER_KIND_SHARED,
+            writable: true,
+            populate: false,
+            pinned: false,
+            fixed_addr: std::ptr::null_mut(),
+            page_size: 0,
+        }
     }
 }
 
@@ -90,8 +107,9 @@ pub(crate) fn options(o: *const uffd_pager_map_options) -> Result<MapOptions, i3
     if o.is_null() {
         return Ok(MapOptions::default());
     }
-    // SAFETY: a non-NULL `o` points at options (the header's contract).
-    let o = unsafe { *o };
+    // SAFETY: a non-NULL `o` points at options of the size it says (the
+    // header's contract).
+    let o = unsafe { abi::read(o) }?;
     let kind = match o.kind {
         UFFD_PAGER_KIND_SHARED => InstallKind::Shared,
         UFFD_PAGER_KIND_ANONYMOUS => InstallKind::Anonymous,

@@ -158,23 +158,30 @@ impl From<&Stats> for uffd_pager_stats {
     }
 }
 
-/// Fills `*out` with a snapshot of `p`'s statistics.
+/// Fills `*out`, of `size` bytes (`sizeof *out`), with a snapshot of `p`'s
+/// statistics: as many of the library's fields as fit (a struct from an
+/// older header gets those it has), the rest of `size` zeroed (fields of a
+/// newer header read 0). Fields are only ever appended.
+///
+/// Returns the bytes of statistics written (at most `size`), or a
+/// negative errno.
 ///
 /// # Safety
-/// `p` is a live pager; `out` points at writable memory for one struct.
+/// `p` is a live pager; `out` points at `size` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn uffd_pager_stats_get(
     p: *const uffd_pager,
     out: *mut uffd_pager_stats,
+    size: usize,
 ) -> i32 {
     guard(|| {
         non_null!(p);
         non_null!(out);
         // SAFETY: the caller's contract.
-        let s = unsafe { (*p).pager.stats() };
-        // SAFETY: the caller's contract.
-        unsafe { out.write(uffd_pager_stats::from(&s)) };
-        0
+        let s = uffd_pager_stats::from(&unsafe { (*p).pager.stats() });
+        // SAFETY: `size` writable bytes (the caller's contract), not `s`.
+        let n = unsafe { crate::abi::fill(out.cast::<u8>(), size, &s) };
+        n as i32
     })
 }
 
@@ -215,27 +222,176 @@ pub unsafe extern "C" fn uffd_pager_stats_vmstat(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+    use std::mem::{offset_of, size_of};
+
+    /// Each field's name and offset, in the struct's order.
+    macro_rules! fields {
+        ($($f:ident),* $(,)?) => {
+            [$((stringify!($f), offset_of!(uffd_pager_stats, $f))),*]
+        };
+    }
+
+    /// The first version's fields, in order: a program built against it
+    /// reads them at these places in every later library, so fields are
+    /// only appended (a new counter goes at the end of the struct, wherever
+    /// the vmstat text prints it).
+    const FIRST: [&str; 46] = [
+        "vma_lock_success",
+        "vma_lock_abort",
+        "vma_lock_retry",
+        "vma_lock_miss",
+        "retry_mmap_drop",
+        "retry_io_miss",
+        "pgfault",
+        "pgmajfault",
+        "segv",
+        "io_error",
+        "poisoned",
+        "wp_fault",
+        "pginstall",
+        "pgread",
+        "pgscan",
+        "pgsteal",
+        "writeback",
+        "lru_lock",
+        "lru_lock_contended",
+        "direct_reclaim",
+        "kswapd_wake",
+        "readahead_pages",
+        "readahead_used",
+        "readahead_wasted",
+        "fault_around",
+        "uffd_wake",
+        "reinstall",
+        "page_dropped",
+        "ioctl_did_work",
+        "event_remove",
+        "event_unmap",
+        "event_remap",
+        "map_waited_event",
+        "global_lock_read",
+        "global_lock_read_contended",
+        "global_lock_read_wait_ns",
+        "global_lock_write",
+        "global_lock_write_contended",
+        "global_lock_write_wait_ns",
+        "resident_pages",
+        "peak_resident_pages",
+        "budget_pages",
+        "fault_latency_count",
+        "fault_latency_p50_ns",
+        "fault_latency_p99_ns",
+        "fault_latency_max_ns",
+    ];
 
     #[test]
-    fn every_vmstat_line_is_a_field_in_the_same_order() {
-        // 8 bytes per line of the text: the struct has a field for each,
-        // and the conversion fills them in order (checked by value).
-        let pager = engine::Pager::builder().build().unwrap();
+    fn every_vmstat_line_is_a_field_and_the_first_versions_stay_in_place() {
+        let all = fields!(
+            vma_lock_success,
+            vma_lock_abort,
+            vma_lock_retry,
+            vma_lock_miss,
+            retry_mmap_drop,
+            retry_io_miss,
+            pgfault,
+            pgmajfault,
+            segv,
+            io_error,
+            poisoned,
+            wp_fault,
+            pginstall,
+            pgread,
+            pgscan,
+            pgsteal,
+            writeback,
+            lru_lock,
+            lru_lock_contended,
+            direct_reclaim,
+            kswapd_wake,
+            readahead_pages,
+            readahead_used,
+            readahead_wasted,
+            fault_around,
+            uffd_wake,
+            reinstall,
+            page_dropped,
+            ioctl_did_work,
+            event_remove,
+            event_unmap,
+            event_remap,
+            map_waited_event,
+            global_lock_read,
+            global_lock_read_contended,
+            global_lock_read_wait_ns,
+            global_lock_write,
+            global_lock_write_contended,
+            global_lock_write_wait_ns,
+            resident_pages,
+            peak_resident_pages,
+            budget_pages,
+            fault_latency_count,
+            fault_latency_p50_ns,
+            fault_latency_p99_ns,
+            fault_latency_max_ns,
+        );
+        // The list is the struct: every u64 slot, in order.
+        assert_eq!(size_of::<uffd_pager_stats>(), 8 * all.len());
+        for (i, (name, off)) in all.iter().enumerate() {
+            assert_eq!(*off, 8 * i, "{name}");
+        }
+        for (i, name) in FIRST.iter().enumerate() {
+            assert_eq!(all[i].0, *name, "field {i} of the first version moved");
+        }
+        // A field per vmstat line, each holding that line's value.
+        let pager = engine::Pager::builder()
+            .budget_pages(12345)
+            .build()
+            .unwrap();
         let text = pager.stats().to_string();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(std::mem::size_of::<uffd_pager_stats>(), 8 * lines.len());
+        let lines: HashMap<&str, u64> = text
+            .lines()
+            .map(|l| l.rsplit_once(' ').unwrap())
+            .map(|(k, v)| (k, v.parse().unwrap()))
+            .collect();
         assert_eq!(Counter::ALL.len() + 13, lines.len());
+        assert_eq!(lines.len(), all.len());
         let s = uffd_pager_stats::from(&pager.stats());
-        // SAFETY: a repr(C) struct of u64 fields only.
+        // SAFETY: a repr(C) struct of u64 fields only (checked above).
         let vals: &[u64] = unsafe {
-            std::slice::from_raw_parts((&s as *const uffd_pager_stats).cast(), lines.len())
+            std::slice::from_raw_parts((&s as *const uffd_pager_stats).cast(), all.len())
         };
-        for (line, v) in lines.iter().zip(vals) {
-            let (_, text_v) = line.rsplit_once(' ').unwrap();
-            if !line.starts_with("fault_latency") {
-                assert_eq!(text_v.parse::<u64>().unwrap(), *v, "{line}");
+        for ((name, _), v) in all.iter().zip(vals) {
+            let Some(want) = lines.get(name) else {
+                panic!("{name} is no vmstat line")
+            };
+            if !name.starts_with("fault_latency") {
+                assert_eq!(want, v, "{name}");
             }
         }
-        assert_eq!(s.budget_pages, 0);
+        assert_eq!(s.budget_pages, 12345);
+    }
+
+    #[test]
+    fn stats_fill_as_many_bytes_as_the_caller_has() {
+        let p = crate::uffd_pager {
+            pager: engine::Pager::builder().budget_pages(7).build().unwrap(),
+        };
+        let ours = size_of::<uffd_pager_stats>();
+        let budget = offset_of!(uffd_pager_stats, budget_pages) / 8;
+        // An older header's smaller struct: only its bytes are written.
+        let mut old = vec![u64::MAX; budget + 2];
+        // SAFETY: `old` has `8 * (budget + 1)` bytes to write.
+        let n = unsafe { uffd_pager_stats_get(&p, old.as_mut_ptr().cast(), 8 * (budget + 1)) };
+        assert_eq!(n as usize, 8 * (budget + 1));
+        assert_eq!(old[budget], 7);
+        assert_eq!(old[budget + 1], u64::MAX, "wrote past the caller's size");
+        // A newer header's larger one: the fields this library lacks read 0.
+        let mut new = vec![u64::MAX; ours / 8 + 3];
+        // SAFETY: `new` has `ours + 16` bytes to write.
+        let n = unsafe { uffd_pager_stats_get(&p, new.as_mut_ptr().cast(), ours + 16) };
+        assert_eq!(n as usize, ours);
+        assert_eq!(new[budget], 7);
+        assert_eq!(new[ours / 8..], [0, 0, u64::MAX]);
     }
 }

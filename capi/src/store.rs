@@ -1,7 +1,7 @@
 //! `uffd_pager_store`: a store whose pages come from C callbacks.
 
 use crate::region::{map_with, uffd_pager_region};
-use crate::{fail, uffd_pager};
+use crate::{abi, fail, uffd_pager};
 use engine::store::{Store, StoreError};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -16,6 +16,8 @@ use std::sync::Arc;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct uffd_pager_store {
+    /// `sizeof(uffd_pager_store)`: set it (see `uffd_pager_config.size`).
+    pub size: usize,
     /// Passed to every callback.
     pub ctx: *mut c_void,
     /// Length in bytes, a multiple of 4096.
@@ -28,6 +30,24 @@ pub struct uffd_pager_store {
     pub release: Option<unsafe extern "C" fn(*mut c_void)>,
     /// The callbacks are async-signal-safe.
     pub signal_safe: bool,
+}
+
+// SAFETY: repr(C), `size` first; every other field is an integer, a bool
+// (0 or 1, C's `_Bool`) or a nullable (function) pointer.
+unsafe impl abi::Versioned for uffd_pager_store {
+    const NAME: &'static str = "uffd_pager_store";
+    const FIRST_SIZE: usize = 56;
+    fn defaults() -> Self {
+        uffd_pager_store {
+            size: std::mem::size_of::<Self>(),
+            ctx: std::ptr::null_mut(),
+            len: 0,
+            read: None,
+            write: None,
+            release: None,
+            signal_safe: false,
+        }
+    }
 }
 
 /// The C store as an engine store.
@@ -81,7 +101,9 @@ impl Drop for CStore {
 }
 
 /// Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
-/// is called when the region is gone, or at once if mapping fails).
+/// is called when the region is gone, or at once if mapping fails, but for
+/// a `store->size` refused: -EINVAL, or -E2BIG, as for
+/// `uffd_pager_config.size`, when nothing of the struct is taken).
 ///
 /// A store changed behind the engine (the file written by another
 /// descriptor or process, a store whose callbacks return other bytes) shows
@@ -104,8 +126,12 @@ pub unsafe extern "C" fn uffd_pager_map_store(
     if store.is_null() {
         return fail(libc::EINVAL, "store is NULL");
     }
-    // SAFETY: points at a store struct (the caller's contract); copied.
-    let s = CStore(unsafe { *store });
+    // SAFETY: points at a store struct of the size it says (the caller's
+    // contract); copied.
+    let s = match unsafe { abi::read(store) } {
+        Ok(s) => CStore(s),
+        Err(rc) => return rc,
+    };
     if s.0.read.is_none() || !s.0.len.is_multiple_of(engine::PAGE_SIZE as u64) {
         return fail(
             libc::EINVAL,

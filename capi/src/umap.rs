@@ -488,12 +488,17 @@ pub extern "C" fn umapcfg_get_system_page_size() -> c_long {
 }
 
 /// A snapshot of the UMap pager's statistics (all zero before the first
-/// `umap`): the same struct as [`crate::uffd_pager_stats_get`].
+/// `umap`) into `*out` of `size` bytes: the same struct and rules as
+/// [`crate::uffd_pager_stats_get`]. Returns the bytes written, or
+/// `-EINVAL` for a NULL `out`.
 ///
 /// # Safety
-/// `out` points at writable memory for one struct.
+/// `out` points at `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn umap_uffd_pager_stats(out: *mut crate::uffd_pager_stats) -> c_int {
+pub unsafe extern "C" fn umap_uffd_pager_stats(
+    out: *mut crate::uffd_pager_stats,
+    size: usize,
+) -> c_int {
     if out.is_null() {
         return -libc::EINVAL;
     }
@@ -505,7 +510,6 @@ pub unsafe extern "C" fn umap_uffd_pager_stats(out: *mut crate::uffd_pager_stats
             .unwrap_or_default()
     })
     .unwrap_or_default();
-    // SAFETY: the caller's contract.
-    unsafe { out.write(s) };
-    0
+    // SAFETY: `size` writable bytes (the caller's contract), not `s`.
+    unsafe { crate::abi::fill(out.cast::<u8>(), size, &s) as c_int }
 }

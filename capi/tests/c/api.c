@@ -56,14 +56,31 @@ int main(int argc, char **argv) {
 
   /* Errors: negative errno and a message; never a crash. */
   uffd_pager_config cfg;
-  uffd_pager_config_init(&cfg);
+  CHECK(uffd_pager_config_init(&cfg, sizeof cfg) == 0);
   cfg.policy = 99;
   uffd_pager *p = NULL;
   CHECK(uffd_pager_new(&cfg, &p) == -EINVAL && p == NULL);
   CHECK(strstr(uffd_pager_last_error(), "policy") != NULL);
   CHECK(uffd_pager_new(NULL, NULL) == -EINVAL);
+  /* A config not made by _init has no size: refused, not misread. */
+  uffd_pager_config zeroed = {0};
+  CHECK(uffd_pager_new(&zeroed, &p) == -EINVAL && p == NULL);
+  CHECK(strstr(uffd_pager_last_error(), "_init") != NULL);
+  /* One from a newer header (larger): taken while what this library does
+   * not know is zero, refused while any of it is set. */
+  struct {
+    uffd_pager_config c;
+    uint64_t newer;
+  } big;
+  CHECK(uffd_pager_config_init(&big.c, sizeof big) == 0 && big.newer == 0);
+  big.c.budget_bytes = BUDGET_PAGES * PAGE;
+  CHECK(uffd_pager_new(&big.c, &p) == 0 && p != NULL);
+  uffd_pager_free(p);
+  p = NULL;
+  big.newer = 1;
+  CHECK(uffd_pager_new(&big.c, &p) == -E2BIG && p == NULL);
 
-  uffd_pager_config_init(&cfg);
+  CHECK(uffd_pager_config_init(&cfg, sizeof cfg) == 0);
   cfg.budget_bytes = BUDGET_PAGES * PAGE;
   cfg.policy = UFFD_PAGER_POLICY_RETRY_ONCE;
   CHECK(uffd_pager_new(&cfg, &p) == 0 && p != NULL);
@@ -103,7 +120,7 @@ int main(int argc, char **argv) {
   CHECK(base[5 * PAGE + 100] == 9); /* a shared region's page stays cached */
 
   uffd_pager_stats st;
-  CHECK(uffd_pager_stats_get(p, &st) == 0);
+  CHECK(uffd_pager_stats_get(p, &st, sizeof st) == (int)sizeof st);
   CHECK(st.pgfault >= FILE_PAGES && st.pgsteal > 0 && st.writeback > 0);
   CHECK(st.budget_pages == BUDGET_PAGES);
   CHECK(st.peak_resident_pages <= BUDGET_PAGES + 64);
@@ -122,8 +139,12 @@ int main(int argc, char **argv) {
   s.len = 16 * PAGE;
   s.read = numbered_read;
   uffd_pager_map_options o;
-  uffd_pager_map_options_init(&o);
+  CHECK(uffd_pager_map_options_init(&o, sizeof o) == 0);
   o.writable = false;
+  /* Every struct says its size: a store without one is refused. */
+  CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, &r) == -EINVAL);
+  CHECK(strstr(uffd_pager_last_error(), "uffd_pager_store.size") != NULL);
+  s.size = sizeof s;
   CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, &r) == 0);
   unsigned char *m = uffd_pager_region_addr(r);
   CHECK(m[7 * PAGE + 1] == 7 && m[15 * PAGE] == 15 && read_ctx_calls >= 2);
@@ -133,7 +154,7 @@ int main(int argc, char **argv) {
    * regions above is counted): advised random, a region read in order
    * reads nothing ahead; advised normal again, it does. */
   uffd_pager *q = NULL;
-  uffd_pager_config_init(&cfg);
+  CHECK(uffd_pager_config_init(&cfg, sizeof cfg) == 0);
   CHECK(uffd_pager_new(&cfg, &q) == 0);
   s.len = 2 * ADVISED_PAGES * PAGE;
   CHECK(uffd_pager_map_store(q, &s, 2 * ADVISED_PAGES * PAGE, &o, &r) == 0);
@@ -143,12 +164,12 @@ int main(int argc, char **argv) {
   CHECK(uffd_pager_region_advise(r, UFFD_PAGER_ACCESS_RANDOM) == 0);
   m = uffd_pager_region_addr(r);
   for (int i = 0; i < ADVISED_PAGES; i++) CHECK(m[i * PAGE + 3] == (unsigned char)i);
-  CHECK(uffd_pager_stats_get(q, &st) == 0);
+  CHECK(uffd_pager_stats_get(q, &st, sizeof st) == (int)sizeof st);
   CHECK(st.readahead_pages == 0);
   CHECK(uffd_pager_region_advise(r, UFFD_PAGER_ACCESS_NORMAL) == 0);
   for (int i = ADVISED_PAGES; i < 2 * ADVISED_PAGES; i++)
     CHECK(m[i * PAGE + 3] == (unsigned char)i);
-  CHECK(uffd_pager_stats_get(q, &st) == 0);
+  CHECK(uffd_pager_stats_get(q, &st, sizeof st) == (int)sizeof st);
   CHECK(st.readahead_pages > 0);
   CHECK(uffd_pager_region_unmap(r) == 0);
   uffd_pager_free(q);

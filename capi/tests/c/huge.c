@@ -38,13 +38,13 @@ int main(int argc, char **argv) {
   CHECK(uffd_pager_huge_pages_available() >= (uint64_t)atoi(argv[2]));
 
   uffd_pager_config cfg;
-  uffd_pager_config_init(&cfg);
+  CHECK(uffd_pager_config_init(&cfg, sizeof cfg) == 0);
   cfg.budget_bytes = BUDGET_PAGES * (uint64_t)HUGE;
   uffd_pager *p = NULL;
   CHECK(uffd_pager_new(&cfg, &p) == 0);
 
   uffd_pager_map_options o;
-  uffd_pager_map_options_init(&o);
+  CHECK(uffd_pager_map_options_init(&o, sizeof o) == 0);
   CHECK(o.page_size == 0);
   uffd_pager_region *r = NULL;
 
@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
   CHECK(((uintptr_t)m & (HUGE - 1)) == 0);
   for (int round = 0; round < 3; round++) write_and_check(m, round);
   uffd_pager_stats st;
-  CHECK(uffd_pager_stats_get(p, &st) == 0);
+  CHECK(uffd_pager_stats_get(p, &st, sizeof st) == (int)sizeof st);
   CHECK(st.pgsteal >= 2 * PAGES && st.writeback >= PAGES);
   /* 2 MiB pages: a few faults per page and pass (4 KiB ones: 512 each). */
   CHECK(st.pgfault <= 6 * 3 * PAGES);
