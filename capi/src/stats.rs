@@ -5,8 +5,9 @@ use engine::{Counter, Stats};
 use std::ffi::c_char;
 
 /// A snapshot of a pager's statistics ([`uffd_pager_stats_get`]): the
-/// engine's counters (named as in `/proc/vmstat`, in the order the vmstat
-/// text prints them), global-lock contention, residency and fault latency.
+/// engine's counters (named as in `/proc/vmstat`), global-lock contention,
+/// residency and fault latency. Fields are only appended: a counter added
+/// later goes at the end, wherever the vmstat text prints it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct uffd_pager_stats {
