@@ -123,6 +123,13 @@ fn flush_in_thread_with_a_budget() {
 /// back by reclaim, clean evicted pages never are, and the flush writes
 /// only what is still dirty: every page is written back at most once per
 /// write.
+///
+/// The only reclaimer is the faulting thread's direct reclaim: no kswapd,
+/// and no readahead, whose I/O threads charge the pages they read and so
+/// reclaim too, concurrently. One of those could evict a page in the
+/// moment between its write fault (which marks it dirty) and the write
+/// itself, and write it back then as well as after the write (see
+/// `a_page_evicted_between_its_write_fault_and_the_write_is_written_twice`).
 #[test]
 fn flush_after_eviction_writes_each_dirty_page_once() {
     let contents = pattern(PAGES * PAGE);
@@ -130,6 +137,7 @@ fn flush_after_eviction_writes_each_dirty_page_once() {
     let pager = Pager::builder()
         .budget_pages(4)
         .kswapd(false)
+        .readahead(0, 1)
         .build()
         .unwrap();
     // SAFETY: the test changes this store only through the region (the
@@ -157,4 +165,45 @@ fn flush_after_eviction_writes_each_dirty_page_once() {
     region.unmap().unwrap();
     assert_eq!(writeback(&pager), (PAGES / 2) as u64);
     assert_eq!(file.read(), want);
+}
+
+/// A write fault marks a shared page dirty before the write it serves
+/// lands (the kernel's write fault sets the PTE dirty bit the same way).
+/// A page evicted in between is written back with its old contents, and
+/// the write, run again, faults it in anew and dirties it again: two
+/// write-backs for one write, no write lost. `prefault` is that write
+/// fault without the write, and `reclaim_pages` the reclaimer (a readahead
+/// thread's direct reclaim, kswapd) that lands in the window.
+#[test]
+fn a_page_evicted_between_its_write_fault_and_the_write_is_written_twice() {
+    let contents = pattern(PAGES * PAGE);
+    let file = TempFile::with_contents("window", &contents);
+    let pager = Pager::builder()
+        .budget_pages(4)
+        .kswapd(false)
+        .readahead(0, 1)
+        .build()
+        .unwrap();
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let mut region = unsafe { pager.map_file(file.path(), None, &MapOptions::default()) }.unwrap();
+    region.prefault(3 * PAGE, PAGE).unwrap();
+    assert_eq!(writeback(&pager), 0);
+    // Just faulted in (referenced): reclaim takes it all the same, once
+    // its second chance is used up within the same call.
+    assert!(pager.reclaim_pages(PAGES as u64) >= 1);
+    assert_eq!(
+        writeback(&pager),
+        1,
+        "the page dirtied by the write fault was not written back"
+    );
+    assert_eq!(file.read(), contents, "nothing was written yet");
+    region.as_mut_slice()[3 * PAGE + 1] = 0xC3;
+    region.flush().unwrap();
+    assert_eq!(writeback(&pager), 2);
+    let mut want = contents.clone();
+    want[3 * PAGE + 1] = 0xC3;
+    assert_eq!(file.read(), want);
+    region.unmap().unwrap();
+    assert_eq!(writeback(&pager), 2);
 }
