@@ -502,7 +502,10 @@ impl Region {
         registered
     }
 
-    /// Writes cached pages back to the store (the msync analog).
+    /// Writes cached pages back to the store (the msync analog), then
+    /// syncs the store ([`Store::sync`](crate::store::Store::sync)) if
+    /// anything was written to it since its last sync: by this flush, or
+    /// by reclaim before it. A flush with nothing to write syncs nothing.
     ///
     /// Example: [`Region`](crate::Region).
     pub fn flush(&self) -> Result<()> {

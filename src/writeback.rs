@@ -24,6 +24,7 @@ use crate::page_cache::{DIRTY, MAPPED, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
 use crate::store::MAX_BATCH;
 use crate::unwritten::Which;
+use std::sync::atomic::Ordering::{AcqRel, Release};
 use std::sync::Arc;
 
 /// Pages of one batch: index, and whether it is protected against writes
@@ -80,7 +81,13 @@ impl Mm {
             }
         }
         self.write_batch(obj, &mut b)?;
+        // Nothing written since the last sync (here, by reclaim, or by an
+        // earlier write-back): nothing to make durable.
+        if !obj.unsynced.swap(false, AcqRel) {
+            return Ok(());
+        }
         if let Err(e) = obj.store.sync() {
+            obj.unsynced.store(true, Release);
             // Written but not durable (after a failed `fsync` the kernel
             // may already have dropped its copy): dirty again, so that the
             // next write-back writes them once more.
@@ -110,6 +117,7 @@ impl Mm {
         }
         if r.is_ok() {
             r = crate::io::write(&self.io, &obj.store, &list[..b.n]);
+            obj.unsynced.store(true, Release);
         }
         for &(i, protected) in &b.pages[..b.n] {
             let clear = if r.is_ok() && protected { DIRTY } else { 0 };

@@ -47,6 +47,18 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / PAGE) as u8).collect()
 }
 
+/// A pager of 4 pages whose only reclaimer is the faulting thread's
+/// direct reclaim: no kswapd, and no readahead (whose I/O threads charge
+/// the pages they read, and so reclaim too, concurrently).
+fn four_page_pager() -> Pager {
+    Pager::builder()
+        .budget_pages(4)
+        .kswapd(false)
+        .readahead(0, 1)
+        .build()
+        .unwrap()
+}
+
 fn writeback(p: &Pager) -> u64 {
     p.stats().get(Counter::WRITEBACK)
 }
@@ -134,12 +146,7 @@ fn flush_in_thread_with_a_budget() {
 fn flush_after_eviction_writes_each_dirty_page_once() {
     let contents = pattern(PAGES * PAGE);
     let file = TempFile::with_contents("evicted", &contents);
-    let pager = Pager::builder()
-        .budget_pages(4)
-        .kswapd(false)
-        .readahead(0, 1)
-        .build()
-        .unwrap();
+    let pager = four_page_pager();
     // SAFETY: the test changes this store only through the region (the
     // store contract).
     let mut region = unsafe { pager.map_file(file.path(), None, &MapOptions::default()) }.unwrap();
@@ -178,12 +185,7 @@ fn flush_after_eviction_writes_each_dirty_page_once() {
 fn a_page_evicted_between_its_write_fault_and_the_write_is_written_twice() {
     let contents = pattern(PAGES * PAGE);
     let file = TempFile::with_contents("window", &contents);
-    let pager = Pager::builder()
-        .budget_pages(4)
-        .kswapd(false)
-        .readahead(0, 1)
-        .build()
-        .unwrap();
+    let pager = four_page_pager();
     // SAFETY: the test changes this store only through the region (the
     // store contract).
     let mut region = unsafe { pager.map_file(file.path(), None, &MapOptions::default()) }.unwrap();
@@ -206,4 +208,72 @@ fn a_page_evicted_between_its_write_fault_and_the_write_is_written_twice() {
     assert_eq!(file.read(), want);
     region.unmap().unwrap();
     assert_eq!(writeback(&pager), 2);
+}
+
+/// A memory store that counts its `sync` calls.
+struct Syncs {
+    inner: uffd_pager::store::MemoryStore,
+    syncs: AtomicUsize,
+}
+
+impl uffd_pager::store::Store for Syncs {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), uffd_pager::store::StoreError> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), uffd_pager::store::StoreError> {
+        self.inner.write(offset, buf)
+    }
+    fn sync(&self) -> Result<(), uffd_pager::store::StoreError> {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "syncs"
+    }
+}
+
+/// A write-back syncs the store only when something was written to it
+/// since its last sync: by this write-back, or by reclaim before it. A
+/// flush or unmap of a region nobody wrote synced every time before (an
+/// `fdatasync` per `munmap` of a read-only shared mapping under the
+/// `LD_PRELOAD` shim, on the program's own open file, where it took the
+/// program's pending write-back error).
+#[test]
+fn a_store_is_synced_only_after_writes() {
+    let pager = four_page_pager();
+    let store = std::sync::Arc::new(Syncs {
+        inner: uffd_pager::store::MemoryStore::from_bytes(&pattern(PAGES * PAGE)).unwrap(),
+        syncs: AtomicUsize::new(0),
+    });
+    let syncs = || store.syncs.load(Ordering::SeqCst);
+    // SAFETY: only this region changes the store.
+    let mut region =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    let sum: u64 = region.as_slice().iter().map(|&b| b as u64).sum();
+    assert!(sum > 0);
+    region.flush().unwrap();
+    assert_eq!(syncs(), 0, "a flush with nothing written synced");
+    // Written by the flush: synced once, and not again.
+    region.as_mut_slice()[3 * PAGE] = 1;
+    region.flush().unwrap();
+    assert_eq!(syncs(), 1);
+    region.flush().unwrap();
+    assert_eq!(syncs(), 1, "a second flush with nothing written synced");
+    // Written by reclaim only (every page dirtied, most evicted): the
+    // flush syncs those writes even where it writes nothing itself.
+    for p in 0..PAGES {
+        region.as_mut_slice()[p * PAGE] = 2;
+    }
+    assert!(pager.reclaim_pages(PAGES as u64) > 0);
+    assert!(writeback(&pager) > 1);
+    region.flush().unwrap();
+    assert_eq!(syncs(), 2, "writes reclaim made were not synced");
+    region.unmap().unwrap();
+    assert_eq!(syncs(), 2, "an unmap with nothing written synced");
 }

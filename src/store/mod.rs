@@ -190,7 +190,8 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Makes earlier writes durable (fsync for files). Not called from
-    /// signal handlers.
+    /// signal handlers, and only after a write: a write-back that finds
+    /// nothing written since the last successful sync does not call it.
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
     }
