@@ -104,7 +104,9 @@ PREFIX ?= $(CURDIR)/target/c
 c-lib: deps
 	$(CARGO) build --release --quiet -p uffd-pager-capi -p uffd-pager-preload
 	install -d $(PREFIX)/lib/pkgconfig $(PREFIX)/include/umap
-	install -m 755 target/release/libuffd_pager.so target/release/libuffd_pager_preload.so $(PREFIX)/lib/
+	install -m 755 target/release/libuffd_pager_preload.so $(PREFIX)/lib/
+	install -m 755 target/release/libuffd_pager.so $(PREFIX)/lib/libuffd_pager.so.1
+	ln -sf libuffd_pager.so.1 $(PREFIX)/lib/libuffd_pager.so
 	install -m 644 target/release/libuffd_pager.a $(PREFIX)/lib/
 	install -m 644 capi/include/uffd_pager.h $(PREFIX)/include/
 	install -m 644 capi/include/umap/umap.h $(PREFIX)/include/umap/

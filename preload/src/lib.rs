@@ -3,7 +3,8 @@
 //! private anonymous mappings (`UFFD_PAGER_ANON_MIN`) to uffd-pager, and
 //! passes every other call to the kernel.
 //!
-//! Interposed: `mmap`/`mmap64`, `munmap`, `mremap`, `mprotect`, `msync`,
+//! Interposed: `mmap`/`mmap64`, `munmap`, `mremap`, `mprotect`,
+//! `pkey_mprotect`, `msync`,
 //! `madvise`, and, for coherence with the pager's page cache, `write`,
 //! `pwrite`/`pwrite64`, `writev` and `pwritev`/`pwritev64` (a write to a
 //! file the pager maps updates the cached pages it touches: see
@@ -318,12 +319,45 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     unsafe {
         served_or_kernel(
             "mprotect",
-            || maps::mprotect(addr as usize, len, prot),
+            || maps::mprotect(addr as usize, len, prot, None),
             libc::SYS_mprotect,
             addr as usize,
             len,
             prot as usize,
         )
+    }
+}
+
+/// pkey_mprotect(2): as `mprotect`, a key other than -1 always the
+/// kernel's (the engine sets no keys).
+///
+/// # Safety
+/// As pkey_mprotect(2).
+#[no_mangle]
+pub unsafe extern "C" fn pkey_mprotect(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    pkey: c_int,
+) -> c_int {
+    if programs_own() && maps::any() {
+        if let Some(r) = in_shim("pkey_mprotect", || {
+            maps::mprotect(addr as usize, len, prot, Some(pkey))
+        }) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own call, passed on unchanged: its contract is
+    // this function's caller's.
+    unsafe {
+        sys::call(
+            libc::SYS_pkey_mprotect,
+            addr as usize,
+            len,
+            prot as usize,
+            pkey as usize,
+            0,
+        ) as c_int
     }
 }
 

@@ -536,8 +536,11 @@ fn a_panic_in_the_shim_names_the_call_and_fails_safe() {
 
 /// `mprotect(PROT_WRITE)` on read-only shared file mappings, answered as
 /// the kernel answers it: a descriptor opened for writing lets the mapping
-/// become writable, whole or in part, and what is stored through it
-/// reaches the file, dirty pages evicted under the budget included; one
+/// become writable, whole or in part (or with `pkey_mprotect`), and what
+/// is stored through it reaches the file, dirty pages evicted under the
+/// budget included; made read-only again, or after a failed `mprotect`,
+/// the file can be mapped again (a failed call, or one back to read-only,
+/// kept it from a second mapping, `ENODEV`, in a first version); one
 /// opened read-only gets `EACCES`. Before, the shim answered `EACCES` to
 /// the first (the read-only mapping's store took no writes), and let the
 /// kernel make part of the second writable (its memfd is writable) to no
@@ -559,7 +562,7 @@ fn mprotect_write_on_a_read_only_shared_mapping_is_the_kernels_answer() {
     ];
     let (o, st) = under_shim(Command::new(&exe).arg(&d), &env, &d.join("mprotect.stats"));
     assert_eq!(ok(&o), plain);
-    assert_eq!(counter(&st, "preload_paged"), 3, "{st}");
+    assert_eq!(counter(&st, "preload_paged"), 5, "{st}");
     // Dirty pages left under the budget: written back by reclaim.
     assert!(counter(&st, "pgsteal") >= 1024, "{st}");
     assert!(counter(&st, "writeback") >= 1024 + 256, "{st}");
@@ -578,4 +581,39 @@ fn mprotect_write_on_a_read_only_shared_mapping_is_the_kernels_answer() {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("has another pager mapping"), "{err}");
+
+    // Made writable by a raw system call, which the shim does not see, and
+    // left mapped at exit: the exit writes it back all the same (it wrote
+    // back only mappings made writable through the shim before: the file
+    // kept its old bytes, with exit status 0).
+    let tagged = |f: &Path| {
+        let b = std::fs::read(f).unwrap();
+        (0..1024).filter(|p| b[p * 4096 + 7] == b'r').count()
+    };
+    ok(&Command::new(&exe)
+        .arg(&plain_dir)
+        .arg("raw")
+        .output()
+        .unwrap());
+    assert_eq!(tagged(&plain_dir.join("raw.dat")), 342);
+    let (o, _) = under_shim(
+        Command::new(&exe).arg(&d).arg("raw"),
+        &env,
+        &d.join("raw.stats"),
+    );
+    ok(&o);
+    assert_eq!(tagged(&d.join("raw.dat")), 342);
+
+    // Made writable by the kernel (`PROT_WRITE` alone is not the engine's
+    // to serve), then moved: the engine's move would map it read-only
+    // again and the next store would be SIGSEGV, losing the stores before
+    // it, so the move is refused; the stores reach the file.
+    let (o, _) = under_shim(
+        Command::new(&exe).arg(&d).arg("move"),
+        &env,
+        &d.join("move.stats"),
+    );
+    let out = ok(&o);
+    assert!(out.contains("move: mremap -1 Invalid argument"), "{out}");
+    assert!(out.contains("move: 2 of 2 pages in the file"), "{out}");
 }

@@ -3,6 +3,12 @@
 //! in interposed calls, never by engine code (engine threads and the fault
 //! handler pass through), so waiting for it cannot deadlock with a fault.
 
+mod calls;
+mod coherence;
+
+pub use calls::{madvise, mprotect, mremap, msync};
+pub use coherence::{file_of, flush_file, flush_for_read, refresh};
+
 use crate::config::Config;
 use crate::sys;
 use engine::store::{SimulatedStore, Store};
@@ -38,6 +44,12 @@ struct Entry {
     /// one, its writes would reach the file) nor one of a descriptor opened
     /// read-only: `EACCES`, as the kernel answers.
     may_write: bool,
+    /// The kernel's `mprotect` made it writable, in whole or in part (a
+    /// part, `PROT_EXEC`, a protection key): the engine's region still
+    /// takes itself for read-only, so a move through the engine would give
+    /// the mapping back read-only, and the writes the program goes on with
+    /// would be SIGSEGV. Such a mapping is not moved (`EINVAL`).
+    kernel_writable: bool,
     path: String,
 }
 
@@ -352,6 +364,7 @@ pub fn mmap(
             base,
             writable_shared: shared && write && file.is_some(),
             may_write,
+            kernel_writable: false,
             path,
         })),
         Err(e) => {
@@ -474,331 +487,6 @@ fn whole(st: &State, a: usize, len: usize) -> Option<usize> {
     })
 }
 
-/// mremap of a whole pager mapping goes through the engine; of part of a
-/// writable shared one is refused (EINVAL: its write-back could not follow
-/// it); anything else is the kernel's.
-pub fn mremap(
-    old: usize,
-    old_len: usize,
-    new_len: usize,
-    flags: c_int,
-    new: usize,
-) -> Option<*mut c_void> {
-    let old_len = old_len.div_ceil(PAGE) * PAGE;
-    let new_len_r = new_len.div_ceil(PAGE) * PAGE;
-    let mut guard = state();
-    let st = guard.as_mut()?;
-    let fail = |e: c_int| {
-        crate::set_errno(e);
-        Some(libc::MAP_FAILED)
-    };
-    let Some(i) = whole(st, old, old_len) else {
-        let touched = overlapping(st, old, old.saturating_add(old_len));
-        if touched.iter().any(|&(i, _)| st.maps[i].writable_shared) {
-            return fail(libc::EINVAL);
-        }
-        return None;
-    };
-    if flags & libc::MREMAP_DONTUNMAP != 0 || new_len == 0 {
-        return fail(libc::EINVAL);
-    }
-    let may_move = flags & libc::MREMAP_MAYMOVE != 0;
-    if flags & libc::MREMAP_FIXED != 0 && !may_move {
-        return fail(libc::EINVAL); // as the kernel answers
-    }
-    if new_len_r > old_len && !may_move {
-        return fail(libc::ENOMEM); // growing in place is not offered
-    }
-    let to = (flags & libc::MREMAP_FIXED != 0).then_some(new);
-    let e = &mut st.maps[i];
-    let r = e.region.remap_to(new_len_r, to);
-    // Where the region is now: moved on success, and also where the kernel
-    // moved it but the engine could not register it (see `remap_to`).
-    let s = e.region.as_ptr() as usize;
-    match r {
-        Ok(()) => Some(s as *mut c_void),
-        Err(err) => fail(err.errno()),
-    }
-}
-
-/// mprotect of a whole pager mapping goes through the engine; parts and
-/// PROT_NONE are the kernel's. `PROT_WRITE` on a mapping whose store takes
-/// no writes (`Entry::may_write`) is `EACCES`, as the kernel answers for a
-/// file opened read-only, and so is making a file mapping writable while
-/// the pager maps that file elsewhere too (each mapping has its own
-/// cache: the other would not see the writes; the kernel allows it).
-pub fn mprotect(addr: usize, len: usize, prot: c_int) -> Option<c_int> {
-    let len = len.div_ceil(PAGE) * PAGE;
-    let mut guard = state();
-    let st = guard.as_mut()?;
-    let write = prot & libc::PROT_WRITE != 0;
-    let hits = overlapping(st, addr, addr.saturating_add(len));
-    if write {
-        for &(i, _) in &hits {
-            let e = &st.maps[i];
-            if !e.may_write {
-                crate::set_errno(libc::EACCES);
-                return Some(-1);
-            }
-            let shared = e.file.is_some_and(|id| {
-                st.maps
-                    .iter()
-                    .enumerate()
-                    .any(|(j, o)| j != i && o.file == Some(id))
-            });
-            if !e.writable_shared && shared {
-                let msg = format!(
-                    "{}: refusing mprotect(PROT_WRITE): the file has another pager mapping, and \
-                     a file mapped writable and shared can have one only (the pager keeps a \
-                     cache per mapping); exclude it from UFFD_PAGER_FILES to let the kernel \
-                     map it",
-                    e.path
-                );
-                REFUSED.fetch_add(1, Relaxed);
-                st.say(msg);
-                crate::set_errno(libc::EACCES);
-                return Some(-1);
-            }
-        }
-        // Writable from here on, in whole or in part (a part is the
-        // kernel's `mprotect`; the engine sees each first write through
-        // the write protection its pages went in with): `msync`, `fsync`,
-        // `read` and the exit write its dirty pages back.
-        for &(i, _) in &hits {
-            let e = &mut st.maps[i];
-            if e.file.is_some() && !e.writable_shared {
-                e.writable_shared = true;
-                WRITABLE_ENTRIES.fetch_add(1, Relaxed);
-            }
-        }
-    }
-    let i = whole(st, addr, len)?;
-    if prot & libc::PROT_READ == 0 || prot & libc::PROT_EXEC != 0 {
-        return None;
-    }
-    let e = crate::errno();
-    match st.maps[i].region.protect(write) {
-        Ok(()) => {
-            crate::set_errno(e);
-            Some(0)
-        }
-        Err(err) => {
-            crate::set_errno(err.errno());
-            Some(-1)
-        }
-    }
-}
-
-/// msync: every pager mapping in the range writes its dirty pages back
-/// (then the kernel's msync runs on the range, a no-op on pager memory).
-pub fn msync(addr: usize, len: usize) -> Option<c_int> {
-    let mut guard = state();
-    let st = guard.as_mut()?;
-    let e = crate::errno();
-    for (i, _) in overlapping(st, addr, addr.saturating_add(len.max(1))) {
-        if let Err(err) = st.maps[i].region.flush() {
-            crate::set_errno(err.errno());
-            return Some(-1);
-        }
-    }
-    crate::set_errno(e);
-    None
-}
-
-/// madvise: MADV_DONTNEED drops pages through the engine (shared pages
-/// stay cached; anonymous ones read as zeros again), MADV_WILLNEED faults
-/// them in, MADV_RANDOM / MADV_NORMAL / MADV_SEQUENTIAL set the region's
-/// access advice ([`Region::advise`]); other advice is the kernel's.
-pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
-    // The access advice: the whole of each pager mapping the range touches
-    // takes it (the kernel would split the VMA at the range's ends; the
-    // engine's flag is per region). MADV_SEQUENTIAL clears the random
-    // advice, as it clears the kernel's `VM_RAND_READ`; the engine's
-    // readahead then ramps up on the sequential faults by itself.
-    let access = match advice {
-        libc::MADV_RANDOM => Some(engine::Access::Random),
-        libc::MADV_NORMAL | libc::MADV_SEQUENTIAL => Some(engine::Access::Normal),
-        libc::MADV_DONTNEED | libc::MADV_WILLNEED => None,
-        _ => return None,
-    };
-    let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
-    let mut guard = state();
-    let st = guard.as_mut()?;
-    let hits = overlapping(st, a, b);
-    if hits.is_empty() {
-        return None;
-    }
-    let e = crate::errno();
-    if let Some(access) = access {
-        // The kernel's call first: advice it refuses (an unaligned start,
-        // a length that overflows) changes nothing in the engine either.
-        // ENOMEM (a hole in the range) still advises what is mapped, as
-        // the kernel's own madvise does.
-        // SAFETY: the program asked for this call on this range (see the function's comment).
-        let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
-        let after = crate::errno();
-        if rc != 0 && after != libc::ENOMEM {
-            return Some(rc);
-        }
-        for (i, _) in hits {
-            if let Err(err) = st.maps[i].region.advise(access) {
-                crate::set_errno(err.errno());
-                return Some(-1);
-            }
-        }
-        crate::set_errno(if rc == 0 { e } else { after });
-        return Some(rc);
-    }
-    // Piece by piece: after the program's own partial munmap the range
-    // may span a hole, and each mapped piece in it takes the advice, as
-    // each VMA does under the kernel's madvise (which answers ENOMEM for
-    // the hole below). A piece the program moved out of the mapping's own
-    // range is left to the kernel's call.
-    for (i, pieces) in hits {
-        let r = &mut st.maps[i].region;
-        let start = r.as_ptr() as usize;
-        let end = start + r.len();
-        for p in pieces {
-            let (lo, hi) = (a.max(p.start), b.min(p.end));
-            if lo >= hi || p.start < start || p.end > end {
-                continue;
-            }
-            let res = if advice == libc::MADV_DONTNEED {
-                r.dontneed(lo - start, hi - lo)
-            } else {
-                r.populate(lo - start, hi - lo)
-            };
-            if let Err(err) = res {
-                crate::set_errno(err.errno());
-                return Some(-1);
-            }
-        }
-    }
-    // Memory in the range outside pager mappings gets the kernel's advice.
-    crate::set_errno(e);
-    // SAFETY: the program asked for this call on this range (see the function's comment).
-    let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
-    Some(if advice == libc::MADV_WILLNEED { 0 } else { rc })
-}
-
-/// Before a read of `fd`: if the pager maps its file writable and shared,
-/// the mapping's dirty pages are written back, so that the read sees what
-/// was stored through the mapping, as the kernel's one page cache shows it.
-pub fn flush_for_read(fd: c_int) {
-    let _ = flush_file(fd, "before a read", false);
-}
-
-/// Writes back the pager's mappings of `fd`'s file that are writable and
-/// shared, and with `unmapped` the pages of that file's mappings unmapped
-/// while it refused them; `Err(errno)` of the first failure (said on
-/// stderr). Another file's failures are not this call's.
-pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
-    // SAFETY: a zeroed stat is a valid out-parameter.
-    let mut s: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes only `s`.
-    if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Ok(());
-    }
-    let id = (s.st_dev, s.st_ino);
-    let mut guard = state();
-    let Some(st) = guard.as_mut() else {
-        return Ok(());
-    };
-    let mut failed = Vec::new();
-    let mut first = Ok(());
-    for e in st
-        .maps
-        .iter()
-        .filter(|e| e.writable_shared && e.file == Some(id))
-    {
-        if let Err(err) = e.region.flush() {
-            first = first.and(Err(err.errno()));
-            failed.push(format!("{}: write-back {when} failed: {err}", e.path));
-        }
-    }
-    if unmapped && UNWRITTEN.load(Relaxed) {
-        if let Some(p) = &st.pager {
-            match p.flush_unmapped_of(id) {
-                Ok(()) => {
-                    if p.unwritten_bytes() == 0 {
-                        UNWRITTEN.store(false, Relaxed);
-                    }
-                }
-                Err(err) => {
-                    first = first.and(Err(err.errno()));
-                    failed.push(format!("write-back of unmapped pages {when} failed: {err}"));
-                }
-            }
-        }
-    }
-    for m in failed {
-        st.say(m);
-    }
-    first
-}
-
-/// A write about to land in a file the pager maps.
-pub struct Target {
-    id: (u64, u64),
-    off: u64,
-}
-
-/// The target of a write on `fd` at `at` (None: the descriptor's
-/// position), if the pager maps its file. On a descriptor opened with
-/// `O_APPEND` every write lands at the end of the file, `pwrite`'s too
-/// (Linux ignores its offset there).
-pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
-    // SAFETY: a zeroed stat is a valid out-parameter.
-    let mut s: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes only `s`.
-    if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return None;
-    }
-    let id = (s.st_dev, s.st_ino);
-    if !state().as_ref()?.maps.iter().any(|e| e.file == Some(id)) {
-        return None;
-    }
-    // SAFETY: F_GETFL reads the descriptor's flags.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    let off = match at {
-        _ if fl >= 0 && fl & libc::O_APPEND != 0 => s.st_size,
-        Some(o) => o,
-        // SAFETY: lseek on the program's descriptor, not moving it.
-        None => unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) },
-    };
-    (off >= 0).then_some(Target {
-        id,
-        off: off as u64,
-    })
-}
-
-/// `n` bytes were written at the target: every pager mapping of the file
-/// refreshes the pages they touched.
-pub fn refresh(t: Target, n: u64) {
-    let mut guard = state();
-    let Some(st) = guard.as_mut() else { return };
-    let mut failed = Vec::new();
-    for e in st.maps.iter_mut().filter(|e| e.file == Some(t.id)) {
-        let (lo, hi) = (
-            t.off.max(e.base),
-            (t.off + n).min(e.base + e.region.len() as u64),
-        );
-        if lo >= hi {
-            continue;
-        }
-        REFRESHED.fetch_add(1, Relaxed);
-        if let Err(err) = e.region.refresh(lo - e.base, hi - lo) {
-            failed.push(format!(
-                "{}: keeping the mapping coherent failed: {err}",
-                e.path
-            ));
-        }
-    }
-    for m in failed {
-        st.say(m);
-    }
-}
-
 /// At exit: write shared mappings back, and the counters out.
 pub fn unload() {
     // A fork()ed child's copy of the table serves nothing and reports
@@ -819,7 +507,10 @@ pub fn unload() {
         return;
     }
     let mut failed = Vec::new();
-    for e in st.maps.iter().filter(|e| e.writable_shared) {
+    // Every mapping whose store takes writes, not only those made writable
+    // through the shim: a raw `mprotect` system call passes it by (a flush
+    // with nothing dirty writes and syncs nothing).
+    for e in st.maps.iter().filter(|e| e.file.is_some() && e.may_write) {
         if let Err(err) = e.region.flush() {
             failed.push(format!("{}: write-back at exit failed: {err}", e.path));
         }

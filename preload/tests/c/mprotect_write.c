@@ -7,7 +7,12 @@
  * usage: mprotect_write DIR        the cases above, one line each
  *        mprotect_write DIR twice  two read-only mappings of one file
  *                                  opened for writing, then mprotect of
- *                                  the first: prints its result */
+ *                                  the first: prints its result
+ *        mprotect_write DIR raw    made writable by a raw mprotect system
+ *                                  call (no interposer sees it), stored
+ *                                  to, and left mapped at exit
+ *        mprotect_write DIR move   made writable by the kernel (PROT_WRITE
+ *                                  alone), stored to, then mremap */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -114,6 +119,30 @@ int main(int argc, char **argv) {
     return 0;
   }
 
+  if (argc == 3 && strcmp(argv[2], "raw") == 0) {
+    int fd = make(dir, "raw.dat", O_RDWR);
+    char *p = map_ro(fd);
+    printf("raw: mprotect %s\n",
+           err((int)syscall(SYS_mprotect, p, LEN, PROT_READ | PROT_WRITE)));
+    for (int i = 0; i < PAGES; i += 3)
+      p[(size_t)i * PAGE + 7] = 'r';
+    return 0; /* no munmap, no msync: the exit writes it back */
+  }
+  if (argc == 3 && strcmp(argv[2], "move") == 0) {
+    int fd = make(dir, "move.dat", O_RDWR);
+    char *p = map_ro(fd);
+    printf("move: mprotect %s\n", err(mprotect(p, LEN, PROT_WRITE)));
+    p[5 * PAGE + 7] = 'm';
+    char *q = mremap(p, LEN, LEN, MREMAP_MAYMOVE);
+    printf("move: mremap %s\n", err(q == MAP_FAILED ? -1 : 0));
+    if (q != MAP_FAILED)
+      p = q;
+    p[6 * PAGE + 7] = 'm';
+    printf("move: munmap %s\n", err(munmap(p, LEN)));
+    printf("move: %d of 2 pages in the file\n", tagged(fd, 5, 7, 'm'));
+    return 0;
+  }
+
   /* Opened for writing: the whole mapping, then another one in part. */
   int fd = make(dir, "rw.dat", O_RDWR);
   char *p = map_ro(fd);
@@ -124,6 +153,27 @@ int main(int argc, char **argv) {
   printf("part: rest %d of %d pages untouched\n",
          tagged(fd, PAGES / 2, PAGES, 'w'), PAGES / 2);
   printf("part: munmap %s\n", err(munmap(p, LEN)));
+
+  /* With pkey_mprotect (no key), then fsync. */
+  p = map_ro(fd);
+  int rc = pkey_mprotect(p, LEN, PROT_READ | PROT_WRITE, -1);
+  printf("pkey: pkey_mprotect %s\n", err(rc));
+  if (rc == 0) {
+    p[9 * PAGE + 7] = 'k';
+    rc = fsync(fd);
+    printf("pkey: fsync %s, %d of 1 in the file\n", err(rc), tagged(fd, 9, 10, 'k'));
+  }
+  /* A failed mprotect, and one back to read-only: the file can be mapped
+   * again. */
+  printf("again: unaligned %s\n", err(mprotect(p + 1, PAGE, PROT_READ | PROT_WRITE)));
+  printf("again: read-only %s\n", err(mprotect(p, LEN, PROT_READ)));
+  char *o = mmap(NULL, LEN, PROT_READ, MAP_SHARED, fd, 0);
+  printf("again: second mapping %s\n", err(o == MAP_FAILED ? -1 : 0));
+  if (o != MAP_FAILED) {
+    printf("again: it reads %c\n", o[9 * PAGE + 7]);
+    munmap(o, LEN);
+  }
+  printf("again: munmap %s\n", err(munmap(p, LEN)));
   close(fd);
 
   /* Opened read-only: never writable, in whole or in part. */

@@ -1,0 +1,245 @@
+//! The calls on pager memory the engine serves besides `mmap` and
+//! `munmap`: `mremap`, `mprotect` (and `pkey_mprotect`), `msync` and
+//! `madvise`.
+
+use super::*;
+
+/// mremap of a whole pager mapping goes through the engine; of part of a
+/// writable shared one is refused (EINVAL: its write-back could not follow
+/// it); anything else is the kernel's.
+pub fn mremap(
+    old: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new: usize,
+) -> Option<*mut c_void> {
+    let old_len = old_len.div_ceil(PAGE) * PAGE;
+    let new_len_r = new_len.div_ceil(PAGE) * PAGE;
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let fail = |e: c_int| {
+        crate::set_errno(e);
+        Some(libc::MAP_FAILED)
+    };
+    let Some(i) = whole(st, old, old_len) else {
+        let touched = overlapping(st, old, old.saturating_add(old_len));
+        if touched.iter().any(|&(i, _)| st.maps[i].writable_shared) {
+            return fail(libc::EINVAL);
+        }
+        return None;
+    };
+    if flags & libc::MREMAP_DONTUNMAP != 0 || new_len == 0 || st.maps[i].kernel_writable {
+        return fail(libc::EINVAL);
+    }
+    let may_move = flags & libc::MREMAP_MAYMOVE != 0;
+    if flags & libc::MREMAP_FIXED != 0 && !may_move {
+        return fail(libc::EINVAL); // as the kernel answers
+    }
+    if new_len_r > old_len && !may_move {
+        return fail(libc::ENOMEM); // growing in place is not offered
+    }
+    let to = (flags & libc::MREMAP_FIXED != 0).then_some(new);
+    let e = &mut st.maps[i];
+    let r = e.region.remap_to(new_len_r, to);
+    // Where the region is now: moved on success, and also where the kernel
+    // moved it but the engine could not register it (see `remap_to`).
+    let s = e.region.as_ptr() as usize;
+    match r {
+        Ok(()) => Some(s as *mut c_void),
+        Err(err) => fail(err.errno()),
+    }
+}
+
+/// mprotect (and pkey_mprotect with `pkey`) of a whole pager mapping, to
+/// `PROT_READ` with or without `PROT_WRITE`, goes through the engine;
+/// anything else on pager memory is the kernel's, called here under the
+/// table's lock, so the entries' flags follow what it did. `PROT_WRITE` on
+/// a mapping whose store takes no writes (`Entry::may_write`) is `EACCES`,
+/// as the kernel answers for a file opened read-only, and so is making a
+/// file mapping writable while the pager maps that file elsewhere too
+/// (each mapping has its own cache: the other would not see the writes;
+/// the kernel allows it).
+pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Option<c_int> {
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let write = prot & libc::PROT_WRITE != 0;
+    let rlen = len.div_ceil(PAGE) * PAGE;
+    let hits = overlapping(st, addr, addr.saturating_add(rlen));
+    if hits.is_empty() {
+        return None;
+    }
+    if write {
+        for &(i, _) in &hits {
+            let e = &st.maps[i];
+            if !e.may_write {
+                crate::set_errno(libc::EACCES);
+                return Some(-1);
+            }
+            let shared = e.file.is_some_and(|id| {
+                st.maps
+                    .iter()
+                    .enumerate()
+                    .any(|(j, o)| j != i && o.file == Some(id))
+            });
+            if !e.writable_shared && shared {
+                let msg = format!(
+                    "{}: refusing mprotect(PROT_WRITE): the file has another pager mapping, and \
+                     a file mapped writable and shared can have one only (the pager keeps a \
+                     cache per mapping); exclude it from UFFD_PAGER_FILES to let the kernel \
+                     map it",
+                    e.path
+                );
+                REFUSED.fetch_add(1, Relaxed);
+                st.say(msg);
+                crate::set_errno(libc::EACCES);
+                return Some(-1);
+            }
+        }
+    }
+    let e = crate::errno();
+    let engine = whole(st, addr, rlen).filter(|_| {
+        prot & (libc::PROT_READ | libc::PROT_EXEC) == libc::PROT_READ
+            && pkey.is_none_or(|k| k == -1)
+    });
+    let rc = match engine {
+        Some(i) => match st.maps[i].region.protect(write) {
+            Ok(()) => 0,
+            Err(err) => {
+                crate::set_errno(err.errno());
+                return Some(-1);
+            }
+        },
+        None => {
+            let (nr, k) = match pkey {
+                Some(k) => (libc::SYS_pkey_mprotect, k as usize),
+                None => (libc::SYS_mprotect, 0),
+            };
+            // SAFETY: the program's own call on this range, passed on
+            // unchanged.
+            unsafe { sys::call(nr, addr, len, prot as usize, k, 0) as c_int }
+        }
+    };
+    if rc != 0 {
+        return Some(rc);
+    }
+    for &(i, _) in &hits {
+        let en = &mut st.maps[i];
+        if en.file.is_none() {
+            continue;
+        }
+        if write {
+            // Writable from here on, in whole or in part: `msync`,
+            // `fsync`, `read` and the exit write its dirty pages back. (The
+            // engine sees each first write, in a part the kernel made
+            // writable too, through the write protection its pages went in
+            // with.)
+            if !en.writable_shared {
+                en.writable_shared = true;
+                WRITABLE_ENTRIES.fetch_add(1, Relaxed);
+            }
+            en.kernel_writable |= engine.is_none();
+        } else if engine == Some(i) && en.writable_shared && !en.kernel_writable {
+            // Read-only again, all of it: once its dirty pages are
+            // written, it no longer keeps the file from other mappings.
+            if en.region.flush().is_ok() {
+                en.writable_shared = false;
+                WRITABLE_ENTRIES.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+    crate::set_errno(e);
+    Some(0)
+}
+
+/// msync: every pager mapping in the range writes its dirty pages back
+/// (then the kernel's msync runs on the range, a no-op on pager memory).
+pub fn msync(addr: usize, len: usize) -> Option<c_int> {
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let e = crate::errno();
+    for (i, _) in overlapping(st, addr, addr.saturating_add(len.max(1))) {
+        if let Err(err) = st.maps[i].region.flush() {
+            crate::set_errno(err.errno());
+            return Some(-1);
+        }
+    }
+    crate::set_errno(e);
+    None
+}
+
+/// madvise: MADV_DONTNEED drops pages through the engine (shared pages
+/// stay cached; anonymous ones read as zeros again), MADV_WILLNEED faults
+/// them in, MADV_RANDOM / MADV_NORMAL / MADV_SEQUENTIAL set the region's
+/// access advice ([`Region::advise`]); other advice is the kernel's.
+pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
+    // The access advice: the whole of each pager mapping the range touches
+    // takes it (the kernel would split the VMA at the range's ends; the
+    // engine's flag is per region). MADV_SEQUENTIAL clears the random
+    // advice, as it clears the kernel's `VM_RAND_READ`; the engine's
+    // readahead then ramps up on the sequential faults by itself.
+    let access = match advice {
+        libc::MADV_RANDOM => Some(engine::Access::Random),
+        libc::MADV_NORMAL | libc::MADV_SEQUENTIAL => Some(engine::Access::Normal),
+        libc::MADV_DONTNEED | libc::MADV_WILLNEED => None,
+        _ => return None,
+    };
+    let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let hits = overlapping(st, a, b);
+    if hits.is_empty() {
+        return None;
+    }
+    let e = crate::errno();
+    if let Some(access) = access {
+        // The kernel's call first: advice it refuses (an unaligned start,
+        // a length that overflows) changes nothing in the engine either.
+        // ENOMEM (a hole in the range) still advises what is mapped, as
+        // the kernel's own madvise does.
+        // SAFETY: the program asked for this call on this range (see the function's comment).
+        let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
+        let after = crate::errno();
+        if rc != 0 && after != libc::ENOMEM {
+            return Some(rc);
+        }
+        for (i, _) in hits {
+            if let Err(err) = st.maps[i].region.advise(access) {
+                crate::set_errno(err.errno());
+                return Some(-1);
+            }
+        }
+        crate::set_errno(if rc == 0 { e } else { after });
+        return Some(rc);
+    }
+    // Piece by piece: after the program's own partial munmap the range
+    // may span a hole, and each mapped piece in it takes the advice, as
+    // each VMA does under the kernel's madvise (which answers ENOMEM for
+    // the hole below). A piece the program moved out of the mapping's own
+    // range is left to the kernel's call.
+    for (i, pieces) in hits {
+        let r = &mut st.maps[i].region;
+        let start = r.as_ptr() as usize;
+        let end = start + r.len();
+        for p in pieces {
+            let (lo, hi) = (a.max(p.start), b.min(p.end));
+            if lo >= hi || p.start < start || p.end > end {
+                continue;
+            }
+            let res = if advice == libc::MADV_DONTNEED {
+                r.dontneed(lo - start, hi - lo)
+            } else {
+                r.populate(lo - start, hi - lo)
+            };
+            if let Err(err) = res {
+                crate::set_errno(err.errno());
+                return Some(-1);
+            }
+        }
+    }
+    // Memory in the range outside pager mappings gets the kernel's advice.
+    crate::set_errno(e);
+    // SAFETY: the program asked for this call on this range (see the function's comment).
+    let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
+    Some(if advice == libc::MADV_WILLNEED { 0 } else { rc })
+}

@@ -1,0 +1,123 @@
+//! Coherence between the pager's mappings of a file and the program's own
+//! `read`, `write` and `fsync` of it (the kernel has one page cache per
+//! file; the pager keeps a cache per mapping).
+
+use super::*;
+
+/// Before a read of `fd`: if the pager maps its file writable and shared,
+/// the mapping's dirty pages are written back, so that the read sees what
+/// was stored through the mapping, as the kernel's one page cache shows it.
+pub fn flush_for_read(fd: c_int) {
+    let _ = flush_file(fd, "before a read", false);
+}
+
+/// Writes back the pager's mappings of `fd`'s file that are writable and
+/// shared, and with `unmapped` the pages of that file's mappings unmapped
+/// while it refused them; `Err(errno)` of the first failure (said on
+/// stderr). Another file's failures are not this call's.
+pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `s`.
+    if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(());
+    }
+    let id = (s.st_dev, s.st_ino);
+    let mut guard = state();
+    let Some(st) = guard.as_mut() else {
+        return Ok(());
+    };
+    let mut failed = Vec::new();
+    let mut first = Ok(());
+    for e in st
+        .maps
+        .iter()
+        .filter(|e| e.writable_shared && e.file == Some(id))
+    {
+        if let Err(err) = e.region.flush() {
+            first = first.and(Err(err.errno()));
+            failed.push(format!("{}: write-back {when} failed: {err}", e.path));
+        }
+    }
+    if unmapped && UNWRITTEN.load(Relaxed) {
+        if let Some(p) = &st.pager {
+            match p.flush_unmapped_of(id) {
+                Ok(()) => {
+                    if p.unwritten_bytes() == 0 {
+                        UNWRITTEN.store(false, Relaxed);
+                    }
+                }
+                Err(err) => {
+                    first = first.and(Err(err.errno()));
+                    failed.push(format!("write-back of unmapped pages {when} failed: {err}"));
+                }
+            }
+        }
+    }
+    for m in failed {
+        st.say(m);
+    }
+    first
+}
+
+/// A write about to land in a file the pager maps.
+pub struct Target {
+    id: (u64, u64),
+    off: u64,
+}
+
+/// The target of a write on `fd` at `at` (None: the descriptor's
+/// position), if the pager maps its file. On a descriptor opened with
+/// `O_APPEND` every write lands at the end of the file, `pwrite`'s too
+/// (Linux ignores its offset there).
+pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `s`.
+    if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let id = (s.st_dev, s.st_ino);
+    if !state().as_ref()?.maps.iter().any(|e| e.file == Some(id)) {
+        return None;
+    }
+    // SAFETY: F_GETFL reads the descriptor's flags.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    let off = match at {
+        _ if fl >= 0 && fl & libc::O_APPEND != 0 => s.st_size,
+        Some(o) => o,
+        // SAFETY: lseek on the program's descriptor, not moving it.
+        None => unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) },
+    };
+    (off >= 0).then_some(Target {
+        id,
+        off: off as u64,
+    })
+}
+
+/// `n` bytes were written at the target: every pager mapping of the file
+/// refreshes the pages they touched.
+pub fn refresh(t: Target, n: u64) {
+    let mut guard = state();
+    let Some(st) = guard.as_mut() else { return };
+    let mut failed = Vec::new();
+    for e in st.maps.iter_mut().filter(|e| e.file == Some(t.id)) {
+        let (lo, hi) = (
+            t.off.max(e.base),
+            (t.off + n).min(e.base + e.region.len() as u64),
+        );
+        if lo >= hi {
+            continue;
+        }
+        REFRESHED.fetch_add(1, Relaxed);
+        if let Err(err) = e.region.refresh(lo - e.base, hi - lo) {
+            failed.push(format!(
+                "{}: keeping the mapping coherent failed: {err}",
+                e.path
+            ));
+        }
+    }
+    for m in failed {
+        st.say(m);
+    }
+}
