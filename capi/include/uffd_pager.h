@@ -16,6 +16,14 @@
 #include <sys/types.h>
 
 /**
+ * The version of the library's binary interface, which its SONAME
+ * carries (`libuffd_pager.so.1`, `build.rs`). Structs grow without a new
+ * version (see `uffd_pager_config.size`); a changed call or field meaning
+ * takes one.
+ */
+#define UFFD_PAGER_ABI_VERSION 1
+
+/**
  * Every fault under the global lock (kernels before 6.4).
  */
 #define UFFD_PAGER_POLICY_GLOBAL_ONLY 0
@@ -136,6 +144,10 @@ typedef struct uffd_pager_config {
    */
   bool kswapd;
   /**
+   * Zero (room for later fields).
+   */
+  uint8_t _reserved[7];
+  /**
    * Directory for anonymous regions' swap files; NULL: swap in memory.
    */
   const char *swap_dir;
@@ -143,6 +155,9 @@ typedef struct uffd_pager_config {
 
 /**
  * How a region is mapped. Start from [`uffd_pager_map_options_init`].
+ * Every call that takes options answers -EINVAL for a `size` not set by
+ * it (or a bool that is neither 0 nor 1), and -E2BIG for fields of a
+ * newer header this library does not know, set.
  */
 typedef struct uffd_pager_map_options {
   /**
@@ -166,6 +181,10 @@ typedef struct uffd_pager_map_options {
    * Never evict this region's pages (mlock).
    */
   bool pinned;
+  /**
+   * Zero (room for a later field).
+   */
+  uint8_t _reserved;
   /**
    * Map at exactly this page-aligned address, which must be free; NULL:
    * anywhere.
@@ -388,7 +407,8 @@ typedef struct uffd_pager_stats {
  */
 typedef struct uffd_pager_store {
   /**
-   * `sizeof(uffd_pager_store)`: set it (see `uffd_pager_config.size`).
+   * `sizeof(uffd_pager_store)` as the program was built: set by
+   * [`uffd_pager_store_init`] (see `uffd_pager_config.size`).
    */
   size_t size;
   /**
@@ -415,11 +435,22 @@ typedef struct uffd_pager_store {
    * The callbacks are async-signal-safe.
    */
   bool signal_safe;
+  /**
+   * Zero (room for later fields).
+   */
+  uint8_t _reserved[7];
 } uffd_pager_store;
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * The ABI version of the library loaded: [`UFFD_PAGER_ABI_VERSION`] of
+ * the header it was built from. A program may compare it with the
+ * header's at start-up.
+ */
+uint32_t uffd_pager_abi_version(void);
 
 /**
  * The message of the calling thread's last failed call ("" if none). The
@@ -654,7 +685,7 @@ int32_t uffd_pager_region_unmap(struct uffd_pager_region *r);
  * newer header read 0). Fields are only ever appended.
  *
  * Returns the bytes of statistics written (at most `size`), or a
- * negative errno.
+ * negative errno (-EINVAL for a `size` over 4096, which no version has).
  *
  * # Safety
  * `p` is a live pager; `out` points at `size` writable bytes.
@@ -671,6 +702,19 @@ int32_t uffd_pager_stats_get(const struct uffd_pager *p, struct uffd_pager_stats
  * `p` is a live pager; `buf` points at `cap` writable bytes (or `cap` is 0).
  */
 int64_t uffd_pager_stats_vmstat(const struct uffd_pager *p, char *buf, size_t cap);
+
+/**
+ * Fills `s`, of `size` bytes (`sizeof *s`), with an empty store (no
+ * callbacks, length 0, not signal-safe) and `s->size` with `size`: set
+ * the callbacks and the length after it.
+ *
+ * Returns 0, or -EINVAL for a NULL `s` or a `size` that is no version's
+ * (nothing written).
+ *
+ * # Safety
+ * `s` is NULL or points at `size` writable bytes.
+ */
+int32_t uffd_pager_store_init(struct uffd_pager_store *s, size_t size);
 
 /**
  * Maps `len` bytes backed by the callbacks in `*store` (copied; `release`

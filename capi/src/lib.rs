@@ -87,6 +87,20 @@ macro_rules! non_null {
 }
 pub(crate) use non_null;
 
+/// The version of the library's binary interface, which its SONAME
+/// carries (`libuffd_pager.so.1`, `build.rs`). Structs grow without a new
+/// version (see `uffd_pager_config.size`); a changed call or field meaning
+/// takes one.
+pub const UFFD_PAGER_ABI_VERSION: u32 = 1;
+
+/// The ABI version of the library loaded: [`UFFD_PAGER_ABI_VERSION`] of
+/// the header it was built from. A program may compare it with the
+/// header's at start-up.
+#[no_mangle]
+pub extern "C" fn uffd_pager_abi_version() -> u32 {
+    UFFD_PAGER_ABI_VERSION
+}
+
 /// The message of the calling thread's last failed call ("" if none). The
 /// string stays valid until this thread's next failing call.
 #[no_mangle]

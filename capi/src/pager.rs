@@ -49,6 +49,8 @@ pub struct uffd_pager_config {
     pub fault_around_pages: u32,
     /// Run the background reclaimer (default true).
     pub kswapd: bool,
+    /// Zero (room for later fields).
+    pub _reserved: [u8; 7],
     /// Directory for anonymous regions' swap files; NULL: swap in memory.
     pub swap_dir: *const c_char,
 }
@@ -69,11 +71,14 @@ pub unsafe extern "C" fn uffd_pager_config_init(cfg: *mut uffd_pager_config, siz
     unsafe { abi::init(cfg, size) }
 }
 
-// SAFETY: repr(C), `size` first; every other field is an integer, a bool
-// (0 or 1, C's `_Bool`) or a nullable pointer.
+// SAFETY: repr(C) with no padding (`_reserved` fills the hole after
+// `kswapd`, `abi`'s tests check), `size` first, `kswapd` the one bool;
+// every other field is an integer or a nullable pointer.
 unsafe impl abi::Versioned for uffd_pager_config {
     const NAME: &'static str = "uffd_pager_config";
     const FIRST_SIZE: usize = 56;
+    const BOOLS: &'static [usize] = &[std::mem::offset_of!(Self, kswapd)];
+    const RESERVED: &'static [(usize, usize)] = &[(std::mem::offset_of!(Self, _reserved), 7)];
     fn defaults() -> Self {
         uffd_pager_config {
             size: std::mem::size_of::<Self>(),
@@ -85,6 +90,7 @@ unsafe impl abi::Versioned for uffd_pager_config {
             readahead_threads: 2,
             fault_around_pages: 64,
             kswapd: true,
+            _reserved: [0; 7],
             swap_dir: std::ptr::null(),
         }
     }

@@ -20,6 +20,9 @@ pub const UFFD_PAGER_ACCESS_NORMAL: u32 = 0;
 pub const UFFD_PAGER_ACCESS_RANDOM: u32 = 1;
 
 /// How a region is mapped. Start from [`uffd_pager_map_options_init`].
+/// Every call that takes options answers -EINVAL for a `size` not set by
+/// it (or a bool that is neither 0 nor 1), and -E2BIG for fields of a
+/// newer header this library does not know, set.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct uffd_pager_map_options {
@@ -34,6 +37,8 @@ pub struct uffd_pager_map_options {
     pub populate: bool,
     /// Never evict this region's pages (mlock).
     pub pinned: bool,
+    /// Zero (room for a later field).
+    pub _reserved: u8,
     /// Map at exactly this page-aligned address, which must be free; NULL:
     /// anywhere.
     pub fixed_addr: *mut c_void,
@@ -79,11 +84,18 @@ pub unsafe extern "C" fn uffd_pager_map_options_init(
     unsafe { abi::init(o, size) }
 }
 
-// SAFETY: repr(C), `size` first; every other field is an integer, a bool
-// (0 or 1, C's `_Bool`) or a nullable pointer.
+// SAFETY: repr(C) with no padding (`_reserved` fills the hole after
+// `pinned`, `abi`'s tests check), `size` first, the three bools in
+// `BOOLS`; every other field is an integer or a nullable pointer.
 unsafe impl abi::Versioned for uffd_pager_map_options {
     const NAME: &'static str = "uffd_pager_map_options";
     const FIRST_SIZE: usize = 32;
+    const BOOLS: &'static [usize] = &[
+        std::mem::offset_of!(Self, writable),
+        std::mem::offset_of!(Self, populate),
+        std::mem::offset_of!(Self, pinned),
+    ];
+    const RESERVED: &'static [(usize, usize)] = &[(std::mem::offset_of!(Self, _reserved), 1)];
     fn defaults() -> Self {
         uffd_pager_map_options {
             size: std::mem::size_of::<Self>(),
@@ -91,6 +103,7 @@ unsafe impl abi::Versioned for uffd_pager_map_options {
             writable: true,
             populate: false,
             pinned: false,
+            _reserved: 0,
             fixed_addr: std::ptr::null_mut(),
             page_size: 0,
         }

@@ -165,7 +165,7 @@ impl From<&Stats> for uffd_pager_stats {
 /// newer header read 0). Fields are only ever appended.
 ///
 /// Returns the bytes of statistics written (at most `size`), or a
-/// negative errno.
+/// negative errno (-EINVAL for a `size` over 4096, which no version has).
 ///
 /// # Safety
 /// `p` is a live pager; `out` points at `size` writable bytes.
@@ -178,6 +178,9 @@ pub unsafe extern "C" fn uffd_pager_stats_get(
     guard(|| {
         non_null!(p);
         non_null!(out);
+        if let Err(rc) = crate::abi::check_out_size("uffd_pager_stats", size) {
+            return rc;
+        }
         // SAFETY: the caller's contract.
         let s = uffd_pager_stats::from(&unsafe { (*p).pager.stats() });
         // SAFETY: `size` writable bytes (the caller's contract), not `s`.

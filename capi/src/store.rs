@@ -16,7 +16,8 @@ use std::sync::Arc;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct uffd_pager_store {
-    /// `sizeof(uffd_pager_store)`: set it (see `uffd_pager_config.size`).
+    /// `sizeof(uffd_pager_store)` as the program was built: set by
+    /// [`uffd_pager_store_init`] (see `uffd_pager_config.size`).
     pub size: usize,
     /// Passed to every callback.
     pub ctx: *mut c_void,
@@ -30,13 +31,18 @@ pub struct uffd_pager_store {
     pub release: Option<unsafe extern "C" fn(*mut c_void)>,
     /// The callbacks are async-signal-safe.
     pub signal_safe: bool,
+    /// Zero (room for later fields).
+    pub _reserved: [u8; 7],
 }
 
-// SAFETY: repr(C), `size` first; every other field is an integer, a bool
-// (0 or 1, C's `_Bool`) or a nullable (function) pointer.
+// SAFETY: repr(C) with no padding (`_reserved` fills the tail after
+// `signal_safe`, `abi`'s tests check), `size` first, `signal_safe` the one
+// bool; every other field is an integer or a nullable (function) pointer.
 unsafe impl abi::Versioned for uffd_pager_store {
     const NAME: &'static str = "uffd_pager_store";
     const FIRST_SIZE: usize = 56;
+    const BOOLS: &'static [usize] = &[std::mem::offset_of!(Self, signal_safe)];
+    const RESERVED: &'static [(usize, usize)] = &[(std::mem::offset_of!(Self, _reserved), 7)];
     fn defaults() -> Self {
         uffd_pager_store {
             size: std::mem::size_of::<Self>(),
@@ -46,8 +52,24 @@ unsafe impl abi::Versioned for uffd_pager_store {
             write: None,
             release: None,
             signal_safe: false,
+            _reserved: [0; 7],
         }
     }
+}
+
+/// Fills `s`, of `size` bytes (`sizeof *s`), with an empty store (no
+/// callbacks, length 0, not signal-safe) and `s->size` with `size`: set
+/// the callbacks and the length after it.
+///
+/// Returns 0, or -EINVAL for a NULL `s` or a `size` that is no version's
+/// (nothing written).
+///
+/// # Safety
+/// `s` is NULL or points at `size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_store_init(s: *mut uffd_pager_store, size: usize) -> i32 {
+    // SAFETY: NULL or `size` writable bytes (the caller's contract).
+    unsafe { abi::init(s, size) }
 }
 
 /// The C store as an engine store.

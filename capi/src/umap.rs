@@ -490,7 +490,7 @@ pub extern "C" fn umapcfg_get_system_page_size() -> c_long {
 /// A snapshot of the UMap pager's statistics (all zero before the first
 /// `umap`) into `*out` of `size` bytes: the same struct and rules as
 /// [`crate::uffd_pager_stats_get`]. Returns the bytes written, or
-/// `-EINVAL` for a NULL `out`.
+/// `-EINVAL` for a NULL `out` or a `size` over 4096.
 ///
 /// # Safety
 /// `out` points at `size` writable bytes.
@@ -499,7 +499,7 @@ pub unsafe extern "C" fn umap_uffd_pager_stats(
     out: *mut crate::uffd_pager_stats,
     size: usize,
 ) -> c_int {
-    if out.is_null() {
+    if out.is_null() || size > crate::abi::MAX_SIZE {
         return -libc::EINVAL;
     }
     let s = std::panic::catch_unwind(|| {

@@ -10,9 +10,39 @@ mod cdylib;
 mod huge_util;
 use cdylib::build_lib;
 
-/// `target/<profile>`, with the libraries built.
+/// `target/<profile>`, with the libraries built, and the shared one under
+/// its SONAME too (`libuffd_pager.so.1`: what a program linked against it
+/// loads), as `make c-lib` installs it.
 fn lib_dir() -> PathBuf {
-    build_lib("uffd-pager-capi")
+    let d = build_lib("uffd-pager-capi");
+    let link = d.join(format!("libuffd_pager.so.{ABI}"));
+    if std::fs::read_link(&link).is_err() {
+        // (Tests run in parallel: another may have made it first.)
+        let _ = std::os::unix::fs::symlink("libuffd_pager.so", &link);
+    }
+    d
+}
+
+/// `UFFD_PAGER_ABI_VERSION` (the header's, checked below; `api.c` checks
+/// the library's `uffd_pager_abi_version()` against it).
+const ABI: u32 = 1;
+
+/// The shared library's SONAME carries the ABI version the header and
+/// `uffd_pager_abi_version()` say, so a program built against one ABI is
+/// never run on a library of another.
+#[test]
+fn the_soname_carries_the_abi_version() {
+    let so = lib_dir().join("libuffd_pager.so");
+    let out = Command::new("readelf").arg("-d").arg(&so).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("Library soname: [libuffd_pager.so.{ABI}]")),
+        "{text}"
+    );
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/uffd_pager.h"))
+            .unwrap();
+    assert!(header.contains(&format!("#define UFFD_PAGER_ABI_VERSION {ABI}")));
 }
 
 fn scratch(name: &str) -> PathBuf {

@@ -54,6 +54,9 @@ int main(int argc, char **argv) {
     CHECK(pwrite(fd, page, PAGE, (off_t)p * PAGE) == PAGE);
   }
 
+  /* The library loaded has the header's ABI (its SONAME says so too). */
+  CHECK(uffd_pager_abi_version() == UFFD_PAGER_ABI_VERSION);
+
   /* Errors: negative errno and a message; never a crash. */
   uffd_pager_config cfg;
   CHECK(uffd_pager_config_init(&cfg, sizeof cfg) == 0);
@@ -143,8 +146,10 @@ int main(int argc, char **argv) {
   o.writable = false;
   /* Every struct says its size: a store without one is refused. */
   CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, &r) == -EINVAL);
-  CHECK(strstr(uffd_pager_last_error(), "uffd_pager_store.size") != NULL);
-  s.size = sizeof s;
+  CHECK(strstr(uffd_pager_last_error(), "uffd_pager_store") != NULL);
+  CHECK(uffd_pager_store_init(&s, sizeof s) == 0 && s.size == sizeof s);
+  s.len = 16 * PAGE;
+  s.read = numbered_read;
   CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, &r) == 0);
   unsigned char *m = uffd_pager_region_addr(r);
   CHECK(m[7 * PAGE + 1] == 7 && m[15 * PAGE] == 15 && read_ctx_calls >= 2);
