@@ -20,7 +20,7 @@
 use crate::address_space::Mm;
 use crate::error::Result;
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{DIRTY, MAPPED, UPTODATE};
+use crate::page_cache::{DIRTY, GUARDS, MAPPED, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
 use crate::store::MAX_BATCH;
 use crate::unwritten::Which;
@@ -68,12 +68,19 @@ impl Mm {
                 obj.cache.unlock(i, 0, 0);
                 continue;
             }
+            // A guarded page (`Region::lock_resident`) keeps its mapping as
+            // it is: protected again, a system call's write into it would
+            // fail with EFAULT where the kernel does not deliver the fault
+            // (in-thread delivery, a user-mode-only descriptor). It is
+            // written, and stays dirty. (Guards are taken under the page
+            // lock, which this holds.)
             let protected = w & MAPPED == 0
-                || obj.windows.addr_of(i).is_some_and(|a| {
-                    self.uffd_for(obj)
-                        .writeprotect(a, obj.page_size(), true, false)
-                        .is_ok()
-                });
+                || w & GUARDS == 0
+                    && obj.windows.addr_of(i).is_some_and(|a| {
+                        self.uffd_for(obj)
+                            .writeprotect(a, obj.page_size(), true, false)
+                            .is_ok()
+                    });
             b.pages[b.n] = (i, protected);
             b.n += 1;
             if b.n == MAX_BATCH {

@@ -194,3 +194,45 @@ fn read_2_into_a_region_made_read_only_is_efault() {
         });
     }
 }
+
+/// A flush while a residency guard holds a buffer of a shared region: the
+/// write-back protected the guarded page again for its dirty tracking, and
+/// the next `read(2)` into it failed with `EFAULT` (in-thread delivery
+/// does not serve a fault inside a system call), where the guard promises
+/// the call succeeds. The page is written back and stays dirty instead.
+#[test]
+fn a_flush_leaves_a_guarded_buffer_writable_for_system_calls() {
+    let p = Pager::builder().build().unwrap();
+    let store = std::sync::Arc::new(uffd_pager::store::MemoryStore::new(4 * PAGE as u64).unwrap());
+    let opts = uffd_pager::MapOptions {
+        kind: Some(uffd_pager::InstallKind::Shared),
+        ..uffd_pager::MapOptions::default()
+    };
+    // SAFETY: only this region changes the store.
+    let r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    let g = r.lock_resident(0, PAGE).unwrap();
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: two bytes from a local.
+    assert_eq!(unsafe { libc::write(fds[1], b"xy".as_ptr().cast(), 2) }, 2);
+    // SAFETY: the guarded, resident first page of the region.
+    assert_eq!(unsafe { libc::read(fds[0], r.as_ptr().cast(), 1) }, 1);
+    r.flush().unwrap();
+    assert_eq!(store.snapshot()[0], b'x', "the flush wrote the page");
+    // SAFETY: as above.
+    let n = unsafe { libc::read(fds[0], r.as_ptr().add(1).cast(), 1) };
+    let e = errno();
+    drop(g);
+    // SAFETY: closing our own descriptors.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: as above.
+    unsafe { libc::close(fds[1]) };
+    assert_eq!(
+        n, 1,
+        "read(2) into the guarded buffer after a flush: errno {e}"
+    );
+    // Still dirty: the second byte reaches the store too.
+    r.flush().unwrap();
+    assert_eq!(&store.snapshot()[..2], b"xy");
+}

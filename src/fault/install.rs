@@ -316,8 +316,15 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
                 },
                 Err(libc::EEXIST) => Recheck::Present { dirty: false },
                 // No page in the memfd at that offset: it was punched
-                // (`MADV_REMOVE` through the mapping).
-                Err(libc::EFAULT) | Err(libc::ENOENT) => Recheck::Gone,
+                // (`MADV_REMOVE` through the mapping). Only EFAULT says so:
+                // ENOENT is no registered mapping there, the state of a
+                // range the application unmapped or moved, whose event is
+                // read and not yet applied (handler threads); the page is
+                // intact in the memfd, maybe dirty. Failed: the fault
+                // restarts once the event is applied
+                // (`tests/recheck_race.rs`; taken for a punched page, the
+                // dirty page was discarded and the write lost).
+                Err(libc::EFAULT) => Recheck::Gone,
                 Err(libc::EAGAIN) => Recheck::Again,
                 Err(_) => Recheck::Failed,
             }
