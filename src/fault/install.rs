@@ -331,8 +331,15 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         }
         // An anonymous page is never unmapped by the kernel (it swaps it out
         // behind a swap PTE and faults it back itself), so a missing PTE
-        // means the application dropped the page.
-        InstallKind::Anonymous => match crate::sys::mem::page_present(addr) {
+        // means the application dropped the page. A swap PTE is not a
+        // missing one, though `mincore` calls it "not resident" once the
+        // page left the swap cache: taken for a dropped page, a page of the
+        // application's in swap was discarded by the engine's own faults
+        // over it (`prefault`, `populate`, a residency guard) and read as
+        // its source (`tests/kernel_swap.rs`).
+        InstallKind::Anonymous => match crate::sys::mem::page_present(addr)
+            .map(|p| p || crate::sys::mem::page_in_swap(addr))
+        {
             // A 2 MiB page installed write-protected for a read (see
             // `Object::install_wp`), or left so by an eviction that gave up
             // (see `reclaim`'s `huge`); or a clean base page of a read-only

@@ -263,6 +263,43 @@ pub fn page_present(addr: usize) -> Result<bool, i32> {
     }
 }
 
+/// Whether the kernel holds the page at `addr` in swap (a swap entry in
+/// its PTE: `/proc/self/pagemap` bit 62), where [`page_present`] says "not
+/// resident" once the page has left the swap cache: still the
+/// application's page, not a dropped one. Opens, reads and closes the
+/// file each call (a rare path; a descriptor kept open could be closed or
+/// reused behind the engine by the application); false if it cannot be
+/// read. Async-signal-safe (`open`, `pread`, `close`), `errno` kept.
+pub fn page_in_swap(addr: usize) -> bool {
+    let saved = super::errno();
+    // SAFETY: a NUL-terminated path; the descriptor is ours until closed
+    // below.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/pagemap".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        super::set_errno(saved);
+        return false;
+    }
+    let mut entry = 0u64;
+    // SAFETY: reads 8 bytes into `entry`; `fd` is ours.
+    let n = unsafe {
+        libc::pread(
+            fd,
+            (&mut entry as *mut u64).cast(),
+            8,
+            ((addr / 4096) * 8) as libc::off_t,
+        )
+    };
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::close(fd) };
+    super::set_errno(saved);
+    n == 8 && entry & (1 << 62) != 0
+}
+
 /// Bytes of [`zeros`] there are: a 2 MiB page's (`sys::huge` checks).
 pub const ZEROS_LEN: usize = 2 << 20;
 
