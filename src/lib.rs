@@ -21,6 +21,7 @@
 mod address_space;
 mod delivery;
 mod discard;
+mod durability;
 mod error;
 mod events;
 mod fault;

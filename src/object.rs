@@ -20,7 +20,7 @@ use crate::sys::huge::HUGE_PAGE_SHIFT;
 use crate::sys::mem::{madvise, LazyMapping, Mapping, Memfd};
 use crate::sys::uffd::Uffd;
 use crate::sys::PAGE_SHIFT;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// How a region's pages are installed.
@@ -138,14 +138,9 @@ pub struct Object {
     /// Reclaim's view of the writes to the store its dirty pages go to
     /// (the swap store for an anonymous object): see [`crate::write_error`].
     pub write_health: crate::write_error::WriteHealth,
-    /// A write to its store went out (or was tried) since the store's last
-    /// successful [`Store::sync`](crate::store::Store::sync): set after
-    /// each store write, taken by the write-back that syncs. A write-back
-    /// that wrote nothing and finds it clear syncs nothing: an `fdatasync`
-    /// per `munmap` of a mapping nobody wrote was pure cost, and on a file
-    /// the program opened itself it took the program's own pending
-    /// write-back error (one open file, shared by a dup'ed descriptor).
-    pub unsynced: AtomicBool,
+    /// Its store's writes and syncs: which are durable (see
+    /// [`crate::durability`]).
+    pub durability: crate::durability::Durability,
     /// Readahead state (`file_ra_state`): where the next sequential fault
     /// is expected, the current window, and the end of what was requested.
     pub ra_next: AtomicUsize,
@@ -363,7 +358,7 @@ impl Object {
             windows: Windows::new(shift),
             ra_next: AtomicUsize::new(usize::MAX),
             write_health: Default::default(),
-            unsynced: AtomicBool::new(false),
+            durability: Default::default(),
             ra_window: AtomicU32::new(0),
             region_uffd: std::sync::OnceLock::new(),
             ra_end: AtomicUsize::new(0),

@@ -18,13 +18,13 @@
 //! [`Store::write_many`]: crate::store::Store::write_many
 
 use crate::address_space::Mm;
+use crate::durability::Synced;
 use crate::error::Result;
 use crate::object::{InstallKind, Object};
 use crate::page_cache::{DIRTY, GUARDS, MAPPED, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
 use crate::store::MAX_BATCH;
 use crate::unwritten::Which;
-use std::sync::atomic::Ordering::{AcqRel, Release};
 use std::sync::Arc;
 
 /// Pages of one batch: index, and whether it is protected against writes
@@ -72,8 +72,9 @@ impl Mm {
             // it is: protected again, a system call's write into it would
             // fail with EFAULT where the kernel does not deliver the fault
             // (in-thread delivery, a user-mode-only descriptor). It is
-            // written, and stays dirty. (Guards are taken under the page
-            // lock, which this holds.)
+            // written, and stays dirty. (A guard taken after this look
+            // faults the page in first: that fault waits for the page lock
+            // this holds, then lifts the protection again.)
             let protected = w & MAPPED == 0
                 || w & GUARDS == 0
                     && obj.windows.addr_of(i).is_some_and(|a| {
@@ -88,23 +89,25 @@ impl Mm {
             }
         }
         self.write_batch(obj, &mut b)?;
-        // Nothing written since the last sync (here, by reclaim, or by an
-        // earlier write-back): nothing to make durable.
-        if !obj.unsynced.swap(false, AcqRel) {
-            return Ok(());
+        // Durable: this write-back's writes, and reclaim's before it (see
+        // `crate::durability`).
+        let mine = obj.durability.mark();
+        let err = match obj
+            .durability
+            .sync(mine, !b.cleaned.is_empty(), || obj.store.sync())
+        {
+            Synced::Done => return Ok(()),
+            Synced::Failed(e) => e,
+            Synced::FailedBefore => crate::store::StoreError(libc::EIO),
+        };
+        // Written but not durable (after a failed `fsync` the kernel may
+        // already have dropped its copy): dirty again, so that the next
+        // write-back writes them once more.
+        for &i in &b.cleaned {
+            obj.cache.lock(i);
+            obj.cache.unlock(i, DIRTY, 0);
         }
-        if let Err(e) = obj.store.sync() {
-            obj.unsynced.store(true, Release);
-            // Written but not durable (after a failed `fsync` the kernel
-            // may already have dropped its copy): dirty again, so that the
-            // next write-back writes them once more.
-            for &i in &b.cleaned {
-                obj.cache.lock(i);
-                obj.cache.unlock(i, DIRTY, 0);
-            }
-            return Err(e.into());
-        }
-        Ok(())
+        Err(err.into())
     }
 
     /// Writes the batch's pages in one store call and unlocks them.
@@ -124,7 +127,7 @@ impl Mm {
         }
         if r.is_ok() {
             r = crate::io::write(&self.io, &obj.store, &list[..b.n]);
-            obj.unsynced.store(true, Release);
+            obj.durability.wrote();
         }
         for &(i, protected) in &b.pages[..b.n] {
             let clear = if r.is_ok() && protected { DIRTY } else { 0 };

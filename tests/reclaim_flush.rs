@@ -210,13 +210,18 @@ fn a_page_evicted_between_its_write_fault_and_the_write_is_written_twice() {
     assert_eq!(writeback(&pager), 2);
 }
 
-/// A memory store that counts its `sync` calls.
-struct Syncs {
+/// A memory store that counts its `sync` calls, whose `sync` waits while
+/// its gate is closed and fails once when told.
+struct SyncStore {
     inner: uffd_pager::store::MemoryStore,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    in_sync: std::sync::atomic::AtomicBool,
+    fail_once: std::sync::atomic::AtomicBool,
     syncs: AtomicUsize,
 }
 
-impl uffd_pager::store::Store for Syncs {
+impl uffd_pager::store::Store for SyncStore {
     fn len(&self) -> u64 {
         self.inner.len()
     }
@@ -227,14 +232,35 @@ impl uffd_pager::store::Store for Syncs {
         self.inner.write(offset, buf)
     }
     fn sync(&self) -> Result<(), uffd_pager::store::StoreError> {
+        self.in_sync.store(true, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
         self.syncs.fetch_add(1, Ordering::SeqCst);
+        if self.fail_once.swap(false, Ordering::SeqCst) {
+            return Err(uffd_pager::store::StoreError(libc::EIO));
+        }
         Ok(())
     }
     fn writable(&self) -> bool {
         true
     }
     fn name(&self) -> &'static str {
-        "syncs"
+        "gated-sync"
+    }
+}
+
+impl SyncStore {
+    fn new(contents: &[u8], open: bool, fail_once: bool) -> std::sync::Arc<SyncStore> {
+        std::sync::Arc::new(SyncStore {
+            inner: uffd_pager::store::MemoryStore::from_bytes(contents).unwrap(),
+            open: std::sync::Mutex::new(open),
+            opened: std::sync::Condvar::new(),
+            in_sync: Default::default(),
+            fail_once: std::sync::atomic::AtomicBool::new(fail_once),
+            syncs: AtomicUsize::new(0),
+        })
     }
 }
 
@@ -247,10 +273,7 @@ impl uffd_pager::store::Store for Syncs {
 #[test]
 fn a_store_is_synced_only_after_writes() {
     let pager = four_page_pager();
-    let store = std::sync::Arc::new(Syncs {
-        inner: uffd_pager::store::MemoryStore::from_bytes(&pattern(PAGES * PAGE)).unwrap(),
-        syncs: AtomicUsize::new(0),
-    });
+    let store = SyncStore::new(&pattern(PAGES * PAGE), true, false);
     let syncs = || store.syncs.load(Ordering::SeqCst);
     // SAFETY: only this region changes the store.
     let mut region =
@@ -276,4 +299,48 @@ fn a_store_is_synced_only_after_writes() {
     assert_eq!(syncs(), 2, "writes reclaim made were not synced");
     region.unmap().unwrap();
     assert_eq!(syncs(), 2, "an unmap with nothing written synced");
+}
+
+/// Two write-backs of one region at once: the second, with nothing left
+/// to write, waits for the first's `sync` rather than reporting success
+/// while it runs (it returned at once, and the first's sync then failed);
+/// the first reports the failure and its pages go dirty again, so the next
+/// flush writes them once more.
+#[test]
+fn a_flush_waits_for_a_sync_in_flight() {
+    let pager = four_page_pager();
+    let store = SyncStore::new(&vec![0; PAGES * PAGE], false, true);
+    // SAFETY: only this region changes the store.
+    let mut region =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    region.as_mut_slice()[0] = 1;
+    region.as_mut_slice()[PAGE] = 2;
+    let r = &region;
+    std::thread::scope(|s| {
+        let first = s.spawn(|| r.flush());
+        while !store.in_sync.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let second = s.spawn(|| r.flush());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let early = second.is_finished();
+        *store.open.lock().unwrap() = true;
+        store.opened.notify_all();
+        assert!(
+            !early,
+            "a flush reported success while a sync was in flight"
+        );
+        assert!(
+            first.join().unwrap().is_err(),
+            "the failed sync was not reported"
+        );
+        second.join().unwrap().unwrap();
+    });
+    // The first flush's pages are dirty again: written and synced anew.
+    let before = writeback(&pager);
+    region.flush().unwrap();
+    assert_eq!(writeback(&pager), before + 2);
+    assert_eq!(&store.inner.snapshot()[..1], &[1]);
+    assert_eq!(store.inner.snapshot()[PAGE], 2);
+    region.unmap().unwrap();
 }

@@ -192,8 +192,8 @@ fn install_once(
                 // `reclaim`'s hazard note): if the page left the cache
                 // area and one is in place, it is ours (we hold its lock).
                 Err(e) if e != libc::EAGAIN => {
-                    use crate::sys::mem::page_present;
-                    if page_present(src) == Ok(false) && page_present(addr) == Ok(true) {
+                    use crate::sys::mem::{page_present, page_there};
+                    if page_present(src) == Ok(false) && page_there(addr) == Ok(true) {
                         mm.counters.inc(IOCTL_DID_WORK);
                         moved = true;
                         Ok(PAGE_SIZE as u64)
@@ -325,6 +325,9 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
                 // (`tests/recheck_race.rs`; taken for a punched page, the
                 // dirty page was discarded and the write lost).
                 Err(libc::EFAULT) => Recheck::Gone,
+                // (The unmap began after the ioctl's own check for one, and
+                // its event is not read yet.)
+                Err(libc::ENOENT) if uffd.mmap_changing() => Recheck::Again,
                 Err(libc::EAGAIN) => Recheck::Again,
                 Err(_) => Recheck::Failed,
             }
@@ -337,9 +340,7 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         // application's in swap was discarded by the engine's own faults
         // over it (`prefault`, `populate`, a residency guard) and read as
         // its source (`tests/kernel_swap.rs`).
-        InstallKind::Anonymous => match crate::sys::mem::page_present(addr)
-            .map(|p| p || crate::sys::mem::page_in_swap(addr))
-        {
+        InstallKind::Anonymous => match crate::sys::mem::page_there(addr) {
             // A 2 MiB page installed write-protected for a read (see
             // `Object::install_wp`), or left so by an eviction that gave up
             // (see `reclaim`'s `huge`); or a clean base page of a read-only

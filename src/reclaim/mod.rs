@@ -75,7 +75,7 @@ impl Pass {
     /// shared object), counts and records the result. Async-signal-safe.
     fn write_out(&mut self, mm: &Mm, obj: &Object, pages: &[(u64, &[u8])]) -> bool {
         let ok = crate::io::write(&mm.io, obj.swap(), pages).is_ok();
-        obj.unsynced.store(true, Release);
+        obj.durability.wrote();
         obj.write_health.record(ok, now_ns);
         if ok {
             mm.counters.inc(WRITEBACK);

@@ -7,7 +7,8 @@ use crate::vma::Vma;
 use std::sync::atomic::Ordering::*;
 
 /// Puts a page moved out of `vma` at `addr` into the staging slot at
-/// `src` back where it was, when it can go nowhere else (no cache area
+/// `src` back where it was (a page in the slot is one there, resident or
+/// swapped out by the kernel meanwhile), when it can go nowhere else (no cache area
 /// could be made to keep it). Returns whether the slot is free again: the
 /// page went home, or it was not there. Async-signal-safe.
 ///
@@ -19,7 +20,7 @@ use std::sync::atomic::Ordering::*;
 /// writable: in a region still read-only with write protection it is
 /// protected again, or the region is made read-only for real.
 pub(super) fn put_back(mm: &Mm, vma: &Vma, addr: usize, src: usize) -> bool {
-    use crate::sys::mem::{madvise, mprotect, page_present};
+    use crate::sys::mem::{madvise, mprotect, page_there};
     let uffd = mm.uffd_for(&vma.object);
     let emulated = vma.read_only_wp.load(Acquire);
     let back = uffd.mv(addr, src, PAGE_SIZE, MODE_DONTWAKE);
@@ -36,10 +37,10 @@ pub(super) fn put_back(mm: &Mm, vma: &Vma, addr: usize, src: usize) -> bool {
         0
     };
     let copied = back.is_err()
-        && page_present(src) == Ok(true)
+        && page_there(src) == Ok(true)
         && uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE | wp).is_ok();
     if copied {
         let _ = madvise(src, PAGE_SIZE, libc::MADV_DONTNEED);
     }
-    back.is_ok() || copied || page_present(src) != Ok(true)
+    back.is_ok() || copied || page_there(src) != Ok(true)
 }

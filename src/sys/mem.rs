@@ -300,6 +300,14 @@ pub fn page_in_swap(addr: usize) -> bool {
     n == 8 && entry & (1 << 62) != 0
 }
 
+/// Whether the page at `addr` is there: resident ([`page_present`]) or
+/// in swap ([`page_in_swap`]). For anonymous memory, where `mincore`'s
+/// "not resident" would otherwise be taken for "no page" (dropped).
+/// Async-signal-safe.
+pub fn page_there(addr: usize) -> Result<bool, i32> {
+    page_present(addr).map(|p| p || page_in_swap(addr))
+}
+
 /// Bytes of [`zeros`] there are: a 2 MiB page's (`sys::huge` checks).
 pub const ZEROS_LEN: usize = 2 << 20;
 

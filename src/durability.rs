@@ -1,0 +1,132 @@
+//! Which of a store's writes are durable: the write-back's view of
+//! [`Store::sync`](crate::store::Store::sync) (the kernel's `fsync` and its
+//! per-file `errseq`).
+//!
+//! Every store write (reclaim's, a write-back's) is counted after it goes
+//! out, or is tried. A write-back that wrote, or found writes from before
+//! it, syncs the store once, under this object's mutex, unless a sync that
+//! began after its writes already succeeded. So:
+//! - a write-back of a store nobody wrote calls no `sync` (an `fdatasync`
+//!   per `munmap` of a mapping nobody wrote was pure cost, and under the
+//!   `LD_PRELOAD` shim it ran on the program's own open file, where it took
+//!   the program's pending write-back error);
+//! - two write-backs at once never let the second report success while
+//!   the first's `sync` is still running: the second waits for it;
+//! - a write-back whose own pages a failed `sync` covered reports the
+//!   failure too (its pages go dirty again), even when a later `sync`
+//!   succeeded: after a failed `fsync` the kernel may have dropped them,
+//!   and a second `fsync` says 0 (the error was reported once).
+//!
+//! Cost: one atomic add per store write; one mutex per write-back that
+//! wrote (never taken in a signal handler).
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Mutex;
+
+/// One object's store writes and syncs.
+#[derive(Debug, Default)]
+pub struct Durability {
+    /// Store writes sent or tried so far.
+    written: AtomicU64,
+    /// `written` as it stood when the last successful sync began, and when
+    /// the last failed one began.
+    syncs: Mutex<Syncs>,
+}
+
+#[derive(Debug, Default)]
+struct Syncs {
+    synced: u64,
+    failed: u64,
+}
+
+/// How [`Durability::sync`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Synced<E> {
+    /// The writes are durable (or there were none).
+    Done,
+    /// This call's sync failed.
+    Failed(E),
+    /// A sync that covered the caller's own writes failed earlier.
+    FailedBefore,
+}
+
+impl Durability {
+    /// Counts a store write that went out, or was tried (a failed one may
+    /// have reached the file in part). Async-signal-safe.
+    #[inline]
+    pub fn wrote(&self) {
+        self.written.fetch_add(1, Release);
+    }
+
+    /// The writes so far: what a write-back that has just written needs
+    /// durable.
+    pub fn mark(&self) -> u64 {
+        self.written.load(Acquire)
+    }
+
+    /// Makes the writes up to `mine` (a [`mark`](Self::mark) taken after
+    /// the caller's own writes) durable with `sync`, unless a sync that
+    /// began after them succeeded. `own`: the caller wrote pages it then
+    /// marked clean, which a failed sync may have lost.
+    pub fn sync<E>(&self, mine: u64, own: bool, sync: impl FnOnce() -> Result<(), E>) -> Synced<E> {
+        if mine == 0 {
+            return Synced::Done;
+        }
+        let mut s = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
+        if own && s.failed >= mine {
+            return Synced::FailedBefore;
+        }
+        if s.synced >= mine {
+            return Synced::Done;
+        }
+        let upto = self.mark();
+        match sync() {
+            Ok(()) => {
+                s.synced = upto;
+                Synced::Done
+            }
+            Err(e) => {
+                s.failed = upto;
+                Synced::Failed(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syncs_only_writes_not_yet_synced_and_reports_a_failure_to_its_writers() {
+        let d = Durability::default();
+        let calls = std::cell::Cell::new(0);
+        let ok = || {
+            calls.set(calls.get() + 1);
+            Ok::<(), i32>(())
+        };
+        // Nothing written: no sync.
+        assert_eq!(d.sync(d.mark(), false, ok), Synced::Done);
+        assert_eq!(calls.get(), 0);
+        d.wrote();
+        let mine = d.mark();
+        assert_eq!(d.sync(mine, true, ok), Synced::Done);
+        assert_eq!(calls.get(), 1);
+        // Already synced: not again.
+        assert_eq!(d.sync(mine, false, ok), Synced::Done);
+        assert_eq!(calls.get(), 1);
+        // A failed sync: its writer and every writer before it hear of it,
+        // even after a later sync succeeded; a later writer does not.
+        d.wrote();
+        let before = d.mark();
+        assert_eq!(d.sync(before, true, || Err(5)), Synced::Failed(5));
+        assert_eq!(d.sync(before, true, ok), Synced::FailedBefore);
+        d.wrote();
+        let after = d.mark();
+        assert_eq!(d.sync(after, true, ok), Synced::Done);
+        assert_eq!(calls.get(), 2);
+        assert_eq!(d.sync(before, true, ok), Synced::FailedBefore);
+        // One that wrote nothing of its own is not told again.
+        assert_eq!(d.sync(before, false, ok), Synced::Done);
+    }
+}
