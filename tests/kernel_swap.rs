@@ -109,6 +109,9 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
+        // (Out first, in case a panic left the process inside.)
+        let root = self.0.parent().unwrap().join("cgroup.procs");
+        let _ = std::fs::write(root, std::process::id().to_string());
         let _ = std::fs::remove_dir(&self.0);
     }
 }
