@@ -72,7 +72,15 @@ impl Mm {
                 Ok(())
             } else {
                 let at = i as u64 * page;
-                let (lo, hi) = (offset.max(at) - at, end.min(at + page) - at);
+                // A page the application punched out of the memfd
+                // (`MADV_REMOVE`) comes back from the store whole: the
+                // written bytes alone would fill the hole with zeros
+                // around them, which the next fault would map.
+                let (lo, hi) = if crate::sys::mem::hole_at(memfd, at) {
+                    (0, page)
+                } else {
+                    (offset.max(at) - at, end.min(at + page) - at)
+                };
                 crate::io::read(&self.io, &obj.store, at, &mut buf.0)
                     .map_err(|e| Error::sys("reading the store", e.0))
                     .and_then(|()| {

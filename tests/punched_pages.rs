@@ -98,3 +98,39 @@ fn pages_punched_out_of_the_memfd_come_back_from_the_store() {
         );
     }
 }
+
+/// A page punched out of the memfd, then refreshed for a few bytes the
+/// store changed behind the engine: the page comes back from the store
+/// whole. The refresh wrote only those bytes into the hole before, which
+/// made a page of zeros around them that the next fault mapped (4071 of
+/// 4096 bytes wrong).
+#[test]
+fn a_refresh_of_a_punched_page_brings_the_whole_page_back() {
+    let p = Pager::builder()
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let data = pattern_vec(5, 4 * PAGE);
+    let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    let opts = MapOptions {
+        kind: Some(InstallKind::Shared),
+        ..MapOptions::default()
+    };
+    // SAFETY: the store changes behind the region only where refreshed.
+    let mut r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    assert_eq!(r.as_slice()[10], data[10]);
+    // SAFETY: advice on the region's own first page.
+    let rc = unsafe { libc::madvise(r.as_ptr().cast(), PAGE, libc::MADV_REMOVE) };
+    assert_eq!(rc, 0);
+    uffd_pager::store::Store::write(&*store, 100, &[0xEE; 4]).unwrap();
+    r.refresh(100, 4).unwrap();
+    let mut want = data[..PAGE].to_vec();
+    want[100..104].fill(0xEE);
+    assert_bytes(
+        &r.as_slice()[..PAGE],
+        &want,
+        "page 0 after the punch and the refresh",
+    );
+}

@@ -300,6 +300,22 @@ pub fn page_in_swap(addr: usize) -> bool {
     n == 8 && entry & (1 << 62) != 0
 }
 
+/// Whether the file `fd` has a hole at byte `at` (`SEEK_DATA` finds no
+/// data there). An error other than "no data after" (`ENXIO`) is not a
+/// hole, so a caller that would write a whole page over one never does it
+/// on a failed look.
+pub fn hole_at(fd: i32, at: u64) -> bool {
+    // SAFETY: lseek on a descriptor the caller holds; it moves only that
+    // descriptor's offset, which the engine never uses (it reads and
+    // writes the memfd with pread/pwrite).
+    let r = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+    if r < 0 {
+        super::errno() == libc::ENXIO
+    } else {
+        r as u64 > at
+    }
+}
+
 /// Whether the page at `addr` is there: resident ([`page_present`]) or
 /// in swap ([`page_in_swap`]). For anonymous memory, where `mincore`'s
 /// "not resident" would otherwise be taken for "no page" (dropped).
