@@ -528,6 +528,36 @@ impl Region {
         r.and(mm.release_object(obj))
     }
 
+    /// [`flush`](Self::flush) of the pages that hold store bytes
+    /// `[offset, offset + len)` only (offsets as in
+    /// [`refresh`](Self::refresh)): the first half of a change behind the
+    /// engine's back. Call it right before the store is changed there, and
+    /// [`refresh`](Self::refresh) right after: a dirty page holds its own
+    /// copy of the bytes about to change, and a write-back of it between
+    /// the change and the refresh (reclaim's, kswapd's, another thread's
+    /// flush) would put that older copy over the change, in the store and
+    /// then, through the refresh, in the region. Flushed first, the page is
+    /// clean, and an eviction in between only drops it. (A store through
+    /// the mapping to the same page by another thread in between still
+    /// dirties it; as with the kernel, writes racing to one page have no
+    /// defined order, but here the change behind the engine can lose to
+    /// the whole page.)
+    pub fn flush_range(&self, offset: u64, len: u64) -> Result<()> {
+        let mm = &self.owner.mm;
+        mm.check_owner()?;
+        let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
+            return Ok(()); // unmapped by the application meanwhile: written
+        };
+        let shift = obj.page_shift();
+        let first = (offset >> shift) as usize;
+        let end = offset.saturating_add(len).div_ceil(1 << shift) as usize;
+        let r = {
+            let _section = mm.events.section();
+            mm.writeback_pages(&obj, first..end)
+        };
+        r.and(mm.release_object(obj))
+    }
+
     /// Tells the engine that bytes `[offset, offset + len)` of the region's
     /// store changed behind its back (the application wrote the mapped
     /// file with `write(2)`): cached pages that hold them are updated from
@@ -535,7 +565,9 @@ impl Region {
     /// each page, so the mapping never shows the old bytes. Offsets are the
     /// store's (the file's, for [`Pager::map_file`](crate::Pager::map_file)).
     /// Shared regions only: an anonymous region is a private copy and gets
-    /// [`Error::Config`].
+    /// [`Error::Config`]. Where the region may have written these pages,
+    /// call [`flush_range`](Self::flush_range) before the change (see
+    /// there).
     ///
     /// ```
     /// use std::os::unix::fs::FileExt;

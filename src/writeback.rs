@@ -41,6 +41,16 @@ impl Mm {
     /// Writes every dirty page of a shared object back to its store and
     /// syncs it. Anonymous objects are private copies: nothing to write.
     pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
+        self.writeback_pages(obj, 0..obj.npages())
+    }
+
+    /// [`writeback_object`](Self::writeback_object) of object pages
+    /// `pages` only (clipped to the object).
+    pub(crate) fn writeback_pages(
+        &self,
+        obj: &Object,
+        pages: std::ops::Range<usize>,
+    ) -> Result<()> {
         if obj.kind != InstallKind::Shared || !obj.store.writable() {
             return Ok(());
         }
@@ -49,7 +59,7 @@ impl Mm {
             n: 0,
             cleaned: Vec::new(),
         };
-        for i in 0..obj.npages() {
+        for i in pages.start..pages.end.min(obj.npages()) {
             if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
                 continue;
             }

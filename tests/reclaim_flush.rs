@@ -344,3 +344,49 @@ fn a_flush_waits_for_a_sync_in_flight() {
     assert_eq!(store.inner.snapshot()[PAGE], 2);
     region.unmap().unwrap();
 }
+
+/// A change behind the engine's back to bytes of a page the region wrote
+/// (dirty), with a write-back of the page between the change and its
+/// `refresh`: flushed first (`flush_range`), the page is clean and the
+/// write-back has nothing to write, so the change stays, in the store and
+/// in the region, beside the region's own write. Without the
+/// `flush_range`, the write-back put the page's older copy over the change
+/// and the refresh then read that back: the change was lost in both.
+#[test]
+fn flush_range_before_a_change_behind_the_engine_keeps_it() {
+    for evict in [false, true] {
+        let pager = four_page_pager();
+        let data = pattern(PAGES * PAGE);
+        let store = std::sync::Arc::new(uffd_pager::store::MemoryStore::from_bytes(&data).unwrap());
+        // SAFETY: the store changes behind the region only as the protocol
+        // below says.
+        let mut region =
+            unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }
+                .unwrap();
+        region.as_mut_slice()[0] = data[0] ^ 0xFF;
+        region.flush_range(100, 4).unwrap();
+        uffd_pager::store::Store::write(&*store, 100, &[0xEE; 4]).unwrap();
+        // A write-back in the window: another thread's flush, or reclaim.
+        if evict {
+            pager.reclaim_pages(PAGES as u64);
+            pager.reclaim_pages(PAGES as u64);
+        } else {
+            region.flush().unwrap();
+        }
+        region.refresh(100, 4).unwrap();
+        let mut want = data[..PAGE].to_vec();
+        want[0] ^= 0xFF;
+        want[100..104].fill(0xEE);
+        assert_eq!(
+            &region.as_slice()[..PAGE],
+            &want[..],
+            "region (evict {evict})"
+        );
+        region.flush().unwrap();
+        assert_eq!(
+            &store.snapshot()[..PAGE],
+            &want[..],
+            "store (evict {evict})"
+        );
+    }
+}

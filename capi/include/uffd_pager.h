@@ -660,8 +660,23 @@ int32_t uffd_pager_region_prefault(const struct uffd_pager_region *r, size_t off
 int32_t uffd_pager_region_dontneed(struct uffd_pager_region *r, size_t offset, size_t len);
 
 /**
+ * Writes back the dirty pages that hold store bytes `[offset, offset+len)`:
+ * call it right before changing those bytes behind the pager's back, and
+ * [`uffd_pager_region_refresh`] right after (a write-back of a dirty
+ * page's older copy in between would put it over the change).
+ *
+ * # Safety
+ * `r` is a live region handle.
+ */
+int32_t uffd_pager_region_flush_range(const struct uffd_pager_region *r,
+                                      uint64_t offset,
+                                      uint64_t len);
+
+/**
  * Store bytes `[offset, offset+len)` changed behind the pager's back (the
  * file was written with write(2)): cached pages are brought up to date.
+ * Where the region may have written those pages, call
+ * [`uffd_pager_region_flush_range`] before the change.
  *
  * # Safety
  * `r` is a live region handle.

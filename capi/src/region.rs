@@ -431,8 +431,26 @@ pub unsafe extern "C" fn uffd_pager_region_dontneed(
     })
 }
 
+/// Writes back the dirty pages that hold store bytes `[offset, offset+len)`:
+/// call it right before changing those bytes behind the pager's back, and
+/// [`uffd_pager_region_refresh`] right after (a write-back of a dirty
+/// page's older copy in between would put it over the change).
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn uffd_pager_region_flush_range(
+    r: *const uffd_pager_region,
+    offset: u64,
+    len: u64,
+) -> i32 {
+    with(r, |g| g.flush_range(offset, len))
+}
+
 /// Store bytes `[offset, offset+len)` changed behind the pager's back (the
 /// file was written with write(2)): cached pages are brought up to date.
+/// Where the region may have written those pages, call
+/// [`uffd_pager_region_flush_range`] before the change.
 ///
 /// # Safety
 /// `r` is a live region handle.

@@ -416,6 +416,17 @@ fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isiz
     let Ok(target) = in_shim_or("write", Err(()), libc::EIO, || Ok(maps::file_of(fd, at))) else {
         return -1;
     };
+    // A writable shared mapping of the file writes its dirty pages back
+    // first: a dirty page holds its own copy of the bytes about to change,
+    // and a write-back of it between the write and the refresh below
+    // (reclaim, kswapd, another thread's msync) would put that older copy
+    // over them, in the file and then in the mapping
+    // (`Region::flush_range`). Clean, such a page is only dropped.
+    if target.is_some() && maps::any_writable() {
+        let e = errno();
+        in_shim("flush", || maps::flush_before_write(fd));
+        set_errno(e);
+    }
     let n = f();
     if n > 0 {
         if let Some(t) = target {

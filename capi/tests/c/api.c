@@ -112,6 +112,7 @@ int main(int argc, char **argv) {
   /* write(2) behind the pager's back, then refresh: never stale. */
   CHECK(base[5 * PAGE + 100] == (unsigned char)(5 + ROUNDS));
   unsigned char nine = 9;
+  CHECK(uffd_pager_region_flush_range(r, 5 * PAGE + 100, 1) == 0);
   CHECK(pwrite(fd, &nine, 1, 5 * PAGE + 100) == 1);
   CHECK(uffd_pager_region_refresh(r, 5 * PAGE + 100, 1) == 0);
   CHECK(base[5 * PAGE + 100] == 9);

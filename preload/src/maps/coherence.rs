@@ -11,6 +11,13 @@ pub fn flush_for_read(fd: c_int) {
     let _ = flush_file(fd, "before a read", false);
 }
 
+/// Before a write to `fd`: if the pager maps its file writable and shared,
+/// the mapping's dirty pages are written back, so that no write-back of an
+/// older copy of the bytes can land between the write and its refresh.
+pub fn flush_before_write(fd: c_int) {
+    let _ = flush_file(fd, "before a write", false);
+}
+
 /// Writes back the pager's mappings of `fd`'s file that are writable and
 /// shared, and with `unmapped` the pages of that file's mappings unmapped
 /// while it refused them; `Err(errno)` of the first failure (said on

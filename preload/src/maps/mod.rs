@@ -7,7 +7,7 @@ mod calls;
 mod coherence;
 
 pub use calls::{madvise, mprotect, mremap, msync};
-pub use coherence::{file_of, flush_file, flush_for_read, refresh};
+pub use coherence::{file_of, flush_before_write, flush_file, flush_for_read, refresh};
 
 use crate::config::Config;
 use crate::sys;
