@@ -8,7 +8,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{LOCKED, UPTODATE};
+use crate::page_cache::{DIRTY, LOCKED, UPTODATE};
 use crate::sys::{PageBuf, PAGE_SIZE};
 use std::sync::Arc;
 
@@ -92,7 +92,16 @@ impl Mm {
                         .map_err(|e| Error::sys("pwrite to the page cache", e))
                     })
             };
-            obj.cache.unlock(i, 0, 0);
+            // The store could not be read: a clean page is dropped, so
+            // that its next fault reads the store again (or poisons it),
+            // rather than showing the old bytes for good; a dirty one keeps
+            // its writes, and the error says the refresh did not happen.
+            let clear = if r.is_err() && w & DIRTY == 0 {
+                crate::discard::discard_page(self, obj, i, w)
+            } else {
+                0
+            };
+            obj.cache.unlock(i, 0, clear);
             r?;
         }
         Ok(())

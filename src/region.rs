@@ -567,7 +567,9 @@ impl Region {
     /// Shared regions only: an anonymous region is a private copy and gets
     /// [`Error::Config`]. Where the region may have written these pages,
     /// call [`flush_range`](Self::flush_range) before the change (see
-    /// there).
+    /// there). A page whose store read fails is dropped if clean (its next
+    /// fault reads the store again) and kept if dirty; the error is
+    /// returned.
     ///
     /// ```
     /// use std::os::unix::fs::FileExt;

@@ -34,6 +34,7 @@ struct Faulty {
     thawed: Condvar,
     failing: AtomicBool,
     sync_failing: AtomicBool,
+    read_failing: AtomicBool,
 }
 
 impl Faulty {
@@ -45,6 +46,7 @@ impl Faulty {
             thawed: Condvar::new(),
             failing: Default::default(),
             sync_failing: Default::default(),
+            read_failing: Default::default(),
         })
     }
 
@@ -59,6 +61,9 @@ impl Store for Faulty {
         self.inner.len()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if self.read_failing.load(SeqCst) {
+            return Err(StoreError(libc::EIO));
+        }
         match self.staged.lock().unwrap().get(&offset) {
             Some(page) => buf.copy_from_slice(page),
             None => self.inner.read(offset, buf)?,
@@ -402,4 +407,29 @@ fn a_flush_after_the_applications_munmap_writes_what_the_unmap_could_not() {
     assert_store(&store, PAGES, 60);
     assert_eq!(pager.unwritten_bytes(), 0);
     drop(r);
+}
+
+/// A refresh whose store read fails: a clean page it could not bring up to
+/// date is dropped, so the next fault reads the store again; it kept the
+/// old bytes for good before (the `LD_PRELOAD` shim only logs the error),
+/// after the store was readable again too.
+#[test]
+fn a_clean_page_a_refresh_could_not_read_is_read_again() {
+    let pager = Pager::builder()
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .read_attempts(1)
+        .build()
+        .unwrap();
+    let store = Faulty::new(4);
+    // SAFETY: the store changes behind the region only where refreshed.
+    let mut r = unsafe { pager.map_store(store.clone(), 4 * PAGE, &shared(false)) }.unwrap();
+    assert_eq!(r.as_slice()[100], 0);
+    // Behind the engine, then a refresh that cannot read the store.
+    store.inner.write(100, &[0xEE; 4]).unwrap();
+    store.read_failing.store(true, SeqCst);
+    assert!(r.refresh(100, 4).is_err());
+    store.read_failing.store(false, SeqCst);
+    assert_eq!(&r.as_slice()[100..104], &[0xEE; 4], "the old bytes stayed");
 }
