@@ -23,6 +23,10 @@ use crate::sys::PAGE_SHIFT;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
+mod fill;
+mod windows;
+pub use windows::{Window, Windows};
+
 /// How a region's pages are installed.
 ///
 /// ```
@@ -159,99 +163,6 @@ pub struct Object {
     pub fa_next: AtomicUsize,
     /// Fault-around cluster in pages (0: the configured base).
     pub fa_window: AtomicU32,
-}
-
-/// Most windows one object can be mapped through at once. A region the
-/// application splits with its own `munmap` maps its object through one
-/// window per piece; pieces past this many are not found by reclaim, so
-/// their pages stay resident until the region goes.
-pub const WINDOWS: usize = 4;
-
-/// The object's mapped windows: `(first page, end page, base)` where page
-/// `i` of the window is at `base + (i << shift)`, in the object's page
-/// size. Written by address-space writers (under the global write lock, so
-/// one at a time), read locklessly by reclaim under a sequence count (a
-/// seqlock).
-#[derive(Debug)]
-pub struct Windows {
-    seq: AtomicU32,
-    shift: u32,
-    w: [[AtomicUsize; 3]; WINDOWS],
-}
-
-/// One window: object pages `[first, end)` at `base + (i << shift)`.
-pub type Window = (usize, usize, usize);
-
-impl Windows {
-    /// No windows, for pages of `1 << shift` bytes.
-    pub fn new(shift: u32) -> Windows {
-        Windows {
-            seq: AtomicU32::new(0),
-            shift,
-            w: Default::default(),
-        }
-    }
-
-    /// The user address of page `i`, if a window maps it. Async-signal-safe.
-    #[inline]
-    pub fn addr_of(&self, i: usize) -> Option<usize> {
-        loop {
-            let s = self.seq.load(Acquire);
-            if s & 1 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let mut found = None;
-            for w in &self.w {
-                let (first, end) = (w[0].load(Relaxed), w[1].load(Relaxed));
-                if i >= first && i < end {
-                    found = Some(w[2].load(Relaxed).wrapping_add(i << self.shift));
-                    break;
-                }
-            }
-            std::sync::atomic::fence(Acquire);
-            if self.seq.load(Relaxed) == s {
-                return found;
-            }
-        }
-    }
-
-    /// The windows now (for writers).
-    pub fn get(&self) -> Vec<Window> {
-        self.w
-            .iter()
-            .map(|w| (w[0].load(Relaxed), w[1].load(Relaxed), w[2].load(Relaxed)))
-            .filter(|w| w.1 > w.0)
-            .collect()
-    }
-
-    /// Replaces the windows (the caller holds the global write lock).
-    /// Returns false if there were more than [`WINDOWS`] (the rest are
-    /// dropped: their pages are then out of reclaim's reach).
-    pub fn set(&self, list: &[Window]) -> bool {
-        self.seq.fetch_add(1, Acquire);
-        std::sync::atomic::fence(Release);
-        for (k, w) in self.w.iter().enumerate() {
-            let (first, end, base) = list.get(k).copied().unwrap_or((0, 0, 0));
-            w[0].store(first, Relaxed);
-            w[1].store(end, Relaxed);
-            w[2].store(base, Relaxed);
-        }
-        self.seq.fetch_add(1, Release);
-        list.len() <= WINDOWS
-    }
-
-    /// Replaces the window covering exactly `[first, end)` (if any) by
-    /// `new`; returns [`Windows::set`]'s answer.
-    pub fn replace(&self, first: usize, end: usize, new: &[Window]) -> bool {
-        let mut list: Vec<Window> = self
-            .get()
-            .into_iter()
-            .filter(|w| (w.0, w.1) != (first, end))
-            .collect();
-        list.extend(new.iter().copied().filter(|w| w.1 > w.0));
-        self.set(&list)
-    }
 }
 
 /// Keeps an object alive while a fault works on it with its lock dropped
@@ -527,143 +438,6 @@ impl Object {
         }
     }
 
-    /// Reads page `i` from its source into the cache (through the I/O
-    /// workers for a store that is not signal-safe, see [`crate::io`]).
-    /// Async-signal-safe.
-    ///
-    /// Shared objects are filled through the memfd ([`Store::read_to_fd`];
-    /// a kernel-mapped one's through a pipe, [`crate::sys::pipe`], since
-    /// the kernel maps what the memfd holds), never by writing through the
-    /// alias: a page written through the
-    /// alias is dirty in the alias's page table, and the kernel flushes the
-    /// TLB on its own for every dirty shared-file PTE it zaps (before it
-    /// drops the page's rmap), so evicting it would cost a shootdown of its
-    /// own instead of sharing one with its batch.
-    ///
-    /// # Safety
-    /// The caller holds page `i`'s lock and the page is neither cached nor
-    /// installed, so nobody else reads or writes its cached contents.
-    pub unsafe fn fill(
-        &self,
-        i: usize,
-        io: &crate::io::Io,
-    ) -> Result<(), crate::store::StoreError> {
-        let src = self.source(self.cache.load(i));
-        // SAFETY: the caller's contract.
-        unsafe { self.fill_run(i, 1, src, io) }
-    }
-
-    /// Reads the `n` pages from `i` on (at most [`crate::store::MAX_BATCH`])
-    /// from `src` into the cache in one store call: [`Object::fill`] for a
-    /// run, as readahead reads a window. Async-signal-safe when `n` is 1;
-    /// a longer run of a shared object whose store is not signal-safe
-    /// allocates its buffer (readahead threads only).
-    ///
-    /// # Safety
-    /// The caller holds the lock of every page of the run, none of them is
-    /// cached or installed, and `src` is each page's [`Object::source`].
-    pub unsafe fn fill_run(
-        &self,
-        i: usize,
-        n: usize,
-        src: &Arc<dyn Store>,
-        io: &crate::io::Io,
-    ) -> Result<(), crate::store::StoreError> {
-        use crate::store::StoreError;
-        if n == 0 || i + n > self.npages() {
-            return Err(StoreError(libc::EINVAL));
-        }
-        let (off, len) = ((i << self.shift) as u64, n << self.shift);
-        match &self.backing {
-            // Hugetlbfs has no `write`: take the page from the pool, then
-            // read into it through the alias.
-            Backing::Shared {
-                memfd, huge: true, ..
-            } => {
-                crate::sys::huge::allocate(memfd.fd(), off as usize, len).map_err(StoreError)?;
-                let p = self.data(i).map_err(StoreError)?;
-                // SAFETY: the run lies in the alias (checked above) and its
-                // pages exist now; exclusivity is the caller's contract.
-                let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
-                let r = crate::io::read(io, src, off, buf);
-                if r.is_err() {
-                    // Give the pool its pages back: the page stays absent.
-                    let _ = memfd.punch_hole(off as usize, len);
-                }
-                r
-            }
-            Backing::Shared { memfd, .. }
-                if src.signal_safe() && !(n > 1 && src.batches_reads()) && !self.kernel_maps =>
-            {
-                src.read_to_fd(off, len, memfd.fd(), off)
-            }
-            Backing::Shared { memfd, .. } => {
-                // The kernel maps a kernel-mapped object's pages as soon as
-                // the memfd holds them, so none may be seen half written:
-                // through a pipe (`sys::pipe`), not `pwrite`.
-                let put = |p: *const u8| {
-                    // SAFETY: every caller below passes `len` bytes mapped
-                    // for the call (a buffer of its own, or the store's
-                    // page in memory, which the kernel reads or reports).
-                    let r = unsafe {
-                        if self.kernel_maps {
-                            io.pipes.write_at(memfd.fd(), p, len, off)
-                        } else {
-                            crate::sys::mem::pwrite_all_raw(memfd.fd(), p, len, off)
-                        }
-                    };
-                    // Pages of a run written before the error are in the
-                    // memfd, where the kernel would map them with no fault
-                    // while the engine takes them for absent (uncharged,
-                    // off the LRU): out again.
-                    if r.is_err() && self.kernel_maps {
-                        let _ = memfd.punch_hole(off as usize, len);
-                    }
-                    r.map_err(StoreError)
-                };
-                // A kernel-mapped page the store holds in memory goes into
-                // the pipe from there (what `read_to_fd` does for the other
-                // shared objects); the rest, as before, through a buffer.
-                if let Some(p) = (n == 1 && self.kernel_maps)
-                    .then(|| src.page_in_memory(off))
-                    .flatten()
-                {
-                    // (Not readable after all, a file shrunk behind the
-                    // store: the buffered read below reports it.)
-                    if put(p as *const u8).is_ok() {
-                        return Ok(());
-                    }
-                }
-                let through = |buf: &mut [u8]| {
-                    crate::io::read(io, src, off, buf)?;
-                    put(buf.as_ptr())
-                };
-                if n == 1 {
-                    through(&mut crate::sys::PageBuf::zeroed().0)
-                } else {
-                    // Page-aligned (an `O_DIRECT` file needs it), one call.
-                    let mut pages: Vec<crate::sys::PageBuf> =
-                        (0..n).map(|_| crate::sys::PageBuf::zeroed()).collect();
-                    // SAFETY: `n` contiguous `PageBuf`s are `len` initialised
-                    // bytes (the type is a byte array with no padding), owned
-                    // here and borrowed only for the call.
-                    let buf = unsafe {
-                        std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), len)
-                    };
-                    through(buf)
-                }
-            }
-            Backing::Anonymous { .. } => {
-                let p = self.data(i).map_err(StoreError)?;
-                // SAFETY: the run lies in the object's cache area (checked
-                // above), which `data` made; exclusivity is the caller's
-                // contract.
-                let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
-                crate::io::read(io, src, off, buf)
-            }
-        }
-    }
-
     /// Where the cache area holds page `i` of an anonymous object, if the
     /// area was made (the page itself may be absent there).
     pub fn cached_copy(&self, i: usize) -> Option<usize> {
@@ -703,39 +477,5 @@ impl Object {
             },
             Backing::Shared { memfd, .. } => memfd.punch_hole(i << self.shift, n << self.shift),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::MemoryStore;
-    use crate::sys::PAGE_SIZE;
-
-    /// A kernel-mapped object's run that fails half written leaves none of
-    /// its pages in the memfd: the kernel would map them with no fault
-    /// while the engine takes them for absent.
-    #[test]
-    fn a_kernel_mapped_run_that_fails_half_written_leaves_no_page() {
-        let data: Vec<u8> = (0..4 * PAGE_SIZE).map(|i| (i % 253) as u8).collect();
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-        let mut obj = Object::new(InstallKind::Shared, store.clone(), None, 4, false, 12).unwrap();
-        obj.kernel_maps = true;
-        let io = crate::io::Io::new(1_000_000_000, 0).unwrap();
-        io.pipes.prepare().unwrap();
-        crate::sys::pipe::tests::FAIL_AFTER.with(|f| f.set(2 * PAGE_SIZE));
-        // SAFETY: nothing else uses the object's pages (a test's own).
-        let r = unsafe { obj.fill_run(0, 4, &store, &io) };
-        crate::sys::pipe::tests::FAIL_AFTER.with(|f| f.set(usize::MAX));
-        assert!(r.is_err());
-        assert_eq!(
-            obj.memfd().unwrap().allocated(),
-            0,
-            "pages left in the memfd"
-        );
-        // The same run whole: all four there.
-        // SAFETY: as above.
-        unsafe { obj.fill_run(0, 4, &store, &io) }.unwrap();
-        assert_eq!(obj.memfd().unwrap().allocated(), 4 * PAGE_SIZE as u64);
     }
 }

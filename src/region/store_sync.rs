@@ -1,0 +1,115 @@
+//! Keeping a region and its store in step: write-back ([`Region::flush`],
+//! the `msync` analog) and changes made behind the engine's back
+//! ([`Region::flush_range`] before, [`Region::refresh`] after).
+
+use super::Region;
+use crate::error::Result;
+
+impl Region {
+    /// Writes cached pages back to the store (the msync analog), then
+    /// syncs the store ([`Store::sync`](crate::store::Store::sync)) if
+    /// anything was written to it since its last sync: by this flush, or
+    /// by reclaim before it. A flush with nothing to write syncs nothing.
+    ///
+    /// Example: [`Region`](crate::Region).
+    pub fn flush(&self) -> Result<()> {
+        let mm = &self.owner.mm;
+        mm.check_owner()?;
+        let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
+            // The application unmapped it all itself; the unmap wrote it
+            // back, or kept what its store refused: written now. (Its
+            // unmap applied first. The object is found by address in the
+            // list, never revived from `object`: a reference that is not
+            // the list's must go back through `release_object`.)
+            mm.events.quiesce();
+            return mm.flush_unwritten_object(self.object.as_ptr());
+        };
+        let r = {
+            let _section = mm.events.section();
+            mm.writeback_object(&obj)
+        };
+        // (The application may have unmapped it all meanwhile.)
+        r.and(mm.release_object(obj))
+    }
+
+    /// [`flush`](Self::flush) of the pages that hold store bytes
+    /// `[offset, offset + len)` only (offsets as in
+    /// [`refresh`](Self::refresh)): the first half of a change behind the
+    /// engine's back. Call it right before the store is changed there, and
+    /// [`refresh`](Self::refresh) right after: a dirty page holds its own
+    /// copy of the bytes about to change, and a write-back of it between
+    /// the change and the refresh (reclaim's, kswapd's, another thread's
+    /// flush) would put that older copy over the change, in the store and
+    /// then, through the refresh, in the region. Flushed first, the page is
+    /// clean, and an eviction in between only drops it. (A store through
+    /// the mapping to the same page by another thread in between still
+    /// dirties it; as with the kernel, writes racing to one page have no
+    /// defined order, but here the change behind the engine can lose to
+    /// the whole page.)
+    pub fn flush_range(&self, offset: u64, len: u64) -> Result<()> {
+        let mm = &self.owner.mm;
+        mm.check_owner()?;
+        let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
+            return Ok(()); // unmapped by the application meanwhile: written
+        };
+        let shift = obj.page_shift();
+        let first = (offset >> shift) as usize;
+        let end = offset.saturating_add(len).div_ceil(1 << shift) as usize;
+        let r = {
+            let _section = mm.events.section();
+            mm.writeback_pages(&obj, first..end)
+        };
+        r.and(mm.release_object(obj))
+    }
+
+    /// Tells the engine that bytes `[offset, offset + len)` of the region's
+    /// store changed behind its back (the application wrote the mapped
+    /// file with `write(2)`): cached pages that hold them are updated from
+    /// the store, keeping the region's own unflushed writes to the rest of
+    /// each page, so the mapping never shows the old bytes. Offsets are the
+    /// store's (the file's, for [`Pager::map_file`](crate::Pager::map_file)).
+    /// Shared regions only: an anonymous region is a private copy and gets
+    /// [`Error::Config`](crate::Error::Config). Where the region may have written these pages,
+    /// call [`flush_range`](Self::flush_range) before the change (see
+    /// there). A page whose store read fails is dropped if clean (its next
+    /// fault reads the store again) and kept if dirty; the error is
+    /// returned.
+    ///
+    /// ```
+    /// use std::os::unix::fs::FileExt;
+    /// use uffd_pager::{MapOptions, Pager, PAGE_SIZE};
+    ///
+    /// let path = std::env::temp_dir().join(format!("refresh-doc-{}", std::process::id()));
+    /// std::fs::write(&path, vec![1u8; 2 * PAGE_SIZE]).unwrap();
+    /// let pager = Pager::builder().build()?;
+    /// // SAFETY: the write behind the engine below comes while no slice
+    /// // of the region is alive, and `refresh` covers it before the next.
+    /// let mut region = unsafe { pager.map_file(&path, None, &MapOptions::default()) }?;
+    /// assert_eq!(region.as_slice()[10], 1); // cached now
+    /// let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    /// file.write_all_at(&[2; 4], 8).unwrap(); // behind the engine's back
+    /// region.refresh(8, 4)?;
+    /// assert_eq!(&region.as_slice()[7..13], &[1, 2, 2, 2, 2, 1]);
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    ///
+    /// Takes `&mut self`: the bytes change under any slice of the region.
+    pub fn refresh(&mut self, offset: u64, len: u64) -> Result<()> {
+        // SAFETY: `&mut self` means no slice of the region is alive.
+        unsafe { self.refresh_unchecked(offset, len) }
+    }
+
+    /// [`refresh`](Self::refresh) through a shared reference, for callers
+    /// outside Rust's borrow rules (the C API, the `LD_PRELOAD` shim).
+    ///
+    /// # Safety
+    /// No Rust reference to the region's bytes (a slice from
+    /// [`as_slice`](Self::as_slice)) is alive during the call: the bytes
+    /// of the refreshed pages change under it.
+    pub unsafe fn refresh_unchecked(&self, offset: u64, len: u64) -> Result<()> {
+        let mm = &self.owner.mm;
+        let _section = mm.events.section();
+        mm.refresh(self.id, offset, len)
+    }
+}
