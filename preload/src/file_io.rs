@@ -1,0 +1,275 @@
+//! The file calls the shim interposes for coherence with the pager's page
+//! cache: writes refresh the cached pages they touch (after writing back
+//! the file's writable mappings), reads and syncs write those mappings
+//! back first.
+
+use crate::{errno, in_shim, in_shim_or, maps, programs_own, set_errno, sys};
+use std::ffi::{c_int, c_void};
+
+/// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,
+/// refreshes the pages it touched. `at` is the write's file offset, or
+/// None for the descriptor's position.
+fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isize {
+    if !programs_own() || !maps::any_file() {
+        return f();
+    }
+    // A failure to find out whether the write lands in a mapped file fails
+    // the write before it is made: made, it could leave a mapping showing
+    // older bytes.
+    let Ok(target) = in_shim_or("write", Err(()), libc::EIO, || Ok(maps::file_of(fd, at))) else {
+        return -1;
+    };
+    // A writable shared mapping of the file writes its dirty pages back
+    // first: a dirty page holds its own copy of the bytes about to change,
+    // and a write-back of it between the write and the refresh below
+    // (reclaim, kswapd, another thread's msync) would put that older copy
+    // over them, in the file and then in the mapping
+    // (`Region::flush_range`). Clean, such a page is only dropped.
+    if target.is_some() && maps::any_writable() {
+        let e = errno();
+        in_shim("flush", || maps::flush_before_write(fd));
+        set_errno(e);
+    }
+    let n = f();
+    if n > 0 {
+        if let Some(t) = target {
+            let e = errno();
+            in_shim("refresh", || maps::refresh(t, n as u64));
+            set_errno(e);
+        }
+    }
+    n
+}
+
+/// write(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As write(2).
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
+    coherent_write(fd, None, || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize }
+    })
+}
+
+/// pwrite(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As pwrite(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwrite(
+    fd: c_int,
+    buf: *const c_void,
+    n: usize,
+    off: libc::off_t,
+) -> isize {
+    coherent_write(fd, Some(off), || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe {
+            sys::call(
+                libc::SYS_pwrite64,
+                fd as usize,
+                buf as usize,
+                n,
+                off as usize,
+                0,
+            ) as isize
+        }
+    })
+}
+
+/// pwrite64(2): the same call on x86-64.
+///
+/// # Safety
+/// As pwrite(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwrite64(
+    fd: c_int,
+    buf: *const c_void,
+    n: usize,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pwrite(fd, buf, n, off) }
+}
+
+/// writev(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As writev(2).
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_write(fd, None, || unsafe {
+        sys::iov(libc::SYS_writev, fd, iov, cnt, 0)
+    })
+}
+
+/// pwritev(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As pwritev(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    coherent_write(fd, Some(off), || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::iov(libc::SYS_pwritev, fd, iov, cnt, off) }
+    })
+}
+
+/// pwritev64(2): the same call on x86-64.
+///
+/// # Safety
+/// As pwritev(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pwritev(fd, iov, cnt, off) }
+}
+
+/// fsync(2): the pager's writable shared mappings of the file are written
+/// back first, as the kernel's `fsync` covers what was stored through a
+/// mapping, and so are pages of pager mappings unmapped while their file
+/// refused them. A write-back that fails makes the call fail with its
+/// errno (EIO for a file).
+///
+/// # Safety
+/// As fsync(2).
+#[no_mangle]
+pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+    coherent_sync(fd, libc::SYS_fsync)
+}
+
+/// fdatasync(2): as [`fsync`].
+///
+/// # Safety
+/// As fdatasync(2).
+#[no_mangle]
+pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
+    coherent_sync(fd, libc::SYS_fdatasync)
+}
+
+fn coherent_sync(fd: c_int, nr: libc::c_long) -> c_int {
+    let mut failed = Ok(());
+    if programs_own() && maps::any_to_sync() {
+        let e = errno();
+        failed = in_shim("fsync", || maps::flush_file(fd, "at fsync", true));
+        set_errno(e);
+    }
+    // SAFETY: the program's own call on its descriptor, passed on.
+    let r = unsafe { sys::call(nr, fd as usize, 0, 0, 0, 0) } as c_int;
+    match failed {
+        Err(e) if r == 0 => {
+            set_errno(e);
+            -1
+        }
+        _ => r,
+    }
+}
+
+/// Runs the read `f` on `fd`, first writing back a writable shared pager
+/// mapping of its file (see [`maps::flush_for_read`]).
+fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
+    if programs_own() && maps::any_writable() {
+        let e = errno();
+        in_shim("read", || maps::flush_for_read(fd));
+        set_errno(e);
+    }
+    f()
+}
+
+/// read(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As read(2).
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    coherent_read(fd, || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::call(libc::SYS_read, fd as usize, buf as usize, n, 0, 0) as isize }
+    })
+}
+
+/// pread(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As pread(2).
+#[no_mangle]
+pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+    coherent_read(fd, || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe {
+            sys::call(
+                libc::SYS_pread64,
+                fd as usize,
+                buf as usize,
+                n,
+                off as usize,
+                0,
+            ) as isize
+        }
+    })
+}
+
+/// pread64(2): the same call on x86-64.
+///
+/// # Safety
+/// As pread(2).
+#[no_mangle]
+pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pread(fd, buf, n, off) }
+}
+
+/// readv(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As readv(2).
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe { sys::iov(libc::SYS_readv, fd, iov, cnt, 0) })
+}
+
+/// preadv(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As preadv(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe {
+        sys::iov(libc::SYS_preadv, fd, iov, cnt, off)
+    })
+}
+
+/// preadv64(2): the same call on x86-64.
+///
+/// # Safety
+/// As preadv(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv64(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { preadv(fd, iov, cnt, off) }
+}
