@@ -23,6 +23,7 @@ mod metadata;
 mod probe;
 mod report;
 mod torture;
+mod workload_plan;
 mod workloads;
 
 use clap::{Parser, Subcommand};

@@ -1,0 +1,274 @@
+//! Checking a workload's arguments and planning its sweep: which knob is
+//! swept over which values, and the knobs every run shares.
+
+use super::workloads::{Which, WorkloadArgs};
+use super::CliError;
+use std::time::Duration;
+use uffd_pager::store::LatencyModel;
+use uffd_pager::{DrainPolicy, InstallKind};
+use uffd_pager_cli::workload::Knobs;
+
+/// Validates the arguments and plans the sweep: (knob name, values, base
+/// knobs).
+pub(super) fn plan(
+    w: Which,
+    a: &WorkloadArgs,
+) -> Result<(&'static str, Vec<usize>, Knobs), CliError> {
+    let (threads, writers, pages, budget) = w.defaults();
+    if !(a.duration > 0.0 && a.duration <= 3600.0) {
+        return Err(CliError::Usage(format!(
+            "--duration {} must be in (0, 3600] seconds",
+            a.duration
+        )));
+    }
+    if a.threads.len() > 1 && a.writers.len() > 1 {
+        return Err(CliError::Usage(
+            "sweep one knob at a time: --threads or --writers may list several values, not both"
+                .into(),
+        ));
+    }
+    if a.threads.contains(&0) || a.shards.contains(&0) {
+        return Err(CliError::Usage(
+            "--threads and --shards must be at least 1".into(),
+        ));
+    }
+    applies_here(w, a)?;
+    if a.store.is_some() && !matches!(w, Which::Filemap | Which::Swap | Which::Launch) {
+        return Err(CliError::Usage(format!(
+            "--store applies to the workloads that read a store (filemap, swap, launch), not {}",
+            w.name()
+        )));
+    }
+    if a.write_pct > 100 || (a.write_pct > 0 && w != Which::Random) {
+        return Err(CliError::Usage(format!(
+            "--write-pct {} must be 0..=100, and applies to random only",
+            a.write_pct
+        )));
+    }
+    // `random` sizes its file from the budget (4x) and compares against a
+    // floor that keeps the same budget: it needs one.
+    if w == Which::Random && a.budget == Some(0) {
+        return Err(CliError::Usage(
+            "--budget must be at least 1 page for random (its file is 4x the budget)".into(),
+        ));
+    }
+    if a.kernel_maps
+        && (matches!(w, Which::Swap | Which::Churn)
+            || a.write_pct > 0
+            || a.kind == Some(InstallKind::Anonymous)
+            || a.page_size != uffd_pager::PAGE_SIZE)
+    {
+        return Err(CliError::Usage(
+            "--kernel-maps needs read-only shared regions of 4 KiB pages: filemap, random \
+             (without --write-pct), scan or launch, without --kind anonymous or --page-size 2M"
+                .into(),
+        ));
+    }
+    if a.page_size != uffd_pager::PAGE_SIZE && w == Which::Churn {
+        return Err(CliError::Usage(
+            "--page-size 2M does not apply to populate-churn (its regions are one 4 KiB page each)"
+                .into(),
+        ));
+    }
+    // The workloads count 4 KiB pages: a 2 MiB page is 512 of them.
+    // Explicit counts are in pages of --page-size; defaults keep their
+    // bytes (rounded up to whole pages).
+    let units = a.page_size / uffd_pager::PAGE_SIZE;
+    let pages = match a.pages {
+        Some(p) => p.saturating_mul(units),
+        None => pages.div_ceil(units) * units,
+    };
+    let budget = match a.budget {
+        Some(b) => b.saturating_mul(units as u64),
+        None => budget.div_ceil(units as u64) * units as u64,
+    };
+    if budget > uffd_pager::limits::MAX_BUDGET_PAGES {
+        return Err(CliError::Usage(format!(
+            "--budget {} is more than {} pages of {} bytes (128 TiB)",
+            budget / units as u64,
+            uffd_pager::limits::MAX_BUDGET_PAGES / units as u64,
+            a.page_size
+        )));
+    }
+    // `random` and `scan` keep their file in tmpfs (`/dev/shm`), which holds
+    // at most half of the memory by default.
+    let file_bytes = match w {
+        Which::Random => budget.saturating_mul(4 * uffd_pager::PAGE_SIZE as u64),
+        Which::Scan => (pages as u64).saturating_mul(uffd_pager::PAGE_SIZE as u64),
+        _ => 0,
+    };
+    if let Some(mem) = super::phys_mem() {
+        if file_bytes > mem / 2 && a.baseline.is_none() {
+            return Err(CliError::Usage(format!(
+                "{}'s file would be {} MiB, more than half of this machine's {} MiB of memory \
+                 (random's file is 4x --budget, scan's is --pages)",
+                w.name(),
+                file_bytes >> 20,
+                mem >> 20
+            )));
+        }
+    }
+    if (pages == 0 && w != Which::Random) || pages > (1 << 24) {
+        return Err(CliError::Usage(format!(
+            "--pages {} must be in 1..={} ({} bytes at most)",
+            pages / units,
+            (1 << 24) / units,
+            1u64 << 36
+        )));
+    }
+    let k = Knobs {
+        threads: a.threads.first().copied().unwrap_or(threads),
+        writers: a.writers.first().copied().unwrap_or(writers),
+        writer_pause: Duration::from_micros(a.writer_pause_us.unwrap_or(w.writer_model().0)),
+        writer_burst: Duration::from_micros(a.writer_burst_us.unwrap_or(w.writer_model().1)),
+        noise: a.noise,
+        duration: Duration::from_secs_f64(a.duration),
+        seed: a.seed,
+        policy: a.policies(w)[0],
+        delivery: a.delivery,
+        install: a.kind,
+        budget_pages: budget,
+        latency: a.latency,
+        max_inflight: a.max_inflight,
+        pages,
+        readahead_pages: a.readahead,
+        fault_around_pages: a.fault_around,
+        kswapd: !a.no_kswapd,
+        write_pct: a.write_pct,
+        store: a.store.clone(),
+        page_size: a.page_size,
+        kernel_maps: a.kernel_maps,
+    };
+    let (knob, values) = if a.writers.len() > 1 {
+        ("writers", a.writers.clone())
+    } else if a.threads.len() > 1 {
+        ("threads", a.threads.clone())
+    } else if w == Which::Swap {
+        ("writers", vec![k.writers])
+    } else {
+        ("threads", vec![k.threads])
+    };
+    Ok((knob, values, k))
+}
+
+/// Refuses what the workload would ignore or could not honour: a flag of
+/// another workload, a list with an entry twice, a flag that contradicts
+/// another, a value too large to run.
+fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
+    use Which::*;
+    let only = |flag: &str, given: bool, to: &[Which]| {
+        if given && !to.contains(&w) {
+            let names: Vec<&str> = to.iter().map(|w| w.name()).collect();
+            return Err(CliError::Usage(format!(
+                "{flag} applies to {} only, not {}",
+                names.join(", "),
+                w.name()
+            )));
+        }
+        Ok(())
+    };
+    // `random` sizes its file from the budget; `launch` from its trace;
+    // `populate-churn` maps one page at a time.
+    only("--pages", a.pages.is_some(), &[Filemap, Swap, Scan])?;
+    // `scan` has one scanner; `launch` one app.
+    only(
+        "--threads",
+        !a.threads.is_empty(),
+        &[Filemap, Swap, Churn, Random],
+    )?;
+    only(
+        "--writers",
+        !a.writers.is_empty(),
+        &[Filemap, Swap, Random, Scan, Launch],
+    )?;
+    only("--noise", a.noise > 0, &[Filemap, Swap])?;
+    only("--kind", a.kind.is_some(), &[Filemap, Random, Scan, Launch])?;
+    only(
+        "--drain",
+        a.drain
+            != [
+                DrainPolicy::Always,
+                DrainPolicy::LockedOnly,
+                DrainPolicy::Never,
+            ],
+        &[Churn],
+    )?;
+    only("--shards", a.shards != [1], &[Churn])?;
+    only("--trace", a.trace.is_some(), &[Launch])?;
+    only("--launches", a.launches != 10, &[Launch])?;
+    only("--think-scale", a.think_scale.is_some(), &[Launch])?;
+    only("--heap-every", a.heap_every.is_some(), &[Launch])?;
+    if w == Churn && a.policy.len() > 1 {
+        return Err(CliError::Usage(
+            "populate-churn compares drain policies and shard counts (--drain, --shards), \
+             under one --policy"
+                .into(),
+        ));
+    }
+    if a.store.is_some() && (a.latency != LatencyModel::Fixed { ns: 50_000 } || a.max_inflight != 0)
+    {
+        return Err(CliError::Usage(
+            "--latency and --max-inflight shape the simulated store; with --store the latency \
+             is the network's"
+                .into(),
+        ));
+    }
+    if a.baseline.is_some() && (a.json || a.csv || a.plot.is_some()) {
+        return Err(CliError::Usage(
+            "--baseline kernel prints its own table: no --json, --csv or --plot".into(),
+        ));
+    }
+    twice("--policy", &a.policy)?;
+    twice("--threads", &a.threads)?;
+    twice("--writers", &a.writers)?;
+    twice("--drain", &a.drain)?;
+    twice("--shards", &a.shards)?;
+    let max = uffd_pager::limits::MAX_THREADS;
+    let most = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+    if most(&a.threads) > max || most(&a.writers) > max || a.noise > max {
+        return Err(CliError::Usage(format!(
+            "--threads, --writers and --noise are at most {max}"
+        )));
+    }
+    if most(&a.shards) > uffd_pager::limits::MAX_LRU_SHARDS {
+        return Err(CliError::Usage(format!(
+            "--shards is at most {}",
+            uffd_pager::limits::MAX_LRU_SHARDS
+        )));
+    }
+    let worst = match a.latency {
+        LatencyModel::None => 0,
+        LatencyModel::Fixed { ns } => ns,
+        LatencyModel::Uniform { max_ns, .. } => max_ns,
+        LatencyModel::Exponential { mean_ns } => mean_ns,
+    };
+    if worst > 1_000_000_000 {
+        return Err(CliError::Usage(format!(
+            "--latency {}: a simulated I/O is at most 1 s",
+            a.latency
+        )));
+    }
+    if a.think_scale.is_some_and(|t| t > 10_000) {
+        return Err(CliError::Usage("--think-scale is at most 10000".into()));
+    }
+    if let Some(p) = &a.plot {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) {
+            return Err(CliError::Usage(format!(
+                "--plot {}: no such directory",
+                p.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a list that names one value twice (it would run twice).
+fn twice<T: PartialEq + std::fmt::Display>(flag: &str, v: &[T]) -> Result<(), CliError> {
+    for (i, x) in v.iter().enumerate() {
+        if v[..i].contains(x) {
+            return Err(CliError::Usage(format!("{flag} lists {x} twice")));
+        }
+    }
+    Ok(())
+}
