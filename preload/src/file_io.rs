@@ -8,8 +8,16 @@ use std::ffi::{c_int, c_void};
 
 /// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,
 /// refreshes the pages it touched. `at` is the write's file offset, or
-/// None for the descriptor's position.
-fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isize {
+/// None for the descriptor's position; `len` the most bytes it can write,
+/// or None where finding out would read the program's memory (a vectored
+/// write's `iovec`s, which may not be readable: the kernel answers that
+/// with `EFAULT`, the shim would crash).
+fn coherent_write(
+    fd: c_int,
+    at: Option<i64>,
+    len: Option<usize>,
+    f: impl FnOnce() -> isize,
+) -> isize {
     if !programs_own() || !maps::any_file() {
         return f();
     }
@@ -24,10 +32,14 @@ fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isiz
     // and a write-back of it between the write and the refresh below
     // (reclaim, kswapd, another thread's msync) would put that older copy
     // over them, in the file and then in the mapping
-    // (`Region::flush_range`). Clean, such a page is only dropped.
-    if target.is_some() && maps::any_writable() {
+    // (`Region::flush_range`). Clean, such a page is only dropped. Only the
+    // pages the write can touch: the rest stay dirty (and writable, with
+    // no fault to dirty them again).
+    if let Some(t) = target.as_ref().filter(|_| maps::any_writable()) {
         let e = errno();
-        in_shim("flush", || maps::flush_before_write(fd));
+        in_shim("flush", || {
+            maps::flush_before_write(t, len.map(|n| n as u64))
+        });
         set_errno(e);
     }
     let n = f();
@@ -47,7 +59,7 @@ fn coherent_write(fd: c_int, at: Option<i64>, f: impl FnOnce() -> isize) -> isiz
 /// As write(2).
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
-    coherent_write(fd, None, || {
+    coherent_write(fd, None, Some(n), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize }
     })
@@ -64,7 +76,7 @@ pub unsafe extern "C" fn pwrite(
     n: usize,
     off: libc::off_t,
 ) -> isize {
-    coherent_write(fd, Some(off), || {
+    coherent_write(fd, Some(off), Some(n), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe {
             sys::call(
@@ -101,7 +113,7 @@ pub unsafe extern "C" fn pwrite64(
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_write(fd, None, || unsafe {
+    coherent_write(fd, None, None, || unsafe {
         sys::iov(libc::SYS_writev, fd, iov, cnt, 0)
     })
 }
@@ -117,7 +129,7 @@ pub unsafe extern "C" fn pwritev(
     cnt: c_int,
     off: libc::off_t,
 ) -> isize {
-    coherent_write(fd, Some(off), || {
+    coherent_write(fd, Some(off), None, || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::iov(libc::SYS_pwritev, fd, iov, cnt, off) }
     })

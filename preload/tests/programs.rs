@@ -450,6 +450,39 @@ fn a_pwrite_that_appends_is_seen_through_the_mapping() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A `pwrite` to a file with a writable shared pager mapping writes back
+/// only the mapping's dirty pages that the write will change (against a
+/// write-back of an older copy landing between the write and its
+/// refresh), not the whole mapping: the program keeps storing to all 16
+/// pages and writes one with `pwrite` after each of 20 rounds. The file
+/// ends as under the kernel. The whole mapping was written back before
+/// every `pwrite`: 320 pages written back (20 × 16), now 35 (20 × 1,
+/// and the 15 pages left dirty at the end).
+#[test]
+fn a_pwrite_writes_back_only_the_pages_it_changes() {
+    let d = scratch();
+    let exe = build_c(&d, "write_while_dirty");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("dirty-plain.dat"))
+        .output()
+        .unwrap());
+    assert!(plain.contains("page 15: t X19"), "{plain}");
+    assert!(plain.contains("page 0: t only"), "{plain}");
+    let pattern = format!("{}/dirty.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("dirty.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("dirty.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    let written = counter(&st, "writeback");
+    assert!(
+        (35..=40).contains(&written),
+        "{written} pages written back for 20 one-page writes and 16 dirty pages at the end\n{st}"
+    );
+}
+
 /// `fsync` after a store through a writable shared mapping: the kernel's
 /// covers what was stored through the mapping, so the bytes are in the
 /// file when it returns. The shim passed `fsync` to the kernel, which

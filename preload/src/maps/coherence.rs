@@ -11,11 +11,20 @@ pub fn flush_for_read(fd: c_int) {
     let _ = flush_file(fd, "before a read", false);
 }
 
-/// Before a write to `fd`: if the pager maps its file writable and shared,
-/// the mapping's dirty pages are written back, so that no write-back of an
-/// older copy of the bytes can land between the write and its refresh.
-pub fn flush_before_write(fd: c_int) {
-    let _ = flush_file(fd, "before a write", false);
+/// Before a write of at most `len` bytes (None: unknown) at `t`: the
+/// pager's writable shared mappings of the file write back their dirty
+/// pages that hold those bytes, so that no write-back of an older copy of
+/// them can land between the write and its refresh. Failures are said on
+/// stderr (the write itself decides what the program is told).
+pub fn flush_before_write(t: &Target, len: Option<u64>) {
+    t.each_overlap(
+        len.unwrap_or(u64::MAX),
+        "write-back before a write failed",
+        |e, off, n| match e.writable_shared {
+            true => e.region.flush_range(off, n),
+            false => Ok(()),
+        },
+    );
 }
 
 /// Writes back the pager's mappings of `fd`'s file that are writable and
@@ -73,6 +82,44 @@ pub struct Target {
     off: u64,
 }
 
+impl Target {
+    /// The file bytes `[lo, hi)` that `n` bytes written here would change
+    /// in mapping `e`, if any.
+    fn overlap(&self, e: &Entry, n: u64) -> Option<(u64, u64)> {
+        let lo = self.off.max(e.base);
+        let hi = self
+            .off
+            .saturating_add(n)
+            .min(e.base + e.region.len() as u64);
+        (e.file == Some(self.id) && lo < hi).then_some((lo, hi))
+    }
+
+    /// Runs `op(entry, store offset, length)` on each pager mapping of the
+    /// file over the bytes that `n` bytes written here change, saying each
+    /// failure on stderr after `what`.
+    fn each_overlap(
+        &self,
+        n: u64,
+        what: &str,
+        mut op: impl FnMut(&mut Entry, u64, u64) -> Result<(), engine::Error>,
+    ) {
+        let mut guard = state();
+        let Some(st) = guard.as_mut() else { return };
+        let mut failed = Vec::new();
+        for e in st.maps.iter_mut() {
+            let Some((lo, hi)) = self.overlap(e, n) else {
+                continue;
+            };
+            if let Err(err) = op(e, lo - e.base, hi - lo) {
+                failed.push(format!("{}: {what}: {err}", e.path));
+            }
+        }
+        for m in failed {
+            st.say(m);
+        }
+    }
+}
+
 /// The target of a write on `fd` at `at` (None: the descriptor's
 /// position), if the pager maps its file. On a descriptor opened with
 /// `O_APPEND` every write lands at the end of the file, `pwrite`'s too
@@ -105,26 +152,8 @@ pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
 /// `n` bytes were written at the target: every pager mapping of the file
 /// refreshes the pages they touched.
 pub fn refresh(t: Target, n: u64) {
-    let mut guard = state();
-    let Some(st) = guard.as_mut() else { return };
-    let mut failed = Vec::new();
-    for e in st.maps.iter_mut().filter(|e| e.file == Some(t.id)) {
-        let (lo, hi) = (
-            t.off.max(e.base),
-            (t.off + n).min(e.base + e.region.len() as u64),
-        );
-        if lo >= hi {
-            continue;
-        }
+    t.each_overlap(n, "keeping the mapping coherent failed", |e, off, n| {
         REFRESHED.fetch_add(1, Relaxed);
-        if let Err(err) = e.region.refresh(lo - e.base, hi - lo) {
-            failed.push(format!(
-                "{}: keeping the mapping coherent failed: {err}",
-                e.path
-            ));
-        }
-    }
-    for m in failed {
-        st.say(m);
-    }
+        e.region.refresh(off, n)
+    });
 }
