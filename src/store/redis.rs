@@ -107,21 +107,28 @@ pub fn page_key(prefix: &str, page: u64) -> String {
 ///
 /// # Calls
 ///
-/// `read` is a `GET`; `read_many` one `MGET`. In a cluster that holds for
-/// a batch within one hash slot (one 64-page chunk); a batch across slots
-/// is one pipeline of `GET`s instead, which the client splits into one
-/// pipeline per node (its cluster pipeline refuses `MGET`): one round trip
-/// either way. `write` is a `SET` (or `DEL`); `write_many` one pipeline of
-/// them, again split per node in a cluster. Nothing is atomic across
-/// pages, which the [`Store`] contract does not ask for: a failed batch is
-/// retried whole.
+/// `read` is a `GET`; `read_many` one `MGET` (one per 256 pages). In a
+/// cluster a multi-key command must stay within one hash slot, so a batch
+/// across slots is one `MGET` per slot (one per 64-page chunk: a readahead
+/// window is one or two). `write` is a `SET` (or `DEL`); `write_many` an
+/// `MSET` of its non-zero pages and a `DEL` of its zero ones (per slot in
+/// a cluster). While a slot migrates between two nodes with its keys on
+/// both, a multi-key command there gets `TRYAGAIN`, and the store sends
+/// that command's keys one at a time instead, each following its own
+/// redirect. The commands of one call go one after another, not as a
+/// pipeline, and share the try's timeout: each waits only what is left
+/// of it (a pipeline's replies are read one by one, each waiting the full
+/// timeout once the first timed out, so a batch to a stalled server
+/// waited a timeout per page). Nothing is atomic across pages, which the
+/// [`Store`] contract does not ask for: a failed batch is retried whole.
 ///
 /// The store is not signal-safe: the engine calls it only from its I/O
 /// worker threads. Each call takes an idle connection from a pool, or
 /// makes one, and puts it back once it worked, so the pool grows to one
 /// connection per concurrent caller. A call that fails on an I/O error, a
-/// timeout or a retryable server error (`TRYAGAIN`, `CLUSTERDOWN`,
-/// `LOADING`) closes that connection, waits 10 ms (doubling each time),
+/// timeout, a reply it cannot parse, or a retryable server error
+/// (`TRYAGAIN`, `CLUSTERDOWN`, `LOADING`, `READONLY`, a `MOVED` or `ASK`
+/// the cluster client did not follow itself) closes that connection, waits 10 ms (doubling each time),
 /// and tries again on a fresh connection, up to
 /// [`RedisOptions::attempts`] tries within about `timeout × attempts` in
 /// all (over a cluster up to about twice that: the cluster client retries
@@ -133,7 +140,11 @@ pub fn page_key(prefix: &str, page: u64) -> String {
 /// late reply can never be taken for the answer to another command.
 ///
 /// Durability is the server's (its `appendonly`/`save` settings):
-/// [`Store::sync`] does nothing.
+/// [`Store::sync`] does nothing. Since a missing key reads as a zero page,
+/// a key the server loses reads as zeros, with no error: a server
+/// restarted without persistence, or one whose `maxmemory-policy` evicts
+/// keys (any policy but the default `noeviction`), silently zeroes pages.
+/// Give the store a server that keeps what it is given.
 ///
 /// `MGET` answers nil for a key holding a value of another type (a list):
 /// such a key in a store's namespace, written by someone else, reads as a
@@ -236,17 +247,23 @@ impl RedisStore {
         let mut deleted = 0;
         for start in (0..pages).step_by(CLEAR_PAGES_PER_CALL as usize) {
             let end = (start + CLEAR_PAGES_PER_CALL).min(pages);
-            let mut batch = self.batch();
-            for tag_start in (start..end).step_by(Self::PAGES_PER_TAG as usize) {
-                let mut del = ::redis::cmd("DEL");
-                for p in tag_start..(tag_start + Self::PAGES_PER_TAG).min(end) {
-                    del.arg(page_key(&self.prefix, p));
-                }
-                batch.add(del);
-            }
+            let dels: Vec<::redis::Cmd> = (start..end)
+                .step_by(Self::PAGES_PER_TAG as usize)
+                .map(|tag_start| {
+                    let mut del = ::redis::cmd("DEL");
+                    for p in tag_start..(tag_start + Self::PAGES_PER_TAG).min(end) {
+                        del.arg(page_key(&self.prefix, p));
+                    }
+                    del
+                })
+                .collect();
             let replies = self
                 .shared
-                .call("DEL", |c| Ok(batch.run(c)?))
+                .call("DEL", |c, deadline| {
+                    let r: Result<Vec<Value>, _> =
+                        dels.iter().map(|d| c.query_by(d, deadline)).collect();
+                    Ok(r?)
+                })
                 .map_err(|f| self.command_error(f))?;
             deleted += replies
                 .iter()
@@ -342,7 +359,8 @@ impl Store for RedisStore {
         Ok(())
     }
 
-    /// A `SET`, or a `DEL` for a zero page; a pipeline for more than one.
+    /// A `SET`, or a `DEL` for a zero page; for more than one page (a 2 MiB
+    /// page), `MSET`s and `DEL`s as for `write_many`.
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
         let first = self.first_page(offset, buf.len())?;
         let pages: Vec<(u64, &[u8])> = buf
@@ -357,12 +375,13 @@ impl Store for RedisStore {
         true
     }
 
-    /// One `MGET` (in a cluster, a pipeline of `GET`s across slots).
+    /// One `MGET` (in a cluster, one per hash slot).
     fn read_many(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.read(offset, buf)
     }
 
-    /// One pipeline of `SET`s and `DEL`s.
+    /// An `MSET` of the non-zero pages and a `DEL` of the zero ones (in a
+    /// cluster, per hash slot).
     fn write_many(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
         let mut indexed = Vec::with_capacity(pages.len());
         for &(off, page) in pages {

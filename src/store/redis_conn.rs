@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ::redis::cluster::{ClusterClient, ClusterConnection, ClusterPipeline};
+use ::redis::cluster::{ClusterClient, ClusterConnection};
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use ::redis::{Cmd, ConnectionInfo, Pipeline, RedisError, RedisResult, RetryMethod, Value};
+use ::redis::{Cmd, ConnectionInfo, RedisError, RedisResult, RetryMethod, Value};
 
 /// The first pause between two tries of a call; it doubles after each.
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
@@ -34,37 +34,6 @@ pub(super) enum Conn {
     Cluster(Box<ClusterConnection>),
 }
 
-/// A batch of commands sent in one round trip (per node, in a cluster).
-pub(super) enum Batch {
-    /// A standalone pipeline.
-    Single(Pipeline),
-    /// A cluster pipeline: the crate sends each node its share at once.
-    Cluster(ClusterPipeline),
-}
-
-impl Batch {
-    /// Appends `cmd`.
-    pub(super) fn add(&mut self, cmd: Cmd) {
-        match self {
-            Batch::Single(p) => {
-                p.add_command(cmd);
-            }
-            Batch::Cluster(p) => {
-                p.add_command(cmd);
-            }
-        }
-    }
-
-    /// The replies, one per command, in order.
-    pub(super) fn run(&self, conn: &mut Conn) -> RedisResult<Vec<Value>> {
-        match (self, conn) {
-            (Batch::Single(p), Conn::Single(c)) => p.query(c),
-            (Batch::Cluster(p), Conn::Cluster(c)) => p.query(c),
-            _ => unreachable!("a batch is always built for its store's backend"),
-        }
-    }
-}
-
 impl Conn {
     /// The reply to one command (routed by its key in a cluster).
     pub(super) fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
@@ -72,6 +41,20 @@ impl Conn {
             Conn::Single(c) => cmd.query(c),
             Conn::Cluster(c) => cmd.query(c.as_mut()),
         }
+    }
+
+    /// The reply to one command of several sent one after another within
+    /// one try, by `deadline`: the sockets wait only what is left of it.
+    /// (Not a pipeline: a pipeline's replies are read one by one, each
+    /// waiting the full socket timeout after the first timed out, so a
+    /// pipeline of N commands to a stalled server waited N timeouts.)
+    pub(super) fn query_by(&mut self, cmd: &Cmd, deadline: Instant) -> RedisResult<Value> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into());
+        }
+        self.set_timeouts(left.max(Duration::from_millis(1)))?;
+        self.query(cmd)
     }
 
     /// The reply of any one node to a command without a key (`INFO`).
@@ -155,11 +138,17 @@ impl Shared {
             Backend::Cluster(nodes) => {
                 // One retry inside the crate lets it follow a MOVED or ASK
                 // redirect (a slot migrating) on its own; everything else
-                // is retried by `call`, on a fresh connection.
+                // is retried by `call`, on a fresh connection. Its pause
+                // before a retry of `TRYAGAIN` is kept short (the crate's
+                // own is at least 1.28 s, past a whole try's timeout): a
+                // multi-key command that gets it is sent again a key at a
+                // time instead (`redis_pages.rs`).
                 let client = ClusterClient::builder(nodes.iter().cloned())
                     .connection_timeout(t)
                     .response_timeout(t)
                     .retries(1)
+                    .min_retry_wait(5)
+                    .max_retry_wait(50)
                     .build()?;
                 Conn::Cluster(Box::new(client.get_connection()?))
             }
@@ -177,7 +166,9 @@ impl Shared {
     }
 
     /// Runs `op` on a connection, trying up to `attempts` times within
-    /// about `timeout × attempts` in all.
+    /// about `timeout × attempts` in all. `op` gets the try's deadline,
+    /// for a try of several commands ([`Conn::query_by`]); a try of one
+    /// command needs none (the sockets' timeouts are the try's).
     ///
     /// The first try takes an idle connection if there is one; every retry
     /// makes a fresh one (after an I/O error the idle ones are likely dead
@@ -188,7 +179,7 @@ impl Shared {
     pub(super) fn call<T>(
         &self,
         what: &str,
-        mut op: impl FnMut(&mut Conn) -> Result<T, CallError>,
+        mut op: impl FnMut(&mut Conn, Instant) -> Result<T, CallError>,
     ) -> Result<T, Failure> {
         let start = Instant::now();
         let budget = self.timeout.saturating_mul(self.attempts);
@@ -240,7 +231,7 @@ impl Shared {
         &self,
         attempt: u32,
         left: Duration,
-        op: &mut impl FnMut(&mut Conn) -> Result<T, CallError>,
+        op: &mut impl FnMut(&mut Conn, Instant) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
         let pooled = if attempt == 1 {
             self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
@@ -250,13 +241,18 @@ impl Shared {
         // A timeout of zero means "none" to the sockets: keep a floor.
         let t = self.timeout.min(left).max(Duration::from_millis(1));
         let shortened = t < self.timeout;
+        let start = Instant::now();
         let mut conn = match pooled {
             Some(c) => c,
             None => self.connect(t)?,
         };
-        let v = op(&mut conn)?;
-        // Put back only connections that wait the full timeout.
-        if !shortened || conn.set_timeouts(self.timeout).is_ok() {
+        let v = op(&mut conn, start + t)?;
+        // Put back only connections that wait the full timeout: not one
+        // made on a shortened try (a cluster connection keeps the connect
+        // timeout it was made with for the nodes it reaches later), and
+        // not one whose timeouts `query_by` shortened and that cannot be
+        // set back.
+        if !shortened && conn.set_timeouts(self.timeout).is_ok() {
             self.put_back(conn);
         }
         Ok(v)

@@ -2,23 +2,15 @@
 //! `read_many`, `write` and `write_many` send, and the checks of what comes
 //! back.
 
-use ::redis::{cluster, Cmd, Value};
+use ::redis::{Cmd, Value};
 
-use super::conn::{self, Backend, Batch, CallError, Failure};
+use super::conn::{self, Backend, CallError, Failure};
 use super::{page_key, RedisStore, RedisStoreError};
 use crate::store::zero::in_bounds;
 use crate::store::StoreError;
 use crate::sys::PAGE_SIZE;
 
 impl RedisStore {
-    /// An empty pipeline for this store's backend.
-    pub(super) fn batch(&self) -> Batch {
-        match self.shared.backend {
-            Backend::Standalone(_) => Batch::Single(::redis::pipe()),
-            Backend::Cluster(_) => Batch::Cluster(cluster::cluster_pipe()),
-        }
-    }
-
     /// A failed call of `clear` as a typed error.
     pub(super) fn command_error(&self, f: Failure) -> RedisStoreError {
         RedisStoreError::Command {
@@ -40,7 +32,7 @@ impl RedisStore {
         Ok(offset / page)
     }
 
-    /// Fills `buf` (whole pages from `first`) with `GET` or `MGET`s.
+    /// Fills `buf` (whole pages from `first`) with a `GET`, or `MGET`s.
     pub(super) fn read_pages(&self, first: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let n = buf.len() / PAGE_SIZE;
         if n == 0 {
@@ -54,44 +46,32 @@ impl RedisStore {
             get.arg(&keys[0]);
             let r = self
                 .shared
-                .call("GET", |c| fill_page(&keys[0], c.query(&get)?, buf));
+                .call("GET", |c, _| fill_page(&keys[0], c.query(&get)?, buf));
             return r.map_err(|f| StoreError(f.errno));
         }
-        let groups = self.mget_groups(first, n);
-        if groups.len() > 1 && matches!(self.shared.backend, Backend::Cluster(_)) {
-            // The cluster pipeline refuses MGET: a GET per page instead,
-            // still one round trip (per node).
-            return self.get_pipeline(&keys, buf);
-        }
-        // One MGET per group: all of them in one pipeline if there are
-        // several (more than 256 pages).
-        let cmds: Vec<Cmd> = groups
-            .iter()
-            .map(|g| {
-                let mut mget = ::redis::cmd("MGET");
-                for &i in g {
-                    mget.arg(&keys[i]);
-                }
-                mget
-            })
-            .collect();
-        let mut batch = self.batch();
-        if cmds.len() > 1 {
-            cmds.iter().for_each(|c| batch.add(c.clone()));
-        }
+        let groups = self.groups(&(first..first + n as u64).collect::<Vec<_>>());
         self.shared
-            .call("MGET", |c| {
-                let replies = match cmds.len() {
-                    1 => vec![c.query(&cmds[0])?],
-                    _ => batch.run(c)?,
-                };
-                if replies.len() != groups.len() {
-                    return Err(CallError::Bad("MGET: replies missing".to_string()));
-                }
-                for (g, reply) in groups.iter().zip(replies) {
-                    let items = match reply {
-                        Value::Array(items) if items.len() == g.len() => items,
-                        other => return Err(CallError::Bad(format!("MGET replied {other:?}"))),
+            .call("MGET", |c, deadline| {
+                for g in &groups {
+                    let mut mget = ::redis::cmd("MGET");
+                    for &i in g {
+                        mget.arg(&keys[i]);
+                    }
+                    let items = match c.query_by(&mget, deadline) {
+                        Ok(Value::Array(items)) if items.len() == g.len() => items,
+                        Ok(other) => return Err(CallError::Bad(format!("MGET replied {other:?}"))),
+                        Err(e) if split_slot(&e) => {
+                            // The slot's keys are on two nodes while it
+                            // migrates: a GET each, which follows its key.
+                            for &i in g {
+                                let mut get = ::redis::cmd("GET");
+                                get.arg(&keys[i]);
+                                let page = &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+                                fill_page(&keys[i], c.query_by(&get, deadline)?, page)?;
+                            }
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
                     };
                     for (&i, item) in g.iter().zip(items) {
                         let page = &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
@@ -103,37 +83,12 @@ impl RedisStore {
             .map_err(|f| StoreError(f.errno))
     }
 
-    /// Fills `buf` with the pages at `keys` through one pipeline of `GET`s.
-    fn get_pipeline(&self, keys: &[String], buf: &mut [u8]) -> Result<(), StoreError> {
-        let mut batch = self.batch();
-        for key in keys {
-            let mut get = ::redis::cmd("GET");
-            get.arg(key);
-            batch.add(get);
-        }
-        self.shared
-            .call("GET pipeline", |c| {
-                let replies = batch.run(c)?;
-                if replies.len() != keys.len() {
-                    return Err(CallError::Bad("GET pipeline: replies missing".to_string()));
-                }
-                for (i, reply) in replies.into_iter().enumerate() {
-                    fill_page(
-                        &keys[i],
-                        reply,
-                        &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE],
-                    )?;
-                }
-                Ok(())
-            })
-            .map_err(|f| StoreError(f.errno))
-    }
-
-    /// Indices `0..n` of pages from `first`, grouped into one `MGET` each:
-    /// by hash slot in a cluster, in runs of at most 256 on one server.
-    pub(super) fn mget_groups(&self, first: u64, n: usize) -> Vec<Vec<usize>> {
+    /// Indices into `pages` (page numbers) grouped into one multi-key
+    /// command each: by hash slot in a cluster (where a command's keys
+    /// must share one), in runs of at most 256 on one server.
+    pub(super) fn groups(&self, pages: &[u64]) -> Vec<Vec<usize>> {
         let Backend::Cluster(_) = self.shared.backend else {
-            return (0..n)
+            return (0..pages.len())
                 .collect::<Vec<_>>()
                 .chunks(256)
                 .map(<[usize]>::to_vec)
@@ -141,8 +96,8 @@ impl RedisStore {
         };
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         let mut last: Option<(u64, u16)> = None; // (tag, slot)
-        for i in 0..n {
-            let tag = (first + i as u64) / Self::PAGES_PER_TAG;
+        for (i, &p) in pages.iter().enumerate() {
+            let tag = p / Self::PAGES_PER_TAG;
             let slot = match last {
                 Some((t, s)) if t == tag => s,
                 _ => conn::key_slot(format!("{}:{tag}", self.prefix).as_bytes()),
@@ -170,26 +125,71 @@ impl RedisStore {
         }
     }
 
-    /// Writes each `(page index, bytes)`: one command, or one pipeline.
+    /// Writes each `(page index, bytes)`: one `SET` or `DEL`, or per group
+    /// of [`groups`](Self::groups) an `MSET` of its non-zero pages and a
+    /// `DEL` of its zero ones.
     pub(super) fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
-        let cmds: Vec<Cmd> = pages
+        let keys: Vec<String> = pages
             .iter()
-            .map(|&(p, bytes)| Self::page_cmd(&page_key(&self.prefix, p), bytes))
+            .map(|&(p, _)| page_key(&self.prefix, p))
             .collect();
-        let r = match cmds.as_slice() {
-            [] => return Ok(()),
-            [one] => self
+        if let [(_, bytes)] = pages {
+            let one = Self::page_cmd(&keys[0], bytes);
+            return self
                 .shared
-                .call("SET", |c| c.query(one).map(drop).map_err(Into::into)),
-            _ => {
-                let mut batch = self.batch();
-                cmds.into_iter().for_each(|c| batch.add(c));
-                self.shared
-                    .call("SET pipeline", |c| Ok(batch.run(c).map(drop)?))
+                .call("SET", |c, _| c.query(&one).map(drop).map_err(Into::into))
+                .map_err(|f| StoreError(f.errno));
+        }
+        let numbers: Vec<u64> = pages.iter().map(|&(p, _)| p).collect();
+        let mut cmds: Vec<(Cmd, Vec<usize>)> = Vec::new();
+        for g in self.groups(&numbers) {
+            let (zero, data): (Vec<usize>, Vec<usize>) = g
+                .into_iter()
+                .partition(|&i| pages[i].1.iter().all(|&b| b == 0));
+            if !data.is_empty() {
+                let mut mset = ::redis::cmd("MSET");
+                for &i in &data {
+                    mset.arg(&keys[i]).arg(pages[i].1);
+                }
+                cmds.push((mset, data));
             }
-        };
-        r.map_err(|f| StoreError(f.errno))
+            if !zero.is_empty() {
+                let mut del = ::redis::cmd("DEL");
+                for &i in &zero {
+                    del.arg(&keys[i]);
+                }
+                cmds.push((del, zero));
+            }
+        }
+        self.shared
+            .call("MSET", |c, deadline| {
+                for (cmd, members) in &cmds {
+                    match c.query_by(cmd, deadline) {
+                        Ok(_) => {}
+                        Err(e) if split_slot(&e) => {
+                            // As in `read_pages`: a command per page.
+                            for &i in members {
+                                c.query_by(&Self::page_cmd(&keys[i], pages[i].1), deadline)?;
+                            }
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|f| StoreError(f.errno))
     }
+}
+
+/// Whether a multi-key command failed because its slot is migrating and
+/// its keys are on two nodes (`TRYAGAIN`; `ASK` where the crate could not
+/// follow it): each key alone can still be reached.
+fn split_slot(e: &::redis::RedisError) -> bool {
+    use ::redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::Ask)
+    )
 }
 
 /// Copies a `GET`/`MGET` reply for `key` into `page`: nil is a zero page,

@@ -193,6 +193,17 @@ fn bad_input_is_a_typed_error() {
         "redis://[::1",
         "redis://[zz]:1",
         "redis://h h:1",
+        "redis://[127.0.0.1]:6379",
+        "redis://[1]:6379",
+        "redis://[:]:6379",
+        "redis://[...]",
+        "redis://.:1",
+        "redis://-:1",
+        "redis://a..b:1",
+        "redis://-a:1",
+        "redis://1.2.3:1",
+        "redis://1.2.3.999:1",
+        "redis-cluster://[1.2.3.4]",
         "redis-cluster://",
         "redis-cluster://a:1,,b:2",
         "redis-cluster://a:1/3",
@@ -202,6 +213,15 @@ fn bad_input_is_a_typed_error() {
     }
     let ok = |u: &str| RedisUrl::parse(u).unwrap().to_string();
     assert_eq!(ok("redis://localhost"), "redis://localhost:6379/0");
+    assert_eq!(ok("redis://10.0.0.1:7"), "redis://10.0.0.1:7/0");
+    assert_eq!(
+        ok("redis://my_host.example-1.org"),
+        "redis://my_host.example-1.org:6379/0"
+    );
+    assert_eq!(
+        ok("redis://[::ffff:1.2.3.4]"),
+        "redis://[::ffff:1.2.3.4]:6379/0"
+    );
     assert_eq!(ok("redis://h:7/3"), "redis://h:7/3");
     assert_eq!(ok("redis://[::1]:6390/"), "redis://[::1]:6390/0");
     assert_eq!(
@@ -340,6 +360,63 @@ fn stopped_server_times_out_then_recovers_without_stale_replies() {
     for p in (3..8u64).rev() {
         s.read(p * P as u64, &mut back).unwrap();
         assert_eq!(back, page(p + 100), "page {p}");
+    }
+}
+
+/// A batch to a stalled server (stopped, its connections open) fails
+/// within the call's budget, `timeout × attempts`: a batch went as a
+/// pipeline, whose replies the client read one by one, each waiting the
+/// full timeout after the first timed out. A 32-page `write_many` took
+/// about 10 s with a 300 ms timeout and 3 attempts, a 2 MiB `write` (512
+/// pages) 29 s with 50 ms and 2.
+#[test]
+fn a_batch_to_a_stalled_server_fails_within_the_budget() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let o = opts("t9");
+    let s = RedisStore::open(&srv.url(), 1024 * P as u64, &o).unwrap();
+    let pages: Vec<Vec<u8>> = (0..32u64).map(page).collect();
+    let batch: Vec<(u64, &[u8])> = (0..32u64)
+        .map(|p| (p * P as u64, &pages[p as usize][..]))
+        .collect();
+    s.write_many(&batch).unwrap();
+    let big = vec![7u8; 512 * P];
+    let mut window = vec![0u8; 32 * P];
+    srv.signal(libc::SIGSTOP);
+    let budget = o.timeout * o.attempts;
+    let t = Instant::now();
+    let w = s.write_many(&batch);
+    let w_took = t.elapsed();
+    let t = Instant::now();
+    let h = s.write(512 * P as u64, &big);
+    let h_took = t.elapsed();
+    let t = Instant::now();
+    let r = s.read_many(0, &mut window);
+    let r_took = t.elapsed();
+    srv.signal(libc::SIGCONT);
+    eprintln!("to a stopped server: 32 pages written in {w_took:?}, 512 in {h_took:?}, 32 read in {r_took:?} (budget {budget:?})");
+    for (what, r, took) in [
+        ("write_many", w, w_took),
+        ("2 MiB write", h, h_took),
+        ("read_many", r, r_took),
+    ] {
+        assert!(
+            matches!(r, Err(StoreError(libc::ETIMEDOUT | libc::EIO))),
+            "{what}: {r:?}"
+        );
+        // (A blocked send may wait out its timeout twice: once for what
+        // fit in the socket, once for the rest.)
+        assert!(
+            took < budget * 2,
+            "{what} took {took:?} for a budget of {budget:?}"
+        );
+    }
+    // Back: every page as the last successful write left it.
+    s.read_many(0, &mut window).unwrap();
+    for p in 0..32 {
+        assert_eq!(&window[p * P..(p + 1) * P], &pages[p][..], "page {p}");
     }
 }
 

@@ -200,11 +200,7 @@ fn host_port(s: &str) -> Result<(String, u16), &'static str> {
         let (host, after) = rest
             .split_once(']')
             .ok_or("an IPv6 address lacks its ']'")?;
-        if host.is_empty()
-            || !host
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-        {
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
             return Err("a bad IPv6 address");
         }
         match after {
@@ -225,6 +221,20 @@ fn host_port(s: &str) -> Result<(String, u16), &'static str> {
         let ok = |b: u8| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_';
         if !host.bytes().all(ok) {
             return Err("a host name holds letters, digits, '.', '-' and '_' only");
+        }
+        // Each dot-separated label has a letter or digit at both ends; one
+        // of digits and dots only is an IPv4 address.
+        let label = |l: &str| {
+            l.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && l.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+        };
+        if !host.is_empty() && !host.split('.').all(label) {
+            return Err("a bad host name");
+        }
+        if host.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            && host.parse::<std::net::Ipv4Addr>().is_err()
+        {
+            return Err("a bad IPv4 address");
         }
         (host, port)
     };
