@@ -95,7 +95,7 @@ impl Mm {
         let m = loop {
             let coming = crate::events::apply::event_coming;
             if fixed {
-                match coming(self, hint, hint + len) {
+                match coming(self, hint, hint + len, &object) {
                     None => {}
                     Some(c) if c.coming && std::time::Instant::now() < deadline => {
                         w = wait(w, &c, &mut waited);
@@ -128,7 +128,7 @@ impl Mm {
                 e => Error::sys("mmap", e),
             })?;
             let start = m.addr();
-            match coming(self, start, start + len) {
+            match coming(self, start, start + len, &object) {
                 None => {}
                 // (Unmapped at once: not registered, so no event.)
                 Some(c) if c.coming && std::time::Instant::now() < deadline => {

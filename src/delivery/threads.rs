@@ -14,6 +14,10 @@ use std::thread::JoinHandle;
 /// Messages read per read(2).
 const BATCH: usize = 16;
 
+/// How often a handler thread reads every descriptor, whatever poll(2)
+/// last said (see `read_batch`).
+const SWEEP_NS: u64 = 1_000_000;
+
 /// A running pool; stops and joins its threads on drop.
 #[derive(Debug)]
 pub struct HandlerPool {
@@ -287,8 +291,10 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
     // Faults that met an unread event, with the descriptor they came from.
     let mut again: Vec<(usize, Msg)> = Vec::new();
     let mut ready = [true; 2];
+    let mut swept = 0;
     loop {
-        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs, &mut ready) else {
+        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs, &mut ready, &mut swept)
+        else {
             return;
         };
         // Events first (in read order, under the gate), then the faults: a
@@ -377,14 +383,29 @@ fn read_batch(
     spin_us: u32,
     msgs: &mut [Msg],
     ready: &mut [bool; 2],
+    swept: &mut u64,
 ) -> Option<(usize, usize)> {
-    let deadline = now_ns() + spin_us as u64 * 1000;
+    let now = now_ns();
+    let deadline = now + spin_us as u64 * 1000;
     let mut failed = [false; 2];
+    // The descriptor after the one the last batch came from goes first,
+    // and every descriptor is read at least every `SWEEP_NS`: while one
+    // always has messages, poll(2) is never called to report the other,
+    // whose faults and events (the application's `munmap` waits on them)
+    // would wait until the first ran dry.
+    let last = ready.iter().position(|&r| r).unwrap_or(fds.len() - 1);
+    if now.saturating_sub(*swept) > SWEEP_NS {
+        *swept = now;
+        ready.iter_mut().for_each(|r| *r = true);
+    }
     loop {
         // Only descriptors that may hold messages are read: the one the
-        // last batch came from, and those poll(2) reports. A read of the
-        // other descriptor after every fault would cost a syscall each.
-        for (k, u) in fds.iter().enumerate() {
+        // last batch came from, those poll(2) reports, and all of them
+        // once a sweep is due. A read of the other descriptor after every
+        // fault would cost a syscall each.
+        for j in 1..=fds.len() {
+            let k = (last + j) % fds.len();
+            let u = fds[k];
             if failed[k] || !(ready[k] || spin_us > 0) {
                 continue;
             }

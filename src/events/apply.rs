@@ -23,10 +23,10 @@ pub fn queued(mm: &Mm) {
 /// already.
 pub fn queued_locked(mm: &Mm, _gate: &WriteGuard<'_>) {
     loop {
-        let Some(e) = mm.events.lock_queue().pop_front() else {
+        let Some((e, from)) = mm.events.lock_queue().pop_front() else {
             return;
         };
-        apply_all(mm, &[e]);
+        apply_read(mm, e, from);
         mm.events.busy.fetch_sub(1, SeqCst);
     }
 }
@@ -56,6 +56,14 @@ impl Desc {
         match obj.region_uffd.get() {
             Some(u) => Desc::Own(Arc::downgrade(u)),
             None => Desc::Pager { quiet: obj.quiet },
+        }
+    }
+
+    /// Its [`super::uffd_id`].
+    fn id(&self, mm: &Mm) -> usize {
+        match self {
+            Desc::Pager { quiet } => super::uffd_id(mm.pager_uffd(*quiet)),
+            Desc::Own(u) => u.as_ptr() as usize,
         }
     }
 
@@ -92,7 +100,18 @@ pub(crate) struct Claim {
 /// system call per region found. The caller holds the global write lock.
 ///
 /// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
-pub(crate) fn event_coming(mm: &Mm, start: usize, end: usize) -> Option<Claim> {
+///
+/// Where the table holds nothing there, the descriptor the new region
+/// will be registered with (that of `new`, its object) is asked too: one
+/// call of the application's over regions of two descriptors posts an
+/// event on each, the second only once the first is read, and the first,
+/// applied, leaves the table empty there while the second is on its way.
+pub(crate) fn event_coming(
+    mm: &Mm,
+    start: usize,
+    end: usize,
+    new: &crate::object::Object,
+) -> Option<Claim> {
     let there: Vec<Desc> = mm
         .table
         .read(|t| t.overlapping(start, end))
@@ -107,11 +126,16 @@ pub(crate) fn event_coming(mm: &Mm, start: usize, end: usize) -> Option<Claim> {
     // (A record whose events have all been applied is done with.)
     let busy = mm.events.in_flight();
     left.retain(|(_, _, d)| busy || d.changing(mm));
-    let there: Vec<Desc> = left
+    let mut there: Vec<Desc> = left
         .iter()
         .filter(|(a, b, _)| *a < end && start < *b)
         .map(|(_, _, d)| d.clone())
         .collect();
+    drop(left);
+    let own = Desc::of(new);
+    if own.changing(mm) {
+        there.push(own);
+    }
     (!there.is_empty()).then_some(Claim {
         there,
         coming: true,
@@ -149,7 +173,7 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
 /// hide the new region from an unmap of its own.)
 pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     if mm.table.read(|t| t.overlaps(start, end, None)) {
-        apply(mm, Event::Unmap(start, end), &[]);
+        apply(mm, Event::Unmap(start, end), None, &[]);
     }
     // (Recorded for a range a move left too, which the table no longer
     // holds: its unmap is the late event.)
@@ -158,33 +182,50 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     }
 }
 
-/// Applies `events` (the caller holds the gate's write side, not the
-/// global lock).
-pub fn apply_all(mm: &Mm, events: &[Event]) {
-    if events.is_empty() {
-        return;
-    }
+/// Applies event `e`, read from descriptor `from` ([`super::uffd_id`])
+/// (the caller holds the gate's write side, not the global lock).
+fn apply_read(mm: &Mm, e: Event, from: usize) {
     let _w = mm.lock.write();
-    let pre: Vec<(usize, usize)> = std::mem::take(&mut *mm.events.lock_pre_applied());
-    for &e in events {
-        apply(mm, e, &pre);
-    }
+    // An unmap takes the records of the ranges it covers: that was the
+    // event they waited for. Other events leave them for it.
+    let pre: Vec<(usize, usize)> = {
+        let mut records = mm.events.lock_pre_applied();
+        match e {
+            Event::Unmap(s, end) => {
+                let (taken, kept) = records.iter().partition(|&&(a, b)| a < end && s < b);
+                *records = kept;
+                taken
+            }
+            _ => records.clone(),
+        }
+    };
+    apply(mm, e, Some(from), &pre);
     mm.events.applied.fetch_add(1, SeqCst);
 }
 
-/// Applies one event under the global write lock, leaving alone regions
-/// that lie wholly inside a `pre` range (mapped after the kernel freed it).
-fn apply(mm: &Mm, e: Event, pre: &[(usize, usize)]) {
+/// Applies one event under the global write lock to the regions of
+/// descriptor `desc` (`None`: every region), leaving alone regions that
+/// lie wholly inside a `pre` range (mapped after the kernel freed it).
+///
+/// Hazard: one call of the application's over regions of two descriptors
+/// (an anonymous region beside a shared one, or two regions under
+/// per-region delivery) posts an event on each descriptor, each with the
+/// whole range, and the second only once the first is read. Each is
+/// applied to its own descriptor's regions: applied to all of them, the
+/// first would clear the range, a `map` could land a new region there, and
+/// the second would then cut it.
+fn apply(mm: &Mm, e: Event, desc: Option<usize>, pre: &[(usize, usize)]) {
     let (s, end) = match e {
         Event::Remove(s, end) | Event::Unmap(s, end) => (s, end),
         Event::Remap { from, len, .. } => (from, from + len),
     };
     let inside_pre = |v: &Vma| pre.iter().any(|&(a, b)| v.start >= a && v.end <= b);
+    let ours = |v: &Vma| desc.is_none_or(|d| Desc::of(&v.object).id(mm) == d);
     let vmas: Vec<Arc<Vma>> = mm
         .table
         .read(|t| t.overlapping(s, end))
         .into_iter()
-        .filter(|v| !inside_pre(v))
+        .filter(|v| !inside_pre(v) && ours(v))
         .collect();
     match e {
         Event::Remove(..) => {
@@ -195,7 +236,11 @@ fn apply(mm: &Mm, e: Event, pre: &[(usize, usize)]) {
         }
         Event::Unmap(..) => {
             mm.counters.inc(Counter::EVENT_UNMAP);
-            mm.events.lock_left().retain(|&(a, b, _)| a < s || b > end);
+            // (A record waits for the unmap on the moved region's own
+            // descriptor.)
+            mm.events
+                .lock_left()
+                .retain(|(a, b, d)| *a < s || *b > end || desc.is_some_and(|x| d.id(mm) != x));
             let mut released = Vec::new();
             for v in &vmas {
                 let Cut { kept, .. } = cut(mm, v, s, end, None);

@@ -76,8 +76,9 @@ pub struct Events {
     /// reports the move, then the unmap of what was there before): applied
     /// out of order they would undo each other.
     reads: Mutex<()>,
-    /// Events read and not applied yet, in read order.
-    queue: Mutex<VecDeque<Event>>,
+    /// Events read and not applied yet, in read order, each with the
+    /// descriptor it was read from ([`uffd_id`]).
+    queue: Mutex<VecDeque<(Event, usize)>>,
     /// Reads in flight plus events queued and not yet applied.
     busy: AtomicU32,
     /// Events applied so far.
@@ -94,6 +95,12 @@ pub struct Events {
     /// descriptor, not the region: a record must not keep an object
     /// alive.)
     left: Mutex<Vec<(usize, usize, apply::Desc)>>,
+}
+
+/// Which descriptor `uffd` is: its address (the pager's two live as
+/// long as the address space, a region's own as long as its object).
+pub(crate) fn uffd_id(uffd: &Uffd) -> usize {
+    uffd as *const Uffd as usize
 }
 
 /// One event, decoded.
@@ -235,14 +242,14 @@ impl Events {
             let mut q = self.lock_queue();
             for e in msgs[..n].iter().filter_map(Event::of) {
                 self.busy.fetch_add(1, SeqCst);
-                q.push_back(e);
+                q.push_back((e, uffd_id(uffd)));
             }
         }
         self.busy.fetch_sub(1, SeqCst);
         r
     }
 
-    fn lock_queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
+    fn lock_queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(Event, usize)>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -1,0 +1,229 @@
+//! Regions registered with two descriptors.
+//!
+//! The application's own `munmap` over regions registered with two
+//! descriptors (per-region delivery here; with the pager's two, an
+//! anonymous region beside a shared one) posts an `UNMAP` on each, each
+//! with the whole range, the second only once the first is read. Each is
+//! the unmap of its own descriptor's regions: applied to every region in
+//! the range, the first cleared it, a new region mapped there meanwhile
+//! was then cut by the second (its `mapped()` empty, an access SIGSEGV).
+//!
+//! The second descriptor's reader is held, outside any engine work, by a
+//! signal whose handler waits: its event stays unread meanwhile.
+//!
+//! And a handler thread reads both of the pager's descriptors fairly: it
+//! read the other only once the one its last batch came from ran dry, so
+//! a stream of anonymous faults kept a shared region's faults (and the
+//! application's `munmap` of it) waiting as long as it lasted.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uffd_pager::store::{MemoryStore, Store, StoreError};
+use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager};
+use util::{free_range, with_deadline, PAGE};
+
+static HOLD: AtomicBool = AtomicBool::new(false);
+static HELD: AtomicBool = AtomicBool::new(false);
+
+/// SIGUSR2: waits while `HOLD` is set. Async-signal-safe (atomics and
+/// `sched_yield` only; errno saved and restored).
+extern "C" fn wait_while_held(_: libc::c_int) {
+    // SAFETY: errno is this thread's; sched_yield is async-signal-safe.
+    unsafe {
+        let errno = *libc::__errno_location();
+        HELD.store(true, SeqCst);
+        while HOLD.load(SeqCst) {
+            libc::sched_yield();
+        }
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// The ids of this process's threads named `uffd-region*`.
+fn region_threads() -> Vec<libc::pid_t> {
+    let mut v: Vec<libc::pid_t> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            comm.starts_with("uffd-region")
+                .then(|| e.file_name().to_str()?.parse().ok())?
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{what}: never");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
+    with_deadline(60, "late unmap event", || {
+        let pager = Arc::new(
+            Pager::builder()
+                .delivery(Delivery::PerRegion)
+                .build()
+                .unwrap(),
+        );
+        const LEN: usize = 4 * PAGE;
+        let x = free_range(2 * LEN);
+        let at = |addr| MapOptions {
+            fixed_addr: Some(addr),
+            kind: Some(InstallKind::Shared),
+            ..MapOptions::default()
+        };
+        let store = || Arc::new(MemoryStore::from_bytes(&[5u8; LEN]).unwrap());
+        // SAFETY: the stores are moved in; only the regions change them.
+        let low = unsafe { pager.map_store(store(), LEN, &at(x)) }.unwrap();
+        // (A handler thread names itself once it runs; this test's are the
+        // only ones of that name.)
+        wait_for("the first handler", || region_threads().len() == 1);
+        let before = region_threads();
+        // SAFETY: as above.
+        let high = unsafe { pager.map_store(store(), LEN, &at(x + LEN)) }.unwrap();
+        wait_for("the second handler", || region_threads().len() == 2);
+        let reader = *region_threads()
+            .iter()
+            .find(|t| !before.contains(t))
+            .unwrap();
+        assert_eq!(high.as_slice()[0], 5);
+
+        // The kernel posts the lower region's event first: hold the higher
+        // one's reader, so its event waits.
+        // SAFETY: installs a handler that only touches atomics.
+        unsafe {
+            libc::signal(
+                libc::SIGUSR2,
+                wait_while_held as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
+        HOLD.store(true, SeqCst);
+        // SAFETY: a signal to a thread of this process.
+        let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), reader, libc::SIGUSR2) };
+        assert_eq!(rc, 0);
+        wait_for("the held reader", || HELD.load(SeqCst));
+        let unmapper = std::thread::spawn(move || {
+            // SAFETY: the application gives both regions' memory up.
+            unsafe { libc::munmap(x as *mut _, 2 * LEN) }
+        });
+        let p = pager.clone();
+        wait_for("the first event", move || {
+            p.stats().get(Counter::EVENT_UNMAP) >= 1
+        });
+        // The kernel has the lower range free; the second event waits.
+        // SAFETY: as above.
+        let new = unsafe { pager.map_store(store(), LEN, &at(x)) }.unwrap();
+        HOLD.store(false, SeqCst);
+        assert_eq!(unmapper.join().unwrap(), 0);
+        let p = pager.clone();
+        wait_for("the second event", move || {
+            p.stats().get(Counter::EVENT_UNMAP) >= 2
+        });
+        assert_eq!(
+            new.mapped(),
+            vec![x..x + LEN],
+            "the new region was cut by the other descriptor's event"
+        );
+        assert_eq!(new.as_slice()[LEN - 1], 5);
+        assert!(low.mapped().is_empty() && high.mapped().is_empty());
+    });
+}
+
+/// A store whose reads take 100 ms.
+struct Slow(MemoryStore);
+
+impl Store for Slow {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        std::thread::sleep(Duration::from_millis(100));
+        self.0.read(off, buf)
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.0.write(off, buf)
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+}
+
+#[test]
+fn a_stream_of_anonymous_faults_does_not_starve_a_shared_one() {
+    with_deadline(60, "starved descriptor", || {
+        let pager = Arc::new(
+            Pager::builder()
+                .delivery(Delivery::Threads {
+                    threads: 1,
+                    spin_us: 0,
+                })
+                .readahead(0, 1)
+                .fault_around(0)
+                .build()
+                .unwrap(),
+        );
+        const PAGES: usize = 1024;
+        let slow = Arc::new(Slow(
+            MemoryStore::from_bytes(&vec![3u8; PAGES * PAGE]).unwrap(),
+        ));
+        let anon = MapOptions {
+            kind: Some(InstallKind::Anonymous),
+            ..MapOptions::default()
+        };
+        // SAFETY: the stores are moved in; nothing changes them.
+        let busy = unsafe { pager.map_store(slow, PAGES * PAGE, &anon) }.unwrap();
+        let shared = MapOptions {
+            kind: Some(InstallKind::Shared),
+            ..MapOptions::default()
+        };
+        let store = Arc::new(MemoryStore::from_bytes(&[7u8; 4 * PAGE]).unwrap());
+        // SAFETY: as above.
+        let quiet = unsafe { pager.map_store(store, 4 * PAGE, &shared) }.unwrap();
+        let base = busy.as_ptr() as usize;
+        let stop = Arc::new(AtomicBool::new(false));
+        // Six threads keep the anonymous descriptor full for 5 s.
+        let faulters: Vec<_> = (0..6)
+            .map(|t| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut pg = t * (PAGES / 6);
+                    let t0 = Instant::now();
+                    while !stop.load(SeqCst) && t0.elapsed() < Duration::from_secs(5) {
+                        // SAFETY: inside the region, alive until joined.
+                        let v = unsafe { std::ptr::read_volatile((base + pg * PAGE) as *const u8) };
+                        assert_eq!(v, 3);
+                        pg += 1;
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        assert_eq!(quiet.as_slice()[0], 7);
+        let took = t.elapsed();
+        stop.store(true, SeqCst);
+        for f in faulters {
+            f.join().unwrap();
+        }
+        eprintln!("a shared fault beside a stream of anonymous ones took {took:?}");
+        // One batch of anonymous faults (6 × 100 ms) and its own, with room
+        // for a noisy machine; it waited for the stream's end (4.7 s).
+        assert!(
+            took < Duration::from_millis(3000),
+            "a shared fault took {took:?} beside a stream of anonymous faults"
+        );
+    });
+}
