@@ -96,6 +96,12 @@ pub trait RegionDescriptors: Send + Sync + std::fmt::Debug {
     /// Stops serving `uffd`. Called without the global lock held: its
     /// server may be waiting for it.
     fn close(&self, uffd: &Uffd);
+    /// Tells the server of `uffd` to stop, without waiting for it: for a
+    /// region the application unmapped itself, whose event that server
+    /// may be applying right now, under the global lock. Joined later
+    /// (at the next `open` or `close` once it has returned, or at
+    /// `close_all`).
+    fn retire(&self, uffd: &Uffd);
     /// Stops serving every descriptor (the pager is going).
     fn close_all(&self);
 }

@@ -58,6 +58,9 @@ fn region_threads() -> Vec<libc::pid_t> {
     v
 }
 
+/// Serialises the tests that count this process's `uffd-region` threads.
+static REGION_THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn wait_for(what: &str, cond: impl Fn() -> bool) {
     let t = Instant::now();
     while !cond() {
@@ -69,6 +72,7 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
 #[test]
 fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
     with_deadline(60, "late unmap event", || {
+        let _one = REGION_THREADS.lock().unwrap_or_else(|e| e.into_inner());
         let pager = Arc::new(
             Pager::builder()
                 .delivery(Delivery::PerRegion)
@@ -225,5 +229,43 @@ fn a_stream_of_anonymous_faults_does_not_starve_a_shared_one() {
             took < Duration::from_millis(3000),
             "a shared fault took {took:?} beside a stream of anonymous faults"
         );
+    });
+}
+
+/// The userfaultfd descriptors this process holds.
+fn uffds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
+        .count()
+}
+
+/// Per-region delivery: a region the application unmapped itself gives
+/// its descriptor and handler thread up once its event is applied. They
+/// stayed until the pager went: 20 regions left 20 threads.
+#[test]
+fn a_region_the_application_unmapped_gives_its_handler_up() {
+    with_deadline(60, "per-region handlers", || {
+        let _one = REGION_THREADS.lock().unwrap_or_else(|e| e.into_inner());
+        let pager = Pager::builder()
+            .delivery(Delivery::PerRegion)
+            .build()
+            .unwrap();
+        let _first = pager.map_anonymous(4 * PAGE).unwrap();
+        wait_for("the first handler", || region_threads().len() == 1);
+        let (threads, descriptors) = (region_threads().len(), uffds());
+        for round in 0..20 {
+            let mut r = pager.map_anonymous(4 * PAGE).unwrap();
+            r.as_mut_slice().fill(round);
+            let a = r.as_ptr() as usize;
+            // SAFETY: the application gives the region's memory up itself.
+            assert_eq!(unsafe { libc::munmap(a as *mut libc::c_void, 4 * PAGE) }, 0);
+            assert!(r.mapped().is_empty());
+            drop(r);
+        }
+        wait_for("the handlers' end", || region_threads().len() == threads);
+        // (The last one's descriptor goes with its thread.)
+        wait_for("the descriptors' end", || uffds() == descriptors);
     });
 }

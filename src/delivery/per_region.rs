@@ -17,7 +17,9 @@
 //!
 //! # Cost
 //! One descriptor and one thread per region, made at map time and closed at
-//! unmap (the thread is joined). Meant for a few large regions, not 10⁵.
+//! unmap (the thread is joined), or, for a region the application unmapped
+//! itself, told to stop when its event is applied and joined at the next
+//! map or unmap. Meant for a few large regions, not 10⁵.
 
 use super::threads::{HandlerPool, Serve};
 use crate::address_space::{Mm, RegionDescriptors};
@@ -35,6 +37,8 @@ pub struct PerRegion {
     /// the pager goes).
     mm: Weak<Mm>,
     live: Mutex<Vec<(RawFd, HandlerPool)>>,
+    /// Handlers told to stop and not joined yet ([`RegionDescriptors::retire`]).
+    retired: Mutex<Vec<HandlerPool>>,
 }
 
 impl PerRegion {
@@ -46,17 +50,40 @@ impl PerRegion {
             user_mode_only,
             mm,
             live: Mutex::new(Vec::new()),
+            retired: Mutex::new(Vec::new()),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(RawFd, HandlerPool)>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Joins the retired handlers that have returned.
+    fn reap(&self) {
+        let done: Vec<HandlerPool> = {
+            let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+            let (done, running) = std::mem::take(&mut *retired)
+                .into_iter()
+                .partition(HandlerPool::is_finished);
+            *retired = running;
+            done
+        };
+        drop(done);
+    }
+
+    /// Takes the handler of `uffd` out of the live ones.
+    fn take(&self, uffd: &Uffd) -> Option<HandlerPool> {
+        let mut live = self.lock();
+        live.iter()
+            .position(|(fd, _)| *fd == uffd.fd())
+            .map(|i| live.swap_remove(i).1)
+    }
 }
 
 impl RegionDescriptors for PerRegion {
     /// Opens a descriptor for a new region and starts its handler thread.
     fn open(&self, quiet: bool) -> std::io::Result<Arc<Uffd>> {
+        self.reap();
         let mm = self.mm.upgrade().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "the pager is gone")
         })?;
@@ -75,18 +102,27 @@ impl RegionDescriptors for PerRegion {
 
     /// Stops the handler of `uffd` (joins it).
     fn close(&self, uffd: &Uffd) {
-        let pool = {
-            let mut live = self.lock();
-            live.iter()
-                .position(|(fd, _)| *fd == uffd.fd())
-                .map(|i| live.swap_remove(i).1)
-        };
-        drop(pool);
+        drop(self.take(uffd));
+        self.reap();
+    }
+
+    /// Tells the handler of `uffd` to stop; joined later.
+    fn retire(&self, uffd: &Uffd) {
+        if let Some(pool) = self.take(uffd) {
+            pool.signal_stop();
+            self.retired
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(pool);
+        }
     }
 
     /// Stops every handler (the pager is going).
     fn close_all(&self) {
         let all = std::mem::take(&mut *self.lock());
         drop(all);
+        let retired =
+            std::mem::take(&mut *self.retired.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(retired);
     }
 }

@@ -86,11 +86,24 @@ impl HandlerPool {
     }
 }
 
-impl Drop for HandlerPool {
-    fn drop(&mut self) {
+impl HandlerPool {
+    /// Tells the threads to stop, without waiting for them.
+    pub fn signal_stop(&self) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Whether every thread has returned (so dropping the pool waits for
+    /// nothing).
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().all(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for HandlerPool {
+    fn drop(&mut self) {
+        self.signal_stop();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

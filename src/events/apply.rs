@@ -249,6 +249,14 @@ fn apply(mm: &Mm, e: Event, desc: Option<usize>, pre: &[(usize, usize)]) {
             }
             drop(vmas);
             for obj in released {
+                // All of a region gone under per-region delivery: its
+                // handler stops (this thread, as a rule: it read the
+                // event).
+                if let (Some(p), Some(u)) = (mm.per_region.get(), obj.region_uffd.get()) {
+                    if obj.windows.get().is_empty() {
+                        p.retire(u);
+                    }
+                }
                 // The last piece of an object gone: its dirty shared pages
                 // are written back, as a file mapping's are after munmap
                 // (kept for a later try if the store refuses them).
