@@ -123,6 +123,58 @@ fn resident(addr: usize) -> bool {
     v & 1 != 0
 }
 
+/// Every descriptor the process may open, taken (a lowered soft limit,
+/// filled with `dup`s) until dropped.
+struct Exhausted {
+    fds: Vec<i32>,
+    limit: libc::rlimit,
+}
+
+impl Exhausted {
+    fn now() -> Exhausted {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes `limit`.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        let low = libc::rlimit {
+            rlim_cur: 256.min(limit.rlim_cur),
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads `low`.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+        let mut fds = Vec::new();
+        loop {
+            // SAFETY: dup of standard input; each new descriptor is ours.
+            let fd = unsafe { libc::dup(0) };
+            if fd < 0 {
+                assert_eq!(
+                    std::io::Error::last_os_error().raw_os_error(),
+                    Some(libc::EMFILE)
+                );
+                break;
+            }
+            fds.push(fd);
+        }
+        Exhausted { fds, limit }
+    }
+}
+
+impl Drop for Exhausted {
+    fn drop(&mut self) {
+        for &fd in &self.fds {
+            // SAFETY: our own descriptors, closed once.
+            unsafe { libc::close(fd) };
+        }
+        // SAFETY: setrlimit reads the limit saved before.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &self.limit) };
+    }
+}
+
 #[test]
 fn pages_the_kernel_swapped_out_survive_the_engines_own_faults() {
     if !is_root() {
@@ -176,9 +228,13 @@ fn pages_the_kernel_swapped_out_survive_the_engines_own_faults() {
         eprintln!("skipped: the kernel left no page in swap alone");
         return;
     }
-    // The engine's own faults over every page.
+    // The engine's own faults over every page, in a process out of
+    // descriptors (a server at its limit): the engine cannot open
+    // `/proc/self/pagemap` then, and took every page for dropped.
+    let fds = Exhausted::now();
     r.prefault(0, PAGES * PAGE).unwrap();
     drop(r.lock_resident(0, PAGES * PAGE).unwrap());
+    drop(fds);
     let st = p.stats();
     assert_eq!(
         st.get(Counter::PAGE_DROPPED),

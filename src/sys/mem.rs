@@ -263,29 +263,92 @@ pub fn page_present(addr: usize) -> Result<bool, i32> {
     }
 }
 
-/// Whether the kernel holds the page at `addr` in swap (a swap entry in
-/// its PTE: `/proc/self/pagemap` bit 62), where [`page_present`] says "not
-/// resident" once the page has left the swap cache: still the
-/// application's page, not a dropped one. Opens, reads and closes the
-/// file each call (a rare path; a descriptor kept open could be closed or
-/// reused behind the engine by the application); false if it cannot be
-/// read. Async-signal-safe (`open`, `pread`, `close`), `errno` kept.
-pub fn page_in_swap(addr: usize) -> bool {
-    let saved = super::errno();
-    // SAFETY: a NUL-terminated path; the descriptor is ours until closed
-    // below.
-    let fd = unsafe {
+/// A descriptor of `/proc/self/pagemap` opened when a pager was built,
+/// with the device and inode it had then: [`page_in_swap`]'s fallback
+/// for a process out of descriptors. -1 while none.
+static PAGEMAP_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static PAGEMAP_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static PAGEMAP_DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Opens `/proc/self/pagemap`, close-on-exec; -1 if it cannot be.
+fn open_pagemap() -> i32 {
+    // SAFETY: a NUL-terminated path; the caller owns the descriptor.
+    unsafe {
         libc::open(
             c"/proc/self/pagemap".as_ptr(),
             libc::O_RDONLY | libc::O_CLOEXEC,
         )
-    };
+    }
+}
+
+/// Keeps a descriptor of `/proc/self/pagemap` for [`page_in_swap`] to
+/// fall back on, once per process (a pager's build calls it).
+pub fn keep_pagemap() {
+    use std::sync::atomic::Ordering::{AcqRel, Release};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let fd = open_pagemap();
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat writes only `st`.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            // SAFETY: our own descriptor, closed once.
+            unsafe { libc::close(fd) };
+            return;
+        }
+        PAGEMAP_DEV.store(st.st_dev, Release);
+        PAGEMAP_ID.store(st.st_ino, Release);
+        PAGEMAP_FD.swap(fd, AcqRel);
+    });
+}
+
+/// The kept descriptor, if it still is the file it was (the application
+/// may have closed it, and the number been reused since); -1 if not.
+fn kept_pagemap() -> i32 {
+    use std::sync::atomic::Ordering::Acquire;
+    let fd = PAGEMAP_FD.load(Acquire);
+    if fd < 0 {
+        return -1;
+    }
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `st`; a closed or reused number is only
+    // asked about.
+    let same = unsafe { libc::fstat(fd, &mut st) } == 0
+        && st.st_dev == PAGEMAP_DEV.load(Acquire)
+        && st.st_ino == PAGEMAP_ID.load(Acquire);
+    if same {
+        fd
+    } else {
+        -1
+    }
+}
+
+/// Whether the kernel holds the page at `addr` in swap (a swap entry in
+/// its PTE: `/proc/self/pagemap` bit 62), where [`page_present`] says "not
+/// resident" once the page has left the swap cache: still the
+/// application's page, not a dropped one. Opens, reads and closes the
+/// file each call (a rare path); a process out of descriptors (`EMFILE`,
+/// `ENFILE`) reads the one [`keep_pagemap`] kept, if it still is that
+/// file. False if neither can be read. Async-signal-safe (`open`,
+/// `fstat`, `pread`, `close`), `errno` kept.
+pub fn page_in_swap(addr: usize) -> bool {
+    let saved = super::errno();
+    let mut fd = open_pagemap();
+    let own = fd >= 0;
+    if !own && matches!(super::errno(), libc::EMFILE | libc::ENFILE) {
+        fd = kept_pagemap();
+    }
     if fd < 0 {
         super::set_errno(saved);
         return false;
     }
     let mut entry = 0u64;
-    // SAFETY: reads 8 bytes into `entry`; `fd` is ours.
+    // SAFETY: reads 8 bytes into `entry`; `fd` is open (ours, or the kept
+    // one just checked).
     let n = unsafe {
         libc::pread(
             fd,
@@ -294,8 +357,10 @@ pub fn page_in_swap(addr: usize) -> bool {
             ((addr / 4096) * 8) as libc::off_t,
         )
     };
-    // SAFETY: our own descriptor, closed once.
-    unsafe { libc::close(fd) };
+    if own {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+    }
     super::set_errno(saved);
     n == 8 && entry & (1 << 62) != 0
 }
