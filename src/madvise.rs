@@ -15,6 +15,7 @@ impl Mm {
     /// so the global lock's read side (which keeps the region's pieces as
     /// they are) is enough, and no fault waits for the advice.
     pub fn advise(&self, id: u64, access: crate::Access) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         let random = match access {
             crate::Access::Normal => false,
@@ -33,6 +34,7 @@ impl Mm {
     /// access is a minor fault); anonymous contents are discarded (the next
     /// access reads what the source holds), as with the kernel's madvise.
     pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         const CHUNK: usize = 64;
         self.check_owner()?;
         self.events.quiesce();

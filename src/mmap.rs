@@ -62,6 +62,7 @@ impl Mm {
         at: Placement,
         kept: bool,
     ) -> Result<(u64, usize)> {
+        let _deferred = crate::sys::thread::Deferred::new();
         let VmFlags {
             writable, pinned, ..
         } = flags;
@@ -283,6 +284,7 @@ impl Mm {
     /// release the object (writing back a shared object over a writable
     /// store).
     pub fn unmap(&self, id: u64) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         self.events.quiesce();
         let w = self.lock.write();

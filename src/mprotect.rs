@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering::*;
 impl Mm {
     /// Changes the protection of every piece of region `id`.
     pub fn protect(&self, id: u64, writable: bool) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         self.events.quiesce();
         let _w = self.lock.write();

@@ -28,6 +28,7 @@ impl Mm {
         new_len: usize,
         new_addr: Option<usize>,
     ) -> Result<(usize, Result<()>)> {
+        let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         self.events.quiesce();
         let _w = self.lock.write();

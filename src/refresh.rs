@@ -23,6 +23,7 @@ impl Mm {
     /// with a store through the mapping to the same bytes has no defined
     /// order, as with the kernel.
     pub fn refresh(&self, id: u64, offset: u64, len: u64) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         let Some(obj) = self.pieces(id).first().map(|v| v.object.clone()) else {
             return Ok(()); // unmapped by the application meanwhile

@@ -79,6 +79,7 @@ impl ResidentGuard<'_> {
 /// Guards the pages of `[start, end)` (page-aligned user addresses inside
 /// one region), faulting them in for a write if `write`.
 pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<ResidentGuard<'_>> {
+    let _deferred = crate::sys::thread::Deferred::new();
     mm.check_owner()?;
     let units = ((end - start) / PAGE_SIZE) as u64;
     let budget = mm.config.budget_pages;
@@ -163,6 +164,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
 
 impl Drop for ResidentGuard<'_> {
     fn drop(&mut self) {
+        let _deferred = crate::sys::thread::Deferred::new();
         if let Some((s, e)) = self.locked {
             // SAFETY: unlocks the range this guard locked.
             unsafe { libc::munlock(s as *const libc::c_void, e - s) };

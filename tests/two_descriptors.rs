@@ -9,7 +9,9 @@
 //! was then cut by the second (its `mapped()` empty, an access SIGSEGV).
 //!
 //! The second descriptor's reader is held, outside any engine work, by a
-//! signal whose handler waits: its event stays unread meanwhile.
+//! signal whose handler waits: its event stays unread meanwhile. (SIGTRAP:
+//! the engine's threads block every asynchronous signal and leave open
+//! only those the kernel raises for an instruction, SIGTRAP among them.)
 //!
 //! And a handler thread reads both of the pager's descriptors fairly: it
 //! read the other only once the one its last batch came from ran dry, so
@@ -29,7 +31,7 @@ use util::{free_range, with_deadline, PAGE};
 static HOLD: AtomicBool = AtomicBool::new(false);
 static HELD: AtomicBool = AtomicBool::new(false);
 
-/// SIGUSR2: waits while `HOLD` is set. Async-signal-safe (atomics and
+/// SIGTRAP: waits while `HOLD` is set. Async-signal-safe (atomics and
 /// `sched_yield` only; errno saved and restored).
 extern "C" fn wait_while_held(_: libc::c_int) {
     // SAFETY: errno is this thread's; sched_yield is async-signal-safe.
@@ -58,8 +60,9 @@ fn region_threads() -> Vec<libc::pid_t> {
     v
 }
 
-/// Serialises the tests that count this process's `uffd-region` threads.
-static REGION_THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Serialises this file's tests: some count this process's `uffd-region`
+/// threads and userfaultfd descriptors.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn wait_for(what: &str, cond: impl Fn() -> bool) {
     let t = Instant::now();
@@ -72,7 +75,7 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
 #[test]
 fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
     with_deadline(60, "late unmap event", || {
-        let _one = REGION_THREADS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let pager = Arc::new(
             Pager::builder()
                 .delivery(Delivery::PerRegion)
@@ -107,13 +110,13 @@ fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
         // SAFETY: installs a handler that only touches atomics.
         unsafe {
             libc::signal(
-                libc::SIGUSR2,
+                libc::SIGTRAP,
                 wait_while_held as extern "C" fn(libc::c_int) as libc::sighandler_t,
             )
         };
         HOLD.store(true, SeqCst);
         // SAFETY: a signal to a thread of this process.
-        let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), reader, libc::SIGUSR2) };
+        let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), reader, libc::SIGTRAP) };
         assert_eq!(rc, 0);
         wait_for("the held reader", || HELD.load(SeqCst));
         let unmapper = std::thread::spawn(move || {
@@ -168,6 +171,7 @@ impl Store for Slow {
 #[test]
 fn a_stream_of_anonymous_faults_does_not_starve_a_shared_one() {
     with_deadline(60, "starved descriptor", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let pager = Arc::new(
             Pager::builder()
                 .delivery(Delivery::Threads {
@@ -247,7 +251,7 @@ fn uffds() -> usize {
 #[test]
 fn a_region_the_application_unmapped_gives_its_handler_up() {
     with_deadline(60, "per-region handlers", || {
-        let _one = REGION_THREADS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let pager = Pager::builder()
             .delivery(Delivery::PerRegion)
             .build()

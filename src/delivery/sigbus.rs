@@ -61,9 +61,10 @@ fn registry() -> &'static Rcu<Vec<usize>> {
 /// its own SIGBUS handler later replaces ours: in-thread delivery then
 /// stops, and every fault on a region goes to the application's handler.
 ///
-/// Without `SA_ONSTACK`: the fault path (reclaim included) needs several
-/// KiB of stack, more than the small alternate signal stacks that runtimes
-/// (Rust's std among them) install for their stack-overflow handlers. It
+/// Without `SA_ONSTACK`: the fault path (reclaim included) needs up to
+/// about 35 KiB of stack (page buffers aligned to 4 KiB), more than the
+/// small alternate signal stacks that runtimes (Rust's std among them)
+/// install for their stack-overflow handlers. It
 /// runs on the faulting thread's own stack, as the kernel's fault path runs
 /// on the task's kernel stack.
 fn ensure_installed() -> Result<(), i32> {
@@ -81,7 +82,12 @@ fn ensure_installed() -> Result<(), i32> {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigbus as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO;
-            libc::sigemptyset(&mut sa.sa_mask);
+            // Every signal waits while a fault is served, as the kernel's
+            // fault path runs before any signal is delivered: an
+            // application handler that ran nested here could touch region
+            // memory with SIGBUS blocked (the kernel then kills the process
+            // with it), or fault into a lock this fault holds.
+            libc::sigfillset(&mut sa.sa_mask);
             if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
                 return Err(crate::sys::errno());
             }
@@ -223,13 +229,11 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             }
             // The access is this thread's, now: no region is SIGSEGV.
             Some(Resolution::Segv) | Some(Resolution::NoRegion) => {
-                // SIGSEGV is not blocked here, so `raise` delivers it before
-                // it returns: the application's handler runs nested in this
-                // one, and runs as application code (it may never come back,
-                // leaving with `siglongjmp`).
+                // The application's handler runs nested in this one, as
+                // application code (it may never come back, leaving with
+                // `siglongjmp`).
                 drop(mark);
-                // SAFETY: raise is async-signal-safe.
-                unsafe { libc::raise(libc::SIGSEGV) };
+                force_segv(uctx);
                 crate::sys::set_errno(saved);
                 return;
             }
@@ -258,6 +262,36 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     crate::sys::set_errno(saved);
     chain(sig, info, uctx);
     crate::sys::set_errno(saved);
+}
+
+/// Raises the SIGSEGV the access gets, as the kernel's `force_sig` would:
+/// with the signal mask of the faulting code (`uc_sigmask`, not this
+/// handler's, which blocks everything), and, where that mask blocks SIGSEGV
+/// or the action ignores it, with the action reset to the default and the
+/// signal unblocked (the access would only fault again: the process dies
+/// of it, as without the engine). Async-signal-safe.
+fn force_segv(uctx: *mut libc::c_void) {
+    // SAFETY: `uctx` is the kernel's ucontext for this delivery (read
+    // only); sigaction, sigprocmask and raise are async-signal-safe and get
+    // valid pointers.
+    unsafe {
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        if uctx.is_null() {
+            libc::sigemptyset(&mut mask);
+        } else {
+            mask = (*(uctx as *const libc::ucontext_t)).uc_sigmask;
+        }
+        let mut now: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut now);
+        if libc::sigismember(&mask, libc::SIGSEGV) == 1 || now.sa_sigaction == libc::SIG_IGN {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
+            libc::sigdelset(&mut mask, libc::SIGSEGV);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+        libc::raise(libc::SIGSEGV);
+    }
 }
 
 /// What the handler's look in the registry found.

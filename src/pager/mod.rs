@@ -443,6 +443,7 @@ impl Pager {
     /// # Ok::<(), uffd_pager::Error>(())
     /// ```
     pub fn flush_unmapped(&self) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.inner.mm;
         mm.check_owner()?;
         // The application's own munmap just made is applied first, so its
@@ -455,6 +456,7 @@ impl Pager {
     /// only: of stores whose [`Store::identity`](crate::store::Store::identity)
     /// is `identity` (its device and inode numbers, as `stat` gives them).
     pub fn flush_unmapped_of(&self, identity: (u64, u64)) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.inner.mm;
         mm.check_owner()?;
         mm.events.quiesce();

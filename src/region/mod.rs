@@ -245,6 +245,7 @@ impl Region {
 
     /// Runs the engine's fault path on every page of `[start, end)`.
     fn fault_span(&self, (start, end): (usize, usize), write: bool) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
         mm.check_owner()?;
         // An event the application's own `madvise` or `munmap` raised may

@@ -13,6 +13,7 @@ impl Region {
     ///
     /// Example: [`Region`](crate::Region).
     pub fn flush(&self) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
         mm.check_owner()?;
         let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
@@ -47,6 +48,7 @@ impl Region {
     /// defined order, but here the change behind the engine can lose to
     /// the whole page.)
     pub fn flush_range(&self, offset: u64, len: u64) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
         mm.check_owner()?;
         let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {

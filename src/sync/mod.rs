@@ -2,10 +2,16 @@
 //! they never allocate and never touch thread-local runtime state, so a
 //! faulting thread may take them inside the SIGBUS handler.
 //!
-//! The one rule that makes that sound: **no engine lock is ever held while
-//! the holder touches a region's user mapping.** The engine fills pages
-//! through its own aliases and installs them with ioctls, so a SIGBUS can
-//! never interrupt code that holds one of these locks.
+//! Two rules make that sound. **No engine lock is ever held while the
+//! holder touches a region's user mapping:** the engine fills pages
+//! through its own aliases and installs them with ioctls, so its own code
+//! never faults while it holds one. **No application signal handler runs
+//! while a thread holds one:** such a handler may touch region memory, and
+//! its SIGBUS would wait on a lock its own thread holds. So the engine's
+//! threads block asynchronous signals for good, its SIGBUS handler blocks
+//! every signal while it runs, and the calls that take engine locks on an
+//! application thread block asynchronous signals meanwhile
+//! (`sys::thread::Deferred`).
 
 pub mod global_lock;
 #[cfg(loom)]

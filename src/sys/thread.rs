@@ -12,16 +12,71 @@ thread_local! {
     static ENGINE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Starts an engine thread named `name` running `f`.
+/// Starts an engine thread named `name` running `f`, with every
+/// asynchronous signal blocked: the application's handlers run on its own
+/// threads, never in the middle of engine work that holds engine locks (a
+/// handler that touches region memory would fault into those locks).
 pub(crate) fn spawn<T, F>(name: String, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    std::thread::Builder::new().name(name).spawn(move || {
+    // Blocked here, so that the new thread starts with them blocked (a
+    // thread inherits its creator's mask); this thread's comes back below.
+    let deferred = Deferred::new();
+    let t = std::thread::Builder::new().name(name).spawn(move || {
         ENGINE.with(|e| e.set(true));
         f()
-    })
+    });
+    drop(deferred);
+    t
+}
+
+/// The signals the kernel raises for the thread's own instruction. Never
+/// blocked by the engine: blocked, the kernel forces them (default action,
+/// the process dies), where unblocked they reach the application's handler
+/// as without the engine.
+const SYNCHRONOUS: [libc::c_int; 6] = [
+    libc::SIGBUS,
+    libc::SIGSEGV,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+];
+
+/// Asynchronous signals blocked on this thread until dropped, which puts
+/// the thread's mask back: around engine work on an application thread
+/// (`prefault`, `map`, a flush...) that holds engine locks, so that an
+/// application handler that touches region memory never runs inside it and
+/// faults into a lock its own thread holds. Signals that arrive meanwhile
+/// are delivered at the drop, as the kernel delivers them once a page
+/// fault is done. Two `pthread_sigmask` calls. Async-signal-safe.
+pub(crate) struct Deferred(libc::sigset_t, std::marker::PhantomData<*const ()>);
+
+impl Deferred {
+    pub(crate) fn new() -> Deferred {
+        // SAFETY: sigfillset/sigdelset fill a local set; pthread_sigmask
+        // gets valid pointers and changes only this thread's mask.
+        unsafe {
+            let mut block: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut block);
+            for s in SYNCHRONOUS {
+                libc::sigdelset(&mut block, s);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
+            Deferred(old, std::marker::PhantomData)
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `new`, on the same thread (a
+        // `Deferred` is not `Send`).
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 /// Marks the calling thread as running engine code until dropped (the

@@ -1,0 +1,287 @@
+//! Signals and in-thread delivery: the application's handlers run as on a
+//! plain mapping. Each case runs in a child process with an alarm as its
+//! deadline (a hang dies of SIGALRM).
+//!
+//! - A signal that arrives while the engine serves a fault in its SIGBUS
+//!   handler waits for the fault, as the kernel delivers signals after a
+//!   page fault: it ran nested with SIGBUS blocked, and a handler that
+//!   touched region memory killed the process (the kernel forces a blocked
+//!   SIGBUS).
+//! - A signal that arrives while the engine works on an application thread
+//!   (`prefault`) waits for it: a handler that touched the page the engine
+//!   held locked deadlocked on its own thread's page lock.
+//! - The SIGSEGV the engine raises for a refused access reaches the
+//!   application's handler with the mask of the faulting code (SIGBUS was
+//!   blocked there, and the handler's touch of a region killed the
+//!   process), and, blocked at the fault, kills as the kernel's does (it
+//!   stayed pending and the access faulted for ever).
+//! - The engine's own threads block asynchronous signals, so no
+//!   application handler runs in the middle of their work.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use uffd_pager::store::{LatencyModel, MemoryStore, SimulatedStore, Store};
+use uffd_pager::{Delivery, MapOptions, Pager};
+use util::*;
+
+const LEN: usize = 8 * PAGE;
+
+static TOUCH: AtomicUsize = AtomicUsize::new(0);
+
+fn say(msg: &[u8]) {
+    // SAFETY: write(2) of a caller's buffer.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// The application's SIGUSR1 handler: reads one byte of region memory.
+extern "C" fn usr1_touches_region(_: libc::c_int) {
+    say(b"USR1-HANDLER-START\n");
+    // SAFETY: TOUCH is an address inside a live region.
+    let v = unsafe { std::ptr::read_volatile(TOUCH.load(SeqCst) as *const u8) };
+    let _ = v;
+    say(b"USR1-HANDLER-DONE\n");
+}
+
+fn install(sig: i32, h: extern "C" fn(libc::c_int), flags: i32) {
+    // SAFETY: installs an async-signal-safe handler.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = h as *const () as usize;
+        sa.sa_flags = flags;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+fn slow_region(p: &Pager) -> uffd_pager::Region {
+    let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&pattern_vec(9, LEN)).unwrap());
+    let sim = Arc::new(SimulatedStore::new(
+        mem,
+        LatencyModel::Fixed { ns: 400_000_000 },
+        0,
+        1,
+    ));
+    // SAFETY: nothing else changes the store.
+    unsafe { p.map_store(sim, LEN, &MapOptions::default()) }.unwrap()
+}
+
+/// A region over a read-only store that the application made writable
+/// itself: the engine refuses its writes with SIGSEGV.
+fn refused_region(p: &Pager) -> uffd_pager::Region {
+    let store = Arc::new(MemoryStore::read_only(&pattern_vec(5, LEN)).unwrap());
+    let opts = MapOptions {
+        writable: false,
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing else changes the store.
+    let region = unsafe { p.map_store(store, LEN, &opts) }.unwrap();
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    // SAFETY: the region's own range.
+    assert_eq!(
+        unsafe { libc::mprotect(region.as_ptr().cast(), LEN, rw) },
+        0
+    );
+    region
+}
+
+/// A child's in-thread pager, with an alarm `secs` away as its deadline.
+fn child_pager(secs: u32) -> Pager {
+    // SAFETY: alarm has no preconditions.
+    unsafe { libc::alarm(secs) };
+    Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap()
+}
+
+/// Sends SIGUSR1 to the calling thread after `ms`.
+fn usr1_me_after(ms: u64) -> std::thread::JoinHandle<()> {
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() } as usize;
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        // SAFETY: the target thread is alive (it waits for us to be joined).
+        unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
+    })
+}
+
+fn child_signal_during_sigbus_fault() {
+    let p = child_pager(8);
+    let slow = slow_region(&p);
+    let other = p.map_anonymous(LEN).unwrap();
+    TOUCH.store(other.as_ptr() as usize + 3 * PAGE, SeqCst);
+    install(libc::SIGUSR1, usr1_touches_region, 0);
+    let t = usr1_me_after(100);
+    // SAFETY: inside the region; its store read takes 400 ms.
+    let v = unsafe { std::ptr::read_volatile(slow.as_ptr().add(PAGE)) };
+    t.join().unwrap();
+    assert_eq!(v, pattern(9, PAGE));
+    say(b"MAIN-DONE\n");
+}
+
+fn child_signal_during_prefault() {
+    let p = child_pager(8);
+    let slow = slow_region(&p);
+    TOUCH.store(slow.as_ptr() as usize + PAGE, SeqCst);
+    install(libc::SIGUSR1, usr1_touches_region, 0);
+    let t = usr1_me_after(100);
+    slow.prefault(PAGE, PAGE).unwrap();
+    t.join().unwrap();
+    say(b"MAIN-DONE\n");
+}
+
+/// The application's SIGSEGV handler: reports whether SIGBUS is blocked,
+/// touches an absent page of a region, exits 0.
+extern "C" fn segv_reports_mask(_: libc::c_int) {
+    // SAFETY: pthread_sigmask/sigismember on locals.
+    unsafe {
+        let mut cur: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut cur);
+        if libc::sigismember(&cur, libc::SIGBUS) == 1 {
+            say(b"SEGV-HANDLER: SIGBUS BLOCKED\n");
+        } else {
+            say(b"SEGV-HANDLER: SIGBUS not blocked\n");
+        }
+        let _ = std::ptr::read_volatile(TOUCH.load(SeqCst) as *const u8);
+        say(b"SEGV-HANDLER: touched region\n");
+        libc::_exit(0);
+    }
+}
+
+fn child_segv_handler_touches_region() {
+    let p = child_pager(8);
+    let other = p.map_anonymous(LEN).unwrap();
+    TOUCH.store(other.as_ptr() as usize + 5 * PAGE, SeqCst);
+    let region = refused_region(&p);
+    install(libc::SIGSEGV, segv_reports_mask, 0);
+    // SAFETY: inside the region: the engine refuses the write with SIGSEGV.
+    unsafe { std::ptr::write_volatile(region.as_ptr().add(6 * PAGE), 0x77) };
+    say(b"MAIN: survived\n");
+}
+
+fn run(name: &str) -> std::process::Output {
+    let out = run_child(name, &[]);
+    eprintln!("{name}: signal {:?}\n{}", exit_signal(&out), describe(&out));
+    out
+}
+
+/// Runs `child` in a child process (this test binary again); asserts it
+/// exits cleanly, as on a plain mapping.
+fn exits_cleanly(name: &str, child: fn()) {
+    if is_child() {
+        return child();
+    }
+    let out = run(name);
+    assert!(out.status.success(), "a clean exit, as on a plain mapping");
+}
+
+#[test]
+fn signal_during_sigbus_fault() {
+    exits_cleanly(
+        "signal_during_sigbus_fault",
+        child_signal_during_sigbus_fault,
+    );
+}
+
+#[test]
+fn signal_during_prefault() {
+    exits_cleanly("signal_during_prefault", child_signal_during_prefault);
+}
+
+#[test]
+fn segv_handler_touches_region() {
+    exits_cleanly(
+        "segv_handler_touches_region",
+        child_segv_handler_touches_region,
+    );
+}
+
+fn block(sig: i32) {
+    // SAFETY: pthread_sigmask on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        assert_eq!(
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()),
+            0
+        );
+    }
+}
+
+/// A thread with SIGSEGV blocked writes to a region the engine refuses
+/// writes to: the kernel kills it (force_sig_fault unblocks SIGSEGV).
+fn child_segv_blocked_write_refused() {
+    let p = child_pager(5);
+    let region = refused_region(&p);
+    block(libc::SIGSEGV);
+    say(b"WRITING\n");
+    // SAFETY: inside the region: refused.
+    unsafe { std::ptr::write_volatile(region.as_ptr().add(6 * PAGE), 0x77) };
+    say(b"MAIN: survived\n");
+}
+
+#[test]
+fn segv_blocked_write_refused() {
+    if is_child() {
+        return child_segv_blocked_write_refused();
+    }
+    let out = run("segv_blocked_write_refused");
+    assert_eq!(
+        exit_signal(&out),
+        Some(libc::SIGSEGV),
+        "the kernel's answer: SIGSEGV"
+    );
+}
+
+/// The signals blocked on thread `tid` of this process (`SigBlk`).
+fn blocked(tid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("SigBlk:")).unwrap();
+    u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+}
+
+#[test]
+fn the_engines_threads_block_asynchronous_signals() {
+    let p = Pager::builder()
+        .delivery(Delivery::Threads {
+            threads: 2,
+            spin_us: 0,
+        })
+        .budget_pages(64)
+        .build()
+        .unwrap();
+    let _r = p.map_anonymous(LEN).unwrap();
+    // The engine's threads (two handlers, kswapd, the I/O workers), once
+    // each has named itself.
+    let engine = || -> Vec<(String, String)> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|e| {
+                let tid = e.ok()?.file_name().into_string().ok()?;
+                let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+                comm.starts_with("uffd")
+                    .then(|| (tid, comm.trim().to_string()))
+            })
+            .collect()
+    };
+    let t = std::time::Instant::now();
+    while engine().len() < 3 && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let bit = |s: i32| 1u64 << (s - 1);
+    let threads = engine();
+    assert!(threads.len() >= 3, "engine threads: {threads:?}");
+    for (tid, comm) in threads {
+        let m = blocked(&tid);
+        for s in [libc::SIGUSR1, libc::SIGALRM, libc::SIGTERM, libc::SIGCHLD] {
+            assert_ne!(m & bit(s), 0, "{comm} has signal {s} unblocked");
+        }
+        for s in [libc::SIGBUS, libc::SIGSEGV] {
+            assert_eq!(m & bit(s), 0, "{comm} has signal {s} blocked");
+        }
+    }
+}
