@@ -10,6 +10,9 @@
 //! With 2 MiB pages both sides map hugetlb (each region at least one
 //! page) and a fault is a 2 MiB page of zeros; the kernel side holds every
 //! faulted page at once, so the pool must hold `faults` pages.
+//!
+//! Where `vm.max_map_count` is too low for `many` regions, the bench raises
+//! it for the run (root only) and puts the old value back at the end.
 
 use crate::workload::common::Rng;
 use std::time::Instant;
@@ -49,23 +52,45 @@ impl ScaleReport {
     }
 }
 
+const MAX_MAP_COUNT: &str = "/proc/sys/vm/max_map_count";
+
+/// `vm.max_map_count` as [`ensure_map_count`] found it, written back on
+/// drop if it raised it.
+#[derive(Debug)]
+struct MapCount {
+    raised_from: Option<usize>,
+}
+
+impl Drop for MapCount {
+    fn drop(&mut self) {
+        if let Some(old) = self.raised_from {
+            if let Err(e) = std::fs::write(MAX_MAP_COUNT, old.to_string()) {
+                tracing::warn!("could not put vm.max_map_count back to {old}: {e}");
+            }
+        }
+    }
+}
+
 /// Makes sure the kernel allows `needed` mappings (`vm.max_map_count`),
-/// raising the limit when it is too low and we may.
-fn ensure_map_count(needed: usize) -> Result<()> {
-    const PATH: &str = "/proc/sys/vm/max_map_count";
-    let cur: usize = std::fs::read_to_string(PATH)
+/// raising the limit when it is too low and we may; the old value comes
+/// back when the returned guard drops.
+fn ensure_map_count(needed: usize) -> Result<MapCount> {
+    let cur: usize = std::fs::read_to_string(MAX_MAP_COUNT)
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(65530);
     if cur >= needed {
-        return Ok(());
+        return Ok(MapCount { raised_from: None });
     }
-    std::fs::write(PATH, needed.to_string()).map_err(|e| Error::Io {
+    std::fs::write(MAX_MAP_COUNT, needed.to_string()).map_err(|e| Error::Io {
         context: format!(
             "{} regions need vm.max_map_count ≥ {needed} (it is {cur}); raising it needs root",
             needed.saturating_sub(65536) / 3
         ),
         source: e,
+    })?;
+    Ok(MapCount {
+        raised_from: Some(cur),
     })
 }
 
@@ -167,8 +192,9 @@ pub fn scale(
     let ps = page_size;
     // An anonymous region costs one mapping until it swaps (adjacent ones
     // usually merge); leave room for the worst case, where none merge and
-    // each also makes its cache area and in-memory swap.
-    ensure_map_count(many * 3 + 65536)?;
+    // each also makes its cache area and in-memory swap. The limit is put
+    // back when this returns, with a result or an error.
+    let _map_count = ensure_map_count(many * 3 + 65536)?;
     let (mut few_ns, mut many_ns, mut map_many_s) = (f64::INFINITY, f64::INFINITY, 0.0);
     let (mut kernel_few_ns, mut kernel_many_ns) = (f64::INFINITY, f64::INFINITY);
     for p in 0..passes.max(1) {

@@ -42,6 +42,8 @@ enum Workload {
     /// (UFFDIO_MOVE, MADV_DONTNEED, hole punch) measured in the same run.
     Evict(EvictArgs),
     /// Fault cost with many regions registered against few, same faults.
+    /// Raises vm.max_map_count for the run where it is too low for --many
+    /// (root only), and puts it back at the end.
     Scale(ScaleArgs),
     /// Handler-thread wake-up placement on the raw floor: one handler, a
     /// handler per faulter, a spinning handler, one descriptor per region.
