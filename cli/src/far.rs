@@ -4,6 +4,7 @@
 //! a plain client that reads pages back without the pager, to check what
 //! the pager wrote.
 
+use crate::os::interrupt::{self, OnInterrupt};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -37,12 +38,45 @@ fn store_error(context: String) -> impl Fn(uffd_pager::store::RedisStoreError) -
 
 /// One run's namespace on a Redis server or cluster: every store made
 /// under it is named `uffd-WHAT-PID-N:NAME` and deleted when the `Far`
-/// drops.
+/// drops, or when SIGINT or SIGTERM ends the run ([`interrupt`]).
 pub struct Far {
     root: RedisStore,
     url: StoreUrl,
-    made: Mutex<Vec<(String, u64)>>,
+    made: Made,
     next: AtomicU64,
+    _on_interrupt: OnInterrupt,
+}
+
+/// The stores made in a namespace: each one's prefix and length.
+type Made = Arc<Mutex<Vec<(String, u64)>>>;
+
+/// Deletes the keys of the stores `made`, over `root`'s connections;
+/// returns how many keys there were.
+fn delete_made(root: &RedisStore, made: &[(String, u64)]) -> u64 {
+    let mut deleted = 0;
+    for (prefix, len) in made {
+        match root.with_prefix(prefix, *len).and_then(|s| s.clear()) {
+            Ok(n) => deleted += n,
+            Err(e) => tracing::warn!("could not delete the keys of {prefix}: {e}"),
+        }
+    }
+    deleted
+}
+
+/// The stores in `made` now.
+fn snapshot(made: &Made) -> Vec<(String, u64)> {
+    made.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// For a run a signal ends: deletes the namespace's keys while the run's
+/// threads still go on, so again (up to five passes in all) while a pass
+/// finds keys that were written during the one before.
+fn delete_on_interrupt(root: &RedisStore, made: &Made) {
+    for _ in 0..5 {
+        if delete_made(root, &snapshot(made)) == 0 {
+            return;
+        }
+    }
 }
 
 impl std::fmt::Debug for Far {
@@ -67,11 +101,21 @@ impl Far {
         };
         let root = RedisStore::open(&url.0, PAGE_SIZE as u64, &opts)
             .map_err(store_error(format!("opening the store {url}")))?;
+        let made = Made::default();
+        // A handle on the same connections, for the signal's cleanup.
+        let handle = root
+            .with_prefix(root.prefix(), PAGE_SIZE as u64)
+            .map_err(store_error(format!("opening the store {url}")))?;
+        let on_interrupt = interrupt::on_interrupt({
+            let made = made.clone();
+            move || delete_on_interrupt(&handle, &made)
+        });
         Ok(Far {
             root,
             url: url.clone(),
-            made: Mutex::new(Vec::new()),
+            made,
             next: AtomicU64::new(0),
+            _on_interrupt: on_interrupt,
         })
     }
 
@@ -148,14 +192,8 @@ impl Far {
 
 impl Drop for Far {
     fn drop(&mut self) {
-        let made = std::mem::take(self.made.get_mut().unwrap_or_else(|e| e.into_inner()));
-        for (prefix, len) in made {
-            if let Ok(s) = self.root.with_prefix(&prefix, len) {
-                if let Err(e) = s.clear() {
-                    tracing::warn!("could not delete the keys of {prefix}: {e}");
-                }
-            }
-        }
+        let made = std::mem::take(&mut *self.made.lock().unwrap_or_else(|e| e.into_inner()));
+        delete_made(&self.root, &made);
     }
 }
 

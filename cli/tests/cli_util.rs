@@ -41,3 +41,14 @@ pub fn rejects(args: &[&str], needle: &str) {
         t.elapsed()
     );
 }
+
+/// The standalone Redis server the far-memory tests use: `UFFD_REDIS_URL`
+/// (default `redis://127.0.0.1:6390`, which `make redis-up` starts), or
+/// `None` (the test skipped, which it says) with `UFFD_SKIP_REDIS=1`.
+pub fn redis_url() -> Option<String> {
+    if std::env::var_os("UFFD_SKIP_REDIS").is_some_and(|v| v == "1") {
+        eprintln!("skipped: UFFD_SKIP_REDIS=1");
+        return None;
+    }
+    Some(std::env::var("UFFD_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390".into()))
+}

@@ -151,11 +151,9 @@ fn an_empty_pool_is_named_not_faulted_on() {
 
 #[test]
 fn far_misses_run_on_2_mib_pages() {
-    if std::env::var_os("UFFD_SKIP_REDIS").is_some_and(|v| v == "1") {
-        eprintln!("skipped: UFFD_SKIP_REDIS=1");
+    let Some(url) = cli_util::redis_url() else {
         return;
-    }
-    let url = std::env::var("UFFD_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390".into());
+    };
     let _pool = huge_util::HugePool::take(4);
     ok(
         &[

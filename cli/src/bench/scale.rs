@@ -12,8 +12,10 @@
 //! faulted page at once, so the pool must hold `faults` pages.
 //!
 //! Where `vm.max_map_count` is too low for `many` regions, the bench raises
-//! it for the run (root only) and puts the old value back at the end.
+//! it for the run (root only) and puts the old value back at the end, or
+//! when SIGINT or SIGTERM ends the run.
 
+use crate::os::interrupt::{self, OnInterrupt};
 use crate::workload::common::Rng;
 use std::time::Instant;
 use uffd_pager::{Error, HugePagePool, MapOptions, Pager, Result, PAGE_SIZE};
@@ -55,18 +57,22 @@ impl ScaleReport {
 const MAX_MAP_COUNT: &str = "/proc/sys/vm/max_map_count";
 
 /// `vm.max_map_count` as [`ensure_map_count`] found it, written back on
-/// drop if it raised it.
+/// drop (or when SIGINT or SIGTERM ends the run) if it raised it.
 #[derive(Debug)]
 struct MapCount {
-    raised_from: Option<usize>,
+    raised_from: Option<(usize, OnInterrupt)>,
+}
+
+fn put_back(old: usize) {
+    if let Err(e) = std::fs::write(MAX_MAP_COUNT, old.to_string()) {
+        tracing::warn!("could not put vm.max_map_count back to {old}: {e}");
+    }
 }
 
 impl Drop for MapCount {
     fn drop(&mut self) {
-        if let Some(old) = self.raised_from {
-            if let Err(e) = std::fs::write(MAX_MAP_COUNT, old.to_string()) {
-                tracing::warn!("could not put vm.max_map_count back to {old}: {e}");
-            }
+        if let Some((old, _)) = self.raised_from {
+            put_back(old);
         }
     }
 }
@@ -82,6 +88,7 @@ fn ensure_map_count(needed: usize) -> Result<MapCount> {
     if cur >= needed {
         return Ok(MapCount { raised_from: None });
     }
+    let on_interrupt = interrupt::on_interrupt(move || put_back(cur));
     std::fs::write(MAX_MAP_COUNT, needed.to_string()).map_err(|e| Error::Io {
         context: format!(
             "{} regions need vm.max_map_count ≥ {needed} (it is {cur}); raising it needs root",
@@ -90,7 +97,7 @@ fn ensure_map_count(needed: usize) -> Result<MapCount> {
         source: e,
     })?;
     Ok(MapCount {
-        raised_from: Some(cur),
+        raised_from: Some((cur, on_interrupt)),
     })
 }
 

@@ -13,6 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use uffd_pager::{Counter, Delivery, InstallKind, Policy, PAGE_SIZE};
 use uffd_pager_cli::far::StoreUrl;
+use uffd_pager_cli::os::interrupt::TempPath;
 use uffd_pager_cli::workload::torture::{self, TortureConfig, TortureKind, TortureReport};
 
 /// What backs the tortured region.
@@ -116,17 +117,6 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 /// The largest region accepted, in pages (64 GiB).
 const MAX_PAGES: usize = 1 << 24;
-
-/// Removes the torture file when dropped, whatever happened.
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
 
 /// Checks the arguments and builds the configuration (the file path, for
 /// the file kind, is a fresh name in the directory).
@@ -252,10 +242,11 @@ fn kind_name(k: &TortureKind) -> &'static str {
 /// Runs the torture and prints the report.
 pub fn run(a: &TortureArgs) -> CliResult {
     let cfg = config(a)?;
-    let _cleanup = RemoveOnDrop(match &cfg.kind {
-        TortureKind::File { path } => Some(path.clone()),
+    // The file goes when the run ends, or when SIGINT or SIGTERM ends it.
+    let _cleanup = match &cfg.kind {
+        TortureKind::File { path } => Some(TempPath::new(path.clone())),
         _ => None,
-    });
+    };
     tracing::info!(?cfg, "torture");
     let r = torture::run(&cfg).map_err(|e| CliError::Runtime(format!("torture: {e}")))?;
     let mut out = std::io::stdout().lock();

@@ -5,13 +5,20 @@
 //! project's machine kind. Needs root; without it [`MemCgroup::create`]
 //! fails with a message.
 
+use super::interrupt::{self, OnInterrupt};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-/// A memory cgroup of this process's making; removed on drop.
+/// A memory cgroup of this process's making; removed on drop, or with the
+/// processes in it killed first if SIGINT or SIGTERM ends the run
+/// ([`interrupt`]).
 #[derive(Debug)]
 pub struct MemCgroup {
     dir: PathBuf,
     v2: bool,
+    _on_interrupt: OnInterrupt,
 }
 
 /// What a cgroup's files said after a run.
@@ -73,13 +80,23 @@ impl MemCgroup {
             return Err("no memory cgroup controller is mounted (cgroup v2 with memory, or v1 at /sys/fs/cgroup/memory)".into());
         }
         let dir = root.join(name);
+        // Registered before the group exists: a signal that comes meanwhile
+        // is handled before it is made.
+        let on_interrupt = interrupt::on_interrupt({
+            let dir = dir.clone();
+            move || kill_and_remove(&dir)
+        });
         std::fs::create_dir(&dir).map_err(|e| {
             format!(
                 "creating the memory cgroup {} ({e}): the kernel baseline needs root",
                 dir.display()
             )
         })?;
-        let g = MemCgroup { dir, v2 };
+        let g = MemCgroup {
+            dir,
+            v2,
+            _on_interrupt: on_interrupt,
+        };
         let (file, value) = if v2 {
             ("memory.max", limit.to_string())
         } else {
@@ -139,6 +156,24 @@ impl MemCgroup {
         } else {
             "v1 memory.limit_in_bytes"
         }
+    }
+}
+
+/// Kills the processes in the group at `dir` and removes it, for a run a
+/// signal ends. A child forked but not yet in the group joins it a moment
+/// later, and a killed process leaves it only once it is gone, so this
+/// tries again for up to five seconds.
+fn kill_and_remove(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() || Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -227,6 +227,7 @@ fn in_child(job: &Job<'_>, group: &MemCgroup, name: String) -> Result<Side, Stri
         let mut wr = unsafe { std::fs::File::from_raw_fd(fds[1]) };
         // SAFETY: as above.
         unsafe { libc::close(fds[0]) };
+        crate::os::interrupt::unblock_in_child();
         // SAFETY: getpid has no preconditions.
         let me = unsafe { libc::getpid() };
         // A panic must not unwind into the parent's frames, which the child
@@ -302,7 +303,9 @@ fn in_child(job: &Job<'_>, group: &MemCgroup, name: String) -> Result<Side, Stri
 /// per thread.
 pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
     check(w, k, dir)?;
-    if threads_in_process() != 1 {
+    // The thread that waits for SIGINT and SIGTERM holds no lock a child
+    // could inherit (and kills the children when it cleans up).
+    if threads_in_process() != 1 + crate::os::interrupt::helper_threads() {
         return Err(
             "the kernel baseline forks its sides and must start before any other thread".into(),
         );
