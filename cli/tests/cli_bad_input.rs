@@ -80,6 +80,17 @@ fn values_too_large_to_run_are_usage_errors() {
             "--io-spin-us",
         ),
         (&["bench", "metadata", "--touch", "0"], "--touch"),
+        (
+            &[
+                "bench",
+                "swap",
+                "--duration",
+                "0.2",
+                "--latency",
+                "fixed:1s",
+            ],
+            "--latency",
+        ),
         (&["bench", "scan", "--pages", "4503599627370496"], "--pages"),
     ] {
         rejects(args, needle);
@@ -93,6 +104,7 @@ fn flags_a_workload_would_ignore_are_refused() {
         (&["bench", "scan", "--threads", "2"], "--threads"),
         (&["bench", "launch", "--threads", "2"], "--threads"),
         (&["bench", "launch", "--pages", "10"], "--pages"),
+        (&["bench", "launch", "--duration", "1"], "--duration"),
         (
             &["bench", "populate-churn", "--policy", "vanilla,retry-once"],
             "populate-churn",

@@ -27,7 +27,7 @@ fn args(duration: f64, policy: &str) -> WorkloadArgs {
         a: WorkloadArgs,
     }
     let mut a = P::parse_from(["demo", "--policy", policy]).a;
-    a.duration = duration;
+    a.duration = Some(duration);
     a
 }
 

@@ -15,10 +15,19 @@ pub(super) fn plan(
     a: &WorkloadArgs,
 ) -> Result<(&'static str, Vec<usize>, Knobs), CliError> {
     let (threads, writers, pages, budget) = w.defaults();
-    if !(a.duration > 0.0 && a.duration <= 3600.0) {
+    let duration = a.duration();
+    if !(duration > 0.0 && duration <= 3600.0) {
         return Err(CliError::Usage(format!(
-            "--duration {} must be in (0, 3600] seconds",
-            a.duration
+            "--duration {duration} must be in (0, 3600] seconds"
+        )));
+    }
+    // A run stops within one access of its deadline; one simulated read
+    // longer than the whole run would be most of it.
+    if worst_latency_ns(a.latency) as f64 > duration * 1e9 {
+        return Err(CliError::Usage(format!(
+            "--latency {} is longer than --duration {duration} s: a run would be over before \
+             its first read came back",
+            a.latency
         )));
     }
     if a.threads.len() > 1 && a.writers.len() > 1 {
@@ -122,7 +131,7 @@ pub(super) fn plan(
         writer_pause: Duration::from_micros(a.writer_pause_us.unwrap_or(w.writer_model().0)),
         writer_burst: Duration::from_micros(a.writer_burst_us.unwrap_or(w.writer_model().1)),
         noise: a.noise,
-        duration: Duration::from_secs_f64(a.duration),
+        duration: Duration::from_secs_f64(duration),
         seed: a.seed,
         policy: a.policies(w)[0],
         delivery: a.delivery,
@@ -198,6 +207,12 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
     only("--launches", a.launches != 10, &[Launch])?;
     only("--think-scale", a.think_scale.is_some(), &[Launch])?;
     only("--heap-every", a.heap_every.is_some(), &[Launch])?;
+    // A launch replays its whole trace: it runs --launches launches.
+    only(
+        "--duration",
+        a.duration.is_some(),
+        &[Filemap, Swap, Churn, Random, Scan],
+    )?;
     if w == Churn && a.policy.len() > 1 {
         return Err(CliError::Usage(
             "populate-churn compares drain policies and shard counts (--drain, --shards), \
@@ -236,13 +251,7 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
             uffd_pager::limits::MAX_LRU_SHARDS
         )));
     }
-    let worst = match a.latency {
-        LatencyModel::None => 0,
-        LatencyModel::Fixed { ns } => ns,
-        LatencyModel::Uniform { max_ns, .. } => max_ns,
-        LatencyModel::Exponential { mean_ns } => mean_ns,
-    };
-    if worst > 1_000_000_000 {
+    if worst_latency_ns(a.latency) > 1_000_000_000 {
         return Err(CliError::Usage(format!(
             "--latency {}: a simulated I/O is at most 1 s",
             a.latency
@@ -261,6 +270,16 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// The longest (for `exp`, the mean) simulated read of `l`, in ns.
+fn worst_latency_ns(l: LatencyModel) -> u64 {
+    match l {
+        LatencyModel::None => 0,
+        LatencyModel::Fixed { ns } => ns,
+        LatencyModel::Uniform { max_ns, .. } => max_ns,
+        LatencyModel::Exponential { mean_ns } => mean_ns,
+    }
 }
 
 /// Refuses a list that names one value twice (it would run twice).

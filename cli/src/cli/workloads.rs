@@ -53,9 +53,10 @@ pub struct WorkloadArgs {
     /// deletes it.
     #[arg(long, value_name = "URL")]
     pub store: Option<StoreUrl>,
-    /// Seconds per run (launch runs --launches launches instead).
-    #[arg(long, default_value_t = 2.0)]
-    pub duration: f64,
+    /// Seconds per run [default: 2]; a run stops within one access of it
+    /// (not for launch, which runs --launches launches).
+    #[arg(long)]
+    pub duration: Option<f64>,
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -155,6 +156,11 @@ pub struct WorkloadArgs {
 }
 
 impl WorkloadArgs {
+    /// `--duration`, or its default.
+    pub fn duration(&self) -> f64 {
+        self.duration.unwrap_or(2.0)
+    }
+
     /// The policies to run: those given, or the workload's default.
     pub fn policies(&self, w: Which) -> Vec<Policy> {
         if !self.policy.is_empty() {
@@ -299,7 +305,7 @@ pub fn sweep(w: Which, a: &WorkloadArgs) -> Result<Sweep, CliError> {
             .collect()
     };
     let total = (values.len() * labels.len()) as u64;
-    let bar = progress(total, a.duration * total as f64);
+    let bar = progress(total, a.duration() * total as f64);
     let mut sw = Sweep {
         workload: w.name(),
         knob,

@@ -2,11 +2,14 @@
 //! repeats rounds of map → read one byte per page → unmap. Mapping and
 //! unmapping take the global lock for write, so the workers are themselves
 //! the global-lock writers; `writers` adds more. The budget is far below
-//! `threads × pages`, so reclaim runs all the time. Throughput is rounds/s.
+//! `threads × pages`, so reclaim runs all the time. Throughput is rounds/s;
+//! the workers stop at the deadline even inside a round, which then does
+//! not count.
 
 use super::common::{
     cpu_time, join_sum, pattern, pattern_stores, spawn_scoped, Knobs, RunResult, Writers,
 };
+use super::deadline::Deadline;
 use super::noise::Noise;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
@@ -29,20 +32,27 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k, deadline)?;
     let noise = Noise::start(k.noise, deadline)?;
+    let stop = Deadline::start(deadline)?;
     let rounds: Result<u64> = std::thread::scope(|s| {
         let hs: Vec<_> = stores
             .iter()
             .map(|store| {
-                let (pager, opts, mismatches) = (&pager, &opts, &mismatches);
+                let (pager, opts, mismatches, stop) = (&pager, &opts, &mismatches, &stop);
                 spawn_scoped(s, move || -> Result<u64> {
                     let mut n = 0;
-                    while Instant::now() < deadline {
+                    'run: while !stop.passed() {
                         // SAFETY: the stores are filled before the run and never written
                         // after: the regions are read-only, so the workers' regions that
                         // map one store at once write nothing back (the store contract).
                         let r =
                             unsafe { pager.map_store(store.clone(), k.pages * PAGE_SIZE, opts) }?;
                         for p in 0..k.pages {
+                            // A round of a large region (or a slow store)
+                            // may outlast the run: the round under way at
+                            // the deadline is left unfinished, and uncounted.
+                            if stop.passed() {
+                                break 'run;
+                            }
                             let off = p * PAGE_SIZE + (p * 7) % PAGE_SIZE;
                             // SAFETY: `off` is inside the mapped region.
                             let v = unsafe { std::ptr::read_volatile(r.as_ptr().add(off)) };

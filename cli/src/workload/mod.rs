@@ -4,6 +4,7 @@
 
 pub mod churn;
 pub mod common;
+pub mod deadline;
 pub mod filemap;
 pub mod launch;
 pub mod noise;

@@ -8,6 +8,7 @@
 use super::common::{
     cpu_time, mib, pattern, pattern_stores, sum_over_threads, Knobs, Rng, RunResult, Writers,
 };
+use super::deadline::Deadline;
 use super::noise::Noise;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
@@ -40,11 +41,14 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let deadline = t0 + k.duration;
     let writers = Writers::start(&pager, k, deadline)?;
     let noise = Noise::start(k.noise, deadline)?;
+    let stop = Deadline::start(deadline)?;
     let reads = sum_over_threads(k.threads, |_| {
         let mut n = 0u64;
         'run: loop {
             for &p in &order {
-                if n.is_multiple_of(64) && Instant::now() >= deadline {
+                // Before every read: one of them may wait out a long store
+                // latency.
+                if stop.passed() {
                     break 'run;
                 }
                 let off = p as usize * PAGE_SIZE + 8 * (p as usize % 512);
