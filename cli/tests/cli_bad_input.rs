@@ -97,6 +97,60 @@ fn values_too_large_to_run_are_usage_errors() {
     }
 }
 
+/// Physical memory in bytes.
+fn phys_mem() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    pages as u64 * size as u64
+}
+
+/// Sizes that need more memory than the machine has are refused before
+/// the run, with the check fault-cost, evict and torture use; before,
+/// these started filling or faulting until the OOM killer came.
+#[test]
+fn sizes_past_the_memory_are_usage_errors() {
+    // More than any machine has.
+    let mut cases = vec![
+        &[
+            "bench",
+            "filemap",
+            "--pages",
+            "16777216",
+            "--budget",
+            "0",
+            "--threads",
+            "1024",
+        ][..],
+        &["bench", "wakeup", "--faulters", "256", "--pages", "1048576"],
+        &[
+            "bench",
+            "scale",
+            "--page-size",
+            "2M",
+            "--faults",
+            "10000000",
+        ],
+    ];
+    // The sizes as found (64 GiB and more), where they do not fit.
+    if phys_mem() < 64 << 30 {
+        cases.extend([
+            &["bench", "filemap", "--pages", "16777216"][..],
+            &["bench", "swap", "--pages", "16777216"],
+        ]);
+    }
+    if phys_mem() < 96 << 30 {
+        cases.push(&["bench", "wakeup", "--faulters", "2", "--pages", "1048576"]);
+    }
+    for args in cases {
+        rejects(args, "memory");
+    }
+}
+
 #[test]
 fn flags_a_workload_would_ignore_are_refused() {
     for (args, needle) in [

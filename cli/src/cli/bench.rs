@@ -191,16 +191,7 @@ fn check_pages(pages: u64, page_size: usize) -> Result<usize, CliError> {
         .checked_mul(page_size as u64)
         .filter(|&b| usize::try_from(b).is_ok())
         .ok_or_else(|| CliError::Usage(format!("--pages {pages} is too large")))?;
-    let needed = bytes.saturating_mul(5);
-    if let Some(mem) = super::phys_mem() {
-        if needed > mem {
-            return Err(CliError::Usage(format!(
-                "--pages {pages} needs about {} MiB of memory; this machine has {} MiB",
-                needed >> 20,
-                mem >> 20
-            )));
-        }
-    }
+    super::fits_in_memory(&format!("--pages {pages}"), bytes.saturating_mul(5))?;
     Ok(pages as usize)
 }
 
@@ -305,6 +296,12 @@ fn run_scale(a: &ScaleArgs) -> CliResult {
                 .into(),
         ));
     }
+    // Each side holds every faulted page at once, with the fault list's
+    // addresses and a little bookkeeping beside each.
+    super::fits_in_memory(
+        &format!("--faults {faults}"),
+        faults.saturating_mul(a.page_size as u64 + 256),
+    )?;
     let r = uffd_pager_cli::bench::scale(
         a.few as usize,
         a.many as usize,
@@ -347,6 +344,14 @@ fn run_wakeup(a: &WakeupArgs) -> CliResult {
             "--faulters at most 256, --pages at most 1048576, --passes at most 100".into(),
         ));
     }
+    // Every configuration's pages are held at once (three or four
+    // configurations of `faulters × pages`), each page with its source and
+    // its installed copy, and a memfd's for the shared kind.
+    let configs = if faulters > 1 { 4 } else { 3 };
+    super::fits_in_memory(
+        &format!("--faulters {faulters} × --pages {pages}"),
+        (configs * 3 * faulters as u64).saturating_mul(pages.saturating_mul(a.page_size as u64)),
+    )?;
     let passes = a.passes as usize;
     let mut o = String::new();
     for kind in dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]) {

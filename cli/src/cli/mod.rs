@@ -134,6 +134,20 @@ fn phys_mem() -> Option<u64> {
     (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
 }
 
+/// Refuses a run that would need more memory than the machine has:
+/// `what` (the flags that size it, as given) needs about `bytes`. A usage
+/// error (exit 2) before the run, not the OOM killer during it.
+fn fits_in_memory(what: &str, bytes: u64) -> Result<(), CliError> {
+    match phys_mem() {
+        Some(mem) if bytes > mem => Err(CliError::Usage(format!(
+            "{what} needs about {} MiB of memory; this machine has {} MiB",
+            bytes >> 20,
+            mem >> 20
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// `--page-size`: `4K` (4096) or `2M` (2097152), in bytes.
 fn page_size(s: &str) -> Result<usize, String> {
     match s {

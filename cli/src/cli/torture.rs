@@ -150,14 +150,7 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     // The model holds a word for every word of the region, and the file
     // kind writes the region's initial contents from a buffer of its size.
     let bytes = (a.pages * a.page_size) as u64;
-    if super::phys_mem().is_some_and(|mem| bytes.saturating_mul(2) > mem) {
-        return usage(format!(
-            "--pages {} needs about {} MiB of memory for the region's model; this machine has {} MiB",
-            a.pages,
-            bytes.saturating_mul(2) >> 20,
-            super::phys_mem().unwrap_or(0) >> 20
-        ));
-    }
+    super::fits_in_memory(&format!("--pages {}", a.pages), bytes.saturating_mul(2))?;
     if a.budget > (a.pages / 4) as u64 {
         return usage(format!(
             "--budget {} is more than a quarter of --pages {}: the region must be at least \

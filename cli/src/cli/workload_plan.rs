@@ -125,6 +125,30 @@ pub(super) fn plan(
             1u64 << 36
         )));
     }
+    // filemap and swap fill their simulated store up front (one shared by
+    // filemap's threads) and cache up to the budget of what they map.
+    if matches!(w, Which::Filemap | Which::Swap) {
+        let mapped = if w == Which::Filemap {
+            (pages as u64).saturating_mul(a.threads.iter().copied().max().unwrap_or(threads) as u64)
+        } else {
+            pages as u64
+        };
+        let cached = if budget == 0 {
+            mapped
+        } else {
+            budget.min(mapped)
+        };
+        let store = if a.store.is_some() { 0 } else { pages as u64 };
+        super::fits_in_memory(
+            &format!(
+                "--pages {}{}",
+                pages / units,
+                a.budget
+                    .map_or(String::new(), |b| format!(" with --budget {b}"))
+            ),
+            (store + cached).saturating_mul(uffd_pager::PAGE_SIZE as u64),
+        )?;
+    }
     let k = Knobs {
         threads: a.threads.first().copied().unwrap_or(threads),
         writers: a.writers.first().copied().unwrap_or(writers),
