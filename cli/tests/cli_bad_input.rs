@@ -205,6 +205,29 @@ fn flags_a_workload_would_ignore_are_refused() {
     }
 }
 
+/// `--baseline kernel` runs the accesses alone on files: flags for the
+/// store, writers and noise would be ignored (before, filemap ran without
+/// them and said nothing).
+#[test]
+fn flags_the_kernel_baseline_would_ignore_are_refused() {
+    let base = ["--baseline", "kernel", "--policy", "retry-once"];
+    for (flags, needle) in [
+        (
+            &["filemap", "--store", "redis://127.0.0.1:1"][..],
+            "--store",
+        ),
+        (&["filemap", "--writers", "2"], "--writers"),
+        (&["filemap", "--noise", "1"], "--noise"),
+        (&["filemap", "--latency", "fixed:10us"], "--latency"),
+        (&["filemap", "--max-inflight", "4"], "--max-inflight"),
+        (&["random", "--writer-pause-us", "5"], "--writer-pause-us"),
+        (&["scan", "--writer-burst-us", "5"], "--writer-burst-us"),
+    ] {
+        let args = [&["bench"][..], flags, &base].concat();
+        rejects(&args, needle);
+    }
+}
+
 #[test]
 fn where_files_and_output_go_is_checked_before_the_run() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));

@@ -244,8 +244,7 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
                 .into(),
         ));
     }
-    if a.store.is_some() && (a.latency != LatencyModel::Fixed { ns: 50_000 } || a.max_inflight != 0)
-    {
+    if a.store.is_some() && shapes_the_simulated_store(a) {
         return Err(CliError::Usage(
             "--latency and --max-inflight shape the simulated store; with --store the latency \
              is the network's"
@@ -294,6 +293,34 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// Whether `--latency` or `--max-inflight` is given (other than its
+/// default), which only the simulated store uses.
+fn shapes_the_simulated_store(a: &WorkloadArgs) -> bool {
+    a.latency != (LatencyModel::Fixed { ns: 50_000 }) || a.max_inflight != 0
+}
+
+/// Refuses what `--baseline kernel` would ignore: both sides run the
+/// workload's accesses alone, on files of a disk file system.
+pub(super) fn baseline_applies(a: &WorkloadArgs) -> Result<(), CliError> {
+    let given = [
+        ("--store", a.store.is_some()),
+        ("--writers", a.writers.iter().any(|&w| w > 0)),
+        ("--noise", a.noise > 0),
+        ("--latency or --max-inflight", shapes_the_simulated_store(a)),
+        ("--writer-pause-us", a.writer_pause_us.is_some()),
+        ("--writer-burst-us", a.writer_burst_us.is_some()),
+    ];
+    let ignored: Vec<&str> = given.iter().filter(|g| g.1).map(|g| g.0).collect();
+    if ignored.is_empty() {
+        return Ok(());
+    }
+    Err(CliError::Usage(format!(
+        "--baseline kernel runs the workload's accesses alone on files of --baseline-dir \
+         (no simulated or Redis store, writers or noise): {} does not apply",
+        ignored.join(", ")
+    )))
 }
 
 /// The longest (for `exp`, the mean) simulated read of `l`, in ns.

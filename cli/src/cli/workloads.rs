@@ -402,12 +402,12 @@ fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
             ))
         }
     };
-    if a.threads.len() > 1 || a.policies(w).len() > 1 || a.writers.len() > 1 {
+    if a.threads.len() > 1 || a.policies(w).len() > 1 {
         return Err(CliError::Usage(
-            "--baseline kernel runs one configuration: give one --policy, --threads and --writers"
-                .into(),
+            "--baseline kernel runs one configuration: give one --policy and --threads".into(),
         ));
     }
+    super::workload_plan::baseline_applies(a)?;
     let (_, _, k) = plan(w, a)?;
     kb::check(workload, &k, &a.baseline_dir).map_err(CliError::Usage)?;
     let report = kb::run(workload, &k, &a.baseline_dir).map_err(CliError::Runtime)?;
