@@ -151,6 +151,19 @@ fn sizes_past_the_memory_are_usage_errors() {
     }
 }
 
+/// A budget under two 2 MiB pages is refused in the units given; before,
+/// the engine refused it while running, in 4 KiB pages (and filemap's
+/// default budget, 512 KiB, was such a budget).
+#[test]
+fn a_budget_under_two_huge_pages_is_a_usage_error() {
+    for w in ["filemap", "swap", "random"] {
+        rejects(
+            &["bench", w, "--page-size", "2M", "--budget", "1"],
+            "--budget 1 is under two 2 MiB pages",
+        );
+    }
+}
+
 #[test]
 fn flags_a_workload_would_ignore_are_refused() {
     for (args, needle) in [
@@ -237,31 +250,36 @@ fn where_files_and_output_go_is_checked_before_the_run() {
     std::fs::write(&far, format!("{MAX}\n")).unwrap();
     let slow = dir.join("slow-trace.txt");
     std::fs::write(&slow, "0 4294967295\n").unwrap();
-    let (empty, far, slow) = (
+    let a_dir = dir.join("a-directory.svg");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    let (empty, far, slow, a_dir) = (
         empty.to_str().unwrap(),
         far.to_str().unwrap(),
         slow.to_str().unwrap(),
+        a_dir.to_str().unwrap(),
     );
+    let baseline_in = |dir| {
+        let policy = ["--policy", "retry-once", "--budget", "16"];
+        [
+            &["bench", "random", "--baseline", "kernel"][..],
+            &policy,
+            &["--baseline-dir", dir],
+        ]
+        .concat()
+    };
     for (args, needle) in [
-        (
-            &[
-                "bench",
-                "random",
-                "--baseline",
-                "kernel",
-                "--policy",
-                "retry-once",
-                "--budget",
-                "16",
-                "--baseline-dir",
-                "/nonexistent",
-            ][..],
-            "not a directory",
-        ),
+        (&baseline_in("/nonexistent")[..], "not a directory"),
         (
             &["bench", "filemap", "--plot", "/nonexistent/x.svg"],
             "--plot",
         ),
+        // Before, these ran the whole bench or demo first (exit 1 after).
+        (&["bench", "filemap", "--plot", "/proc/x.svg"], "--plot"),
+        (&["bench", "swap", "--plot", a_dir], "--plot"),
+        (&["bench", "filemap", "--plot", "/dev/full"], "--plot"),
+        (&["demo", "--out-dir", "/proc/sys"], "--out-dir"),
+        (&["demo", "--out-dir", "/etc/passwd"], "--out-dir"),
+        (&baseline_in("/proc"), "--baseline-dir /proc"),
         (&["bench", "launch", "--trace", empty], "no accesses"),
         (&["bench", "launch", "--trace", far], "page index"),
         (&["bench", "launch", "--trace", slow], "think"),

@@ -3,7 +3,8 @@
 //! each runs on 2 MiB pages end to end (both sides check every page they
 //! read), says so, and answers an empty pool with the typed error's
 //! message. The workload benches' `--page-size` is covered with the
-//! workloads (`workload_random_scan_launch.rs`, `kernel_baseline.rs`).
+//! workloads (`workload_random_scan_launch.rs`, `kernel_baseline.rs`),
+//! but for filemap's default budget here.
 
 #[path = "../../tests/huge_util.rs"]
 mod huge_util;
@@ -130,6 +131,28 @@ fn fault_bench_floors_run_on_2_mib_pages() {
     // The hop is measured on 4 KiB pages only.
     let o = run(&["bench", "fault-cost", "--page-size", "2M", "--hop"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
+
+/// filemap's default budget (512 KiB) is raised to the two 2 MiB pages a
+/// budget of them needs; before, the engine refused it (exit 1).
+#[test]
+fn filemap_runs_on_2_mib_pages_with_its_default_budget() {
+    let _pool = huge_util::HugePool::take(8);
+    ok(
+        &[
+            "bench",
+            "filemap",
+            "--page-size",
+            "2M",
+            "--policy",
+            "vanilla",
+            "--threads",
+            "1",
+            "--duration",
+            "0.2",
+        ],
+        &["filemap"],
+    );
 }
 
 #[test]

@@ -19,6 +19,9 @@ pub struct DemoArgs {
     out_dir: PathBuf,
 }
 
+/// The plots the demo writes in `--out-dir`: filemap's, swap's.
+const PLOTS: [&str; 2] = ["demo-filemap.svg", "demo-swap.svg"];
+
 fn args(duration: f64, policy: &str) -> WorkloadArgs {
     use clap::Parser;
     #[derive(Parser)]
@@ -47,8 +50,16 @@ pub fn run(d: &DemoArgs) -> CliResult {
             d.duration
         )));
     }
-    std::fs::create_dir_all(&d.out_dir)
-        .map_err(|e| CliError::Runtime(format!("creating {}: {e}", d.out_dir.display())))?;
+    // Where the plots go is checked before the minute of runs.
+    std::fs::create_dir_all(&d.out_dir).map_err(|e| {
+        CliError::Usage(format!(
+            "--out-dir {}: not a directory it can make ({e})",
+            d.out_dir.display()
+        ))
+    })?;
+    for name in PLOTS {
+        super::output_file("--out-dir", &d.out_dir.join(name))?;
+    }
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -76,7 +87,7 @@ pub fn run(d: &DemoArgs) -> CliResult {
         ),
         ("seed 003 retry-once", &[1400.0, 1683.0, 1768.0]),
     ];
-    plot(&fm, &d.out_dir.join("demo-filemap.svg"), &seed003, &mut out)?;
+    plot(&fm, &d.out_dir.join(PLOTS[0]), &seed003, &mut out)?;
 
     // filemap again with seed 000's noise: a thread per CPU preempting the
     // faulting threads (see `workload::noise`).
@@ -102,7 +113,7 @@ pub fn run(d: &DemoArgs) -> CliResult {
         ("seed 004 vanilla", &[17303.0, 16728.0, 12596.0, 0.58]),
         ("seed 004 retry-once", &[17899.0, 18347.0, 16095.0, 15421.0]),
     ];
-    plot(&sw, &d.out_dir.join("demo-swap.svg"), &seed004, &mut out)?;
+    plot(&sw, &d.out_dir.join(PLOTS[1]), &seed004, &mut out)?;
 
     // populate-churn under each drain policy, one and four LRU shards.
     let mut a = args(d.duration.min(2.0), "vanilla");

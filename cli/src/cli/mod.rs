@@ -148,6 +148,31 @@ fn fits_in_memory(what: &str, bytes: u64) -> Result<(), CliError> {
     }
 }
 
+/// Checks before the run that `path` can take an output file (`flag`): a
+/// regular file it may write, or a new one it may create (made and
+/// removed again). Exit 2, not a failure after the work is done.
+fn output_file(flag: &str, path: &std::path::Path) -> Result<(), CliError> {
+    use std::fs::OpenOptions;
+    let refuse = |why: String| CliError::Usage(format!("{flag} {}: {why}", path.display()));
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(refuse("not a regular file".into())),
+        Ok(_) => OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map(drop)
+            .map_err(|e| refuse(format!("cannot write it ({e})"))),
+        Err(_) => {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| refuse(format!("cannot create it ({e})")))?;
+            let _ = std::fs::remove_file(path);
+            Ok(())
+        }
+    }
+}
+
 /// `--page-size`: `4K` (4096) or `2M` (2097152), in bytes.
 fn page_size(s: &str) -> Result<usize, String> {
     match s {

@@ -87,10 +87,19 @@ pub(super) fn plan(
         Some(p) => p.saturating_mul(units),
         None => pages.div_ceil(units) * units,
     };
+    // The engine's budget holds two pages at least (or is 0, none): a
+    // default keeps its bytes but not below that.
     let budget = match a.budget {
         Some(b) => b.saturating_mul(units as u64),
-        None => budget.div_ceil(units as u64) * units as u64,
+        None => budget.div_ceil(units as u64).max(2) * units as u64,
     };
+    if units > 1 && budget > 0 && budget < 2 * units as u64 {
+        return Err(CliError::Usage(format!(
+            "--budget {} is under two 2 MiB pages, the least a budget of them holds \
+             (0 is none)",
+            budget / units as u64
+        )));
+    }
     if budget > uffd_pager::limits::MAX_BUDGET_PAGES {
         return Err(CliError::Usage(format!(
             "--budget {} is more than {} pages of {} bytes (128 TiB)",
@@ -291,6 +300,7 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
                 p.display()
             )));
         }
+        super::output_file("--plot", p)?;
     }
     Ok(())
 }

@@ -124,7 +124,8 @@ pub struct WorkloadArgs {
     pub baseline_dir: PathBuf,
     /// Page size of the engine's regions: 4K or 2M (hugetlb; root reserves
     /// the pages with `sysctl vm.nr_hugepages=N`). `--pages` and `--budget`
-    /// then count pages of this size; their defaults keep their bytes.
+    /// then count pages of this size; their defaults keep their bytes (a
+    /// budget at least two pages).
     /// Not for populate-churn (its regions are one page each).
     #[arg(long, default_value = "4K", value_parser = super::page_size)]
     pub page_size: usize,

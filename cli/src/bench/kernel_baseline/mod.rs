@@ -515,6 +515,14 @@ pub fn check(w: Workload, k: &Knobs, dir: &Path) -> Result<(), String> {
             dir.display()
         ));
     }
+    // The files are made there (and unlinked at once): one made and
+    // removed now says whether it can.
+    PatternFile::create(dir, "baseline-check", 0).map_err(|e| {
+        format!(
+            "--baseline-dir {}: the kernel baseline cannot make its files there ({e})",
+            dir.display()
+        )
+    })?;
     if w == Workload::Scan
         && access::engine_map_options(w, k).install_kind() == uffd_pager::InstallKind::Anonymous
     {
