@@ -218,6 +218,36 @@ fn flags_a_workload_would_ignore_are_refused() {
     }
 }
 
+/// A refusal names the values as given and only ways out that exist;
+/// before, torture suggested `--budget 0 or less` and `--pages 2^64-1 or
+/// more`, and swap echoed a --pages it had multiplied (saturating) and
+/// divided again.
+#[test]
+fn messages_name_the_values_given_and_ways_that_exist() {
+    let big = "36028797018963968";
+    for (args, want, not) in [
+        (
+            &["torture", "--pages", "3", "--budget", "1"][..],
+            "(use --pages 4 or more)",
+            "--budget 0",
+        ),
+        (
+            &["torture", "--budget", MAX],
+            "(use --budget 1024 or less)",
+            "or more",
+        ),
+        (
+            &["bench", "swap", "--page-size", "2M", "--pages", big],
+            "--pages 36028797018963968 must",
+            "--pages 36028797018963967",
+        ),
+    ] {
+        rejects(args, want);
+        let err = String::from_utf8_lossy(&cli_util::run(args).stderr).into_owned();
+        assert!(!err.contains(not), "{args:?}: {err}");
+    }
+}
+
 /// `--baseline kernel` runs the accesses alone on files: flags for the
 /// store, writers and noise would be ignored (before, filemap ran without
 /// them and said nothing).

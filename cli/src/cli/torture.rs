@@ -152,13 +152,25 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     let bytes = (a.pages * a.page_size) as u64;
     super::fits_in_memory(&format!("--pages {}", a.pages), bytes.saturating_mul(2))?;
     if a.budget > (a.pages / 4) as u64 {
+        // Only the ways out that exist: a budget of at least one page, a
+        // region of at most MAX_PAGES.
+        let mut ways = Vec::new();
+        if a.pages >= 4 {
+            ways.push(format!("--budget {} or less", a.pages / 4));
+        }
+        match a.budget.checked_mul(4) {
+            Some(p) if p <= (MAX_PAGES / units) as u64 => ways.push(format!("--pages {p} or more")),
+            _ => {}
+        }
+        let ways = if ways.is_empty() {
+            String::new()
+        } else {
+            format!(" (use {})", ways.join(", or "))
+        };
         return usage(format!(
             "--budget {} is more than a quarter of --pages {}: the region must be at least \
-             4x the budget (use --budget {} or less, or --pages {} or more)",
-            a.budget,
-            a.pages,
-            a.pages / 4,
-            a.budget.saturating_mul(4)
+             4x the budget{ways}",
+            a.budget, a.pages,
         ));
     }
     if a.threads > a.pages {

@@ -93,17 +93,22 @@ pub(super) fn plan(
         Some(b) => b.saturating_mul(units as u64),
         None => budget.div_ceil(units as u64).max(2) * units as u64,
     };
+    // The counts as given, for messages (the products above saturate).
+    let (shown_pages, shown_budget) = (
+        a.pages.unwrap_or(pages / units),
+        a.budget.unwrap_or(budget / units as u64),
+    );
     if units > 1 && budget > 0 && budget < 2 * units as u64 {
         return Err(CliError::Usage(format!(
             "--budget {} is under two 2 MiB pages, the least a budget of them holds \
              (0 is none)",
-            budget / units as u64
+            shown_budget
         )));
     }
     if budget > uffd_pager::limits::MAX_BUDGET_PAGES {
         return Err(CliError::Usage(format!(
             "--budget {} is more than {} pages of {} bytes (128 TiB)",
-            budget / units as u64,
+            shown_budget,
             uffd_pager::limits::MAX_BUDGET_PAGES / units as u64,
             a.page_size
         )));
@@ -129,7 +134,7 @@ pub(super) fn plan(
     if (pages == 0 && w != Which::Random) || pages > (1 << 24) {
         return Err(CliError::Usage(format!(
             "--pages {} must be in 1..={} ({} bytes at most)",
-            pages / units,
+            shown_pages,
             (1 << 24) / units,
             1u64 << 36
         )));
@@ -150,8 +155,7 @@ pub(super) fn plan(
         let store = if a.store.is_some() { 0 } else { pages as u64 };
         super::fits_in_memory(
             &format!(
-                "--pages {}{}",
-                pages / units,
+                "--pages {shown_pages}{}",
                 a.budget
                     .map_or(String::new(), |b| format!(" with --budget {b}"))
             ),
