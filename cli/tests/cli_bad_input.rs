@@ -220,8 +220,9 @@ fn flags_a_workload_would_ignore_are_refused() {
 
 /// A refusal names the values as given and only ways out that exist;
 /// before, torture suggested `--budget 0 or less` and `--pages 2^64-1 or
-/// more`, and swap echoed a --pages it had multiplied (saturating) and
-/// divided again.
+/// more`, swap echoed a --pages it had multiplied (saturating) and
+/// divided again, and two hosts in a redis:// URL were taken for an
+/// IPv6 address without brackets.
 #[test]
 fn messages_name_the_values_given_and_ways_that_exist() {
     let big = "36028797018963968";
@@ -240,6 +241,11 @@ fn messages_name_the_values_given_and_ways_that_exist() {
             &["bench", "swap", "--page-size", "2M", "--pages", big],
             "--pages 36028797018963968 must",
             "--pages 36028797018963967",
+        ),
+        (
+            &["probe", "--store", "redis://127.0.0.1:6999,127.0.0.1:6998"],
+            "nodes go in redis-cluster://",
+            "brackets",
         ),
     ] {
         rejects(args, want);

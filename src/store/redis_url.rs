@@ -121,6 +121,11 @@ impl RedisUrl {
                 Some((hp, db)) => (hp, db),
                 None => (rest, ""),
             };
+            if hostport.contains(',') {
+                return Err(bad(
+                    "redis:// names one server: a cluster's nodes go in redis-cluster://HOST:PORT,...",
+                ));
+            }
             let (host, port) = host_port(hostport).map_err(bad)?;
             let db = match db {
                 "" => 0,
