@@ -34,6 +34,18 @@ fn zero_duration() {
     rejects(&["bench", "filemap", "--duration", "0"], "--duration");
 }
 
+/// Under a millisecond a run may end before its first operation; before,
+/// `bench swap --latency none --duration 1e-9` exited 0 having done none.
+#[test]
+fn a_duration_under_a_millisecond() {
+    rejects(
+        &["bench", "swap", "--latency", "none", "--duration", "1e-9"],
+        "--duration",
+    );
+    rejects(&["demo", "--duration", "0.0001"], "--duration");
+    rejects(&["torture", "--duration", "0.0000001"], "1 ms");
+}
+
 #[test]
 fn bad_latency() {
     rejects(&["bench", "swap", "--latency", "fixed:abc"], "--latency");

@@ -44,10 +44,11 @@ fn pct(a: f64, b: f64) -> f64 {
 
 /// Runs the demo.
 pub fn run(d: &DemoArgs) -> CliResult {
-    if !(d.duration > 0.0 && d.duration <= 600.0) {
+    if !(super::MIN_DURATION_S..=600.0).contains(&d.duration) {
         return Err(CliError::Usage(format!(
-            "--duration {} must be in (0, 600]",
-            d.duration
+            "--duration {} must be in [{}, 600] seconds",
+            d.duration,
+            super::MIN_DURATION_S
         )));
     }
     // Where the plots go is checked before the minute of runs.

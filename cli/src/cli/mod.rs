@@ -122,6 +122,10 @@ fn emit(text: &str) -> CliResult {
         .map_err(|e| CliError::Runtime(format!("writing output: {e}")))
 }
 
+/// The shortest `--duration` taken, in seconds: a run shorter than a
+/// millisecond may end before its first operation (and report none).
+const MIN_DURATION_S: f64 = 0.001;
+
 /// Physical memory in bytes, if the system says.
 fn phys_mem() -> Option<u64> {
     // SAFETY: sysconf has no preconditions; -1 means unknown.

@@ -109,8 +109,8 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         .parse()
         .map_err(|_| format!("bad duration {s:?} (90s, 30m, 2h, or seconds)"))?;
     let secs = secs * scale;
-    if !(secs > 0.0 && secs <= 86_400.0) {
-        return Err(format!("duration {s:?} must be in (0, 24h]"));
+    if !(super::MIN_DURATION_S..=86_400.0).contains(&secs) {
+        return Err(format!("duration {s:?} must be in [1 ms, 24h]"));
     }
     Ok(std::time::Duration::from_secs_f64(secs))
 }

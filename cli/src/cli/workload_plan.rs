@@ -16,9 +16,10 @@ pub(super) fn plan(
 ) -> Result<(&'static str, Vec<usize>, Knobs), CliError> {
     let (threads, writers, pages, budget) = w.defaults();
     let duration = a.duration();
-    if !(duration > 0.0 && duration <= 3600.0) {
+    if !(super::MIN_DURATION_S..=3600.0).contains(&duration) {
         return Err(CliError::Usage(format!(
-            "--duration {duration} must be in (0, 3600] seconds"
+            "--duration {duration} must be in [{}, 3600] seconds",
+            super::MIN_DURATION_S
         )));
     }
     // A run stops within one access of its deadline; one simulated read
