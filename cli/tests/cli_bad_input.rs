@@ -311,6 +311,8 @@ fn where_files_and_output_go_is_checked_before_the_run() {
         ),
         // Before, these ran the whole bench or demo first (exit 1 after).
         (&["bench", "filemap", "--plot", "/proc/x.svg"], "--plot"),
+        // Before, SVG went into a .png.
+        (&["bench", "filemap", "--plot", "x.png"], ".svg"),
         (&["bench", "swap", "--plot", a_dir], "--plot"),
         (&["bench", "filemap", "--plot", "/dev/full"], "--plot"),
         (&["demo", "--out-dir", "/proc/sys"], "--out-dir"),

@@ -305,6 +305,12 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
                 p.display()
             )));
         }
+        if !p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+            return Err(CliError::Usage(format!(
+                "--plot {}: the plot is SVG, so its name ends in .svg",
+                p.display()
+            )));
+        }
         super::output_file("--plot", p)?;
     }
     Ok(())

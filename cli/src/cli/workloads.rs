@@ -151,7 +151,8 @@ pub struct WorkloadArgs {
     /// Print CSV instead of tables.
     #[arg(long)]
     pub csv: bool,
-    /// Write an SVG plot of throughput against the swept knob.
+    /// Write an SVG plot of throughput against the swept knob (FILE ends
+    /// in .svg).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
 }
