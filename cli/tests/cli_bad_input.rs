@@ -80,6 +80,11 @@ fn values_too_large_to_run_are_usage_errors() {
             "--io-spin-us",
         ),
         (&["bench", "metadata", "--touch", "0"], "--touch"),
+        // Before, taken as 16384.
+        (
+            &["bench", "scan", "--fault-around", "16385"],
+            "--fault-around",
+        ),
         (
             &[
                 "bench",

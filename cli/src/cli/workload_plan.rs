@@ -294,6 +294,13 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
             a.latency
         )));
     }
+    let max_fault_around = uffd_pager::PagerBuilder::MAX_FAULT_AROUND;
+    if a.fault_around > max_fault_around {
+        return Err(CliError::Usage(format!(
+            "--fault-around {} is more than {max_fault_around} pages",
+            a.fault_around
+        )));
+    }
     if a.think_scale.is_some_and(|t| t > 10_000) {
         return Err(CliError::Usage("--think-scale is at most 10000".into()));
     }

@@ -73,7 +73,8 @@ pub struct WorkloadArgs {
     /// Largest readahead window in pages (0: off).
     #[arg(long, default_value_t = 32)]
     pub readahead: u32,
-    /// Fault-around base cluster in pages (0: off); a sequential reader's grows to 8x.
+    /// Fault-around base cluster in pages (0: off; at most 16384, rounded
+    /// down to a power of two); a sequential reader's grows to 8x.
     #[arg(long, default_value_t = 64)]
     pub fault_around: usize,
     /// No background reclaimer: faulting threads reclaim for themselves
