@@ -214,6 +214,37 @@ fn flags_a_workload_would_ignore_are_refused() {
             "twice",
         ),
         (&["bench", "filemap", "--threads", "2,2"], "twice"),
+        // Before, the benches ran the one given twice once, silently.
+        (
+            &[
+                "bench",
+                "fault-cost",
+                "--kind",
+                "anonymous",
+                "--kind",
+                "anonymous",
+            ],
+            "--kind lists anonymous twice",
+        ),
+        (
+            &[
+                "bench",
+                "fault-cost",
+                "--delivery",
+                "in-thread",
+                "--delivery",
+                "in-thread",
+            ],
+            "--delivery lists in-thread twice",
+        ),
+        (
+            &["bench", "evict", "--kind", "shared", "--kind", "shared"],
+            "twice",
+        ),
+        (
+            &["bench", "wakeup", "--kind", "shared", "--kind", "shared"],
+            "twice",
+        ),
         (
             &["bench", "fault-cost", "--hop", "--delivery", "per-region"],
             "--hop",

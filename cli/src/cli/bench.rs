@@ -154,6 +154,9 @@ struct FaultCostArgs {
     page_size: usize,
 }
 
+/// Both install kinds, the default of `--kind`.
+const BOTH_KINDS: [InstallKind; 2] = [InstallKind::Anonymous, InstallKind::Shared];
+
 /// Runs the chosen workload.
 pub fn run(a: &BenchArgs) -> CliResult {
     match &a.workload {
@@ -172,15 +175,15 @@ pub fn run(a: &BenchArgs) -> CliResult {
     }
 }
 
-fn dedup<T: PartialEq + Copy>(v: &[T], default: &[T]) -> Vec<T> {
-    let src = if v.is_empty() { default } else { v };
-    let mut out: Vec<T> = Vec::new();
-    for &x in src {
-        if !out.contains(&x) {
-            out.push(x);
-        }
-    }
-    out
+/// A repeatable flag's values, or `default` where none is given; one
+/// given twice is refused (it would run twice), as the workloads do.
+fn given_or<T: PartialEq + Copy + std::fmt::Display>(
+    flag: &str,
+    v: &[T],
+    default: &[T],
+) -> Result<Vec<T>, CliError> {
+    super::twice(flag, v)?;
+    Ok(if v.is_empty() { default } else { v }.to_vec())
 }
 
 /// Rejects runs that cannot fit: the floor and the engine each hold the
@@ -216,8 +219,9 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
         )));
     }
     let passes = a.passes as usize;
-    let kinds = dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]);
-    let deliveries = dedup(
+    let kinds = given_or("--kind", &a.kind, &BOTH_KINDS)?;
+    let deliveries = given_or(
+        "--delivery",
         &a.delivery,
         &[
             Delivery::InThread,
@@ -226,7 +230,7 @@ fn run_fault_cost(a: &FaultCostArgs) -> CliResult {
                 spin_us: 0,
             },
         ],
-    );
+    )?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
     if !a.json {
@@ -354,7 +358,7 @@ fn run_wakeup(a: &WakeupArgs) -> CliResult {
     )?;
     let passes = a.passes as usize;
     let mut o = String::new();
-    for kind in dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]) {
+    for kind in given_or("--kind", &a.kind, &BOTH_KINDS)? {
         let r = uffd_pager_cli::bench::wakeup_placement(
             kind,
             faulters,
@@ -389,7 +393,7 @@ fn run_evict(a: &EvictArgs) -> CliResult {
         return Err(CliError::Usage("--passes is at most 100".into()));
     }
     let passes = a.passes as usize;
-    let kinds = dedup(&a.kind, &[InstallKind::Anonymous, InstallKind::Shared]);
+    let kinds = given_or("--kind", &a.kind, &BOTH_KINDS)?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
     let mut rows = Vec::new();
@@ -484,9 +488,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_and_dedup() {
-        assert_eq!(dedup(&[], &[1, 2]), vec![1, 2]);
-        assert_eq!(dedup(&[2, 2, 1], &[1]), vec![2, 1]);
+    fn defaults_and_duplicates() {
+        assert_eq!(given_or("--n", &[], &[1, 2]).unwrap(), vec![1, 2]);
+        assert_eq!(given_or("--n", &[2, 1], &[1]).unwrap(), vec![2, 1]);
+        assert!(matches!(
+            given_or("--n", &[2, 2, 1], &[1]),
+            Err(CliError::Usage(_))
+        ));
     }
 
     #[test]

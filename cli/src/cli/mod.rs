@@ -177,6 +177,16 @@ fn output_file(flag: &str, path: &std::path::Path) -> Result<(), CliError> {
     }
 }
 
+/// Refuses a list that names one value twice (it would run twice).
+fn twice<T: PartialEq + std::fmt::Display>(flag: &str, v: &[T]) -> Result<(), CliError> {
+    for (i, x) in v.iter().enumerate() {
+        if v[..i].contains(x) {
+            return Err(CliError::Usage(format!("{flag} lists {x} twice")));
+        }
+    }
+    Ok(())
+}
+
 /// `--page-size`: `4K` (4096) or `2M` (2097152), in bytes.
 fn page_size(s: &str) -> Result<usize, String> {
     match s {

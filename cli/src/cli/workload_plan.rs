@@ -270,6 +270,7 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
             "--baseline kernel prints its own table: no --json, --csv or --plot".into(),
         ));
     }
+    use super::twice;
     twice("--policy", &a.policy)?;
     twice("--threads", &a.threads)?;
     twice("--writers", &a.writers)?;
@@ -359,14 +360,4 @@ fn worst_latency_ns(l: LatencyModel) -> u64 {
         LatencyModel::Uniform { max_ns, .. } => max_ns,
         LatencyModel::Exponential { mean_ns } => mean_ns,
     }
-}
-
-/// Refuses a list that names one value twice (it would run twice).
-fn twice<T: PartialEq + std::fmt::Display>(flag: &str, v: &[T]) -> Result<(), CliError> {
-    for (i, x) in v.iter().enumerate() {
-        if v[..i].contains(x) {
-            return Err(CliError::Usage(format!("{flag} lists {x} twice")));
-        }
-    }
-    Ok(())
 }
