@@ -2,7 +2,8 @@
 //! [`Workload`] with its own arguments and runner; add new ones there.
 
 use super::json::Json;
-use super::workloads::{self, Which, WorkloadArgs};
+use super::workload_args::{Which, WorkloadArgs};
+use super::workloads;
 use super::{at_least_one, CliError, CliResult};
 use clap::{Args, Subcommand};
 use std::io::Write;

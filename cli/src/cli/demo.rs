@@ -2,7 +2,8 @@
 //! seeds' own figures beside ours and a verdict line under each claim.
 
 use super::report::Sweep;
-use super::workloads::{sweep, Which, WorkloadArgs};
+use super::workload_args::{Which, WorkloadArgs};
+use super::workloads::sweep;
 use super::{CliError, CliResult};
 use clap::Args;
 use std::io::Write;

@@ -24,6 +24,7 @@ mod metadata;
 mod probe;
 mod report;
 mod torture;
+mod workload_args;
 mod workload_plan;
 mod workloads;
 

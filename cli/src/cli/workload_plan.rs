@@ -1,7 +1,7 @@
 //! Checking a workload's arguments and planning its sweep: which knob is
 //! swept over which values, and the knobs every run shares.
 
-use super::workloads::{Which, WorkloadArgs};
+use super::workload_args::{Which, WorkloadArgs};
 use super::CliError;
 use std::time::Duration;
 use uffd_pager::store::LatencyModel;
