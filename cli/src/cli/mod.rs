@@ -22,6 +22,7 @@ mod far;
 mod json;
 mod metadata;
 mod probe;
+mod raw_benches;
 mod report;
 mod torture;
 mod workload_args;
