@@ -395,15 +395,31 @@ impl Mm {
         // kept.
         let cap = self.config.keep_unmapped;
         let made = *obj.keep_stamp.lock().unwrap_or_else(|e| e.into_inner());
+        // Not one of 2 MiB pages: its pages are the hugetlb pool's, which
+        // only budget pressure would give back, while a live region or a
+        // map of the same store waited for them in vain.
         let candidate = cap > 0
             && self.config.budget_pages > 0
             && obj.kind == InstallKind::Shared
+            && !obj.is_huge()
             && self.per_region.get().is_none()
             && Arc::strong_count(&obj.store) > 1;
         if let (true, Some(made)) = (candidate, made) {
-            // (A failed write-back releases it, which tries once more and
-            // reports the error.)
+            // Its dirty pages are owed to the store: listed while they are
+            // written, as `release_now` lists them, so that a map over the
+            // store meanwhile writes them first and reads what they hold
+            // (it found neither a kept object nor a listed one, read the
+            // store's older bytes, and its own write-back put them back
+            // over these). A failed write-back releases it, which tries
+            // once more and reports the error.
+            let owed = obj.store.writable() && crate::unwritten::dirty_pages(&obj) > 0;
+            if owed {
+                self.unwritten.add(&obj);
+            }
             let written = self.writeback_object(&obj).is_ok();
+            if owed && written {
+                self.unwritten.remove(&obj);
+            }
             let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
             if written && !pinned && obj.store.contents_stamp() == Some(made) {
                 let mut r = Ok(());

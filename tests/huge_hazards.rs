@@ -210,3 +210,43 @@ fn a_punched_huge_page_is_written_back_without_a_fault_in_the_engine() {
         );
     }
 }
+
+/// An unmapped object of 2 MiB pages is not kept: its pages are the
+/// hugetlb pool's, which only budget pressure would have given back. A
+/// live region then found the pool empty (its prefault failed with EIO,
+/// an access got SIGBUS), and mapping the same store again was refused
+/// (`NoHugePages`, though it needed no new page).
+#[test]
+fn an_unmapped_object_of_2_mib_pages_gives_its_pages_back() {
+    const HUGE: usize = HUGE_PAGE_SIZE;
+    const UNITS: u64 = (HUGE / PAGE) as u64;
+    let _pool = HugePool::take(4);
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(16 * UNITS)
+        .readahead(0, 1)
+        .keep_unmapped(16)
+        .build()
+        .unwrap();
+    let want = pattern_vec(22, 2 * HUGE);
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&want).unwrap());
+    let shared = huge_opts(InstallKind::Shared);
+    {
+        // SAFETY: nothing else changes the store.
+        let a = unsafe { p.map_store(store.clone(), want.len(), &shared) }.unwrap();
+        assert_bytes(a.as_slice(), &want, "first map");
+    }
+    // The same store again, all of the pool free for it.
+    {
+        // SAFETY: as above.
+        let again = unsafe { p.map_store(store.clone(), want.len(), &shared) }
+            .expect("mapping the same store again");
+        assert_bytes(again.as_slice(), &want, "second map");
+    }
+    // A live region that needs the whole pool.
+    let b = p
+        .map_anonymous_with(4 * HUGE, &huge_opts(InstallKind::Anonymous))
+        .unwrap();
+    b.prefault(0, 4 * HUGE)
+        .expect("prefault while an unmapped object held the pool");
+}

@@ -9,8 +9,9 @@ mod util;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::time::Duration;
 use uffd_pager::store::{
-    FileStore, FileStoreOptions, LatencyModel, MemoryStore, SimulatedStore, Store,
+    FileStore, FileStoreOptions, LatencyModel, MemoryStore, SimulatedStore, Store, StoreError,
 };
 use uffd_pager::{Counter, Delivery, MapOptions, Pager, Region};
 use util::*;
@@ -224,4 +225,70 @@ fn tempfile_dir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("uffd-kept-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A memory store whose writes take 800 ms.
+struct SlowWrites(MemoryStore);
+
+impl Store for SlowWrites {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.0.read(off, buf)
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        std::thread::sleep(Duration::from_millis(800));
+        self.0.write(off, buf)
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+    fn contents_stamp(&self) -> Option<u64> {
+        self.0.contents_stamp()
+    }
+    fn name(&self) -> &'static str {
+        "slow-writes"
+    }
+}
+
+/// A map of a store while the unmap of its last region (the object to be
+/// kept) is still writing that region's dirty page back: the new region
+/// shows the write, and the store ends with both regions' writes. The
+/// object was neither kept nor listed as owing pages then, so the map
+/// read the store's older byte, and its own write-back put it back over
+/// the first region's write (0x11 where 0xAA was written).
+#[test]
+fn a_map_during_the_write_back_of_an_object_being_kept_sees_its_writes() {
+    let store: Arc<dyn Store> = Arc::new(SlowWrites(
+        MemoryStore::from_bytes(&vec![0x11u8; 8 * PAGE]).unwrap(),
+    ));
+    let p = pager(16, 1024, Delivery::InThread);
+    // SAFETY: the store changes only through the engine's write-backs.
+    let mut first =
+        unsafe { p.map_store(store.clone(), 8 * PAGE, &MapOptions::default()) }.unwrap();
+    first.as_mut_slice()[100] = 0xAA;
+    let unmap = std::thread::spawn(move || drop(first));
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: as above.
+    let mut second =
+        unsafe { p.map_store(store.clone(), 8 * PAGE, &MapOptions::default()) }.unwrap();
+    assert_eq!(
+        second.as_slice()[100],
+        0xAA,
+        "the new region shows the older byte"
+    );
+    second.as_mut_slice()[200] = 0xBB;
+    unmap.join().unwrap();
+    drop(second);
+    let mut page = vec![0u8; PAGE];
+    store.read(0, &mut page).unwrap();
+    assert_eq!(
+        (page[100], page[200]),
+        (0xAA, 0xBB),
+        "a write was lost in the store"
+    );
 }
