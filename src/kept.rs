@@ -37,6 +37,33 @@ struct Kept {
 #[derive(Debug, Default)]
 pub struct KeptObjects {
     list: Mutex<VecDeque<Kept>>,
+    /// The stores (their addresses) of objects on their way here, writing
+    /// their dirty pages back first ([`KeptObjects::writing`]).
+    writing: Mutex<Vec<usize>>,
+    written: std::sync::Condvar,
+}
+
+/// An object on its way to be kept, writing its dirty pages back: a map of
+/// its store waits until this is dropped ([`KeptObjects::wait_for`]).
+pub struct Writing<'a> {
+    kept: &'a KeptObjects,
+    store: usize,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut w = self.kept.writing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = w.iter().position(|&s| s == self.store) {
+            w.swap_remove(i);
+        }
+        drop(w);
+        self.kept.written.notify_all();
+    }
+}
+
+/// A store's address, as [`KeptObjects::writing`] knows it.
+fn store_key(s: &Arc<dyn Store>) -> usize {
+    Arc::as_ptr(s) as *const () as usize
 }
 
 /// Whether `a` and `b` are the same store (the same allocation).
@@ -47,6 +74,38 @@ fn same_store(a: &Arc<dyn Store>, b: &Arc<dyn Store>) -> bool {
 impl KeptObjects {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Kept>> {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks `store`'s object as on its way here while it writes its dirty
+    /// pages back, until the guard is dropped (after it is kept, or
+    /// released and its unwritten pages listed).
+    ///
+    /// Hazard: a map of the same store meanwhile would find neither a kept
+    /// object nor a listed one, read the store's older bytes, and its own
+    /// write-back would put them back over the pages being written. So it
+    /// waits ([`KeptObjects::wait_for`]). Not listed as unwritten instead:
+    /// the object is still in the rmap and may be mapped again, and a
+    /// flush of the listed objects holds plain references, which must
+    /// never be the last of such an object.
+    pub fn writing(&self, store: &Arc<dyn Store>) -> Writing<'_> {
+        let key = store_key(store);
+        self.writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(key);
+        Writing {
+            kept: self,
+            store: key,
+        }
+    }
+
+    /// Waits until no object over `store` is on its way here.
+    pub fn wait_for(&self, store: &Arc<dyn Store>) {
+        let key = store_key(store);
+        let mut w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        while w.contains(&key) {
+            w = self.written.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Keeps `obj` (no region maps it; its store's stamp is `stamp`).

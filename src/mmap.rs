@@ -404,22 +404,17 @@ impl Mm {
             && !obj.is_huge()
             && self.per_region.get().is_none()
             && Arc::strong_count(&obj.store) > 1;
+        // (Held to the end: a write-back that fails lists the object in
+        // `release_now` below before a waiting map goes on.)
+        let mut _keeping = None;
         if let (true, Some(made)) = (candidate, made) {
-            // Its dirty pages are owed to the store: listed while they are
-            // written, as `release_now` lists them, so that a map over the
-            // store meanwhile writes them first and reads what they hold
-            // (it found neither a kept object nor a listed one, read the
-            // store's older bytes, and its own write-back put them back
-            // over these). A failed write-back releases it, which tries
-            // once more and reports the error.
+            // Its dirty pages are owed to the store: a map of the store
+            // waits while they are written (`KeptObjects::writing`). A
+            // failed write-back releases it, which tries once more and
+            // reports the error.
             let owed = obj.store.writable() && crate::unwritten::dirty_pages(&obj) > 0;
-            if owed {
-                self.unwritten.add(&obj);
-            }
+            _keeping = owed.then(|| self.kept.writing(&obj.store));
             let written = self.writeback_object(&obj).is_ok();
-            if owed && written {
-                self.unwritten.remove(&obj);
-            }
             let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
             if written && !pinned && obj.store.contents_stamp() == Some(made) {
                 let mut r = Ok(());

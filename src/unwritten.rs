@@ -71,8 +71,7 @@ impl Unwritten {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Lists `obj` (no region maps it; the rmap no longer holds it, or it
-    /// is being written back to be kept).
+    /// Lists `obj` (no region maps it; the rmap no longer holds it).
     pub fn add(&self, obj: &Arc<Object>) {
         let mut l = self.lock();
         if !l.iter().any(|o| Arc::ptr_eq(o, obj)) {
