@@ -102,6 +102,7 @@ impl Mm {
                         w = wait(w, &c, &mut waited);
                         continue;
                     }
+                    Some(c) if c.only_own => {}
                     // (A range a move left, whose unmap was not read in
                     // time: the kernel has it free.)
                     Some(_) if !self.table.read(|t| t.overlaps(hint, hint + len, None)) => {
@@ -137,6 +138,7 @@ impl Mm {
                     w = wait(w, &c, &mut waited);
                     continue;
                 }
+                Some(c) if c.only_own => {}
                 Some(c) => crate::events::apply::stale(self, start, start + len, c.coming),
             }
             break m;

@@ -45,6 +45,24 @@ extern "C" fn wait_while_held(_: libc::c_int) {
     }
 }
 
+/// Holds thread `tid` of this process in [`wait_while_held`] until `HOLD`
+/// is cleared.
+fn hold(tid: libc::pid_t) {
+    // SAFETY: installs a handler that only touches atomics.
+    unsafe {
+        libc::signal(
+            libc::SIGTRAP,
+            wait_while_held as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        )
+    };
+    HELD.store(false, SeqCst);
+    HOLD.store(true, SeqCst);
+    // SAFETY: a signal to a thread of this process.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGTRAP) };
+    assert_eq!(rc, 0);
+    wait_for("the held thread", || HELD.load(SeqCst));
+}
+
 /// The ids of this process's threads named `uffd-region*`.
 fn region_threads() -> Vec<libc::pid_t> {
     let mut v: Vec<libc::pid_t> = std::fs::read_dir("/proc/self/task")
@@ -107,18 +125,7 @@ fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
 
         // The kernel posts the lower region's event first: hold the higher
         // one's reader, so its event waits.
-        // SAFETY: installs a handler that only touches atomics.
-        unsafe {
-            libc::signal(
-                libc::SIGTRAP,
-                wait_while_held as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
-        HOLD.store(true, SeqCst);
-        // SAFETY: a signal to a thread of this process.
-        let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), reader, libc::SIGTRAP) };
-        assert_eq!(rc, 0);
-        wait_for("the held reader", || HELD.load(SeqCst));
+        hold(reader);
         let unmapper = std::thread::spawn(move || {
             // SAFETY: the application gives both regions' memory up.
             unsafe { libc::munmap(x as *mut _, 2 * LEN) }
@@ -271,5 +278,71 @@ fn a_region_the_application_unmapped_gives_its_handler_up() {
         wait_for("the handlers' end", || region_threads().len() == threads);
         // (The last one's descriptor goes with its thread.)
         wait_for("the descriptors' end", || uffds() == descriptors);
+    });
+}
+
+/// A map that waited the whole patience for an event on its own region's
+/// descriptor (one the engine knows nothing of: another region's, whose
+/// reader is stuck) goes ahead without taking its own range for one an
+/// event is still due on. It recorded its range then, and the
+/// application's later `munmap` of the new region, the first unmap over
+/// that record, was taken for the awaited one and left the region in the
+/// table (`mapped()` still listed it).
+#[test]
+fn a_map_that_gave_up_on_its_descriptor_records_nothing() {
+    with_deadline(60, "a map that gave up", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let pager = Pager::builder()
+            .delivery(Delivery::Threads {
+                threads: 1,
+                spin_us: 0,
+            })
+            .build()
+            .unwrap();
+        let old = pager.map_anonymous(4 * PAGE).unwrap();
+        let a = old.as_ptr() as usize;
+        // The one handler thread, held.
+        let handler = loop {
+            let t: Vec<(String, String)> = std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|e| {
+                    let tid = e.ok()?.file_name().into_string().ok()?;
+                    let comm =
+                        std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+                    Some((tid, comm))
+                })
+                .filter(|(_, c)| c.starts_with("uffd-handler"))
+                .collect();
+            if let Some((tid, _)) = t.first() {
+                break tid.parse::<libc::pid_t>().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        hold(handler);
+        // The application unmaps the old region: its event waits.
+        let unmapper = std::thread::spawn(move || {
+            // SAFETY: the application gives the old region's memory up.
+            unsafe { libc::munmap(a as *mut _, 4 * PAGE) }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        // A new region elsewhere, on the same descriptor: its map waits
+        // out its patience, then goes ahead.
+        let away = MapOptions {
+            fixed_addr: Some(free_range(4 * PAGE)),
+            ..MapOptions::default()
+        };
+        let new = pager.map_anonymous_with(4 * PAGE, &away).unwrap();
+        HOLD.store(false, SeqCst);
+        assert_eq!(unmapper.join().unwrap(), 0);
+        assert!(old.mapped().is_empty());
+        // The application unmaps the new region itself.
+        let b = new.as_ptr() as usize;
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::munmap(b as *mut _, 4 * PAGE) }, 0);
+        assert!(
+            new.mapped().is_empty(),
+            "the application's munmap of the new region was not applied: {:x?}",
+            new.mapped()
+        );
     });
 }

@@ -86,6 +86,11 @@ pub(crate) struct Claim {
     there: Vec<Desc>,
     /// An event on its way will change them.
     pub(crate) coming: bool,
+    /// Found only by asking the new region's own descriptor: nothing the
+    /// engine knows of lies there, and an event on that descriptor may be
+    /// for any of its regions. A map that gives up waiting for it leaves
+    /// nothing to apply and nothing to record.
+    pub(crate) only_own: bool,
 }
 
 /// Whether a `map` may claim `[start, end)` now. `None`: nothing of the
@@ -120,7 +125,11 @@ pub(crate) fn event_coming(
         .collect();
     if !there.is_empty() {
         let coming = mm.events.in_flight() || there.iter().any(|d| d.changing(mm));
-        return Some(Claim { there, coming });
+        return Some(Claim {
+            there,
+            coming,
+            only_own: false,
+        });
     }
     let mut left = mm.events.lock_left();
     // (A record whose events have all been applied is done with.)
@@ -132,6 +141,7 @@ pub(crate) fn event_coming(
         .map(|(_, _, d)| d.clone())
         .collect();
     drop(left);
+    let only_own = there.is_empty();
     let own = Desc::of(new);
     if own.changing(mm) {
         there.push(own);
@@ -139,6 +149,7 @@ pub(crate) fn event_coming(
     (!there.is_empty()).then_some(Claim {
         there,
         coming: true,
+        only_own,
     })
 }
 

@@ -215,6 +215,10 @@ fn bad_input_is_a_typed_error() {
     assert_eq!(ok("redis://localhost"), "redis://localhost:6379/0");
     assert_eq!(ok("redis://10.0.0.1:7"), "redis://10.0.0.1:7/0");
     assert_eq!(
+        ok("redis://db.example.com.:7"),
+        "redis://db.example.com.:7/0"
+    );
+    assert_eq!(
         ok("redis://my_host.example-1.org"),
         "redis://my_host.example-1.org:6379/0"
     );

@@ -233,7 +233,9 @@ fn host_port(s: &str) -> Result<(String, u16), &'static str> {
             l.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
                 && l.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
         };
-        if !host.is_empty() && !host.split('.').all(label) {
+        // (A fully qualified name may end in a dot.)
+        let name = host.strip_suffix('.').unwrap_or(host);
+        if !host.is_empty() && !name.split('.').all(label) {
             return Err("a bad host name");
         }
         if host.bytes().all(|b| b.is_ascii_digit() || b == b'.')
