@@ -21,6 +21,7 @@ mod demo;
 mod far;
 mod json;
 mod metadata;
+mod metadata_proc;
 mod probe;
 mod raw_benches;
 mod report;
