@@ -114,7 +114,7 @@ impl Mm {
         let mut refused = None;
         let p = if p == libc::MAP_FAILED {
             let e = crate::sys::errno();
-            if new_len < old_len && crate::sys::mem::page_present(start + new_len).is_err() {
+            if new_len < old_len && crate::sys::pagemap::page_present(start + new_len).is_err() {
                 refused = Some(Error::sys("mremap", e));
                 start as *mut libc::c_void
             } else {
@@ -125,7 +125,7 @@ impl Mm {
                 // A target the kernel unmapped before it failed is not ours
                 // to unmap again.
                 if let (Some(t), Some(a)) = (target, new_addr) {
-                    if crate::sys::mem::page_present(a).is_err() {
+                    if crate::sys::pagemap::page_present(a).is_err() {
                         let _ = t.into_raw();
                     }
                 }

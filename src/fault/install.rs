@@ -192,7 +192,7 @@ fn install_once(
                 // `reclaim`'s hazard note): if the page left the cache
                 // area and one is in place, it is ours (we hold its lock).
                 Err(e) if e != libc::EAGAIN => {
-                    use crate::sys::mem::{page_present, page_there};
+                    use crate::sys::pagemap::{page_present, page_there};
                     if page_present(src) == Ok(false) && page_there(addr) == Ok(true) {
                         mm.counters.inc(IOCTL_DID_WORK);
                         moved = true;
@@ -233,7 +233,7 @@ fn huge_anon_eexist(obj: &Object, addr: usize, r: IoResult) -> IoResult {
         Err(libc::EEXIST)
             if obj.is_huge()
                 && obj.kind == InstallKind::Anonymous
-                && crate::sys::mem::page_present(addr) != Ok(true) =>
+                && crate::sys::pagemap::page_present(addr) != Ok(true) =>
         {
             Err(libc::ENOMEM)
         }
@@ -282,7 +282,7 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         // MISSING only: the kernel found no page in the memfd, or found
         // none before a racing fault filled it. (Writes never get here:
         // `attempt` refuses them.)
-        InstallKind::Shared if obj.kernel_maps => match crate::sys::mem::page_present(addr) {
+        InstallKind::Shared if obj.kernel_maps => match crate::sys::pagemap::page_present(addr) {
             Ok(true) => Recheck::Present { dirty: false },
             Ok(false) => Recheck::Gone,
             Err(_) => Recheck::Failed,
@@ -340,7 +340,7 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         // application's in swap was discarded by the engine's own faults
         // over it (`prefault`, `populate`, a residency guard) and read as
         // its source (`tests/kernel_swap.rs`).
-        InstallKind::Anonymous => match crate::sys::mem::page_there(addr) {
+        InstallKind::Anonymous => match crate::sys::pagemap::page_there(addr) {
             // A 2 MiB page installed write-protected for a read (see
             // `Object::install_wp`), or left so by an eviction that gave up
             // (see `reclaim`'s `huge`); or a clean base page of a read-only

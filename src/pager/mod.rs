@@ -265,7 +265,7 @@ impl PagerBuilder {
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn build(self) -> Result<Pager> {
         crate::fork::watch();
-        crate::sys::mem::keep_pagemap();
+        crate::sys::pagemap::keep_pagemap();
         let in_thread = self.config.delivery.is_in_thread();
         let mut features =
             feature::MINOR_SHMEM | feature::MOVE | feature::POISON | feature::WP_HUGETLBFS_SHMEM;

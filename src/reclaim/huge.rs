@@ -26,7 +26,8 @@ use super::{Pass, Unmapped};
 use crate::address_space::Mm;
 use crate::object::Object;
 use crate::page_cache::CLEAN;
-use crate::sys::mem::{madvise, page_present};
+use crate::sys::mem::madvise;
+use crate::sys::pagemap::page_present;
 
 /// Takes huge anonymous page `i` (mapped at `addr`; the caller holds its
 /// page lock and its region's read lock) out of the mapping. Async-signal-

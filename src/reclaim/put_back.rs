@@ -20,7 +20,8 @@ use std::sync::atomic::Ordering::*;
 /// writable: in a region still read-only with write protection it is
 /// protected again, or the region is made read-only for real.
 pub(super) fn put_back(mm: &Mm, vma: &Vma, addr: usize, src: usize) -> bool {
-    use crate::sys::mem::{madvise, mprotect, page_there};
+    use crate::sys::mem::{madvise, mprotect};
+    use crate::sys::pagemap::page_there;
     let uffd = mm.uffd_for(&vma.object);
     let emulated = vma.read_only_wp.load(Acquire);
     let back = uffd.mv(addr, src, PAGE_SIZE, MODE_DONTWAKE);

@@ -88,7 +88,7 @@ impl Reclaim {
         match self.uffd.mv(slot, addr, PAGE_SIZE, MODE_DONTWAKE) {
             Ok(_) => Ok(slot),
             Err(e) => {
-                if crate::sys::mem::page_there(slot) == Ok(true) {
+                if crate::sys::pagemap::page_there(slot) == Ok(true) {
                     counters.inc(IOCTL_DID_WORK);
                     Ok(slot)
                 } else {

@@ -6,6 +6,7 @@
 pub mod futex;
 pub mod huge;
 pub mod mem;
+pub mod pagemap;
 pub mod pipe;
 pub mod thread;
 pub mod uffd;

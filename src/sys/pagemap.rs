@@ -1,0 +1,130 @@
+//! Where a page of this process is, without touching it: present in its
+//! page tables (`mincore`), or in swap (`/proc/self/pagemap`).
+
+/// Whether the page at `addr` is present in this process's page tables
+/// (`mincore`): what an ioctl's error code may not say. For private
+/// anonymous memory, present means mapped by a PTE. Never touches the
+/// page, so it cannot fault. `Err` if `addr` is not mapped at all.
+/// Async-signal-safe.
+#[inline]
+pub fn page_present(addr: usize) -> Result<bool, i32> {
+    let mut v = 0u8;
+    // SAFETY: mincore writes one byte per page of the (one-page) range
+    // into `v`; it only inspects page tables.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, 4096, &mut v) };
+    if rc == 0 {
+        Ok(v & 1 != 0)
+    } else {
+        Err(super::errno())
+    }
+}
+
+/// A descriptor of `/proc/self/pagemap` opened when a pager was built,
+/// with the device and inode it had then: [`page_in_swap`]'s fallback
+/// for a process out of descriptors. -1 while none.
+static PAGEMAP_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static PAGEMAP_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static PAGEMAP_DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Opens `/proc/self/pagemap`, close-on-exec; -1 if it cannot be.
+fn open_pagemap() -> i32 {
+    // SAFETY: a NUL-terminated path; the caller owns the descriptor.
+    unsafe {
+        libc::open(
+            c"/proc/self/pagemap".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    }
+}
+
+/// Keeps a descriptor of `/proc/self/pagemap` for [`page_in_swap`] to
+/// fall back on, once per process (a pager's build calls it).
+pub fn keep_pagemap() {
+    use std::sync::atomic::Ordering::{AcqRel, Release};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let fd = open_pagemap();
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat writes only `st`.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            // SAFETY: our own descriptor, closed once.
+            unsafe { libc::close(fd) };
+            return;
+        }
+        PAGEMAP_DEV.store(st.st_dev, Release);
+        PAGEMAP_ID.store(st.st_ino, Release);
+        PAGEMAP_FD.swap(fd, AcqRel);
+    });
+}
+
+/// The kept descriptor, if it still is the file it was (the application
+/// may have closed it, and the number been reused since); -1 if not.
+fn kept_pagemap() -> i32 {
+    use std::sync::atomic::Ordering::Acquire;
+    let fd = PAGEMAP_FD.load(Acquire);
+    if fd < 0 {
+        return -1;
+    }
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `st`; a closed or reused number is only
+    // asked about.
+    let same = unsafe { libc::fstat(fd, &mut st) } == 0
+        && st.st_dev == PAGEMAP_DEV.load(Acquire)
+        && st.st_ino == PAGEMAP_ID.load(Acquire);
+    if same {
+        fd
+    } else {
+        -1
+    }
+}
+
+/// Whether the kernel holds the page at `addr` in swap (a swap entry in
+/// its PTE: `/proc/self/pagemap` bit 62), where [`page_present`] says "not
+/// resident" once the page has left the swap cache: still the
+/// application's page, not a dropped one. Opens, reads and closes the
+/// file each call (a rare path); a process out of descriptors (`EMFILE`,
+/// `ENFILE`) reads the one [`keep_pagemap`] kept, if it still is that
+/// file. False if neither can be read. Async-signal-safe (`open`,
+/// `fstat`, `pread`, `close`), `errno` kept.
+pub fn page_in_swap(addr: usize) -> bool {
+    let saved = super::errno();
+    let mut fd = open_pagemap();
+    let own = fd >= 0;
+    if !own && matches!(super::errno(), libc::EMFILE | libc::ENFILE) {
+        fd = kept_pagemap();
+    }
+    if fd < 0 {
+        super::set_errno(saved);
+        return false;
+    }
+    let mut entry = 0u64;
+    // SAFETY: reads 8 bytes into `entry`; `fd` is open (ours, or the kept
+    // one just checked).
+    let n = unsafe {
+        libc::pread(
+            fd,
+            (&mut entry as *mut u64).cast(),
+            8,
+            ((addr / 4096) * 8) as libc::off_t,
+        )
+    };
+    if own {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+    }
+    super::set_errno(saved);
+    n == 8 && entry & (1 << 62) != 0
+}
+
+/// Whether the page at `addr` is there: resident ([`page_present`]) or
+/// in swap ([`page_in_swap`]). For anonymous memory, where `mincore`'s
+/// "not resident" would otherwise be taken for "no page" (dropped).
+/// Async-signal-safe.
+pub fn page_there(addr: usize) -> Result<bool, i32> {
+    page_present(addr).map(|p| p || page_in_swap(addr))
+}
