@@ -247,31 +247,47 @@ impl RedisStore {
         let mut deleted = 0;
         for start in (0..pages).step_by(CLEAR_PAGES_PER_CALL as usize) {
             let end = (start + CLEAR_PAGES_PER_CALL).min(pages);
-            let dels: Vec<::redis::Cmd> = (start..end)
+            // One DEL per chunk (one hash slot); a chunk whose slot is
+            // migrating with its keys on two nodes (`TRYAGAIN`) is deleted
+            // a key at a time.
+            let chunks: Vec<Vec<String>> = (start..end)
                 .step_by(Self::PAGES_PER_TAG as usize)
                 .map(|tag_start| {
-                    let mut del = ::redis::cmd("DEL");
-                    for p in tag_start..(tag_start + Self::PAGES_PER_TAG).min(end) {
-                        del.arg(page_key(&self.prefix, p));
-                    }
-                    del
+                    (tag_start..(tag_start + Self::PAGES_PER_TAG).min(end))
+                        .map(|p| page_key(&self.prefix, p))
+                        .collect()
                 })
                 .collect();
-            let replies = self
+            let del = |keys: &[String]| {
+                let mut del = ::redis::cmd("DEL");
+                keys.iter().for_each(|k| {
+                    del.arg(k);
+                });
+                del
+            };
+            let count = |v: Value| match v {
+                Value::Int(n) => u64::try_from(n).unwrap_or(0),
+                _ => 0,
+            };
+            deleted += self
                 .shared
                 .call("DEL", |c, deadline| {
-                    let r: Result<Vec<Value>, _> =
-                        dels.iter().map(|d| c.query_by(d, deadline)).collect();
-                    Ok(r?)
+                    let mut n = 0;
+                    for keys in &chunks {
+                        match c.query_by(&del(keys), deadline) {
+                            Ok(v) => n += count(v),
+                            Err(e) if pages::split_slot(&e) => {
+                                for k in keys {
+                                    n +=
+                                        count(c.query_by(&del(std::slice::from_ref(k)), deadline)?);
+                                }
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Ok(n)
                 })
                 .map_err(|f| self.command_error(f))?;
-            deleted += replies
-                .iter()
-                .map(|v| match v {
-                    Value::Int(n) => u64::try_from(*n).unwrap_or(0),
-                    _ => 0,
-                })
-                .sum::<u64>();
         }
         Ok(deleted)
     }

@@ -184,7 +184,7 @@ impl RedisStore {
 /// Whether a multi-key command failed because its slot is migrating and
 /// its keys are on two nodes (`TRYAGAIN`; `ASK` where the crate could not
 /// follow it): each key alone can still be reached.
-fn split_slot(e: &::redis::RedisError) -> bool {
+pub(super) fn split_slot(e: &::redis::RedisError) -> bool {
     use ::redis::{ErrorKind, ServerErrorKind};
     matches!(
         e.kind(),
