@@ -192,8 +192,12 @@ impl Far {
 
 impl Drop for Far {
     fn drop(&mut self) {
-        let made = std::mem::take(&mut *self.made.lock().unwrap_or_else(|e| e.into_inner()));
+        // The list stays whole until the keys are gone: a signal that comes
+        // meanwhile deletes them too (with the list taken first, it found
+        // nothing to delete and ended the process midway).
+        let made = snapshot(&self.made);
         delete_made(&self.root, &made);
+        self.made.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 

@@ -48,8 +48,11 @@ pub struct WorkloadArgs {
     /// deletes it.
     #[arg(long, value_name = "URL")]
     pub store: Option<StoreUrl>,
-    /// Seconds per run [default: 2]; a run stops within one access of it
-    /// (not for launch, which runs --launches launches).
+    /// Seconds per run [default: 2]. swap and filemap stop within one
+    /// access of it (a filemap run that finishes no round is an error);
+    /// random looks every 64 accesses, scan runs at least one pass of each
+    /// side, populate-churn between its ops; not for launch, which runs
+    /// --launches launches.
     #[arg(long)]
     pub duration: Option<f64>,
     /// RNG seed.

@@ -77,6 +77,10 @@ pub fn unblock_in_child() {
 }
 
 fn run_cleanups_and_exit(sig: Signal) -> ! {
+    // A second signal ends the process at once, cleanups or not (they can
+    // take long: a stalled store's timeouts): unblocked on this thread, it
+    // comes here with its default action.
+    let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&signals()), None);
     // Held to the end: a thread that would register or unregister a
     // cleanup now waits for the exit instead.
     let mut list = cleanups();

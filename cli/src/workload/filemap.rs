@@ -73,6 +73,16 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     let (noise_loops, noise_prioritised) = noise.stop();
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let rounds = rounds?;
+    // A run whose first round outlasts it measured nothing: an error, not
+    // a rate of zero.
+    if rounds == 0 {
+        return Err(uffd_pager::Error::Config(format!(
+            "no round of {} pages finished within the {:.3} s --duration: give a longer \
+             --duration or fewer --pages",
+            k.pages,
+            k.duration.as_secs_f64()
+        )));
+    }
     Ok(RunResult {
         workload: "filemap",
         label: k.policy.to_string(),
