@@ -56,23 +56,41 @@ impl ScaleReport {
 
 const MAX_MAP_COUNT: &str = "/proc/sys/vm/max_map_count";
 
-/// `vm.max_map_count` as [`ensure_map_count`] found it, written back on
-/// drop (or when SIGINT or SIGTERM ends the run) if it raised it.
+/// `vm.max_map_count` as [`ensure_map_count`] found it and as it wrote
+/// it, put back on drop (or when SIGINT or SIGTERM ends the run) if it
+/// raised it.
 #[derive(Debug)]
 struct MapCount {
-    raised_from: Option<(usize, OnInterrupt)>,
+    raised: Option<((usize, usize), OnInterrupt)>,
 }
 
-fn put_back(old: usize) {
-    if let Err(e) = std::fs::write(MAX_MAP_COUNT, old.to_string()) {
-        tracing::warn!("could not put vm.max_map_count back to {old}: {e}");
+fn read_map_count() -> Option<usize> {
+    std::fs::read_to_string(MAX_MAP_COUNT)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Writes `old` back if the limit is still `ours`: another run (or the
+/// administrator) that changed it since has the last word. Two runs at
+/// once each raising it would otherwise leave it raised: the second read
+/// the first's value as the one to put back.
+fn put_back((old, ours): (usize, usize)) {
+    match read_map_count() {
+        Some(now) if now == ours => {
+            if let Err(e) = std::fs::write(MAX_MAP_COUNT, old.to_string()) {
+                tracing::warn!("could not put vm.max_map_count back to {old}: {e}");
+            }
+        }
+        now => tracing::warn!(
+            "vm.max_map_count is {now:?}, not the {ours} this run set: left as it is (it was {old})"
+        ),
     }
 }
 
 impl Drop for MapCount {
     fn drop(&mut self) {
-        if let Some((old, _)) = self.raised_from {
-            put_back(old);
+        if let Some((values, _)) = self.raised {
+            put_back(values);
         }
     }
 }
@@ -81,14 +99,11 @@ impl Drop for MapCount {
 /// raising the limit when it is too low and we may; the old value comes
 /// back when the returned guard drops.
 fn ensure_map_count(needed: usize) -> Result<MapCount> {
-    let cur: usize = std::fs::read_to_string(MAX_MAP_COUNT)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(65530);
+    let cur: usize = read_map_count().unwrap_or(65530);
     if cur >= needed {
-        return Ok(MapCount { raised_from: None });
+        return Ok(MapCount { raised: None });
     }
-    let on_interrupt = interrupt::on_interrupt(move || put_back(cur));
+    let on_interrupt = interrupt::on_interrupt(move || put_back((cur, needed)));
     std::fs::write(MAX_MAP_COUNT, needed.to_string()).map_err(|e| Error::Io {
         context: format!(
             "{} regions need vm.max_map_count ≥ {needed} (it is {cur}); raising it needs root",
@@ -97,7 +112,7 @@ fn ensure_map_count(needed: usize) -> Result<MapCount> {
         source: e,
     })?;
     Ok(MapCount {
-        raised_from: Some((cur, on_interrupt)),
+        raised: Some(((cur, needed), on_interrupt)),
     })
 }
 
@@ -230,8 +245,35 @@ pub fn scale(
 mod tests {
     use super::*;
 
+    /// Serialises the tests that change `vm.max_map_count`.
+    static LIMIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn a_limit_changed_by_another_run_meanwhile_is_left_alone() {
+        let _one = LIMIT.lock().unwrap_or_else(|e| e.into_inner());
+        // (Root only: the limit is the machine's.)
+        let Some(cur) = read_map_count() else { return };
+        let Ok(raised) = ensure_map_count(cur + 10) else {
+            return;
+        };
+        assert_eq!(read_map_count(), Some(cur + 10));
+        // Another run raises it further meanwhile.
+        std::fs::write(MAX_MAP_COUNT, (cur + 20).to_string()).unwrap();
+        drop(raised);
+        assert_eq!(
+            read_map_count(),
+            Some(cur + 20),
+            "another run's value was undone"
+        );
+        std::fs::write(MAX_MAP_COUNT, cur.to_string()).unwrap();
+        // Alone, it is put back.
+        drop(ensure_map_count(cur + 10).unwrap());
+        assert_eq!(read_map_count(), Some(cur));
+    }
+
     #[test]
     fn small_scale_run() {
+        let _one = LIMIT.lock().unwrap_or_else(|e| e.into_inner());
         let r = scale(2, 200, 400, 1, PAGE_SIZE).unwrap();
         assert!(r.few_ns > 0.0 && r.many_ns > 0.0 && r.ratio().is_finite());
     }
