@@ -38,7 +38,7 @@ fn store_error(context: String) -> impl Fn(uffd_pager::store::RedisStoreError) -
 
 /// One run's namespace on a Redis server or cluster: every store made
 /// under it is named `uffd-WHAT-PID-N:NAME` and deleted when the `Far`
-/// drops, or when SIGINT or SIGTERM ends the run ([`interrupt`]).
+/// drops, or when a signal ends the run ([`interrupt`]).
 pub struct Far {
     root: RedisStore,
     url: StoreUrl,

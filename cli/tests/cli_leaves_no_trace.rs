@@ -1,8 +1,8 @@
 //! What a run changes outside itself is put back when it ends: a kernel
 //! setting it raised for the run; and what it made (a temporary file, a
 //! memory cgroup and the processes in it, a Redis namespace) is removed
-//! when SIGINT or SIGTERM stops it, which ends it with 128 + the signal's
-//! number.
+//! when SIGINT, SIGTERM, SIGHUP or SIGQUIT stops it, which ends it with
+//! 128 + the signal's number.
 
 mod cli_util;
 
@@ -135,11 +135,19 @@ fn named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     )
 }
 
-/// The torture's file in `--dir` is gone after SIGTERM or SIGINT; before,
-/// only a destructor removed it, which a signal skips.
+/// The torture's file in `--dir` is gone after SIGTERM, SIGINT, SIGHUP (a
+/// closed terminal) or SIGQUIT; before, only a destructor removed it,
+/// which a signal skips, and SIGHUP and SIGQUIT still ended the run at
+/// once until they were added.
 #[test]
 fn an_interrupted_torture_removes_its_file() {
-    for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+    let signals = [
+        (libc::SIGTERM, 143),
+        (libc::SIGINT, 130),
+        (libc::SIGHUP, 129),
+        (libc::SIGQUIT, 131),
+    ];
+    for (sig, code) in signals {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("torture-{}-{sig}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

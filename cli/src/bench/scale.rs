@@ -13,7 +13,7 @@
 //!
 //! Where `vm.max_map_count` is too low for `many` regions, the bench raises
 //! it for the run (root only) and puts the old value back at the end, or
-//! when SIGINT or SIGTERM ends the run.
+//! when a signal ends the run.
 
 use crate::os::interrupt::{self, OnInterrupt};
 use crate::workload::common::Rng;
@@ -57,7 +57,7 @@ impl ScaleReport {
 const MAX_MAP_COUNT: &str = "/proc/sys/vm/max_map_count";
 
 /// `vm.max_map_count` as [`ensure_map_count`] found it and as it wrote
-/// it, put back on drop (or when SIGINT or SIGTERM ends the run) if it
+/// it, put back on drop (or when a signal ends the run) if it
 /// raised it.
 #[derive(Debug)]
 struct MapCount {

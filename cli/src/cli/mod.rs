@@ -1,8 +1,8 @@
 //! The command line: `uffd-pager probe` and `uffd-pager bench <workload>`.
 //!
 //! Exit codes: 0 success; 2 bad arguments (clap's own errors, and the
-//! validation done here); 1 runtime errors; 130 or 143 stopped by SIGINT
-//! or SIGTERM (what the run made removed first).
+//! validation done here); 1 runtime errors; 130, 143, 129 or 131 stopped
+//! by SIGINT, SIGTERM, SIGHUP or SIGQUIT (what the run made removed first).
 
 /// `println!` into a `String` (which cannot fail), for [`emit`] to write
 /// out in one go.
@@ -91,8 +91,8 @@ fn init_logging() {
 pub fn main() -> ExitCode {
     // Exits with code 2 on bad arguments (0 for --help / --version).
     let cli = Cli::parse();
-    // Before any thread starts: SIGINT and SIGTERM go to a thread that
-    // removes what the run made and exits with 130 or 143.
+    // Before any thread starts: SIGINT, SIGTERM, SIGHUP and SIGQUIT go to
+    // a thread that removes what the run made and exits with 128 + signal.
     uffd_pager_cli::os::interrupt::install();
     init_logging();
     let r = match cli.command {

@@ -247,7 +247,7 @@ fn kind_name(k: &TortureKind) -> &'static str {
 /// Runs the torture and prints the report.
 pub fn run(a: &TortureArgs) -> CliResult {
     let cfg = config(a)?;
-    // The file goes when the run ends, or when SIGINT or SIGTERM ends it.
+    // The file goes when the run ends, or when a signal ends it (`os::interrupt`).
     let _cleanup = match &cfg.kind {
         TortureKind::File { path } => Some(TempPath::new(path.clone())),
         _ => None,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// A memory cgroup of this process's making; removed on drop, or with the
-/// processes in it killed first if SIGINT or SIGTERM ends the run
+/// processes in it killed first if a signal ends the run
 /// ([`interrupt`]).
 #[derive(Debug)]
 pub struct MemCgroup {

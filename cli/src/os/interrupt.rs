@@ -1,13 +1,15 @@
-//! What a run leaves behind when SIGINT or SIGTERM stops it: nothing.
+//! What a run leaves behind when SIGINT, SIGTERM, SIGHUP or SIGQUIT stops
+//! it: nothing.
 //!
-//! [`install`] blocks both signals in the calling thread, and so in every
+//! [`install`] blocks these signals in the calling thread, and so in every
 //! thread started after it, and starts one thread that waits for them with
 //! `sigwait` (no signal handler runs, so nothing needs to be
 //! async-signal-safe). When one comes, that thread runs the cleanups
 //! registered with [`on_interrupt`] (newest first: a temporary file, a
 //! memory cgroup and the processes in it, a Redis namespace, a kernel
 //! setting to put back) and ends the process with 128 + the signal's
-//! number (130 for SIGINT, 143 for SIGTERM).
+//! number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP: a closed
+//! terminal, 131 for SIGQUIT: Ctrl-\\, which then leaves no core dump).
 //!
 //! Whatever registers a cleanup undoes the same thing itself on the normal
 //! path; the [`OnInterrupt`] it gets back unregisters the cleanup when it
@@ -30,6 +32,8 @@ fn signals() -> SigSet {
     let mut s = SigSet::empty();
     s.add(Signal::SIGINT);
     s.add(Signal::SIGTERM);
+    s.add(Signal::SIGHUP);
+    s.add(Signal::SIGQUIT);
     s
 }
 
@@ -37,7 +41,7 @@ fn cleanups() -> MutexGuard<'static, Vec<(u64, Cleanup)>> {
     CLEANUPS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Blocks SIGINT and SIGTERM and starts the thread that waits for them
+/// Blocks the signals that end a run (see the module docs) and starts the thread that waits for them
 /// (see the module docs). Call it first thing in `main`, before any other
 /// thread starts: a thread started earlier keeps its own signal mask, and
 /// the kernel could deliver a signal to it with the default action. If
@@ -70,8 +74,8 @@ pub fn helper_threads() -> usize {
     usize::from(WAITING.load(Acquire))
 }
 
-/// For a forked child, which has no waiting thread: gives SIGINT and
-/// SIGTERM their default action back (they end it, as before [`install`]).
+/// For a forked child, which has no waiting thread: gives the signals
+/// [`install`] blocked their default action back (they end it, as before [`install`]).
 pub fn unblock_in_child() {
     let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&signals()), None);
 }
@@ -99,7 +103,8 @@ fn run_cleanups_and_exit(sig: Signal) -> ! {
 #[derive(Debug)]
 pub struct OnInterrupt(u64);
 
-/// Registers `cleanup` to run if SIGINT or SIGTERM ends the process before
+/// Registers `cleanup` to run if one of the signals [`install`] blocked
+/// ends the process before
 /// the returned [`OnInterrupt`] drops. It runs on the waiting thread while
 /// the others go on, so it must not wait for them.
 pub fn on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> OnInterrupt {

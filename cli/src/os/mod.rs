@@ -7,7 +7,7 @@
 //! `eventfd` and `poll`. Where those have no API for something (UFFDIO_MOVE,
 //! the `UFFDIO_API` probe, the newer feature bits, `process_madvise`), it is
 //! written here against the kernel ABI with `libc`, each piece documented
-//! where it is defined. [`interrupt`] cleans up after SIGINT and SIGTERM.
+//! where it is defined. [`interrupt`] cleans up after SIGINT, SIGTERM, SIGHUP and SIGQUIT.
 
 pub mod cgroup;
 pub mod interrupt;

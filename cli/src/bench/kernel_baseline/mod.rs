@@ -303,7 +303,7 @@ fn in_child(job: &Job<'_>, group: &MemCgroup, name: String) -> Result<Side, Stri
 /// per thread.
 pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
     check(w, k, dir)?;
-    // The thread that waits for SIGINT and SIGTERM holds no lock a child
+    // The thread that waits for the ending signals holds no lock a child
     // could inherit (and kills the children when it cleans up).
     if threads_in_process() != 1 + crate::os::interrupt::helper_threads() {
         return Err(
