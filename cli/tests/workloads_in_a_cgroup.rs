@@ -200,7 +200,9 @@ fn every_workload_runs_in_a_cgroup_of_its_budget_and_overhead() {
 
 /// The limit does bite: the same swap run in a cgroup without room for
 /// its data is OOM-killed (so the test above is not passing for want of a
-/// limit).
+/// limit). 40 MiB is above what the command line's check before the run
+/// counts (the store's 32 MiB and the budget's 4: see the next test) and
+/// below what the run holds (its in-memory swap too).
 #[test]
 fn a_cgroup_without_room_for_the_data_kills() {
     // SAFETY: geteuid has no preconditions.
@@ -209,7 +211,7 @@ fn a_cgroup_without_room_for_the_data_kills() {
         return;
     }
     let name = format!("uffd-pager-test-{}-tight", std::process::id());
-    let Ok(g) = MemCgroup::create(&name, 12 * MIB) else {
+    let Ok(g) = MemCgroup::create(&name, 40 * MIB) else {
         eprintln!("skipped: no memory cgroup");
         return;
     };
@@ -229,6 +231,31 @@ fn a_cgroup_without_room_for_the_data_kills() {
     let st = g.stat();
     assert!(
         st.oom_kills > 0 && !o.status.success(),
-        "a 32 MiB store ran in 12 MiB: {o:?} {st:?}"
+        "a 32 MiB store and its swap ran in 40 MiB: {o:?} {st:?}"
     );
+}
+
+/// A run whose data cannot fit under the limit of the cgroup it runs in
+/// (here the parent's: the child allows more) is refused before it
+/// starts, exit 2, with the limit in the message. Before, the check knew
+/// only the machine's memory, and the run started and was OOM-killed.
+#[test]
+fn a_run_larger_than_its_cgroup_allows_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: memory cgroups need root");
+        return;
+    }
+    let name = format!("uffd-pager-test-{}-refused", std::process::id());
+    let Ok(parent) = MemCgroup::create(&name, 64 * MIB) else {
+        eprintln!("skipped: no memory cgroup");
+        return;
+    };
+    let child = MemCgroup::create(&format!("{name}/child"), 1024 * MIB).unwrap();
+    // 65536 pages: the torture's model and region, about 512 MiB.
+    let o = run_in(&child, &["torture", "--pages", "65536", "--budget", "1024"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
+    assert_eq!(parent.stat().oom_kills + child.stat().oom_kills, 0);
 }

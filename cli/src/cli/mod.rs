@@ -141,16 +141,23 @@ fn phys_mem() -> Option<u64> {
     (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
 }
 
-/// Refuses a run that would need more memory than the machine has:
-/// `what` (the flags that size it, as given) needs about `bytes`. A usage
-/// error (exit 2) before the run, not the OOM killer during it.
+/// Refuses a run that would need more memory than the machine has, or
+/// than the memory cgroup it runs in allows (the smallest limit on the
+/// way up): `what` (the flags that size it, as given) needs about `bytes`.
+/// A usage error (exit 2) before the run, not the OOM killer during it.
 fn fits_in_memory(what: &str, bytes: u64) -> Result<(), CliError> {
-    match phys_mem() {
-        Some(mem) if bytes > mem => Err(CliError::Usage(format!(
-            "{what} needs about {} MiB of memory; this machine has {} MiB",
-            bytes >> 20,
-            mem >> 20
-        ))),
+    let refuse = |has: String| {
+        Err(CliError::Usage(format!(
+            "{what} needs about {} MiB of memory; {has}",
+            bytes >> 20
+        )))
+    };
+    match (phys_mem(), uffd_pager_cli::os::cgroup::own_memory_limit()) {
+        (_, Some(limit)) if bytes > limit => refuse(format!(
+            "this process's memory cgroup allows {} MiB",
+            limit >> 20
+        )),
+        (Some(mem), _) if bytes > mem => refuse(format!("this machine has {} MiB", mem >> 20)),
         _ => Ok(()),
     }
 }

@@ -56,29 +56,72 @@ fn read_num(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Where the memory controller's hierarchy is mounted, and whether it is
+/// v2: v2 at `/sys/fs/cgroup` where the unified hierarchy has the memory
+/// controller, else v1 at `/sys/fs/cgroup/memory`; `None` if neither.
+fn controller() -> Option<(PathBuf, bool)> {
+    let unified = Path::new("/sys/fs/cgroup/cgroup.controllers");
+    let v2 =
+        std::fs::read_to_string(unified).is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+    let (root, probe) = if v2 {
+        (PathBuf::from("/sys/fs/cgroup"), "cgroup.procs")
+    } else {
+        (
+            PathBuf::from("/sys/fs/cgroup/memory"),
+            "memory.limit_in_bytes",
+        )
+    };
+    root.join(probe).exists().then_some((root, v2))
+}
+
+/// The memory limit this process runs under: the smallest limit of its
+/// memory cgroup and of the groups above it (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`), as the kernel enforces every one of them.
+/// `None` where no group limits it, or where that cannot be read (no
+/// controller mounted, a group outside this process's view).
+pub fn own_memory_limit() -> Option<u64> {
+    let (root, v2) = controller()?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (id, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        let ours = if v2 {
+            id == "0" && ctrls.is_empty()
+        } else {
+            ctrls.split(',').any(|c| c == "memory")
+        };
+        ours.then(|| path.trim_start_matches('/').to_string())
+    })?;
+    let file = if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    let mut limit: Option<u64> = None;
+    let mut dir = Some(Path::new(rel.as_str()));
+    while let Some(d) = dir {
+        // "max" (v2) does not parse; v1 writes its "unlimited" as a number
+        // near 2^63.
+        let v = std::fs::read_to_string(root.join(d).join(file))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .filter(|&v| v < 1 << 60);
+        if let Some(v) = v {
+            limit = Some(limit.map_or(v, |l| l.min(v)));
+        }
+        dir = d.parent();
+    }
+    limit
+}
+
 impl MemCgroup {
     /// Makes a group named `name` with `limit` bytes of memory (no swap on
     /// this machine kind; where there is swap, v2's `memory.swap.max` is
     /// set to 0 too).
     pub fn create(name: &str, limit: u64) -> Result<MemCgroup, String> {
-        let unified = Path::new("/sys/fs/cgroup/cgroup.controllers");
-        let v2 = std::fs::read_to_string(unified)
-            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
-        let root = if v2 {
-            PathBuf::from("/sys/fs/cgroup")
-        } else {
-            PathBuf::from("/sys/fs/cgroup/memory")
-        };
-        if !root
-            .join(if v2 {
-                "cgroup.procs"
-            } else {
-                "memory.limit_in_bytes"
-            })
-            .exists()
-        {
-            return Err("no memory cgroup controller is mounted (cgroup v2 with memory, or v1 at /sys/fs/cgroup/memory)".into());
-        }
+        let (root, v2) = controller().ok_or(
+            "no memory cgroup controller is mounted (cgroup v2 with memory, or v1 at /sys/fs/cgroup/memory)",
+        )?;
         let dir = root.join(name);
         // Registered before the group exists: a signal that comes meanwhile
         // is handled before it is made.
