@@ -57,6 +57,28 @@ fn a_huge_fault_around_setting_is_capped() {
     }
 }
 
+/// "Reclaim everything" as `u64::MAX` pages (`uffd_pager_reclaim(p,
+/// UINT64_MAX)` from C): the scan bound `nr * 16 + 1024` overflowed, a
+/// panic in a debug build (`-EFAULT` from C) and a bound of 1008 pages in
+/// a release one, which freed nothing of a region whose pages were all
+/// recently referenced.
+#[test]
+fn reclaiming_u64_max_pages_frees_every_resident_page() {
+    let pages = 4096;
+    for nr in [u64::MAX, 1 << 60] {
+        let p = Pager::builder()
+            .budget_pages(2 * pages as u64)
+            .kswapd(false)
+            .build()
+            .unwrap();
+        let mut r = p.map_anonymous(pages * PAGE).unwrap();
+        r.as_mut_slice().fill(1);
+        assert_eq!(p.stats().resident_pages, pages as u64);
+        assert_eq!(p.reclaim_pages(nr), pages as u64, "reclaim_pages({nr})");
+        assert_eq!(p.stats().resident_pages, 0);
+    }
+}
+
 /// A readahead window below 4 pages: the window's growth clamped to
 /// `[4, max]`, which panicked on the first sequential fault.
 #[test]

@@ -318,7 +318,7 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     let c = &mm.counters;
     let mut freed = 0;
     let mut scanned = 0u64;
-    let max_scan = nr * 16 + 1024;
+    let max_scan = nr.saturating_mul(16).saturating_add(1024);
     let mut drained = false;
     let mut buf = [0 as Entry; ISOLATE];
     let mut back = [0 as Entry; ISOLATE];
