@@ -400,10 +400,20 @@ typedef struct uffd_pager_stats {
  * A store of your own, in C. Offsets and lengths are whole pages. Each
  * callback returns 0 or a negative errno.
  *
+ * The callbacks are called from several threads at once, with the same
+ * `ctx` (two reads of different pages may overlap, a write may overlap a
+ * read): a store that keeps state in `ctx` (a file offset, a buffer)
+ * locks it itself.
+ *
  * Unless `signal_safe` is set, the engine calls the callbacks only from
  * its own I/O threads (they may allocate, lock and block). With
  * `signal_safe` set they are also called from a SIGBUS handler and must be
- * async-signal-safe.
+ * async-signal-safe; they must not touch the memory of a region either
+ * (a fault there would come with SIGBUS blocked: the kernel kills the
+ * process).
+ *
+ * A callback must return normally: a C++ exception thrown out of one
+ * aborts the process, and a `longjmp` out of one is undefined behaviour.
  */
 typedef struct uffd_pager_store {
   /**

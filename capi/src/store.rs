@@ -9,10 +9,20 @@ use std::sync::Arc;
 /// A store of your own, in C. Offsets and lengths are whole pages. Each
 /// callback returns 0 or a negative errno.
 ///
+/// The callbacks are called from several threads at once, with the same
+/// `ctx` (two reads of different pages may overlap, a write may overlap a
+/// read): a store that keeps state in `ctx` (a file offset, a buffer)
+/// locks it itself.
+///
 /// Unless `signal_safe` is set, the engine calls the callbacks only from
 /// its own I/O threads (they may allocate, lock and block). With
 /// `signal_safe` set they are also called from a SIGBUS handler and must be
-/// async-signal-safe.
+/// async-signal-safe; they must not touch the memory of a region either
+/// (a fault there would come with SIGBUS blocked: the kernel kills the
+/// process).
+///
+/// A callback must return normally: a C++ exception thrown out of one
+/// aborts the process, and a `longjmp` out of one is undefined behaviour.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct uffd_pager_store {
@@ -75,8 +85,8 @@ pub unsafe extern "C" fn uffd_pager_store_init(s: *mut uffd_pager_store, size: u
 /// The C store as an engine store.
 struct CStore(uffd_pager_store);
 
-// SAFETY: the header asks that callbacks be callable from any thread with
-// this `ctx`; the struct holds nothing else.
+// SAFETY: the header says the callbacks are called from several threads at
+// once with this `ctx`; the struct holds nothing else.
 unsafe impl Send for CStore {}
 // SAFETY: as above.
 unsafe impl Sync for CStore {}
