@@ -764,6 +764,18 @@ int32_t uffd_pager_map_store(const struct uffd_pager *p,
                              const struct uffd_pager_map_options *opts,
                              struct uffd_pager_region **out);
 
+/**
+ * A snapshot of the UMap pager's statistics (all zero before the first
+ * `umap`) into `*out` of `size` bytes: the same struct and rules as
+ * [`uffd_pager_stats_get`](crate::uffd_pager_stats_get). Declared in
+ * `uffd_pager.h` (UMap's header has no statistics). Returns the bytes
+ * written, or `-EINVAL` for a NULL `out` or a `size` over 4096.
+ *
+ * # Safety
+ * `out` points at `size` writable bytes.
+ */
+int umap_uffd_pager_stats(struct uffd_pager_stats *out, size_t size);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

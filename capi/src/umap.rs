@@ -489,8 +489,9 @@ pub extern "C" fn umapcfg_get_system_page_size() -> c_long {
 
 /// A snapshot of the UMap pager's statistics (all zero before the first
 /// `umap`) into `*out` of `size` bytes: the same struct and rules as
-/// [`crate::uffd_pager_stats_get`]. Returns the bytes written, or
-/// `-EINVAL` for a NULL `out` or a `size` over 4096.
+/// [`uffd_pager_stats_get`](crate::uffd_pager_stats_get). Declared in
+/// `uffd_pager.h` (UMap's header has no statistics). Returns the bytes
+/// written, or `-EINVAL` for a NULL `out` or a `size` over 4096.
 ///
 /// # Safety
 /// `out` points at `size` writable bytes.

@@ -5,6 +5,7 @@
  *
  * usage: umap_random FILE PAGES THREADS   (UMAP_BUFSIZE etc. from the env) */
 #include <umap/umap.h>
+#include <uffd_pager.h> /* umap_uffd_pager_stats */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -90,6 +91,9 @@ int main(int argc, char **argv) {
   for (int t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
   double secs = now() - t0;
   CHECK(bad == 0);
+  /* The UMap pager's statistics, declared in uffd_pager.h. */
+  uffd_pager_stats st;
+  CHECK(umap_uffd_pager_stats(&st, sizeof st) == (int)sizeof st && st.pgfault > 0);
   printf("random-read pages %llu threads %d us_per_page %.3f\n", (unsigned long long)npages,
          nthreads, secs * 1e6 / (double)npages);
   CHECK(uunmap(base, len) == 0);
