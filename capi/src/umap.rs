@@ -8,9 +8,13 @@
 //!   `umapcfg_set_*` call made before it). Settings changed after the first
 //!   `umap` are kept for the getters but do not change the running pager.
 //! - `UMAP_PAGESIZE` (bytes, a multiple of 4096; default 4096) is UMap's
-//!   unit of filling: the engine's pages stay 4 KiB and each fault installs
-//!   the whole UMap page around it (fault-around of `UMAP_PAGESIZE / 4096`
-//!   pages). `UMAP_BUFSIZE` counts UMap pages, so the budget is
+//!   unit of filling. The engine's pages stay 4 KiB and each is read from
+//!   the file on its own fault: the UMap page size sets the fault-around
+//!   cluster (`UMAP_PAGESIZE / 4096` pages, rounded down to a power of
+//!   two), which maps the neighbours already cached, in writable (shared)
+//!   regions only, so a UMap page larger than 4 KiB is not filled by one
+//!   fault as UMap fills it; [`umap_prefetch`] and the readahead window
+//!   count in it. `UMAP_BUFSIZE` counts UMap pages, so the budget is
 //!   `UMAP_BUFSIZE × UMAP_PAGESIZE` bytes (default: 80% of the memory
 //!   available at the first call, as UMap's).
 //! - `UMAP_PAGE_FILLERS` sets the readahead threads, `UMAP_READ_AHEAD` the
@@ -58,8 +62,12 @@ struct Settings {
     low_water: c_int,
     high_water: c_int,
     max_fault_events: u64,
-    /// The first bad environment value, reported by the first `umap`.
+    /// The first bad environment value but `UMAP_PAGESIZE`'s, reported by
+    /// the first `umap`.
     bad: Option<String>,
+    /// A bad `UMAP_PAGESIZE`, reported by the first `umap` unless
+    /// [`umapcfg_set_umap_page_size`] set a good one before it.
+    bad_page_size: Option<String>,
 }
 
 fn cpus() -> u64 {
@@ -83,7 +91,7 @@ impl Settings {
         let mut bad = None;
         let b = &mut bad;
         let mut s = Settings {
-            page_size: env_num("UMAP_PAGESIZE", engine::PAGE_SIZE as u64, b),
+            page_size: engine::PAGE_SIZE as u64,
             buf_pages: env_num("UMAP_BUFSIZE", 0, b),
             fillers: env_num("UMAP_PAGE_FILLERS", cpus(), b),
             evictors: env_num("UMAP_PAGE_EVICTORS", cpus(), b),
@@ -92,17 +100,23 @@ impl Settings {
             low_water: env_num("UMAP_EVICT_LOW_WATER_THRESHOLD", 70, b).min(100) as c_int,
             high_water: env_num("UMAP_EVICT_HIGH_WATER_THRESHOLD", 90, b).min(100) as c_int,
             bad: None,
+            bad_page_size: None,
         };
-        if s.page_size == 0 || !s.page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
-            bad.get_or_insert_with(|| {
-                format!(
-                    "UMAP_PAGESIZE={} must be a non-zero multiple of 4096",
-                    s.page_size
-                )
+        let mut bad_page_size = None;
+        let page_size = env_num(
+            "UMAP_PAGESIZE",
+            engine::PAGE_SIZE as u64,
+            &mut bad_page_size,
+        );
+        if page_size == 0 || !page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
+            bad_page_size.get_or_insert_with(|| {
+                format!("UMAP_PAGESIZE={page_size} must be a non-zero multiple of 4096")
             });
-            s.page_size = engine::PAGE_SIZE as u64;
+        } else if bad_page_size.is_none() {
+            s.page_size = page_size;
         }
         s.bad = bad;
+        s.bad_page_size = bad_page_size;
         s
     }
 
@@ -243,8 +257,9 @@ fn map(
     offset: i64,
 ) -> *mut c_void {
     let mut st = state();
-    if let Some(m) = st.settings.bad.clone() {
-        return umap_failed(libc::EINVAL, m);
+    let bad = &st.settings.bad_page_size;
+    if let Some(m) = bad.as_ref().or(st.settings.bad.as_ref()) {
+        return umap_failed(libc::EINVAL, m.clone());
     }
     if st.pager.is_none() {
         // (A bad setting is EINVAL; a pager the kernel refuses keeps its
@@ -478,7 +493,12 @@ pub extern "C" fn umapcfg_set_umap_page_size(page_size: u64) {
         );
         return;
     }
-    let _ = std::panic::catch_unwind(|| state().settings.page_size = page_size);
+    let _ = std::panic::catch_unwind(|| {
+        let s = &mut state().settings;
+        s.page_size = page_size;
+        // The program's own value replaces a bad UMAP_PAGESIZE.
+        s.bad_page_size = None;
+    });
 }
 
 /// The system's page size.

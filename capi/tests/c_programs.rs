@@ -149,8 +149,8 @@ fn a_umap_program_runs_unchanged_on_the_engine() {
         "umap_random",
         &link.iter().map(String::as_str).collect::<Vec<_>>(),
     );
-    // 2048 pages through a buffer of 256, 8 KiB UMap pages: fault-around
-    // fills both halves.
+    // 2048 pages through a buffer of 256 UMap pages, of 4 and of 8 KiB (the
+    // budget is 256 × the UMap page).
     for (psize, threads) in [("4096", "1"), ("8192", "2")] {
         let out = run(Command::new(&exe)
             .env("UMAP_BUFSIZE", "256")
@@ -173,6 +173,17 @@ fn a_umap_program_runs_unchanged_on_the_engine() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("UMAP_PAGESIZE=1000"), "{err}");
+    // A program that sets a good page size itself before its first umap
+    // is not held to the bad variable (it was, whatever the setter said).
+    let exe = build(
+        "umap_set_page_size.c",
+        "umap_set_page_size",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let out = run(Command::new(&exe)
+        .env("UMAP_PAGESIZE", "1000")
+        .arg(scratch("umap-set.dat")));
+    assert!(out.contains("umap after set: ok"), "{out}");
 }
 
 /// UMap's messages go to stderr. With its reader gone (EPIPE, SIGPIPE
