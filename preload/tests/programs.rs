@@ -450,6 +450,35 @@ fn a_pwrite_that_appends_is_seen_through_the_mapping() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A writable shared mapping of a descriptor with `O_APPEND` (opened so,
+/// or set later with `fcntl`): the kernel writes what is stored through
+/// the mapping at its page. The pager's store wrote back through a `dup`
+/// of the program's descriptor, which shares its `O_APPEND`, and Linux
+/// appends every `pwrite` there: the stores landed past the end of the
+/// file (size 20480 then 24576, not 16384) and the pages kept `aaaaaa`.
+#[test]
+fn stores_through_a_mapping_of_an_append_descriptor_land_at_their_page() {
+    let d = scratch();
+    let exe = build_c(&d, "append_mapped");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("append-mapped-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "opened O_APPEND: size 16384, at the pages storedagain!\n\
+         O_APPEND set later: size 16384, at the pages storedagain!\n"
+    );
+    let pattern = format!("{}/append-mapped.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("append-mapped.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("append-mapped.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
+}
+
 /// A `pwrite` to a file with a writable shared pager mapping writes back
 /// only the mapping's dirty pages that the write will change (against a
 /// write-back of an older copy landing between the write and its

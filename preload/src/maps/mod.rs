@@ -16,6 +16,7 @@ use engine::{InstallKind, MapOptions, Pager, Region};
 use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -383,13 +384,7 @@ pub fn file_store(
     writable: bool,
     latency: Option<engine::store::LatencyModel>,
 ) -> Result<Arc<dyn Store>, String> {
-    // SAFETY: F_DUPFD_CLOEXEC on the program's descriptor; a bad one fails.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        return Err(std::io::Error::last_os_error().to_string());
-    }
-    // SAFETY: `dup` is ours alone.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+    let file = own_file(fd, writable)?;
     let whole: Arc<dyn Store> =
         Arc::new(engine::store::FileStore::from_file(file, writable).map_err(|e| e.to_string())?);
     let whole: Arc<dyn Store> = match latency {
@@ -398,6 +393,40 @@ pub fn file_store(
     };
     let s = engine::store::SliceStore::new(whole, off, len as u64).map_err(|e| e.to_string())?;
     Ok(Arc::new(s))
+}
+
+/// A descriptor of the store's own for the file behind the program's `fd`:
+/// the file opened again through `/proc/self/fd`, an open file of its own.
+/// A `dup` would share the program's open file, and with it `O_APPEND`
+/// (which Linux honours in `pwrite`: every write-back would land at the
+/// end of the file, not at its page) whether the program opened it so or
+/// sets it later with `fcntl(F_SETFL)`. Where the file cannot be opened
+/// again (its permissions changed since the program opened it), a `dup`
+/// of a descriptor without `O_APPEND`.
+fn own_file(fd: c_int, writable: bool) -> Result<std::fs::File, String> {
+    let again = std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{fd}"));
+    if let Ok(f) = again {
+        return Ok(f);
+    }
+    // SAFETY: F_GETFL reads the program's descriptor's flags.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    if fl & libc::O_APPEND != 0 {
+        return Err("a descriptor opened with O_APPEND that cannot be opened again".into());
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on the program's descriptor; a bad one fails.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    // SAFETY: `dup` is ours alone.
+    Ok(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) })
 }
 
 /// The entries with mapped memory in `[a, b)`: each one's index and its
