@@ -479,6 +479,39 @@ fn stores_through_a_mapping_of_an_append_descriptor_land_at_their_page() {
     assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
 }
 
+/// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
+/// whatever the mapping: the shim made a pager mapping of it. Its store
+/// wrote through a `dup` of the descriptor and could not read the file:
+/// the first touch was SIGBUS (and, the first being writable and shared,
+/// the file was refused to every later mapping, `ENODEV`); with the file
+/// opened again for the store, the mapping read what the descriptor
+/// gives no right to read.
+#[test]
+fn a_write_only_descriptor_is_not_mapped() {
+    let d = scratch();
+    let exe = build_c(&d, "write_only");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("write-only-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "read-only shared: Permission denied\n\
+         writable shared: Permission denied\n\
+         read-only private: Permission denied\n\
+         O_RDWR: reads w\n"
+    );
+    let pattern = format!("{}/write-only.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("write-only.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("write-only.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    // The O_RDWR one only.
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// A `pwrite` to a file with a writable shared pager mapping writes back
 /// only the mapping's dirty pages that the write will change (against a
 /// write-back of an older copy landing between the write and its

@@ -279,6 +279,14 @@ pub fn mmap(
         if !st.cfg.wants_path(&path) {
             return None;
         }
+        // SAFETY: F_GETFL reads the program's descriptor's flags.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if fl < 0 || fl & libc::O_PATH != 0 || fl & libc::O_ACCMODE == libc::O_WRONLY {
+            // The kernel's EACCES (EBADF for O_PATH): a mapping must read
+            // its file. Made here, its store could read nothing, and the
+            // first touch was SIGBUS.
+            return None;
+        }
         let name = path.to_string_lossy().into_owned();
         if !shared && write {
             // A private writable mapping would be a snapshot that write(2)
@@ -319,9 +327,7 @@ pub fn mmap(
         // there), so its store takes writes from the start; its pages go in
         // write-protected all the same, so the first write to each faults
         // and marks it dirty.
-        // SAFETY: F_GETFL reads the program's descriptor's flags.
-        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        let rdwr = fl >= 0 && fl & libc::O_ACCMODE == libc::O_RDWR;
+        let rdwr = fl & libc::O_ACCMODE == libc::O_RDWR;
         let may_write = shared && (write || rdwr && st.cfg.kind == InstallKind::Shared);
         opts.kind = Some(if may_write {
             InstallKind::Shared
