@@ -512,6 +512,29 @@ fn a_write_only_descriptor_is_not_mapped() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// `mremap(MREMAP_MAYMOVE)` growing a pager mapping of a file over more of
+/// the file, read-only or writable: the new pages show the file and the
+/// stores through them reach it, as under the kernel. The region's store
+/// ended where the mapping did, so every growth was `EINVAL`.
+#[test]
+fn mremap_grows_a_file_mapping_over_the_rest_of_the_file() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_grow");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("grow-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, "read-only: a d f\nwritable: P f Q\nfile: PQ\n");
+    let pattern = format!("{}/grow.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("grow.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("grow.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
+}
+
 /// A `pwrite` to a file with a writable shared pager mapping writes back
 /// only the mapping's dirty pages that the write will change (against a
 /// write-back of an older copy landing between the write and its
