@@ -308,6 +308,30 @@ pub fn mmap(
             ));
             return None;
         }
+        let over =
+            fixed.then(|| overlapping(st, addr as usize, (addr as usize).saturating_add(rlen)));
+        if let Some(over) = over.filter(|o| !o.is_empty()) {
+            // Over a pager mapping: the engine maps only into a free range,
+            // so the kernel maps it (the engine follows the unmap through
+            // its event). Refused as a second mapping of the file below, a
+            // program's map of its file over its own mapping was ENODEV.
+            // What was stored through a mapping it covers is written back
+            // first: the kernel's new mapping of the file reads the file,
+            // and the write-back that follows the event came after that
+            // read now and then (the old bytes showed).
+            for (i, _) in over {
+                if st.maps[i].writable_shared {
+                    if let Err(err) = st.maps[i].region.flush() {
+                        let msg = format!(
+                            "{}: write-back before a MAP_FIXED over it failed: {err}",
+                            st.maps[i].path
+                        );
+                        st.say(msg);
+                    }
+                }
+            }
+            return None;
+        }
         st.prune();
         let clash = st
             .maps
