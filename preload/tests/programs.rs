@@ -561,6 +561,29 @@ fn a_file_mapped_again_over_its_own_mapping_shows_the_stores() {
     assert_eq!(counter(&st, "preload_paged"), 20, "{st}");
 }
 
+/// `mremap(MREMAP_MAYMOVE | MREMAP_FIXED)` of a pager mapping into a range
+/// the program reserved for it: the kernel's move replaces what is at the
+/// target, and so does the shim's now. The engine moves only into a free
+/// range, so the call failed with `EEXIST` (an errno mremap never gives).
+#[test]
+fn mremap_moves_a_mapping_into_a_reserved_range() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_into");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("into-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, "moved to the target: P f\nfile: PQ\n");
+    let pattern = format!("{}/into.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("into.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("into.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// A `pwrite` to a file with a writable shared pager mapping writes back
 /// only the mapping's dirty pages that the write will change (against a
 /// write-back of an older copy landing between the write and its
