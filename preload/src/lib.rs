@@ -208,7 +208,13 @@ pub unsafe extern "C" fn mmap(
     off: libc::off_t,
 ) -> *mut c_void {
     if programs_own() && maps::active() {
+        let saved = errno();
         if let Some(r) = in_shim("mmap", || maps::mmap(addr, len, prot, flags, fd, off)) {
+            if r != libc::MAP_FAILED {
+                // The engine's calls on the way may have set errno; a
+                // successful mmap leaves the program's as it was.
+                set_errno(saved);
+            }
             return r;
         }
     }

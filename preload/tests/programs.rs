@@ -784,3 +784,25 @@ fn mprotect_write_on_a_read_only_shared_mapping_is_the_kernels_answer() {
     assert!(out.contains("move: mremap -1 Invalid argument"), "{out}");
     assert!(out.contains("move: 2 of 2 pages in the file"), "{out}");
 }
+
+/// Lengths that round past the address space get the kernel's answers, on
+/// pager memory as on the kernel's (the shim's rounding overflowed: a
+/// panic, which stops the program, in the builds the tests use), and a
+/// successful pager `mmap` leaves errno as the program set it (it left the
+/// engine's EINVAL).
+#[test]
+fn lengths_past_the_address_space_get_the_kernels_answers() {
+    let d = scratch();
+    let exe = build_c(&d, "huge_lengths");
+    let file = d.join("huge-lengths.dat");
+    let plain = ok(&Command::new(&exe).arg(&file).output().unwrap());
+    assert!(plain.ends_with("done\n"), "{plain}");
+    let pattern = format!("{}", file.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(&file),
+        &[("UFFD_PAGER_FILES", pattern.as_str())],
+        &d.join("huge-lengths.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}

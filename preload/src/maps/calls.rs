@@ -14,8 +14,9 @@ pub fn mremap(
     flags: c_int,
     new: usize,
 ) -> Option<*mut c_void> {
-    let old_len = old_len.div_ceil(PAGE) * PAGE;
-    let new_len_r = new_len.div_ceil(PAGE) * PAGE;
+    // (A length that rounds past the address space is the kernel's.)
+    let old_len = pages_len(old_len)?;
+    let new_len_r = pages_len(new_len)?;
     let mut guard = state();
     let st = guard.as_mut()?;
     let fail = |e: c_int| {
@@ -82,7 +83,7 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
     let mut guard = state();
     let st = guard.as_mut()?;
     let write = prot & libc::PROT_WRITE != 0;
-    let rlen = len.div_ceil(PAGE) * PAGE;
+    let rlen = pages_len(len)?;
     let hits = overlapping(st, addr, addr.saturating_add(rlen));
     if hits.is_empty() {
         return None;
@@ -202,7 +203,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         libc::MADV_DONTNEED | libc::MADV_WILLNEED => None,
         _ => return None,
     };
-    let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
+    let (a, b) = (addr, addr.saturating_add(pages_len(len)?));
     let mut guard = state();
     let st = guard.as_mut()?;
     let hits = overlapping(st, a, b);

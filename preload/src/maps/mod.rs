@@ -226,6 +226,12 @@ fn fd_file(fd: c_int) -> Option<(std::ffi::CString, (u64, u64), u64)> {
     Some((path, (st.st_dev, st.st_ino), st.st_size as u64))
 }
 
+/// `len` rounded up to whole pages; `None` where that passes the largest
+/// length (the caller leaves such a call to the kernel, which refuses it).
+pub(crate) fn pages_len(len: usize) -> Option<usize> {
+    len.checked_next_multiple_of(PAGE)
+}
+
 /// mmap: `Some` if the shim answered (a pager mapping, or a refusal),
 /// `None` to pass the call to the kernel.
 pub fn mmap(
@@ -258,7 +264,9 @@ pub fn mmap(
         }
         opts.fixed_addr = Some(addr as usize);
     }
-    let rlen = len.div_ceil(PAGE) * PAGE;
+    // (A length that rounds past the address space is the kernel's:
+    // ENOMEM.)
+    let rlen = pages_len(len)?;
     let entry = if anon {
         // (A fixed anonymous mapping is the kernel's: the engine places
         // anonymous regions itself. So is a read-only one: the engine's
@@ -499,7 +507,10 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
     // SAFETY: the program asked for this call on this range (see the function's comment).
     let kernel =
         |a: usize, n: usize| unsafe { sys::call(libc::SYS_munmap, a, n, 0, 0, 0) as c_int };
-    let (a, b) = (addr, addr.saturating_add(len.div_ceil(PAGE) * PAGE));
+    let Some(rlen) = pages_len(len) else {
+        return kernel(addr, len); // EINVAL
+    };
+    let (a, b) = (addr, addr.saturating_add(rlen));
     let mut guard = state();
     let Some(st) = guard.as_mut() else {
         return kernel(addr, len);
