@@ -432,13 +432,21 @@ impl Mm {
         }
         objects.sort_unstable_by_key(|o| *o as *const Object as usize);
         objects.dedup_by_key(|o| *o as *const Object as usize);
-        for obj in objects {
+        let mut add = |obj: &Object| {
             let (memfd, area, swap, state) = obj.memory();
             m.memfd_bytes += memfd;
             m.cache_area_bytes += area;
             m.swap_bytes += swap;
             m.metadata_bytes += state;
+        };
+        for obj in objects {
+            add(obj);
         }
+        // Objects kept after their last region went (`crate::kept`): no
+        // region maps them, but their pages are resident and charged to
+        // the budget. (Never one a region maps: a map takes it off the
+        // list.)
+        self.kept.for_each(&mut add);
         // The copied references go while the lock still keeps the regions
         // mapped: none of them can be the last.
         drop(vmas);

@@ -92,7 +92,9 @@ pub struct MemoryUse {
     /// Bytes the pages of installed anonymous regions take (their user
     /// mappings' resident pages).
     pub anonymous_bytes: u64,
-    /// Bytes the shared regions' page caches (memfds) hold.
+    /// Bytes the shared regions' page caches (memfds) hold, and those of
+    /// the objects kept cached after their last region went
+    /// ([`PagerBuilder::keep_unmapped`](crate::PagerBuilder::keep_unmapped)).
     pub memfd_bytes: u64,
     /// Bytes the anonymous regions' cache areas hold (pages read ahead or
     /// kept after a failed write-back).

@@ -148,6 +148,14 @@ impl KeptObjects {
         })
     }
 
+    /// Calls `f` on every kept object, under the list's lock (no reference
+    /// is taken: the report must never hold an object's last one).
+    pub fn for_each(&self, mut f: impl FnMut(&Object)) {
+        for k in self.lock().iter() {
+            f(&k.obj);
+        }
+    }
+
     /// Every kept object, for release (the pager is going).
     pub fn drain(&self) -> Vec<Arc<Object>> {
         self.lock().drain(..).map(|k| k.obj).collect()

@@ -292,3 +292,31 @@ fn a_map_during_the_write_back_of_an_object_being_kept_sees_its_writes() {
         "a write was lost in the store"
     );
 }
+
+/// A kept object's pages are resident and charged to the budget
+/// (`resident_pages`), and the memory report counts them: it once walked
+/// only the mapped regions, so they were missing from it (a page figure of
+/// 0 bytes beside 64 resident pages).
+#[test]
+fn the_memory_report_counts_kept_objects() {
+    let p = pager(4, 256, Delivery::InThread);
+    let data = pattern_vec(7, PAGES * PAGE);
+    let store = counted(&data);
+    let r = map_checked(&p, &store, &data, "first map");
+    let mapped = p.memory_use();
+    assert_eq!(mapped.resident_pages, PAGES as u64, "{mapped:?}");
+    drop(r);
+    let m = p.memory_use();
+    assert_eq!(m.resident_pages, PAGES as u64, "kept: {m:?}");
+    assert!(
+        m.memfd_bytes >= (PAGES * PAGE) as u64,
+        "the report holds {} bytes of memfd pages for {} resident pages: {m:?}",
+        m.memfd_bytes,
+        m.resident_pages
+    );
+    assert_eq!(m.metadata_bytes, mapped.metadata_bytes, "{m:?} {mapped:?}");
+    // Mapped again: the object is taken back, and counted once.
+    let r = map_checked(&p, &store, &data, "second map");
+    assert_eq!(p.memory_use().memfd_bytes, m.memfd_bytes);
+    drop(r);
+}
