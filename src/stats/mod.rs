@@ -281,13 +281,15 @@ impl Stats {
             s.counters[i] = self.counters[i].saturating_sub(earlier.counters[i]);
         }
         let (a, b) = (&self.global, &earlier.global);
+        // Saturating, as the counters: `earlier` may come from before a
+        // `reset_stats`, which zeroes these too.
         s.global = Contention {
-            read_acquisitions: a.read_acquisitions - b.read_acquisitions,
-            read_contended: a.read_contended - b.read_contended,
-            read_wait_ns: a.read_wait_ns - b.read_wait_ns,
-            write_acquisitions: a.write_acquisitions - b.write_acquisitions,
-            write_contended: a.write_contended - b.write_contended,
-            write_wait_ns: a.write_wait_ns - b.write_wait_ns,
+            read_acquisitions: a.read_acquisitions.saturating_sub(b.read_acquisitions),
+            read_contended: a.read_contended.saturating_sub(b.read_contended),
+            read_wait_ns: a.read_wait_ns.saturating_sub(b.read_wait_ns),
+            write_acquisitions: a.write_acquisitions.saturating_sub(b.write_acquisitions),
+            write_contended: a.write_contended.saturating_sub(b.write_contended),
+            write_wait_ns: a.write_wait_ns.saturating_sub(b.write_wait_ns),
         };
         s
     }
@@ -314,5 +316,35 @@ impl fmt::Display for Stats {
         writeln!(f, "fault_latency_p50_ns {}", l.p50_ns)?;
         writeln!(f, "fault_latency_p99_ns {}", l.p99_ns)?;
         write!(f, "fault_latency_max_ns {}", l.max_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `since` of a snapshot taken before a reset (which zeroes the
+    /// counters and the global lock's figures alike) saturates at 0: the
+    /// lock's figures were subtracted plainly, which panicked in a debug
+    /// build and wrapped to about 2^64 in a release one.
+    #[test]
+    fn since_a_snapshot_from_before_a_reset_saturates() {
+        let c = Counters::default();
+        c.add(Counter::PGFAULT, 5);
+        let busy = Contention {
+            read_acquisitions: 10,
+            read_contended: 2,
+            read_wait_ns: 300,
+            write_acquisitions: 4,
+            write_contended: 1,
+            write_wait_ns: 70,
+        };
+        let before = Stats::capture(&c, busy, 0, 0, 0);
+        c.reset();
+        c.inc(Counter::PGFAULT);
+        let after = Stats::capture(&c, Contention::default(), 0, 0, 0);
+        let d = after.since(&before);
+        assert_eq!(d.get(Counter::PGFAULT), 0);
+        assert_eq!(d.global, Contention::default());
     }
 }
