@@ -300,7 +300,14 @@ fn work(mm: &Mm) {
             max: 1,
         };
         add(mm, &mut run, e);
-        while let Some(e) = mm.readahead.pop() {
+        // Not while an event waits for the gate: the section would keep
+        // it (and, as new sections wait behind it, every fault) waiting
+        // for a store call per run as long as requests are queued. The
+        // rest of the queue is read in the next section.
+        while !mm.events.pending() {
+            let Some(e) = mm.readahead.pop() else {
+                break;
+            };
             add(mm, &mut run, e);
         }
         flush(mm, &mut run);
