@@ -397,8 +397,9 @@ impl Mm {
     /// What the pager holds in memory now (see [`crate::MemoryUse`]).
     /// Walks the regions under the global lock's read side, as the
     /// kernel's `/proc/PID/smaps` walks VMAs under `mmap_lock`: maps and
-    /// unmaps wait for the walk (one `mincore` per anonymous region, one
-    /// `fstat` per memfd, and each swap store's `Store::memory_bytes`). For
+    /// unmaps wait for the walk (a read of `/proc/self/pagemap` per
+    /// anonymous region, one `fstat` per memfd, and each swap store's
+    /// `Store::memory_bytes`). For
     /// reports, not for signal handlers, nor for a store's own methods: a
     /// fault may wait for those while an unmap waits for the fault, under
     /// the global lock's write side, which the walk would wait for.
@@ -426,7 +427,10 @@ impl Mm {
         let mut objects: Vec<&Object> = Vec::with_capacity(vmas.len());
         for vma in &vmas {
             if vma.object.kind == crate::object::InstallKind::Anonymous {
-                m.anonymous_bytes += crate::sys::mem::resident(vma.start, vma.end - vma.start);
+                // Not `mincore`: it counts the zero page's PTEs.
+                let (start, len) = (vma.start, vma.end - vma.start);
+                m.anonymous_bytes += crate::sys::pagemap::anonymous_bytes(start, len)
+                    .unwrap_or_else(|| crate::sys::mem::resident(start, len));
             }
             objects.push(&vma.object);
         }

@@ -60,7 +60,7 @@ impl Footprint {
 }
 
 /// What a pager holds in memory now, measured from its own mappings
-/// (`mincore`, and `fstat` of the memfds), beside its budget:
+/// (`/proc/self/pagemap` or `mincore`, and `fstat` of the memfds), beside its budget:
 /// [`Pager::memory_use`](crate::Pager::memory_use).
 ///
 /// The budget counts `resident_pages`: the pages installed in regions plus
@@ -90,7 +90,10 @@ pub struct MemoryUse {
     /// The budget in pages (0: none).
     pub budget_pages: u64,
     /// Bytes the pages of installed anonymous regions take (their user
-    /// mappings' resident pages).
+    /// mappings' resident pages of their own: the shared zero page, which
+    /// a read of a never-written page maps, costs nothing and is not
+    /// counted, though the budget counts it, since a write makes it a
+    /// page with no fault the engine sees).
     pub anonymous_bytes: u64,
     /// Bytes the shared regions' page caches (memfds) hold, and those of
     /// the objects kept cached after their last region went
