@@ -309,3 +309,30 @@ fn zero_pages_read_are_not_reported_as_memory() {
     let m = pager.memory_use();
     assert_eq!(m.anonymous_bytes, (N * PAGE) as u64, "written: {m:?}");
 }
+
+/// In-memory swap gives back the copy of a page whose contents the
+/// application dropped (`MADV_DONTNEED`, or a shrink), as the kernel frees
+/// the swap slot: it kept every such page until the region was unmapped
+/// (1 MiB of swap for a region of 256 pages whose contents were all
+/// dropped).
+#[test]
+fn in_memory_swap_forgets_dropped_pages() {
+    const N: usize = 256;
+    let pager = Pager::builder().budget_pages(16).build().unwrap();
+    let mut r = pager.map_anonymous(N * PAGE).unwrap();
+    r.as_mut_slice().fill(7);
+    let written = pager.memory_use();
+    assert!(written.swap_bytes >= (200 * PAGE) as u64, "{written:?}");
+    r.dontneed(0, N / 2 * PAGE).unwrap();
+    let m = pager.memory_use();
+    assert!(
+        m.swap_bytes <= written.swap_bytes - (100 * PAGE) as u64,
+        "half the region dropped, swap still holds {} bytes (was {}): {m:?}",
+        m.swap_bytes,
+        written.swap_bytes
+    );
+    r.remap(PAGE).unwrap();
+    let m = pager.memory_use();
+    assert!(m.swap_bytes <= PAGE as u64, "shrunk to one page: {m:?}");
+    assert!(r.as_slice().iter().all(|&b| b == 0));
+}

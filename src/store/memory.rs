@@ -185,6 +185,18 @@ impl Store for MemoryStore {
         self.map.resident()
     }
 
+    /// Gives the pages' memory back (`MADV_DONTNEED`): they read as zeros
+    /// again.
+    fn discard(&self, offset: u64, len: u64) {
+        if let (Some(base), true) = (self.base(), in_bounds(offset, len as usize, self.len)) {
+            let _ = crate::sys::mem::madvise(
+                base as usize + offset as usize,
+                len as usize,
+                libc::MADV_DONTNEED,
+            );
+        }
+    }
+
     fn len(&self) -> u64 {
         self.len
     }

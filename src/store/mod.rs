@@ -196,6 +196,19 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Forgets the bytes of `[offset, offset + len)` (whole pages, in
+    /// bounds): the engine will not read them again before it writes
+    /// them. A hint that lets a swap store give their memory back, as the
+    /// kernel frees the swap slot of a page the application dropped
+    /// (`MADV_DONTNEED`, `munmap`, a shrinking `mremap`). The engine calls
+    /// it only on a swap store
+    /// ([`PagerBuilder::swap_to`](crate::PagerBuilder::swap_to)) that is
+    /// [`Store::signal_safe`], holding the page's lock. Default: nothing.
+    /// Async-signal-safe.
+    fn discard(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
+
     /// Bytes of this process's memory the store's contents take (an
     /// in-memory store's written pages); 0 for stores whose contents live
     /// elsewhere (a file, a server). Reported in

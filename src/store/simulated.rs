@@ -306,6 +306,10 @@ impl Store for SimulatedStore {
         self.inner.len()
     }
 
+    fn discard(&self, offset: u64, len: u64) {
+        self.inner.discard(offset, len)
+    }
+
     /// As signal-safe as the store it wraps (its own waits are futexes
     /// and sleeps).
     fn signal_safe(&self) -> bool {
