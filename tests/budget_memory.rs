@@ -336,3 +336,40 @@ fn in_memory_swap_forgets_dropped_pages() {
     assert!(m.swap_bytes <= PAGE as u64, "shrunk to one page: {m:?}");
     assert!(r.as_slice().iter().all(|&b| b == 0));
 }
+
+/// Reading never-written anonymous memory under a budget: each evicted
+/// page (the zero page a read maps) was written to swap, 4 KiB of zeros
+/// apiece, outside the budget (1 MiB of in-memory swap, 253 writes, for
+/// reading 256 pages through a budget of 16). A page of zeros is dropped
+/// without a write, as what its source reads as; pages written stay
+/// swapped, and one written back to zeros forgets its older swap copy.
+#[test]
+fn zeros_are_not_written_to_swap() {
+    const N: usize = 256;
+    let pager = Pager::builder().budget_pages(16).build().unwrap();
+    let mut r = pager.map_anonymous(N * PAGE).unwrap();
+    assert!(r.as_slice().iter().all(|&b| b == 0));
+    let m = pager.memory_use();
+    let st = pager.stats();
+    assert!(
+        st.get(uffd_pager::Counter::PGSTEAL) >= (N - 16) as u64,
+        "{st}"
+    );
+    assert_eq!(st.get(uffd_pager::Counter::WRITEBACK), 0, "{st}");
+    assert_eq!(m.swap_bytes, 0, "{m:?}");
+    // Half the pages written, then all read back through the budget.
+    for p in (0..N).step_by(2) {
+        r.as_mut_slice()[p * PAGE + 5] = p as u8 | 1;
+    }
+    for p in 0..N {
+        let want = if p % 2 == 0 { p as u8 | 1 } else { 0 };
+        assert_eq!(r.as_slice()[p * PAGE + 5], want, "page {p}");
+    }
+    // Written back to zeros: read as zeros after their eviction.
+    for p in (0..N).step_by(2) {
+        r.as_mut_slice()[p * PAGE + 5] = 0;
+    }
+    assert!(r.as_slice().iter().all(|&b| b == 0));
+    let m = pager.memory_use();
+    assert!(m.swap_bytes <= (32 * PAGE) as u64, "{m:?}");
+}

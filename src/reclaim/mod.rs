@@ -99,6 +99,10 @@ enum Unmapped {
     InCache,
     /// Anonymous: the contents were written to the store and dropped.
     WrittenBack,
+    /// Anonymous memory (zero-filled): the page held only zeros, which is
+    /// what its source reads as, so it was dropped without a write (the
+    /// zero page a read maps, or a page written back to zeros).
+    Zeros,
     /// Anonymous: the store write failed; the contents were kept in
     /// `data(i)` (dirty).
     KeptDirty,
@@ -163,7 +167,12 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
     // SAFETY: `src` is a present page of a staging slot that is ours
     // until `put_slot`.
     let page = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
-    let out = if pass.write_out(mm, obj, &[((i * PAGE_SIZE) as u64, page)]) {
+    // A page of anonymous memory that holds only zeros (every page a read
+    // mapped the zero page for) equals its source: written out, it would
+    // take a page of swap, outside the budget, for nothing.
+    let out = if obj.zero_fill && all_zeros(page) {
+        Unmapped::Zeros
+    } else if pass.write_out(mm, obj, &[((i * PAGE_SIZE) as u64, page)]) {
         Unmapped::WrittenBack
     } else {
         match obj.data(i) {
@@ -188,6 +197,12 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
     let _ = madvise(src, PAGE_SIZE, libc::MADV_DONTNEED);
     r.put_slot(s);
     Ok(out)
+}
+
+/// Whether `page` holds only zeros.
+fn all_zeros(page: &[u8]) -> bool {
+    page.chunks_exact(8)
+        .all(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")) == 0)
 }
 
 /// Tries to evict page `i` of `obj` in `pass`. Async-signal-safe.
@@ -220,6 +235,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     }
     let mut dirty = w & DIRTY != 0;
     let mut written = false;
+    let mut zeros = false;
     // A page that needs a store write (an anonymous one mapped and maybe
     // written, a dirty one of a writable store) while this pass or its
     // store may not write: later (`crate::write_error`).
@@ -247,6 +263,10 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
             }
             Ok(Unmapped::InCache) => {}
             Ok(Unmapped::WrittenBack) => written = true,
+            Ok(Unmapped::Zeros) => {
+                zeros = true;
+                dirty = false;
+            }
             Ok(Unmapped::KeptDirty) => {
                 obj.cache.unlock(i, DIRTY, MAPPED | MOVED | CLEAN);
                 return Evict::Rotate;
@@ -295,10 +315,29 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     } else {
         0
     };
+    // Zeros read as its source: an older swap copy is not its contents.
+    let forget = if zeros && w & SWAPPED != 0 {
+        if obj.swap().signal_safe() {
+            let size = obj.page_size() as u64;
+            obj.swap().discard(i as u64 * size, size);
+        }
+        SWAPPED
+    } else {
+        0
+    };
     obj.cache.unlock(
         i,
         swapped,
-        UPTODATE | MAPPED | DIRTY | ON_LRU | LRU_BATCHED | REFERENCED | MOVED | READAHEAD | CLEAN,
+        UPTODATE
+            | MAPPED
+            | DIRTY
+            | ON_LRU
+            | LRU_BATCHED
+            | REFERENCED
+            | MOVED
+            | READAHEAD
+            | CLEAN
+            | forget,
     );
     mm.uncharge(obj.units());
     Evict::Evicted
