@@ -60,7 +60,10 @@ counters! {
     PGMAJFAULT => "pgmajfault",
     /// Faults at an address in no region (SIGSEGV to the faulting thread).
     SEGV => "segv",
-    /// Store read errors (each try).
+    /// Store errors: each failed read try (a fault's; a readahead run's,
+    /// once per run, which a 2 MiB page's empty pool fails too), and each
+    /// failed write of a page reclaim evicts (a `flush`'s failed
+    /// write-back is returned to its caller, not counted).
     IO_ERROR => "io_error",
     /// Pages poisoned after repeated read errors.
     POISONED => "poisoned",
