@@ -66,6 +66,23 @@ fn random_reads_check_out_and_reclaim_runs() {
     }
 }
 
+/// `vs_floor` compares like with like: the floor reads 4 KiB pages with
+/// nothing beside it, so a run with global-lock writers gets no ratio
+/// (it got one against a floor that had no writers to compete with).
+#[test]
+fn random_has_a_floor_only_where_the_floor_does_the_same_work() {
+    let plain = random::run(&knobs()).unwrap();
+    let ratio = plain.extra("vs_floor").unwrap();
+    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    let with_writers = random::run(&Knobs {
+        writers: 1,
+        ..knobs()
+    })
+    .unwrap();
+    assert!(with_writers.extra("floor_us_per_page").unwrap().is_nan());
+    assert!(with_writers.extra("vs_floor").unwrap().is_nan());
+}
+
 #[test]
 fn random_file_is_removed_and_dir_is_honoured() {
     let dir = std::env::temp_dir().join(format!("uffd-wl-random-{}", std::process::id()));

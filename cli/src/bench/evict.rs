@@ -208,8 +208,23 @@ fn engine(kind: InstallKind, pages: usize, ps: usize) -> Result<(f64, u64)> {
     let freed_units = pager.reclaim_pages(pages as u64 * units);
     let elapsed = t.elapsed();
     let evicted = pager.stats().get(Counter::PGSTEAL) - before;
-    debug_assert_eq!(evicted * units, freed_units);
-    Ok((elapsed.as_nanos() as f64 / evicted.max(1) as f64, evicted))
+    all_evicted(evicted, freed_units / units.max(1), pages)?;
+    Ok((elapsed.as_nanos() as f64 / evicted as f64, evicted))
+}
+
+/// A pass that evicted fewer pages than it installed timed less work than
+/// the raw side's (nearly nothing, if it evicted none), and the best of
+/// the passes would pick it: an error, not a figure.
+fn all_evicted(evicted: u64, freed: u64, pages: usize) -> Result<()> {
+    if evicted == pages as u64 && freed == evicted {
+        return Ok(());
+    }
+    Err(Error::Io {
+        context: format!(
+            "bench evict: the engine's pass evicted {evicted} of {pages} pages ({freed} freed)"
+        ),
+        source: std::io::Error::other("a pass that evicts less measures less than the raw side"),
+    })
 }
 
 /// Measures engine eviction of `pages` pages of `kind` and of `page_size`
@@ -271,6 +286,14 @@ pub fn evict_cost(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_that_evicts_less_is_an_error() {
+        assert!(all_evicted(128, 128, 128).is_ok());
+        let e = all_evicted(0, 0, 128).unwrap_err().to_string();
+        assert!(e.contains("evicted 0 of 128 pages"), "{e}");
+        assert!(all_evicted(128, 127, 128).is_err());
+    }
 
     #[test]
     fn evicts_every_page_and_measures() {

@@ -10,8 +10,12 @@
 //!
 //! | kind | floor | engine |
 //! |---|---|---|
-//! | anonymous | memcpy 4 KiB from a source buffer into an absent staging page, UFFDIO_MOVE | store read (memcpy into its absent cache-area page), lookup, locks, UFFDIO_MOVE |
-//! | shared | memcpy 4 KiB into a punched-out memfd page through an alias, UFFDIO_CONTINUE | store read (memcpy into its punched-out memfd page), lookup, locks, UFFDIO_CONTINUE |
+//! | anonymous | one UFFDIO_COPY of 4 KiB straight from the source buffer | store read into a buffer, lookup, locks, one UFFDIO_COPY (the engine's regions here are read-only; a writable one's page goes through the cache area and UFFDIO_MOVE) |
+//! | shared | `pwrite` of 4 KiB from the source into a punched-out memfd page, UFFDIO_CONTINUE | store read into its punched-out memfd page (`Store::read_to_fd`), lookup, locks, UFFDIO_CONTINUE |
+//!
+//! (With 2 MiB pages the anonymous floor copies 2 MiB with UFFDIO_COPY and
+//! the shared one copies into a hugetlbfs memfd through a second mapping:
+//! see [`FloorLoop`].)
 //!
 //! The engine side maps a fresh region over a pre-filled
 //! [`MemoryStore`](uffd_pager::store::MemoryStore) per pass, so every page is a

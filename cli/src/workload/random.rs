@@ -28,13 +28,21 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
     run_in(k, &default_dir())
 }
 
+/// Whether [`crate::bench::random_floor`] does the work of this run: a
+/// budget, reads only, 4 KiB pages, and no global-lock writers beside the
+/// readers (the floor has none).
+fn floor_is_comparable(k: &Knobs) -> bool {
+    k.budget_pages > 0 && k.write_pct == 0 && k.writers == 0 && k.page_size == PAGE_SIZE
+}
+
 /// Runs `random` with its file in `dir`.
 ///
 /// `ops` is page reads (all threads). Extras: `us_per_page` (wall time per
 /// page per thread, `elapsed × threads / ops` in µs), `us_per_page_overall`
 /// (`elapsed / ops`: wall time per page of the whole run), `floor_us_per_page`
 /// (the same measure for [`crate::bench::random_floor`], run right after
-/// with the same threads, budget and duration; NaN without a budget),
+/// with the same threads, budget and duration; NaN where the floor would
+/// do other work: without a budget, with writes, writers or 2 MiB pages),
 /// `vs_floor` (their ratio), `mismatches` (words that differed from the
 /// pattern, engine and floor; 0 unless one is broken),
 /// `file_pages`, `writer_loops`, `footprint_mib` (what the pager held at
@@ -67,9 +75,11 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     drop(file);
     drop(pager);
     let us_per_page = elapsed.as_secs_f64() * threads as f64 / reads.max(1) as f64 * 1e6;
-    // The raw floor, same reads, same threads, same budget, right after
-    // (it only reads: none beside a run that writes).
-    let floor_us = if k.budget_pages > 0 && k.write_pct == 0 {
+    // The raw floor, same reads, same threads, same budget, right after.
+    // Only where it does the same work: it reads 4 KiB pages and nothing
+    // competes with it (none beside a run that writes, one with global-lock
+    // writers, or one of 2 MiB pages).
+    let floor_us = if floor_is_comparable(k) {
         let f = crate::bench::random_floor(
             dir,
             k.budget_pages as usize,
