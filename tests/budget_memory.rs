@@ -337,6 +337,55 @@ fn in_memory_swap_forgets_dropped_pages() {
     assert!(r.as_slice().iter().all(|&b| b == 0));
 }
 
+/// The disk blocks of this process's swap files in `dir` (unlinked
+/// `O_TMPFILE` files, found through its open descriptors).
+fn swap_file_blocks(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut blocks = 0;
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        if target.starts_with(dir) {
+            if let Ok(m) = std::fs::metadata(e.path()) {
+                blocks += m.blocks();
+            }
+        }
+    }
+    blocks
+}
+
+/// The same with swap in files ([`uffd_pager::PagerBuilder::swap_dir`]):
+/// the disk space of the pages dropped is given back (punched out of the
+/// swap file); before, the file kept every page ever written to it until
+/// the region went.
+#[test]
+fn swap_files_give_back_dropped_pages() {
+    const N: usize = 256;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("swap-punch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pager = Pager::builder()
+        .budget_pages(16)
+        .swap_dir(&dir)
+        .build()
+        .unwrap();
+    let mut r = pager.map_anonymous(N * PAGE).unwrap();
+    r.as_mut_slice().fill(7);
+    // 512-byte blocks.
+    let written = swap_file_blocks(&dir);
+    assert!(written >= (200 * PAGE / 512) as u64, "{written} blocks");
+    r.dontneed(0, N / 2 * PAGE).unwrap();
+    let left = swap_file_blocks(&dir);
+    assert!(
+        left <= written - (100 * PAGE / 512) as u64,
+        "half the region dropped, its swap file still holds {left} blocks (was {written})"
+    );
+    assert!(r.as_slice()[N / 2 * PAGE..].iter().all(|&b| b == 7));
+    drop(r);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Reading never-written anonymous memory under a budget: each evicted
 /// page (the zero page a read maps) was written to swap, 4 KiB of zeros
 /// apiece, outside the budget (1 MiB of in-memory swap, 253 writes, for

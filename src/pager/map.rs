@@ -19,7 +19,9 @@ fn swap_file(dir: &Path, len: usize) -> Result<FileStore> {
     };
     let f = tempfile_in(dir).map_err(io)?;
     f.set_len(len as u64).map_err(io)?;
-    FileStore::from_file(f, true).map_err(io)
+    FileStore::from_file(f, true)
+        .map(FileStore::punching_discards)
+        .map_err(io)
 }
 
 /// An anonymous (O_TMPFILE) file in `dir`.

@@ -76,6 +76,9 @@ pub struct FileStore {
     /// file's length never changes (an aligned write would extend it, and
     /// truncating back would cut whatever was appended since the open).
     tail: Option<File>,
+    /// [`Store::discard`] punches the bytes out of the file: set only for
+    /// the engine's own swap files ([`FileStore::punching_discards`]).
+    punch_discards: bool,
 }
 
 /// Whether the file is on tmpfs (its pages live in memory).
@@ -174,7 +177,19 @@ impl FileStore {
             in_memory,
             view,
             tail,
+            punch_discards: false,
         })
+    }
+
+    /// This store as a swap file of the engine's own
+    /// ([`PagerBuilder::swap_dir`](crate::PagerBuilder::swap_dir)): a
+    /// discarded page's bytes are punched out of the file
+    /// (`FALLOC_FL_PUNCH_HOLE`), so that the disk space of pages the
+    /// application dropped is given back, as the kernel frees their swap
+    /// slots. Never for a file that holds someone's data.
+    pub(crate) fn punching_discards(mut self) -> Self {
+        self.punch_discards = true;
+        self
     }
 
     /// The underlying file.
@@ -364,6 +379,26 @@ impl Store for FileStore {
                 e => return Err(StoreError(e)),
             }
         }
+    }
+
+    /// Punches `[offset, offset + len)` out of an engine swap file
+    /// ([`FileStore::punching_discards`]); nothing for any other file.
+    /// One `fallocate`: async-signal-safe. A file system that cannot punch
+    /// keeps the bytes, which the engine never reads again.
+    fn discard(&self, offset: u64, len: u64) {
+        if !self.punch_discards || !self.writable {
+            return;
+        }
+        // SAFETY: fallocate on the descriptor this store holds open; it
+        // touches no memory of this process.
+        let _ = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as i64,
+                len as i64,
+            )
+        };
     }
 
     /// True for a file on tmpfs opened without `O_DIRECT`.
