@@ -167,6 +167,9 @@ fn available_bytes() -> u64 {
 /// The process's UMap state.
 struct State {
     settings: Settings,
+    /// The UMap page size in force: the one the pager was made with (a
+    /// setter called after the first `umap` changes only the getter's).
+    unit: usize,
     pager: Option<Pager>,
     regions: Vec<Region>,
 }
@@ -178,6 +181,7 @@ fn state() -> MutexGuard<'static, State> {
         .get_or_init(|| {
             Mutex::new(State {
                 settings: Settings::from_env(),
+                unit: engine::PAGE_SIZE,
                 pager: None,
                 regions: Vec::new(),
             })
@@ -270,7 +274,10 @@ fn map(
             .map_err(|m| (libc::EINVAL, m))
             .and_then(|b| b.build().map_err(|e| (e.errno(), e.to_string())));
         match made {
-            Ok(p) => st.pager = Some(p),
+            Ok(p) => {
+                st.pager = Some(p);
+                st.unit = st.settings.page_size as usize;
+            }
             Err((errno, m)) => return umap_failed(errno, m),
         }
     }
@@ -412,7 +419,7 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
     let items = unsafe { std::slice::from_raw_parts(page_array, npages as usize) };
     let _ = std::panic::catch_unwind(|| {
         let st = state();
-        let unit = st.settings.page_size as usize;
+        let unit = st.unit;
         for it in items {
             let a = it.page_base_addr as usize;
             for r in &st.regions {

@@ -1,10 +1,14 @@
 /* A UMap program started with a bad UMAP_PAGESIZE that sets a good page
  * size itself before its first umap: the setter's value is the one in
- * force, so umap works.
+ * force, so umap works. A page size set after the first umap changes only
+ * the getter: umap_prefetch still fetches UMap pages of the size in force
+ * (two 4 KiB pages here, not sixteen).
  *
  * usage: umap_set_page_size FILE */
 #include <umap/umap.h>
+#include <uffd_pager.h> /* umap_uffd_pager_stats */
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,6 +29,15 @@ int main(int argc, char **argv) {
     perror("umap");
     return 1;
   }
+  umapcfg_set_umap_page_size(65536);
+  if (umapcfg_get_umap_page_size() != 65536) return 1;
+  uffd_pager_stats st;
+  if (umap_uffd_pager_stats(&st, sizeof st) != (int)sizeof st) return 1;
+  uint64_t before = st.pgread;
+  struct umap_prefetch_item item = {r};
+  umap_prefetch(1, &item);
+  if (umap_uffd_pager_stats(&st, sizeof st) != (int)sizeof st) return 1;
+  printf("prefetch read %llu pages\n", (unsigned long long)(st.pgread - before));
   for (size_t i = 0; i < sizeof buf; i += 4096)
     if (r[i] != 'u') return 1;
   if (uunmap(r, sizeof buf) != 0) return 1;
