@@ -51,10 +51,11 @@ pub enum Error {
         /// Requested length.
         len: usize,
     },
-    /// The backing file is shorter than the region.
-    #[error("file is {file_len} bytes, shorter than the region's {needed} bytes")]
+    /// The backing file or store is shorter than the region (named for
+    /// the file, the first case it served).
+    #[error("the file or store holds {file_len} bytes, fewer than the region's {needed}")]
     FileTooShort {
-        /// File length in bytes.
+        /// File or store length in bytes.
         file_len: u64,
         /// Bytes the region needs.
         needed: u64,
