@@ -28,14 +28,19 @@ const HUGE_MARGIN: u64 = 2;
 
 /// After a fault on page `i` of `obj` (a miss, or a hit on a read-ahead
 /// page), updates the window and requests the pages past what was already
-/// requested. Async-signal-safe.
-pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
+/// requested, none at or past `limit`: the end of the region piece that
+/// faulted (as the kernel's swap readahead stays inside the VMA), since no
+/// fault can use a page nothing maps (the tail a shrink or the
+/// application's `munmap` cut off, the rest of a store the region maps
+/// only the start of), and each one read is charged and held until
+/// reclaim or the object's release drops it. Async-signal-safe.
+pub fn on_fault(mm: &Mm, obj: &Object, i: usize, limit: usize) {
     let max = mm.config.readahead_pages;
     if max == 0 {
         return;
     }
     if obj.is_huge() {
-        return on_huge_fault(mm, obj, i);
+        return on_huge_fault(mm, obj, i, limit);
     }
     let expected = obj.ra_next.swap(i + 1, Relaxed);
     let w = obj.ra_window.load(Relaxed);
@@ -89,7 +94,7 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
     } else {
         i + 1
     };
-    let to = (i + 1 + w as usize).min(obj.npages());
+    let to = (i + 1 + w as usize).min(obj.npages()).min(limit);
     if from >= to {
         return;
     }
@@ -116,13 +121,13 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize) {
 /// requests nothing. Shared objects only: an anonymous one's pages come
 /// back from swap, where a guessed 2 MiB read competes with the 2 MiB
 /// swap writes of the evictions it forces.
-fn on_huge_fault(mm: &Mm, obj: &Object, i: usize) {
+fn on_huge_fault(mm: &Mm, obj: &Object, i: usize, limit: usize) {
     if obj.kind != crate::object::InstallKind::Shared {
         return;
     }
     let expected = obj.ra_next.swap(i + 1, Relaxed);
     let j = i + 1;
-    if i != expected || j >= obj.npages() {
+    if i != expected || j >= obj.npages().min(limit) {
         return;
     }
     if obj.cache.load(j) & (UPTODATE | LOCKED | POISONED) != 0 {
@@ -198,7 +203,11 @@ fn add(mm: &Mm, run: &mut Run, e: Entry) {
     let Some(obj) = run.obj.as_deref() else {
         return;
     };
-    if j >= obj.npages() {
+    // Past the object, or a page no region maps any more: the region
+    // shrank or the application unmapped it after the request was queued
+    // (or the object's last region went: it may be kept, and guesses for
+    // it are waste).
+    if j >= obj.npages() || obj.windows.addr_of(j).is_none() {
         return;
     }
     // The same lock order as everyone else: a page lock is only ever

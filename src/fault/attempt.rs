@@ -99,6 +99,10 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     let i = vma.page_index(f.addr);
     // (Read before the lock may be dropped for a major fault's I/O.)
     let readahead = !vma.random.load(Relaxed);
+    // Readahead reads no page past this piece of the region: nothing maps
+    // those (a shrink, the application's own `munmap`, a map shorter than
+    // its store).
+    let ra_limit = vma.pages().end;
     loop {
         let w = obj.cache.load(i);
         if w & POISONED != 0 {
@@ -172,7 +176,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                     mm.counters.inc(RA_USED);
                     obj.cache.update(i, 0, READAHEAD);
                     if readahead {
-                        crate::readahead::on_fault(mm, obj, i);
+                        crate::readahead::on_fault(mm, obj, i, ra_limit);
                     }
                 }
                 return finish_install(mm, vma, f, i, false, false);
@@ -221,7 +225,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             } else {
                 mm.page_cached(&pin, i);
                 if readahead {
-                    crate::readahead::on_fault(mm, &pin, i);
+                    crate::readahead::on_fault(mm, &pin, i, ra_limit);
                 }
             }
             mm.counters.inc(RETRY_MMAP_DROP);
@@ -230,7 +234,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
         match load(mm, obj, i) {
             LoadResult::Ok => {
                 if readahead {
-                    crate::readahead::on_fault(mm, obj, i);
+                    crate::readahead::on_fault(mm, obj, i, ra_limit);
                 }
                 return finish_install(mm, vma, f, i, false, true);
             }
