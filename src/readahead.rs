@@ -101,7 +101,13 @@ pub fn on_fault(mm: &Mm, obj: &Object, i: usize, limit: usize) {
     let slot = obj.slot.load(Relaxed);
     let mut last = from;
     for j in from..to {
-        if obj.cache.load(j) & (UPTODATE | LOCKED | POISONED) != 0 {
+        let w = obj.cache.load(j);
+        // Anonymous memory reads ahead only what is in swap, as the
+        // kernel's swap readahead does: a page never swapped out is a zero
+        // page, which its fault maps for nothing (`UFFDIO_ZEROPAGE`); read
+        // from the zero store, it would take a page of the cache area, and
+        // of the budget, to hold zeros.
+        if w & (UPTODATE | LOCKED | POISONED) != 0 || (obj.zero_fill && w & SWAPPED == 0) {
             last = j + 1;
             continue;
         }
@@ -215,11 +221,12 @@ fn add(mm: &Mm, run: &mut Run, e: Entry) {
     let Ok(prev) = obj.cache.try_lock(j) else {
         return;
     };
-    if prev & (UPTODATE | POISONED) != 0 {
+    // (Dropped since it was requested: a zero page now, see `on_fault`.)
+    let swapped = prev & SWAPPED != 0;
+    if prev & (UPTODATE | POISONED) != 0 || (obj.zero_fill && !swapped) {
         obj.cache.unlock(j, 0, 0);
         return;
     }
-    let swapped = prev & SWAPPED != 0;
     if continuing && swapped != run.swapped {
         // Another source (swap, not the store): the run ends before it.
         obj.cache.unlock(j, 0, 0);

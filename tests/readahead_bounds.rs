@@ -1,6 +1,8 @@
-//! What readahead reads: only pages a fault could use, not pages past the
-//! end of the region piece that faulted (a shrink, a map shorter than its
-//! store, the application's own `munmap` of part of a region).
+//! What readahead reads: only pages a fault could use. Not pages past
+//! the end of the region piece that faulted (a shrink, a map shorter than
+//! its store, the application's own `munmap` of part of a region), and for
+//! anonymous memory only pages that are in swap (the kernel's swap
+//! readahead: a never-written page is the zero page, with nothing to read).
 
 #[path = "engine_util.rs"]
 mod util;
@@ -114,4 +116,35 @@ fn readahead_stops_at_a_hole_the_application_unmapped() {
             assert_eq!(b, data[pg * PAGE + 7], "{kind} page {pg}");
         }
     }
+}
+
+/// Anonymous memory with a few pages in swap, the rest never written: a
+/// sequential read of the swapped pages made readahead read the
+/// never-written pages after them from the zero store into the cache area
+/// (a real page each, charged), where the fault would have mapped the zero
+/// page for nothing. Only swapped pages are read ahead now.
+#[test]
+fn anonymous_readahead_reads_only_swapped_pages() {
+    let p = pager();
+    let mut r = p.map_anonymous(PAGES * PAGE).unwrap();
+    let data = pattern_vec(9, 4 * PAGE);
+    r.as_mut_slice()[..4 * PAGE].copy_from_slice(&data);
+    assert_eq!(p.reclaim_pages(64), 4, "the four written pages go to swap");
+    assert_eq!(p.memory_use().resident_pages, 0);
+    p.reset_stats();
+    // Two sequential major faults open a window of 4 pages after page 1:
+    // pages 2 and 3 are in swap, 4 and 5 were never written.
+    assert_eq!(r.as_slice()[7], data[7]);
+    assert_eq!(r.as_slice()[PAGE + 7], data[PAGE + 7]);
+    let ra = settled(&p);
+    let mem = p.memory_use();
+    assert_eq!(
+        (ra, mem.resident_pages, mem.cache_area_bytes),
+        (2, 4, 2 * PAGE as u64),
+        "(pages read ahead, resident pages, cache-area bytes): only the two swapped pages \
+         should be read ahead"
+    );
+    let mut want = vec![0u8; PAGES * PAGE];
+    want[..4 * PAGE].copy_from_slice(&data);
+    assert_bytes(r.as_slice(), &want, "anonymous memory");
 }
