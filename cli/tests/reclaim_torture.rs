@@ -111,6 +111,14 @@ fn file_torture(delivery: Delivery, install: InstallKind, seed: u64) {
     };
     let r = run(&cfg).expect("torture run");
     check(&cfg, &r, true);
+    // The file is read back at the end whatever the install kind: against
+    // the model (shared), or against its initial pattern (anonymous: a
+    // private copy must never write its file).
+    assert_eq!(
+        r.words_verified,
+        2 * (cfg.pages * 512) as u64,
+        "the file was not read back: {r}"
+    );
 }
 
 fn anon_torture(delivery: Delivery, swapfile: bool, seed: u64) {

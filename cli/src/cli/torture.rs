@@ -60,7 +60,9 @@ pub struct TortureArgs {
     #[arg(long, value_enum, default_value_t = Kind::File)]
     kind: Kind,
     /// How file pages are installed (file kind only): shared (memfd,
-    /// MINOR + CONTINUE) or anonymous (the file acts as swap).
+    /// MINOR + CONTINUE; the file is checked against the model at the
+    /// end) or anonymous (a private copy whose writes go to swap: the file
+    /// must still hold its initial pattern at the end).
     #[arg(long, value_name = "KIND", default_value = "shared")]
     install: InstallKind,
     /// Delivery: in-thread, threads\[:N\[:spinUS\]\] (N defaults to one per

@@ -54,8 +54,10 @@ use uffd_pager::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TortureKind {
     /// A file at `path`, created (or truncated) and filled with the initial
-    /// pattern, mapped with [`TortureConfig::install`]. The file is left in
-    /// place; the caller removes it.
+    /// pattern, mapped with [`TortureConfig::install`]. At the end the file
+    /// is read back and compared with the model (shared), or with the
+    /// initial pattern (anonymous: a private copy never writes its file).
+    /// The file is left in place; the caller removes it.
     File {
         /// Where the file goes.
         path: PathBuf,
@@ -107,10 +109,12 @@ pub struct TortureConfig {
     pub seed: u64,
     /// What backs the region.
     pub kind: TortureKind,
-    /// How pages are installed, for [`TortureKind::File`] (anonymous kinds
-    /// always install anonymously). With [`InstallKind::Anonymous`] the
-    /// file acts as the region's swap: the region is verified, the file is
-    /// not (pages still resident at unmap are not written to it).
+    /// How pages are installed, for [`TortureKind::File`] and
+    /// [`TortureKind::Far`] (anonymous kinds always install anonymously).
+    /// With [`InstallKind::Anonymous`] the region is a private copy of the
+    /// file (or object): its writes go to the pager's swap and never reach
+    /// the file, so the region is verified against the model and the file
+    /// must still hold its initial pattern at the end.
     pub install: InstallKind,
     /// Fault delivery.
     pub delivery: Delivery,
@@ -280,6 +284,37 @@ fn verify_words(
     n
 }
 
+/// Compares the region's file or object, read back after the unmap, with
+/// the final model (a shared region writes its pages back to it) or with
+/// the initial pattern (an anonymous one is a private copy, whose writes
+/// go to the pager's swap and never reach its source).
+fn verify_source(model: &Model, install: InstallKind, findings: &Findings, bytes: &[u8]) -> u64 {
+    let words = bytes.chunks_exact(8).enumerate().map(|(w, c)| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(c);
+        (w, u64::from_ne_bytes(a))
+    });
+    if install == InstallKind::Shared {
+        return verify_words(model, Phase::File, findings, words);
+    }
+    let mut n = 0;
+    for (w, v) in words {
+        n += 1;
+        if v != model.encode(w, 0) {
+            findings.record(Mismatch {
+                phase: Phase::File,
+                word: w,
+                got: v,
+                want_min_seq: 0,
+                want_max_seq: 0,
+                got_seq: model.decode(w, v),
+                thread: None,
+            });
+        }
+    }
+    n
+}
+
 /// Runs the torture described by `cfg`. See the module docs for what is
 /// checked. Returns an error only when the run could not be set up or
 /// torn down (a bad configuration, a failed map, flush or unmap);
@@ -418,8 +453,10 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
         (0..words).map(|w| (w, unsafe { word_at(base, w) }.load(Acquire))),
     );
 
-    if let (TortureKind::File { path }, InstallKind::Shared) = (&cfg.kind, cfg.install) {
-        region.flush()?;
+    if let TortureKind::File { path } = &cfg.kind {
+        if cfg.install == InstallKind::Shared {
+            region.flush()?;
+        }
         region.unmap()?;
         let bytes = std::fs::read(path).map_err(|e| Error::Io {
             context: format!("reading back {}", path.display()),
@@ -432,51 +469,14 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
                 bytes.len()
             )));
         }
-        words_verified += verify_words(
-            &model,
-            Phase::File,
-            &findings,
-            bytes.chunks_exact(8).enumerate().map(|(w, c)| {
-                let mut a = [0u8; 8];
-                a.copy_from_slice(c);
-                (w, u64::from_ne_bytes(a))
-            }),
-        );
+        words_verified += verify_source(&model, cfg.install, &findings, &bytes);
     } else if let (Some(far), Some(object)) = (&far, &far_object) {
-        region.flush()?;
+        if cfg.install == InstallKind::Shared {
+            region.flush()?;
+        }
         region.unmap()?;
         let bytes = far.read_back(object)?;
-        let word = |c: &[u8]| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(c);
-            u64::from_ne_bytes(a)
-        };
-        if cfg.install == InstallKind::Shared {
-            words_verified += verify_words(
-                &model,
-                Phase::File,
-                &findings,
-                bytes.chunks_exact(8).enumerate().map(|(w, c)| (w, word(c))),
-            );
-        } else {
-            // A private copy: its source must still hold the initial
-            // pattern, whatever the region wrote.
-            for (w, c) in bytes.chunks_exact(8).enumerate() {
-                words_verified += 1;
-                let (v, want) = (word(c), model.encode(w, 0));
-                if v != want {
-                    findings.record(Mismatch {
-                        phase: Phase::File,
-                        word: w,
-                        got: v,
-                        want_min_seq: 0,
-                        want_max_seq: 0,
-                        got_seq: model.decode(w, v),
-                        thread: None,
-                    });
-                }
-            }
-        }
+        words_verified += verify_source(&model, cfg.install, &findings, &bytes);
     } else {
         region.unmap()?;
     }
