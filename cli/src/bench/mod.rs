@@ -211,21 +211,30 @@ pub(crate) fn touch_from(
     n: usize,
     page_size: usize,
 ) -> Result<Duration> {
-    let mut sum = 0u64;
+    // Each page's byte is kept and checked after the clock stops (a sum
+    // would pass two pages that came back swapped).
+    let mut seen = vec![0u8; n];
     let t0 = Instant::now();
-    for i in first..first + n {
+    for (k, b) in seen.iter_mut().enumerate() {
         // SAFETY: callers pass a live mapping of at least `first + n` pages
         // whose faults are served (by the floor's handler or the engine).
-        sum += unsafe { std::ptr::read_volatile((base + i * page_size) as *const u8) } as u64;
+        *b = unsafe { std::ptr::read_volatile((base + (first + k) * page_size) as *const u8) };
     }
     let elapsed = t0.elapsed();
-    let expected: u64 = (first..first + n).map(|i| pattern(i) as u64).sum();
-    if sum != expected {
+    if let Some((k, &got)) = seen
+        .iter()
+        .enumerate()
+        .find(|&(k, &b)| b != pattern(first + k))
+    {
+        let i = first + k;
         return Err(Error::Io {
             context: "fault-cost pass".into(),
             source: std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("pages read back wrong contents (sum {sum}, expected {expected})"),
+                format!(
+                    "pages read back wrong contents (page {i} holds {got}, expected {})",
+                    pattern(i)
+                ),
             ),
         });
     }
@@ -235,6 +244,26 @@ pub(crate) fn touch_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pages that came back swapped are wrong contents, though the sum of
+    /// their bytes is right.
+    #[test]
+    fn touch_catches_pages_that_came_back_swapped() {
+        let ps = 64;
+        let mut mem = vec![0u8; 4 * ps];
+        for (i, p) in mem.chunks_mut(ps).enumerate() {
+            p.fill(pattern(i));
+        }
+        let base = mem.as_ptr() as usize;
+        assert!(touch(base, 4, ps).is_ok());
+        assert!(touch_from(base, 1, 3, ps).is_ok());
+        mem[0] = pattern(1);
+        mem[ps] = pattern(0);
+        let base = mem.as_ptr() as usize;
+        assert!(touch(base, 4, ps).is_err(), "pages 0 and 1 swapped");
+        assert!(touch_from(base, 1, 3, ps).is_err(), "page 1 wrong");
+        assert!(touch_from(base, 2, 2, ps).is_ok());
+    }
 
     fn small(kind: InstallKind, delivery: Delivery) {
         let cfg = FaultCostConfig {
