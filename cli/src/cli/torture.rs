@@ -398,8 +398,12 @@ fn report_json(cfg: &TortureConfig, r: &TortureReport) -> Json {
         ("kind", Json::str(kind_name(&cfg.kind))),
         (
             "install",
+            // As the text report: the install kind of the kinds that map
+            // a file or object (the far one too).
             match cfg.kind {
-                TortureKind::File { .. } => Json::str(cfg.install.to_string()),
+                TortureKind::File { .. } | TortureKind::Far { .. } => {
+                    Json::str(cfg.install.to_string())
+                }
                 _ => Json::Null,
             },
         ),
@@ -447,6 +451,55 @@ mod tests {
         let mut v = vec!["torture"];
         v.extend_from_slice(extra);
         T::try_parse_from(v).unwrap().a
+    }
+
+    /// The JSON report names the install kind wherever the text one does:
+    /// a file in Redis too.
+    #[test]
+    fn json_names_the_install_kind_of_a_far_object() {
+        let pager = uffd_pager::Pager::builder().build().unwrap();
+        let r = TortureReport {
+            ops: 0,
+            reads: 0,
+            writes: 0,
+            mismatches: 0,
+            first_mismatches: Vec::new(),
+            words_verified: 0,
+            background_flushes: 0,
+            background_reclaimed: 0,
+            churn_ops: 0,
+            elapsed: std::time::Duration::ZERO,
+            stats: pager.stats(),
+        };
+        for (kind, want) in [
+            (
+                TortureKind::Far {
+                    url: StoreUrl("redis://127.0.0.1:6379".into()),
+                },
+                "\"install\":\"anonymous\"",
+            ),
+            (
+                TortureKind::File {
+                    path: "/nonexistent".into(),
+                },
+                "\"install\":\"anonymous\"",
+            ),
+            (TortureKind::Anonymous, "\"install\":null"),
+        ] {
+            let cfg = TortureConfig {
+                kind,
+                install: InstallKind::Anonymous,
+                ..TortureConfig::default()
+            };
+            let text = report_text(&cfg, &r);
+            let json = report_json(&cfg, &r).to_string();
+            assert!(json.contains(want), "{json}");
+            assert_eq!(
+                text.contains("install anonymous"),
+                want.contains("anonymous"),
+                "{text}"
+            );
+        }
     }
 
     #[test]
