@@ -286,8 +286,6 @@ pub fn default_trace() -> Trace {
     Trace::parse(include_str!("../../../data/launch-trace.txt")).expect("shipped trace parses")
 }
 
-/// Replays `trace` on the region at `base`; returns the words that differ
-/// from the pattern.
 /// The launch model's calibration against seed 003 (a Baidu Tieba cold
 /// launch on a Pixel 6: 3.6 s, of which 570 ms in 32.4 mmap_lock read
 /// waits under vanilla, 470 ms in 10.9 waits with the retry): the
@@ -330,6 +328,8 @@ impl Model {
     };
 }
 
+/// Replays `trace` on the region at `base`; returns the words that differ
+/// from the pattern.
 fn replay(pager: &uffd_pager::Pager, base: usize, trace: &Trace, model: Model) -> Result<u64> {
     let mut bad = 0;
     let mut heap = Vec::new();

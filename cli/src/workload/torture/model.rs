@@ -4,7 +4,6 @@
 use std::sync::atomic::AtomicU64;
 use uffd_pager::PAGE_SIZE;
 
-/// Words per page.
 /// A small fast generator (splitmix64): deterministic per seed.
 pub(super) struct Rng(pub(super) u64);
 

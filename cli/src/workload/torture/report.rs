@@ -8,7 +8,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 use uffd_pager::Stats;
 
-/// Words per page.
 /// When a mismatch was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
