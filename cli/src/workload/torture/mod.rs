@@ -418,18 +418,22 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
                 spawn_scoped(s, move || worker(t, cfg, base, model, findings))
             })
             .collect();
-        let (mut reads, mut writes, mut not_started) = (0, 0, None);
+        let (mut reads, mut writes, mut not_started, mut panicked) = (0, 0, None, None);
         for h in hs {
-            match h {
-                Ok(h) => {
-                    let (r, w) = h.join().expect("torture worker panicked");
+            match h.map(|h| h.join()) {
+                Ok(Ok((r, w))) => {
                     reads += r;
                     writes += w;
                 }
+                // Passed on once the background threads are stopped.
+                Ok(Err(p)) => panicked = panicked.or(Some(p)),
                 Err(e) => not_started = not_started.or(Some(e)),
             }
         }
         stop.store(true, Release);
+        if let Some(p) = panicked {
+            std::panic::resume_unwind(p);
+        }
         let bg = bg.and_then(|h| h.join().expect("torture background thread panicked"));
         let churn = churn.map(|c| c.and_then(|c| c.join().expect("torture churn thread panicked")));
         (reads, writes, bg, churn, not_started)
