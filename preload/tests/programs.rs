@@ -512,6 +512,33 @@ fn a_write_only_descriptor_is_not_mapped() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A writable shared mapping of a descriptor opened `O_RDONLY` is the
+/// kernel's `EACCES`: the store opened the file again through
+/// `/proc/self/fd` for reading and writing (allowed by the file's mode, and
+/// always for root), so the shim made it a pager mapping and a store
+/// through it reached the file the descriptor gives no right to write.
+#[test]
+fn a_read_only_descriptor_is_not_mapped_writable_and_shared() {
+    let d = scratch();
+    let exe = build_c(&d, "read_only_shared_write");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("ro-shared-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "writable shared of O_RDONLY: Permission denied\n\
+         the file starts with '.'\n"
+    );
+    let pattern = format!("{}/ro-shared.dat", d.display());
+    let (o, _) = under_shim(
+        Command::new(&exe).arg(d.join("ro-shared.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("ro-shared.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+}
+
 /// `mremap(MREMAP_MAYMOVE)` growing a pager mapping of a file over more of
 /// the file, read-only or writable: the new pages show the file and the
 /// stores through them reach it, as under the kernel. The region's store

@@ -295,6 +295,12 @@ pub fn mmap(
             // first touch was SIGBUS.
             return None;
         }
+        if shared && write && fl & libc::O_ACCMODE != libc::O_RDWR {
+            // The kernel's EACCES: stores through it would write a file
+            // the descriptor may not write. (Its store opens the file
+            // again, for writing if the mode allows it.)
+            return None;
+        }
         let name = path.to_string_lossy().into_owned();
         if !shared && write {
             // A private writable mapping would be a snapshot that write(2)
@@ -448,6 +454,16 @@ pub fn file_store(
 /// again (its permissions changed since the program opened it), a `dup`
 /// of a descriptor without `O_APPEND`.
 fn own_file(fd: c_int, writable: bool) -> Result<std::fs::File, String> {
+    // SAFETY: F_GETFL reads the program's descriptor's flags.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    // Never more than the descriptor allows: the reopen checks the file's
+    // mode, not how the program opened it.
+    if writable && fl & libc::O_ACCMODE != libc::O_RDWR {
+        return Err("a writable store over a descriptor not opened O_RDWR".into());
+    }
     let again = std::fs::OpenOptions::new()
         .read(true)
         .write(writable)
@@ -455,11 +471,6 @@ fn own_file(fd: c_int, writable: bool) -> Result<std::fs::File, String> {
         .open(format!("/proc/self/fd/{fd}"));
     if let Ok(f) = again {
         return Ok(f);
-    }
-    // SAFETY: F_GETFL reads the program's descriptor's flags.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if fl < 0 {
-        return Err(std::io::Error::last_os_error().to_string());
     }
     if fl & libc::O_APPEND != 0 {
         return Err("a descriptor opened with O_APPEND that cannot be opened again".into());
