@@ -284,6 +284,30 @@ pub fn mmap(
             return None;
         }
         let (path, id, size) = fd_file(fd)?;
+        // A new mapping of a file the pager maps writable and shared is the
+        // kernel's, or refused (one pager mapping per such file), and the
+        // kernel's reads the file: what was stored through the pager's
+        // mapping is written back first, or it shows the older bytes (a
+        // writable MAP_PRIVATE one, beside the pager's or over it with
+        // MAP_FIXED, showed them every time).
+        if any_writable() {
+            st.prune();
+            let failed: Vec<String> = st
+                .maps
+                .iter()
+                .filter(|e| e.writable_shared && e.file == Some(id))
+                .filter_map(|e| {
+                    let err = e.region.flush().err()?;
+                    Some(format!(
+                        "{}: write-back before a mapping of it failed: {err}",
+                        e.path
+                    ))
+                })
+                .collect();
+            for m in failed {
+                st.say(m);
+            }
+        }
         if !st.cfg.wants_path(&path) {
             return None;
         }
