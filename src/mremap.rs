@@ -22,11 +22,16 @@ impl Mm {
     /// an access there would get the kernel's own page (zeros, or the
     /// memfd's hole) instead of the engine's: a clean `SIGSEGV` rather
     /// than a silently wrong page. Unmapping the region still works.
+    ///
+    /// With `replace`, what is mapped at `new_addr` (none of the pager's
+    /// memory) is replaced, as the kernel's `MREMAP_FIXED` replaces it,
+    /// once every check has passed; without it the target must be free.
     pub fn remap(
         &self,
         id: u64,
         new_len: usize,
         new_addr: Option<usize>,
+        replace: bool,
     ) -> Result<(usize, Result<()>)> {
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
@@ -62,6 +67,12 @@ impl Mm {
                     len: new_len,
                 })
             }
+            // SAFETY: the caller asked for the target to be replaced, and
+            // none of the pager's regions is in it (checked above, under
+            // the global write lock).
+            Some(a) if replace => Some(
+                unsafe { Mapping::reserve_over(a, new_len) }.map_err(|e| Error::sys("mmap", e))?,
+            ),
             Some(a) => Some(Mapping::reserve_at(a, new_len).map_err(|e| match e {
                 libc::EEXIST => Error::Overlap {
                     addr: a,

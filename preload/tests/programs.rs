@@ -572,6 +572,34 @@ fn a_private_mapping_shows_what_the_pagers_mapping_stored() {
     assert_eq!(counter(&st, "preload_paged"), 20, "{st}");
 }
 
+/// `mremap(MREMAP_FIXED)` that the shim refuses (growing a file mapping
+/// past the end the file had at `mmap`: `EINVAL`, where the kernel grows
+/// it) leaves the range the program reserved as it was. The shim unmapped
+/// the program's memory there before the engine's checks, so a refused
+/// move left a hole where the program's data had been (SIGSEGV), which
+/// any later mapping could take.
+#[test]
+fn a_refused_mremap_keeps_the_reserved_range() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_refused");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("mremap-refused-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, "moved: 'f'\n");
+    let pattern = format!("{}/mremap-refused.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("mremap-refused.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("mremap-refused.stats"),
+    );
+    assert_eq!(
+        ok(&o),
+        "mremap: Invalid argument\nthe reserved range: 'r', the mapping: 'f'\n"
+    );
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mremap(MREMAP_MAYMOVE)` growing a pager mapping of a file over more of
 /// the file, read-only or writable: the new pages show the file and the
 /// stores through them reach it, as under the kernel. The region's store

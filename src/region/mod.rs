@@ -344,6 +344,25 @@ impl Region {
     ///
     /// Example: [`Region`](crate::Region).
     pub fn remap_to(&mut self, new_len: usize, addr: Option<usize>) -> Result<()> {
+        self.remap_checked(new_len, addr, false)
+    }
+
+    /// [`remap_to`](Self::remap_to) `addr`, replacing what the program
+    /// mapped there, as the kernel's `mremap(MREMAP_FIXED)` does (a range
+    /// it reserved for the move): once the move's checks have passed, in
+    /// one step, so that a refused move leaves the range as it was and no
+    /// other thread's mapping lands in it meanwhile. A range with pager
+    /// memory in it, or over the region itself, is still
+    /// [`Error::Overlap`].
+    ///
+    /// # Safety
+    /// Nothing in `[addr, addr + new_len)` that the program (or anything
+    /// else in the process) still uses: it is unmapped.
+    pub unsafe fn remap_over(&mut self, new_len: usize, addr: usize) -> Result<()> {
+        self.remap_checked(new_len, Some(addr), true)
+    }
+
+    fn remap_checked(&mut self, new_len: usize, addr: Option<usize>, replace: bool) -> Result<()> {
         if new_len == 0 {
             return Err(Error::ZeroLength);
         }
@@ -371,7 +390,7 @@ impl Region {
         // Once the kernel moved the mapping the region follows it, even if
         // registering the new range failed (then inaccessible: see
         // `Mm::remap`), so no slice points at memory it no longer owns.
-        let (start, registered) = self.owner.mm.remap(self.id, new_len, addr)?;
+        let (start, registered) = self.owner.mm.remap(self.id, new_len, addr, replace)?;
         self.start = start;
         self.len = new_len;
         registered

@@ -41,26 +41,23 @@ pub fn mremap(
         return fail(libc::ENOMEM); // growing in place is not offered
     }
     let to = (flags & libc::MREMAP_FIXED != 0).then_some(new);
-    if let Some(t) = to.filter(|t| t.is_multiple_of(PAGE)) {
-        // The kernel's move replaces whatever is mapped at the target (a
-        // range the program reserved for it, as a rule); the engine's
-        // moves only into a free range (`EEXIST`, which mremap never
-        // answers). The program's own memory there is unmapped first,
-        // under the table's lock; pager memory there, or a target over
-        // the mapping itself, is left to the engine's answer.
-        let end = t.saturating_add(new_len_r);
-        let pager_there = st
-            .maps
-            .iter()
-            .any(|e| e.region.mapped().iter().any(|p| p.start < end && t < p.end));
-        if !pager_there && (end <= old || old + old_len <= t) {
-            // SAFETY: the program asked for this range to be replaced by
-            // the move (MREMAP_FIXED); no pager memory is in it.
-            unsafe { sys::call(libc::SYS_munmap, t, new_len_r, 0, 0, 0) };
-        }
-    }
+    // The kernel's move replaces whatever is mapped at the target (a range
+    // the program reserved for it, as a rule); the engine's moves only
+    // into a free range (`EEXIST`, which mremap never answers). The
+    // program's own memory there is replaced by the engine, once the
+    // move's checks have passed (a refused move, a growth past the end of
+    // the file, leaves it as it was: unmapped before the engine's call, it
+    // was gone then); pager memory there, or a target over the mapping
+    // itself, is the engine's answer.
     let e = &mut st.maps[i];
-    let r = e.region.remap_to(new_len_r, to);
+    let r = match to {
+        Some(t) if t.is_multiple_of(PAGE) && t != 0 => {
+            // SAFETY: the program asked for this range to be replaced by
+            // the move (MREMAP_FIXED).
+            unsafe { e.region.remap_over(new_len_r, t) }
+        }
+        _ => e.region.remap_to(new_len_r, to),
+    };
     // Where the region is now: moved on success, and also where the kernel
     // moved it but the engine could not register it (see `remap_to`).
     let s = e.region.as_ptr() as usize;
