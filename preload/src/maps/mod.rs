@@ -338,8 +338,7 @@ pub fn mmap(
         if off < 0 || !(off as usize).is_multiple_of(PAGE) {
             return None; // the kernel's EINVAL
         }
-        let file_pages_end = size.div_ceil(PAGE as u64) * PAGE as u64;
-        if off as u64 + rlen as u64 > file_pages_end {
+        if off as u64 + rlen as u64 > size.div_ceil(PAGE as u64) * PAGE as u64 {
             PASSED.fetch_add(1, Relaxed);
             st.say(format!(
                 "{name}: a mapping past the end of the file is left to the kernel"
@@ -399,13 +398,8 @@ pub fn mmap(
         });
         let latency = st.cfg.latency;
         let mut unwritten = false;
-        // The store reaches to the end of the file, not of the mapping, so
-        // that `mremap` may grow the mapping over the rest of the file, as
-        // the kernel's does (the region's object is the store: it was
-        // `EINVAL` for every growth).
-        let store_len = (file_pages_end - off as u64) as usize;
         let made =
-            crate::maps::file_store(fd, off as u64, store_len, may_write, latency).and_then(|s| {
+            crate::maps::file_store(fd, off as u64, rlen, may_write, latency).and_then(|s| {
                 st.pager()
                     // SAFETY: the program reaches the region's bytes through raw pointers only,
                     // and the shim makes no Rust slice of them: a file changed behind the
