@@ -34,9 +34,9 @@ use crate::stats::Counter::*;
 use crate::sys::mem::madvise;
 use crate::sys::{futex, now_ns, PAGE_SIZE};
 
+pub use kswapd::{maybe_wake_kswapd, start_kswapd, stop_kswapd, watermarks};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
-pub use kswapd::{maybe_wake_kswapd, start_kswapd, stop_kswapd, watermarks};
 use unmap_batch::UnmapBatch;
 
 /// Entries isolated from the LRU per round.
