@@ -382,7 +382,7 @@ impl Store for FileStore {
     }
 
     /// Punches `[offset, offset + len)` out of an engine swap file
-    /// ([`FileStore::punching_discards`]); nothing for any other file.
+    /// (see `PagerBuilder::swap_dir`); nothing for any other file.
     /// One `fallocate`: async-signal-safe. A file system that cannot punch
     /// keeps the bytes, which the engine never reads again.
     fn discard(&self, offset: u64, len: u64) {
