@@ -240,6 +240,11 @@ impl PagerBuilder {
     }
 
     /// Run the background reclaimer (default true; only with a budget).
+    /// With it, a fault that takes residency past the high watermark
+    /// frees a batch of clean pages itself, and kswapd writes the pages
+    /// that need writing (dirty pages, anonymous pages on their way to
+    /// swap); without it, faults reclaim at the budget only, writing as
+    /// they must. See the README's "Memory budget and reclaim".
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn kswapd(mut self, on: bool) -> Self {

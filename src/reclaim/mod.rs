@@ -58,12 +58,28 @@ pub enum Evict {
 #[derive(Debug)]
 pub struct Pass {
     writes: bool,
+    /// Frees clean pages only, and looks at [`kswapd::CLEAN_SCAN`] LRU
+    /// entries at most: a faulting context's pass past the high watermark
+    /// ([`kswapd`]'s module docs).
+    clean_only: bool,
 }
 
 impl Pass {
     /// A pass that has written nothing yet.
     pub fn new() -> Pass {
-        Pass { writes: true }
+        Pass {
+            writes: true,
+            clean_only: false,
+        }
+    }
+
+    /// A pass that frees clean pages and nothing else: a page that needs
+    /// a write, a move out or a 2 MiB copy is left on the LRU.
+    fn clean_only() -> Pass {
+        Pass {
+            writes: false,
+            clean_only: true,
+        }
     }
 
     /// Whether this pass may write a page of `obj` to its store now: none
@@ -359,7 +375,11 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     let c = &mm.counters;
     let mut freed = 0;
     let mut scanned = 0u64;
-    let max_scan = nr.saturating_mul(16).saturating_add(1024);
+    let max_scan = if pass.clean_only {
+        kswapd::CLEAN_SCAN
+    } else {
+        nr.saturating_mul(16).saturating_add(1024)
+    };
     let mut drained = false;
     let mut buf = [0 as Entry; ISOLATE];
     let mut back = [0 as Entry; ISOLATE];
@@ -369,7 +389,9 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     while freed + (batch.len() as u64) < nr && scanned < max_scan && !mm.events.pending() {
         let n = mm.lru.isolate(&mut buf, c);
         if n == 0 {
-            if drained {
+            // (A clean pass does not drain every CPU's add batch: it is a
+            // faulting context's, and kswapd will if it must.)
+            if drained || pass.clean_only {
                 break;
             }
             // Pages may be sitting in add batches: drain them all once,
@@ -395,6 +417,7 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
                         }
                         continue;
                     }
+                    Err((_, Some(_))) if pass.clean_only => Evict::Rotate,
                     Err((_, Some(obj))) => {
                         // `evict_page` may write the page back and wait
                         // on its store: the batch's pages must not stay
@@ -439,7 +462,7 @@ pub fn charge(mm: &Mm, n: u64) {
         if now > budget {
             direct(mm);
         }
-        maybe_wake_kswapd(mm, now);
+        kswapd::past_high(mm, now);
     }
 }
 

@@ -28,6 +28,10 @@ pub struct Reclaim {
     pub(super) free_slots: AtomicU64,
     pub(super) kswapd_seq: AtomicU32,
     pub(super) kswapd_sleeping: AtomicBool,
+    /// A faulting context's clean pass past the high watermark freed less
+    /// than its batch: faulting contexts leave reclaim to kswapd until it
+    /// sleeps again (see `kswapd`'s module docs).
+    pub(super) clean_refused: AtomicBool,
     pub(super) stop: AtomicBool,
 }
 
@@ -59,6 +63,7 @@ impl Reclaim {
             free_slots: AtomicU64::new(u64::MAX),
             kswapd_seq: AtomicU32::new(0),
             kswapd_sleeping: AtomicBool::new(false),
+            clean_refused: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         })
     }

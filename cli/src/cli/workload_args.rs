@@ -75,9 +75,10 @@ pub struct WorkloadArgs {
     /// down to a power of two); a sequential reader's grows to 8x.
     #[arg(long, default_value_t = 64)]
     pub fault_around: usize,
-    /// No background reclaimer: faulting threads reclaim for themselves
-    /// (direct reclaim only). On a 2-vCPU machine this avoids a TLB
-    /// shootdown per eviction while a worker runs on the other vCPU.
+    /// No background reclaimer: faulting threads reclaim for themselves,
+    /// at the budget only (direct reclaim), dirty pages too. With it,
+    /// faulting threads free clean pages from the high watermark on and
+    /// kswapd writes the dirty ones.
     #[arg(long)]
     pub no_kswapd: bool,
     /// Read-only shared regions are registered MISSING only and the kernel
