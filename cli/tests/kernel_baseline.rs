@@ -190,3 +190,52 @@ fn an_ordinary_user_is_refused_with_a_message() {
         "{err}"
     );
 }
+
+/// The check before a run counts what each side holds: with `--baseline
+/// kernel` the files are on a disk file system and each side runs in a
+/// memory cgroup of its budget, so a file larger than the memory the run
+/// may use is no reason to refuse it. Before, the check counted filemap's
+/// file as a simulated store held in memory, and refused this run (128 MiB
+/// of file in a cgroup that allows 64).
+#[test]
+fn a_filemap_baseline_is_not_refused_for_its_file_on_disk() {
+    use uffd_pager_cli::os::cgroup::MemCgroup;
+    if !is_root() {
+        eprintln!("skipped: memory cgroups need root");
+        return;
+    }
+    let name = format!("uffd-pager-test-{}-baseline-disk", std::process::id());
+    let Ok(g) = MemCgroup::create(&name, 64 << 20) else {
+        eprintln!("skipped: no memory cgroup");
+        return;
+    };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {} && exec \"$0\" \"$@\"",
+            g.procs_file().display()
+        ))
+        .arg(env!("CARGO_BIN_EXE_uffd-pager"))
+        .args([
+            "bench",
+            "filemap",
+            "--policy",
+            "retry-once",
+            "--threads",
+            "1",
+        ])
+        .args(["--pages", "32768", "--budget", "1024", "--duration", "2"])
+        .args(["--baseline", "kernel", "--baseline-dir"])
+        .arg(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("engine ÷ best kernel side: "), "{out}");
+}

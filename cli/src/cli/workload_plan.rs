@@ -153,7 +153,14 @@ pub(super) fn plan(
         } else {
             budget.min(mapped)
         };
-        let store = if a.store.is_some() { 0 } else { pages as u64 };
+        // (Not with a store in Redis, nor with --baseline kernel, whose
+        // files are on a disk file system and whose sides each run in a
+        // memory cgroup of the budget.)
+        let store = if a.store.is_some() || a.baseline.is_some() {
+            0
+        } else {
+            pages as u64
+        };
         super::fits_in_memory(
             &format!(
                 "--pages {shown_pages}{}",
