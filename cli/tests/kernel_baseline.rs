@@ -30,6 +30,17 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The run's output, which must have succeeded.
+fn succeeded(o: &std::process::Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 /// Runs `bench <args> --baseline kernel` and checks every side's row:
 /// it ran, read what the file holds, and its memory stayed in its group.
 /// Returns the rows' cells.
@@ -41,12 +52,7 @@ fn baseline(args: &[&str], sides: usize) -> Vec<Vec<String>> {
         .arg(dir)
         .output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out = succeeded(&o);
     let limit: f64 = out
         .split("limit ")
         .nth(1)
@@ -231,11 +237,6 @@ fn a_filemap_baseline_is_not_refused_for_its_file_on_disk() {
         .env_remove("RUST_LOG")
         .output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out = succeeded(&o);
     assert!(out.contains("engine ÷ best kernel side: "), "{out}");
 }
