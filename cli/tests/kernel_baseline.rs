@@ -201,8 +201,8 @@ fn an_ordinary_user_is_refused_with_a_message() {
 /// kernel` the files are on a disk file system and each side runs in a
 /// memory cgroup of its budget, so a file larger than the memory the run
 /// may use is no reason to refuse it. Before, the check counted filemap's
-/// file as a simulated store held in memory, and refused this run (128 MiB
-/// of file in a cgroup that allows 64).
+/// file as a simulated store held in memory, and refused this run (48 MiB
+/// of file in a cgroup that allows 32).
 #[test]
 fn a_filemap_baseline_is_not_refused_for_its_file_on_disk() {
     use uffd_pager_cli::os::cgroup::MemCgroup;
@@ -211,7 +211,7 @@ fn a_filemap_baseline_is_not_refused_for_its_file_on_disk() {
         return;
     }
     let name = format!("uffd-pager-test-{}-baseline-disk", std::process::id());
-    let Ok(g) = MemCgroup::create(&name, 64 << 20) else {
+    let Ok(g) = MemCgroup::create(&name, 32 << 20) else {
         eprintln!("skipped: no memory cgroup");
         return;
     };
@@ -231,7 +231,7 @@ fn a_filemap_baseline_is_not_refused_for_its_file_on_disk() {
             "--threads",
             "1",
         ])
-        .args(["--pages", "32768", "--budget", "1024", "--duration", "2"])
+        .args(["--pages", "12288", "--budget", "512", "--duration", "3"])
         .args(["--baseline", "kernel", "--baseline-dir"])
         .arg(dir)
         .env_remove("RUST_LOG")
