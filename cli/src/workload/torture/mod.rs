@@ -38,6 +38,13 @@
 //! A lost write (an eviction that dropped a dirty page, a stale copy
 //! reinstalled) shows up as a sequence number below `m1`, or for the owner
 //! as any difference; data from another page shows up as a wrong tag.
+//!
+//! # The page's first word
+//! Every write also writes the first word of its page (the next sequence
+//! number of that word, as any other), and every read also checks it: a
+//! whole page that comes back stale (an older copy of it reinstalled) is
+//! caught at its first read after a write to it, not only when a read
+//! happens on one of the words written since that copy.
 
 use crate::far::{Far, StoreUrl};
 use crate::workload::common::spawn_scoped;
@@ -151,23 +158,14 @@ impl Default for TortureConfig {
     }
 }
 
+use check::{read_word, verify_source, verify_words, word_at, write_word};
 use model::{mix, Model, Rng, WORDS_PER_PAGE};
 use report::Findings;
 pub use report::{Mismatch, Phase, TortureReport};
 
+mod check;
 mod model;
 mod report;
-
-/// Word `w` of the region, as an atomic.
-///
-/// # Safety
-/// `base` is a live region of more than `w` words.
-unsafe fn word_at<'a>(base: usize, w: usize) -> &'a AtomicU64 {
-    // SAFETY: in bounds and 8-byte aligned (the region is page-aligned);
-    // the region's memory stays mapped for the caller's use, and the
-    // engine never changes its contents behind the application's back.
-    unsafe { &*((base + w * 8) as *const AtomicU64) }
-}
 
 fn validate(cfg: &TortureConfig) -> Result<()> {
     let bad = |m: String| Err(Error::Config(m));
@@ -222,97 +220,17 @@ fn worker(
             }
         }
         let w = page * WORDS_PER_PAGE + rng.below(WORDS_PER_PAGE as u64) as usize;
-        // SAFETY: `w` is inside the region, which outlives the workers.
-        let cell = unsafe { word_at(base, w) };
-        let m = &model.seqs[w];
         if write {
-            let seq = m.load(Relaxed) + 1;
-            cell.store(model.encode(w, seq), Release);
-            m.store(seq, Release);
+            // SAFETY: `w` is inside the region, which outlives the workers.
+            unsafe { write_word(base, w, model) };
             writes += 1;
-            continue;
-        }
-        reads += 1;
-        let (lo, r, hi) = if page % threads == t {
-            let s = m.load(Relaxed);
-            (s, cell.load(Acquire), s)
         } else {
-            let m1 = m.load(Acquire);
-            let r = cell.load(Acquire);
-            let m2 = m.load(Acquire);
-            (m1, r, m2 + 1)
-        };
-        let got = model.decode(w, r);
-        if !got.is_some_and(|s| s >= lo && s <= hi) {
-            findings.record(Mismatch {
-                phase: Phase::Run,
-                word: w,
-                got: r,
-                want_min_seq: lo,
-                want_max_seq: hi,
-                got_seq: got,
-                thread: Some(t),
-            });
+            // SAFETY: as above.
+            unsafe { read_word(t, page % threads == t, base, w, model, findings) };
+            reads += 1;
         }
     }
     (reads, writes)
-}
-
-/// Compares `words` (a snapshot of the region or file) with the final model.
-fn verify_words(
-    model: &Model,
-    phase: Phase,
-    findings: &Findings,
-    words: impl Iterator<Item = (usize, u64)>,
-) -> u64 {
-    let mut n = 0;
-    for (w, v) in words {
-        n += 1;
-        let s = model.seqs[w].load(Acquire);
-        if v != model.encode(w, s) {
-            findings.record(Mismatch {
-                phase,
-                word: w,
-                got: v,
-                want_min_seq: s,
-                want_max_seq: s,
-                got_seq: model.decode(w, v),
-                thread: None,
-            });
-        }
-    }
-    n
-}
-
-/// Compares the region's file or object, read back after the unmap, with
-/// the final model (a shared region writes its pages back to it) or with
-/// the initial pattern (an anonymous one is a private copy, whose writes
-/// go to the pager's swap and never reach its source).
-fn verify_source(model: &Model, install: InstallKind, findings: &Findings, bytes: &[u8]) -> u64 {
-    let words = bytes.chunks_exact(8).enumerate().map(|(w, c)| {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(c);
-        (w, u64::from_ne_bytes(a))
-    });
-    if install == InstallKind::Shared {
-        return verify_words(model, Phase::File, findings, words);
-    }
-    let mut n = 0;
-    for (w, v) in words {
-        n += 1;
-        if v != model.encode(w, 0) {
-            findings.record(Mismatch {
-                phase: Phase::File,
-                word: w,
-                got: v,
-                want_min_seq: 0,
-                want_max_seq: 0,
-                got_seq: model.decode(w, v),
-                thread: None,
-            });
-        }
-    }
-    n
 }
 
 /// Runs the torture described by `cfg`. See the module docs for what is
