@@ -283,6 +283,18 @@ fn ops_per_s(r: &TortureReport) -> f64 {
     }
 }
 
+/// `units` 4 KiB units (what the torture counts) as pages of the run's
+/// size, as its arguments gave them: "32 2 MiB" for 16384 units of a
+/// 2 MiB run, the plain count for 4 KiB pages.
+fn in_pages(units: u64, page_size: usize) -> String {
+    let per = (page_size / PAGE_SIZE).max(1) as u64;
+    if per == 1 {
+        units.to_string()
+    } else {
+        format!("{} {} MiB", units / per, page_size >> 20)
+    }
+}
+
 fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
     use std::fmt::Write as _;
     let st = &r.stats;
@@ -297,9 +309,9 @@ fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
          {}% writes, delivery {}, policy {}, seed {}",
         kind_name(&cfg.kind),
         cfg.threads,
-        cfg.pages,
+        in_pages(cfg.pages as u64, cfg.page_size),
         (cfg.pages * PAGE_SIZE) >> 20,
-        cfg.budget_pages,
+        in_pages(cfg.budget_pages, cfg.page_size),
         cfg.write_pct,
         cfg.delivery,
         cfg.policy,
@@ -408,8 +420,10 @@ fn report_json(cfg: &TortureConfig, r: &TortureReport) -> Json {
             },
         ),
         ("threads", Json::Int(cfg.threads as i64)),
+        // In 4 KiB units whatever the page size (page_size_bytes says it).
         ("pages", Json::Int(cfg.pages as i64)),
         ("budget_pages", Json::Int(cfg.budget_pages as i64)),
+        ("page_size_bytes", Json::Int(cfg.page_size as i64)),
         ("write_pct", Json::Int(i64::from(cfg.write_pct))),
         ("delivery", Json::str(cfg.delivery.to_string())),
         ("policy", Json::str(cfg.policy.to_string())),
@@ -453,12 +467,10 @@ mod tests {
         T::try_parse_from(v).unwrap().a
     }
 
-    /// The JSON report names the install kind wherever the text one does:
-    /// a file in Redis too.
-    #[test]
-    fn json_names_the_install_kind_of_a_far_object() {
+    /// A report of nothing done, for the report's formatting.
+    fn empty_report() -> TortureReport {
         let pager = uffd_pager::Pager::builder().build().unwrap();
-        let r = TortureReport {
+        TortureReport {
             ops: 0,
             reads: 0,
             writes: 0,
@@ -470,7 +482,14 @@ mod tests {
             churn_ops: 0,
             elapsed: std::time::Duration::ZERO,
             stats: pager.stats(),
-        };
+        }
+    }
+
+    /// The JSON report names the install kind wherever the text one does:
+    /// a file in Redis too.
+    #[test]
+    fn json_names_the_install_kind_of_a_far_object() {
+        let r = empty_report();
         for (kind, want) in [
             (
                 TortureKind::Far {
@@ -500,6 +519,27 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// With 2 MiB pages the report counts pages as the arguments did (it
+    /// gave 4 KiB units: "16384 pages" for `--pages 32`), and the JSON
+    /// says the unit of its counts.
+    #[test]
+    fn a_2_mib_run_reports_pages_as_its_arguments_count_them() {
+        let r = empty_report();
+        let cfg = TortureConfig {
+            pages: 32 * 512,
+            budget_pages: 8 * 512,
+            page_size: uffd_pager::HUGE_PAGE_SIZE,
+            ..TortureConfig::default()
+        };
+        let text = report_text(&cfg, &r);
+        assert!(
+            text.contains("32 2 MiB pages (64 MiB) over a budget of 8 2 MiB pages"),
+            "{text}"
+        );
+        let json = report_json(&cfg, &r).to_string();
+        assert!(json.contains("\"page_size_bytes\":2097152"), "{json}");
     }
 
     #[test]
