@@ -67,12 +67,15 @@ impl Mm {
                     len: new_len,
                 })
             }
-            // SAFETY: the caller asked for the target to be replaced, and
-            // none of the pager's regions is in it (checked above, under
-            // the global write lock).
-            Some(a) if replace => Some(
-                unsafe { Mapping::reserve_over(a, new_len) }.map_err(|e| Error::sys("mmap", e))?,
-            ),
+            // The caller asked for the target to be replaced, and none of
+            // the pager's regions is in it (checked above, under the global
+            // write lock): mremap itself replaces it, in one step. Not
+            // reserved over first: a move the kernel then refuses (a
+            // region split into several kernel mappings, a map count at
+            // `vm.max_map_count`) is refused before it touches the
+            // target, and a reservation dropped on that error left a hole
+            // where the caller's memory had been.
+            Some(_) if replace => None,
             Some(a) => Some(Mapping::reserve_at(a, new_len).map_err(|e| match e {
                 libc::EEXIST => Error::Overlap {
                     addr: a,
@@ -107,7 +110,7 @@ impl Mm {
         } else {
             // SAFETY: remaps a range the region owns; with MREMAP_FIXED the
             // target is our own reservation (made above, over free
-            // addresses).
+            // addresses), or with `replace` a range the caller gave up.
             unsafe {
                 libc::mremap(
                     start as *mut libc::c_void,

@@ -267,3 +267,96 @@ fn a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it() {
     }
     r.unmap().unwrap();
 }
+
+/// The program's own memory at `to` (`pages` pages, each byte `0x5a`),
+/// mapped where a `remap_over` is to replace it.
+fn program_memory(to: usize, pages: usize) {
+    // SAFETY: `to` is a free range (`free_range`); the test owns it now.
+    let p = unsafe {
+        libc::mmap(
+            to as *mut libc::c_void,
+            pages * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, to, "program mapping");
+    // SAFETY: just mapped, readable and writable.
+    unsafe { std::ptr::write_bytes(to as *mut u8, 0x5a, pages * PAGE) };
+}
+
+/// Whether the program's memory at `to` is still there, its bytes intact.
+fn program_memory_intact(to: usize, pages: usize) -> bool {
+    (0..pages).all(|pg| {
+        // SAFETY: read only once `mapped` said the page is mapped; the
+        // program mapped it readable.
+        mapped(to + pg * PAGE) && unsafe { *((to + pg * PAGE + 5) as *const u8) } == 0x5a
+    })
+}
+
+/// A move with `remap_over` (`mremap(MREMAP_FIXED)` over a range the
+/// program reserved) that the kernel refuses before it touches the target
+/// (here the region spans two kernel mappings, which this kernel refuses
+/// before it unmaps anything) leaves the program's memory there as it
+/// was, as the kernel's own refused `mremap` does. The engine used to
+/// replace the target with its own reservation first and drop that
+/// reservation on the error: a hole where the program's memory had been.
+#[test]
+fn a_refused_move_over_program_memory_leaves_that_memory() {
+    let p = pager(Delivery::InThread);
+    let mut r = p.map_anonymous(8 * PAGE).unwrap();
+    for pg in 0..8 {
+        r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE].fill(pg as u8 + 1);
+    }
+    let start = r.as_ptr() as usize;
+    // SAFETY: region memory, its flags only (see
+    // `a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it`).
+    assert_eq!(
+        unsafe { libc::madvise((start + PAGE) as *mut libc::c_void, PAGE, libc::MADV_DOFORK) },
+        0
+    );
+    let to = free_range(4 * PAGE);
+    program_memory(to, 4);
+    // A shrinking move: this kernel moves a range of several mappings
+    // only at its own length.
+    // SAFETY: `to` is this test's own memory, to be replaced by the move.
+    let e = unsafe { r.remap_over(4 * PAGE, to) };
+    assert!(matches!(e, Err(Error::Sys { .. })), "{e:?}");
+    assert_eq!(r.as_ptr() as usize, start);
+    assert!(
+        program_memory_intact(to, 4),
+        "the refused move left a hole where the program's memory was"
+    );
+    for pg in 0..r.len() / PAGE {
+        assert_eq!(r.as_slice()[pg * PAGE + 3], pg as u8 + 1, "page {pg}");
+    }
+    r.unmap().unwrap();
+    // SAFETY: the test's own mapping.
+    unsafe { libc::munmap(to as *mut libc::c_void, 4 * PAGE) };
+}
+
+/// As above, for an `mremap` that fails the way one at `vm.max_map_count`
+/// does (the kernel checks the map count before it unmaps the target).
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_failed_move_over_program_memory_leaves_that_memory() {
+    let p = pager(Delivery::InThread);
+    let mut r = p.map_anonymous(4 * PAGE).unwrap();
+    r.as_mut_slice().fill(3);
+    let to = free_range(4 * PAGE);
+    program_memory(to, 4);
+    uffd_pager::testing::fail_next_remap();
+    // SAFETY: `to` is this test's own memory, to be replaced by the move.
+    let e = unsafe { r.remap_over(4 * PAGE, to) };
+    assert!(matches!(e, Err(Error::Sys { .. })), "{e:?}");
+    assert!(
+        program_memory_intact(to, 4),
+        "the failed move left a hole where the program's memory was"
+    );
+    assert!(r.as_slice().iter().all(|&b| b == 3));
+    r.unmap().unwrap();
+    // SAFETY: the test's own mapping.
+    unsafe { libc::munmap(to as *mut libc::c_void, 4 * PAGE) };
+}

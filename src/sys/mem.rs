@@ -101,29 +101,6 @@ impl Mapping {
         Ok(m)
     }
 
-    /// Reserves `[addr, addr+len)` exactly with an inaccessible mapping,
-    /// replacing whatever is mapped there (in one step: no other thread
-    /// can map into the range meanwhile).
-    ///
-    /// # Safety
-    /// Nothing in the range may be in use: the caller was asked to replace
-    /// it (`MREMAP_FIXED`).
-    pub unsafe fn reserve_over(addr: usize, len: usize) -> Result<Mapping, i32> {
-        // SAFETY: the caller's contract.
-        let p = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        let a = check(p)?;
-        Ok(Mapping { addr: a, len })
-    }
-
     /// Start address.
     pub fn addr(&self) -> usize {
         self.addr
