@@ -459,9 +459,12 @@ pub fn charge(mm: &Mm, n: u64) {
     }
     let budget = mm.config.budget_pages;
     if budget > 0 {
-        if now > budget {
+        let now = if now > budget {
             direct(mm);
-        }
+            mm.resident.load(Relaxed)
+        } else {
+            now
+        };
         kswapd::past_high(mm, now);
     }
 }
