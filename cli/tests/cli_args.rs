@@ -162,3 +162,32 @@ fn kernel_maps_needs_read_only_shared_base_pages() {
         rejects(args, "--kernel-maps needs read-only shared regions");
     }
 }
+
+/// `bench far`'s text report starts with its header; the spinning floor's
+/// line, which qualifies the miss line, comes after it (it came first).
+#[test]
+fn far_text_starts_with_its_header() {
+    let Some(url) = cli_util::redis_url() else {
+        return;
+    };
+    let o = run(&[
+        "bench",
+        "far",
+        "--store",
+        &url,
+        "--pages",
+        "16",
+        "--scan-pages",
+        "256",
+        "--passes",
+        "1",
+        "--io-spin-us",
+        "20",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("far memory on "), "{out}");
+    assert!(lines[1].starts_with("miss ("), "{out}");
+    assert!(lines[2].starts_with("a raw GET that busy-polls"), "{out}");
+}

@@ -127,11 +127,6 @@ pub fn run(a: &FarArgs) -> CliResult {
         return super::emit(&format!("{j}\n"));
     }
     let mut o = String::new();
-    if let (Some(f), Some(r)) = (miss.spinning_floor_us, miss.spinning_ratio) {
-        outln!(o,
-            "a raw GET that busy-polls as long as the engine spins: {f:.1} µs; engine against it: {r:.2}"
-        );
-    }
     outln!(o,
         "far memory on {}: best of {} passes, io spin {} µs\n\
          miss ({} {}, {} pages of {}): engine {:.1} µs per fault, plain {} {:.1} µs: ratio {:.2} (goal <= 1.3)",
@@ -147,6 +142,12 @@ pub fn run(a: &FarArgs) -> CliResult {
         miss.floor_us,
         miss.ratio,
     );
+    // Below the miss line it qualifies (it came first, before the header).
+    if let (Some(f), Some(r)) = (miss.spinning_floor_us, miss.spinning_ratio) {
+        outln!(o,
+            "a raw GET that busy-polls as long as the engine spins: {f:.1} µs; engine against it: {r:.2}"
+        );
+    }
     match scan {
         Some(scan) => outln!(o,
             "scan ({} pages): readahead {} (MGET) {:.0} pages/s, one GET per fault {:.0} pages/s: ratio {:.1} (goal >= 5)",
