@@ -14,8 +14,9 @@ pub const DISCARDED: u32 =
 /// Drops page `i` of `obj` as `MADV_DONTNEED` drops a private page: its
 /// contents revert to the object's source (zeros for anonymous memory, or
 /// the store), any copy in the cache area, the memfd or swap is dropped
-/// (the swap copy by forgetting it: `SWAPPED` goes), and a resident page
-/// is uncharged. The caller holds the page lock and unlocks it clearing the
+/// (the swap copy by forgetting it: `SWAPPED` goes, and a signal-safe swap
+/// store is told, [`Store::discard`](crate::store::Store::discard)), and a
+/// resident page is uncharged. The caller holds the page lock and unlocks it clearing the
 /// returned bits; the page's LRU entry, if any, goes stale and is dropped
 /// when reclaim reaches it. `w` is the word as the caller locked it.
 /// Async-signal-safe.
@@ -23,8 +24,9 @@ pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
     if w & UPTODATE != 0 {
         mm.uncharge(obj.units());
     }
-    // Its swap copy is never read again: an in-memory swap gives it back
-    // (an anonymous object's swap only: a shared object's is its store).
+    // Its swap copy is never read again: the swap store gives it back
+    // (in-memory swap its memory, a swap file its blocks; an anonymous
+    // object's swap only: a shared object's is its store).
     if w & SWAPPED != 0 && obj.kind == InstallKind::Anonymous && obj.swap().signal_safe() {
         let size = obj.page_size() as u64;
         obj.swap().discard(i as u64 * size, size);

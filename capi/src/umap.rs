@@ -141,8 +141,11 @@ impl Settings {
             .delivery(delivery)
             .budget_pages(budget.max(1))
             .kswapd(self.evictors > 0)
-            // UMap fills one UMap page per fault and reads ahead only when
-            // told to: the engine's defaults (fault-around, readahead) off.
+            // UMap reads ahead only when told to (the engine's readahead
+            // window comes from UMAP_READ_AHEAD below). It fills one UMap
+            // page per fault; here the UMap page is the fault-around base
+            // cluster (off for 4 KiB UMap pages), which maps only what is
+            // cached already (see the module docs).
             .fault_around(pages_per as usize);
         let window = self
             .read_ahead

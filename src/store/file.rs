@@ -401,8 +401,10 @@ impl Store for FileStore {
         };
     }
 
-    /// True for a file on tmpfs opened without `O_DIRECT`.
-    /// Plain syscalls and copies: async-signal-safe.
+    /// True, for a file on any file system, with or without `O_DIRECT`:
+    /// plain syscalls and copies, async-signal-safe (a read from a disk
+    /// blocks the faulting thread, which [`Store::synchronous`] tells
+    /// apart).
     fn signal_safe(&self) -> bool {
         true
     }

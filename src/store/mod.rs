@@ -201,9 +201,10 @@ pub trait Store: Send + Sync + 'static {
     /// them. A hint that lets a swap store give their memory back, as the
     /// kernel frees the swap slot of a page the application dropped
     /// (`MADV_DONTNEED`, `munmap`, a shrinking `mremap`). The engine calls
-    /// it only on a swap store
-    /// ([`PagerBuilder::swap_to`](crate::PagerBuilder::swap_to)) that is
-    /// [`Store::signal_safe`], holding the page's lock. Default: nothing.
+    /// it only on an anonymous object's swap store (the in-memory default,
+    /// a file of [`PagerBuilder::swap_dir`](crate::PagerBuilder::swap_dir),
+    /// or one from [`PagerBuilder::swap_to`](crate::PagerBuilder::swap_to))
+    /// that is [`Store::signal_safe`], holding the page's lock. Default: nothing.
     /// Async-signal-safe.
     fn discard(&self, offset: u64, len: u64) {
         let _ = (offset, len);
