@@ -164,7 +164,6 @@ fn a_fixed_range_past_the_end_of_the_address_space_is_refused() {
 }
 
 /// `mincore` on one page: whether anything is mapped at `addr`.
-#[cfg(feature = "fault-inject")]
 fn mapped(addr: usize) -> bool {
     let mut v = 0u8;
     // SAFETY: mincore only reads the page tables; `v` has room for one page.
