@@ -234,15 +234,10 @@ fn a_shrink_the_kernel_refuses_keeps_the_tail() {
     }
 }
 
-/// A shrinking move the kernel refuses (the region spans more than one
-/// kernel mapping: the application split it with its own `madvise`). This
-/// kernel refuses it before it touches anything, and the region stays as
-/// it was; kernels that unmapped the tail first (then refused) leave it
-/// shrunk where it was, and the region follows that. Either way the
-/// region's view matches the kernel's and its data is intact.
-#[test]
-fn a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it() {
-    let p = pager(Delivery::InThread);
+/// An anonymous region of 8 pages, page `n` filled with `n + 1`, that the
+/// kernel holds as several mappings (page 1's fork flag differs), and its
+/// start: a move of it the kernel refuses.
+fn split_region(p: &uffd_pager::Pager) -> (uffd_pager::Region, usize) {
     let mut r = p.map_anonymous(8 * PAGE).unwrap();
     for pg in 0..8 {
         r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE].fill(pg as u8 + 1);
@@ -254,6 +249,19 @@ fn a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it() {
         unsafe { libc::madvise((start + PAGE) as *mut libc::c_void, PAGE, libc::MADV_DOFORK) },
         0
     );
+    (r, start)
+}
+
+/// A shrinking move the kernel refuses (the region spans more than one
+/// kernel mapping: the application split it with its own `madvise`). This
+/// kernel refuses it before it touches anything, and the region stays as
+/// it was; kernels that unmapped the tail first (then refused) leave it
+/// shrunk where it was, and the region follows that. Either way the
+/// region's view matches the kernel's and its data is intact.
+#[test]
+fn a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it() {
+    let p = pager(Delivery::InThread);
+    let (mut r, start) = split_region(&p);
     let to = free_range(4 * PAGE);
     let e = r.remap_to(4 * PAGE, Some(to));
     assert!(matches!(e, Err(Error::Sys { .. })), "{e:?}");
@@ -305,17 +313,7 @@ fn program_memory_intact(to: usize, pages: usize) -> bool {
 #[test]
 fn a_refused_move_over_program_memory_leaves_that_memory() {
     let p = pager(Delivery::InThread);
-    let mut r = p.map_anonymous(8 * PAGE).unwrap();
-    for pg in 0..8 {
-        r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE].fill(pg as u8 + 1);
-    }
-    let start = r.as_ptr() as usize;
-    // SAFETY: region memory, its flags only (see
-    // `a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it`).
-    assert_eq!(
-        unsafe { libc::madvise((start + PAGE) as *mut libc::c_void, PAGE, libc::MADV_DOFORK) },
-        0
-    );
+    let (mut r, start) = split_region(&p);
     let to = free_range(4 * PAGE);
     program_memory(to, 4);
     // A shrinking move: this kernel moves a range of several mappings
