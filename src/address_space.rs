@@ -451,6 +451,9 @@ impl Mm {
         // the budget. (Never one a region maps: a map takes it off the
         // list.)
         self.kept.for_each(&mut add);
+        // Objects whose write-back failed (`crate::unwritten`): out of the
+        // budget, but their pages are in memory until written.
+        self.unwritten.for_each(&mut add);
         // The copied references go while the lock still keeps the regions
         // mapped: none of them can be the last.
         drop(vmas);

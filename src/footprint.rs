@@ -97,10 +97,13 @@ pub struct MemoryUse {
     pub anonymous_bytes: u64,
     /// Bytes the shared regions' page caches (memfds) hold, and those of
     /// the objects kept cached after their last region went
-    /// ([`PagerBuilder::keep_unmapped`](crate::PagerBuilder::keep_unmapped)).
+    /// ([`PagerBuilder::keep_unmapped`](crate::PagerBuilder::keep_unmapped))
+    /// or kept because their write-back failed
+    /// ([`Pager::unwritten_bytes`](crate::Pager::unwritten_bytes)).
     pub memfd_bytes: u64,
     /// Bytes the anonymous regions' cache areas hold (pages read ahead or
-    /// kept after a failed write-back).
+    /// kept after a failed write-back), those of unwritten objects
+    /// included.
     pub cache_area_bytes: u64,
     /// Bytes in-memory swap holds (outside the budget).
     pub swap_bytes: u64,

@@ -99,6 +99,18 @@ impl Unwritten {
             .collect()
     }
 
+    /// Calls `f` on each listed object, under the list's lock: no
+    /// reference is taken, so none can outlive the list's own (see
+    /// `Mm::memory_use`'s hazard). `f` must not call back into the list.
+    pub fn for_each(&self, mut f: impl FnMut(&Object)) {
+        if self.len.load(Acquire) == 0 {
+            return;
+        }
+        for o in self.lock().iter() {
+            f(o);
+        }
+    }
+
     /// The dirty pages waiting for the stores `which` names, in bytes.
     pub fn bytes(&self, which: Which<'_>) -> u64 {
         if self.len.load(Acquire) == 0 {

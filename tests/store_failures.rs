@@ -279,6 +279,12 @@ fn an_unmap_the_store_refuses_keeps_the_dirty_pages_until_they_are_written() {
     assert!(r.unmap().is_err());
     assert_eq!(pager.unwritten_bytes(), (PAGES * PAGE) as u64);
     assert_eq!(pager.stats().resident_pages, 0);
+    // Out of the budget, but in memory: the report counts them.
+    let m = pager.memory_use();
+    assert!(
+        m.memfd_bytes >= (PAGES * PAGE) as u64,
+        "the unwritten pages are missing from the report: {m:?}"
+    );
     // SAFETY: as in `written`.
     let again = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &shared(true)) };
     assert!(
