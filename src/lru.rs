@@ -119,6 +119,17 @@ impl Ring {
         self.len += 1;
         true
     }
+    /// Puts `e` back at the head, where [`Ring::pop`] took it from.
+    fn push_front(&mut self, e: Entry) -> bool {
+        if self.len == self.cap {
+            return false;
+        }
+        self.head = (self.head + self.cap - 1) % self.cap;
+        self.len += 1;
+        // SAFETY: as in `push`.
+        unsafe { *self.at(self.head) = e };
+        true
+    }
     fn pop(&mut self) -> Option<Entry> {
         if self.len == 0 {
             return None;
@@ -361,6 +372,26 @@ impl Lru {
             }
         }
         0
+    }
+
+    /// Puts entries that [`isolate`](Self::isolate) took but reclaim did
+    /// not look at back at the head of their shard, in their order: they
+    /// keep their place (a rotation would give them a new one at the
+    /// tail). All from one shard, as `isolate` returns them.
+    pub fn unisolate(&self, es: &[Entry], c: &Counters) {
+        let Some(&first) = es.first() else {
+            return;
+        };
+        let s = self.shard_of(unpack(first).0);
+        let _g = self.lock_shard(s, c);
+        // SAFETY: we hold the shard lock.
+        let ring = unsafe { &mut *self.shards[s].ring.get() };
+        for &e in es.iter().rev() {
+            if !ring.push_front(e) {
+                self.overflow.fetch_add(1, Relaxed);
+            }
+        }
+        self.shards[s].filled.store(ring.len, Relaxed);
     }
 
     /// Puts rotated entries back at the tails of their shards.

@@ -76,3 +76,43 @@ fn dirty_pages_still_go_to_kswapd() {
     assert!(s.get(Counter::KSWAPD_WAKE) > 0, "{s}");
     assert!(s.get(Counter::WRITEBACK) >= 3 * BUDGET, "{s}");
 }
+
+/// A pass frees what it was asked for, not every entry it took off the
+/// LRU at once (32): the rest keep their place. Before, `reclaim_pages(1)`
+/// freed up to 32 pages, and a small budget's direct reclaim (a
+/// sixteenth of the budget: 4 pages of 64) emptied half of it.
+#[test]
+fn reclaim_frees_what_it_is_asked_for() {
+    let pager = Pager::builder()
+        .budget_pages(BUDGET)
+        .kswapd(false)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let pages = 64;
+    let store = Arc::new(MemoryStore::from_bytes(&pattern_vec(9, pages * PAGE)).unwrap());
+    let opts = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        writable: false,
+        ..MapOptions::default()
+    };
+    // SAFETY: the store is this test's own and is changed only through
+    // the region.
+    let r = unsafe { pager.map_store(store, pages * PAGE, &opts) }.unwrap();
+    for p in 0..pages {
+        assert_eq!(r.as_slice()[p * PAGE], pattern(9, p * PAGE), "page {p}");
+    }
+    for nr in [1, 3, 5] {
+        let before = pager.stats().resident_pages;
+        // Referenced pages may take a round of rotation first; what is
+        // freed is `nr` all the same.
+        assert_eq!(pager.reclaim_pages(nr), nr, "reclaim_pages({nr})");
+        assert_eq!(pager.stats().resident_pages, before - nr);
+    }
+    // The nine pages freed are read again, and no others.
+    for p in 0..pages {
+        assert_eq!(r.as_slice()[p * PAGE], pattern(9, p * PAGE), "page {p}");
+    }
+    assert_eq!(pager.stats().get(Counter::PGMAJFAULT), pages as u64 + 9);
+}

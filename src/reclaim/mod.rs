@@ -402,7 +402,16 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
             continue;
         }
         let mut nb = 0;
-        for &e in &buf[..n] {
+        for (k, &e) in buf[..n].iter().enumerate() {
+            // Enough (in units: one 2 MiB page is 512): the entries not
+            // looked at go back where they were. Evicting the whole
+            // isolated batch took a small budget's direct reclaim, meant
+            // to free a sixteenth of it, to half of it, and a 2 MiB
+            // pager's to 32 pages where one would do.
+            if freed + batch.len() as u64 >= nr {
+                mm.lru.unisolate(&buf[k..n], c);
+                break;
+            }
             scanned += 1;
             c.inc(PGSCAN);
             let (slot, page) = unpack(e);
