@@ -320,3 +320,34 @@ fn the_memory_report_counts_kept_objects() {
     assert_eq!(p.memory_use().memfd_bytes, m.memfd_bytes);
     drop(r);
 }
+
+/// Second chance goes to pages used again: a page a fault finds cached
+/// (here a kept object's, mapped anew) is referenced, one read for its
+/// fault is not, so reclaim takes the pages used once first, though they
+/// came later. Before, every install was referenced, every page got one
+/// rotation, and the older pages, used twice, went first.
+#[test]
+fn pages_used_again_outlive_pages_used_once() {
+    const N: usize = 16;
+    let a_want = pattern_vec(21, N * PAGE);
+    // (More of b than is reclaimed: the last pages faulted wait in the
+    // per-CPU add batch, off the LRU, as the kernel's do.)
+    let b_want = pattern_vec(22, 3 * N * PAGE);
+    let (a, b) = (counted(&a_want), counted(&b_want));
+    let p = pager(4, 4096, Delivery::InThread);
+    map_and_check(&p, &a, &a_want, "a, first use");
+    let ra = map_checked(&p, &a, &a_want, "a, used again");
+    let rb = map_checked(&p, &b, &b_want, "b, first use");
+    let st = p.stats();
+    assert_eq!(p.reclaim_pages(N as u64), N as u64);
+    let scanned = p.stats().get(Counter::PGSCAN) - st.get(Counter::PGSCAN);
+    let (a_reads, b_reads) = (a.reads(), b.reads());
+    assert_bytes(ra.as_slice(), &a_want, "a after reclaim");
+    assert_bytes(rb.as_slice(), &b_want, "b after reclaim");
+    assert_eq!(
+        a.reads(),
+        a_reads,
+        "pages used twice were evicted before pages used once ({scanned} scanned)"
+    );
+    assert_eq!(b.reads() - b_reads, N as u64, "b's pages were not evicted");
+}

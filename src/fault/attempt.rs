@@ -271,12 +271,10 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32, write: bool)
         0
     };
     let wp = installs_wp(vma, w, write);
+    // Read for this fault: not referenced (see `finish_install`).
     let installed = |mm: &Mm| {
-        obj.cache.unlock(
-            i,
-            UPTODATE | MAPPED | REFERENCED | MOVED | clean | pinned,
-            0,
-        );
+        obj.cache
+            .unlock(i, UPTODATE | MAPPED | MOVED | clean | pinned, 0);
         mm.page_cached(obj, i);
         Outcome::Done
     };
@@ -387,9 +385,19 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             if clean != 0 && moved == 0 && !zero && obj.free_data(i, 1).is_ok() {
                 moved = MOVED;
             }
+            // Second chance: a page this fault found cached (read ahead,
+            // kept from an earlier mapping, filled by a racing fault) is
+            // a page used again, as the kernel's `mark_page_accessed`
+            // marks a page-cache hit; one read or zero-filled for this
+            // fault enters the LRU unreferenced. (The kernel's fault also
+            // leaves its PTE young, so reclaim keeps every new page one
+            // more round and sees at the next look whether it was touched
+            // since; the engine cannot see that look, so the round would
+            // delay every eviction alike and cost an LRU rotation each.)
+            let referenced = if fresh || f.major { 0 } else { REFERENCED };
             obj.cache.unlock(
                 i,
-                UPTODATE | MAPPED | REFERENCED | dirty | pinned | moved | clean,
+                UPTODATE | MAPPED | referenced | dirty | pinned | moved | clean,
                 0,
             );
             if fresh {
