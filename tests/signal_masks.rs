@@ -133,6 +133,39 @@ fn child_signal_during_prefault() {
     say(b"MAIN-DONE\n");
 }
 
+/// A shared region whose store takes 400 ms a write, with page 1 dirty.
+fn slow_writes_region(p: &Pager) -> uffd_pager::Region {
+    let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&pattern_vec(9, LEN)).unwrap());
+    let sim = Arc::new(
+        SimulatedStore::new(mem, LatencyModel::Fixed { ns: 400_000_000 }, 0, 1)
+            .with_write_latency(true),
+    );
+    // SAFETY: nothing else changes the store.
+    let mut region = unsafe { p.map_store(sim, LEN, &MapOptions::default()) }.unwrap();
+    region.as_mut_slice()[PAGE] = 0x5a;
+    region
+}
+
+fn child_signal_during_reclaim_pages() {
+    // SAFETY: alarm has no preconditions.
+    unsafe { libc::alarm(8) };
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(64)
+        .build()
+        .unwrap();
+    let region = slow_writes_region(&p);
+    TOUCH.store(region.as_ptr() as usize + PAGE, SeqCst);
+    install(libc::SIGUSR1, usr1_touches_region, 0);
+    let t = usr1_me_after(100);
+    // Writes page 1 back (400 ms) while it holds the page locked.
+    let freed = p.reclaim_pages(64);
+    t.join().unwrap();
+    assert!(freed > 0, "freed {freed}");
+    assert_eq!(region.as_slice()[PAGE], 0x5a);
+    say(b"MAIN-DONE\n");
+}
+
 /// The application's SIGSEGV handler: reports whether SIGBUS is blocked,
 /// touches an absent page of a region, exits 0.
 extern "C" fn segv_reports_mask(_: libc::c_int) {
@@ -189,6 +222,14 @@ fn signal_during_sigbus_fault() {
 #[test]
 fn signal_during_prefault() {
     exits_cleanly("signal_during_prefault", child_signal_during_prefault);
+}
+
+#[test]
+fn signal_during_reclaim_pages() {
+    exits_cleanly(
+        "signal_during_reclaim_pages",
+        child_signal_during_reclaim_pages,
+    );
 }
 
 #[test]

@@ -416,6 +416,10 @@ impl Pager {
     ///
     /// Example: [`Pager`](crate::Pager).
     pub fn reclaim_pages(&self, nr: u64) -> u64 {
+        // Evictions hold page locks (a dirty one's across its store
+        // write): a handler of the application's that touched one of those
+        // pages would wait for its own thread (see `Deferred`).
+        let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.inner.mm;
         if mm.in_child() {
             return 0;
