@@ -166,6 +166,52 @@ fn child_signal_during_reclaim_pages() {
     say(b"MAIN-DONE\n");
 }
 
+static STEP: AtomicUsize = AtomicUsize::new(0);
+
+/// The application's SIGUSR2 handler: reads one byte of the next page of
+/// a region (absent most of the time: the budget is small).
+extern "C" fn usr2_touches_next_page(_: libc::c_int) {
+    let k = STEP.fetch_add(1, SeqCst) % 1024;
+    // SAFETY: TOUCH is the start of a live region of 1024 pages.
+    let _ = unsafe { std::ptr::read_volatile((TOUCH.load(SeqCst) + k * PAGE) as *const u8) };
+}
+
+fn child_signals_during_populate() {
+    // SAFETY: alarm has no preconditions.
+    unsafe { libc::alarm(20) };
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(64)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let region = p.map_anonymous(1024 * PAGE).unwrap();
+    let other = p.map_anonymous(1024 * PAGE).unwrap();
+    TOUCH.store(other.as_ptr() as usize, SeqCst);
+    install(libc::SIGUSR2, usr2_touches_next_page, 0);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() } as usize;
+    let s = stop.clone();
+    let t = std::thread::spawn(move || {
+        while !s.load(SeqCst) {
+            // SAFETY: the target thread is alive until it joins us.
+            unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR2) };
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    });
+    let t0 = std::time::Instant::now();
+    let mut n = 0usize;
+    while t0.elapsed() < std::time::Duration::from_secs(3) {
+        region.populate((n % 1024) * PAGE, PAGE).unwrap();
+        n += 1;
+    }
+    stop.store(true, SeqCst);
+    t.join().unwrap();
+    say(format!("MAIN-DONE populates {n} signals {}\n", STEP.load(SeqCst)).as_bytes());
+}
+
 /// The application's SIGSEGV handler: reports whether SIGBUS is blocked,
 /// touches an absent page of a region, exits 0.
 extern "C" fn segv_reports_mask(_: libc::c_int) {
@@ -230,6 +276,11 @@ fn signal_during_reclaim_pages() {
         "signal_during_reclaim_pages",
         child_signal_during_reclaim_pages,
     );
+}
+
+#[test]
+fn signals_during_populate() {
+    exits_cleanly("signals_during_populate", child_signals_during_populate);
 }
 
 #[test]

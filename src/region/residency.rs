@@ -68,6 +68,9 @@ impl Region {
     ///
     /// Example: [`Region`](crate::Region).
     pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
+        // The drain below holds an LRU lock: asynchronous signals wait for
+        // it too, not only for the faults (see `Deferred`).
+        let _deferred = crate::sys::thread::Deferred::new();
         let span = self.page_span(offset, len)?;
         let (pinned, writable, kind) = self.vma_flags();
         self.fault_span(
