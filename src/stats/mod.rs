@@ -83,9 +83,14 @@ counters! {
     LRU_LOCK => "lru_lock",
     /// LRU lock acquisitions that had to wait.
     LRU_LOCK_CONTENDED => "lru_lock_contended",
-    /// Direct reclaim runs (in the faulting context).
+    /// Reclaim passes run where the charge was made, outside kswapd: at
+    /// the budget (direct reclaim) and past the high watermark (the clean
+    /// pass), in a faulting context or a readahead thread; a charge that
+    /// goes over the budget makes both.
     DIRECT_RECLAIM => "direct_reclaim",
-    /// Background reclaimer wake-ups.
+    /// Background reclaimer rounds (one per wake-up, and one more per
+    /// round that left residency above the high watermark, its waits
+    /// after rounds that freed nothing included).
     KSWAPD_WAKE => "kswapd_wake",
     /// Pages read ahead (loaded before anyone faulted on them).
     RA_PAGES => "readahead_pages",
