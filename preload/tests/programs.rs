@@ -479,6 +479,33 @@ fn stores_through_a_mapping_of_an_append_descriptor_land_at_their_page() {
     assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
 }
 
+/// A file grown with `pwrite(2)` while mapped writable and shared: what is
+/// stored through the mapping between the end the file had at `mmap` and
+/// its new end reaches the file, as through the kernel's mapping. The
+/// store wrote no byte past the length at open, so those stores were lost
+/// (`msync` said 0, the file kept zeros there).
+#[test]
+fn stores_past_the_old_end_of_a_grown_file_reach_it() {
+    let d = scratch();
+    let exe = build_c(&d, "grown_then_stored");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("grown-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "size 4096, at 10: b, at 2000: 'stored', mapping at 4095: z\n"
+    );
+    let pattern = format!("{}/grown.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("grown.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("grown.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
 /// whatever the mapping: the shim made a pager mapping of it. Its store
 /// wrote through a `dup` of the descriptor and could not read the file:

@@ -5,6 +5,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::zero::{in_bounds, round_up_to_page};
 use super::{Store, StoreError};
@@ -34,8 +35,9 @@ pub struct FileStoreOptions {
 ///
 /// [`Store::len`] is the file's length at open, rounded up to a whole page.
 /// Reads of the final partial page (past end of file) are zero-filled;
-/// writes of it write only the bytes before the original end of file, so
-/// the store never changes the file's length.
+/// writes of it write only the bytes before the original end of file (or
+/// before the end a read has seen since, where the file grew), so the
+/// store never changes the file's length.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -62,6 +64,11 @@ pub struct FileStore {
     file: File,
     /// The file's exact length at open.
     file_len: u64,
+    /// The furthest end of file bytes a read handed out (at least
+    /// `file_len`): bytes the file gained since the open (the application's
+    /// own `write(2)` past the end, which the shim follows with a refresh)
+    /// that a cached page holds, so that its write-back may write them.
+    read_len: AtomicU64,
     /// `file_len` rounded up to a page.
     len: u64,
     writable: bool,
@@ -171,6 +178,7 @@ impl FileStore {
         Ok(FileStore {
             file,
             file_len,
+            read_len: AtomicU64::new(file_len),
             len,
             writable,
             direct,
@@ -295,6 +303,12 @@ impl Store for FileStore {
                 return Err(StoreError(libc::EIO));
             }
         }
+        // Bytes the file gained since the open, now in the caller's page:
+        // its write-back may write them (see `write`).
+        let end = offset + done as u64;
+        if end > self.file_len {
+            self.read_len.fetch_max(end, Relaxed);
+        }
         buf[done..].fill(0);
         Ok(())
     }
@@ -315,10 +329,17 @@ impl Store for FileStore {
         // changes: the bytes it had at open, or fewer if it was truncated
         // since. A page wholly past a truncation is dropped, as the kernel
         // drops a truncated file's cached pages: writing it would extend
-        // the file again.
+        // the file again. Bytes the file gained since the open are written
+        // where a read handed them out (the page holds what the file had
+        // there, and what was stored over it since: a mapping of a file the
+        // application grew with `write(2)` keeps its stores there, as the
+        // kernel's does); bytes another writer appended that no read saw
+        // are left alone.
         let now = self.current_len()?;
         let in_file = self
-            .file_len
+            .read_len
+            .load(Relaxed)
+            .max(self.file_len)
             .min(now)
             .saturating_sub(offset)
             .min(buf.len() as u64) as usize;

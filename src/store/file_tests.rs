@@ -180,6 +180,41 @@ fn truncated_underneath_reads_fail_and_writes_do_not_extend() {
     assert!(contents[PAGE_SIZE..].iter().all(|&b| b == 9));
 }
 
+/// A file grown after the open (the application's own `write(2)` past
+/// its end, which the shim follows with a refresh that reads the page):
+/// the bytes a read handed out past the old end are written back, as a
+/// kernel mapping's stores there reach the grown file. Before, every
+/// write stopped at the length at open, and what was stored there was
+/// lost. Bytes appended that no read saw are still left alone
+/// (`direct_partial_page_write_keeps_what_was_appended`).
+#[test]
+fn bytes_read_past_the_end_at_open_are_written_back() {
+    let p = TempPath::new("grown");
+    File::create(&p.0).unwrap().write_all(&[1u8; 100]).unwrap();
+    let s = FileStore::open(
+        &p.0,
+        &FileStoreOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.0)
+        .unwrap()
+        .set_len(PAGE_SIZE as u64)
+        .unwrap();
+    let mut page = vec![0u8; PAGE_SIZE];
+    s.read(0, &mut page).unwrap();
+    page[2000] = 9;
+    s.write(0, &page).unwrap();
+    let contents = std::fs::read(&p.0).unwrap();
+    assert_eq!(contents.len(), PAGE_SIZE, "the length is the file's");
+    assert_eq!(contents[2000], 9, "the store past the old end is written");
+    assert!(contents[..100].iter().all(|&b| b == 1));
+}
+
 #[test]
 fn create_len_never_truncates() {
     let p = TempPath::new("grow");
