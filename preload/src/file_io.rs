@@ -244,6 +244,66 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: lib
     unsafe { pread(fd, buf, n, off) }
 }
 
+// `_FORTIFY_SOURCE` (on by default in distributions' builds and in
+// Debian's and Ubuntu's `gcc -O2`) turns a `read` or `pread` into a buffer
+// whose size the compiler knows into these checked calls, which glibc
+// serves with its internal `read`/`pread` and never through the symbols
+// above: without them such a program read the file's older bytes past
+// what it had stored through the mapping.
+extern "C" {
+    fn __chk_fail() -> !;
+}
+
+/// `__read_chk`: `read(2)` for a fortified program (see above).
+///
+/// # Safety
+/// As read(2), with `buflen` the size of `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize) -> isize {
+    if n > buflen {
+        // SAFETY: glibc's own answer to an overflow: ends the process.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { read(fd, buf, n) }
+}
+
+/// `__pread_chk`: `pread(2)` for a fortified program (see above).
+///
+/// # Safety
+/// As pread(2), with `buflen` the size of `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __pread_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    off: libc::off_t,
+    buflen: usize,
+) -> isize {
+    if n > buflen {
+        // SAFETY: glibc's own answer to an overflow: ends the process.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { pread(fd, buf, n, off) }
+}
+
+/// `__pread64_chk`: the same call on x86-64.
+///
+/// # Safety
+/// As pread(2), with `buflen` the size of `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __pread64_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    off: libc::off_t,
+    buflen: usize,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { __pread_chk(fd, buf, n, off, buflen) }
+}
+
 /// readv(2), seeing what was stored through a pager mapping of the file.
 ///
 /// # Safety

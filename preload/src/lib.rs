@@ -9,7 +9,8 @@
 //! `pwrite`/`pwrite64`, `writev` and `pwritev`/`pwritev64` (a write to a
 //! file the pager maps updates the cached pages it touches: see
 //! [`engine::Region::refresh`]) and `read`, `pread`/`pread64`, `readv` and
-//! `preadv`/`preadv64` (a read of a file the pager maps writable and shared
+//! `preadv`/`preadv64`, with the `_FORTIFY_SOURCE` `__read_chk`,
+//! `__pread_chk` and `__pread64_chk` (a read of a file the pager maps writable and shared
 //! writes the mapping's dirty pages back first), and `fsync`/`fdatasync`
 //! (which write them back and report a failure). Calls that are not the program's own (the
 //! engine's threads, its fault handler, the shim itself) go straight to the

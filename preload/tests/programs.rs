@@ -47,10 +47,16 @@ fn under_shim(cmd: &mut Command, env: &[(&str, &str)], stats: &Path) -> (Output,
 
 /// Builds `tests/c/NAME.c` into `dir`; returns the executable.
 fn build_c(dir: &Path, name: &str) -> PathBuf {
+    build_c_with(dir, name, &[])
+}
+
+/// [`build_c`] with more compiler flags.
+fn build_c_with(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     let exe = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let st = Command::new("cc")
         .args(["-O2", "-pthread"])
+        .args(flags)
         .arg(&src)
         .arg("-o")
         .arg(&exe)
@@ -504,6 +510,38 @@ fn stores_past_the_old_end_of_a_grown_file_reach_it() {
     );
     assert_eq!(ok(&o), plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
+/// A program built with `_FORTIFY_SOURCE` reads a file it stored to
+/// through its writable shared mapping into buffers of a known size:
+/// `__read_chk` and `__pread_chk`, which glibc serves without its `read`
+/// and `pread` symbols, so the shim's write-back before a read never ran
+/// and both reads gave the file's older bytes. A length past the buffer
+/// still ends the program, as glibc's checks do.
+#[test]
+fn a_fortified_program_reads_what_it_stored() {
+    let d = scratch();
+    let exe = build_c_with(&d, "fortified_read", &["-D_FORTIFY_SOURCE=2"]);
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("fortified-plain.dat"))
+        .arg("6")
+        .output()
+        .unwrap());
+    assert_eq!(plain, "pread: stored, read: again!\n");
+    let pattern = format!("{}/fortified.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("fortified.dat")).arg("6"),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("fortified.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    let (o, _) = under_shim(
+        Command::new(&exe).arg(d.join("fortified.dat")).arg("20"),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("fortified.stats"),
+    );
+    assert_eq!(o.status.signal(), Some(libc::SIGABRT), "{o:?}");
 }
 
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
