@@ -544,6 +544,33 @@ fn a_fortified_program_reads_what_it_stored() {
     assert_eq!(o.status.signal(), Some(libc::SIGABRT), "{o:?}");
 }
 
+/// A file stored to through its writable shared pager mapping, then mapped
+/// `PROT_EXEC` (the kernel's mapping under the shim too): the new mapping
+/// shows the stores. The write-back before a mapping the kernel makes came
+/// after the shim had already passed on mappings with `PROT_EXEC` (or
+/// without `PROT_READ`), so they showed the file's older bytes.
+#[test]
+fn an_exec_mapping_shows_what_the_pagers_mapping_stored() {
+    let d = scratch();
+    let exe = build_c(&d, "exec_after_stores");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("exec-after-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "PROT_EXEC private: stored\nPROT_EXEC shared: again!\n"
+    );
+    let pattern = format!("{}/exec-after.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("exec-after.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("exec-after.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
 /// whatever the mapping: the shim made a pager mapping of it. Its store
 /// wrote through a `dup` of the descriptor and could not read the file:

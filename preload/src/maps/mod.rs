@@ -243,14 +243,23 @@ pub fn mmap(
     off: i64,
 ) -> Option<*mut c_void> {
     let skip = libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK;
+    let anon = flags & libc::MAP_ANONYMOUS != 0;
     if len == 0 || prot & libc::PROT_EXEC != 0 || prot & libc::PROT_READ == 0 || flags & skip != 0 {
+        // The kernel's, but a mapping of a file reads the file: what was
+        // stored through the pager's writable mapping of it goes first
+        // (a PROT_EXEC one showed the older bytes).
+        if !anon && fd >= 0 && any_writable() {
+            let mut guard = state();
+            if let (Some(st), Some((_, id, _))) = (guard.as_mut(), fd_file(fd)) {
+                write_back_before_a_mapping(st, id);
+            }
+        }
         return None;
     }
     let shared = flags & libc::MAP_TYPE != libc::MAP_PRIVATE;
     let write = prot & libc::PROT_WRITE != 0;
     let mut guard = state();
     let st = guard.as_mut()?;
-    let anon = flags & libc::MAP_ANONYMOUS != 0;
     let mut opts = MapOptions {
         writable: write,
         populate: flags & libc::MAP_POPULATE != 0,
@@ -291,22 +300,7 @@ pub fn mmap(
         // writable MAP_PRIVATE one, beside the pager's or over it with
         // MAP_FIXED, showed them every time).
         if any_writable() {
-            st.prune();
-            let failed: Vec<String> = st
-                .maps
-                .iter()
-                .filter(|e| e.writable_shared && e.file == Some(id))
-                .filter_map(|e| {
-                    let err = e.region.flush().err()?;
-                    Some(format!(
-                        "{}: write-back before a mapping of it failed: {err}",
-                        e.path
-                    ))
-                })
-                .collect();
-            for m in failed {
-                st.say(m);
-            }
+            write_back_before_a_mapping(st, id);
         }
         if !st.cfg.wants_path(&path) {
             return None;
@@ -441,6 +435,27 @@ pub fn mmap(
             st.say(format!("{path}: left to the kernel: {e}"));
             None
         }
+    }
+}
+
+/// Writes back the pager's writable shared mappings of file `id` before
+/// a new mapping of it (see `mmap`); failures are said on stderr.
+fn write_back_before_a_mapping(st: &mut State, id: (u64, u64)) {
+    st.prune();
+    let failed: Vec<String> = st
+        .maps
+        .iter()
+        .filter(|e| e.writable_shared && e.file == Some(id))
+        .filter_map(|e| {
+            let err = e.region.flush().err()?;
+            Some(format!(
+                "{}: write-back before a mapping of it failed: {err}",
+                e.path
+            ))
+        })
+        .collect();
+    for m in failed {
+        st.say(m);
     }
 }
 
