@@ -210,14 +210,17 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     if programs_own() && maps::active() {
         let saved = errno();
-        if let Some(r) = in_shim("mmap", || maps::mmap(addr, len, prot, flags, fd, off)) {
+        let served = in_shim("mmap", || maps::mmap(addr, len, prot, flags, fd, off));
+        // The engine's calls on the way may have set errno (a map it
+        // refused before the kernel made it: EEXIST); a successful mmap,
+        // the shim's or the kernel's, leaves the program's as it was.
+        if let Some(r) = served {
             if r != libc::MAP_FAILED {
-                // The engine's calls on the way may have set errno; a
-                // successful mmap leaves the program's as it was.
                 set_errno(saved);
             }
             return r;
         }
+        set_errno(saved);
     }
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     unsafe { sys::mmap(addr, len, prot, flags, fd, off) }

@@ -571,6 +571,33 @@ fn an_exec_mapping_shows_what_the_pagers_mapping_stored() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A successful mmap the kernel makes after the shim's work leaves the
+/// program's errno as it was: a file mapped with `MAP_FIXED` over the
+/// program's own memory (the engine refused the range, the kernel mapped
+/// it) left the engine's `EEXIST` behind.
+#[test]
+fn an_mmap_the_kernel_makes_keeps_errno() {
+    let d = scratch();
+    let exe = build_c(&d, "mmap_errno");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("mmap-errno-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "MAP_FIXED over own memory: mapped, errno 1234\n\
+         PROT_EXEC beside stores: mapped, errno 1234\n"
+    );
+    let pattern = format!("{}/mmap-errno.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("mmap-errno.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("mmap-errno.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
 /// whatever the mapping: the shim made a pager mapping of it. Its store
 /// wrote through a `dup` of the descriptor and could not read the file:
