@@ -598,6 +598,30 @@ fn an_mmap_the_kernel_makes_keeps_errno() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A writable shared mapping of a file whose mode no longer lets the
+/// program open it for writing (its store cannot open it again), and
+/// `O_APPEND` set on the descriptor after the `mmap`: the stores land at
+/// their page and the file keeps its length. The store wrote through a
+/// `dup` of the descriptor there, which took the `O_APPEND` set later:
+/// every write-back was appended past the end of the file.
+#[test]
+fn stores_land_at_their_page_when_o_append_is_set_after_the_mmap() {
+    let d = scratch();
+    let exe = build_c(&d, "append_set_later");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("append-later-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, "size 16384, at the page: stored\n");
+    let pattern = format!("{}/append-later.dat", d.display());
+    let (o, _) = under_shim(
+        Command::new(&exe).arg(d.join("append-later.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("append-later.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+}
+
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
 /// whatever the mapping: the shim made a pager mapping of it. Its store
 /// wrote through a `dup` of the descriptor and could not read the file:

@@ -484,8 +484,10 @@ pub fn file_store(
 /// (which Linux honours in `pwrite`: every write-back would land at the
 /// end of the file, not at its page) whether the program opened it so or
 /// sets it later with `fcntl(F_SETFL)`. Where the file cannot be opened
-/// again (its permissions changed since the program opened it), a `dup`
-/// of a descriptor without `O_APPEND`.
+/// again (its permissions changed since the program opened it), a `dup`,
+/// for reading only: a writable store's `pwrite`s through a `dup` would
+/// follow the `O_APPEND` the program may set on its descriptor at any time
+/// (the mapping is then the kernel's).
 fn own_file(fd: c_int, writable: bool) -> Result<std::fs::File, String> {
     // SAFETY: F_GETFL reads the program's descriptor's flags.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -505,8 +507,11 @@ fn own_file(fd: c_int, writable: bool) -> Result<std::fs::File, String> {
     if let Ok(f) = again {
         return Ok(f);
     }
-    if fl & libc::O_APPEND != 0 {
-        return Err("a descriptor opened with O_APPEND that cannot be opened again".into());
+    if writable {
+        // A dup shares the program's open file, and with it the O_APPEND
+        // that a later fcntl(F_SETFL) may set: every write-back would land
+        // at the end of the file.
+        return Err("a file the store cannot open again for writing".into());
     }
     // SAFETY: F_DUPFD_CLOEXEC on the program's descriptor; a bad one fails.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
