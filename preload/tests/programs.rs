@@ -622,6 +622,32 @@ fn stores_land_at_their_page_when_o_append_is_set_after_the_mmap() {
     assert_eq!(ok(&o), plain);
 }
 
+/// A memfd sealed against writes: a writable shared mapping is the
+/// kernel's `EPERM`, and a read-only one cannot be made writable
+/// (`EACCES`). The shim made a pager mapping of the first (its store, an
+/// open file of its own, took the stores; each write-back failed with
+/// `EPERM` at `msync`, `read` and exit), and let `mprotect` make the
+/// second writable.
+#[test]
+fn a_memfd_sealed_against_writes_is_not_mapped_writable() {
+    let d = scratch();
+    let exe = build_c(&d, "sealed_memfd");
+    let plain = ok(&Command::new(&exe).output().unwrap());
+    assert_eq!(
+        plain,
+        "writable shared: Operation not permitted\n\
+         read-only shared: reads a\n\
+         mprotect(PROT_WRITE): Permission denied\n"
+    );
+    let (o, st) = under_shim(
+        &mut Command::new(&exe),
+        &[("UFFD_PAGER_FILES", "/memfd:*")],
+        &d.join("sealed.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
 /// whatever the mapping: the shim made a pager mapping of it. Its store
 /// wrote through a `dup` of the descriptor and could not read the file:

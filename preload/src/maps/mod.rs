@@ -313,6 +313,16 @@ pub fn mmap(
             // first touch was SIGBUS.
             return None;
         }
+        // SAFETY: F_GET_SEALS reads the file's seals (EINVAL: a file that
+        // takes none).
+        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+        let sealed = seals > 0 && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0;
+        if shared && write && sealed {
+            // The kernel's EPERM: a memfd sealed against writes. (Its
+            // store, an open file of its own, would take the writes until
+            // the first write-back failed.)
+            return None;
+        }
         if shared && write && fl & libc::O_ACCMODE != libc::O_RDWR {
             // The kernel's EACCES: stores through it would write a file
             // the descriptor may not write. (Its store opens the file
@@ -383,7 +393,7 @@ pub fn mmap(
         // there), so its store takes writes from the start; its pages go in
         // write-protected all the same, so the first write to each faults
         // and marks it dirty.
-        let rdwr = fl & libc::O_ACCMODE == libc::O_RDWR;
+        let rdwr = fl & libc::O_ACCMODE == libc::O_RDWR && !sealed;
         let may_write = shared && (write || rdwr && st.cfg.kind == InstallKind::Shared);
         opts.kind = Some(if may_write {
             InstallKind::Shared
