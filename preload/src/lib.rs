@@ -383,7 +383,7 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c
     unsafe {
         served_or_kernel(
             "msync",
-            || maps::msync(addr as usize, len),
+            || maps::msync(addr as usize, len, flags),
             libc::SYS_msync,
             addr as usize,
             len,

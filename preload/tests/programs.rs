@@ -648,6 +648,33 @@ fn a_memfd_sealed_against_writes_is_not_mapped_writable() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// `msync(MS_SYNC)` of a shared file mapping leaves no dirty page of the
+/// file behind (`cachestat`), as the kernel's, which syncs the file's
+/// range: also what `pwrite(2)` put there. The shim's write-back synced
+/// only when it wrote something itself, so the program's own writes to
+/// the mapped range stayed dirty, not durable.
+#[test]
+fn msync_ms_sync_makes_what_write_put_in_the_range_durable() {
+    let d = scratch();
+    let exe = build_c(&d, "msync_durable");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("msync-durable-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "stores, then msync: 0 dirty pages\npwrite, then msync: 0 dirty pages\n"
+    );
+    let pattern = format!("{}/msync-durable.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("msync-durable.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("msync-durable.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
+}
+
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
 /// whatever the mapping: the shim made a pager mapping of it. Its store
 /// wrote through a `dup` of the descriptor and could not read the file:

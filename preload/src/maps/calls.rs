@@ -168,20 +168,40 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
     Some(0)
 }
 
-/// msync: every pager mapping in the range writes its dirty pages back
-/// (then the kernel's msync runs on the range, a no-op on pager memory).
-pub fn msync(addr: usize, len: usize) -> Option<c_int> {
+/// msync: every pager mapping in the range writes its dirty pages back,
+/// then the kernel's msync runs on the range (a no-op on pager memory,
+/// but its checks of the flags and the range are the answer); with
+/// `MS_SYNC` each shared file mapping's file is synced, as the kernel's
+/// `msync` syncs the file (`fdatasync`'s range): what `write(2)` put in
+/// the mapped range is made durable too, which the write-back syncs only
+/// when it wrote something itself.
+pub fn msync(addr: usize, len: usize, flags: c_int) -> Option<c_int> {
     let mut guard = state();
     let st = guard.as_mut()?;
     let e = crate::errno();
-    for (i, _) in overlapping(st, addr, addr.saturating_add(len.max(1))) {
+    let hits = overlapping(st, addr, addr.saturating_add(len.max(1)));
+    for &(i, _) in &hits {
         if let Err(err) = st.maps[i].region.flush() {
             crate::set_errno(err.errno());
             return Some(-1);
         }
     }
     crate::set_errno(e);
-    None
+    if hits.is_empty() {
+        return None;
+    }
+    // SAFETY: the program's own call on this range, passed on unchanged.
+    let rc = unsafe { sys::call(libc::SYS_msync, addr, len, flags as usize, 0, 0) as c_int };
+    if rc != 0 || flags & libc::MS_SYNC == 0 {
+        return Some(rc);
+    }
+    for (i, _) in hits {
+        if let Some(Err(err)) = st.maps[i].shared_store.as_ref().map(|s| s.sync()) {
+            crate::set_errno(err.0);
+            return Some(-1);
+        }
+    }
+    Some(0)
 }
 
 /// madvise: MADV_DONTNEED drops pages through the engine (shared pages

@@ -51,6 +51,10 @@ struct Entry {
     /// the mapping back read-only, and the writes the program goes on with
     /// would be SIGSEGV. Such a mapping is not moved (`EINVAL`).
     kernel_writable: bool,
+    /// A `MAP_SHARED` file mapping's store, which `msync(MS_SYNC)` syncs as
+    /// the kernel's syncs the file: also what `write(2)` put there, which
+    /// no write-back of the mapping's own covers.
+    shared_store: Option<Arc<dyn Store>>,
     path: String,
 }
 
@@ -287,7 +291,7 @@ pub fn mmap(
         let made = st
             .pager()
             .and_then(|p| p.map_anonymous_with(rlen, &opts).map_err(|e| e.to_string()));
-        (made, None, 0, "anonymous memory".to_string(), true)
+        (made, None, 0, "anonymous memory".to_string(), true, None)
     } else {
         if st.cfg.files.is_empty() || fd < 0 {
             return None;
@@ -402,8 +406,10 @@ pub fn mmap(
         });
         let latency = st.cfg.latency;
         let mut unwritten = false;
+        let mut kept = None;
         let made =
             crate::maps::file_store(fd, off as u64, rlen, may_write, latency).and_then(|s| {
+                kept = shared.then(|| s.clone());
                 st.pager()
                     // SAFETY: the program reaches the region's bytes through raw pointers only,
                     // and the shim makes no Rust slice of them: a file changed behind the
@@ -425,9 +431,9 @@ pub fn mmap(
             crate::set_errno(libc::EIO);
             return Some(libc::MAP_FAILED);
         }
-        (made, Some(id), off as u64, name, may_write)
+        (made, Some(id), off as u64, name, may_write, kept)
     };
-    let (made, file, base, path, may_write) = entry;
+    let (made, file, base, path, may_write, shared_store) = entry;
     // (MAP_FIXED over memory already mapped: the engine maps only into a
     // free range, so the map fails with an overlap and the kernel maps it.)
     match made {
@@ -438,6 +444,7 @@ pub fn mmap(
             writable_shared: shared && write && file.is_some(),
             may_write,
             kernel_writable: false,
+            shared_store,
             path,
         })),
         Err(e) => {
