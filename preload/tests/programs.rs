@@ -675,6 +675,33 @@ fn msync_ms_sync_makes_what_write_put_in_the_range_durable() {
     assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
 }
 
+/// `mremap(MREMAP_FIXED)` of a pager mapping to a target over itself is
+/// the kernel's `EINVAL`; the engine's answer was `EEXIST`, an errno
+/// mremap never gives.
+#[test]
+fn mremap_onto_the_mapping_itself_is_einval() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_onto_itself");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("onto-itself-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "two pages on: Invalid argument\n\
+         its own address: Invalid argument\n\
+         still reads a\n"
+    );
+    let pattern = format!("{}/onto-itself.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("onto-itself.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("onto-itself.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mmap` of a descriptor opened `O_WRONLY` is the kernel's `EACCES`,
 /// whatever the mapping: the shim made a pager mapping of it. Its store
 /// wrote through a `dup` of the descriptor and could not read the file:

@@ -41,6 +41,11 @@ pub fn mremap(
         return fail(libc::ENOMEM); // growing in place is not offered
     }
     let to = (flags & libc::MREMAP_FIXED != 0).then_some(new);
+    if to.is_some_and(|t| t < old.saturating_add(old_len) && old < t.saturating_add(new_len_r)) {
+        // The kernel's answer to a target over the mapping itself (the
+        // engine's was EEXIST, which mremap never gives).
+        return fail(libc::EINVAL);
+    }
     // The kernel's move replaces whatever is mapped at the target (a range
     // the program reserved for it, as a rule); the engine's moves only
     // into a free range (`EEXIST`, which mremap never answers). The
