@@ -150,6 +150,59 @@ pub unsafe extern "C" fn pwritev64(
     unsafe { pwritev(fd, iov, cnt, off) }
 }
 
+/// Where a `pwritev2` with `off` and `flags` writes: at the end of the
+/// file with `RWF_APPEND` (its length now), at the descriptor's position
+/// for an `off` of -1 (None), at `off` otherwise.
+fn v2_target(fd: c_int, off: libc::off_t, flags: c_int) -> Option<i64> {
+    if flags & libc::RWF_APPEND != 0 {
+        // SAFETY: a zeroed stat is a valid out-parameter; fstat writes
+        // only it.
+        let mut s: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        return (unsafe { libc::fstat(fd, &mut s) } == 0).then_some(s.st_size);
+    }
+    (off != -1).then_some(off)
+}
+
+/// pwritev2(2), kept coherent with pager mappings of the file.
+///
+/// # Safety
+/// As pwritev2(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> isize {
+    let at = if programs_own() && maps::any_file() {
+        v2_target(fd, off, flags)
+    } else {
+        None
+    };
+    coherent_write(fd, at, None, || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::iov2(libc::SYS_pwritev2, fd, iov, cnt, off, flags) }
+    })
+}
+
+/// pwritev64v2(2): the same call on x86-64.
+///
+/// # Safety
+/// As pwritev2(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64v2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pwritev2(fd, iov, cnt, off, flags) }
+}
+
 /// fsync(2): the pager's writable shared mappings of the file are written
 /// back first, as the kernel's `fsync` covers what was stored through a
 /// mapping, and so are pages of pager mappings unmapped while their file
@@ -344,4 +397,38 @@ pub unsafe extern "C" fn preadv64(
 ) -> isize {
     // SAFETY: the same contract.
     unsafe { preadv(fd, iov, cnt, off) }
+}
+
+/// preadv2(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As preadv2(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> isize {
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe {
+        sys::iov2(libc::SYS_preadv2, fd, iov, cnt, off, flags)
+    })
+}
+
+/// preadv64v2(2): the same call on x86-64.
+///
+/// # Safety
+/// As preadv2(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv64v2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { preadv2(fd, iov, cnt, off, flags) }
 }

@@ -180,6 +180,23 @@ pub(crate) mod sys {
         // SAFETY: the caller's contract.
         unsafe { call(nr, fd as usize, iov as usize, cnt as usize, off as usize, 0) as isize }
     }
+    /// `preadv2`/`pwritev2` (`nr`): as [`iov`], with the call's `flags`
+    /// as its sixth argument (`off` -1: the descriptor's position).
+    ///
+    /// # Safety
+    /// As [`iov`].
+    #[inline]
+    pub unsafe fn iov2(
+        nr: c_long,
+        fd: c_int,
+        iov: *const libc::iovec,
+        cnt: c_int,
+        off: i64,
+        flags: c_int,
+    ) -> isize {
+        // SAFETY: the caller's contract.
+        unsafe { libc::syscall(nr, fd, iov, cnt, off, 0, flags) as isize }
+    }
     /// The system call `nr` with five arguments, as libc's `syscall`.
     ///
     /// # Safety

@@ -544,6 +544,33 @@ fn a_fortified_program_reads_what_it_stored() {
     assert_eq!(o.status.signal(), Some(libc::SIGABRT), "{o:?}");
 }
 
+/// `preadv2` and `pwritev2` go through the same coherence as their older
+/// siblings: a read sees the mapping's stores, and a write over a page the
+/// mapping dirtied shows in it and is not undone by its write-back. They
+/// were not interposed: the reads gave the file's older bytes, and the
+/// write-back at `munmap` put the mapping's older copy over the write.
+#[test]
+fn preadv2_and_pwritev2_are_coherent_with_the_mapping() {
+    let d = scratch();
+    let exe = build_c(&d, "vectored_v2");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("v2-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "preadv2: stored, at the position: again!\nmapping after pwritev2: pwv2!!\nfile after munmap: pwv2!!\n"
+    );
+    let pattern = format!("{}/v2.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("v2.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("v2.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// A file stored to through its writable shared pager mapping, then mapped
 /// `PROT_EXEC` (the kernel's mapping under the shim too): the new mapping
 /// shows the stores. The write-back before a mapping the kernel makes came
