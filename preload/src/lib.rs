@@ -227,7 +227,16 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     if programs_own() && maps::active() {
         let saved = errno();
-        let served = in_shim("mmap", || maps::mmap(addr, len, prot, flags, fd, off));
+        let served = in_shim("mmap", || {
+            maps::mmap(maps::MmapCall {
+                addr,
+                len,
+                prot,
+                flags,
+                fd,
+                off,
+            })
+        });
         // The engine's calls on the way may have set errno (a map it
         // refused before the kernel made it: EEXIST); a successful mmap,
         // the shim's or the kernel's, leaves the program's as it was.

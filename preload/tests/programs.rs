@@ -598,6 +598,80 @@ fn an_exec_mapping_shows_what_the_pagers_mapping_stored() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A writable shared mapping of a file the pager maps, made by the kernel
+/// (`PROT_EXEC`, `PROT_WRITE` alone, past the end of the file, `MAP_FIXED`
+/// over part of the pager's mapping, `mprotect(PROT_WRITE)` of a read-only
+/// one), is refused, as a second pager mapping of such a file is: the
+/// kernel's page cache and the pager's are two copies of the file. So is a
+/// pager mapping of a file the kernel maps writable and shared (seen by
+/// `/proc/self/maps`, so one made writable by a raw system call too), and
+/// its `mprotect(PROT_WRITE)`; once the kernel's mapping is gone the file
+/// is the pager's again. The kernel mapped every one: the pager's
+/// write-back of a page it had dirtied put `aaaaaa` over what was stored
+/// through the kernel's mapping (`viaexe`, under the kernel alone).
+#[test]
+fn a_writable_kernel_mapping_beside_a_pager_mapping_is_refused() {
+    let d = scratch();
+    let exe = build_c(&d, "writable_beside");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("beside-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "rwx beside: mapped\n\
+         write-only beside: mapped\n\
+         past the end beside: mapped\n\
+         read-only exec beside: mapped\n\
+         its mprotect rwx: done\n\
+         MAP_FIXED over half of it: mapped\n\
+         file where both stored: viaexe\n\
+         served rw after it: mapped\n\
+         served read-only after it: mapped\n\
+         it reads kernel\n\
+         served rw once it is gone: mapped\n\
+         it reads kernel\n\
+         served read-only: mapped\n\
+         rwx beside it: mapped\n\
+         its mprotect rwx: done\n\
+         its raw mprotect rwx: done\n\
+         the served one's mprotect rw: done\n"
+    );
+    let pattern = format!("{}/beside.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("beside.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("beside.stats"),
+    );
+    assert_eq!(
+        ok(&o),
+        "rwx beside: No such device\n\
+         write-only beside: No such device\n\
+         past the end beside: No such device\n\
+         read-only exec beside: mapped\n\
+         its mprotect rwx: Permission denied\n\
+         MAP_FIXED over half of it: No such device\n\
+         file where both stored: aaaaaa\n\
+         served rw after it: No such device\n\
+         served read-only after it: No such device\n\
+         served rw once it is gone: mapped\n\
+         it reads kernel\n\
+         served read-only: mapped\n\
+         rwx beside it: No such device\n\
+         its mprotect rwx: Permission denied\n\
+         its raw mprotect rwx: done\n\
+         the served one's mprotect rw: Permission denied\n"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("refusing a second mapping") && err.contains("UFFD_PAGER_FILES"),
+        "{err}"
+    );
+    // The first writable one, the one after the kernel's, the read-only one.
+    assert_eq!(counter(&st, "preload_paged"), 3, "{st}");
+    assert_eq!(counter(&st, "preload_refused"), 10, "{st}");
+}
+
 /// A successful mmap the kernel makes after the shim's work leaves the
 /// program's errno as it was: a file mapped with `MAP_FIXED` over the
 /// program's own memory (the engine refused the range, the kernel mapped

@@ -88,6 +88,20 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
     let rlen = pages_len(len)?;
     let hits = overlapping(st, addr, addr.saturating_add(rlen));
     if hits.is_empty() {
+        if write && any_file() {
+            // A shared mapping of the kernel's made writable while the
+            // pager maps its file: the kernel's page cache and the
+            // pager's would be two copies of the file.
+            let range = addr..addr.saturating_add(rlen);
+            let paged = kernel_shared_maps().into_iter().find_map(|k| {
+                let over = k.range.start < range.end && range.start < k.range.end;
+                let e = st.maps.iter().find(|e| e.file == Some(k.file))?;
+                over.then(|| e.path.clone())
+            });
+            if let Some(path) = paged {
+                return refuse_writable(st, &path, "the pager maps the file");
+            }
+        }
         return None;
     }
     if write {
@@ -97,25 +111,24 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
                 crate::set_errno(libc::EACCES);
                 return Some(-1);
             }
-            let shared = e.file.is_some_and(|id| {
-                st.maps
-                    .iter()
-                    .enumerate()
-                    .any(|(j, o)| j != i && o.file == Some(id))
-            });
-            if !e.writable_shared && shared {
-                let msg = format!(
-                    "{}: refusing mprotect(PROT_WRITE): the file has another pager mapping, and \
-                     a file mapped writable and shared can have one only (the pager keeps a \
-                     cache per mapping); exclude it from UFFD_PAGER_FILES to let the kernel \
-                     map it",
-                    e.path
-                );
-                REFUSED.fetch_add(1, Relaxed);
-                st.say(msg);
-                crate::set_errno(libc::EACCES);
-                return Some(-1);
+            if e.writable_shared {
+                continue;
             }
+            let Some(id) = e.file else { continue };
+            let why = if st
+                .maps
+                .iter()
+                .enumerate()
+                .any(|(j, o)| j != i && o.file == Some(id))
+            {
+                "the file has another pager mapping"
+            } else if kernel_writes(id, None) {
+                "the kernel maps the file writable and shared"
+            } else {
+                continue;
+            };
+            let path = e.path.clone();
+            return refuse_writable(st, &path, why);
         }
     }
     let e = crate::errno();
@@ -171,6 +184,21 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
     }
     crate::set_errno(e);
     Some(0)
+}
+
+/// The refusal of `mprotect(PROT_WRITE)` that would give file `path` a
+/// writable shared mapping beside another (`why`): `EACCES`, the kernel's
+/// answer for a file it may not write through the mapping.
+fn refuse_writable(st: &mut State, path: &str, why: &str) -> Option<c_int> {
+    REFUSED.fetch_add(1, Relaxed);
+    st.say(format!(
+        "{path}: refusing mprotect(PROT_WRITE): {why}, and a file mapped writable and shared \
+         can have one mapping only where the pager maps it (the pager keeps a cache per \
+         mapping, the kernel another); exclude it from UFFD_PAGER_FILES to let the kernel \
+         map it"
+    ));
+    crate::set_errno(libc::EACCES);
+    Some(-1)
 }
 
 /// msync: every pager mapping in the range writes its dirty pages back,

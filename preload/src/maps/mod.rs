@@ -238,7 +238,156 @@ pub(crate) fn pages_len(len: usize) -> Option<usize> {
 
 /// mmap: `Some` if the shim answered (a pager mapping, or a refusal),
 /// `None` to pass the call to the kernel.
-pub fn mmap(
+///
+/// A writable shared mapping of a file the kernel would make (`PROT_EXEC`,
+/// `PROT_WRITE` without `PROT_READ`, past the end of the file, with
+/// `MAP_FIXED` over a pager mapping, a path `UFFD_PAGER_FILES` does not
+/// name) is refused (`ENODEV`) while the pager maps that file elsewhere:
+/// the kernel's page cache and the pager's would be two copies of the
+/// file, and the pager's write-back of a dirty page put its older bytes
+/// over what was stored through the kernel's mapping.
+pub fn mmap(call: MmapCall) -> Option<*mut c_void> {
+    let served = place(
+        call.addr, call.len, call.prot, call.flags, call.fd, call.off,
+    );
+    if served.is_some() || !any_file() || !call.kernel_maps_writable_shared() {
+        return served;
+    }
+    let rlen = pages_len(call.len)?;
+    let (_, id, _) = fd_file(call.fd)?;
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let over = call
+        .fixed()
+        .then(|| call.addr as usize..(call.addr as usize).saturating_add(rlen));
+    st.prune();
+    let cached = st
+        .maps
+        .iter()
+        .filter(|e| e.file == Some(id))
+        .find(|e| !covered(&e.region.mapped(), over.as_ref()))
+        .map(|e| e.path.clone());
+    match cached {
+        Some(name) => refuse_second(st, &name),
+        None => None,
+    }
+}
+
+/// The program's `mmap` call, as it made it.
+#[derive(Clone, Copy)]
+pub struct MmapCall {
+    pub addr: *mut c_void,
+    pub len: usize,
+    pub prot: c_int,
+    pub flags: c_int,
+    pub fd: c_int,
+    pub off: i64,
+}
+
+impl MmapCall {
+    fn fixed(&self) -> bool {
+        self.flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0
+    }
+
+    /// Whether the kernel would make this mapping, and it is writable,
+    /// shared and of a file: its own checks pass (a call it refuses keeps
+    /// its errno).
+    fn kernel_maps_writable_shared(&self) -> bool {
+        let (flags, fd, off) = (self.flags, self.fd, self.off);
+        self.prot & libc::PROT_WRITE != 0
+            && flags & libc::MAP_ANONYMOUS == 0
+            && flags & libc::MAP_TYPE != libc::MAP_PRIVATE
+            && flags & libc::MAP_HUGETLB == 0 // EINVAL for a file not on hugetlbfs
+            && fd >= 0
+            && self.len != 0
+            && off >= 0
+            && (off as usize).is_multiple_of(PAGE)
+            && (!self.fixed() || (self.addr as usize).is_multiple_of(PAGE))
+            && open_flags(fd) & (libc::O_ACCMODE | libc::O_PATH) == libc::O_RDWR
+            && !write_sealed(fd)
+    }
+}
+
+/// Whether all of `pieces` lie in `over` (a `MAP_FIXED` range that
+/// replaces them).
+fn covered(pieces: &[Range<usize>], over: Option<&Range<usize>>) -> bool {
+    over.is_some_and(|o| pieces.iter().all(|p| o.start <= p.start && p.end <= o.end))
+}
+
+/// The refusal of a second mapping of a file mapped writable and shared
+/// (`name`): `ENODEV`, and a message naming `UFFD_PAGER_FILES`.
+fn refuse_second(st: &mut State, name: &str) -> Option<*mut c_void> {
+    REFUSED.fetch_add(1, Relaxed);
+    st.say(format!(
+        "refusing a second mapping of {name}: a file mapped writable and shared can have \
+         one mapping only where the pager maps it (the pager keeps a cache per mapping, the \
+         kernel another); exclude it from UFFD_PAGER_FILES to let the kernel map it"
+    ));
+    crate::set_errno(libc::ENODEV);
+    Some(libc::MAP_FAILED)
+}
+
+/// The program's descriptor's flags (`F_GETFL`; -1 for a bad one).
+fn open_flags(fd: c_int) -> c_int {
+    // SAFETY: F_GETFL reads the program's descriptor's flags.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) }
+}
+
+/// Whether the file behind `fd` is sealed against writes (a memfd with
+/// `F_SEAL_WRITE` or `F_SEAL_FUTURE_WRITE`).
+fn write_sealed(fd: c_int) -> bool {
+    // SAFETY: F_GET_SEALS reads the file's seals (EINVAL: a file that
+    // takes none).
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    seals > 0 && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0
+}
+
+/// A writable shared mapping of file `id` the kernel holds in this process
+/// (one the shim passed on, or one made or made writable by a raw system
+/// call), outside `over`, by `/proc/self/maps`. The pager's own memory is
+/// anonymous or a memfd of its own, never the program's file.
+fn kernel_writes(id: (u64, u64), over: Option<&Range<usize>>) -> bool {
+    kernel_shared_maps()
+        .iter()
+        .any(|k| k.writable && k.file == id && !covered(std::slice::from_ref(&k.range), over))
+}
+
+/// A shared file mapping as `/proc/self/maps` lists it.
+struct KernelMap {
+    range: Range<usize>,
+    writable: bool,
+    /// `(st_dev, st_ino)`.
+    file: (u64, u64),
+}
+
+/// The shared file mappings of this process now.
+fn kernel_shared_maps() -> Vec<KernelMap> {
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let hex = |t: &str| usize::from_str_radix(t, 16).ok();
+    text.lines()
+        .filter_map(|l| {
+            // start-end perms offset major:minor inode [path]
+            let mut f = l.split_ascii_whitespace();
+            let (a, b) = f.next()?.split_once('-')?;
+            let perms = f.next()?.as_bytes();
+            let (maj, min) = f.nth(1)?.split_once(':')?;
+            let ino: u64 = f.next()?.parse().ok()?;
+            if perms.get(3) != Some(&b's') || ino == 0 {
+                return None;
+            }
+            let dev = libc::makedev(hex(maj)? as u32, hex(min)? as u32);
+            Some(KernelMap {
+                range: hex(a)?..hex(b)?,
+                writable: perms.get(1) == Some(&b'w'),
+                file: (dev, ino),
+            })
+        })
+        .collect()
+}
+
+/// [`mmap`]'s decision, before the refusal of a writable shared kernel
+/// mapping beside a pager mapping.
+fn place(
     addr: *mut c_void,
     len: usize,
     prot: c_int,
@@ -309,18 +458,14 @@ pub fn mmap(
         if !st.cfg.wants_path(&path) {
             return None;
         }
-        // SAFETY: F_GETFL reads the program's descriptor's flags.
-        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        let fl = open_flags(fd);
         if fl < 0 || fl & libc::O_PATH != 0 || fl & libc::O_ACCMODE == libc::O_WRONLY {
             // The kernel's EACCES (EBADF for O_PATH): a mapping must read
             // its file. Made here, its store could read nothing, and the
             // first touch was SIGBUS.
             return None;
         }
-        // SAFETY: F_GET_SEALS reads the file's seals (EINVAL: a file that
-        // takes none).
-        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-        let sealed = seals > 0 && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0;
+        let sealed = write_sealed(fd);
         if shared && write && sealed {
             // The kernel's EPERM: a memfd sealed against writes. (Its
             // store, an open file of its own, would take the writes until
@@ -382,15 +527,11 @@ pub fn mmap(
             .maps
             .iter()
             .any(|e| e.file == Some(id) && (e.writable_shared || (shared && write)));
-        if clash {
-            REFUSED.fetch_add(1, Relaxed);
-            st.say(format!(
-                "refusing a second mapping of {name}: a file mapped writable and shared can have \
-                 one pager mapping only (the pager keeps a cache per mapping); exclude it from \
-                 UFFD_PAGER_FILES to let the kernel map it"
-            ));
-            crate::set_errno(libc::ENODEV);
-            return Some(libc::MAP_FAILED);
+        // A writable shared mapping of the kernel's keeps the file in its
+        // page cache, which the pager's would not see (nor it the pager's).
+        let over = fixed.then(|| addr as usize..(addr as usize).saturating_add(rlen));
+        if clash || kernel_writes(id, over.as_ref()) {
+            return refuse_second(st, &name);
         }
         // A read-only shared mapping of a descriptor opened for writing may
         // be made writable later (the kernel allows `mprotect(PROT_WRITE)`
@@ -506,8 +647,7 @@ pub fn file_store(
 /// follow the `O_APPEND` the program may set on its descriptor at any time
 /// (the mapping is then the kernel's).
 fn own_file(fd: c_int, writable: bool) -> Result<std::fs::File, String> {
-    // SAFETY: F_GETFL reads the program's descriptor's flags.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    let fl = open_flags(fd);
     if fl < 0 {
         return Err(std::io::Error::last_os_error().to_string());
     }
