@@ -1003,6 +1003,50 @@ fn mremap_moves_a_mapping_into_a_reserved_range() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// `mremap(MREMAP_MAYMOVE | MREMAP_FIXED)` of a pager mapping onto
+/// another pager mapping: as the kernel's, the move replaces what is at
+/// the target, all of a mapping or a part, whose stores (in the part that
+/// goes, and in the part that stays) reach its file. The engine moves only
+/// into a free range, so the move failed with `EEXIST`, which mremap never
+/// gives. A growing move of a file mapping is the shim's `EINVAL` (see
+/// `mremap_refused.c`), and leaves the target as it was.
+#[test]
+fn mremap_onto_another_pager_mapping_replaces_it() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_over_mapping");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("over-mapping-plain-1.dat"))
+        .arg(d.join("over-mapping-plain-2.dat"))
+        .output()
+        .unwrap());
+    let same = "onto all of another mapping of the file: moved\n\
+                it reads a d\n\
+                onto half of a writable mapping: moved\n\
+                it reads P c, the other half a S\n\
+                file 1 page 0: P\n\
+                file 1 page 1: Q\n\
+                file 2 page 0: R\n\
+                file 2 page 1: S\n\
+                file 2 page 2: T\n";
+    assert_eq!(
+        plain,
+        format!("{same}growing onto another mapping: moved\nit reads P h\n")
+    );
+    let pattern = format!("{}/over-mapping-?.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe)
+            .arg(d.join("over-mapping-1.dat"))
+            .arg(d.join("over-mapping-2.dat")),
+        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
+        &d.join("over-mapping.stats"),
+    );
+    assert_eq!(
+        ok(&o),
+        format!("{same}growing onto another mapping: Invalid argument\nboth still read P i\n")
+    );
+    assert_eq!(counter(&st, "preload_paged"), 6, "{st}");
+}
+
 /// A `pwrite` to a file with a writable shared pager mapping writes back
 /// only the mapping's dirty pages that the write will change (against a
 /// write-back of an older copy landing between the write and its

@@ -23,6 +23,8 @@ pub fn mremap(
         crate::set_errno(e);
         Some(libc::MAP_FAILED)
     };
+    // (Pruned first: the indices below stay those of the table.)
+    st.prune();
     let Some(i) = whole(st, old, old_len) else {
         let touched = overlapping(st, old, old.saturating_add(old_len));
         if touched.iter().any(|&(i, _)| st.maps[i].writable_shared) {
@@ -52,11 +54,41 @@ pub fn mremap(
     // program's own memory there is replaced by the engine, once the
     // move's checks have passed (a refused move, a growth past the end of
     // the file, leaves it as it was: unmapped before the engine's call, it
-    // was gone then); pager memory there, or a target over the mapping
-    // itself, is the engine's answer.
+    // was gone then). Pager mappings there go first, written back (their
+    // pieces in the target replaced by the kernel, in one step, with
+    // reserved memory the engine's move replaces in turn; the engine
+    // follows through its events), once the engine's own check of the
+    // length has passed here.
+    let fixed_to = to.filter(|t| t.is_multiple_of(PAGE) && *t != 0);
+    if let Some(t) = fixed_to {
+        let target = t..t.saturating_add(new_len_r);
+        let over = overlapping(st, target.start, target.end);
+        if !over.is_empty() {
+            if new_len_r > st.maps[i].cap {
+                return fail(libc::EINVAL); // as the engine answers below
+            }
+            write_back_covered(st, &over, "an mremap onto it");
+            for p in over.iter().flat_map(|(_, pieces)| pieces) {
+                let (a, b) = (p.start.max(target.start), p.end.min(target.end));
+                if a < b {
+                    let flags = libc::MAP_PRIVATE
+                        | libc::MAP_ANONYMOUS
+                        | libc::MAP_FIXED
+                        | libc::MAP_NORESERVE;
+                    let none = libc::PROT_NONE;
+                    // SAFETY: replaces pager memory the program asked the
+                    // move to replace (MREMAP_FIXED).
+                    let r = unsafe { sys::mmap(a as *mut c_void, b - a, none, flags, -1, 0) };
+                    if r == libc::MAP_FAILED {
+                        return fail(crate::errno());
+                    }
+                }
+            }
+        }
+    }
     let e = &mut st.maps[i];
-    let r = match to {
-        Some(t) if t.is_multiple_of(PAGE) && t != 0 => {
+    let r = match fixed_to {
+        Some(t) => {
             // SAFETY: the program asked for this range to be replaced by
             // the move (MREMAP_FIXED).
             unsafe { e.region.remap_over(new_len_r, t) }

@@ -55,6 +55,9 @@ struct Entry {
     /// the kernel's syncs the file: also what `write(2)` put there, which
     /// no write-back of the mapping's own covers.
     shared_store: Option<Arc<dyn Store>>,
+    /// The length of its store (the mapping's at `mmap`): the engine moves
+    /// it to no greater length (`EINVAL`).
+    cap: usize,
     path: String,
 }
 
@@ -509,17 +512,7 @@ fn place(
             // first: the kernel's new mapping of the file reads the file,
             // and the write-back that follows the event came after that
             // read now and then (the old bytes showed).
-            for (i, _) in over {
-                if st.maps[i].writable_shared {
-                    if let Err(err) = st.maps[i].region.flush() {
-                        let msg = format!(
-                            "{}: write-back before a MAP_FIXED over it failed: {err}",
-                            st.maps[i].path
-                        );
-                        st.say(msg);
-                    }
-                }
-            }
+            write_back_covered(st, &over, "a MAP_FIXED over it");
             return None;
         }
         st.prune();
@@ -586,12 +579,29 @@ fn place(
             may_write,
             kernel_writable: false,
             shared_store,
+            cap: rlen,
             path,
         })),
         Err(e) => {
             PASSED.fetch_add(1, Relaxed);
             st.say(format!("{path}: left to the kernel: {e}"));
             None
+        }
+    }
+}
+
+/// Writes back the writable shared ones of the entries `over` (indices
+/// first) before `what` covers them; failures are said on stderr.
+fn write_back_covered(st: &mut State, over: &[(usize, Vec<Range<usize>>)], what: &str) {
+    for &(i, _) in over {
+        if st.maps[i].writable_shared {
+            if let Err(err) = st.maps[i].region.flush() {
+                let msg = format!(
+                    "{}: write-back before {what} failed: {err}",
+                    st.maps[i].path
+                );
+                st.say(msg);
+            }
         }
     }
 }
