@@ -6,39 +6,22 @@
  *
  * usage: append_mapped FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define LEN (4 * PAGE)
 
 static int check(const char *name, const char *path, int open_flags, int later) {
   static char buf[LEN];
   memset(buf, 'a', sizeof buf);
-  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | open_flags, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
-  char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
-  if (later && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0) {
-    perror("fcntl");
-    return 1;
-  }
+  int fd = create_with(path, open_flags, buf, sizeof buf);
+  char *p = map_or_exit(LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
+  if (later)
+    set_o_append(fd);
   memcpy(p + PAGE + 10, "stored", 6);
-  if (msync(p, LEN, MS_SYNC) != 0) {
-    perror("msync");
-    return 1;
-  }
+  msync_or_exit(p, LEN);
   memcpy(p + 2 * PAGE + 10, "again!", 6);
   if (munmap(p, LEN) != 0) {
     perror("munmap");
@@ -57,10 +40,7 @@ static int check(const char *name, const char *path, int open_flags, int later) 
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: append_mapped FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "append_mapped FILE");
   return check("opened O_APPEND", argv[1], O_APPEND, 0) ||
          check("O_APPEND set later", argv[1], 0, 1);
 }

@@ -4,32 +4,14 @@
  *
  * usage: append_pwrite FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "util.h"
 
-#define PAGE 4096
 #define OLD_LEN (2 * PAGE + 100)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: append_pwrite FILE\n");
-    return 2;
-  }
-  static char buf[OLD_LEN];
-  memset(buf, 'a', sizeof buf);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
-  const volatile char *p = mmap(NULL, 3 * PAGE, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  usage(argc, 1, "append_pwrite FILE");
+  int fd = create_filled(argv[1], 'a', OLD_LEN);
+  const volatile char *p = map_or_exit(3 * PAGE, PROT_READ, MAP_SHARED, fd, 0, "mmap");
   /* The last page is read (and cached) before the append. */
   char before = p[2 * PAGE + 50];
   int afd = open(argv[1], O_WRONLY | O_APPEND);

@@ -8,30 +8,19 @@
  *
  * usage: append_set_later FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define LEN (4 * PAGE)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: append_set_later FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "append_set_later FILE");
   static char a[LEN];
   memset(a, 'a', sizeof a);
   unlink(argv[1]);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, a, sizeof a) != (ssize_t)sizeof a) {
-    perror("create");
-    return 1;
-  }
+  int fd = create_with(argv[1], 0, a, sizeof a);
   if (geteuid() == 0) {
     close(fd);
     if (chown(argv[1], 65534, 65534) != 0 || setresgid(65534, 65534, 65534) != 0 ||
@@ -45,20 +34,10 @@ int main(int argc, char **argv) {
     perror("open, fchmod");
     return 1;
   }
-  char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
-  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0) {
-    perror("fcntl");
-    return 1;
-  }
+  char *p = map_or_exit(LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
+  set_o_append(fd);
   memcpy(p + PAGE + 10, "stored", 6);
-  if (msync(p, LEN, MS_SYNC) != 0) {
-    perror("msync");
-    return 1;
-  }
+  msync_or_exit(p, LEN);
   struct stat st;
   char at[7] = {0};
   if (syscall(SYS_fstat, fd, &st) != 0 || syscall(SYS_pread64, fd, at, 6, PAGE + 10) != 6) {

@@ -4,45 +4,19 @@
  *
  * usage: exec_after_stores FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "util.h"
 
-#define PAGE 4096
 #define LEN (4 * PAGE)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: exec_after_stores FILE\n");
-    return 2;
-  }
-  static char a[LEN];
-  memset(a, 'a', sizeof a);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, a, sizeof a) != (ssize_t)sizeof a) {
-    perror("create");
-    return 1;
-  }
-  char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  usage(argc, 1, "exec_after_stores FILE");
+  int fd = create_filled(argv[1], 'a', LEN);
+  char *p = map_or_exit(LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
   memcpy(p + 10, "stored", 6);
-  char *x = mmap(NULL, LEN, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
-  if (x == MAP_FAILED) {
-    perror("mmap PROT_EXEC private");
-    return 1;
-  }
+  char *x = map_or_exit(LEN, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0, "mmap PROT_EXEC private");
   printf("PROT_EXEC private: %.6s\n", x + 10);
   memcpy(p + PAGE + 10, "again!", 6);
-  char *w = mmap(NULL, LEN, PROT_READ | PROT_EXEC, MAP_SHARED, fd, 0);
-  if (w == MAP_FAILED) {
-    perror("mmap PROT_EXEC shared");
-    return 1;
-  }
+  char *w = map_or_exit(LEN, PROT_READ | PROT_EXEC, MAP_SHARED, fd, 0, "mmap PROT_EXEC shared");
   printf("PROT_EXEC shared: %.6s\n", w + PAGE + 10);
   munmap(x, LEN);
   munmap(w, LEN);

@@ -5,18 +5,11 @@
  * usage: file_windows FILE GIB WINDOWS */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
+
+#include "util.h"
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: file_windows FILE GIB WINDOWS\n");
-    return 2;
-  }
+  usage(argc, 3, "file_windows FILE GIB WINDOWS");
   long long size = atoll(argv[2]) << 30;
   int n = atoi(argv[3]);
   int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);

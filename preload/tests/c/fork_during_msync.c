@@ -5,18 +5,14 @@
  *
  * usage: fork_during_msync DATA_FILE OUT_FILE CHILDREN */
 #define _GNU_SOURCE
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
+
+#include "util.h"
 
 static char *map;
 static size_t len;
@@ -61,11 +57,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     len = (size_t)st.st_size;
-    map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
+    map = map_or_exit(len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
     pthread_t t;
     pthread_create(&t, NULL, dirty_and_sync, NULL);
     int children = atoi(argv[3]), hung = 0;

@@ -5,32 +5,16 @@
  *
  * usage: fsync_mapped FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: fsync_mapped FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "fsync_mapped FILE");
   static char buf[4 * PAGE];
   memset(buf, 'a', sizeof buf);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
-  char *p = mmap(NULL, sizeof buf, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  int fd = create_with(argv[1], 0, buf, sizeof buf);
+  char *p = map_or_exit(sizeof buf, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
   memcpy(p + PAGE + 10, "synced", 6);
   if (fsync(fd) != 0) {
     perror("fsync");

@@ -6,31 +6,17 @@
  *
  * usage: grown_then_stored FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <unistd.h>
+
+#include "util.h"
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: grown_then_stored FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "grown_then_stored FILE");
   char a[100];
   memset(a, 'a', sizeof a);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, a, sizeof a) != (ssize_t)sizeof a) {
-    perror("create");
-    return 1;
-  }
-  char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  int fd = create_with(argv[1], 0, a, sizeof a);
+  char *p = map_or_exit(4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
   p[10] = 'b';
   if (pwrite(fd, "z", 1, 4095) != 1) { /* the file is a page long now */
     perror("pwrite");

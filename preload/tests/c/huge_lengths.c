@@ -6,12 +6,9 @@
  * usage: huge_lengths FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
+
+#include "util.h"
 
 #define LEN (4 * 4096)
 
@@ -21,19 +18,9 @@ static void say(const char *call, long rc) {
 
 int main(int argc, char **argv) {
   if (argc != 2) return 2;
-  static char buf[LEN];
-  memset(buf, 'h', sizeof buf);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
+  int fd = create_filled(argv[1], 'h', LEN);
   errno = 1234;
-  char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  char *p = map_or_exit(LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
   printf("mmap errno after success %d\n", errno);
   errno = 0;
   void *q = mmap(NULL, SIZE_MAX, PROT_READ, MAP_SHARED, fd, 0);

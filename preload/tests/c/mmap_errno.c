@@ -7,41 +7,20 @@
  * usage: mmap_errno FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define LEN (4 * PAGE)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: mmap_errno FILE\n");
-    return 2;
-  }
-  static char a[LEN];
-  memset(a, 'a', sizeof a);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, a, sizeof a) != (ssize_t)sizeof a) {
-    perror("create");
-    return 1;
-  }
-  char *own = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (own == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  usage(argc, 1, "mmap_errno FILE");
+  int fd = create_filled(argv[1], 'a', LEN);
+  char *own = map_or_exit(LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0, "mmap");
   errno = 1234;
   char *p = mmap(own, LEN, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
   printf("MAP_FIXED over own memory: %s, errno %d\n", p == own ? "mapped" : "failed", errno);
   munmap(p, LEN);
-  p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  p = map_or_exit(LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
   p[0] = 's';
   errno = 1234;
   char *x = mmap(NULL, LEN, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);

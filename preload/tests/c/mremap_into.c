@@ -6,30 +6,19 @@
  * usage: mremap_into FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define PAGES 8
 #define LEN (PAGES * PAGE)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: mremap_into FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "mremap_into FILE");
   static char buf[LEN];
   for (int i = 0; i < LEN; i++)
     buf[i] = 'a' + i / PAGE;
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
+  int fd = create_with(argv[1], 0, buf, sizeof buf);
   char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   char *res = mmap(NULL, 3 * LEN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED || res == MAP_FAILED) {

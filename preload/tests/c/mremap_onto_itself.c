@@ -5,32 +5,15 @@
  * usage: mremap_onto_itself FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define LEN (4 * PAGE)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: mremap_onto_itself FILE\n");
-    return 2;
-  }
-  static char a[LEN];
-  memset(a, 'a', sizeof a);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, a, sizeof a) != (ssize_t)sizeof a) {
-    perror("create");
-    return 1;
-  }
-  char *p = mmap(NULL, LEN, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  usage(argc, 1, "mremap_onto_itself FILE");
+  int fd = create_filled(argv[1], 'a', LEN);
+  char *p = map_or_exit(LEN, PROT_READ, MAP_SHARED, fd, 0, "mmap");
   char *q = mremap(p, LEN, LEN, MREMAP_MAYMOVE | MREMAP_FIXED, p + 2 * PAGE);
   printf("two pages on: %s\n", q == MAP_FAILED ? strerror(errno) : "moved");
   q = mremap(p, LEN, 2 * PAGE, MREMAP_MAYMOVE | MREMAP_FIXED, p);

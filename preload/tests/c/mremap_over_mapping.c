@@ -11,7 +11,6 @@
 
 #include "util.h"
 
-#define PAGE 4096
 #define PAGES 16
 #define LEN (4 * PAGE)
 #define RW (PROT_READ | PROT_WRITE)

@@ -7,15 +7,10 @@
  * usage: mremap_refused FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
 
 static sigjmp_buf jb;
 static void segv(int s) {
@@ -24,17 +19,8 @@ static void segv(int s) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: mremap_refused FILE\n");
-    return 2;
-  }
-  static char buf[2 * PAGE];
-  memset(buf, 'f', sizeof buf);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
+  usage(argc, 1, "mremap_refused FILE");
+  int fd = create_filled(argv[1], 'f', 2 * PAGE);
   char *p = mmap(NULL, 2 * PAGE, PROT_READ, MAP_SHARED, fd, 0);
   char *r = mmap(NULL, 8 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED || r == MAP_FAILED) {

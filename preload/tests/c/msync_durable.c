@@ -6,16 +6,11 @@
  *
  * usage: msync_durable FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define N 16
 
 struct cs_range {
@@ -43,11 +38,7 @@ static int run(const char *path, int stores) {
     perror("create");
     return 1;
   }
-  char *p = mmap(NULL, N * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  char *p = map_or_exit(N * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
   for (int i = 0; i < N; i++) {
     if (stores)
       p[i * PAGE] = 's';
@@ -65,9 +56,6 @@ static int run(const char *path, int stores) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: msync_durable FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "msync_durable FILE");
   return run(argv[1], 1) || run(argv[1], 0);
 }

@@ -6,26 +6,14 @@
  * usage: read_only_shared_write FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: read_only_shared_write FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "read_only_shared_write FILE");
   char buf[2 * PAGE];
   memset(buf, '.', sizeof buf);
-  int w = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (w < 0 || write(w, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
+  int w = create_with(argv[1], 0, buf, sizeof buf);
   close(w);
   int fd = open(argv[1], O_RDONLY);
   if (fd < 0) {

@@ -6,13 +6,9 @@
  * usage: sealed_memfd */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define LEN (4 * PAGE)
 
 int main(void) {
@@ -28,11 +24,7 @@ int main(void) {
   printf("writable shared: %s\n", p == MAP_FAILED ? strerror(errno) : "mapped");
   if (p != MAP_FAILED)
     munmap(p, LEN);
-  char *r = mmap(NULL, LEN, PROT_READ, MAP_SHARED, fd, 0);
-  if (r == MAP_FAILED) {
-    perror("read-only shared");
-    return 1;
-  }
+  char *r = map_or_exit(LEN, PROT_READ, MAP_SHARED, fd, 0, "read-only shared");
   printf("read-only shared: reads %c\n", r[0]);
   int rc = mprotect(r, LEN, PROT_READ | PROT_WRITE);
   printf("mprotect(PROT_WRITE): %s\n", rc ? strerror(errno) : "done");

@@ -6,13 +6,9 @@
  * usage: shim_calls FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define LEN (4 * PAGE)
 
 static void say(const char *call, long rc) {
@@ -20,17 +16,8 @@ static void say(const char *call, long rc) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: shim_calls FILE\n");
-    return 2;
-  }
-  static char buf[LEN];
-  memset(buf, 'a', sizeof buf);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
+  usage(argc, 1, "shim_calls FILE");
+  int fd = create_filled(argv[1], 'a', LEN);
   char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   say("mmap", p == MAP_FAILED ? -1 : 0);
   if (p != MAP_FAILED) {

@@ -12,6 +12,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#define PAGE 4096
+
 /* Exits 2 with `usage: TEXT` unless the program got `args` arguments. */
 static inline void usage(int argc, int args, const char *text) {
   if (argc != args + 1) {
@@ -54,6 +56,31 @@ static inline char *map_or_exit(size_t len, int prot, int flags, int fd, off_t o
     exit(1);
   }
   return p;
+}
+
+/* A writable shared mapping of the first `len` bytes of `fd` (two pages
+ * at least), with "stored" stored at 10 and "again!" at PAGE + 10. */
+static inline char *map_and_store(int fd, size_t len) {
+  char *p = map_or_exit(len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
+  memcpy(p + 10, "stored", 6);
+  memcpy(p + PAGE + 10, "again!", 6);
+  return p;
+}
+
+/* O_APPEND set on `fd` (fcntl); exits 1 on failure. */
+static inline void set_o_append(int fd) {
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0) {
+    perror("fcntl");
+    exit(1);
+  }
+}
+
+/* msync(p, len, MS_SYNC); exits 1 on failure. */
+static inline void msync_or_exit(char *p, size_t len) {
+  if (msync(p, len, MS_SYNC) != 0) {
+    perror("msync");
+    exit(1);
+  }
 }
 
 #endif

@@ -6,32 +6,16 @@
  *
  * usage: vectored_v2 FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/uio.h>
-#include <unistd.h>
+
+#include "util.h"
+
+#define LEN (2 * PAGE)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: vectored_v2 FILE\n");
-    return 2;
-  }
-  static char a[8192];
-  memset(a, 'a', sizeof a);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, a, sizeof a) != (ssize_t)sizeof a) {
-    perror("create");
-    return 1;
-  }
-  char *p = mmap(NULL, sizeof a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
-  memcpy(p + 10, "stored", 6);
-  memcpy(p + 4096 + 10, "again!", 6);
+  usage(argc, 1, "vectored_v2 FILE");
+  int fd = create_filled(argv[1], 'a', LEN);
+  char *p = map_and_store(fd, LEN);
   char b1[7] = {0}, b2[7] = {0};
   struct iovec v1 = {b1, 6}, v2 = {b2, 6};
   if (preadv2(fd, &v1, 1, 10, 0) != 6 || lseek(fd, 4096 + 10, SEEK_SET) < 0 ||
@@ -49,7 +33,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("mapping after pwritev2: %.6s\n", p + 200);
-  if (munmap(p, sizeof a) != 0) {
+  if (munmap(p, LEN) != 0) {
     perror("munmap");
     return 1;
   }

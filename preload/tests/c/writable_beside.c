@@ -13,7 +13,6 @@
 
 #include "util.h"
 
-#define PAGE 4096
 #define LEN (4 * PAGE)
 #define RW (PROT_READ | PROT_WRITE)
 

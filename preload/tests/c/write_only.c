@@ -5,27 +5,15 @@
  * usage: write_only FILE */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
+
+#include "util.h"
 
 #define LEN (4 * 4096)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: write_only FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "write_only FILE");
   setvbuf(stdout, NULL, _IONBF, 0);
-  static char buf[LEN];
-  memset(buf, 'w', sizeof buf);
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
+  int fd = create_filled(argv[1], 'w', LEN);
   close(fd);
   int wo = open(argv[1], O_WRONLY);
   const char *kinds[] = {"read-only shared", "writable shared", "read-only private"};
@@ -41,11 +29,7 @@ int main(int argc, char **argv) {
     }
   }
   int rw = open(argv[1], O_RDWR);
-  volatile char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap O_RDWR");
-    return 1;
-  }
+  volatile char *p = map_or_exit(LEN, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0, "mmap O_RDWR");
   printf("O_RDWR: reads %c\n", p[4096]);
   return 0;
 }

@@ -5,33 +5,18 @@
  *
  * usage: write_while_dirty FILE */
 #define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 
-#define PAGE 4096
+#include "util.h"
+
 #define PAGES 16
 #define ROUNDS 20
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: write_while_dirty FILE\n");
-    return 2;
-  }
+  usage(argc, 1, "write_while_dirty FILE");
   static char buf[PAGES * PAGE];
-  int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
-    perror("create");
-    return 1;
-  }
-  char *p = mmap(NULL, sizeof buf, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    return 1;
-  }
+  int fd = create_with(argv[1], 0, buf, sizeof buf);
+  char *p = map_or_exit(sizeof buf, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0, "mmap");
   for (int r = 0; r < ROUNDS; r++) {
     memset(p, 'a' + r, sizeof buf);
     char note[8];
