@@ -520,11 +520,20 @@ fn place(
             .maps
             .iter()
             .any(|e| e.file == Some(id) && (e.writable_shared || (shared && write)));
-        // A writable shared mapping of the kernel's keeps the file in its
-        // page cache, which the pager's would not see (nor it the pager's).
-        let over = fixed.then(|| addr as usize..(addr as usize).saturating_add(rlen));
-        if clash || kernel_writes(id, over.as_ref()) {
+        if clash {
             return refuse_second(st, &name);
+        }
+        // A writable shared mapping of the kernel's keeps the file in its
+        // page cache, which the pager's would not see (nor it the pager's):
+        // with no pager mapping of the file, the kernel's cache is its
+        // only one, and the new mapping is the kernel's too.
+        let over = fixed.then(|| addr as usize..(addr as usize).saturating_add(rlen));
+        if kernel_writes(id, over.as_ref()) {
+            st.say(format!(
+                "{name}: the kernel maps it writable and shared already: this mapping is left \
+                 to the kernel too"
+            ));
+            return None;
         }
         // A read-only shared mapping of a descriptor opened for writing may
         // be made writable later (the kernel allows `mprotect(PROT_WRITE)`
