@@ -304,10 +304,13 @@ impl Store for FileStore {
             }
         }
         // Bytes the file gained since the open, now in the caller's page:
-        // its write-back may write them (see `write`).
-        let end = offset + done as u64;
-        if end > self.file_len {
-            self.read_len.fetch_max(end, Relaxed);
+        // its write-back may write them (see `write`). The last read of the
+        // last page decides, not the furthest any read ever saw: after a
+        // truncation the page is read again with zeros past the new end,
+        // and bytes appended after that read are another writer's.
+        if offset + buf.len() as u64 > self.file_len {
+            let end = offset + done as u64;
+            self.read_len.store(end.max(self.file_len), Relaxed);
         }
         buf[done..].fill(0);
         Ok(())
