@@ -460,7 +460,11 @@ impl Store for FileStore {
         fd: RawFd,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
-        if let Some(src) = self.page_in_memory(offset) {
+        // The last page through `read`, which records how much of it the
+        // file had (`read_len`): the view shows what the file gained since
+        // the open, and its write-back must write it.
+        let past_open_end = offset.saturating_add(len as u64) > self.file_len;
+        if let Some(src) = self.page_in_memory(offset).filter(|_| !past_open_end) {
             let end = usize::try_from(offset)
                 .ok()
                 .and_then(|o| o.checked_add(len));
