@@ -351,3 +351,59 @@ fn pages_used_again_outlive_pages_used_once() {
     );
     assert_eq!(b.reads() - b_reads, N as u64, "b's pages were not evicted");
 }
+
+/// The page a fault read for itself must not go before the neighbours
+/// fault-around mapped with it, which nobody touched: fault-around marks
+/// those referenced (`fault/around.rs`), and since ded3ba4 the faulting
+/// page itself is not, so reclaim took the one page the application used
+/// and kept the fifteen it never did.
+#[test]
+fn the_faulting_page_outlives_the_neighbours_mapped_around_it() {
+    const N: usize = 16;
+    let want = pattern_vec(23, N * PAGE);
+    let store = counted(&want);
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(4096)
+        .kswapd(false)
+        .readahead(0, 1)
+        .fault_around(N)
+        .keep_unmapped(4)
+        .build()
+        .unwrap();
+    // Pages 1..N cached (kept after the first region went), page 0 not.
+    {
+        // SAFETY: the store is changed only through the pager.
+        let r = unsafe {
+            p.map_store(
+                store.clone() as Arc<dyn Store>,
+                want.len(),
+                &MapOptions::default(),
+            )
+        }
+        .unwrap();
+        assert_bytes(&r.as_slice()[PAGE..], &want[PAGE..], "pages 1..");
+    }
+    let before = store.reads();
+    // SAFETY: as above.
+    let r = unsafe {
+        p.map_store(
+            store.clone() as Arc<dyn Store>,
+            want.len(),
+            &MapOptions::default(),
+        )
+    }
+    .unwrap();
+    // One fault: page 0 read, its cached neighbours mapped around it.
+    assert_eq!(r.as_slice()[0], want[0]);
+    assert_eq!(store.reads(), before + 1, "only page 0 was read");
+    assert_eq!(p.reclaim_pages(1), 1);
+    let reads = store.reads();
+    assert_bytes(&r.as_slice()[..PAGE], &want[..PAGE], "page 0 again");
+    assert_eq!(
+        store.reads(),
+        reads,
+        "the page the application read was evicted before the {} neighbours it never touched",
+        N - 1
+    );
+}

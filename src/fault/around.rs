@@ -6,7 +6,7 @@
 
 use crate::address_space::Mm;
 use crate::object::Object;
-use crate::page_cache::{LOCKED, MAPPED, PINNED, POISONED, READAHEAD, REFERENCED, UPTODATE};
+use crate::page_cache::{LOCKED, MAPPED, PINNED, POISONED, READAHEAD, UPTODATE};
 use crate::stats::Counter::*;
 use crate::sys::uffd::{MODE_DONTWAKE, MODE_WP};
 use crate::sys::PAGE_SIZE;
@@ -20,7 +20,13 @@ use std::sync::atomic::Ordering::Relaxed;
 /// sits in, so a sequential reader's fault costs one `UFFDIO_CONTINUE`.
 /// Returns whether page `i` was mapped; the caller still unlocks it (and
 /// installs it alone if not). Every other page is unlocked here.
-pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize) -> bool {
+///
+/// `referenced` is what page `i` gets (`REFERENCED` for a page the fault
+/// found cached, 0 for one it read or zero-filled itself, see
+/// `finish_install`): the neighbours get the same, never more. Nobody
+/// touched them; marked referenced while page `i` was not, they outlived
+/// the one page the application used.
+pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize, referenced: u32) -> bool {
     let obj = &vma.object;
     let pages = vma.pages();
     let (first, last) = cluster(obj, i, mm.config.fault_around_pages.max(1), &pages);
@@ -69,7 +75,7 @@ pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize) -> bool {
                     if obj.cache.load(p) & READAHEAD != 0 {
                         mm.counters.inc(RA_USED);
                     }
-                    obj.cache.unlock(p, MAPPED | REFERENCED | pinned, READAHEAD);
+                    obj.cache.unlock(p, MAPPED | referenced | pinned, READAHEAD);
                 } else {
                     obj.cache.unlock(p, 0, 0);
                 }

@@ -328,6 +328,16 @@ fn loaded_bits(r: LoadResult) -> u32 {
 /// just became resident (it joins the LRU).
 fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bool) -> Outcome {
     let obj: &Object = &vma.object;
+    // Second chance: a page this fault found cached (read ahead, kept from
+    // an earlier mapping, filled by a racing fault) is a page used again,
+    // as the kernel's `mark_page_accessed` marks a page-cache hit; one read
+    // or zero-filled for this fault enters the LRU unreferenced, and so do
+    // the neighbours fault-around maps with it. (The kernel's fault also
+    // leaves its PTE young, so reclaim keeps every new page one more round
+    // and sees at the next look whether it was touched since; the engine
+    // cannot see that look, so the round would delay every eviction alike
+    // and cost an LRU rotation each.)
+    let referenced = if fresh || f.major { 0 } else { REFERENCED };
     // A read fault on a shared object maps the page with its cached
     // neighbours (fault-around); alone if that did not map it. A 2 MiB
     // page is its own cluster.
@@ -340,7 +350,7 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
     // again, maps it (`MapOptions::kernel_maps`).
     let installed = if obj.kernel_maps {
         Ok(false)
-    } else if around && super::around::map_pages(mm, vma, i) {
+    } else if around && super::around::map_pages(mm, vma, i, referenced) {
         mm.counters.inc(PGINSTALL);
         Ok(false)
     } else {
@@ -385,16 +395,6 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             if clean != 0 && moved == 0 && !zero && obj.free_data(i, 1).is_ok() {
                 moved = MOVED;
             }
-            // Second chance: a page this fault found cached (read ahead,
-            // kept from an earlier mapping, filled by a racing fault) is
-            // a page used again, as the kernel's `mark_page_accessed`
-            // marks a page-cache hit; one read or zero-filled for this
-            // fault enters the LRU unreferenced. (The kernel's fault also
-            // leaves its PTE young, so reclaim keeps every new page one
-            // more round and sees at the next look whether it was touched
-            // since; the engine cannot see that look, so the round would
-            // delay every eviction alike and cost an LRU rotation each.)
-            let referenced = if fresh || f.major { 0 } else { REFERENCED };
             obj.cache.unlock(
                 i,
                 UPTODATE | MAPPED | referenced | dirty | pinned | moved | clean,
