@@ -119,6 +119,22 @@ impl Ring {
         self.len += 1;
         true
     }
+    /// Keeps the entries `keep` says are live, in their order.
+    fn retain(&mut self, mut keep: impl FnMut(Entry) -> bool) {
+        let mut k = 0;
+        for i in 0..self.len {
+            // SAFETY: as in `push`; `k <= i`, so no entry is overwritten
+            // before it is read.
+            unsafe {
+                let e = *self.at(self.head + i);
+                if keep(e) {
+                    *self.at(self.head + k) = e;
+                    k += 1;
+                }
+            }
+        }
+        self.len = k;
+    }
     /// Puts `e` back at the head, where [`Ring::pop`] took it from.
     fn push_front(&mut self, e: Entry) -> bool {
         if self.len == self.cap {
@@ -155,13 +171,34 @@ impl Shard {
     ///
     /// # Safety
     /// The caller holds `lock`.
-    unsafe fn push_locked(&self, e: Entry) -> bool {
+    unsafe fn push_locked(&self, e: Entry, objects: &ObjectTable) -> bool {
         // SAFETY: the lock (the caller's contract) makes this the only view.
         let ring = unsafe { &mut *self.ring.get() };
-        let pushed = ring.push(e);
+        let pushed = ring.push(e) || {
+            compact(ring, objects);
+            ring.push(e)
+        };
         self.filled.store(ring.len, Relaxed);
         pushed
     }
+}
+
+/// Drops a full ring's stale entries: those of objects gone from the
+/// table (unmapped) and of pages no longer on the LRU (evicted, dropped),
+/// or waiting in an add batch (re-added after an eviction: the batch holds
+/// their entry). Stale entries are otherwise dropped only when reclaim
+/// reaches them, and reclaim runs only past the high watermark: a program
+/// that maps, touches and unmaps regions under its budget filled the ring
+/// with them, and pages added then overflowed and were never reclaimable
+/// (`tests/lru_ring_full.rs`). Called under the shard lock, only when the
+/// ring is full: one pass over it, a pin per entry.
+fn compact(ring: &mut Ring, objects: &ObjectTable) {
+    ring.retain(|e| {
+        let (slot, page) = unpack(e);
+        objects.pin(slot).is_some_and(|o| {
+            page < o.npages() && o.cache.load(page) & (ON_LRU | LRU_BATCHED) == ON_LRU
+        })
+    });
 }
 
 struct CpuBatch {
@@ -335,7 +372,7 @@ impl Lru {
                 }
                 obj.cache.update(page, 0, LRU_BATCHED);
                 // SAFETY: we hold shard `s`'s lock.
-                if !unsafe { self.shards[s].push_locked(e) } {
+                if !unsafe { self.shards[s].push_locked(e, objects) } {
                     self.overflow.fetch_add(1, Relaxed);
                     obj.cache.update(page, 0, ON_LRU);
                 }
@@ -378,7 +415,7 @@ impl Lru {
     /// not look at back at the head of their shard, in their order: they
     /// keep their place (a rotation would give them a new one at the
     /// tail). All from one shard, as `isolate` returns them.
-    pub fn unisolate(&self, es: &[Entry], c: &Counters) {
+    pub fn unisolate(&self, es: &[Entry], objects: &ObjectTable, c: &Counters) {
         let Some(&first) = es.first() else {
             return;
         };
@@ -387,7 +424,11 @@ impl Lru {
         // SAFETY: we hold the shard lock.
         let ring = unsafe { &mut *self.shards[s].ring.get() };
         for &e in es.iter().rev() {
-            if !ring.push_front(e) {
+            let pushed = ring.push_front(e) || {
+                compact(ring, objects);
+                ring.push_front(e)
+            };
+            if !pushed {
                 self.overflow.fetch_add(1, Relaxed);
             }
         }
@@ -395,7 +436,7 @@ impl Lru {
     }
 
     /// Puts rotated entries back at the tails of their shards.
-    pub fn putback(&self, es: &[Entry], c: &Counters) {
+    pub fn putback(&self, es: &[Entry], objects: &ObjectTable, c: &Counters) {
         for s in 0..self.shards.len() {
             let mut g = None;
             for &e in es {
@@ -406,7 +447,7 @@ impl Lru {
                     g = Some(self.lock_shard(s, c));
                 }
                 // SAFETY: we hold the shard lock.
-                if !unsafe { self.shards[s].push_locked(e) } {
+                if !unsafe { self.shards[s].push_locked(e, objects) } {
                     self.overflow.fetch_add(1, Relaxed);
                 }
             }
@@ -424,6 +465,36 @@ impl Lru {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_push_front_and_retain_keep_order_across_the_wrap() {
+        let mut r = Ring {
+            buf: Mapping::anonymous(4096).unwrap(),
+            cap: 4,
+            head: 0,
+            len: 0,
+        };
+        // Head at 3: the ring wraps after one entry.
+        for e in 0..3 {
+            assert!(r.push(e));
+            assert_eq!(r.pop(), Some(e));
+        }
+        for e in [10, 11, 12, 13] {
+            assert!(r.push(e));
+        }
+        assert!(!r.push(14), "full");
+        assert_eq!(r.pop(), Some(10));
+        assert_eq!(r.pop(), Some(11));
+        // Back at the head, in their order.
+        assert!(r.push_front(11));
+        assert!(r.push_front(10));
+        assert!(!r.push_front(9), "full");
+        r.retain(|e| e != 11);
+        assert_eq!(r.len, 3);
+        assert!(r.push(14));
+        let got: Vec<Entry> = std::iter::from_fn(|| r.pop()).collect();
+        assert_eq!(got, [10, 12, 13, 14]);
+    }
 
     #[test]
     fn entries_keep_page_indices_past_32_bits() {

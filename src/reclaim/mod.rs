@@ -409,7 +409,7 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
             // to free a sixteenth of it, to half of it, and a 2 MiB
             // pager's to 32 pages where one would do.
             if freed + batch.len() as u64 >= nr {
-                mm.lru.unisolate(&buf[k..n], c);
+                mm.lru.unisolate(&buf[k..n], &mm.objects, c);
                 break;
             }
             scanned += 1;
@@ -450,7 +450,7 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
                 Evict::Drop => {}
             }
         }
-        mm.lru.putback(&back[..nb], c);
+        mm.lru.putback(&back[..nb], &mm.objects, c);
     }
     freed + batch.flush(mm)
 }

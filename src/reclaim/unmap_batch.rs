@@ -166,7 +166,8 @@ impl<'a> UnmapBatch<'a> {
         // One update of the shared resident count for the batch, not one
         // per page: its cache line is written by every faulting CPU.
         mm.uncharge(freed);
-        mm.lru.putback(&self.entries[..back], &mm.counters);
+        mm.lru
+            .putback(&self.entries[..back], &mm.objects, &mm.counters);
         self.n = 0;
         self.nz = 0;
         self.shared = 0;
