@@ -8,13 +8,16 @@ use std::ffi::{c_int, c_void};
 
 /// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,
 /// refreshes the pages it touched. `at` is the write's file offset, or
-/// None for the descriptor's position; `len` the most bytes it can write,
+/// None for the descriptor's position (either replaced by the end of the
+/// file on an `O_APPEND` descriptor, where `append`); `len` the most bytes
+/// it can write,
 /// or None where finding out would read the program's memory (a vectored
 /// write's `iovec`s, which may not be readable: the kernel answers that
 /// with `EFAULT`, the shim would crash).
 fn coherent_write(
     fd: c_int,
     at: Option<i64>,
+    append: bool,
     len: Option<usize>,
     f: impl FnOnce() -> isize,
 ) -> isize {
@@ -24,7 +27,9 @@ fn coherent_write(
     // A failure to find out whether the write lands in a mapped file fails
     // the write before it is made: made, it could leave a mapping showing
     // older bytes.
-    let Ok(target) = in_shim_or("write", Err(()), libc::EIO, || Ok(maps::file_of(fd, at))) else {
+    let Ok(target) = in_shim_or("write", Err(()), libc::EIO, || {
+        Ok(maps::file_of(fd, at, append))
+    }) else {
         return -1;
     };
     // A writable shared mapping of the file writes its dirty pages back
@@ -59,7 +64,7 @@ fn coherent_write(
 /// As write(2).
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
-    coherent_write(fd, None, Some(n), || {
+    coherent_write(fd, None, true, Some(n), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize }
     })
@@ -76,7 +81,7 @@ pub unsafe extern "C" fn pwrite(
     n: usize,
     off: libc::off_t,
 ) -> isize {
-    coherent_write(fd, Some(off), Some(n), || {
+    coherent_write(fd, Some(off), true, Some(n), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe {
             sys::call(
@@ -113,7 +118,7 @@ pub unsafe extern "C" fn pwrite64(
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_write(fd, None, None, || unsafe {
+    coherent_write(fd, None, true, None, || unsafe {
         sys::iov(libc::SYS_writev, fd, iov, cnt, 0)
     })
 }
@@ -129,7 +134,7 @@ pub unsafe extern "C" fn pwritev(
     cnt: c_int,
     off: libc::off_t,
 ) -> isize {
-    coherent_write(fd, Some(off), None, || {
+    coherent_write(fd, Some(off), true, None, || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::iov(libc::SYS_pwritev, fd, iov, cnt, off) }
     })
@@ -152,7 +157,8 @@ pub unsafe extern "C" fn pwritev64(
 
 /// Where a `pwritev2` with `off` and `flags` writes: at the end of the
 /// file with `RWF_APPEND` (its length now), at the descriptor's position
-/// for an `off` of -1 (None), at `off` otherwise.
+/// for an `off` of -1 (None), at `off` otherwise; with `RWF_NOAPPEND` even
+/// on a descriptor opened `O_APPEND` (see `pwritev2`).
 fn v2_target(fd: c_int, off: libc::off_t, flags: c_int) -> Option<i64> {
     if flags & libc::RWF_APPEND != 0 {
         // SAFETY: a zeroed stat is a valid out-parameter; fstat writes
@@ -181,7 +187,11 @@ pub unsafe extern "C" fn pwritev2(
     } else {
         None
     };
-    coherent_write(fd, at, None, || {
+    // `RWF_NOAPPEND` writes at `off` (or the position) on an `O_APPEND`
+    // descriptor too: taken for a write at the end of the file, it left a
+    // dirty page there to undo it and the mapping showing older bytes.
+    let append = flags & libc::RWF_NOAPPEND == 0;
+    coherent_write(fd, at, append, None, || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::iov2(libc::SYS_pwritev2, fd, iov, cnt, off, flags) }
     })

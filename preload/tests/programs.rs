@@ -571,6 +571,41 @@ fn preadv2_and_pwritev2_are_coherent_with_the_mapping() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A `pwritev2` with `RWF_NOAPPEND` on a descriptor opened `O_APPEND`
+/// writes at its offset (or the descriptor's position), and the file's
+/// writable shared pager mapping shows it and keeps it. The shim took it
+/// for a write at the end of the file, as every other write there: the
+/// mapping showed the older bytes, and its write-back of the pages it had
+/// dirtied undid the write in the file.
+#[test]
+fn pwritev2_with_rwf_noappend_on_an_append_descriptor_is_coherent() {
+    let d = scratch();
+    let exe = build_c(&d, "noappend_v2");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("noappend-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "RWF_NOAPPEND at an offset: written\n\
+         RWF_NOAPPEND at the position: written\n\
+         mapping: stored noapp2 again! noapp1\n\
+         file at 10: stored\n\
+         file at 200: noapp2\n\
+         file at PAGE + 10: again!\n\
+         file at PAGE + 100: noapp1\n\
+         length: 16384\n"
+    );
+    let pattern = format!("{}/noappend.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("noappend.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("noappend.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// A file stored to through its writable shared pager mapping, then mapped
 /// `PROT_EXEC` (the kernel's mapping under the shim too): the new mapping
 /// shows the stores. The write-back before a mapping the kernel makes came

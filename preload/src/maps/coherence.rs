@@ -123,8 +123,9 @@ impl Target {
 /// The target of a write on `fd` at `at` (None: the descriptor's
 /// position), if the pager maps its file. On a descriptor opened with
 /// `O_APPEND` every write lands at the end of the file, `pwrite`'s too
-/// (Linux ignores its offset there).
-pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
+/// (Linux ignores its offset there), unless `append` is false: a
+/// `pwritev2` with `RWF_NOAPPEND` writes at its offset (or position).
+pub fn file_of(fd: c_int, at: Option<i64>, append: bool) -> Option<Target> {
     // SAFETY: a zeroed stat is a valid out-parameter.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes only `s`.
@@ -138,7 +139,7 @@ pub fn file_of(fd: c_int, at: Option<i64>) -> Option<Target> {
     // SAFETY: F_GETFL reads the descriptor's flags.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     let off = match at {
-        _ if fl >= 0 && fl & libc::O_APPEND != 0 => s.st_size,
+        _ if append && fl >= 0 && fl & libc::O_APPEND != 0 => s.st_size,
         Some(o) => o,
         // SAFETY: lseek on the program's descriptor, not moving it.
         None => unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) },
