@@ -571,6 +571,35 @@ fn preadv2_and_pwritev2_are_coherent_with_the_mapping() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// mremap of a whole pager mapping with a flag mremap does not know is
+/// `EINVAL`, as the kernel answers, and the mapping stays as it was. The
+/// engine made the move as if the flag were not there: the mapping shrank,
+/// and the program's read of what it had left was SIGSEGV.
+#[test]
+fn mremap_with_an_unknown_flag_is_einval() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_flags");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("flags-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "flag 0x8: Invalid argument\n\
+         flag 0x10: Invalid argument\n\
+         flag 0x40000000: Invalid argument\n\
+         it reads a a\n"
+    );
+    let pattern = format!("{}/flags.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("flags.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("flags.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// A `pwritev2` with `RWF_NOAPPEND` on a descriptor opened `O_APPEND`
 /// writes at its offset (or the descriptor's position), and the file's
 /// writable shared pager mapping shows it and keeps it. The shim took it

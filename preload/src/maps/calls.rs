@@ -32,6 +32,12 @@ pub fn mremap(
         }
         return None;
     };
+    let known = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+    if flags & !known != 0 {
+        // The kernel's answer to a flag it does not know (the engine's
+        // move took it for a plain one).
+        return fail(libc::EINVAL);
+    }
     if flags & libc::MREMAP_DONTUNMAP != 0 || new_len == 0 || st.maps[i].kernel_writable {
         return fail(libc::EINVAL);
     }
