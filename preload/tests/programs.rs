@@ -701,11 +701,18 @@ fn a_writable_kernel_mapping_beside_a_pager_mapping_is_refused() {
          its raw mprotect rwx: done\n\
          the served one's mprotect rw: done\n"
     );
-    let pattern = format!("{}/beside.dat", d.display());
+    beside_under_shim(&exe, &d.join("beside.dat"));
+}
+
+/// Runs `writable_beside` under the shim on `file` and checks what each
+/// call answered.
+fn beside_under_shim(exe: &Path, file: &Path) {
+    let pattern = file.display().to_string();
+    let stats = file.with_extension("stats");
     let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("beside.dat")),
+        Command::new(exe).arg(file),
         &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("beside.stats"),
+        &stats,
     );
     assert_eq!(
         ok(&o),
@@ -737,6 +744,46 @@ fn a_writable_kernel_mapping_beside_a_pager_mapping_is_refused() {
     // the kernel's too.
     assert_eq!(counter(&st, "preload_paged"), 3, "{st}");
     assert_eq!(counter(&st, "preload_refused"), 8, "{st}");
+}
+
+/// The same on an overlay whose layers are on other file systems (a
+/// container's root, say): `/proc/self/maps` gives a mapped file the
+/// overlay's device where `fstat` gives the layer's, so the shim never
+/// saw the kernel's writable mapping beside its own, and the pager's
+/// write-back put its older bytes over what was stored through the
+/// kernel's (its `mprotect(PROT_WRITE)` was `done`). Needs root (a
+/// mount); without it the test says so and checks nothing.
+#[test]
+fn a_writable_kernel_mapping_is_seen_on_an_overlay_too() {
+    let d = scratch();
+    let exe = build_c(&d, "writable_beside");
+    let lower = Path::new("/dev/shm").join(format!("uffd-ovl-{}", std::process::id()));
+    let (upper, work, merged) = (d.join("ovl-upper"), d.join("ovl-work"), d.join("ovl"));
+    for dir in [&lower, &upper, &work, &merged] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    let mounted = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(&merged)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        eprintln!("skipped: no overlay mount here (needs root)");
+        let _ = std::fs::remove_dir_all(&lower);
+        return;
+    }
+    let r = std::panic::catch_unwind(|| beside_under_shim(&exe, &merged.join("beside.dat")));
+    let _ = Command::new("umount").arg(&merged).status();
+    let _ = std::fs::remove_dir_all(&lower);
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
 }
 
 /// A successful mmap the kernel makes after the shim's work leaves the

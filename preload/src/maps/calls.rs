@@ -133,7 +133,7 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
             let range = addr..addr.saturating_add(rlen);
             let paged = kernel_shared_maps().into_iter().find_map(|k| {
                 let over = k.range.start < range.end && range.start < k.range.end;
-                let e = st.maps.iter().find(|e| e.file == Some(k.file))?;
+                let e = st.maps.iter().find(|e| e.file.is_some_and(|id| k.is(id)))?;
                 over.then(|| e.path.clone())
             });
             if let Some(path) = paged {

@@ -352,15 +352,43 @@ fn write_sealed(fd: c_int) -> bool {
 fn kernel_writes(id: (u64, u64), over: Option<&Range<usize>>) -> bool {
     kernel_shared_maps()
         .iter()
-        .any(|k| k.writable && k.file == id && !covered(std::slice::from_ref(&k.range), over))
+        .any(|k| k.writable && k.is(id) && !covered(std::slice::from_ref(&k.range), over))
 }
 
 /// A shared file mapping as `/proc/self/maps` lists it.
 struct KernelMap {
     range: Range<usize>,
     writable: bool,
-    /// `(st_dev, st_ino)`.
-    file: (u64, u64),
+    /// The device (as the line gives it) and the inode.
+    dev: u64,
+    ino: u64,
+    /// The file's path, where the line names one that still exists.
+    path: Option<String>,
+}
+
+impl KernelMap {
+    /// Whether this is a mapping of the file `id` (`fstat`'s
+    /// `(st_dev, st_ino)`). The line's device is the one the file's
+    /// superblock reports, which on an overlay whose layers are on other
+    /// file systems is the overlay's, where `fstat` gives the layer's: on
+    /// a device that differs, the path the line names is asked
+    /// (`stat`, which answers as `fstat` does). Before, such a kernel
+    /// mapping was never seen, and the pager kept a second cache of the
+    /// file beside the kernel's.
+    fn is(&self, id: (u64, u64)) -> bool {
+        if self.ino != id.1 {
+            return false;
+        }
+        if self.dev == id.0 {
+            return true;
+        }
+        self.path.as_deref().is_some_and(|p| {
+            std::fs::metadata(p).is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino()) == id
+            })
+        })
+    }
 }
 
 /// The shared file mappings of this process now.
@@ -369,8 +397,8 @@ fn kernel_shared_maps() -> Vec<KernelMap> {
     let hex = |t: &str| usize::from_str_radix(t, 16).ok();
     text.lines()
         .filter_map(|l| {
-            // start-end perms offset major:minor inode [path]
-            let mut f = l.split_ascii_whitespace();
+            // start-end perms offset major:minor inode [padding path]
+            let mut f = l.splitn(6, ' ');
             let (a, b) = f.next()?.split_once('-')?;
             let perms = f.next()?.as_bytes();
             let (maj, min) = f.nth(1)?.split_once(':')?;
@@ -378,11 +406,17 @@ fn kernel_shared_maps() -> Vec<KernelMap> {
             if perms.get(3) != Some(&b's') || ino == 0 {
                 return None;
             }
-            let dev = libc::makedev(hex(maj)? as u32, hex(min)? as u32);
+            let path = f
+                .next()
+                .map(str::trim_start)
+                .filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"))
+                .map(str::to_string);
             Some(KernelMap {
                 range: hex(a)?..hex(b)?,
                 writable: perms.get(1) == Some(&b'w'),
-                file: (dev, ino),
+                dev: libc::makedev(hex(maj)? as u32, hex(min)? as u32),
+                ino,
+                path,
             })
         })
         .collect()
