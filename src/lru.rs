@@ -17,7 +17,7 @@
 //! another thread on the same CPU holds it, the page goes straight to the
 //! shard. Nothing here allocates after construction: async-signal-safe.
 
-use crate::page_cache::{LRU_BATCHED, ON_LRU};
+use crate::page_cache::{LOCKED, LRU_BATCHED, ON_LRU, UPTODATE};
 use crate::rmap::ObjectTable;
 use crate::stats::{Counter, Counters};
 use crate::sync::mutex::CountingMutex;
@@ -184,19 +184,35 @@ impl Shard {
 }
 
 /// Drops a full ring's stale entries: those of objects gone from the
-/// table (unmapped) and of pages no longer on the LRU (evicted, dropped),
-/// or waiting in an add batch (re-added after an eviction: the batch holds
-/// their entry). Stale entries are otherwise dropped only when reclaim
-/// reaches them, and reclaim runs only past the high watermark: a program
-/// that maps, touches and unmaps regions under its budget filled the ring
-/// with them, and pages added then overflowed and were never reclaimable
-/// (`tests/lru_ring_full.rs`). Called under the shard lock, only when the
-/// ring is full: one pass over it, a pin per entry.
+/// table (unmapped), of pages no longer on the LRU (evicted), or waiting
+/// in an add batch (re-added after an eviction: the batch holds their
+/// entry), and of pages that left residency without leaving the LRU
+/// (dropped with `MADV_DONTNEED`: [`crate::discard`] keeps `ON_LRU` so that
+/// the page, faulted in again, is not added twice). Such a page's entry is
+/// its one entry: it leaves the LRU here (as [`crate::reclaim::evict_page`]
+/// takes it off when it reaches the entry), unless it is locked (a fault
+/// is filling it) or resident again. Stale entries are otherwise dropped
+/// only when reclaim reaches them, and reclaim runs only past the high
+/// watermark: a program that maps, touches and unmaps regions (or drops
+/// pages of one) under its budget filled the ring with them, and pages
+/// added then overflowed and were never reclaimable
+/// (`tests/lru_ring_full.rs`). Called under
+/// the shard lock, only when the ring is full: one pass over it, a pin per
+/// entry.
 fn compact(ring: &mut Ring, objects: &ObjectTable) {
     ring.retain(|e| {
         let (slot, page) = unpack(e);
         objects.pin(slot).is_some_and(|o| {
-            page < o.npages() && o.cache.load(page) & (ON_LRU | LRU_BATCHED) == ON_LRU
+            if page >= o.npages() {
+                return false;
+            }
+            let left = o.cache.word(page).fetch_update(AcqRel, Acquire, |w| {
+                (w & (ON_LRU | LRU_BATCHED | LOCKED | UPTODATE) == ON_LRU).then_some(w & !ON_LRU)
+            });
+            match left {
+                Ok(_) => false,
+                Err(w) => w & (ON_LRU | LRU_BATCHED) == ON_LRU,
+            }
         })
     });
 }
