@@ -99,16 +99,46 @@ pub fn unpack(e: Entry) -> (u32, usize) {
 }
 
 struct Ring {
+    /// Room for `max` entries, reserved (`MAP_NORESERVE`) and touched only
+    /// as the ring uses it.
     buf: Mapping,
+    /// Entries the ring holds now.
     cap: usize,
+    /// Entries it may grow to ([`Ring::grow`]).
+    max: usize,
     head: usize,
     len: usize,
 }
 
+/// How many times its first size a ring may grow to.
+const RING_GROWTH: usize = 64;
+
 impl Ring {
     fn at(&self, i: usize) -> *mut Entry {
-        // SAFETY: `i < cap`; the mapping holds `cap` u64s.
+        // SAFETY: `i % cap < cap <= max`; the mapping holds `max` u64s.
         unsafe { (self.buf.addr() as *mut Entry).add(i % self.cap) }
+    }
+    /// Doubles a full ring (up to `max`), keeping its entries in their
+    /// order; returns the bytes it added, or None at `max`. Residency
+    /// passes the budget, which sized the ring, where write-back fails
+    /// (a store's dirty pages stay), so the live pages can outnumber its
+    /// first size: a page whose entry found no room was never reclaimable
+    /// (`tests/store_failures.rs`). One copy of the entries that wrapped
+    /// past the end, under the shard lock; no allocation.
+    fn grow(&mut self) -> Option<usize> {
+        let new = self.cap.saturating_mul(2).min(self.max);
+        let wrapped = (self.head + self.len).saturating_sub(self.cap);
+        if new == self.cap || wrapped > new - self.cap {
+            return None;
+        }
+        let base = self.buf.addr() as *mut Entry;
+        // SAFETY: `[0, wrapped)` and `[cap, cap + wrapped)` lie in the
+        // mapping (`cap + wrapped <= new <= max`) and do not overlap
+        // (`wrapped <= len <= cap`); exclusive access under the shard lock.
+        unsafe { std::ptr::copy_nonoverlapping(base, base.add(self.cap), wrapped) };
+        let added = (new - self.cap) * std::mem::size_of::<Entry>();
+        self.cap = new;
+        Some(added)
     }
     fn push(&mut self, e: Entry) -> bool {
         if self.len == self.cap {
@@ -171,16 +201,33 @@ impl Shard {
     ///
     /// # Safety
     /// The caller holds `lock`.
-    unsafe fn push_locked(&self, e: Entry, objects: &ObjectTable) -> bool {
+    unsafe fn push_locked(&self, e: Entry, objects: &ObjectTable, grown: &AtomicUsize) -> bool {
         // SAFETY: the lock (the caller's contract) makes this the only view.
         let ring = unsafe { &mut *self.ring.get() };
-        let pushed = ring.push(e) || {
-            compact(ring, objects);
-            ring.push(e)
-        };
+        let pushed = make_room(ring, objects, grown, |r| r.push(e));
         self.filled.store(ring.len, Relaxed);
         pushed
     }
+}
+
+/// Runs `put` (a push) on `ring`; when the ring is full, drops its stale
+/// entries ([`compact`]) and tries again, then grows it ([`Ring::grow`],
+/// adding the bytes to `grown`) and tries once more.
+fn make_room(
+    ring: &mut Ring,
+    objects: &ObjectTable,
+    grown: &AtomicUsize,
+    mut put: impl FnMut(&mut Ring) -> bool,
+) -> bool {
+    put(ring)
+        || {
+            compact(ring, objects);
+            put(ring)
+        }
+        || ring.grow().is_some_and(|b| {
+            grown.fetch_add(b, Relaxed);
+            put(ring)
+        })
 }
 
 /// Drops a full ring's stale entries: those of objects gone from the
@@ -231,8 +278,9 @@ pub struct Lru {
     cursor: AtomicUsize,
     /// Entries dropped because a ring was full (should stay 0).
     pub overflow: AtomicUsize,
-    /// Bytes of the rings' mappings.
-    ring_bytes: usize,
+    /// Bytes of the rings in use (their first sizes, and what they grew
+    /// by).
+    ring_bytes: AtomicUsize,
 }
 
 // SAFETY: the UnsafeCells are only touched under their shard lock or the
@@ -255,7 +303,7 @@ use crate::sys::{cpu_count as ncpus, this_cpu};
 impl Lru {
     /// Bytes of address space the rings take.
     pub fn ring_bytes(&self) -> usize {
-        self.ring_bytes
+        self.ring_bytes.load(Relaxed)
     }
 
     /// An LRU with `shards` shards, sized for a budget of `budget` pages.
@@ -268,17 +316,29 @@ impl Lru {
             .and_then(|b| b.checked_add(4096))
             .map(|b| b / shards + 1024)
             .ok_or(libc::ENOMEM)?;
-        let ring_len = cap
-            .checked_mul(8)
-            .and_then(|b| b.checked_next_multiple_of(4096))
-            .ok_or(libc::ENOMEM)?;
+        let bytes = |n: usize| {
+            n.checked_mul(8)
+                .and_then(|b| b.checked_next_multiple_of(4096))
+                .ok_or(libc::ENOMEM)
+        };
+        let ring_len = bytes(cap)?;
         let mut v = Vec::with_capacity(shards);
         for _ in 0..shards {
+            // Room to grow reserved up front (address space only), or
+            // none where even that is refused.
+            let grown = cap
+                .checked_mul(RING_GROWTH)
+                .and_then(|m| Some((m, Mapping::anonymous(bytes(m).ok()?).ok()?)));
+            let (max, buf) = match grown {
+                Some(g) => g,
+                None => (cap, Mapping::anonymous(ring_len)?),
+            };
             v.push(Shard {
                 lock: CountingMutex::new(),
                 ring: UnsafeCell::new(Ring {
-                    buf: Mapping::anonymous(ring_len)?,
+                    buf,
                     cap,
+                    max,
                     head: 0,
                     len: 0,
                 }),
@@ -297,7 +357,7 @@ impl Lru {
             batches,
             cursor: AtomicUsize::new(0),
             overflow: AtomicUsize::new(0),
-            ring_bytes: ring_len * shards,
+            ring_bytes: AtomicUsize::new(ring_len * shards),
         })
     }
 
@@ -388,7 +448,7 @@ impl Lru {
                 }
                 obj.cache.update(page, 0, LRU_BATCHED);
                 // SAFETY: we hold shard `s`'s lock.
-                if !unsafe { self.shards[s].push_locked(e, objects) } {
+                if !unsafe { self.shards[s].push_locked(e, objects, &self.ring_bytes) } {
                     self.overflow.fetch_add(1, Relaxed);
                     obj.cache.update(page, 0, ON_LRU);
                 }
@@ -440,10 +500,7 @@ impl Lru {
         // SAFETY: we hold the shard lock.
         let ring = unsafe { &mut *self.shards[s].ring.get() };
         for &e in es.iter().rev() {
-            let pushed = ring.push_front(e) || {
-                compact(ring, objects);
-                ring.push_front(e)
-            };
+            let pushed = make_room(ring, objects, &self.ring_bytes, |r| r.push_front(e));
             if !pushed {
                 self.overflow.fetch_add(1, Relaxed);
             }
@@ -463,7 +520,7 @@ impl Lru {
                     g = Some(self.lock_shard(s, c));
                 }
                 // SAFETY: we hold the shard lock.
-                if !unsafe { self.shards[s].push_locked(e, objects) } {
+                if !unsafe { self.shards[s].push_locked(e, objects, &self.ring_bytes) } {
                     self.overflow.fetch_add(1, Relaxed);
                 }
             }
@@ -487,6 +544,7 @@ mod tests {
         let mut r = Ring {
             buf: Mapping::anonymous(4096).unwrap(),
             cap: 4,
+            max: 4,
             head: 0,
             len: 0,
         };
@@ -510,6 +568,34 @@ mod tests {
         assert!(r.push(14));
         let got: Vec<Entry> = std::iter::from_fn(|| r.pop()).collect();
         assert_eq!(got, [10, 12, 13, 14]);
+    }
+
+    #[test]
+    fn a_full_ring_grows_keeping_its_order_across_the_wrap() {
+        let mut r = Ring {
+            buf: Mapping::anonymous(4096).unwrap(),
+            cap: 4,
+            max: 8,
+            head: 0,
+            len: 0,
+        };
+        // Head at 2: two entries wrap past the end.
+        for e in 0..2 {
+            assert!(r.push(e));
+            assert_eq!(r.pop(), Some(e));
+        }
+        for e in [10, 11, 12, 13] {
+            assert!(r.push(e));
+        }
+        assert!(!r.push(14), "full");
+        assert_eq!(r.grow(), Some(4 * 8));
+        for e in [14, 15, 16, 17] {
+            assert!(r.push(e));
+        }
+        assert_eq!(r.grow(), None, "at its most");
+        assert!(!r.push_front(9));
+        let got: Vec<Entry> = std::iter::from_fn(|| r.pop()).collect();
+        assert_eq!(got, [10, 11, 12, 13, 14, 15, 16, 17]);
     }
 
     #[test]

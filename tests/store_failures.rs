@@ -439,3 +439,40 @@ fn a_clean_page_a_refresh_could_not_read_is_read_again() {
     store.read_failing.store(false, SeqCst);
     assert_eq!(&r.as_slice()[100..104], &[0xEE; 4], "the old bytes stayed");
 }
+
+/// While a store's writes fail, its dirty pages stay resident past the
+/// budget (reclaim cannot write them). More of them than the LRU's ring
+/// held (sized by the budget: 4 × the budget + 4,096 entries over the
+/// shards, plus 1,024 each; one region's pages share a shard) overflowed
+/// it: those pages left the LRU for good and stayed resident after the
+/// store recovered. A full ring grows now (`Ring::grow`).
+#[test]
+fn dirty_pages_past_the_ring_stay_reclaimable_after_the_store_recovers() {
+    // 16 shards: 1,282 entries each.
+    const PAGES: usize = 1600;
+    let pager = Pager::builder()
+        .budget_pages(8)
+        .lru_shards(16)
+        .kswapd(false)
+        .io_timeout(Duration::from_millis(200))
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let store = Faulty::new(PAGES);
+    store.failing.store(true, SeqCst);
+    // SAFETY: only this region writes the store.
+    let mut r = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &shared(true)) }.unwrap();
+    for p in 0..PAGES {
+        r.as_mut_slice()[p * PAGE] = 1;
+    }
+    let before = pager.stats().resident_pages;
+    store.failing.store(false, SeqCst);
+    r.flush().unwrap();
+    for _ in 0..20 {
+        pager.reclaim_pages(PAGES as u64);
+    }
+    let left = pager.stats().resident_pages;
+    assert!(left <= 8, "{left} of {before} pages stayed resident");
+    drop(r);
+}
