@@ -539,17 +539,17 @@ impl Lru {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ring_push_front_and_retain_keep_order_across_the_wrap() {
+    /// A full ring of 4 entries (10..=13) whose head is at `head`, able
+    /// to grow to `max`.
+    fn full_ring(head: usize, max: usize) -> Ring {
         let mut r = Ring {
             buf: Mapping::anonymous(4096).unwrap(),
             cap: 4,
-            max: 4,
+            max,
             head: 0,
             len: 0,
         };
-        // Head at 3: the ring wraps after one entry.
-        for e in 0..3 {
+        for e in 0..head as Entry {
             assert!(r.push(e));
             assert_eq!(r.pop(), Some(e));
         }
@@ -557,6 +557,13 @@ mod tests {
             assert!(r.push(e));
         }
         assert!(!r.push(14), "full");
+        r
+    }
+
+    #[test]
+    fn ring_push_front_and_retain_keep_order_across_the_wrap() {
+        // Head at 3: the ring wraps after one entry.
+        let mut r = full_ring(3, 4);
         assert_eq!(r.pop(), Some(10));
         assert_eq!(r.pop(), Some(11));
         // Back at the head, in their order.
@@ -572,22 +579,8 @@ mod tests {
 
     #[test]
     fn a_full_ring_grows_keeping_its_order_across_the_wrap() {
-        let mut r = Ring {
-            buf: Mapping::anonymous(4096).unwrap(),
-            cap: 4,
-            max: 8,
-            head: 0,
-            len: 0,
-        };
         // Head at 2: two entries wrap past the end.
-        for e in 0..2 {
-            assert!(r.push(e));
-            assert_eq!(r.pop(), Some(e));
-        }
-        for e in [10, 11, 12, 13] {
-            assert!(r.push(e));
-        }
-        assert!(!r.push(14), "full");
+        let mut r = full_ring(2, 8);
         assert_eq!(r.grow(), Some(4 * 8));
         for e in [14, 15, 16, 17] {
             assert!(r.push(e));

@@ -208,13 +208,7 @@ fn frozen_store(kswapd: bool) {
 #[test]
 fn kswapd_rests_while_every_page_waits_for_a_failing_store() {
     const PAGES: usize = 128;
-    let pager = Pager::builder()
-        .budget_pages(64)
-        .io_timeout(Duration::from_millis(200))
-        .readahead(0, 1)
-        .fault_around(0)
-        .build()
-        .unwrap();
+    let pager = failing_store_pager(Pager::builder().budget_pages(64));
     let store = Faulty::new(PAGES);
     store.failing.store(true, SeqCst);
     // Reads still work: every page is read, written and stays dirty.
@@ -450,15 +444,12 @@ fn a_clean_page_a_refresh_could_not_read_is_read_again() {
 fn dirty_pages_past_the_ring_stay_reclaimable_after_the_store_recovers() {
     // 16 shards: 1,282 entries each.
     const PAGES: usize = 1600;
-    let pager = Pager::builder()
-        .budget_pages(8)
-        .lru_shards(16)
-        .kswapd(false)
-        .io_timeout(Duration::from_millis(200))
-        .readahead(0, 1)
-        .fault_around(0)
-        .build()
-        .unwrap();
+    let pager = failing_store_pager(
+        Pager::builder()
+            .budget_pages(8)
+            .lru_shards(16)
+            .kswapd(false),
+    );
     let store = Faulty::new(PAGES);
     store.failing.store(true, SeqCst);
     // SAFETY: only this region writes the store.
@@ -475,4 +466,14 @@ fn dirty_pages_past_the_ring_stay_reclaimable_after_the_store_recovers() {
     let left = pager.stats().resident_pages;
     assert!(left <= 8, "{left} of {before} pages stayed resident");
     drop(r);
+}
+
+/// `b` with a short I/O timeout and neither readahead nor fault-around:
+/// each access reads its own page, for tests whose store fails.
+fn failing_store_pager(b: uffd_pager::PagerBuilder) -> Pager {
+    b.io_timeout(Duration::from_millis(200))
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap()
 }
