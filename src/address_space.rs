@@ -365,12 +365,18 @@ impl Mm {
         if self.config.budget_pages == 0 {
             return;
         }
-        let prev = obj.cache.update(i, ON_LRU | LRU_BATCHED, 0);
+        // One step: a page already tracked is left as it is. (Setting both
+        // bits and then taking LRU_BATCHED back off a page in the ring
+        // let a `compact` in between take the page for one waiting in an
+        // add batch and drop its only entry.)
+        let prev = obj
+            .cache
+            .word(i)
+            .fetch_update(AcqRel, Relaxed, |w| {
+                (w & ON_LRU == 0).then_some(w | ON_LRU | LRU_BATCHED)
+            })
+            .unwrap_or_else(|w| w);
         if prev & ON_LRU != 0 {
-            // Already tracked: undo our LRU_BATCHED if the page was in the LRU.
-            if prev & LRU_BATCHED == 0 {
-                obj.cache.update(i, 0, LRU_BATCHED);
-            }
             return;
         }
         let slot = obj.slot.load(Relaxed);
