@@ -50,19 +50,24 @@ fn build_c(dir: &Path, name: &str) -> PathBuf {
     build_c_with(dir, name, &[])
 }
 
-/// [`build_c`] with more compiler flags.
+/// [`build_c`] with more compiler flags. The program is built under a
+/// name of this thread's and renamed into place: two tests that build the
+/// same program at once never run it while the other's compiler has it
+/// open for writing (`ETXTBSY`).
 fn build_c_with(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     let exe = dir.join(name);
+    let tmp = dir.join(format!("{name}.{:?}.tmp", std::thread::current().id()));
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let st = Command::new("cc")
         .args(["-O2", "-pthread"])
         .args(flags)
         .arg(&src)
         .arg("-o")
-        .arg(&exe)
+        .arg(&tmp)
         .status()
         .unwrap();
     assert!(st.success(), "cc {}", src.display());
+    std::fs::rename(&tmp, &exe).unwrap();
     exe
 }
 
