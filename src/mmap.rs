@@ -12,7 +12,7 @@ use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
 use crate::page_cache::{LRU_BATCHED, MAPPED, ON_LRU, PINNED, UPTODATE};
-use crate::sys::mem::{madvise, mprotect, Mapping};
+use crate::sys::mem::{madvise, mprotect, At, Mapping};
 use crate::sys::uffd::mode;
 use crate::vma::{VmFlags, Vma};
 use std::sync::atomic::Ordering::*;
@@ -41,10 +41,13 @@ pub(crate) fn register_mode(obj: &Object) -> u64 {
 }
 
 /// Where a new mapping goes.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Default)]
 pub struct Placement {
-    /// Exact address (must be free), or anywhere.
+    /// Exact address, or anywhere.
     pub fixed: Option<usize>,
+    /// The fixed range's hold (see [`crate::hold`]): the region is mapped
+    /// over it. Without one, the fixed range must be free.
+    pub hold: Option<Mapping>,
 }
 
 impl Mm {
@@ -69,6 +72,7 @@ impl Mm {
         self.check_owner()?;
         self.events.quiesce();
         let mut w = self.lock.write();
+        let mut hold = at.hold;
         let (hint, fixed) = at
             .fixed
             .map_or((crate::inject::before_map(len), false), |a| (a, true));
@@ -111,17 +115,24 @@ impl Mm {
                     Some(_) => return Err(Error::Overlap { addr: hint, len }),
                 }
             }
+            // Over the hold the first time (a retry finds the range free:
+            // the first try's mapping is gone).
+            let place = match hold.take() {
+                _ if !fixed => At::Near(hint),
+                Some(h) => At::Over(h),
+                None => At::Free(hint),
+            };
             let m = match object.kind {
                 InstallKind::Anonymous if object.is_huge() => {
-                    crate::sys::huge::anonymous_at(hint, len, fixed)
+                    crate::sys::huge::anonymous_at(place, len)
                 }
-                InstallKind::Anonymous => Mapping::anonymous_at(hint, len, fixed),
+                InstallKind::Anonymous => Mapping::anonymous_at(place, len),
                 InstallKind::Shared => {
                     let fd = object.memfd().expect("shared objects have a memfd").fd();
                     if object.is_huge() {
-                        crate::sys::huge::shared_at(fd, len, hint, fixed)
+                        crate::sys::huge::shared_at(fd, len, place)
                     } else {
-                        Mapping::shared(fd, len, hint, fixed)
+                        Mapping::shared(fd, len, place)
                     }
                 }
             }

@@ -17,7 +17,7 @@
 use crate::page_cache::PageCache;
 use crate::store::Store;
 use crate::sys::huge::HUGE_PAGE_SHIFT;
-use crate::sys::mem::{madvise, LazyMapping, Mapping, Memfd};
+use crate::sys::mem::{madvise, At, LazyMapping, Mapping, Memfd};
 use crate::sys::uffd::Uffd;
 use crate::sys::PAGE_SHIFT;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
@@ -242,13 +242,13 @@ impl Object {
             InstallKind::Shared if huge => {
                 let memfd = crate::sys::huge::memfd("uffd-pager-2m", bytes)
                     .map_err(|e| ("memfd_create(MFD_HUGETLB)", e))?;
-                let alias = crate::sys::huge::shared_at(memfd.fd(), bytes, 0, false)
+                let alias = crate::sys::huge::shared_at(memfd.fd(), bytes, At::Near(0))
                     .map_err(|e| ("mmap memfd alias", e))?;
                 Backing::Shared { memfd, alias, huge }
             }
             InstallKind::Shared => {
                 let memfd = Memfd::new("uffd-pager", bytes).map_err(|e| ("memfd_create", e))?;
-                let alias = Mapping::shared(memfd.fd(), bytes, 0, false)
+                let alias = Mapping::shared(memfd.fd(), bytes, At::Near(0))
                     .map_err(|e| ("mmap memfd alias", e))?;
                 Backing::Shared { memfd, alias, huge }
             }

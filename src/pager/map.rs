@@ -360,6 +360,11 @@ impl Pager {
     ) -> Result<Region> {
         check_fixed(opts.fixed_addr, PAGE_SIZE)?;
         let shift = page_shift(opts, len, self.inner.mm.config.budget_pages)?;
+        // Held before anything below maps memory of its own (`crate::hold`).
+        let hold = opts
+            .fixed_addr
+            .map(|a| crate::hold::take_or_hold(a, len))
+            .transpose()?;
         let kind = opts.install_kind();
         if opts.kernel_maps {
             if kind != InstallKind::Shared || opts.writable || shift != crate::sys::PAGE_SHIFT {
@@ -462,6 +467,7 @@ impl Pager {
         };
         let at = Placement {
             fixed: opts.fixed_addr,
+            hold,
         };
         let flags = crate::vma::VmFlags {
             writable: opts.writable,

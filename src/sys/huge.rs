@@ -9,7 +9,7 @@
 //! cannot supply fails the install or fill that needed it (`ENOMEM` /
 //! `ENOSPC`), as the kernel's own hugetlb fault then raises SIGBUS.
 
-use super::mem::{Mapping, Memfd};
+use super::mem::{At, Mapping, Memfd};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, Ordering::*};
 
@@ -22,19 +22,20 @@ pub const HUGE_PAGE_SHIFT: u32 = 21;
 const HUGE_2MB: i32 = 21 << 26;
 
 /// A private anonymous hugetlb mapping of `len` bytes (a multiple of
-/// [`HUGE_PAGE_SIZE`]), at `hint` (exactly, if `fixed`).
-pub fn anonymous_at(hint: usize, len: usize, fixed: bool) -> Result<Mapping, i32> {
+/// [`HUGE_PAGE_SIZE`]), placed `at`.
+pub fn anonymous_at(at: At, len: usize) -> Result<Mapping, i32> {
     let flags = libc::MAP_PRIVATE
         | libc::MAP_ANONYMOUS
         | libc::MAP_NORESERVE
         | libc::MAP_HUGETLB
         | HUGE_2MB;
-    Mapping::with_flags(hint, len, flags, -1, fixed)
+    Mapping::with_flags(at, len, flags, -1)
 }
 
-/// A shared mapping of the hugetlbfs memfd `fd`, reserving nothing.
-pub fn shared_at(fd: RawFd, len: usize, hint: usize, fixed: bool) -> Result<Mapping, i32> {
-    Mapping::with_flags(hint, len, libc::MAP_SHARED | libc::MAP_NORESERVE, fd, fixed)
+/// A shared mapping of the hugetlbfs memfd `fd`, reserving nothing,
+/// placed `at`.
+pub fn shared_at(fd: RawFd, len: usize, at: At) -> Result<Mapping, i32> {
+    Mapping::with_flags(at, len, libc::MAP_SHARED | libc::MAP_NORESERVE, fd)
 }
 
 // A huge page's worth of zeros is there to copy or write out.

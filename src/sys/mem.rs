@@ -25,42 +25,62 @@ fn check(p: *mut libc::c_void) -> Result<usize, i32> {
     }
 }
 
+/// Where a new mapping goes.
+#[derive(Debug)]
+pub enum At {
+    /// Where the kernel finds room, near this address if it can (0: no
+    /// preference).
+    Near(usize),
+    /// Exactly here, where nothing may be mapped yet (`EEXIST` if
+    /// anything is).
+    Free(usize),
+    /// Exactly over this hold, an inaccessible mapping of the caller's
+    /// ([`Mapping::reserve_at`]), which the new mapping replaces. A failed
+    /// map drops the hold (the range is unmapped).
+    Over(Mapping),
+}
+
 impl Mapping {
     /// A private anonymous read-write mapping of `len` bytes. Pages are
     /// allocated by the kernel on first touch.
     pub fn anonymous(len: usize) -> Result<Mapping, i32> {
-        Self::anonymous_at(0, len, false)
+        Self::anonymous_at(At::Near(0), len)
     }
 
-    /// A private anonymous mapping, at `hint` (exactly, if `fixed`; never
-    /// replacing an existing mapping).
-    pub fn anonymous_at(hint: usize, len: usize, fixed: bool) -> Result<Mapping, i32> {
+    /// A private anonymous mapping of `len` bytes, placed `at`.
+    pub fn anonymous_at(at: At, len: usize) -> Result<Mapping, i32> {
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        Self::with_flags(hint, len, flags, -1, fixed)
+        Self::with_flags(at, len, flags, -1)
     }
 
-    /// A shared read-write mapping of `fd` at file offset 0, at `hint`
-    /// (exactly, if `fixed`).
-    pub fn shared(fd: RawFd, len: usize, hint: usize, fixed: bool) -> Result<Mapping, i32> {
-        Self::with_flags(hint, len, libc::MAP_SHARED, fd, fixed)
+    /// A shared read-write mapping of `fd` at file offset 0, placed `at`.
+    pub fn shared(fd: RawFd, len: usize, at: At) -> Result<Mapping, i32> {
+        Self::with_flags(at, len, libc::MAP_SHARED, fd)
     }
 
     /// A read-write mapping of `len` bytes with mmap `flags` (of `fd` at
-    /// offset 0, or anonymous with `fd` -1), at `hint` (exactly, if
-    /// `fixed`: never replacing an existing mapping).
-    pub fn with_flags(
-        hint: usize,
-        len: usize,
-        mut flags: i32,
-        fd: RawFd,
-        fixed: bool,
-    ) -> Result<Mapping, i32> {
-        if fixed {
-            flags |= libc::MAP_FIXED_NOREPLACE;
+    /// offset 0, or anonymous with `fd` -1), placed `at`.
+    pub fn with_flags(at: At, len: usize, mut flags: i32, fd: RawFd) -> Result<Mapping, i32> {
+        let (hint, hold) = match at {
+            At::Near(a) => (a, None),
+            At::Free(a) => {
+                flags |= libc::MAP_FIXED_NOREPLACE;
+                (a, None)
+            }
+            At::Over(h) => {
+                flags |= libc::MAP_FIXED;
+                (h.addr, Some(h))
+            }
+        };
+        if let Some(h) = &hold {
+            if h.len != len {
+                return Err(libc::EINVAL);
+            }
         }
         // SAFETY: a fresh mapping (of a descriptor the caller holds open,
         // if any); with MAP_FIXED_NOREPLACE the kernel refuses to replace
-        // anything already mapped.
+        // anything already mapped, and MAP_FIXED replaces only the hold,
+        // which the caller owns and gives up here, of this very length.
         let p = unsafe {
             libc::mmap(
                 hint as *mut libc::c_void,
@@ -72,6 +92,8 @@ impl Mapping {
             )
         };
         let addr = check(p)?;
+        // (Replaced: the region's mapping is the range's owner now.)
+        std::mem::forget(hold);
         Ok(Mapping { addr, len })
     }
 
