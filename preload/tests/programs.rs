@@ -872,7 +872,9 @@ fn a_memfd_sealed_against_writes_is_not_mapped_writable() {
 /// file behind (`cachestat`), as the kernel's, which syncs the file's
 /// range: also what `pwrite(2)` put there. The shim's write-back synced
 /// only when it wrote something itself, so the program's own writes to
-/// the mapped range stayed dirty, not durable.
+/// the mapped range stayed dirty, not durable. A range that runs past
+/// the mapping into a hole is `ENOMEM`, after the kernel has synced the
+/// mapping before the hole; the shim returned the `ENOMEM` without syncing.
 #[test]
 fn msync_ms_sync_makes_what_write_put_in_the_range_durable() {
     let d = scratch();
@@ -883,7 +885,9 @@ fn msync_ms_sync_makes_what_write_put_in_the_range_durable() {
         .unwrap());
     assert_eq!(
         plain,
-        "stores, then msync: 0 dirty pages\npwrite, then msync: 0 dirty pages\n"
+        "stores, then msync: 0 dirty pages\npwrite, then msync: 0 dirty pages\n\
+         stores, then msync past the end (ENOMEM): 0 dirty pages\n\
+         pwrite, then msync past the end (ENOMEM): 0 dirty pages\n"
     );
     let pattern = format!("{}/msync-durable.dat", d.display());
     let (o, st) = under_shim(
@@ -892,7 +896,36 @@ fn msync_ms_sync_makes_what_write_put_in_the_range_durable() {
         &d.join("msync-durable.stats"),
     );
     assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 4, "{st}");
+}
+
+/// A file mapped with `MAP_FIXED` into a range the program had just
+/// freed is paged. The engine's own mappings, made as it opened the store
+/// and started, went into that range first; the engine's map then failed
+/// with an overlap, and the kernel's `MAP_FIXED` that followed replaced
+/// the engine's memory with the program's file (`MAP_FIXED_NOREPLACE`
+/// failed with `EEXIST`, where the kernel alone maps).
+#[test]
+fn a_fixed_map_into_a_range_just_freed_is_paged() {
+    let d = scratch();
+    let exe = build_c(&d, "fixed_into_freed");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("fixed-freed-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "MAP_FIXED: read back, stored 'b'\nMAP_FIXED_NOREPLACE: read back, stored 'b'\n"
+    );
+    let pattern = format!("{}/fixed-freed.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("fixed-freed.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("fixed-freed.stats"),
+    );
+    assert_eq!(ok(&o), plain);
     assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
+    assert_eq!(counter(&st, "preload_passed"), 0, "{st}");
 }
 
 /// `mremap(MREMAP_FIXED)` of a pager mapping to a target over itself is

@@ -263,7 +263,11 @@ pub fn msync(addr: usize, len: usize, flags: c_int) -> Option<c_int> {
     }
     // SAFETY: the program's own call on this range, passed on unchanged.
     let rc = unsafe { sys::call(libc::SYS_msync, addr, len, flags as usize, 0, 0) as c_int };
-    if rc != 0 || flags & libc::MS_SYNC == 0 {
+    // ENOMEM (a hole in the range) comes after the kernel has synced the
+    // mappings before the hole, so the pager's are synced too (all of them:
+    // a sync more than asked for loses nothing).
+    let after = crate::errno();
+    if rc != 0 && after != libc::ENOMEM || flags & libc::MS_SYNC == 0 {
         return Some(rc);
     }
     for (i, _) in hits {
@@ -272,7 +276,8 @@ pub fn msync(addr: usize, len: usize, flags: c_int) -> Option<c_int> {
             return Some(-1);
         }
     }
-    Some(0)
+    crate::set_errno(after);
+    Some(rc)
 }
 
 /// madvise: MADV_DONTNEED drops pages through the engine (shared pages

@@ -581,6 +581,21 @@ fn place(
         } else {
             st.cfg.kind
         });
+        // A fixed range is held before the store opens and the pager
+        // starts: both map memory of their own, which the kernel may put in
+        // a range the program has just freed, and the kernel's MAP_FIXED
+        // after the engine's overlap would then have replaced the engine's
+        // memory (`engine::AddressHold`). A range where something is mapped
+        // is the kernel's to map over (MAP_FIXED) or refuse (EEXIST).
+        let hold = fixed.then(|| engine::AddressHold::new(addr as usize, rlen));
+        let _hold = match hold.transpose() {
+            Ok(h) => h,
+            Err(e) => {
+                PASSED.fetch_add(1, Relaxed);
+                st.say(format!("{name}: left to the kernel: {e}"));
+                return None;
+            }
+        };
         let latency = st.cfg.latency;
         let mut unwritten = false;
         let mut kept = None;
@@ -611,8 +626,8 @@ fn place(
         (made, Some(id), off as u64, name, may_write, kept)
     };
     let (made, file, base, path, may_write, shared_store) = entry;
-    // (MAP_FIXED over memory already mapped: the engine maps only into a
-    // free range, so the map fails with an overlap and the kernel maps it.)
+    // (A map that failed took its hold over, or dropped it above: the
+    // range is free again for the kernel's call.)
     match made {
         Ok(region) => Some(st.add(Entry {
             region,
