@@ -115,8 +115,7 @@ impl Mm {
                     Some(_) => return Err(Error::Overlap { addr: hint, len }),
                 }
             }
-            // Over the hold the first time (a retry finds the range free:
-            // the first try's mapping is gone).
+            // Over the hold (a retry's too: see the wait below).
             let place = match hold.take() {
                 _ if !fixed => At::Near(hint),
                 Some(h) => At::Over(h),
@@ -145,7 +144,15 @@ impl Mm {
                 None => {}
                 // (Unmapped at once: not registered, so no event.)
                 Some(c) if c.coming && std::time::Instant::now() < deadline => {
-                    drop(m);
+                    // A fixed range stays held while the map waits: left
+                    // free, anything could take it meanwhile (a thread's
+                    // stack, a large malloc), and the next try would be
+                    // an overlap.
+                    if fixed {
+                        hold = Some(m.into_hold().map_err(|e| Error::sys("mmap", e))?);
+                    } else {
+                        drop(m);
+                    }
                     w = wait(w, &c, &mut waited);
                     continue;
                 }

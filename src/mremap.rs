@@ -75,6 +75,14 @@ impl Mm {
             // `vm.max_map_count`) is refused before it touches the
             // target, and a reservation dropped on that error left a hole
             // where the caller's memory had been.
+            // (A range an `AddressHold` keeps is the pager's: replaced,
+            // the hold's drop would unmap the moved region.)
+            Some(a) if replace && crate::hold::overlaps(a, new_len) => {
+                return Err(Error::Overlap {
+                    addr: a,
+                    len: new_len,
+                })
+            }
             Some(_) if replace => None,
             Some(a) => Some(Mapping::reserve_at(a, new_len).map_err(|e| match e {
                 libc::EEXIST => Error::Overlap {

@@ -357,3 +357,24 @@ fn a_failed_move_over_program_memory_leaves_that_memory() {
     // SAFETY: the test's own mapping.
     unsafe { libc::munmap(to as *mut libc::c_void, 4 * PAGE) };
 }
+
+/// A move with `remap_over` onto a range an `AddressHold` keeps is an
+/// overlap, as onto a region: replaced by the move, the hold's drop
+/// unmapped the moved region.
+#[test]
+fn a_move_over_a_held_range_is_an_overlap() {
+    let p = pager(Delivery::InThread);
+    let mut r = p.map_anonymous(4 * PAGE).unwrap();
+    r.as_mut_slice().fill(7);
+    let to = free_range(4 * PAGE);
+    let hold = uffd_pager::AddressHold::new(to, 4 * PAGE).unwrap();
+    // SAFETY: nothing of the program's is at `to` (a hold only).
+    let e = unsafe { r.remap_over(4 * PAGE, to) };
+    assert!(matches!(e, Err(Error::Overlap { .. })), "{e:?}");
+    drop(hold);
+    // SAFETY: as above; the range is free now.
+    unsafe { r.remap_over(4 * PAGE, to) }.unwrap();
+    assert_eq!(r.as_ptr() as usize, to);
+    assert!(r.as_slice().iter().all(|&b| b == 7));
+    r.unmap().unwrap();
+}

@@ -268,6 +268,20 @@ fn map(
     if let Some(m) = bad.as_ref().or(st.settings.bad.as_ref()) {
         return umap_failed(libc::EINVAL, m.clone());
     }
+    // A fixed range is held before the pager is built and the store
+    // opened: their own mappings go where the kernel finds room, which may
+    // be a range the caller has just freed (`engine::AddressHold`).
+    let Some(rounded) = len
+        .div_ceil(engine::PAGE_SIZE)
+        .checked_mul(engine::PAGE_SIZE)
+    else {
+        return umap_failed(libc::ENOMEM, format_args!("length {len}"));
+    };
+    let fixed = flags & libc::MAP_FIXED != 0 && len != 0;
+    let _hold = match fixed.then(|| engine::AddressHold::new(addr as usize, rounded)) {
+        Some(Err(e)) => return umap_failed(e.errno(), e),
+        h => h,
+    };
     if st.pager.is_none() {
         // (A bad setting is EINVAL; a pager the kernel refuses keeps its
         // errno: EPERM where userfaultfd is not allowed.)
@@ -287,7 +301,7 @@ fn map(
     if len == 0 || offset < 0 {
         return umap_failed(libc::EINVAL, format_args!("length {len}, offset {offset}"));
     }
-    let len = len.div_ceil(engine::PAGE_SIZE) * engine::PAGE_SIZE;
+    let len = rounded;
     let writable = prot & libc::PROT_WRITE != 0;
     let opts = MapOptions {
         kind: Some(if writable {

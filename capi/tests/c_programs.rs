@@ -220,3 +220,18 @@ fn a_umap_program_that_exits_without_unmapping_keeps_its_stores() {
     let data = std::fs::read(&file).unwrap();
     assert_eq!(&data[4096 + 8..4096 + 18], b"aastoredaa");
 }
+
+/// `umap` with `UMAP_FIXED` into a range the program had just freed: the
+/// first `umap` builds the pager, whose own mappings went into that range,
+/// and the map failed with `EEXIST`.
+#[test]
+fn a_umap_fixed_into_a_range_just_freed_lands_there() {
+    let link = shared_link();
+    let exe = build(
+        "umap_fixed.c",
+        "umap_fixed",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let out = run(Command::new(&exe).arg(scratch("umap-fixed.dat")));
+    assert_eq!(out, "umap fixed: at the address, read 'a'\n");
+}

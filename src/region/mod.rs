@@ -352,7 +352,8 @@ impl Region {
     /// it reserved for the move): once the move's checks have passed, in
     /// one step, so that a refused move leaves the range as it was and no
     /// other thread's mapping lands in it meanwhile. A range with pager
-    /// memory in it, or over the region itself, is still
+    /// memory in it (a region, an [`AddressHold`](crate::AddressHold) not
+    /// yet taken over), or over the region itself, is still
     /// [`Error::Overlap`].
     ///
     /// # Safety

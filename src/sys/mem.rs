@@ -97,6 +97,19 @@ impl Mapping {
         Ok(Mapping { addr, len })
     }
 
+    /// This mapping's range, held: replaced by an inaccessible mapping
+    /// in one step (its contents are gone). On failure it is unmapped.
+    pub fn into_hold(self) -> Result<Mapping, i32> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        // SAFETY: MAP_FIXED over this mapping's own range, which `self`
+        // owns and gives up here.
+        let p = unsafe { libc::mmap(self.addr as *mut _, self.len, libc::PROT_NONE, flags, -1, 0) };
+        check(p)?;
+        let (addr, len) = (self.addr, self.len);
+        std::mem::forget(self);
+        Ok(Mapping { addr, len })
+    }
+
     /// Reserves `[addr, addr+len)` exactly with an inaccessible mapping,
     /// failing with `EEXIST` if anything is mapped there.
     pub fn reserve_at(addr: usize, len: usize) -> Result<Mapping, i32> {
