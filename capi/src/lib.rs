@@ -25,6 +25,7 @@ mod region;
 mod stats;
 mod store;
 pub mod umap;
+mod umap_settings;
 
 pub use pager::*;
 pub use region::*;

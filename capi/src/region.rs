@@ -262,6 +262,22 @@ pub(crate) fn fd_store(
     }
     // SAFETY: `dup` is a fresh descriptor that nothing else owns.
     let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+    // A descriptor the mapping may not use is mmap's EACCES: one not open
+    // for reading, or not for writing where the mapping writes. (The
+    // store's own checks answered EBADF, which says the number is bad.)
+    // SAFETY: F_GETFL on the descriptor `file` owns.
+    let mode = unsafe { libc::fcntl(dup, libc::F_GETFL) } & libc::O_ACCMODE;
+    if mode == libc::O_WRONLY || writable && mode != libc::O_RDWR {
+        let need = if writable {
+            "reading and writing"
+        } else {
+            "reading"
+        };
+        return Err(fail(
+            libc::EACCES,
+            format_args!("fd {fd} is not open for {need}"),
+        ));
+    }
     let whole = FileStore::from_file(file, writable).map_err(|e| {
         fail(
             e.raw_os_error().unwrap_or(libc::EIO),

@@ -37,9 +37,11 @@
 //!   `UFFD_PAGER_DELIVERY=threads` for that) and `UFFD_PAGER_POLICY`
 //!   (default `retry-once`).
 
-use engine::{Delivery, InstallKind, MapOptions, Pager, Policy, Region};
+use crate::umap_settings::Settings;
+use engine::{InstallKind, MapOptions, Pager, Region};
 use std::ffi::{c_int, c_long, c_void};
 use std::io::Write;
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// One entry of [`umap_prefetch`]'s array.
@@ -48,123 +50,6 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 pub struct umap_prefetch_item {
     /// Any address in the UMap page to fetch.
     pub page_base_addr: *mut c_void,
-}
-
-/// UMap's settings, as its environment variables and setters give them.
-#[derive(Debug, Clone)]
-struct Settings {
-    page_size: u64,
-    /// 0: 80% of the memory available when the pager is made.
-    buf_pages: u64,
-    fillers: u64,
-    evictors: u64,
-    read_ahead: u64,
-    low_water: c_int,
-    high_water: c_int,
-    max_fault_events: u64,
-    /// The first bad environment value but `UMAP_PAGESIZE`'s, reported by
-    /// the first `umap`.
-    bad: Option<String>,
-    /// A bad `UMAP_PAGESIZE`, reported by the first `umap` unless
-    /// [`umapcfg_set_umap_page_size`] set a good one before it.
-    bad_page_size: Option<String>,
-}
-
-fn cpus() -> u64 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
-}
-
-/// The number in environment variable `name`, or `default`; a value that
-/// is not a number is recorded in `bad` (the first one only).
-fn env_num(name: &str, default: u64, bad: &mut Option<String>) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
-            bad.get_or_insert_with(|| format!("{name}={v:?} is not a number"));
-            default
-        }),
-        Err(_) => default,
-    }
-}
-
-impl Settings {
-    fn from_env() -> Settings {
-        let mut bad = None;
-        let b = &mut bad;
-        let mut s = Settings {
-            page_size: engine::PAGE_SIZE as u64,
-            buf_pages: env_num("UMAP_BUFSIZE", 0, b),
-            fillers: env_num("UMAP_PAGE_FILLERS", cpus(), b),
-            evictors: env_num("UMAP_PAGE_EVICTORS", cpus(), b),
-            read_ahead: env_num("UMAP_READ_AHEAD", 0, b),
-            max_fault_events: env_num("UMAP_MAX_FAULT_EVENTS", 256, b),
-            low_water: env_num("UMAP_EVICT_LOW_WATER_THRESHOLD", 70, b).min(100) as c_int,
-            high_water: env_num("UMAP_EVICT_HIGH_WATER_THRESHOLD", 90, b).min(100) as c_int,
-            bad: None,
-            bad_page_size: None,
-        };
-        let mut bad_page_size = None;
-        let page_size = env_num(
-            "UMAP_PAGESIZE",
-            engine::PAGE_SIZE as u64,
-            &mut bad_page_size,
-        );
-        if page_size == 0 || !page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
-            bad_page_size.get_or_insert_with(|| {
-                format!("UMAP_PAGESIZE={page_size} must be a non-zero multiple of 4096")
-            });
-        } else if bad_page_size.is_none() {
-            s.page_size = page_size;
-        }
-        s.bad = bad;
-        s.bad_page_size = bad_page_size;
-        s
-    }
-
-    /// The pager these settings describe.
-    fn builder(&self) -> Result<engine::PagerBuilder, String> {
-        let pages_per = (self.page_size / engine::PAGE_SIZE as u64).max(1);
-        let budget = match self.buf_pages {
-            0 => available_bytes() / 10 * 8 / engine::PAGE_SIZE as u64,
-            n => n.saturating_mul(pages_per),
-        };
-        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let policy: Policy = match env("UFFD_PAGER_POLICY") {
-            Some(v) => v.parse().map_err(|e| format!("UFFD_PAGER_POLICY: {e}"))?,
-            None => Policy::default(),
-        };
-        let delivery: Delivery = match env("UFFD_PAGER_DELIVERY") {
-            Some(v) => v.parse().map_err(|e| format!("UFFD_PAGER_DELIVERY: {e}"))?,
-            None => Delivery::InThread,
-        };
-        let mut b = Pager::builder()
-            .policy(policy)
-            .delivery(delivery)
-            .budget_pages(budget.max(1))
-            .kswapd(self.evictors > 0)
-            // UMap reads ahead only when told to (the engine's readahead
-            // window comes from UMAP_READ_AHEAD below). It fills one UMap
-            // page per fault; here the UMap page is the fault-around base
-            // cluster (off for 4 KiB UMap pages), which maps only what is
-            // cached already (see the module docs).
-            .fault_around(pages_per as usize);
-        let window = self
-            .read_ahead
-            .saturating_mul(pages_per)
-            .min(u32::MAX as u64);
-        b = b.readahead(window as u32, self.fillers.clamp(1, 64) as usize);
-        Ok(b)
-    }
-}
-
-/// `MemAvailable`-like: free plus buffer memory, from sysinfo(2).
-fn available_bytes() -> u64 {
-    // SAFETY: a zeroed sysinfo is a valid out-parameter.
-    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::sysinfo(&mut si) } != 0 {
-        return 1 << 30;
-    }
-    (si.freeram as u64 + si.bufferram as u64).saturating_mul(si.mem_unit as u64)
 }
 
 /// The process's UMap state.
@@ -179,7 +64,46 @@ struct State {
 
 static STATE: OnceLock<Mutex<State>> = OnceLock::new();
 
-fn state() -> MutexGuard<'static, State> {
+/// The state's lock, held: the holder's thread id is in [`HOLDER`] while
+/// it is (so that the exit's write-back can tell another thread's call in
+/// flight, which it waits for, from one of its own thread's).
+struct Held(MutexGuard<'static, State>);
+
+/// The thread id of the state lock's holder, or 0.
+static HOLDER: AtomicI32 = AtomicI32::new(0);
+
+impl std::ops::Deref for Held {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.0
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // (Before the guard, a field, unlocks.)
+        HOLDER.store(0, Relaxed);
+    }
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+fn state() -> Held {
+    let g = lock_state();
+    HOLDER.store(gettid(), Relaxed);
+    Held(g)
+}
+
+fn lock_state() -> MutexGuard<'static, State> {
     STATE
         .get_or_init(|| {
             Mutex::new(State {
@@ -196,9 +120,11 @@ fn state() -> MutexGuard<'static, State> {
 /// At exit: the regions the program never `uunmap`ped are written back
 /// (as the kernel keeps what was stored through a shared mapping), and so
 /// are pages of regions unmapped while their file refused them; what
-/// fails is said on stderr. Skipped if the state's lock is taken (an exit
-/// from inside a UMap call on this thread, or another thread's call in
-/// flight) or in a `fork()`ed child (a region's flush refuses to run there).
+/// fails is said on stderr. Another thread's call in flight (a `uunmap`
+/// writing its region back, which `exit` would cut short) is waited for,
+/// up to [`EXIT_WAIT`]. Skipped if this thread holds the state (an exit
+/// from inside a UMap call on this thread), after that wait, or in a
+/// `fork()`ed child (a region's flush refuses to run there).
 extern "C" fn umap_fini() {
     // (An exit from a signal handler that interrupted the engine serving
     // a fault on this thread: what a write-back would wait for may be
@@ -208,18 +134,26 @@ extern "C" fn umap_fini() {
     }
     let _ = std::panic::catch_unwind(|| {
         use std::sync::TryLockError;
-        let st = match STATE.get().map(|m| m.try_lock()) {
-            None => return,
-            Some(Ok(st)) => st,
-            // A call that panicked (caught) while it held the state: the
-            // regions are still there to write.
-            Some(Err(TryLockError::Poisoned(p))) => p.into_inner(),
-            Some(Err(TryLockError::WouldBlock)) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "umap: a call was in flight at exit: regions not written back"
-                );
-                return;
+        let Some(m) = STATE.get() else { return };
+        let deadline = std::time::Instant::now() + EXIT_WAIT;
+        let st = loop {
+            match m.try_lock() {
+                Ok(st) => break st,
+                // A call that panicked (caught) while it held the state: the
+                // regions are still there to write.
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock)
+                    if HOLDER.load(Relaxed) != gettid() && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "umap: a call was in flight at exit: regions not written back"
+                    );
+                    return;
+                }
             }
         };
         let mut r = Ok(());
@@ -238,6 +172,9 @@ extern "C" fn umap_fini() {
         }
     });
 }
+
+/// How long the exit's write-back waits for another thread's call.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[used]
 #[link_section = ".fini_array"]
@@ -364,9 +301,14 @@ pub unsafe extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
         let Some(i) = st.regions.iter().position(|r| r.as_ptr() == addr.cast()) else {
             return Err(libc::EINVAL);
         };
+        // The state stays held across the write-back: an exit on another
+        // thread waits for it (the region is in no list meanwhile), and so
+        // does umap_flush, which would else return before these pages are
+        // written.
         let region = st.regions.swap_remove(i);
+        let r = region.unmap().map_err(|e| e.errno());
         drop(st);
-        region.unmap().map_err(|e| e.errno())
+        r
     });
     match r {
         Ok(Ok(())) => 0,

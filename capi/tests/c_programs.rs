@@ -235,3 +235,48 @@ fn a_umap_fixed_into_a_range_just_freed_lands_there() {
     let out = run(Command::new(&exe).arg(scratch("umap-fixed.dat")));
     assert_eq!(out, "umap fixed: at the address, read 'a'\n");
 }
+
+/// A UMap program whose main thread exits while another thread's `uunmap`
+/// writes its region back keeps every store. The region had left the
+/// library's list and the state's lock was let go before the write-back,
+/// so the exit found nothing to write or wait for, and `exit` ended the
+/// write-back part way (most of 16,384 stored pages lost).
+#[test]
+fn an_exit_during_another_threads_uunmap_keeps_its_stores() {
+    let link = shared_link();
+    let exe = build(
+        "umap_exit_during_uunmap.c",
+        "umap_exit_during_uunmap",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let file = scratch("umap-exit-uunmap.dat");
+    run(Command::new(&exe).arg(&file));
+    let data = std::fs::read(&file).unwrap();
+    let lost = data.chunks(4096).filter(|p| p[0] != b's').count();
+    assert_eq!(lost, 0, "of {} pages", data.len() / 4096);
+}
+
+/// An empty UMap variable (a script's `export UMAP_READ_AHEAD=`) is unset,
+/// and a buffer past the engine's largest budget (`UMAP_BUFSIZE` of
+/// `UINT64_MAX`, "no limit") is that budget: both made every `umap` fail
+/// with `EINVAL`.
+#[test]
+fn empty_and_unbounded_umap_settings_still_map() {
+    let link = shared_link();
+    // (Built under a name of its own: another test builds umap_random.)
+    let exe = build(
+        "umap_random.c",
+        "umap_random_settings",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    for (name, value) in [
+        ("UMAP_READ_AHEAD", ""),
+        ("UMAP_BUFSIZE", "18446744073709551615"),
+    ] {
+        let out = run(Command::new(&exe)
+            .env(name, value)
+            .arg(scratch("umap-settings.dat"))
+            .args(["64", "1"]));
+        assert!(out.contains("umap: ok"), "{name}={value:?}: {out}");
+    }
+}

@@ -93,6 +93,13 @@ int main(int argc, char **argv) {
   CHECK(bad == NULL && strlen(uffd_pager_last_error()) > 0);
   CHECK(uffd_pager_map_anonymous(p, 100, &bad) == -EINVAL);
   CHECK(uffd_pager_region_flush(NULL) == -EINVAL);
+  /* A descriptor opened read-only, mapped writable (the default): EACCES,
+   * as mmap answers (it was EBADF, which says the number is bad). */
+  int ro = open(path, O_RDONLY);
+  CHECK(ro >= 0);
+  CHECK(uffd_pager_map_fd(p, ro, 0, PAGE, NULL, &bad) == -EACCES && bad == NULL);
+  CHECK(strstr(uffd_pager_last_error(), "reading and writing") != NULL);
+  close(ro);
 
   uffd_pager_region *r = NULL;
   CHECK(uffd_pager_map_file(p, path, 0, NULL, &r) == 0);
