@@ -299,14 +299,18 @@ pub unsafe extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
     let r = std::panic::catch_unwind(|| {
         let mut st = state();
         let Some(i) = st.regions.iter().position(|r| r.as_ptr() == addr.cast()) else {
-            return Err(libc::EINVAL);
+            return Err(crate::fail(
+                libc::EINVAL,
+                format_args!("uunmap: no region starts at {addr:p}"),
+            )
+            .abs());
         };
         // The state stays held across the write-back: an exit on another
         // thread waits for it (the region is in no list meanwhile), and so
         // does umap_flush, which would else return before these pages are
         // written.
         let region = st.regions.swap_remove(i);
-        let r = region.unmap().map_err(|e| e.errno());
+        let r = region.unmap().map_err(|e| crate::fail_with(&e).abs());
         drop(st);
         r
     });
@@ -347,7 +351,7 @@ pub extern "C" fn umap_flush() -> c_int {
         if let Some(p) = &st.pager {
             r = r.and(p.flush_unmapped());
         }
-        r.map_err(|e| e.errno())
+        r.map_err(|e| crate::fail_with(&e).abs())
     });
     match r {
         Ok(Ok(())) => 0,
@@ -487,7 +491,10 @@ pub unsafe extern "C" fn umap_uffd_pager_stats(
     size: usize,
 ) -> c_int {
     if out.is_null() || size > crate::abi::MAX_SIZE {
-        return -libc::EINVAL;
+        return crate::fail(
+            libc::EINVAL,
+            format_args!("umap_uffd_pager_stats: out {out:p}, size {size}"),
+        );
     }
     let s = std::panic::catch_unwind(|| {
         state()

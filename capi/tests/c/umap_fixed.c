@@ -1,10 +1,13 @@
 /* umap with UMAP_FIXED into a range that was free: one the program
  * reserved and unmapped just before, so the first free range of its size,
  * where the library's own mappings (its first umap builds the pager) would
- * go. The region lands there and reads the file.
+ * go. The region lands there and reads the file. A second uunmap of it
+ * fails with EINVAL, and uffd_pager_last_error says why.
  *
  * usage: umap_fixed FILE */
 #include <umap/umap.h>
+#include <uffd_pager.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -33,5 +36,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("umap fixed: %s, read '%c'\n", r == p ? "at the address" : "elsewhere", r[5 * 4096]);
-  return uunmap(r, LEN) != 0;
+  if (uunmap(r, LEN) != 0)
+    return 1;
+  if (uunmap(r, LEN) != -1 || errno != EINVAL)
+    return 1;
+  printf("again: %s\n", strstr(uffd_pager_last_error(), "no region starts at") ? "said" : "silent");
+  return 0;
 }
