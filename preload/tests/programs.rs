@@ -928,6 +928,33 @@ fn a_fixed_map_into_a_range_just_freed_is_paged() {
     assert_eq!(counter(&st, "preload_passed"), 0, "{st}");
 }
 
+/// `munmap` of a range that runs past the top of the address space is the
+/// kernel's `EINVAL`, with nothing unmapped. The shim unmapped the pager
+/// mappings in the range and had the kernel unmap the gaps between them
+/// (the program's own memory there: here a page of its own) before the
+/// kernel's `EINVAL` for the whole.
+#[test]
+fn munmap_past_the_top_of_the_address_space_unmaps_nothing() {
+    let d = scratch();
+    let exe = build_c(&d, "munmap_past_the_top");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("past-top-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(
+        plain,
+        "munmap: -1 (EINVAL), mapping reads 'a', memory reads 'q'\n"
+    );
+    let pattern = format!("{}/past-top.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("past-top.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("past-top.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mremap(MREMAP_FIXED)` of a pager mapping to a target over itself is
 /// the kernel's `EINVAL`; the engine's answer was `EEXIST`, an errno
 /// mremap never gives.

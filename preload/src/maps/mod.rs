@@ -789,8 +789,12 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
     let Some(st) = guard.as_mut() else {
         return kernel(addr, len);
     };
-    if len == 0 || !addr.is_multiple_of(PAGE) {
-        return kernel(addr, len); // the kernel's EINVAL
+    if len == 0 || !addr.is_multiple_of(PAGE) || addr > task_size() || rlen > task_size() - addr {
+        // The kernel's EINVAL, before it unmaps anything. (A range past
+        // the top of the address space took the pager mappings in it and
+        // the kernel unmapped the gaps between them: thread stacks, the
+        // heap, before its EINVAL.)
+        return kernel(addr, len);
     }
     // Mappings all of whose memory lies in the range go away through the
     // engine; the kernel unmaps the rest of the range (parts of other pager
@@ -825,6 +829,34 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
         }
     }
     rc
+}
+
+/// The top of the address space the kernel lets this process map (its
+/// `TASK_SIZE`): 2⁴⁷ less a page with 4-level page tables, 2⁵⁶ less a
+/// page with 5-level ones. Probed once: the page at 2⁴⁷ can be mapped (or
+/// is mapped already) only with 5-level tables.
+pub(crate) fn task_size() -> usize {
+    static SIZE: AtomicUsize = AtomicUsize::new(0);
+    let known = SIZE.load(Relaxed);
+    if known != 0 {
+        return known;
+    }
+    let probe = 1usize << 47;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    let e = crate::errno();
+    // SAFETY: MAP_FIXED_NOREPLACE replaces nothing; a page it maps is
+    // unmapped at once, and nothing else knows of it.
+    let five_level = unsafe {
+        let p = libc::syscall(libc::SYS_mmap, probe, PAGE, libc::PROT_NONE, flags, -1, 0);
+        if p as usize == probe {
+            libc::syscall(libc::SYS_munmap, probe, PAGE);
+        }
+        p as usize == probe || p == -1 && crate::errno() == libc::EEXIST
+    };
+    crate::set_errno(e);
+    let size = if five_level { 1 << 56 } else { 1 << 47 } - PAGE;
+    SIZE.store(size, Relaxed);
+    size
 }
 
 /// The one entry mapped whole, and at exactly `[a, a+len)`.
