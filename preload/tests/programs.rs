@@ -955,6 +955,29 @@ fn munmap_past_the_top_of_the_address_space_unmaps_nothing() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// `mprotect(PROT_WRITE)` over a pager mapping and a hole after it is the
+/// kernel's `ENOMEM`, after the kernel made the mapping writable: the
+/// shim returned before it marked the mapping writable, so `fsync`
+/// skipped it and the store never reached the file.
+#[test]
+fn a_store_after_mprotect_over_a_hole_reaches_the_file() {
+    let d = scratch();
+    let exe = build_c(&d, "mprotect_hole");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("mprotect-hole-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, "mprotect: -1 (ENOMEM), the file reads 's'\n");
+    let pattern = format!("{}/mprotect-hole.dat", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("mprotect-hole.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("mprotect-hole.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mremap(MREMAP_FIXED)` of a pager mapping to a target over itself is
 /// the kernel's `EINVAL`; the engine's answer was `EEXIST`, an errno
 /// mremap never gives.

@@ -192,7 +192,11 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
             unsafe { sys::call(nr, addr, len, prot as usize, k, 0) as c_int }
         }
     };
-    if rc != 0 {
+    // ENOMEM (a hole in the range) comes after the kernel changed the
+    // mappings before the hole: made writable, in part, they are marked so
+    // below all the same (else fsync and the exit skipped their stores).
+    let after = crate::errno();
+    if rc != 0 && !(engine.is_none() && write && after == libc::ENOMEM) {
         return Some(rc);
     }
     for &(i, _) in &hits {
@@ -220,8 +224,8 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
             }
         }
     }
-    crate::set_errno(e);
-    Some(0)
+    crate::set_errno(if rc == 0 { e } else { after });
+    Some(rc)
 }
 
 /// The refusal of `mprotect(PROT_WRITE)` that would give file `path` a
