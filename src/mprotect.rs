@@ -102,6 +102,15 @@ impl Mm {
             {
                 return false;
             }
+            // The mapping itself must be readable and writable under the
+            // write protection: the application's own `mprotect` may have
+            // changed it (`PROT_NONE` through the preload shim, which
+            // passes that to the kernel), and the write protection alone
+            // left it so: every read was SIGSEGV. (Writable already: a
+            // no-op. Its write-protected PTEs stay so.)
+            if mprotect(vma.start, vma.len(), libc::PROT_READ | libc::PROT_WRITE).is_err() {
+                return false;
+            }
             vma.writable.store(false, Release);
             vma.read_only_wp.store(true, Release);
             return true;

@@ -978,6 +978,25 @@ fn a_store_after_mprotect_over_a_hole_reaches_the_file() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A private anonymous pager mapping made `PROT_NONE` (the kernel's
+/// call), then `PROT_READ` (the engine's: its pages write-protected, the
+/// mapping left as it was) reads back what was written. The mapping stayed
+/// `PROT_NONE`, so the read was SIGSEGV.
+#[test]
+fn an_anonymous_mapping_made_none_then_read_only_reads() {
+    let d = scratch();
+    let exe = build_c(&d, "mprotect_none_then_read");
+    let plain = ok(&Command::new(&exe).output().unwrap());
+    assert_eq!(plain, "read 'w', write refused\n");
+    let (o, st) = under_shim(
+        &mut Command::new(&exe),
+        &[("UFFD_PAGER_ANON_MIN", "16M"), ("UFFD_PAGER_BUDGET", "4M")],
+        &d.join("none-then-read.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mremap(MREMAP_FIXED)` of a pager mapping to a target over itself is
 /// the kernel's `EINVAL`; the engine's answer was `EEXIST`, an errno
 /// mremap never gives.
