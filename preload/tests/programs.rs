@@ -997,6 +997,29 @@ fn an_anonymous_mapping_made_none_then_read_only_reads() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// `mremap` of part of a pager mapping is refused (EINVAL), the mapping
+/// left as it was. The kernel moved the part with its userfaultfd
+/// registration, where the engine has no region, and the first touch of
+/// it was SIGSEGV.
+#[test]
+fn mremap_of_part_of_a_pager_mapping_is_refused_not_a_crash() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_part");
+    let plain = ok(&Command::new(&exe).output().unwrap());
+    assert_eq!(
+        plain,
+        "mremap of part: moved, reads ad0, the rest reads eh\n"
+    );
+    let (o, st) = under_shim(
+        &mut Command::new(&exe),
+        &[("UFFD_PAGER_ANON_MIN", "16M"), ("UFFD_PAGER_BUDGET", "4M")],
+        &d.join("mremap-part.stats"),
+    );
+    assert_eq!(ok(&o), "mremap of part: EINVAL, the mapping reads ah\n");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    assert_eq!(counter(&st, "preload_refused"), 1, "{st}");
+}
+
 /// `mremap(MREMAP_FIXED)` of a pager mapping to a target over itself is
 /// the kernel's `EINVAL`; the engine's answer was `EEXIST`, an errno
 /// mremap never gives.

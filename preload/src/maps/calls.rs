@@ -4,9 +4,13 @@
 
 use super::*;
 
-/// mremap of a whole pager mapping goes through the engine; of part of a
-/// writable shared one is refused (EINVAL: its write-back could not follow
-/// it); anything else is the kernel's.
+/// mremap of a whole pager mapping goes through the engine; of part of
+/// one (or a length of 0, which duplicates a shared mapping) is refused
+/// (EINVAL): the kernel would move or copy the part with its
+/// userfaultfd registration, and the engine, which follows only whole
+/// regions, has no region there, so each touch of it was SIGSEGV (and a
+/// writable shared mapping's write-back could not follow it). Anything
+/// else is the kernel's.
 pub fn mremap(
     old: usize,
     old_len: usize,
@@ -26,8 +30,14 @@ pub fn mremap(
     // (Pruned first: the indices below stay those of the table.)
     st.prune();
     let Some(i) = whole(st, old, old_len) else {
-        let touched = overlapping(st, old, old.saturating_add(old_len));
-        if touched.iter().any(|&(i, _)| st.maps[i].writable_shared) {
+        let touched = overlapping(st, old, old.saturating_add(old_len.max(1)));
+        if let Some(&(i, _)) = touched.first() {
+            REFUSED.fetch_add(1, Relaxed);
+            let msg = format!(
+                "{}: refusing an mremap of part of the mapping (EINVAL): the pager moves whole                  mappings only",
+                st.maps[i].path
+            );
+            st.say(msg);
             return fail(libc::EINVAL);
         }
         return None;
