@@ -161,11 +161,70 @@ fn sizes_past_the_memory_are_usage_errors() {
 /// default budget, 512 KiB, was such a budget).
 #[test]
 fn a_budget_under_two_huge_pages_is_a_usage_error() {
-    for w in ["filemap", "swap", "random"] {
+    for w in ["filemap", "swap", "random", "metadata"] {
         rejects(
             &["bench", w, "--page-size", "2M", "--budget", "1"],
             "--budget 1 is under two 2 MiB pages",
         );
+    }
+}
+
+/// A trace that is not a regular file, or is too large, is refused
+/// before it is read: `/dev/zero` was read until the OOM killer came (14
+/// GiB), and a FIFO without a writer blocked for ever.
+#[test]
+fn a_trace_that_is_no_regular_file_or_too_large_is_a_usage_error() {
+    let dir = std::env::temp_dir().join(format!("uffd-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let big = dir.join("big");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(65 << 20).unwrap(); // (sparse)
+    for (path, needle) in [
+        ("/dev/zero", "not a regular file"),
+        (fifo.to_str().unwrap(), "not a regular file"),
+        (big.to_str().unwrap(), "a trace is at most"),
+    ] {
+        rejects(&["bench", "launch", "--trace", path], needle);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--baseline kernel` whose files would not fit on the disk is refused
+/// before it writes them: it wrote at a gigabyte a second until the disk
+/// was full (a 1 TiB `filemap`, a 16 TB `random`).
+#[test]
+fn baseline_files_larger_than_the_disk_are_a_usage_error() {
+    for args in [
+        &[
+            "bench",
+            "filemap",
+            "--baseline",
+            "kernel",
+            "--policy",
+            "retry-once",
+            "--pages",
+            "16777216",
+            "--threads",
+            "16",
+            "--budget",
+            "16",
+        ][..],
+        &[
+            "bench",
+            "random",
+            "--baseline",
+            "kernel",
+            "--policy",
+            "retry-once",
+            "--budget",
+            "1000000000",
+        ],
+    ] {
+        rejects(args, "free on");
     }
 }
 
@@ -186,6 +245,17 @@ fn flags_a_workload_would_ignore_are_refused() {
         (&["bench", "swap", "--shards", "2"], "--shards"),
         (&["bench", "swap", "--trace", "/etc/hostname"], "--trace"),
         (&["bench", "scan", "--noise", "1"], "--noise"),
+        // Only filemap, swap and launch read a simulated store: the others
+        // took the latency and ran as fast as without it.
+        (
+            &["bench", "random", "--max-inflight", "1"],
+            "--max-inflight",
+        ),
+        (&["bench", "scan", "--latency", "fixed:1ms"], "--latency"),
+        (
+            &["bench", "populate-churn", "--writer-pause-us", "5"],
+            "--writer-pause-us",
+        ),
         (
             &[
                 "bench",

@@ -249,6 +249,14 @@ pub fn run(a: &MetadataArgs) -> CliResult {
             a.page_size
         )));
     }
+    // (The engine refuses a budget of 2 MiB pages under two of them: a
+    // usage error here, as for the workloads, not a failed run.)
+    if units > 1 && sizes.budget_units < 2 * units {
+        return Err(CliError::Usage(format!(
+            "--budget {} is under two 2 MiB pages, the least a budget of them holds",
+            sizes.budget_units / units
+        )));
+    }
     if sizes.touch == 0 || sizes.touch > sizes.pages {
         return Err(CliError::Usage(format!(
             "--touch {} must be in 1..=--pages ({})",

@@ -236,6 +236,16 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
         &[Filemap, Swap, Random, Scan, Launch],
     )?;
     only("--noise", a.noise > 0, &[Filemap, Swap])?;
+    // (Only filemap, swap and launch read a simulated store; the others
+    // read files, so the latency was accepted and had no effect.)
+    only(
+        "--latency or --max-inflight",
+        shapes_the_simulated_store(a),
+        &[Filemap, Swap, Launch],
+    )?;
+    let writes = [Filemap, Swap, Random, Scan, Launch];
+    only("--writer-pause-us", a.writer_pause_us.is_some(), &writes)?;
+    only("--writer-burst-us", a.writer_burst_us.is_some(), &writes)?;
     only("--kind", a.kind.is_some(), &[Filemap, Random, Scan, Launch])?;
     only(
         "--drain",

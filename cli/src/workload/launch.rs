@@ -119,9 +119,37 @@ impl Trace {
         s
     }
 
-    /// Reads a trace file.
+    /// Reads a trace file: a regular file of at most [`MAX_TRACE_BYTES`].
+    /// (Anything else was read whole: `/dev/zero` until the OOM killer
+    /// came, a FIFO without end.)
     pub fn load(path: &Path) -> io::Result<Trace> {
-        Trace::parse(&std::fs::read_to_string(path)?)
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let refuse = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
+        // O_NONBLOCK: opening a FIFO with no writer must not wait for one.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?;
+        let meta = f.metadata()?;
+        if !meta.is_file() {
+            return Err(refuse("not a regular file".into()));
+        }
+        if meta.len() > MAX_TRACE_BYTES {
+            return Err(refuse(format!(
+                "{} bytes: a trace is at most {MAX_TRACE_BYTES}",
+                meta.len()
+            )));
+        }
+        let mut text = String::new();
+        // (Bounded again: the file may grow while it is read.)
+        f.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text)?;
+        if text.len() as u64 > MAX_TRACE_BYTES {
+            return Err(refuse(format!(
+                "a trace is at most {MAX_TRACE_BYTES} bytes"
+            )));
+        }
+        Trace::parse(&text)
     }
 
     /// Writes a trace file.
@@ -168,6 +196,9 @@ impl Trace {
         Duration::from_micros(self.accesses.iter().map(|a| a.think_us as u64).sum())
     }
 }
+
+/// The largest trace file, in bytes (64 MiB: some six million accesses).
+pub const MAX_TRACE_BYTES: u64 = 64 << 20;
 
 /// The largest region a trace may address, in pages (64 GiB).
 pub const MAX_TRACE_PAGES: usize = 1 << 24;

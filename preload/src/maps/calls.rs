@@ -34,7 +34,8 @@ pub fn mremap(
         if let Some(&(i, _)) = touched.first() {
             REFUSED.fetch_add(1, Relaxed);
             let msg = format!(
-                "{}: refusing an mremap of part of the mapping (EINVAL): the pager moves whole                  mappings only",
+                "{}: refusing an mremap of part of the mapping (EINVAL): the pager moves whole \
+             mappings only",
                 st.maps[i].path
             );
             st.say(msg);

@@ -297,20 +297,25 @@ fn in_child(job: &Job<'_>, group: &MemCgroup, name: String) -> Result<Side, Stri
     Ok(side)
 }
 
-/// Runs workload `w`'s sides with their files in `dir` (a disk file
-/// system). File sizes: `random` 4 × the limit; `scan` `k.pages`, the
-/// engine's budget raised to hold it (warm passes); `filemap` `k.pages`
-/// per thread.
-pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
-    check(w, k, dir)?;
-    // The thread that waits for the ending signals holds no lock a child
-    // could inherit (and kills the children when it cleans up).
-    if threads_in_process() != 1 + crate::os::interrupt::helper_threads() {
-        return Err(
-            "the kernel baseline forks its sides and must start before any other thread".into(),
-        );
+/// Bytes free to an unprivileged writer on the file system of `dir`.
+fn free_bytes(dir: &Path) -> Result<u64, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| format!("{}: a path with a NUL byte", dir.display()))?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path, `s` writable.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("--baseline-dir {}: {e}", dir.display()));
     }
-    let (file_pages, files, budget) = match w {
+    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+}
+
+/// The run's files, in pages each, and how many, and the engine's budget
+/// (see [`run`]).
+fn files_of(w: Workload, k: &Knobs) -> Result<(usize, usize, u64), String> {
+    Ok(match w {
         Workload::Random => {
             // 4 × the limit, which itself grows with the file's page states.
             let mut pages = 4 * k.budget_pages as usize;
@@ -331,7 +336,23 @@ pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
             )
         }
         Workload::Filemap => (k.pages.max(1), k.threads.max(1), k.budget_pages),
-    };
+    })
+}
+
+/// Runs workload `w`'s sides with their files in `dir` (a disk file
+/// system). File sizes: `random` 4 × the limit; `scan` `k.pages`, the
+/// engine's budget raised to hold it (warm passes); `filemap` `k.pages`
+/// per thread.
+pub fn run(w: Workload, k: &Knobs, dir: &Path) -> Result<Report, String> {
+    check(w, k, dir)?;
+    // The thread that waits for the ending signals holds no lock a child
+    // could inherit (and kills the children when it cleans up).
+    if threads_in_process() != 1 + crate::os::interrupt::helper_threads() {
+        return Err(
+            "the kernel baseline forks its sides and must start before any other thread".into(),
+        );
+    }
+    let (file_pages, files, budget) = files_of(w, k)?;
     let limit = limit(budget, file_pages * files)?;
     let files: Vec<PatternFile> = (0..files)
         .map(|_| PatternFile::create(dir, "baseline", file_pages))
@@ -523,6 +544,23 @@ pub fn check(w: Workload, k: &Knobs, dir: &Path) -> Result<(), String> {
             dir.display()
         )
     })?;
+    // The files must fit: made first and written whole, files larger than
+    // the disk filled it (a 1 TiB `filemap` at a gigabyte a second).
+    let (file_pages, files, _) = files_of(w, k)?;
+    let need = (file_pages as u64)
+        .checked_mul(files as u64)
+        .and_then(|p| p.checked_mul(PAGE_SIZE as u64));
+    let free = free_bytes(dir)?;
+    // (A tenth more: the engine's swap files and the disk's own use.)
+    if need.is_none_or(|n| n.saturating_add(n / 10) > free) {
+        return Err(format!(
+            "the kernel baseline's files come to {} MiB ({files} of {file_pages} pages), more \
+             than {} MiB free on {} (--baseline-dir): use a smaller --budget or --pages",
+            need.map_or(u64::MAX, |n| n >> 20),
+            free >> 20,
+            dir.display()
+        ));
+    }
     if w == Workload::Scan
         && access::engine_map_options(w, k).install_kind() == uffd_pager::InstallKind::Anonymous
     {
