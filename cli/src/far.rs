@@ -207,10 +207,13 @@ pub fn plain_connection(
     url: &StoreUrl,
 ) -> std::result::Result<Box<dyn redis::ConnectionLike>, String> {
     let timeout = std::time::Duration::from_secs(5);
-    match RedisUrl::parse(&url.0).map_err(|e| e.to_string())? {
-        RedisUrl::Standalone { host, port, db } => {
-            let c = redis::Client::open(format!("redis://{host}:{port}/{db}"))
-                .map_err(|e| e.to_string())?;
+    // (`client_urls`: an IPv6 host goes in brackets, which a URL made
+    // here from the host and port lacked, so `[::1]` could not be read.)
+    let parsed = RedisUrl::parse(&url.0).map_err(|e| e.to_string())?;
+    let urls = parsed.client_urls();
+    match parsed {
+        RedisUrl::Standalone { .. } => {
+            let c = redis::Client::open(urls[0].as_str()).map_err(|e| e.to_string())?;
             let con = c
                 .get_connection_with_timeout(timeout)
                 .map_err(|e| e.to_string())?;
@@ -218,11 +221,7 @@ pub fn plain_connection(
                 .map_err(|e| e.to_string())?;
             Ok(Box::new(con))
         }
-        RedisUrl::Cluster { nodes } => {
-            let urls: Vec<String> = nodes
-                .iter()
-                .map(|(h, p)| format!("redis://{h}:{p}"))
-                .collect();
+        RedisUrl::Cluster { .. } => {
             let c = redis::cluster::ClusterClient::builder(urls)
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
@@ -266,4 +265,22 @@ pub fn read_back(url: &StoreUrl, prefix: &str, pages: usize) -> Result<Vec<u8>> 
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv6 server's URL reaches the connection (refused here: nothing
+    /// listens on port 1). It was made without the brackets, so the redis
+    /// crate could not read it, for a server and for a cluster's node.
+    #[test]
+    fn a_plain_connection_to_an_ipv6_server_is_tried() {
+        for url in ["redis://[::1]:1", "redis-cluster://[::1]:1"] {
+            let e = plain_connection(&StoreUrl(url.into()))
+                .err()
+                .expect("nothing listens on port 1");
+            assert!(e.to_lowercase().contains("refused"), "{url}: {e}");
+        }
+    }
 }

@@ -151,6 +151,24 @@ impl RedisUrl {
         }
     }
 
+    /// The `redis` crate's URL of each server: one for a standalone
+    /// server (with its database), one per seed node of a cluster; an IPv6
+    /// host in brackets, as the crate needs it.
+    ///
+    /// ```
+    /// use uffd_pager::store::RedisUrl;
+    ///
+    /// let u = RedisUrl::parse("redis://[::1]:6390").unwrap();
+    /// assert_eq!(u.client_urls(), ["redis://[::1]:6390/0"]);
+    /// ```
+    pub fn client_urls(&self) -> Vec<String> {
+        let n = match self {
+            RedisUrl::Standalone { .. } => 1,
+            RedisUrl::Cluster { nodes } => nodes.len(),
+        };
+        (0..n).map(|i| self.client_url(i)).collect()
+    }
+
     /// The crate's URL for node `i` (the server itself if standalone).
     pub(super) fn client_url(&self, i: usize) -> String {
         match self {
