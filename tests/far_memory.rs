@@ -312,3 +312,49 @@ fn a_killed_frozen_and_restarted_server_gives_defined_outcomes_only() {
     drop(region);
     store.clear().unwrap();
 }
+
+/// A namespace opened again (a new `RedisStore`) while the pages an
+/// earlier region over it could not write back wait: the map writes them
+/// first, and the new region reads them. The two stores did not count as
+/// one (no `Store::identity`), so the map went ahead without them, read
+/// the older bytes, and the later write-back would have put those over
+/// the new region's writes.
+#[test]
+fn a_namespace_opened_again_gets_the_pages_that_waited() {
+    if skip() {
+        return;
+    }
+    const PAGES: usize = 16;
+    let server = OwnServer::start();
+    let opts = RedisOptions {
+        prefix: namespace("reopen"),
+        timeout: Duration::from_millis(200),
+        attempts: 1,
+    };
+    let len = (PAGES * PAGE) as u64;
+    let first = Arc::new(RedisStore::open(&server.url(), len, &opts).unwrap());
+    let (pager, mut region) = pager_and_region(first, PAGES, 64, 1, true);
+    region.as_mut_slice().fill(b'n');
+    // The server frozen: the unmap's write-back fails, and its pages wait.
+    server.signal(libc::SIGSTOP);
+    let unmapped = region.unmap();
+    server.signal(libc::SIGCONT);
+    assert!(
+        unmapped.is_err(),
+        "the write-back should fail: {unmapped:?}"
+    );
+    assert!(pager.unwritten_bytes() > 0);
+    let again = Arc::new(RedisStore::open(&server.url(), len, &opts).unwrap());
+    let map = MapOptions {
+        kind: Some(InstallKind::Shared),
+        ..MapOptions::default()
+    };
+    // SAFETY: the test changes this store only through the region (the
+    // store contract).
+    let region = unsafe { pager.map_store(again, PAGES * PAGE, &map) }.unwrap();
+    assert_eq!(pager.unwritten_bytes(), 0, "written before the map");
+    assert!(
+        region.as_slice().iter().all(|&b| b == b'n'),
+        "the new region reads what the first one stored"
+    );
+}

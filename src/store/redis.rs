@@ -347,6 +347,25 @@ impl Store for RedisStore {
         self.len
     }
 
+    /// The server (its URL spelled out, or a cluster's seed nodes in the
+    /// order given) and the key namespace, hashed: two stores opened on
+    /// the same namespace count as one where pages wait to be written
+    /// (`Pager::flush_unmapped`). The top bit is set, which no file's
+    /// device number has. (Without it, a namespace opened again while its
+    /// unwritten pages waited was mapped without them, read the older
+    /// bytes, and the later write-back put those over its writes.)
+    fn identity(&self) -> Option<(u64, u64)> {
+        use std::hash::{Hash, Hasher};
+        let hash = |s: &str| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        let server = RedisUrl::parse(&self.shared.url)
+            .map_or_else(|_| self.shared.url.clone(), |u| u.to_string());
+        Some((hash(&server) | 1 << 63, hash(&self.prefix)))
+    }
+
     /// A `GET`, or an `MGET` for more than one page.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let first = self.first_page(offset, buf.len())?;
