@@ -37,6 +37,14 @@ struct Batch {
     cleaned: Vec<usize>,
 }
 
+/// Marks the pages `cleaned` dirty again (each under its page lock).
+fn dirty_again(obj: &Object, cleaned: &[usize]) {
+    for &i in cleaned {
+        obj.cache.lock(i);
+        obj.cache.unlock(i, DIRTY, 0);
+    }
+}
+
 impl Mm {
     /// Writes every dirty page of a shared object back to its store and
     /// syncs it. Anonymous objects are private copies: nothing to write.
@@ -59,6 +67,41 @@ impl Mm {
             n: 0,
             cleaned: Vec::new(),
         };
+        if let Err(e) = self.write_dirty(obj, pages, &mut b) {
+            // The pages of the batches written before the one that failed
+            // are clean, but not synced: dirty again, as after a failed
+            // sync below. (Left clean, a failed sync after this, which
+            // rewrites only its own pages, lost them while the next
+            // flush said Ok.)
+            dirty_again(obj, &b.cleaned);
+            return Err(e);
+        }
+        // Durable: this write-back's writes, and reclaim's before it (see
+        // `crate::durability`).
+        let mine = obj.durability.mark();
+        let err = match obj
+            .durability
+            .sync(mine, !b.cleaned.is_empty(), || obj.store.sync())
+        {
+            Synced::Done => return Ok(()),
+            Synced::Failed(e) => e,
+            Synced::FailedBefore => crate::store::StoreError(libc::EIO),
+        };
+        // Written but not durable (after a failed `fsync` the kernel may
+        // already have dropped its copy): dirty again, so that the next
+        // write-back writes them once more.
+        dirty_again(obj, &b.cleaned);
+        Err(err.into())
+    }
+
+    /// Writes the dirty pages of `pages` in batches (`b`), recording the
+    /// pages each batch cleaned in `b.cleaned`.
+    fn write_dirty(
+        &self,
+        obj: &Object,
+        pages: std::ops::Range<usize>,
+        b: &mut Batch,
+    ) -> Result<()> {
         for i in pages.start..pages.end.min(obj.npages()) {
             if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
                 continue;
@@ -69,7 +112,7 @@ impl Mm {
                 match obj.cache.try_lock(i) {
                     Ok(w) => w,
                     Err(_) => {
-                        self.write_batch(obj, &mut b)?;
+                        self.write_batch(obj, b)?;
                         obj.cache.lock(i)
                     }
                 }
@@ -95,29 +138,10 @@ impl Mm {
             b.pages[b.n] = (i, protected);
             b.n += 1;
             if b.n == MAX_BATCH {
-                self.write_batch(obj, &mut b)?;
+                self.write_batch(obj, b)?;
             }
         }
-        self.write_batch(obj, &mut b)?;
-        // Durable: this write-back's writes, and reclaim's before it (see
-        // `crate::durability`).
-        let mine = obj.durability.mark();
-        let err = match obj
-            .durability
-            .sync(mine, !b.cleaned.is_empty(), || obj.store.sync())
-        {
-            Synced::Done => return Ok(()),
-            Synced::Failed(e) => e,
-            Synced::FailedBefore => crate::store::StoreError(libc::EIO),
-        };
-        // Written but not durable (after a failed `fsync` the kernel may
-        // already have dropped its copy): dirty again, so that the next
-        // write-back writes them once more.
-        for &i in &b.cleaned {
-            obj.cache.lock(i);
-            obj.cache.unlock(i, DIRTY, 0);
-        }
-        Err(err.into())
+        self.write_batch(obj, b)
     }
 
     /// Writes the batch's pages in one store call and unlocks them.

@@ -35,6 +35,9 @@ struct Faulty {
     failing: AtomicBool,
     sync_failing: AtomicBool,
     read_failing: AtomicBool,
+    /// Writes that succeed before every further one fails (`usize::MAX`:
+    /// no limit).
+    writes_left: std::sync::atomic::AtomicUsize,
 }
 
 impl Faulty {
@@ -47,6 +50,7 @@ impl Faulty {
             failing: Default::default(),
             sync_failing: Default::default(),
             read_failing: Default::default(),
+            writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -76,8 +80,12 @@ impl Store for Faulty {
             f = self.thawed.wait(f).unwrap();
         }
         drop(f);
-        if self.failing.load(SeqCst) {
+        let left = self.writes_left.load(SeqCst);
+        if self.failing.load(SeqCst) || left == 0 {
             return Err(StoreError(libc::EIO));
+        }
+        if left != usize::MAX {
+            self.writes_left.store(left - 1, SeqCst);
         }
         self.staged.lock().unwrap().insert(offset, buf.to_vec());
         Ok(())
@@ -365,6 +373,30 @@ fn a_failed_sync_leaves_the_pages_dirty() {
 /// own failure: another store still refusing its pages is not its error
 /// (the shim's `fsync` of one file failed while another file's pages
 /// waited).
+/// A write-back whose later batch the store refuses leaves the pages of
+/// its earlier batches dirty again, as a failed sync does: written but
+/// never synced, they were clean, and a failed sync after (another
+/// write-back's, which syncs and rewrites only its own pages) lost them
+/// for good while the next flush said Ok.
+#[test]
+fn pages_of_an_earlier_batch_stay_dirty_when_a_later_batch_fails() {
+    const PAGES: usize = 64; // two batches of 32
+    let pager = Pager::builder().budget_pages(256).build().unwrap();
+    let store = Faulty::new(PAGES);
+    let r = written(&pager, &store, PAGES, 0);
+    store.writes_left.store(32, SeqCst);
+    assert!(r.flush().is_err(), "the second batch fails");
+    store.writes_left.store(usize::MAX, SeqCst);
+    store.sync_failing.store(true, SeqCst);
+    assert!(
+        r.flush().is_err(),
+        "the sync fails (and drops what was staged)"
+    );
+    store.sync_failing.store(false, SeqCst);
+    r.flush().unwrap();
+    assert_store(&store, PAGES, 0);
+}
+
 #[test]
 fn flushing_one_stores_unmapped_pages_leaves_the_others_out() {
     const PAGES: usize = 4;
