@@ -117,10 +117,18 @@ struct OwnServer {
     port: u16,
     dir: std::path::PathBuf,
     child: Option<Child>,
+    /// One own server at a time in this binary: two tests at once chose
+    /// the same port and directory (both from the process id), and each
+    /// then reached, froze or killed the other's server.
+    _one: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE_SERVER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl OwnServer {
     fn start() -> OwnServer {
+        // (A test that failed holding it poisoned it: the next still runs.)
+        let one = ONE_SERVER.lock().unwrap_or_else(|e| e.into_inner());
         let dir = std::env::temp_dir().join(format!("uffd-far-restart-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -138,6 +146,7 @@ impl OwnServer {
             port,
             dir,
             child: None,
+            _one: one,
         };
         s.spawn();
         s
