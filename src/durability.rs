@@ -67,13 +67,25 @@ impl Durability {
     /// Makes the writes up to `mine` (a [`mark`](Self::mark) taken after
     /// the caller's own writes) durable with `sync`, unless a sync that
     /// began after them succeeded. `own`: the caller wrote pages it then
-    /// marked clean, which a failed sync may have lost.
-    pub fn sync<E>(&self, mine: u64, own: bool, sync: impl FnOnce() -> Result<(), E>) -> Synced<E> {
+    /// marked clean, which a failed sync may have lost; `first`, a mark
+    /// taken before its first write, says which failed syncs covered any
+    /// of them. (Compared with `mine` alone, a failed sync that covered
+    /// only the caller's earlier batches, another write-back's between two
+    /// of them, went unseen: the caller's own sync then got 0, the error
+    /// having been reported once, and said Ok for pages the kernel may have
+    /// dropped.)
+    pub fn sync<E>(
+        &self,
+        first: u64,
+        mine: u64,
+        own: bool,
+        sync: impl FnOnce() -> Result<(), E>,
+    ) -> Synced<E> {
         if mine == 0 {
             return Synced::Done;
         }
         let mut s = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
-        if own && s.failed >= mine {
+        if own && s.failed > first {
             return Synced::FailedBefore;
         }
         if s.synced >= mine {
@@ -106,27 +118,49 @@ mod tests {
             Ok::<(), i32>(())
         };
         // Nothing written: no sync.
-        assert_eq!(d.sync(d.mark(), false, ok), Synced::Done);
+        assert_eq!(d.sync(0, d.mark(), false, ok), Synced::Done);
         assert_eq!(calls.get(), 0);
+        let first = d.mark();
         d.wrote();
         let mine = d.mark();
-        assert_eq!(d.sync(mine, true, ok), Synced::Done);
+        assert_eq!(d.sync(first, mine, true, ok), Synced::Done);
         assert_eq!(calls.get(), 1);
         // Already synced: not again.
-        assert_eq!(d.sync(mine, false, ok), Synced::Done);
+        assert_eq!(d.sync(first, mine, false, ok), Synced::Done);
         assert_eq!(calls.get(), 1);
         // A failed sync: its writer and every writer before it hear of it,
         // even after a later sync succeeded; a later writer does not.
+        let first = d.mark();
         d.wrote();
         let before = d.mark();
-        assert_eq!(d.sync(before, true, || Err(5)), Synced::Failed(5));
-        assert_eq!(d.sync(before, true, ok), Synced::FailedBefore);
+        assert_eq!(d.sync(first, before, true, || Err(5)), Synced::Failed(5));
+        assert_eq!(d.sync(first, before, true, ok), Synced::FailedBefore);
+        let later = d.mark();
         d.wrote();
         let after = d.mark();
-        assert_eq!(d.sync(after, true, ok), Synced::Done);
+        assert_eq!(d.sync(later, after, true, ok), Synced::Done);
         assert_eq!(calls.get(), 2);
-        assert_eq!(d.sync(before, true, ok), Synced::FailedBefore);
+        assert_eq!(d.sync(first, before, true, ok), Synced::FailedBefore);
         // One that wrote nothing of its own is not told again.
-        assert_eq!(d.sync(before, false, ok), Synced::Done);
+        assert_eq!(d.sync(first, before, false, ok), Synced::Done);
+    }
+
+    /// A failed sync between a write-back's two batches (another
+    /// write-back's) covered its first batch: it hears of it, though its
+    /// own sync, after its last batch, would get 0 (the kernel reports a
+    /// failed write-back once).
+    #[test]
+    fn a_failed_sync_between_two_batches_is_reported_to_their_writer() {
+        let d = Durability::default();
+        let first = d.mark();
+        d.wrote(); // the first batch
+        let other = d.mark();
+        assert_eq!(d.sync(other, other, false, || Err(5)), Synced::Failed(5));
+        d.wrote(); // the second batch
+        let mine = d.mark();
+        assert_eq!(
+            d.sync(first, mine, true, || Ok::<(), i32>(())),
+            Synced::FailedBefore
+        );
     }
 }

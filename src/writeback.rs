@@ -67,6 +67,8 @@ impl Mm {
             n: 0,
             cleaned: Vec::new(),
         };
+        // (Before any write of this write-back's: see `Durability::sync`.)
+        let first = obj.durability.mark();
         if let Err(e) = self.write_dirty(obj, pages, &mut b) {
             // The pages of the batches written before the one that failed
             // are clean, but not synced: dirty again, as after a failed
@@ -81,7 +83,7 @@ impl Mm {
         let mine = obj.durability.mark();
         let err = match obj
             .durability
-            .sync(mine, !b.cleaned.is_empty(), || obj.store.sync())
+            .sync(first, mine, !b.cleaned.is_empty(), || obj.store.sync())
         {
             Synced::Done => return Ok(()),
             Synced::Failed(e) => e,
