@@ -71,6 +71,32 @@ fn build_c_with(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     exe
 }
 
+/// Runs `exe FILE` twice: on `d/<name>-plain.dat` without the shim, then
+/// on `d/<name>.dat` under it with that file paged (and `env` set), each
+/// required to succeed; returns the plain run's output, the paged run's
+/// and the paged run's counters.
+fn plain_and_paged(
+    d: &Path,
+    exe: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (String, String, String) {
+    let plain = ok(&Command::new(exe)
+        .arg(d.join(format!("{name}-plain.dat")))
+        .output()
+        .unwrap());
+    let file = d.join(format!("{name}.dat"));
+    let pattern = file.display().to_string();
+    let mut all = vec![("UFFD_PAGER_FILES", pattern.as_str())];
+    all.extend_from_slice(env);
+    let (o, st) = under_shim(
+        Command::new(exe).arg(&file),
+        &all,
+        &d.join(format!("{name}.stats")),
+    );
+    (plain, ok(&o), st)
+}
+
 fn counter(stats: &str, name: &str) -> u64 {
     stats
         .lines()
@@ -471,22 +497,14 @@ fn a_pwrite_that_appends_is_seen_through_the_mapping() {
 fn stores_through_a_mapping_of_an_append_descriptor_land_at_their_page() {
     let d = scratch();
     let exe = build_c(&d, "append_mapped");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("append-mapped-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) =
+        plain_and_paged(&d, &exe, "append-mapped", &[("UFFD_PAGER_BUDGET", "1M")]);
     assert_eq!(
         plain,
         "opened O_APPEND: size 16384, at the pages storedagain!\n\
          O_APPEND set later: size 16384, at the pages storedagain!\n"
     );
-    let pattern = format!("{}/append-mapped.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("append-mapped.dat")),
-        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
-        &d.join("append-mapped.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
 }
 
@@ -499,21 +517,12 @@ fn stores_through_a_mapping_of_an_append_descriptor_land_at_their_page() {
 fn stores_past_the_old_end_of_a_grown_file_reach_it() {
     let d = scratch();
     let exe = build_c(&d, "grown_then_stored");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("grown-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "grown", &[]);
     assert_eq!(
         plain,
         "size 4096, at 10: b, at 2000: 'stored', mapping at 4095: z\n"
     );
-    let pattern = format!("{}/grown.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("grown.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("grown.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -558,21 +567,12 @@ fn a_fortified_program_reads_what_it_stored() {
 fn preadv2_and_pwritev2_are_coherent_with_the_mapping() {
     let d = scratch();
     let exe = build_c(&d, "vectored_v2");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("v2-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "v2", &[]);
     assert_eq!(
         plain,
         "preadv2: stored, at the position: again!\nmapping after pwritev2: pwv2!!\nfile after munmap: pwv2!!\n"
     );
-    let pattern = format!("{}/v2.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("v2.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("v2.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -584,10 +584,7 @@ fn preadv2_and_pwritev2_are_coherent_with_the_mapping() {
 fn mremap_with_an_unknown_flag_is_einval() {
     let d = scratch();
     let exe = build_c(&d, "mremap_flags");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("flags-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "flags", &[]);
     assert_eq!(
         plain,
         "flag 0x8: Invalid argument\n\
@@ -595,13 +592,7 @@ fn mremap_with_an_unknown_flag_is_einval() {
          flag 0x40000000: Invalid argument\n\
          it reads a a\n"
     );
-    let pattern = format!("{}/flags.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("flags.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("flags.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -615,10 +606,7 @@ fn mremap_with_an_unknown_flag_is_einval() {
 fn pwritev2_with_rwf_noappend_on_an_append_descriptor_is_coherent() {
     let d = scratch();
     let exe = build_c(&d, "noappend_v2");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("noappend-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "noappend", &[]);
     assert_eq!(
         plain,
         "RWF_NOAPPEND at an offset: written\n\
@@ -630,13 +618,7 @@ fn pwritev2_with_rwf_noappend_on_an_append_descriptor_is_coherent() {
          file at PAGE + 100: noapp1\n\
          length: 16384\n"
     );
-    let pattern = format!("{}/noappend.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("noappend.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("noappend.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -649,21 +631,12 @@ fn pwritev2_with_rwf_noappend_on_an_append_descriptor_is_coherent() {
 fn an_exec_mapping_shows_what_the_pagers_mapping_stored() {
     let d = scratch();
     let exe = build_c(&d, "exec_after_stores");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("exec-after-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "exec-after", &[]);
     assert_eq!(
         plain,
         "PROT_EXEC private: stored\nPROT_EXEC shared: again!\n"
     );
-    let pattern = format!("{}/exec-after.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("exec-after.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("exec-after.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -799,22 +772,13 @@ fn a_writable_kernel_mapping_is_seen_on_an_overlay_too() {
 fn an_mmap_the_kernel_makes_keeps_errno() {
     let d = scratch();
     let exe = build_c(&d, "mmap_errno");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("mmap-errno-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "mmap-errno", &[]);
     assert_eq!(
         plain,
         "MAP_FIXED over own memory: mapped, errno 1234\n\
          PROT_EXEC beside stores: mapped, errno 1234\n"
     );
-    let pattern = format!("{}/mmap-errno.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("mmap-errno.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("mmap-errno.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -828,18 +792,9 @@ fn an_mmap_the_kernel_makes_keeps_errno() {
 fn stores_land_at_their_page_when_o_append_is_set_after_the_mmap() {
     let d = scratch();
     let exe = build_c(&d, "append_set_later");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("append-later-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, _) = plain_and_paged(&d, &exe, "append-later", &[]);
     assert_eq!(plain, "size 16384, at the page: stored\n");
-    let pattern = format!("{}/append-later.dat", d.display());
-    let (o, _) = under_shim(
-        Command::new(&exe).arg(d.join("append-later.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("append-later.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
 }
 
 /// A memfd sealed against writes: a writable shared mapping is the
@@ -879,23 +834,14 @@ fn a_memfd_sealed_against_writes_is_not_mapped_writable() {
 fn msync_ms_sync_makes_what_write_put_in_the_range_durable() {
     let d = scratch();
     let exe = build_c(&d, "msync_durable");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("msync-durable-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "msync-durable", &[]);
     assert_eq!(
         plain,
         "stores, then msync: 0 dirty pages\npwrite, then msync: 0 dirty pages\n\
          stores, then msync past the end (ENOMEM): 0 dirty pages\n\
          pwrite, then msync past the end (ENOMEM): 0 dirty pages\n"
     );
-    let pattern = format!("{}/msync-durable.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("msync-durable.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("msync-durable.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 4, "{st}");
 }
 
@@ -909,21 +855,12 @@ fn msync_ms_sync_makes_what_write_put_in_the_range_durable() {
 fn a_fixed_map_into_a_range_just_freed_is_paged() {
     let d = scratch();
     let exe = build_c(&d, "fixed_into_freed");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("fixed-freed-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "fixed-freed", &[]);
     assert_eq!(
         plain,
         "MAP_FIXED: read back, stored 'b'\nMAP_FIXED_NOREPLACE: read back, stored 'b'\n"
     );
-    let pattern = format!("{}/fixed-freed.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("fixed-freed.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("fixed-freed.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
     assert_eq!(counter(&st, "preload_passed"), 0, "{st}");
 }
@@ -937,21 +874,12 @@ fn a_fixed_map_into_a_range_just_freed_is_paged() {
 fn munmap_past_the_top_of_the_address_space_unmaps_nothing() {
     let d = scratch();
     let exe = build_c(&d, "munmap_past_the_top");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("past-top-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "past-top", &[]);
     assert_eq!(
         plain,
         "munmap: -1 (EINVAL), mapping reads 'a', memory reads 'q'\n"
     );
-    let pattern = format!("{}/past-top.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("past-top.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("past-top.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -963,18 +891,9 @@ fn munmap_past_the_top_of_the_address_space_unmaps_nothing() {
 fn a_store_after_mprotect_over_a_hole_reaches_the_file() {
     let d = scratch();
     let exe = build_c(&d, "mprotect_hole");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("mprotect-hole-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "mprotect-hole", &[]);
     assert_eq!(plain, "mprotect: -1 (ENOMEM), the file reads 's'\n");
-    let pattern = format!("{}/mprotect-hole.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("mprotect-hole.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("mprotect-hole.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -1027,23 +946,14 @@ fn mremap_of_part_of_a_pager_mapping_is_refused_not_a_crash() {
 fn mremap_onto_the_mapping_itself_is_einval() {
     let d = scratch();
     let exe = build_c(&d, "mremap_onto_itself");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("onto-itself-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "onto-itself", &[]);
     assert_eq!(
         plain,
         "two pages on: Invalid argument\n\
          its own address: Invalid argument\n\
          still reads a\n"
     );
-    let pattern = format!("{}/onto-itself.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("onto-itself.dat")),
-        &[("UFFD_PAGER_FILES", &pattern)],
-        &d.join("onto-itself.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -1058,10 +968,8 @@ fn mremap_onto_the_mapping_itself_is_einval() {
 fn a_write_only_descriptor_is_not_mapped() {
     let d = scratch();
     let exe = build_c(&d, "write_only");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("write-only-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) =
+        plain_and_paged(&d, &exe, "write-only", &[("UFFD_PAGER_BUDGET", "1M")]);
     assert_eq!(
         plain,
         "read-only shared: Permission denied\n\
@@ -1069,13 +977,7 @@ fn a_write_only_descriptor_is_not_mapped() {
          read-only private: Permission denied\n\
          O_RDWR: reads w\n"
     );
-    let pattern = format!("{}/write-only.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("write-only.dat")),
-        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
-        &d.join("write-only.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     // The O_RDWR one only.
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
@@ -1089,22 +991,13 @@ fn a_write_only_descriptor_is_not_mapped() {
 fn a_read_only_descriptor_is_not_mapped_writable_and_shared() {
     let d = scratch();
     let exe = build_c(&d, "read_only_shared_write");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("ro-shared-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, _) = plain_and_paged(&d, &exe, "ro-shared", &[("UFFD_PAGER_BUDGET", "1M")]);
     assert_eq!(
         plain,
         "writable shared of O_RDONLY: Permission denied\n\
          the file starts with '.'\n"
     );
-    let pattern = format!("{}/ro-shared.dat", d.display());
-    let (o, _) = under_shim(
-        Command::new(&exe).arg(d.join("ro-shared.dat")),
-        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
-        &d.join("ro-shared.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
 }
 
 /// A file stored to through its writable shared pager mapping, then
@@ -1209,18 +1102,9 @@ fn small_windows_of_a_large_file_take_little_address_space() {
 fn a_file_mapped_again_over_its_own_mapping_shows_the_stores() {
     let d = scratch();
     let exe = build_c(&d, "map_fixed_again");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("again-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "again", &[("UFFD_PAGER_BUDGET", "1M")]);
     assert_eq!(plain, "20 rounds, 0 failed, 0 stale pages\n");
-    let pattern = format!("{}/again.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("again.dat")),
-        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
-        &d.join("again.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 20, "{st}");
 }
 
@@ -1232,18 +1116,9 @@ fn a_file_mapped_again_over_its_own_mapping_shows_the_stores() {
 fn mremap_moves_a_mapping_into_a_reserved_range() {
     let d = scratch();
     let exe = build_c(&d, "mremap_into");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("into-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "into", &[("UFFD_PAGER_BUDGET", "1M")]);
     assert_eq!(plain, "moved to the target: P f\nfile: PQ\n");
-    let pattern = format!("{}/into.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("into.dat")),
-        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
-        &d.join("into.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
@@ -1303,19 +1178,10 @@ fn mremap_onto_another_pager_mapping_replaces_it() {
 fn a_pwrite_writes_back_only_the_pages_it_changes() {
     let d = scratch();
     let exe = build_c(&d, "write_while_dirty");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("dirty-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "dirty", &[("UFFD_PAGER_BUDGET", "1M")]);
     assert!(plain.contains("page 15: t X19"), "{plain}");
     assert!(plain.contains("page 0: t only"), "{plain}");
-    let pattern = format!("{}/dirty.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("dirty.dat")),
-        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
-        &d.join("dirty.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
     let written = counter(&st, "writeback");
     assert!(
@@ -1333,18 +1199,9 @@ fn a_pwrite_writes_back_only_the_pages_it_changes() {
 fn fsync_writes_back_what_was_stored_through_the_mapping() {
     let d = scratch();
     let exe = build_c(&d, "fsync_mapped");
-    let plain = ok(&Command::new(&exe)
-        .arg(d.join("fsync-plain.dat"))
-        .output()
-        .unwrap());
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "fsync", &[("UFFD_PAGER_BUDGET", "1M")]);
     assert_eq!(plain, "after-fsync synced\n");
-    let pattern = format!("{}/fsync.dat", d.display());
-    let (o, st) = under_shim(
-        Command::new(&exe).arg(d.join("fsync.dat")),
-        &[("UFFD_PAGER_FILES", &pattern), ("UFFD_PAGER_BUDGET", "1M")],
-        &d.join("fsync.stats"),
-    );
-    assert_eq!(ok(&o), plain);
+    assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
