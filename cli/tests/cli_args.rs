@@ -43,6 +43,12 @@ fn a_duration_under_a_millisecond() {
         "--duration",
     );
     rejects(&["demo", "--duration", "0.0001"], "--duration");
+    // Before, exit 1 at the first run with advice to give "fewer --pages",
+    // which the demo has not.
+    rejects(
+        &["demo", "--duration", "0.1"],
+        "--duration 0.1 must be in [1, 600]",
+    );
     rejects(&["torture", "--duration", "0.0000001"], "1 ms");
 }
 

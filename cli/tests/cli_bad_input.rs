@@ -256,6 +256,11 @@ fn flags_a_workload_would_ignore_are_refused() {
             &["bench", "populate-churn", "--writer-pause-us", "5"],
             "--writer-pause-us",
         ),
+        // Before, raised to 65536 pages without a word.
+        (
+            &["bench", "populate-churn", "--budget", "16"],
+            "--budget applies to",
+        ),
         (
             &[
                 "bench",
@@ -424,6 +429,12 @@ fn where_files_and_output_go_is_checked_before_the_run() {
         (&["demo", "--out-dir", "/proc/sys"], "--out-dir"),
         (&["demo", "--out-dir", "/etc/passwd"], "--out-dir"),
         (&baseline_in("/proc"), "--baseline-dir /proc"),
+        // Before, exit 1 once the model was built.
+        (&["torture", "--dir", "/proc"], "--dir /proc"),
+        (
+            &["torture", "--kind", "swapfile", "--dir", "/proc"],
+            "--dir /proc",
+        ),
         (&["bench", "launch", "--trace", empty], "no accesses"),
         (&["bench", "launch", "--trace", far], "page index"),
         (&["bench", "launch", "--trace", slow], "think"),

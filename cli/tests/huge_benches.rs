@@ -172,6 +172,50 @@ fn an_empty_pool_is_named_not_faulted_on() {
     }
 }
 
+/// A run that writes a file as large as its region (torture's file kind,
+/// scan's tmpfs file) looks at the pool before it writes: it wrote 4 GiB
+/// (13 s) before the map found the pool empty. Here a file-size limit of
+/// 64 KiB kills a run that writes first (SIGXFSZ).
+#[test]
+fn an_empty_pool_is_named_before_files_are_written() {
+    let pool = huge_util::HugePool::take(0);
+    let _none = pool.drain();
+    for args in [
+        &[
+            "torture",
+            "--page-size",
+            "2M",
+            "--pages",
+            "64",
+            "--budget",
+            "8",
+            "--kind",
+            "file",
+        ][..],
+        &[
+            "bench",
+            "scan",
+            "--page-size",
+            "2M",
+            "--pages",
+            "64",
+            "--duration",
+            "0.1",
+        ],
+    ] {
+        let o = std::process::Command::new("prlimit")
+            .arg("--fsize=65536")
+            .arg(env!("CARGO_BIN_EXE_uffd-pager"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("running prlimit (util-linux)");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
+        assert!(err.contains("nr_hugepages"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn far_misses_run_on_2_mib_pages() {
     let Some(url) = cli_util::redis_url() else {

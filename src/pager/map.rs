@@ -86,18 +86,7 @@ fn page_shift(opts: &MapOptions, len: usize, budget: u64) -> Result<u32> {
             2 * units
         )));
     }
-    let pages = (len / HUGE_PAGE_SIZE) as u64;
-    // Reclaim lets residency pass the budget by the page being faulted in
-    // (and one more racing it) before it evicts.
-    let needed = if budget == 0 {
-        pages
-    } else {
-        pages.min(budget / units + 2)
-    };
-    let available = Pool::now().available();
-    if available < needed {
-        return Err(Error::NoHugePages { needed, available });
-    }
+    Pool::require(Pool::needed_for((len / HUGE_PAGE_SIZE) as u64, budget))?;
     if opts.install_kind() == InstallKind::Anonymous {
         crate::sys::huge::open_self_mem().map_err(|e| Error::Io {
             context: "opening /proc/self/mem (evicting 2 MiB anonymous pages reads it)".into(),

@@ -113,6 +113,35 @@ impl Pool {
     pub fn available(&self) -> u64 {
         self.free.saturating_sub(self.reserved)
     }
+
+    /// Checks now that the pool can give `needed` pages:
+    /// [`Error::NoHugePages`](crate::Error::NoHugePages), whose message
+    /// says what to reserve, where it cannot. A check, not a reservation:
+    /// another process may take them before they are faulted in.
+    ///
+    /// ```
+    /// assert!(uffd_pager::HugePagePool::require(0).is_ok());
+    /// ```
+    pub fn require(needed: u64) -> crate::Result<()> {
+        let available = Self::now().available();
+        if available < needed {
+            return Err(crate::Error::NoHugePages { needed, available });
+        }
+        Ok(())
+    }
+
+    /// The 2 MiB pages a region of `pages` of them holds at once under a
+    /// budget of `budget` 4 KiB pages (0: no budget): what mapping it
+    /// checks the pool for. Reclaim lets residency pass the budget by the
+    /// page being faulted in (and one more racing it) before it evicts.
+    pub fn needed_for(pages: u64, budget: u64) -> u64 {
+        let units = (HUGE_PAGE_SIZE / super::PAGE_SIZE) as u64;
+        if budget == 0 {
+            pages
+        } else {
+            pages.min(budget / units + 2)
+        }
+    }
 }
 
 /// A descriptor of `/proc/self/mem`, opened once ([`open_self_mem`]).

@@ -240,13 +240,7 @@ pub fn evict_cost(
     match page_size {
         PAGE_SIZE => {}
         HUGE_PAGE_SIZE => {
-            let available = HugePagePool::read().map_or(0, |p| p.available());
-            if available < pages as u64 {
-                return Err(Error::NoHugePages {
-                    needed: pages as u64,
-                    available,
-                });
-            }
+            HugePagePool::require(pages as u64)?;
         }
         other => return Err(Error::PageSize(other)),
     }

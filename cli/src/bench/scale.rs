@@ -203,13 +203,7 @@ pub fn scale(
         ));
     }
     if page_size != PAGE_SIZE {
-        let available = HugePagePool::read().map_or(0, |p| p.available());
-        if available < faults as u64 {
-            return Err(Error::NoHugePages {
-                needed: faults as u64,
-                available,
-            });
-        }
+        HugePagePool::require(faults as u64)?;
     }
     let ps = page_size;
     // An anonymous region costs one mapping until it swaps (adjacent ones

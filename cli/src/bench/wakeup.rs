@@ -93,11 +93,7 @@ pub fn wakeup_placement(
         // The loops fill their pages lazily, so each loop's own check
         // cannot see what the others will take.
         let configs = if k > 1 { 4 } else { 3 };
-        let needed = (configs * k * pages) as u64;
-        let available = HugePagePool::read().map_or(0, |p| p.available());
-        if available < needed {
-            return Err(Error::NoHugePages { needed, available });
-        }
+        HugePagePool::require((configs * k * pages) as u64)?;
     }
     let shared = |name: String, handlers: usize, spin_us: u32| -> Result<Config> {
         let d = Delivery::Threads {

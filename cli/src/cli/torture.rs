@@ -11,7 +11,7 @@ use super::{CliError, CliResult};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use uffd_pager::{Counter, Delivery, InstallKind, Policy, PAGE_SIZE};
+use uffd_pager::{Counter, Delivery, HugePagePool, InstallKind, Policy, PAGE_SIZE};
 use uffd_pager_cli::far::StoreUrl;
 use uffd_pager_cli::os::interrupt::TempPath;
 use uffd_pager_cli::workload::torture::{self, TortureConfig, TortureKind, TortureReport};
@@ -192,9 +192,20 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
             u32::MAX
         ));
     }
+    if a.page_size == uffd_pager::HUGE_PAGE_SIZE {
+        // Before the model and the file are written (seconds for a large
+        // region), not at the map after them.
+        let needed = HugePagePool::needed_for(a.pages as u64, a.budget * units as u64);
+        HugePagePool::require(needed).map_err(|e| CliError::Runtime(format!("torture: {e}")))?;
+    }
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
-    if a.kind != Kind::Anonymous && !dir.is_dir() {
-        return usage(format!("--dir {}: not a directory", dir.display()));
+    if a.kind != Kind::Anonymous && a.store.is_none() {
+        if !dir.is_dir() {
+            return usage(format!("--dir {}: not a directory", dir.display()));
+        }
+        // One it can make files in (not /proc, nor read-only): a file
+        // made and removed again, or exit 1 after the model is built.
+        super::output_file("--dir", &unique_name(&dir))?;
     }
     let kind = match (a.kind, &a.store) {
         (Kind::File, None) => TortureKind::File {

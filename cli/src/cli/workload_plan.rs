@@ -170,6 +170,25 @@ pub(super) fn plan(
             (store + cached).saturating_mul(uffd_pager::PAGE_SIZE as u64),
         )?;
     }
+    if units > 1
+        && matches!(
+            w,
+            Which::Filemap | Which::Swap | Which::Random | Which::Scan
+        )
+    {
+        // Before files and stores are filled (seconds for a large region),
+        // not at the first map after them: the least any run of this
+        // workload holds at once (random's file is 4x the budget; launch's
+        // region is its trace's, not --pages).
+        let region = if w == Which::Random {
+            budget * 4
+        } else {
+            pages as u64
+        };
+        let needed = uffd_pager::HugePagePool::needed_for(region / units as u64, budget);
+        uffd_pager::HugePagePool::require(needed)
+            .map_err(|e| CliError::Runtime(format!("{}: {e}", w.name())))?;
+    }
     let k = Knobs {
         threads: a.threads.first().copied().unwrap_or(threads),
         writers: a.writers.first().copied().unwrap_or(writers),
@@ -258,6 +277,13 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
         &[Churn],
     )?;
     only("--shards", a.shards != [1], &[Churn])?;
+    // populate-churn holds a page per thread and runs with a budget that
+    // never evicts (`workload::churn`): a budget given was raised to it.
+    only(
+        "--budget",
+        a.budget.is_some(),
+        &[Filemap, Swap, Random, Scan, Launch],
+    )?;
     only("--trace", a.trace.is_some(), &[Launch])?;
     only("--launches", a.launches != 10, &[Launch])?;
     only("--think-scale", a.think_scale.is_some(), &[Launch])?;

@@ -11,6 +11,8 @@ use uffd_pager::{Counter, DrainPolicy, Result, PAGE_SIZE};
 pub fn run(k: &Knobs, drain: DrainPolicy, shards: usize) -> Result<RunResult> {
     let pager = k
         .builder()
+        // A page per thread at a time: a budget that never evicts (the
+        // command line refuses --budget here).
         .budget_pages(k.budget_pages.max(1 << 16))
         .kswapd(false)
         .drain_policy(drain)

@@ -237,13 +237,7 @@ impl FloorLoop {
             .ok_or_else(|| Error::Config(format!("{pages} pages is too large")))?;
         let shared = kind == InstallKind::Shared;
         if huge {
-            let available = HugePagePool::read().map_or(0, |p| p.available());
-            if available < pages as u64 {
-                return Err(Error::NoHugePages {
-                    needed: pages as u64,
-                    available,
-                });
-            }
+            HugePagePool::require(pages as u64)?;
         }
         let (nthreads, spin_us) = match delivery {
             Delivery::InThread => (0, 0),
