@@ -98,6 +98,25 @@ mod imp {
         f(len)
     }
 
+    static AFTER_LISTED: AtomicUsize = AtomicUsize::new(0);
+
+    /// Runs in the release of an object's last region once the object is
+    /// listed as owing its dirty pages to the store (`crate::unwritten`)
+    /// and before its write-back starts. Set `None` to clear.
+    pub fn set_after_listed(h: Option<fn()>) {
+        AFTER_LISTED.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(crate) fn after_listed() {
+        let p = AFTER_LISTED.load(Acquire);
+        if p != 0 {
+            // SAFETY: only `set_after_listed` stores here, and it stores
+            // valid `fn()`s.
+            let f: fn() = unsafe { std::mem::transmute::<usize, fn()>(p) };
+            f();
+        }
+    }
+
     static FAIL_REREGISTER: std::sync::atomic::AtomicBool =
         std::sync::atomic::AtomicBool::new(false);
 
@@ -127,13 +146,14 @@ mod imp {
 
 #[cfg(feature = "fault-inject")]
 pub use imp::{
-    fail_next_remap, fail_next_reregister, set_after_detach, set_after_lookup, set_after_reprotect,
-    set_before_map, Hook, MapHook, Site,
+    fail_next_remap, fail_next_reregister, set_after_detach, set_after_listed, set_after_lookup,
+    set_after_reprotect, set_before_map, Hook, MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
-    after_detach, after_lookup, after_reprotect, before_map, remap_fails, reregister_fails,
+    after_detach, after_listed, after_lookup, after_reprotect, before_map, remap_fails,
+    reregister_fails,
 };
 
 #[cfg(not(feature = "fault-inject"))]
@@ -149,6 +169,10 @@ pub(crate) fn after_lookup(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_detach(_: &Vma) {}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn after_listed() {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

@@ -475,6 +475,7 @@ impl Mm {
             }
             self.unwritten.add(&obj);
         }
+        crate::inject::after_listed();
         let r = self.writeback_object(&obj);
         let (mut resident, mut on_lru) = (0, 0);
         for i in 0..obj.npages() {
@@ -493,8 +494,13 @@ impl Mm {
             }
         }
         self.uncharge(resident * obj.units());
-        if owed && r.is_ok() {
-            self.unwritten.remove(&obj);
+        if owed {
+            // (A flush of the list may have written it meanwhile and taken
+            // it off: listed again if this write-back failed.)
+            match r {
+                Ok(()) => self.unwritten.remove_if_written(&obj),
+                Err(_) => self.unwritten.add(&obj),
+            }
         }
         r
     }

@@ -80,10 +80,19 @@ impl Unwritten {
         self.len.store(l.len(), Release);
     }
 
-    /// Takes `obj` off the list (written).
-    pub fn remove(&self, obj: &Arc<Object>) {
+    /// Takes `obj` off the list after a write-back of it succeeded, unless
+    /// it has dirty pages again: another write-back of it (a flush and the
+    /// release of its last region can run at once) failed and marked its
+    /// own pages dirty again. The check is made under the list's lock, and
+    /// a failed write-back lists the object again ([`add`](Self::add))
+    /// after it marked its pages dirty, so of the two one always leaves it
+    /// listed. (Taken off unchecked, the object was gone with those pages,
+    /// and the next flush said Ok.)
+    pub fn remove_if_written(&self, obj: &Arc<Object>) {
         let mut l = self.lock();
-        l.retain(|o| !Arc::ptr_eq(o, obj));
+        if dirty_pages(obj) == 0 {
+            l.retain(|o| !Arc::ptr_eq(o, obj));
+        }
         self.len.store(l.len(), Release);
     }
 

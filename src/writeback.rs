@@ -202,12 +202,19 @@ impl Mm {
     }
 
     fn flush_one_unwritten(&self, obj: &Arc<Object>) -> Result<()> {
-        // (An object whose first write-back is still in flight is written
-        // here too: the page locks order the two.)
-        self.writeback_object(obj)?;
-        if crate::unwritten::dirty_pages(obj) == 0 {
-            self.unwritten.remove(obj);
+        // (An object whose first write-back is still in flight, in the
+        // release of its last region, is written here too: the page locks
+        // order the two, and whichever fails leaves it listed; see
+        // `Unwritten::remove_if_written`.)
+        match self.writeback_object(obj) {
+            Ok(()) => {
+                self.unwritten.remove_if_written(obj);
+                Ok(())
+            }
+            Err(e) => {
+                self.unwritten.add(obj);
+                Err(e)
+            }
         }
-        Ok(())
     }
 }

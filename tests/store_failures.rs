@@ -38,6 +38,14 @@ struct Faulty {
     /// Writes that succeed before every further one fails (`usize::MAX`:
     /// no limit).
     writes_left: std::sync::atomic::AtomicUsize,
+    /// Writes that have begun (counted before a frozen one waits).
+    writes_begun: std::sync::atomic::AtomicUsize,
+    /// How long each write takes.
+    write_delay: Mutex<Duration>,
+    /// Syncs to fail next, each after 50 ms (then `sync_failing` decides).
+    syncs_to_fail: std::sync::atomic::AtomicUsize,
+    /// The threads that called `sync`, in order.
+    sync_callers: Mutex<Vec<libc::pid_t>>,
 }
 
 impl Faulty {
@@ -51,6 +59,10 @@ impl Faulty {
             sync_failing: Default::default(),
             read_failing: Default::default(),
             writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            writes_begun: Default::default(),
+            write_delay: Default::default(),
+            syncs_to_fail: Default::default(),
+            sync_callers: Default::default(),
         })
     }
 
@@ -75,6 +87,8 @@ impl Store for Faulty {
         Ok(())
     }
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.writes_begun.fetch_add(1, SeqCst);
+        std::thread::sleep(*self.write_delay.lock().unwrap());
         let mut f = self.frozen.lock().unwrap();
         while *f {
             f = self.thawed.wait(f).unwrap();
@@ -91,8 +105,18 @@ impl Store for Faulty {
         Ok(())
     }
     fn sync(&self) -> Result<(), StoreError> {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        self.sync_callers.lock().unwrap().push(me);
         let mut staged = self.staged.lock().unwrap();
-        if self.sync_failing.load(SeqCst) {
+        let fail_one = self
+            .syncs_to_fail
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail_one {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if fail_one || self.sync_failing.load(SeqCst) {
             staged.clear();
             return Err(StoreError(libc::EIO));
         }
@@ -508,4 +532,92 @@ fn failing_store_pager(b: uffd_pager::PagerBuilder) -> Pager {
         .fault_around(0)
         .build()
         .unwrap()
+}
+
+/// - **A flush beside the release of a region's last mapping.** The
+///   release lists the object as owing its dirty pages before it writes
+///   them, so a `flush_unmapped` on another thread may write them first.
+///   When the flush's sync failed (it marked the pages dirty again) and the
+///   release's own sync then succeeded (it had written nothing), the
+///   release took the object off the list unchecked: the pages were gone
+///   and the next flush said Ok. Now a write-back that succeeded takes it
+///   off only when no page is dirty, and one that failed lists it again.
+///   (Tried until the flush's sync is the first and the release's
+///   succeeds; it almost always is so.)
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_failed_flush_beside_a_release_that_succeeds_keeps_the_pages() {
+    const PAGES: usize = 4;
+    static STORE: Mutex<Option<Arc<Faulty>>> = Mutex::new(None);
+    static FLUSHER: Mutex<Option<std::sync::mpsc::Sender<()>>> = Mutex::new(None);
+    // The test's thread: the hook leaves other tests' releases alone.
+    static OWNER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    // In the release, once the object is listed: starts the flush and
+    // waits until its write holds the pages.
+    fn listed() {
+        // SAFETY: gettid has no preconditions.
+        if unsafe { libc::gettid() } != OWNER.load(SeqCst) {
+            return;
+        }
+        let store = STORE.lock().unwrap().clone().unwrap();
+        let begun = store.writes_begun.load(SeqCst);
+        if let Some(go) = FLUSHER.lock().unwrap().take() {
+            go.send(()).unwrap();
+            while store.writes_begun.load(SeqCst) == begun {
+                std::thread::yield_now();
+            }
+        }
+    }
+    // SAFETY: gettid has no preconditions.
+    OWNER.store(unsafe { libc::gettid() }, SeqCst);
+    uffd_pager::testing::set_after_listed(Some(listed));
+    let mut order_seen = false;
+    for _try in 0..20 {
+        let pager = Pager::builder()
+            .budget_pages(64)
+            .keep_unmapped(0)
+            .build()
+            .unwrap();
+        let store = Faulty::new(PAGES);
+        *STORE.lock().unwrap() = Some(store.clone());
+        let r = written(&pager, &store, PAGES, 3);
+        // The flush's write holds the pages while the release reaches them
+        // (it waits for their locks, then finds them clean).
+        *store.write_delay.lock().unwrap() = Duration::from_millis(100);
+        store.syncs_to_fail.store(1, SeqCst);
+        let (go, wait) = std::sync::mpsc::channel();
+        *FLUSHER.lock().unwrap() = Some(go);
+        let pager = &pager;
+        let (released, flushed, flusher) = std::thread::scope(|s| {
+            let f = s.spawn(move || {
+                wait.recv().unwrap();
+                // SAFETY: gettid has no preconditions.
+                let me = unsafe { libc::gettid() };
+                (pager.flush_unmapped(), me)
+            });
+            let released = r.unmap();
+            let (flushed, me) = f.join().unwrap();
+            eprintln!("release: {released:?}, flush: {flushed:?}");
+            (released, flushed, me)
+        });
+        *store.write_delay.lock().unwrap() = Duration::ZERO;
+        let first_sync = store.sync_callers.lock().unwrap().first().copied();
+        if released.is_err() || flushed.is_ok() || first_sync != Some(flusher) {
+            // Not the case: the release wrote the pages first, or found
+            // some dirty again after the flush's sync failed.
+            continue;
+        }
+        order_seen = true;
+        // The pages the failed sync lost are written now.
+        pager.flush_unmapped().unwrap();
+        assert_store(&store, PAGES, 3);
+        assert_eq!(pager.unwritten_bytes(), 0);
+        break;
+    }
+    uffd_pager::testing::set_after_listed(None);
+    *STORE.lock().unwrap() = None;
+    assert!(
+        order_seen,
+        "the flush never wrote the pages first in 20 tries"
+    );
 }
