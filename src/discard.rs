@@ -5,11 +5,13 @@
 
 use crate::address_space::Mm;
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{CLEAN, DIRTY, MAPPED, MOVED, POISONED, READAHEAD, SWAPPED, UPTODATE};
+use crate::page_cache::{
+    CLEAN, DIRTY, MAPPED, MOVED, POISONED, READAHEAD, SWAPPED, SYNCING, UPTODATE,
+};
 
 /// The state bits a page loses when its contents are dropped.
 pub const DISCARDED: u32 =
-    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN | READAHEAD;
+    UPTODATE | MAPPED | DIRTY | SWAPPED | MOVED | POISONED | CLEAN | READAHEAD | SYNCING;
 
 /// Drops page `i` of `obj` as `MADV_DONTNEED` drops a private page: its
 /// contents revert to the object's source (zeros for anonymous memory, or

@@ -60,6 +60,11 @@ pub const READAHEAD: u32 = 1 << 12;
 /// was never swapped out, still holds its contents, so reclaim drops it
 /// without writing it anywhere (a clean page of a private file mapping).
 pub const CLEAN: u32 = 1 << 13;
+/// Written to the store by a write-back whose `Store::sync` has not
+/// ended (the tail of `PG_writeback`): if the sync fails the page goes
+/// dirty again, so reclaim leaves it alone until then. (Evicted, it could
+/// not: the next flush said Ok for a page the failed sync may have lost.)
+pub const SYNCING: u32 = 1 << 14;
 
 /// One residency guard on the page ([`crate::ResidentGuard`], the mlock
 /// analog): reclaim leaves a page with any alone. The count takes the top

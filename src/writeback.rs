@@ -21,7 +21,7 @@ use crate::address_space::Mm;
 use crate::durability::Synced;
 use crate::error::Result;
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{DIRTY, GUARDS, MAPPED, UPTODATE};
+use crate::page_cache::{DIRTY, GUARDS, MAPPED, SYNCING, UPTODATE};
 use crate::stats::Counter::WRITEBACK;
 use crate::store::MAX_BATCH;
 use crate::unwritten::Which;
@@ -37,11 +37,28 @@ struct Batch {
     cleaned: Vec<usize>,
 }
 
-/// Marks the pages `cleaned` dirty again (each under its page lock).
+/// Marks the pages `cleaned` dirty again (each under its page lock), and
+/// no longer syncing. (One the application discarded meanwhile stays
+/// absent: its contents are gone by its own hand.)
 fn dirty_again(obj: &Object, cleaned: &[usize]) {
     for &i in cleaned {
-        obj.cache.lock(i);
-        obj.cache.unlock(i, DIRTY, 0);
+        let w = obj.cache.lock(i);
+        let set = if w & UPTODATE != 0 { DIRTY } else { 0 };
+        obj.cache.unlock(i, set, SYNCING);
+    }
+}
+
+/// The pages `cleaned` are durable: reclaim may take them.
+///
+/// Hazard: two write-backs of one object at once may both have cleaned a
+/// page (the application wrote it again between them). The first to
+/// finish lets reclaim take it while the second's sync may still fail,
+/// and that page then cannot go dirty again. Only a page written between
+/// two write-backs' syncs is exposed, not the common case of one slow
+/// sync with reclaim running beside it.
+fn synced(obj: &Object, cleaned: &[usize]) {
+    for &i in cleaned {
+        obj.cache.update(i, 0, SYNCING);
     }
 }
 
@@ -85,7 +102,10 @@ impl Mm {
             .durability
             .sync(first, mine, !b.cleaned.is_empty(), || obj.store.sync())
         {
-            Synced::Done => return Ok(()),
+            Synced::Done => {
+                synced(obj, &b.cleaned);
+                return Ok(());
+            }
             Synced::Failed(e) => e,
             Synced::FailedBefore => crate::store::StoreError(libc::EIO),
         };
@@ -167,10 +187,13 @@ impl Mm {
         }
         for &(i, protected) in &b.pages[..b.n] {
             let clear = if r.is_ok() && protected { DIRTY } else { 0 };
-            if clear != 0 {
+            let set = if clear != 0 {
                 b.cleaned.push(i);
-            }
-            obj.cache.unlock(i, 0, clear);
+                SYNCING
+            } else {
+                0
+            };
+            obj.cache.unlock(i, set, clear);
             if r.is_ok() {
                 self.counters.inc(WRITEBACK);
             }

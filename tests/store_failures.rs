@@ -393,6 +393,41 @@ fn a_failed_sync_leaves_the_pages_dirty() {
     assert_store(&store, PAGES, 30);
 }
 
+/// A page the write-back cleaned, evicted while its slow `sync` ran:
+/// when the sync failed the page could not go dirty again (it was gone
+/// from the cache), so the next flush wrote nothing, said Ok, and the
+/// store kept the old bytes. Reclaim now leaves a page alone until its
+/// write-back's sync has ended.
+#[test]
+fn a_page_is_not_evicted_while_the_sync_that_covers_it_runs() {
+    const PAGES: usize = 8;
+    let pager = Pager::builder()
+        .budget_pages(64)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let store = Faulty::new(PAGES);
+    let r = written(&pager, &store, PAGES, 40);
+    // The flush's sync fails after 50 ms; reclaim runs in them.
+    store.syncs_to_fail.store(1, SeqCst);
+    let freed = std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            while store.sync_callers.lock().unwrap().is_empty() {
+                std::thread::yield_now();
+            }
+            pager.reclaim_pages(PAGES as u64)
+        });
+        assert!(r.flush().is_err());
+        t.join().unwrap()
+    });
+    assert_eq!(freed, 0, "pages whose sync was running were evicted");
+    r.flush().unwrap();
+    assert_store(&store, PAGES, 40);
+    // Once synced they may go.
+    assert_eq!(pager.reclaim_pages(PAGES as u64), PAGES as u64);
+    assert_eq!(r.as_slice()[3 * PAGE], 3 + 1 + 40);
+}
+
 /// `flush_unmapped_of` writes one store's kept pages and reports only its
 /// own failure: another store still refusing its pages is not its error
 /// (the shim's `fsync` of one file failed while another file's pages

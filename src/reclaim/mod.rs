@@ -242,8 +242,9 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
         obj.cache.unlock(i, 0, ON_LRU);
         return Evict::Drop;
     }
-    // A system call is about to use it (a residency guard): later.
-    if w & GUARDS != 0 {
+    // A system call is about to use it (a residency guard), or a
+    // write-back's sync may yet fail and need it dirty again: later.
+    if w & (GUARDS | SYNCING) != 0 {
         obj.cache.unlock(i, 0, 0);
         return Evict::Rotate;
     }

@@ -225,8 +225,9 @@ fn prepare_clean<'a>(
         Some((Evict::Drop, ON_LRU | LRU_BATCHED))
     } else if w & PINNED != 0 {
         Some((Evict::Drop, ON_LRU))
-    } else if w & GUARDS != 0 {
-        // Guarded for a system call: later.
+    } else if w & (GUARDS | SYNCING) != 0 {
+        // Guarded for a system call, or its write-back's sync may yet
+        // fail: later.
         Some((Evict::Rotate, 0))
     } else if w & REFERENCED != 0 {
         Some((Evict::Rotate, REFERENCED))
