@@ -419,6 +419,10 @@ impl Mm {
     /// (`tests/memory_report_race.rs`). Under the read lock no unmap runs,
     /// so the references are the regions' own, only borrowed.
     pub fn memory_use(&self) -> crate::MemoryUse {
+        // An application handler that faulted under the read lock below
+        // would wait for an event being applied, which waits for the
+        // global lock's write side, which waits for this walk.
+        let _deferred = crate::sys::thread::Deferred::new();
         let mut m = crate::MemoryUse {
             resident_pages: self.resident.load(Relaxed),
             budget_pages: self.config.budget_pages,

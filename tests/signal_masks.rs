@@ -176,40 +176,96 @@ extern "C" fn usr2_touches_next_page(_: libc::c_int) {
     let _ = unsafe { std::ptr::read_volatile((TOUCH.load(SeqCst) + k * PAGE) as *const u8) };
 }
 
-fn child_signals_during_populate() {
+/// An in-thread pager with a budget of 64 pages and no readahead (a
+/// handler's fault reads one page), with an alarm 20 s away as the
+/// child's deadline.
+fn small_budget_child_pager() -> Pager {
     // SAFETY: alarm has no preconditions.
     unsafe { libc::alarm(20) };
-    let p = Pager::builder()
+    Pager::builder()
         .delivery(Delivery::InThread)
         .budget_pages(64)
         .readahead(0, 1)
         .fault_around(0)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn child_signals_during_populate() {
+    let p = small_budget_child_pager();
     let region = p.map_anonymous(1024 * PAGE).unwrap();
-    let other = p.map_anonymous(1024 * PAGE).unwrap();
-    TOUCH.store(other.as_ptr() as usize, SeqCst);
+    let mut n = 0usize;
+    signals_while(&p, || {
+        region.populate((n % 1024) * PAGE, PAGE).unwrap();
+        n += 1;
+    });
+}
+
+/// Runs `op` on this thread in a loop for 2 s while another thread sends
+/// it SIGUSR2 every 20 µs (its handler reads the next page of a region of
+/// 1,024, absent most of the time: the budget is 64) and a third drops a
+/// page of an anonymous region with `madvise(MADV_DONTNEED)` over and
+/// over, an event the engine applies under the event gate's write side
+/// (and the global lock's). A handler that faults while `op` holds a gate
+/// section or the global lock's read side waits for that writer, which
+/// waits for `op`: the alarm ends the hang.
+fn signals_while(p: &Pager, mut op: impl FnMut()) {
+    let region = p.map_anonymous(1024 * PAGE).unwrap();
+    let dropped = p.map_anonymous(PAGE).unwrap();
+    TOUCH.store(region.as_ptr() as usize, SeqCst);
     install(libc::SIGUSR2, usr2_touches_next_page, 0);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() } as usize;
     let s = stop.clone();
-    let t = std::thread::spawn(move || {
+    let signaller = std::thread::spawn(move || {
         while !s.load(SeqCst) {
             // SAFETY: the target thread is alive until it joins us.
             unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR2) };
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
     });
+    let s = stop.clone();
+    let at = dropped.as_ptr() as usize;
+    let dropper = std::thread::spawn(move || {
+        while !s.load(SeqCst) {
+            // SAFETY: the region's page, which reads as zeros afterwards;
+            // nothing holds a slice of it.
+            unsafe {
+                std::ptr::write_volatile(at as *mut u8, 1);
+                libc::madvise(at as *mut libc::c_void, PAGE, libc::MADV_DONTNEED);
+            }
+        }
+    });
     let t0 = std::time::Instant::now();
     let mut n = 0usize;
-    while t0.elapsed() < std::time::Duration::from_secs(3) {
-        region.populate((n % 1024) * PAGE, PAGE).unwrap();
+    while t0.elapsed() < std::time::Duration::from_secs(2) {
+        op();
         n += 1;
     }
     stop.store(true, SeqCst);
-    t.join().unwrap();
-    say(format!("MAIN-DONE populates {n} signals {}\n", STEP.load(SeqCst)).as_bytes());
+    signaller.join().unwrap();
+    dropper.join().unwrap();
+    say(format!("MAIN-DONE calls {n} signals {}\n", STEP.load(SeqCst)).as_bytes());
+}
+
+fn child_signals_during_refresh() {
+    let p = small_budget_child_pager();
+    let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&pattern_vec(9, LEN)).unwrap());
+    // SAFETY: nothing else changes the store.
+    let r = unsafe { p.map_store(mem, LEN, &MapOptions::default()) }.unwrap();
+    assert_eq!(r.as_slice()[PAGE], pattern(9, PAGE));
+    // SAFETY: no slice of `r` is alive during the calls.
+    signals_while(&p, || {
+        unsafe { r.refresh_unchecked(PAGE as u64, 8) }.unwrap()
+    });
+}
+
+fn child_signals_during_memory_use() {
+    let p = small_budget_child_pager();
+    signals_while(&p, || {
+        std::hint::black_box(p.memory_use());
+    });
 }
 
 /// The application's SIGSEGV handler: reports whether SIGBUS is blocked,
@@ -281,6 +337,20 @@ fn signal_during_reclaim_pages() {
 #[test]
 fn signals_during_populate() {
     exits_cleanly("signals_during_populate", child_signals_during_populate);
+}
+
+/// `Region::refresh` entered the event gate before it blocked signals,
+/// and `Pager::memory_use` held the global lock's read side with signals
+/// open: a handler that faulted there waited for an event being applied,
+/// which waited for the call (found by review).
+#[test]
+fn signals_during_refresh() {
+    exits_cleanly("signals_during_refresh", child_signals_during_refresh);
+}
+
+#[test]
+fn signals_during_memory_use() {
+    exits_cleanly("signals_during_memory_use", child_signals_during_memory_use);
 }
 
 #[test]

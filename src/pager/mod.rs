@@ -475,6 +475,8 @@ impl Pager {
     /// The bytes of dirty pages of unmapped regions waiting for their
     /// store (see [`flush_unmapped`](Self::flush_unmapped)).
     pub fn unwritten_bytes(&self) -> u64 {
+        // (As `Region::mapped`: an event being applied may take the list.)
+        let _deferred = crate::sys::thread::Deferred::new();
         self.inner.mm.unwritten.bytes(crate::unwritten::Which::All)
     }
 

@@ -162,6 +162,9 @@ impl Region {
     /// # Ok::<(), uffd_pager::Error>(())
     /// ```
     pub fn mapped(&self) -> Vec<std::ops::Range<usize>> {
+        // (Its lock is one an event being applied takes: a handler that
+        // faulted under it would wait for that event, and so for itself.)
+        let _deferred = crate::sys::thread::Deferred::new();
         self.owner.mm.mapped(self.id)
     }
 

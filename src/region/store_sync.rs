@@ -110,6 +110,10 @@ impl Region {
     /// [`as_slice`](Self::as_slice)) is alive during the call: the bytes
     /// of the refreshed pages change under it.
     pub unsafe fn refresh_unchecked(&self, offset: u64, len: u64) -> Result<()> {
+        // Signals wait from before the gate section to after it: a handler
+        // that faulted inside the section would wait for an event being
+        // applied, which waits for the section (see `Deferred`).
+        let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
         let _section = mm.events.section();
         mm.refresh(self.id, offset, len)
