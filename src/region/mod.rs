@@ -409,8 +409,14 @@ impl Region {
     pub fn unmap(self) -> Result<()> {
         let me = std::mem::ManuallyDrop::new(self);
         let r = me.owner.mm.unmap(me.id);
-        // SAFETY: `me` is never used again; we move the Arc out exactly once.
-        drop(unsafe { std::ptr::read(&me.owner) });
+        // Every field with a destructor goes (the `Weak` too: left, it
+        // kept the object's allocation for ever).
+        // SAFETY: `me` is never used again, and each field is moved out
+        // exactly once.
+        unsafe {
+            drop(std::ptr::read(&me.owner));
+            drop(std::ptr::read(&me.object));
+        }
         r
     }
 }
