@@ -171,13 +171,41 @@ impl Mm {
         if b.n == 0 {
             return Ok(());
         }
-        let mut list: [(u64, &[u8]); MAX_BATCH] = [(0, &[]); MAX_BATCH];
         let mut r = Ok(());
-        for (k, &(i, _)) in b.pages[..b.n].iter().enumerate() {
-            // SAFETY: we hold page `i`'s lock; its contents are only read,
-            // and the slice lives until the page is unlocked below.
+        // A page left writable (a guarded one, or one whose protection
+        // failed) may be written by the application while the store reads
+        // it: it is copied through the kernel first, never lent to the
+        // store as a slice of memory that changes under it. (It stays
+        // dirty, so a torn copy is written again.)
+        let copies: Vec<Option<Vec<u8>>> = if b.pages[..b.n].iter().all(|p| p.1) {
+            Vec::new()
+        } else {
+            b.pages[..b.n]
+                .iter()
+                .map(|&(i, protected)| match protected {
+                    true => None,
+                    false => obj
+                        .copy_page_out(i)
+                        .map_err(|e| r = Err(crate::store::StoreError(e)))
+                        .ok(),
+                })
+                .collect()
+        };
+        let mut list: [(u64, &[u8]); MAX_BATCH] = [(0, &[]); MAX_BATCH];
+        for (k, &(i, protected)) in b.pages[..b.n].iter().enumerate() {
+            let off = (i << obj.page_shift()) as u64;
+            if !protected {
+                if let Some(Some(c)) = copies.get(k) {
+                    list[k] = (off, c);
+                }
+                continue;
+            }
+            // SAFETY: we hold page `i`'s lock and it is protected against
+            // writes (unmapped, or write-protected above): its contents are
+            // only read, and the slice lives until the page is unlocked
+            // below.
             match unsafe { obj.page_to_write_out(i) } {
-                Ok(p) => list[k] = ((i << obj.page_shift()) as u64, p),
+                Ok(p) => list[k] = (off, p),
                 Err(e) => r = Err(crate::store::StoreError(e)),
             }
         }

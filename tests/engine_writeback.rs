@@ -383,3 +383,84 @@ fn child_failed_remap_keeps_write_tracking() {
         );
     }
 }
+
+/// A store that reads the page it is given twice, 50 ms apart, and
+/// counts the writes whose page changed between the two reads. Signal-safe
+/// (a stack copy, `nanosleep`, atomics), so the engine lends it the page
+/// itself rather than a copy in an I/O worker's buffer.
+struct Watching {
+    inner: MemoryStore,
+    changed: std::sync::atomic::AtomicUsize,
+    writes: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for Watching {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), uffd_pager::store::StoreError> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), uffd_pager::store::StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut first = [0u8; PAGE];
+        first.copy_from_slice(buf);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if buf != first {
+            self.changed.fetch_add(1, SeqCst);
+        }
+        self.writes.fetch_add(1, SeqCst);
+        self.inner.write(offset, buf)
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "watching"
+    }
+}
+
+/// A page under a residency guard stays writable during a write-back (a
+/// system call may be writing it): the store was lent a slice of that
+/// memory, which changed while the store held it. It gets a copy now.
+#[test]
+fn a_guarded_page_is_written_back_from_a_copy() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let p = pager(Delivery::InThread);
+    let store = Arc::new(Watching {
+        inner: MemoryStore::new(4 * PAGE as u64).unwrap(),
+        changed: Default::default(),
+        writes: Default::default(),
+    });
+    // SAFETY: only this region writes the store.
+    let mut r =
+        unsafe { p.map_store(store.clone(), 4 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
+    r.as_mut_slice()[0] = 1;
+    let guard = r.lock_resident(0, PAGE).unwrap();
+    let at = r.as_ptr() as usize;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut n = 0u8;
+            while !stop.load(SeqCst) {
+                n = n.wrapping_add(1);
+                // SAFETY: the guard keeps page 0 mapped writable; the test
+                // holds no slice of it meanwhile (as a system call's write
+                // into it would).
+                unsafe { std::ptr::write_volatile((at + 100) as *mut u8, n) };
+            }
+        });
+        r.flush().unwrap();
+        stop.store(true, SeqCst);
+    });
+    drop(guard);
+    assert!(store.writes.load(SeqCst) >= 1);
+    assert_eq!(
+        store.changed.load(SeqCst),
+        0,
+        "the page changed under the store during its write"
+    );
+}

@@ -420,6 +420,23 @@ impl Object {
         Ok(unsafe { std::slice::from_raw_parts(p, self.page_size()) })
     }
 
+    /// A copy of shared page `i`, taken through the kernel (`pread` of the
+    /// memfd), for a write-back of a page that stays writable while it is
+    /// written (a guarded one): the application may write it meanwhile,
+    /// so no Rust reference to it may be made ([`page_to_write_out`]'s
+    /// contract). A hole copies as zeros. `EINVAL` for an anonymous
+    /// object, which has no store to write back to.
+    ///
+    /// [`page_to_write_out`]: Self::page_to_write_out
+    pub fn copy_page_out(&self, i: usize) -> Result<Vec<u8>, i32> {
+        let Backing::Shared { memfd, .. } = &self.backing else {
+            return Err(libc::EINVAL);
+        };
+        let mut v = vec![0u8; self.page_size()];
+        memfd.read_at(i << self.shift, &mut v)?;
+        Ok(v)
+    }
+
     /// Where dirty pages go when they are written back or evicted: the
     /// store for a shared object, the swap for an anonymous one.
     #[inline]

@@ -383,6 +383,25 @@ impl Memfd {
         }
     }
 
+    /// Copies `buf.len()` bytes at `off` into `buf` through the kernel
+    /// (`pread`): no Rust reference is made to the pages, which a mapping
+    /// of the memfd may be writing meanwhile. A hole reads as zeros.
+    /// Async-signal-safe.
+    pub fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), i32> {
+        let fd = self.fd.as_raw_fd();
+        super::all_of(buf.len(), |done| {
+            // SAFETY: `buf[done..]` is valid for writes; `fd` is ours.
+            unsafe {
+                libc::pread(
+                    fd,
+                    buf.as_mut_ptr().add(done).cast(),
+                    buf.len() - done,
+                    (off + done) as libc::off_t,
+                )
+            }
+        })
+    }
+
     /// Frees the pages of `[off, off+len)`; async-signal-safe.
     #[inline]
     pub fn punch_hole(&self, off: usize, len: usize) -> Result<(), i32> {
