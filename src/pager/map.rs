@@ -279,6 +279,12 @@ impl Pager {
     /// [`Region::as_ptr`], as C does), or whose store nothing else can
     /// reach, keeps it without effort.
     ///
+    /// And the store keeps its own word: if [`Store::signal_safe`] says
+    /// true, its methods are async-signal-safe, for the engine calls them
+    /// inside its SIGBUS handler (see [`crate::store`]'s contract; one that
+    /// allocates there, in a thread the fault interrupted inside `malloc`,
+    /// corrupts the heap).
+    ///
     /// ```
     /// use std::sync::Arc;
     /// use uffd_pager::store::MemoryStore;

@@ -124,7 +124,10 @@ impl PagerBuilder {
     /// kept, or a Redis key another client writes) would change the bytes
     /// under a live slice of an anonymous region, which is undefined
     /// behaviour in Rust. A fresh store per call that the caller does not
-    /// keep, or a namespace nobody else uses, keeps it.
+    /// keep, or a namespace nobody else uses, keeps it. A store whose
+    /// [`Store::signal_safe`](crate::store::Store::signal_safe) says true
+    /// must be async-signal-safe, as for
+    /// [`Pager::map_store`](crate::Pager::map_store).
     ///
     /// ```
     /// use std::sync::Arc;

@@ -457,7 +457,7 @@ impl Store for FileStore {
         &self,
         offset: u64,
         len: usize,
-        fd: RawFd,
+        fd: std::os::fd::BorrowedFd<'_>,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
         // The last page through `read`, which records how much of it the
@@ -472,7 +472,12 @@ impl Store for FileStore {
                 // SAFETY: `[src, src + len)` lies inside the view (checked
                 // above), which is mapped for the store's life.
                 let r = unsafe {
-                    crate::sys::mem::pwrite_all_raw(fd, src as *const u8, len, fd_offset)
+                    crate::sys::mem::pwrite_all_raw(
+                        fd.as_raw_fd(),
+                        src as *const u8,
+                        len,
+                        fd_offset,
+                    )
                 };
                 if r.is_ok() {
                     return Ok(());

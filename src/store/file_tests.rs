@@ -362,7 +362,7 @@ fn tmpfs_file_is_read_in_place() {
     assert_eq!(s.page_in_memory(3 * PAGE_SIZE as u64), None);
     // Two pages, the last one partial: zeros past the end of file.
     let m = crate::sys::mem::Memfd::new("filestore-view-test", 2 * PAGE_SIZE).unwrap();
-    s.read_to_fd(PAGE_SIZE as u64, 2 * PAGE_SIZE, m.fd(), 0)
+    s.read_to_fd(PAGE_SIZE as u64, 2 * PAGE_SIZE, m.as_fd(), 0)
         .unwrap();
     let mut out = vec![1u8; 2 * PAGE_SIZE];
     // SAFETY: pread into a live buffer from our memfd.

@@ -257,9 +257,10 @@ impl Store for MemoryStore {
         &self,
         offset: u64,
         len: usize,
-        fd: std::os::fd::RawFd,
+        fd: std::os::fd::BorrowedFd<'_>,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
+        use std::os::fd::AsRawFd;
         if !in_bounds(offset, len, self.len) {
             return Err(StoreError(libc::EINVAL));
         }
@@ -273,8 +274,15 @@ impl Store for MemoryStore {
         // SAFETY: bounds checked above, and the mapping outlives the call.
         // Only the kernel reads the bytes: no Rust reference to them is made
         // (a concurrent `write` may change them meanwhile).
-        unsafe { crate::sys::mem::pwrite_all_raw(fd, base.add(offset as usize), len, fd_offset) }
-            .map_err(StoreError)
+        unsafe {
+            crate::sys::mem::pwrite_all_raw(
+                fd.as_raw_fd(),
+                base.add(offset as usize),
+                len,
+                fd_offset,
+            )
+        }
+        .map_err(StoreError)
     }
 
     fn writable(&self) -> bool {
@@ -368,7 +376,7 @@ mod tests {
         // read_to_fd writes zeros too (into a memfd, read back with pread).
         let m = crate::sys::mem::Memfd::new("memstore-test", 2 * PAGE_SIZE).unwrap();
         crate::sys::mem::pwrite_all(m.fd(), &[7u8; PAGE_SIZE], 0).unwrap();
-        s.read_to_fd(0, PAGE_SIZE, m.fd(), 0).unwrap();
+        s.read_to_fd(0, PAGE_SIZE, m.as_fd(), 0).unwrap();
         let mut out = vec![1u8; PAGE_SIZE];
         // SAFETY: pread into a live buffer from our memfd.
         let n = unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), PAGE_SIZE, 0) };
@@ -376,7 +384,7 @@ mod tests {
         assert!(out.iter().all(|&b| b == 0));
         // After a write, read_to_fd copies the written bytes.
         s.write(PAGE_SIZE as u64, &[9u8; PAGE_SIZE]).unwrap();
-        s.read_to_fd(PAGE_SIZE as u64, PAGE_SIZE, m.fd(), 0)
+        s.read_to_fd(PAGE_SIZE as u64, PAGE_SIZE, m.as_fd(), 0)
             .unwrap();
         // SAFETY: as above.
         unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), PAGE_SIZE, 0) };

@@ -23,7 +23,22 @@
 //!   no thread hop. Every store in this module is signal-safe except
 //!   `RedisStore`.
 //!
-//! Either way the engine never issues two concurrent calls for the same
+//! Either way:
+//!
+//! - the methods that describe the store ([`Store::writable`],
+//!   [`Store::signal_safe`], [`Store::synchronous`],
+//!   [`Store::page_in_memory`]) may be called in the faulting thread,
+//!   inside the SIGBUS handler, whatever `signal_safe` says: each must
+//!   answer from what the store holds (a field, a constant), without
+//!   allocating or locking;
+//! - the per-method notes "async-signal-safe" below hold for a store that
+//!   says it is signal-safe; an ordinary one is called from workers;
+//! - a store never touches the memory of a region (of any pager in the
+//!   process) in its methods: a fault there waits for a fault the store is
+//!   itself serving, and inside the handler, where SIGBUS is blocked, the
+//!   kernel kills the process.
+//!
+//! The engine never issues two concurrent calls for the same
 //! page (the page lock serialises them); calls for different pages may run
 //! concurrently. Offsets and lengths are always whole pages and within
 //! [`Store::len`]. Readahead windows and write-back batches arrive as one
@@ -118,29 +133,42 @@ pub trait Store: Send + Sync + 'static {
         self.len() == 0
     }
 
-    /// Fills `buf` with the bytes at `offset`. Async-signal-safe.
+    /// Fills `buf` with the bytes at `offset`. Async-signal-safe if
+    /// [`signal_safe`](Store::signal_safe).
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
     /// Copies the `len` bytes at `offset` into the file `fd` at `fd_offset`
     /// (the engine's memfd page cache), so the engine never maps the
-    /// destination to fill it. Async-signal-safe.
+    /// destination to fill it. Async-signal-safe if
+    /// [`signal_safe`](Store::signal_safe).
     ///
     /// The default reads one page at a time into a page-aligned buffer on
     /// the stack and `pwrite`s it: two copies and two syscalls per page, no
     /// allocation. Stores that hold their contents in memory override it to
     /// write straight from there.
+    ///
+    /// The descriptor is borrowed, so a safe caller cannot name one it
+    /// does not own (a number it found in `/proc/self/fd`, say the memfd
+    /// under another region's live slice):
+    ///
+    /// ```compile_fail,E0308
+    /// use uffd_pager::store::{MemoryStore, Store};
+    /// let s = MemoryStore::from_bytes(&[0xaa; 4096]).unwrap();
+    /// s.read_to_fd(0, 4096, 7, 0).unwrap();
+    /// ```
     fn read_to_fd(
         &self,
         offset: u64,
         len: usize,
-        fd: std::os::fd::RawFd,
+        fd: std::os::fd::BorrowedFd<'_>,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
         read_to_fd_buffered(self, offset, len, fd, fd_offset)
     }
 
-    /// Writes `buf` at `offset`. Async-signal-safe. Stores that are
-    /// read-only return `Err(StoreError(libc::EROFS))`.
+    /// Writes `buf` at `offset`. Async-signal-safe if
+    /// [`signal_safe`](Store::signal_safe). Stores that are read-only
+    /// return `Err(StoreError(libc::EROFS))`.
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError>;
 
     /// Whether [`Store::write`] can succeed.
@@ -299,15 +327,16 @@ pub fn read_to_fd_buffered<S: Store + ?Sized>(
     store: &S,
     offset: u64,
     len: usize,
-    fd: std::os::fd::RawFd,
+    fd: std::os::fd::BorrowedFd<'_>,
     fd_offset: u64,
 ) -> Result<(), StoreError> {
+    use std::os::fd::AsRawFd;
     let mut buf = crate::sys::PageBuf::zeroed();
     let mut done = 0;
     while done < len {
         let n = (len - done).min(buf.0.len());
         store.read(offset + done as u64, &mut buf.0[..n])?;
-        crate::sys::mem::pwrite_all(fd, &buf.0[..n], fd_offset + done as u64)
+        crate::sys::mem::pwrite_all(fd.as_raw_fd(), &buf.0[..n], fd_offset + done as u64)
             .map_err(StoreError)?;
         done += n;
     }

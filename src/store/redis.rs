@@ -2,7 +2,6 @@
 //! [`RedisStore`] for the URLs, the key layout and the failure handling.
 
 use std::fmt;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -378,16 +377,17 @@ impl Store for RedisStore {
         &self,
         offset: u64,
         len: usize,
-        fd: RawFd,
+        fd: std::os::fd::BorrowedFd<'_>,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
+        use std::os::fd::AsRawFd;
         self.first_page(offset, len)?;
         let mut buf = vec![0u8; len.min(MAX_BATCH * PAGE_SIZE)];
         let mut done = 0;
         while done < len {
             let n = (len - done).min(buf.len());
             self.read(offset + done as u64, &mut buf[..n])?;
-            crate::sys::mem::pwrite_all(fd, &buf[..n], fd_offset + done as u64)
+            crate::sys::mem::pwrite_all(fd.as_raw_fd(), &buf[..n], fd_offset + done as u64)
                 .map_err(StoreError)?;
             done += n;
         }

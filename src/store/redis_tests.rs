@@ -109,7 +109,7 @@ fn batches_of_32_pages_across_a_chunk_boundary() {
 
     // read_to_fd over 40 pages (more than one batch) into a memfd.
     let m = crate::sys::mem::Memfd::new("redis-test", 40 * P).unwrap();
-    s.read_to_fd(48 * P as u64, 40 * P, m.fd(), 0).unwrap();
+    s.read_to_fd(48 * P as u64, 40 * P, m.as_fd(), 0).unwrap();
     let mut out = vec![0u8; 40 * P];
     // SAFETY: pread into a live buffer of that length from our memfd.
     let n = unsafe { libc::pread(m.fd(), out.as_mut_ptr().cast(), out.len(), 0) };

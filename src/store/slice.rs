@@ -96,7 +96,7 @@ impl Store for SliceStore {
         &self,
         offset: u64,
         len: usize,
-        fd: std::os::fd::RawFd,
+        fd: std::os::fd::BorrowedFd<'_>,
         fd_offset: u64,
     ) -> Result<(), StoreError> {
         self.inner

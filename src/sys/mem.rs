@@ -372,6 +372,12 @@ impl Memfd {
         self.fd.as_raw_fd()
     }
 
+    /// The descriptor, borrowed for as long as the memfd lives.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
     /// Bytes of memory the memfd holds (`st_blocks`).
     pub fn allocated(&self) -> u64 {
         // SAFETY: an all-zero `stat` is a valid value to fill.

@@ -177,8 +177,11 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         // reports EFAULT) or `buf`, a page on this stack.
         unsafe { pipes.write_at(memfd, src, PAGE_SIZE, off as u64) }.is_ok()
     } else {
+        // SAFETY: `memfd` is the pass's memfd, which the pass's caller
+        // holds open until the handler is taken down.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(memfd) };
         store
-            .read_to_fd(off as u64, PAGE_SIZE, memfd, off as u64)
+            .read_to_fd(off as u64, PAGE_SIZE, fd, off as u64)
             .is_ok()
     };
     if !filled {
