@@ -8,7 +8,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{DIRTY, LOCKED, UPTODATE};
+use crate::page_cache::{DIRTY, LOCKED, SYNCING, UPTODATE};
 use crate::sys::{PageBuf, PAGE_SIZE};
 use std::sync::Arc;
 
@@ -96,8 +96,11 @@ impl Mm {
             // The store could not be read: a clean page is dropped, so
             // that its next fault reads the store again (or poisons it),
             // rather than showing the old bytes for good; a dirty one keeps
-            // its writes, and the error says the refresh did not happen.
-            let clear = if r.is_err() && w & DIRTY == 0 {
+            // its writes, and the error says the refresh did not happen. So
+            // does one whose write-back's sync is still running
+            // (`SYNCING`): if that sync fails it must go dirty again, which
+            // a dropped page cannot.
+            let clear = if r.is_err() && w & (DIRTY | SYNCING) == 0 {
                 crate::discard::discard_page(self, obj, i, w)
             } else {
                 0

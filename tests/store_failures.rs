@@ -428,6 +428,33 @@ fn a_page_is_not_evicted_while_the_sync_that_covers_it_runs() {
     assert_eq!(r.as_slice()[3 * PAGE], 3 + 1 + 40);
 }
 
+/// The same for a refresh whose store read fails while the sync runs: it
+/// dropped the clean page, which then could not go dirty again (found by
+/// review). A page whose sync runs is kept, as a dirty one is.
+#[test]
+fn a_refresh_that_cannot_read_keeps_a_page_whose_sync_runs() {
+    const PAGES: usize = 4;
+    let pager = Pager::builder().build().unwrap();
+    let store = Faulty::new(PAGES);
+    let r = written(&pager, &store, PAGES, 50);
+    store.syncs_to_fail.store(1, SeqCst);
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            while store.sync_callers.lock().unwrap().is_empty() {
+                std::thread::yield_now();
+            }
+            store.read_failing.store(true, SeqCst);
+            // SAFETY: no slice of the region is alive meanwhile.
+            unsafe { r.refresh_unchecked(0, PAGE as u64) }
+        });
+        assert!(r.flush().is_err());
+        assert!(t.join().unwrap().is_err());
+    });
+    store.read_failing.store(false, SeqCst);
+    r.flush().unwrap();
+    assert_store(&store, PAGES, 50);
+}
+
 /// `flush_unmapped_of` writes one store's kept pages and reports only its
 /// own failure: another store still refusing its pages is not its error
 /// (the shim's `fsync` of one file failed while another file's pages
@@ -482,22 +509,31 @@ fn flushing_one_stores_unmapped_pages_leaves_the_others_out() {
 
 /// `Region::flush` after the application unmapped the whole region itself
 /// said Ok ("the unmap wrote it back") while the unmap's write-back had
-/// failed and its pages waited: it writes them now, and reports it.
+/// failed and its pages waited: it writes them now, and reports it. So
+/// does `flush_range`, which said Ok without writing (found by review):
+/// the application then changed the store, and the next flush put the
+/// older pages over the change.
 #[test]
 fn a_flush_after_the_applications_munmap_writes_what_the_unmap_could_not() {
     const PAGES: usize = 4;
-    let pager = Pager::builder().build().unwrap();
-    let store = Faulty::new(PAGES);
-    let r = written(&pager, &store, PAGES, 60);
-    store.failing.store(true, SeqCst);
-    // SAFETY: the region's own range; nothing of it is used again.
-    assert_eq!(unsafe { libc::munmap(r.as_ptr().cast(), PAGES * PAGE) }, 0);
-    assert!(r.flush().is_err());
-    store.failing.store(false, SeqCst);
-    r.flush().unwrap();
-    assert_store(&store, PAGES, 60);
-    assert_eq!(pager.unwritten_bytes(), 0);
-    drop(r);
+    for range in [false, true] {
+        let pager = Pager::builder().build().unwrap();
+        let store = Faulty::new(PAGES);
+        let r = written(&pager, &store, PAGES, 60);
+        store.failing.store(true, SeqCst);
+        // SAFETY: the region's own range; nothing of it is used again.
+        assert_eq!(unsafe { libc::munmap(r.as_ptr().cast(), PAGES * PAGE) }, 0);
+        let flush = || match range {
+            false => r.flush(),
+            true => r.flush_range(0, (PAGES * PAGE) as u64),
+        };
+        assert!(flush().is_err(), "range {range}");
+        store.failing.store(false, SeqCst);
+        flush().unwrap();
+        assert_store(&store, PAGES, 60);
+        assert_eq!(pager.unwritten_bytes(), 0);
+        drop(r);
+    }
 }
 
 /// A refresh whose store read fails: a clean page it could not bring up to

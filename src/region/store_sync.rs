@@ -52,7 +52,12 @@ impl Region {
         let mm = &self.owner.mm;
         mm.check_owner()?;
         let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
-            return Ok(()); // unmapped by the application meanwhile: written
+            // Unmapped by the application meanwhile: written, or kept with
+            // what its store refused, which must reach the store before
+            // the change this flush comes before (else a later write-back
+            // puts the older copy over it). As in `flush`.
+            mm.events.quiesce();
+            return mm.flush_unwritten_object(self.object.as_ptr());
         };
         let shift = obj.page_shift();
         let first = (offset >> shift) as usize;
