@@ -352,6 +352,15 @@ impl Mm {
         self.table.read(|t| t.find(addr).is_some())
     }
 
+    /// Whether a region of this address space still maps `obj` (a piece of
+    /// it). Not its windows, which keep at most `WINDOWS` (4) pieces for
+    /// reclaim:
+    /// a region cut into more has pieces none lists. One walk of the table.
+    pub fn maps_object(&self, obj: &crate::object::Object) -> bool {
+        self.table
+            .read(|t| t.iter().any(|v| std::ptr::eq(&*v.object, obj)))
+    }
+
     /// Whether `addr` lies in a range this address space is unmapping.
     /// Async-signal-safe.
     pub fn claims_dying(&self, addr: usize) -> bool {

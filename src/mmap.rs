@@ -367,7 +367,7 @@ impl Mm {
         objects.dedup_by(|a, b| Arc::ptr_eq(a, b));
         for obj in objects {
             if let (Some(p), Some(u)) = (self.per_region.get(), obj.region_uffd.get()) {
-                if obj.windows.get().is_empty() {
+                if !self.maps_object(&obj) {
                     p.close(u);
                 }
             }

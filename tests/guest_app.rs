@@ -358,6 +358,30 @@ fn a_residency_guard_held_across_the_applications_munmap_finishes_the_release() 
     }
 }
 
+/// In a child run by [`each_delivery_in_a_child`] with `env`: the
+/// delivery mode it is to test, with an alarm 20 s away (a hang ends the
+/// child).
+fn child_delivery(env: &str) -> Option<Delivery> {
+    let k = std::env::var(env).ok()?;
+    // SAFETY: alarm has no preconditions.
+    unsafe { libc::alarm(20) };
+    Some(DELIVERIES[k.parse::<usize>().unwrap()])
+}
+
+/// Runs test `name` again in a child per delivery mode, which
+/// [`child_delivery`] names to it through `env`; each child's output
+/// (nothing, in a child itself).
+fn each_delivery_in_a_child(name: &str, env: &str) -> Vec<(Delivery, std::process::Output)> {
+    if is_child() {
+        return Vec::new();
+    }
+    DELIVERIES
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| (d, run_child(name, &[(env, &k.to_string())])))
+        .collect()
+}
+
 /// The application grows a region with its own `mremap`: the kernel keeps
 /// the grown part registered, but the event reports the old length only,
 /// so no region covers it. An access there ends in a signal (SIGSEGV;
@@ -366,10 +390,7 @@ fn a_residency_guard_held_across_the_applications_munmap_finishes_the_release() 
 /// alarm). One child per delivery mode, killed by the signal.
 #[test]
 fn an_access_past_a_region_the_application_grew_is_sigsegv() {
-    if let Ok(k) = std::env::var("GROW_DELIVERY") {
-        let d = DELIVERIES[k.parse::<usize>().unwrap()];
-        // SAFETY: alarm has no preconditions: a hang ends the child.
-        unsafe { libc::alarm(20) };
+    if let Some(d) = child_delivery("GROW_DELIVERY") {
         let p = small_pager(d);
         let pages = 4;
         let (r, want) = filled_region(&p, InstallKind::Anonymous, pages, 23);
@@ -380,22 +401,65 @@ fn an_access_past_a_region_the_application_grew_is_sigsegv() {
         println!("{d}: the access past the region returned");
         std::process::exit(0);
     }
-    if is_child() {
-        return;
-    }
-    for (k, d) in DELIVERIES.iter().enumerate() {
-        let out = run_child(
-            "an_access_past_a_region_the_application_grew_is_sigsegv",
-            &[("GROW_DELIVERY", &k.to_string())],
-        );
+    let name = "an_access_past_a_region_the_application_grew_is_sigsegv";
+    for (d, out) in each_delivery_in_a_child(name, "GROW_DELIVERY") {
         // In-thread delivery gets the kernel's SIGBUS for a registered
         // range it cannot serve (its handler passes it on: not ours).
-        let want = if *d == Delivery::InThread {
+        let want = if d == Delivery::InThread {
             libc::SIGBUS
         } else {
             libc::SIGSEGV
         };
         assert_eq!(exit_signal(&out), Some(want), "{d}: {}", describe(&out));
+    }
+}
+
+/// The application cuts a region of 9 pages into five pieces with its own
+/// `munmap` of every odd page, then unmaps all but the last piece. An
+/// object tracks at most four windows for reclaim, so the last piece had
+/// none; with the other four gone, per-region delivery took the region
+/// for gone and stopped its handler, while the last piece was still
+/// registered on the region's descriptor: its next fault, and any later
+/// `munmap` of it, waited for ever (found by review). One child per
+/// delivery mode, with an alarm as its deadline.
+#[test]
+fn a_region_cut_into_five_pieces_serves_its_last_piece() {
+    if let Some(d) = child_delivery("PIECES_DELIVERY") {
+        let p = small_pager(d);
+        let pages = 9;
+        let (mut r, _) = filled_region(&p, InstallKind::Anonymous, pages, 31);
+        let base = r.as_ptr() as usize;
+        // Page 8 is absent again: its next touch is a fault.
+        r.dontneed(8 * PAGE, PAGE).unwrap();
+        for k in [1, 3, 5, 7] {
+            // SAFETY: a page of the region, not used again.
+            assert_eq!(
+                unsafe { libc::munmap((base + k * PAGE) as *mut libc::c_void, PAGE) },
+                0
+            );
+        }
+        // SAFETY: the first eight pages (four pieces and four holes).
+        assert_eq!(
+            unsafe { libc::munmap(base as *mut libc::c_void, 8 * PAGE) },
+            0
+        );
+        assert_eq!(
+            byte(base + 8 * PAGE + 5),
+            0,
+            "{d}: a dropped page reads as zeros"
+        );
+        // SAFETY: the last piece, not used again.
+        assert_eq!(
+            unsafe { libc::munmap((base + 8 * PAGE) as *mut libc::c_void, PAGE) },
+            0
+        );
+        drop(r);
+        println!("{d}: the last piece was served");
+        std::process::exit(0);
+    }
+    let name = "a_region_cut_into_five_pieces_serves_its_last_piece";
+    for (d, out) in each_delivery_in_a_child(name, "PIECES_DELIVERY") {
+        assert!(out.status.success(), "{d}: {}", describe(&out));
     }
 }
 
@@ -519,5 +583,56 @@ fn writes_after_a_remap_and_the_applications_own_mprotect_survive_reclaim() {
             r.remap_to(r.len(), Some(free_range(r.len()))).unwrap();
             app_writes_survive_reclaim(&p, &r, &mut want, 5, &d.to_string());
         });
+    }
+}
+
+/// The application `mlock`s a region whose clean pages reclaim batches
+/// with another region's: the batch's `MADV_DONTNEED` stops at the locked
+/// range (the kernel refuses `VM_LOCKED`), and the whole batch went back,
+/// the pages zapped before the failure marked mapped still. Every pass
+/// met the locked pages again, so nothing was freed while the lock held
+/// (found by review). Each page is zapped on its own after such a
+/// failure now: the other region's pages go, the locked ones stay.
+#[test]
+fn a_batch_that_meets_a_locked_region_frees_the_other_pages() {
+    const PAGES: usize = 8;
+    let p = Pager::builder()
+        .budget_pages(1024)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let read_only = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        writable: false,
+        ..MapOptions::default()
+    };
+    let map = |seed| {
+        let store = Arc::new(MemoryStore::from_bytes(&pattern_vec(seed, PAGES * PAGE)).unwrap());
+        // SAFETY: the store was moved in; nothing else can change it.
+        unsafe { p.map_store(store, PAGES * PAGE, &read_only) }.unwrap()
+    };
+    let (r1, r2) = (map(41), map(42));
+    // Every page read (clean: its store holds it), the upper region
+    // locked, so that the zap reaches the lower one's ranges first.
+    let sum = |r: &uffd_pager::Region| r.as_slice().iter().step_by(PAGE).fold(0u8, |a, &b| a ^ b);
+    let _ = (sum(&r1), sum(&r2));
+    let (lo, lo_seed, hi, hi_seed) = if r1.as_ptr() < r2.as_ptr() {
+        (&r1, 41, &r2, 42)
+    } else {
+        (&r2, 42, &r1, 41)
+    };
+    // SAFETY: the region's own range.
+    assert_eq!(unsafe { libc::mlock(hi.as_ptr().cast(), PAGES * PAGE) }, 0);
+    let freed = p.reclaim_pages(2 * PAGES as u64);
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::munlock(hi.as_ptr().cast(), PAGES * PAGE) },
+        0
+    );
+    assert_eq!(freed, PAGES as u64, "the unlocked region's pages go");
+    for k in 0..PAGES {
+        let at = k * PAGE + 3;
+        assert_eq!(lo.as_slice()[at], pattern(lo_seed, at), "page {k}");
+        assert_eq!(hi.as_slice()[at], pattern(hi_seed, at), "page {k}");
     }
 }

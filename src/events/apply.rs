@@ -262,9 +262,13 @@ fn apply(mm: &Mm, e: Event, desc: Option<usize>, pre: &[(usize, usize)]) {
             for obj in released {
                 // All of a region gone under per-region delivery: its
                 // handler stops (this thread, as a rule: it read the
-                // event).
+                // event). All of it: a region cut into more pieces than
+                // its object has windows for kept its last pieces
+                // registered on the descriptor with no window, and a
+                // handler stopped on them left their faults waiting for
+                // ever.
                 if let (Some(p), Some(u)) = (mm.per_region.get(), obj.region_uffd.get()) {
-                    if obj.windows.get().is_empty() {
+                    if !mm.maps_object(&obj) {
                         p.retire(u);
                     }
                 }

@@ -164,6 +164,16 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
             Err(libc::EINVAL) => r.move_to_slot(&mm.counters, addr, s, true),
             m => m,
         }
+        .map_err(|e| match e {
+            // No page there because the application's `mremap` began after
+            // the check above (the move goes through the staging
+            // descriptor, whose ioctl does not see the region's pending
+            // event): the page moved with the range, it was not dropped.
+            // Later, once the event is applied (taken for dropped, it was
+            // uncharged while still mapped at its new address).
+            libc::ENOENT if changing() => libc::EAGAIN,
+            e => e,
+        })
     });
     let Some(moved) = moved else {
         r.put_slot(s);

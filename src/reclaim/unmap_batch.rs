@@ -126,8 +126,8 @@ impl<'a> UnmapBatch<'a> {
     }
 
     /// Zaps every pending page's mappings at once, frees what they cached
-    /// and unlocks them as absent; returns how many were freed. If the zap
-    /// fails, the pages are unlocked as they were and go back on the LRU.
+    /// and unlocks them as absent; returns how many were freed. Pages whose
+    /// zap fails are unlocked as they were and go back on the LRU.
     pub fn flush(&mut self, mm: &Mm) -> u64 {
         if self.n == 0 {
             return 0;
@@ -135,25 +135,47 @@ impl<'a> UnmapBatch<'a> {
         let nz = crate::sys::mem::coalesce_ranges(&mut self.zaps[..self.nz]);
         // Pages that were not mapped are pending too, with nothing to zap.
         let in_thread = mm.config.delivery.is_in_thread();
-        let ok = nz == 0
-            || mm
-                .events
-                .act(
-                    in_thread,
-                    || self.mmap_changing(mm),
-                    || dontneed_batch(&self.zaps[..nz]).is_ok(),
-                )
-                .unwrap_or(false);
-        if ok {
-            free_clean_shared(&self.pending[..self.n]);
+        let mut zapped = [nz == 0; BATCH];
+        if nz > 0 {
+            let pending = &self.pending[..self.n];
+            let _ = mm.events.act(
+                in_thread,
+                || self.mmap_changing(mm),
+                || {
+                    if dontneed_batch(&self.zaps[..nz]).is_ok() {
+                        zapped = [true; BATCH];
+                        return;
+                    }
+                    // Hazard: the batch stopped at a range the kernel
+                    // refused (a region the application `mlock`ed:
+                    // `MADV_DONTNEED` refuses `VM_LOCKED`) after it had
+                    // zapped the ranges before it. All put back as they
+                    // were, those pages stayed marked mapped with their
+                    // mappings gone (their next touch took them for
+                    // dropped by the application), and no page of the
+                    // batch was freed: while the application kept a
+                    // region locked, every batch with one of its pages
+                    // failed, and the pager stayed over its budget. Each
+                    // page is zapped on its own now: those whose ranges
+                    // all went are finished, the rest go back.
+                    for (k, p) in pending.iter().enumerate() {
+                        zapped[k] = p.as_ref().is_some_and(|p| {
+                            p.zaps[..p.nzaps].iter().all(|&(a, l)| {
+                                crate::sys::mem::madvise(a, l, libc::MADV_DONTNEED).is_ok()
+                            })
+                        });
+                    }
+                },
+            );
         }
+        free_clean_shared(&self.pending[..self.n], &zapped);
         let mut freed = 0;
         let mut back = 0;
-        for k in 0..self.n {
+        for (k, &went) in zapped[..self.n].iter().enumerate() {
             let Some(p) = self.pending[k].take() else {
                 continue;
             };
-            if ok {
+            if went {
                 finish_clean(mm, p);
                 freed += 1;
                 mm.counters.inc(PGSTEAL);
@@ -196,6 +218,10 @@ struct Pending<'a> {
     w: u32,
     /// Keeps the user address valid until the zap (writers excluded).
     _vma: Option<VmaReadGuard<'a>>,
+    /// This page's own ranges among the batch's zaps (its user mapping,
+    /// its cache-area copy): zapped one by one if the batch's zap fails.
+    zaps: [(usize, usize); 2],
+    nzaps: usize,
 }
 
 /// First half of evicting a clean page (a shared page that is not dirty,
@@ -249,6 +275,7 @@ fn prepare_clean<'a>(
     // one that is not MAPPED may be mapped too: zapped with the batch if
     // its region can be read-locked now (a clean PTE, so it shares the
     // batch's flush); else the hole punch unmaps it, a flush of its own.
+    let first_zap = *nz;
     let maybe_mapped = obj.kernel_maps && w & MAPPED == 0;
     if maybe_mapped {
         if let Some(addr) = obj.windows.addr_of(i) {
@@ -295,23 +322,29 @@ fn prepare_clean<'a>(
             *nz += 1;
         }
     }
+    let mut own = [(0, 0); 2];
+    let nzaps = *nz - first_zap;
+    own[..nzaps].copy_from_slice(&zaps[first_zap..*nz]);
     Ok(Pending {
         obj,
         i,
         w,
         _vma: vma,
+        zaps: own,
+        nzaps,
     })
 }
 
-/// Frees the memfd pages of the shared pages among `pending` (out of every
-/// mapping now): one hole punch per run of adjacent pages of one object.
-/// An anonymous page's copies went with the zap.
-fn free_clean_shared(pending: &[Option<Pending<'_>>]) {
+/// Frees the memfd pages of the shared pages among `pending` that were
+/// `zapped` (out of every mapping now): one hole punch per run of adjacent
+/// pages of one object. An anonymous page's copies went with the zap.
+fn free_clean_shared(pending: &[Option<Pending<'_>>], zapped: &[bool; BATCH]) {
     // (object address, page, index into `pending`), sorted into runs.
     let mut order = [(0usize, 0usize, 0usize); BATCH];
     let mut n = 0;
     for (k, p) in pending.iter().enumerate() {
-        if let Some(p) = p.as_ref().filter(|p| p.obj.kind == InstallKind::Shared) {
+        let p = p.as_ref().filter(|_| zapped[k]);
+        if let Some(p) = p.filter(|p| p.obj.kind == InstallKind::Shared) {
             order[n] = (&*p.obj as *const Object as usize, p.i, k);
             n += 1;
         }
