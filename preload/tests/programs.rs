@@ -304,6 +304,45 @@ fn anonymous_mappings_over_the_threshold_are_paged() {
     assert!(counter(&st, "pgsteal") > 0, "{st}");
 }
 
+/// `MADV_FREE` on a paged anonymous mapping, then every page written
+/// again (an allocator that frees and reuses its heap): the kernel kept
+/// the freed pages mapped and the engine took them for dropped, so the
+/// pages written again were resident outside the budget (found by
+/// review). The mapping's resident size stays near the budget now.
+#[test]
+fn madv_free_on_a_paged_mapping_keeps_it_in_its_budget() {
+    let d = scratch();
+    let script = "import ctypes, mmap\n\
+                  m = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE)\n\
+                  for i in range(0, len(m), 4096): m[i] = 1\n\
+                  m.madvise(mmap.MADV_FREE)\n\
+                  for i in range(0, len(m), 4096): m[i] = 2\n\
+                  print(all(m[i] == 2 for i in range(0, len(m), 4096)))\n\
+                  a = ctypes.addressof(ctypes.c_char.from_buffer(m))\n\
+                  rss, mine = 0, False\n\
+                  for l in open('/proc/self/smaps'):\n\
+                  \x20   f = l.split()\n\
+                  \x20   if '-' in f[0] and len(f) > 4:\n\
+                  \x20       lo, hi = (int(x, 16) for x in f[0].split('-'))\n\
+                  \x20       mine = lo <= a < hi\n\
+                  \x20   elif mine and f[0] == 'Rss:': rss = int(f[1])\n\
+                  print(rss)\n";
+    let (o, st) = under_shim(
+        Command::new(python()).args(["-c", script]),
+        &[("UFFD_PAGER_ANON_MIN", "16M"), ("UFFD_PAGER_BUDGET", "4M")],
+        &d.join("free.stats"),
+    );
+    let out = ok(&o);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("True"), "{out}");
+    let rss_kib: u64 = lines.next().unwrap().parse().unwrap();
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    assert!(
+        rss_kib <= 6 << 10,
+        "the 32 MiB mapping holds {rss_kib} KiB, past its 4 MiB budget: {st}"
+    );
+}
+
 /// Python's `mmap.madvise(MADV_RANDOM)` reaches the engine: the same pass
 /// over a file in order reads ahead without the advice and not with it.
 #[test]

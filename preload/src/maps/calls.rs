@@ -308,7 +308,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     let access = match advice {
         libc::MADV_RANDOM => Some(engine::Access::Random),
         libc::MADV_NORMAL | libc::MADV_SEQUENTIAL => Some(engine::Access::Normal),
-        libc::MADV_DONTNEED | libc::MADV_WILLNEED => None,
+        libc::MADV_DONTNEED | libc::MADV_WILLNEED | libc::MADV_FREE => None,
         _ => return None,
     };
     let (a, b) = (addr, addr.saturating_add(pages_len(len)?));
@@ -345,6 +345,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     // the hole below). A piece the program moved out of the mapping's own
     // range is left to the kernel's call.
     for (i, pieces) in hits {
+        let file = st.maps[i].file.is_some();
         let r = &mut st.maps[i].region;
         let start = r.as_ptr() as usize;
         let end = start + r.len();
@@ -353,7 +354,18 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
             if lo >= hi || p.start < start || p.end > end {
                 continue;
             }
-            let res = if advice == libc::MADV_DONTNEED {
+            // MADV_FREE: the kernel posts the event `MADV_DONTNEED` posts
+            // but keeps the pages mapped until it needs the memory, and a
+            // page written again stays: the engine, which took them for
+            // dropped, then had them mapped outside its budget (a
+            // program that freed and reused its heap this way grew past
+            // it). Dropped at once instead, which MADV_FREE allows (a
+            // freed page reads as its old bytes or as zeros). A file
+            // mapping gets the kernel's EINVAL.
+            let res = if advice == libc::MADV_FREE && file {
+                crate::set_errno(libc::EINVAL);
+                return Some(-1);
+            } else if advice == libc::MADV_DONTNEED || advice == libc::MADV_FREE {
                 r.dontneed(lo - start, hi - lo)
             } else {
                 r.populate(lo - start, hi - lo)
