@@ -253,11 +253,27 @@ fn page_mapped(addr: usize) -> bool {
 /// wait now (its `wchan`), or that cannot be told (then true: the caller
 /// acts as before). Read only on the rare path of a fault that found no
 /// region three times in a row.
+///
+/// The kernel shows a thread that runs, or waits to run, with a `wchan` of
+/// `0`, which was taken for "cannot be told": a thread that had mapped a
+/// new region at the address and was reading it got the SIGSEGV (found by
+/// review). Its state (`R` in `stat`) tells: a thread that waits on a fault
+/// sleeps.
 fn waits_on_a_fault(tid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/self/task/{tid}/wchan")) {
         Ok(w) if !w.is_empty() && w != "0" => w.trim() == "handle_userfault",
-        _ => true,
+        _ => !is_running(tid),
     }
+}
+
+/// Whether thread `tid` of this process runs or waits to run (state `R` in
+/// its `stat`; the state follows the command name, which may hold any
+/// byte, so it is read after the last `)`).
+fn is_running(tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| Some(s[s.rfind(')')? + 1..].trim_start().starts_with('R')))
+        .unwrap_or(false)
 }
 
 /// Handles one fault message; returns false if it must be retried after
@@ -308,9 +324,12 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
         // needs no signal from here (the kernel answers a thread that
         // really waits when its access runs again).
         Ok(Resolution::NoRegion) => {
+            // (And not where a region has been mapped since the look: the
+            // thread's new region, which it may be reading now.)
             if done.unserved_again(m.arg2 as u32, addr)
                 && page_mapped(addr)
                 && waits_on_a_fault(m.arg2 as u32)
+                && !mm.owns_live(addr)
             {
                 signal_thread(libc::SIGSEGV);
             }
@@ -499,6 +518,49 @@ mod tests {
         let got: Vec<_> = runs(&pages).collect();
         assert_eq!(got, vec![(p, 3 * p), (5 * p, p), (9 * p, p)]);
         assert_eq!(runs(&[]).count(), 0);
+    }
+
+    /// A thread that runs is not one waiting on a fault: its `wchan` is
+    /// `0`, which counted as "cannot be told" (and so as waiting).
+    #[test]
+    fn a_running_or_sleeping_thread_does_not_wait_on_a_fault() {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+        let stop = AtomicBool::new(false);
+        let tid = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: gettid has no preconditions.
+                tid.store(unsafe { libc::gettid() } as u32, SeqCst);
+                while !stop.load(Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            while tid.load(SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            let t = tid.load(SeqCst);
+            let (running, waits) = (is_running(t), waits_on_a_fault(t));
+            stop.store(true, Relaxed);
+            assert!(running);
+            assert!(!waits, "a spinning thread");
+        });
+        let tid = AtomicU32::new(0);
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let tid = &tid;
+            s.spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tid.store(unsafe { libc::gettid() } as u32, SeqCst);
+                let _ = wait.recv();
+            });
+            while tid.load(SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let waits = waits_on_a_fault(tid.load(SeqCst));
+            go.send(()).unwrap();
+            assert!(!waits, "a thread in a futex wait");
+        });
     }
 
     #[test]
