@@ -86,7 +86,11 @@ fn page_shift(opts: &MapOptions, len: usize, budget: u64) -> Result<u32> {
             2 * units
         )));
     }
-    Pool::require(Pool::needed_for((len / HUGE_PAGE_SIZE) as u64, budget))?;
+    // A pinned region's pages are never evicted, so the budget does not
+    // bound what it holds: all of them (checked against the budget alone,
+    // its fault past the pool's last page got SIGBUS).
+    let bound = if opts.pinned { 0 } else { budget };
+    Pool::require(Pool::needed_for((len / HUGE_PAGE_SIZE) as u64, bound))?;
     if opts.install_kind() == InstallKind::Anonymous {
         crate::sys::huge::open_self_mem().map_err(|e| Error::Io {
             context: "opening /proc/self/mem (evicting 2 MiB anonymous pages reads it)".into(),

@@ -97,7 +97,7 @@ pub struct MapOptions {
     /// [`Error::NoHugePages`](crate::Error::NoHugePages) if too few are
     /// free). Faults, installs, eviction, write-back and store calls then
     /// work 2 MiB at a time; the budget still counts 4 KiB units (a huge
-    /// page is 512 of them) and must hold one huge page at least. A region
+    /// page is 512 of them) and must hold two huge pages at least. A region
     /// of 2 MiB pages has no fault-around (a page is 512 base pages
     /// already); a shared one reads the next page ahead for a sequential
     /// reader, within the budget. It cannot be remapped, and its length (and fixed
