@@ -219,15 +219,8 @@ fn a_punched_huge_page_is_written_back_without_a_fault_in_the_engine() {
 #[test]
 fn an_unmapped_object_of_2_mib_pages_gives_its_pages_back() {
     const HUGE: usize = HUGE_PAGE_SIZE;
-    const UNITS: u64 = (HUGE / PAGE) as u64;
     let _pool = HugePool::take(4);
-    let p = Pager::builder()
-        .delivery(Delivery::InThread)
-        .budget_pages(16 * UNITS)
-        .readahead(0, 1)
-        .keep_unmapped(16)
-        .build()
-        .unwrap();
+    let p = in_thread_huge_pager(Pager::builder().keep_unmapped(16));
     let want = pattern_vec(22, 2 * HUGE);
     let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&want).unwrap());
     let shared = huge_opts(InstallKind::Shared);
@@ -249,4 +242,50 @@ fn an_unmapped_object_of_2_mib_pages_gives_its_pages_back() {
         .unwrap();
     b.prefault(0, 4 * HUGE)
         .expect("prefault while an unmapped object held the pool");
+}
+
+/// `b` as an in-thread pager with a budget of sixteen 2 MiB pages and no
+/// readahead.
+fn in_thread_huge_pager(b: uffd_pager::PagerBuilder) -> Pager {
+    b.delivery(Delivery::InThread)
+        .budget_pages(16 * (HUGE_PAGE_SIZE / PAGE) as u64)
+        .readahead(0, 1)
+        .build()
+        .unwrap()
+}
+
+/// A child `fork()`ed while a shared region of 2 MiB pages was mapped
+/// inherits the object's memfd and its alias mapping: when the parent
+/// unmapped the region, the pages stayed the child's, out of the pool,
+/// until the child exited (found by review). The object's drop punches
+/// its memfd now, which frees them whoever holds it.
+#[test]
+fn a_forked_child_does_not_keep_the_pages_of_an_unmapped_region() {
+    const HUGE: usize = HUGE_PAGE_SIZE;
+    let _pool = HugePool::take(4);
+    let p = in_thread_huge_pager(Pager::builder());
+    let free_before = huge_util::available();
+    let want = pattern_vec(23, 2 * HUGE);
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&want).unwrap());
+    // SAFETY: nothing else changes the store.
+    let r = unsafe { p.map_store(store, want.len(), &huge_opts(InstallKind::Shared)) }.unwrap();
+    assert_bytes(r.as_slice(), &want, "before the fork");
+    assert!(huge_util::available() < free_before);
+    // SAFETY: the child only waits to be killed (pause, async-signal-safe).
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        loop {
+            // SAFETY: as above.
+            unsafe { libc::pause() };
+        }
+    }
+    assert!(child > 0);
+    drop(r);
+    let free_after = huge_util::available();
+    // SAFETY: our own child, reaped here.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert_eq!(free_after, free_before, "the child kept the pages");
 }
