@@ -361,6 +361,32 @@ impl Mm {
             .read(|t| t.iter().any(|v| std::ptr::eq(&*v.object, obj)))
     }
 
+    /// 2 MiB pages that this address space's regions hold and reclaim may
+    /// give back to the pool (resident, not pinned): a new region of them
+    /// takes its pages as reclaim frees these under the shared budget.
+    /// One walk of the table and of each huge object's state words: for
+    /// maps, not faults.
+    pub fn huge_pages_held(&self) -> u64 {
+        use crate::page_cache::{PINNED, UPTODATE};
+        // Counted inside the read section, with no reference taken out of
+        // it (see `memory_use`'s hazard).
+        self.table.read(|t| {
+            let mut seen: Vec<*const Object> = Vec::new();
+            let mut held = 0;
+            for v in t.iter().filter(|v| v.object.is_huge() && !v.pinned) {
+                let obj: &Object = &v.object;
+                if seen.contains(&(obj as *const Object)) {
+                    continue;
+                }
+                seen.push(obj);
+                held += (0..obj.npages())
+                    .filter(|&i| obj.cache.load(i) & (UPTODATE | PINNED) == UPTODATE)
+                    .count() as u64;
+            }
+            held
+        })
+    }
+
     /// Whether `addr` lies in a range this address space is unmapping.
     /// Async-signal-safe.
     pub fn claims_dying(&self, addr: usize) -> bool {

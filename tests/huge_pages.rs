@@ -283,18 +283,28 @@ fn huge_page_errors_are_typed_and_say_what_to_set() {
     }
 }
 
+/// At least six free 2 MiB pages (reserved as root if need be, given back
+/// when the pool drops), or `None` (the test skipped, which it says) where
+/// `limit` or more are free: the test needs the pool short.
+fn six_free_pages_and_fewer_than(limit: u64) -> Option<HugePool> {
+    let pool = HugePool::take(6);
+    let free = huge_util::available();
+    if free >= limit {
+        eprintln!("skipped: {free} free 2 MiB pages (this test needs fewer than {limit})");
+        return None;
+    }
+    Some(pool)
+}
+
 /// A pinned region of 2 MiB pages keeps every page it faults in, so the
 /// pool must hold all of them, not the budget's worth: a region of 8
 /// pinned pages over a budget of 4 was mapped with 6 free, and its
 /// seventh page was SIGBUS (found by review). The map says so now.
 #[test]
 fn a_pinned_huge_region_needs_the_pool_to_hold_all_of_it() {
-    let _pool = HugePool::take(6);
-    let free = huge_util::available();
-    if free >= 8 {
-        eprintln!("skipped: {free} free 2 MiB pages (this test needs fewer than 8)");
+    let Some(_pool) = six_free_pages_and_fewer_than(8) else {
         return;
-    }
+    };
     let pager = Pager::builder().budget_pages(4 * UNITS).build().unwrap();
     let pinned = MapOptions {
         pinned: true,
@@ -308,6 +318,37 @@ fn a_pinned_huge_region_needs_the_pool_to_hold_all_of_it() {
     // Unpinned, the budget bounds it: six will do.
     let r = pager.map_anonymous_with(8 * HUGE, &huge_opts(InstallKind::Anonymous));
     assert!(r.is_ok(), "{r:?}");
+}
+
+/// A second region of 2 MiB pages in one pager counts the pages the
+/// first holds, which reclaim gives back to the pool under the shared
+/// budget: it was refused (`NoHugePages`: 6 needed, 6 less what the first
+/// held free) though the two never hold more than the budget and two
+/// (found by review).
+#[test]
+fn a_second_huge_region_counts_the_pages_the_first_holds() {
+    let Some(_pool) = six_free_pages_and_fewer_than(12) else {
+        return;
+    };
+    let pager = Pager::builder()
+        .budget_pages(4 * UNITS)
+        .readahead(0, 1)
+        .build()
+        .unwrap();
+    let map = |seed| {
+        let want = pattern_vec(seed, 8 * HUGE);
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&want).unwrap());
+        // SAFETY: nothing else changes the store.
+        let r = unsafe { pager.map_store(store, 8 * HUGE, &huge_opts(InstallKind::Shared)) };
+        (r, want)
+    };
+    let (a, want_a) = map(61);
+    let a = a.unwrap();
+    assert_bytes(a.as_slice(), &want_a, "the first region");
+    let (b, want_b) = map(62);
+    let b = b.expect("a second region within the same budget");
+    assert_bytes(b.as_slice(), &want_b, "the second region");
+    assert_bytes(a.as_slice(), &want_a, "the first region again");
 }
 
 /// A memory store that is not signal-safe (so it is called on the I/O

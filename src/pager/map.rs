@@ -67,7 +67,8 @@ fn check_fixed(a: Option<usize>, page_size: usize) -> Result<()> {
 /// huge region needs first: a budget that holds one, enough free pages in
 /// the kernel's pool for what the region may hold at once, and
 /// `/proc/self/mem` (which evicting a huge anonymous page reads).
-fn page_shift(opts: &MapOptions, len: usize, budget: u64) -> Result<u32> {
+fn page_shift(mm: &crate::address_space::Mm, opts: &MapOptions, len: usize) -> Result<u32> {
+    let budget = mm.config.budget_pages;
     use crate::sys::huge::{Pool, HUGE_PAGE_SHIFT, HUGE_PAGE_SIZE};
     match opts.page_size {
         PAGE_SIZE => return Ok(crate::sys::PAGE_SHIFT),
@@ -90,7 +91,13 @@ fn page_shift(opts: &MapOptions, len: usize, budget: u64) -> Result<u32> {
     // bound what it holds: all of them (checked against the budget alone,
     // its fault past the pool's last page got SIGBUS).
     let bound = if opts.pinned { 0 } else { budget };
-    Pool::require(Pool::needed_for((len / HUGE_PAGE_SIZE) as u64, bound))?;
+    // Pages the pager's other huge regions hold come back to the pool as
+    // reclaim makes room under the shared budget: a second region was
+    // refused while they would have done (found by review). Without a
+    // budget nothing is reclaimed.
+    let held = if budget > 0 { mm.huge_pages_held() } else { 0 };
+    let needed = Pool::needed_for((len / HUGE_PAGE_SIZE) as u64, bound);
+    Pool::require(needed.saturating_sub(held))?;
     if opts.install_kind() == InstallKind::Anonymous {
         crate::sys::huge::open_self_mem().map_err(|e| Error::Io {
             context: "opening /proc/self/mem (evicting 2 MiB anonymous pages reads it)".into(),
@@ -358,7 +365,7 @@ impl Pager {
         opts: &MapOptions,
     ) -> Result<Region> {
         check_fixed(opts.fixed_addr, PAGE_SIZE)?;
-        let shift = page_shift(opts, len, self.inner.mm.config.budget_pages)?;
+        let shift = page_shift(&self.inner.mm, opts, len)?;
         // Held before anything below maps memory of its own (`crate::hold`).
         let hold = opts
             .fixed_addr
