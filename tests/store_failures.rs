@@ -271,7 +271,8 @@ fn written(pager: &Pager, store: &Arc<Faulty>, pages: usize, seed: u8) -> uffd_p
     // SAFETY: only the test's regions write the store, one at a time.
     let mut r = unsafe { pager.map_store(store.clone(), pages * PAGE, &shared(true)) }.unwrap();
     for p in 0..pages {
-        r.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(p as u8 + 1 + seed);
+        r.as_mut_slice()[p * PAGE..(p + 1) * PAGE]
+            .fill((p as u8).wrapping_add(1).wrapping_add(seed));
     }
     r
 }
@@ -283,7 +284,7 @@ fn assert_store(store: &Faulty, pages: usize, seed: u8) {
         assert!(
             snap[p * PAGE..(p + 1) * PAGE]
                 .iter()
-                .all(|&b| b == p as u8 + 1 + seed),
+                .all(|&b| b == (p as u8).wrapping_add(1).wrapping_add(seed)),
             "page {p} of the store: {}",
             snap[p * PAGE]
         );
@@ -691,4 +692,40 @@ fn a_failed_flush_beside_a_release_that_succeeds_keeps_the_pages() {
         order_seen,
         "the flush never wrote the pages first in 20 tries"
     );
+}
+
+/// - **Direct reclaim while a store is down.** Its dirty pages stay
+///   resident past the budget, and a fault's direct reclaim asked for all
+///   of the excess at once: it scanned up to sixteen entries per page over
+///   the budget, twice, on every fault. So each fault cost more than the
+///   one before, and writing a region eight times the budget cost a number
+///   of scans that grows with the square of its size. A fault's direct
+///   reclaim now asks for four batches at most (kswapd, and the next
+///   faults, do the rest), and makes no second pass after a first that
+///   looked at all it may, so its scan is bounded whatever the excess.
+#[test]
+fn direct_reclaim_over_a_failing_store_scans_a_bounded_number_per_fault() {
+    const PAGES: usize = 2048;
+    let pager = failing_store_pager(Pager::builder().budget_pages(256).kswapd(false));
+    let store = Faulty::new(PAGES);
+    store.failing.store(true, SeqCst);
+    let r = written(&pager, &store, PAGES, 3);
+    let st = pager.stats();
+    let (scanned, direct) = (st.get(Counter::PGSCAN), st.get(Counter::DIRECT_RECLAIM));
+    eprintln!("{scanned} entries scanned in {direct} direct reclaims");
+    assert!(st.resident_pages > 256, "the store failed: {st}");
+    // 16 entries per page asked for, and 1,024 more, at most: 3,072 for
+    // four batches. (Before: 55,109,376 entries in 1,792 direct reclaims,
+    // 22 s.)
+    assert!(
+        scanned <= direct * 3_072,
+        "{scanned} entries scanned in {direct} direct reclaims\n{st}"
+    );
+    store.failing.store(false, SeqCst);
+    let t = Instant::now();
+    while let Err(e) = r.flush() {
+        assert!(t.elapsed() < Duration::from_secs(10), "flush: {e}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_store(&store, PAGES, 3);
 }

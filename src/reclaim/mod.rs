@@ -62,6 +62,9 @@ pub struct Pass {
     /// entries at most: a faulting context's pass past the high watermark
     /// ([`kswapd`]'s module docs).
     clean_only: bool,
+    /// A scan of this pass stopped at its limit of entries looked at (not
+    /// for want of entries, nor with its pages freed).
+    scan_spent: bool,
 }
 
 impl Pass {
@@ -70,6 +73,7 @@ impl Pass {
         Pass {
             writes: true,
             clean_only: false,
+            scan_spent: false,
         }
     }
 
@@ -79,6 +83,7 @@ impl Pass {
         Pass {
             writes: false,
             clean_only: true,
+            scan_spent: false,
         }
     }
 
@@ -463,6 +468,7 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
         }
         mm.lru.putback(&back[..nb], &mm.objects, c);
     }
+    pass.scan_spent |= scanned >= max_scan;
     freed + batch.flush(mm)
 }
 
@@ -514,6 +520,18 @@ pub fn charge_within_budget(mm: &Mm, n: u64) -> bool {
     true
 }
 
+/// The most a fault's direct reclaim asks for (4 KiB units): four zaps.
+///
+/// Hazard: residency can be far over the budget (a store whose writes
+/// fail keeps its dirty pages resident; a budget lowered at run time), and
+/// a pass scans up to sixteen LRU entries per page it asks for. Asking
+/// for the whole excess made every fault scan in proportion to it, twice:
+/// writing 2,048 pages over a failing store with a budget of 256 scanned
+/// 55 million entries (22 s). The excess is left to kswapd and to the
+/// next faults, as the kernel's direct reclaim asks for
+/// `SWAP_CLUSTER_MAX`.
+const DIRECT_MAX: u64 = 4 * unmap_batch::BATCH as u64;
+
 /// Direct reclaim: called in the faulting context after a charge took the
 /// pager over its budget. Like the kernel's (`nr_to_reclaim` is
 /// `SWAP_CLUSTER_MAX`), it frees a batch, not just the page or two over
@@ -527,12 +545,15 @@ pub fn direct(mm: &Mm) {
     if over > 0 {
         mm.counters.inc(DIRECT_RECLAIM);
         let batch = (unmap_batch::BATCH as u64).min(budget / 16).max(1);
+        let want = over.max(batch).min(DIRECT_MAX);
         let mut pass = Pass::new();
-        if shrink_in(mm, over.max(batch), &mut pass) < over {
-            // What is left may sit in other CPUs' add batches.
+        // What is left may sit in other CPUs' add batches: a second pass
+        // after draining them, unless the first looked at all the entries
+        // it may (the ones it rotated would only be looked at again).
+        if shrink_in(mm, want, &mut pass) < want.min(over) && !pass.scan_spent {
             mm.lru.drain_all(&mm.objects, &mm.counters);
             let over = mm.resident.load(Relaxed).saturating_sub(budget);
-            shrink_in(mm, over, &mut pass);
+            shrink_in(mm, over.min(DIRECT_MAX), &mut pass);
         }
     }
 }
