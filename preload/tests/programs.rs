@@ -1409,3 +1409,30 @@ fn lengths_past_the_address_space_get_the_kernels_answers() {
     assert_eq!(ok(&o), plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// Calls the kernel refuses or treats specially, which the shim answered
+/// otherwise (found by review; `tests/c/mapping_flags.c` says what each
+/// did): `MAP_SHARED_VALIDATE | MAP_SYNC` was mapped (libpmem then stops
+/// calling `msync`), a map type of 0 too, `MAP_32BIT` was ignored, an
+/// offset and length that overflow aborted the debug shim, a wrapping
+/// `madvise(MADV_DONTNEED)` zeroed a pager mapping before the kernel's
+/// `EINVAL`, and `mprotect(PROT_WRITE)` of length 0 or past the top
+/// marked a read-only mapping writable, so a second mapping of its file
+/// was refused.
+#[test]
+fn mapping_flags_the_kernel_refuses_are_refused() {
+    let d = scratch();
+    let exe = build_c(&d, "mapping_flags");
+    let env = [("UFFD_PAGER_ANON_MIN", "1M")];
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "mapping-flags", &env);
+    assert_eq!(paged, plain, "{st}");
+    assert!(plain.contains("MAP_SYNC: failed (EOPNOTSUPP)"), "{plain}");
+    assert!(plain.contains("below 4 GiB: yes"), "{plain}");
+    assert!(
+        plain.contains("memory reads 'x'\nmadvise unaligned"),
+        "{plain}"
+    );
+    // The large anonymous mapping and the read-only file mappings were
+    // the pager's.
+    assert!(counter(&st, "preload_paged") >= 2, "{st}");
+}

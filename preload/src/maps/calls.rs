@@ -131,17 +131,21 @@ pub fn mremap(
 /// (each mapping has its own cache: the other would not see the writes;
 /// the kernel allows it).
 pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Option<c_int> {
+    // The kernel's: a call that changes nothing (length 0) or that it
+    // refuses before it changes anything (an unaligned start, an end past
+    // the top). Taken here, each marked the mappings it met writable.
+    let rlen = pages_len(len)?;
+    let end = kernel_range(addr, rlen)?;
     let mut guard = state();
     let st = guard.as_mut()?;
     let write = prot & libc::PROT_WRITE != 0;
-    let rlen = pages_len(len)?;
-    let hits = overlapping(st, addr, addr.saturating_add(rlen));
+    let hits = overlapping(st, addr, end);
     if hits.is_empty() {
         if write && any_file() {
             // A shared mapping of the kernel's made writable while the
             // pager maps its file: the kernel's page cache and the
             // pager's would be two copies of the file.
-            let range = addr..addr.saturating_add(rlen);
+            let range = addr..end;
             let paged = kernel_shared_maps().into_iter().find_map(|k| {
                 let over = k.range.start < range.end && range.start < k.range.end;
                 let e = st.maps.iter().find(|e| e.file.is_some_and(|id| k.is(id)))?;
@@ -311,7 +315,10 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         libc::MADV_DONTNEED | libc::MADV_WILLNEED | libc::MADV_FREE => None,
         _ => return None,
     };
-    let (a, b) = (addr, addr.saturating_add(pages_len(len)?));
+    // A range the kernel refuses (an unaligned start, an end past the
+    // top: EINVAL) is the kernel's: dropped here first, the pager's
+    // mappings in it lost their pages to a call that changes nothing.
+    let (a, b) = (addr, kernel_range(addr, pages_len(len)?)?);
     let mut guard = state();
     let st = guard.as_mut()?;
     let hits = overlapping(st, a, b);
@@ -381,4 +388,14 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     // SAFETY: the program asked for this call on this range (see the function's comment).
     let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
     Some(if advice == libc::MADV_WILLNEED { 0 } else { rc })
+}
+
+/// The end of `[addr, addr + rlen)` (`rlen` rounded to pages), or `None`
+/// where the kernel's call would act on nothing: an empty range, an
+/// unaligned start, an end past the top of the address space.
+fn kernel_range(addr: usize, rlen: usize) -> Option<usize> {
+    if rlen == 0 || !addr.is_multiple_of(PAGE) {
+        return None;
+    }
+    addr.checked_add(rlen)
 }

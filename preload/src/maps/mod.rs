@@ -432,9 +432,24 @@ fn place(
     fd: c_int,
     off: i64,
 ) -> Option<*mut c_void> {
-    let skip = libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK;
+    // The kernel's too: `MAP_32BIT` (an address below 4 GiB, which the
+    // engine does not choose), `MAP_SYNC` and any map type but shared or
+    // private (`MAP_SHARED_VALIDATE` checks flags the shim does not know:
+    // the kernel refuses `MAP_SYNC` on a file that is not DAX, and libpmem
+    // reads that refusal as "call msync"; mapped here, it stopped).
+    let skip = libc::MAP_HUGETLB
+        | libc::MAP_GROWSDOWN
+        | libc::MAP_STACK
+        | libc::MAP_32BIT
+        | libc::MAP_SYNC;
+    let map_type = flags & libc::MAP_TYPE;
     let anon = flags & libc::MAP_ANONYMOUS != 0;
-    if len == 0 || prot & libc::PROT_EXEC != 0 || prot & libc::PROT_READ == 0 || flags & skip != 0 {
+    if len == 0
+        || prot & libc::PROT_EXEC != 0
+        || prot & libc::PROT_READ == 0
+        || flags & skip != 0
+        || (map_type != libc::MAP_SHARED && map_type != libc::MAP_PRIVATE)
+    {
         // The kernel's, but a mapping of a file reads the file: what was
         // stored through the pager's writable mapping of it goes first
         // (a PROT_EXEC one showed the older bytes).
@@ -446,7 +461,7 @@ fn place(
         }
         return None;
     }
-    let shared = flags & libc::MAP_TYPE != libc::MAP_PRIVATE;
+    let shared = map_type == libc::MAP_SHARED;
     let write = prot & libc::PROT_WRITE != 0;
     let mut guard = state();
     let st = guard.as_mut()?;
@@ -528,7 +543,9 @@ fn place(
         if off < 0 || !(off as usize).is_multiple_of(PAGE) {
             return None; // the kernel's EINVAL
         }
-        if off as u64 + rlen as u64 > size.div_ceil(PAGE as u64) * PAGE as u64 {
+        // (An end past 2^64 is the kernel's error: ENOMEM.)
+        let end = (off as u64).checked_add(rlen as u64)?;
+        if end > size.div_ceil(PAGE as u64) * PAGE as u64 {
             PASSED.fetch_add(1, Relaxed);
             st.say(format!(
                 "{name}: a mapping past the end of the file is left to the kernel"
