@@ -152,9 +152,23 @@ pub fn file_of(fd: c_int, at: Option<i64>, append: bool) -> Option<Target> {
 
 /// `n` bytes were written at the target: every pager mapping of the file
 /// refreshes the pages they touched.
+///
+/// A read-only mapping of the anonymous install kind (`UFFD_PAGER_KIND=
+/// anonymous`) holds a private copy the engine cannot refresh: its pages
+/// there are dropped instead, and the next touch reads the file. Nothing
+/// is lost: the shim never makes such a mapping writable, and one the
+/// kernel's `mprotect` made writable (`kernel_writable`), whose written
+/// pages would be the program's own, is left as it is (said on stderr).
 pub fn refresh(t: Target, n: u64) {
     t.each_overlap(n, "keeping the mapping coherent failed", |e, off, n| {
         REFRESHED.fetch_add(1, Relaxed);
-        e.region.refresh(off, n)
+        if e.region.kind() != InstallKind::Anonymous || e.kernel_writable {
+            return e.region.refresh(off, n);
+        }
+        let lo = off as usize / PAGE * PAGE;
+        let hi = ((off + n) as usize)
+            .next_multiple_of(PAGE)
+            .min(e.region.len());
+        e.region.dontneed(lo, hi - lo)
     });
 }
