@@ -1460,3 +1460,31 @@ fn mapping_flags_the_kernel_refuses_are_refused() {
     // the pager's.
     assert!(counter(&st, "preload_paged") >= 2, "{st}");
 }
+
+/// Stores through a writable shared mapping, then an exec with neither
+/// `msync` nor `munmap`: the new image reads them from the file, as under
+/// the kernel. The shim wrote mappings back at exit only, which an exec
+/// never reaches, so the new image read the older bytes (found by
+/// review). Each exec call the shim interposes (glibc's own `execl`
+/// family reaches the kernel through internal calls: the README says so).
+#[test]
+fn an_exec_after_stores_through_a_mapping_sees_them() {
+    let d = scratch();
+    let exe = build_c(&d, "exec_with_stores");
+    for how in [
+        "execve", "execv", "execvp", "execvpe", "fexecve", "execveat",
+    ] {
+        let file = d.join(format!("exec-{how}.dat"));
+        let plain = ok(&Command::new(&exe).arg(&file).arg(how).output().unwrap());
+        assert_eq!(plain, format!("after {how}: stored\n"));
+        let pattern = file.display().to_string();
+        let (o, st) = under_shim(
+            Command::new(&exe).arg(&file).arg(how),
+            &[("UFFD_PAGER_FILES", &pattern)],
+            &d.join(format!("exec-{how}.stats")),
+        );
+        assert_eq!(ok(&o), plain, "{how}");
+        // The first image's counters, written before its exec.
+        assert_eq!(counter(&st, "preload_paged"), 1, "{how}: {st}");
+    }
+}

@@ -888,6 +888,12 @@ fn whole(st: &State, a: usize, len: usize) -> Option<usize> {
 
 /// At exit: write shared mappings back, and the counters out.
 pub fn unload() {
+    finish("exit");
+}
+
+/// At exit or exec (`when`): write shared mappings back, and the counters
+/// out.
+pub fn finish(when: &str) {
     // A fork()ed child's copy of the table serves nothing and reports
     // nothing, and its lock may be held for good (see `FORKED`).
     if !here() {
@@ -911,7 +917,7 @@ pub fn unload() {
     // with nothing dirty writes and syncs nothing).
     for e in st.maps.iter().filter(|e| e.file.is_some() && e.may_write) {
         if let Err(err) = e.region.flush() {
-            failed.push(format!("{}: write-back at exit failed: {err}", e.path));
+            failed.push(format!("{}: write-back at {when} failed: {err}", e.path));
         }
     }
     // Pages of mappings unmapped while their file refused them: the pager
