@@ -276,10 +276,19 @@ fn prepare_clean<'a>(
     // its region can be read-locked now (a clean PTE, so it shares the
     // batch's flush); else the hole punch unmaps it, a flush of its own.
     let first_zap = *nz;
+    //
+    // Hazard: for the same reason a page of a pinned kernel-mapped region
+    // may be mapped with no fault the engine saw (read ahead, or cached
+    // by a kept object), so never marked PINNED: it is marked now, and
+    // leaves the LRU, as a fault would have done (`MapOptions::pinned`).
     let maybe_mapped = obj.kernel_maps && w & MAPPED == 0;
     if maybe_mapped {
         if let Some(addr) = obj.windows.addr_of(i) {
             if let Some(g) = mm.lock_vma_quiet(addr) {
+                if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i && g.pinned {
+                    obj.cache.unlock(i, PINNED, ON_LRU);
+                    return Err((Evict::Drop, None));
+                }
                 if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i {
                     zaps[*nz] = (addr, PAGE_SIZE);
                     *nz += 1;
