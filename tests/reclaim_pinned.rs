@@ -157,9 +157,9 @@ fn pinned_survives_pressure_handler_threads() {
 /// A pinned **kernel-mapped** region (`MapOptions::kernel_maps`): the
 /// kernel maps the pages already in its memfd with no fault the engine
 /// sees, so those that readahead filled (or that a kept object brought)
-/// were never marked pinned, and reclaim zapped and punched them: 36 of a
-/// 64-page pinned region's pages were evicted here, and the pages the
-/// program had read faulted again (found by review). Reclaim now pins a
+/// were never marked pinned, and reclaim zapped and punched them: the 4
+/// pages read ahead here were evicted, and the program's next reads of
+/// them faulted (found by review). Reclaim now pins a
 /// page it finds under a pinned region instead.
 #[test]
 fn a_pinned_kernel_mapped_region_keeps_the_pages_readahead_filled() {
