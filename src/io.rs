@@ -432,7 +432,7 @@ fn write_in_place(store: &dyn Store, pages: &[(u64, &[u8])]) -> Result<(), Store
 #[inline]
 pub fn read(io: &Io, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
     if store.signal_safe() {
-        read_in_place(&**store, off, buf)
+        caught(|| read_in_place(&**store, off, buf))
     } else {
         io.read(store, off, buf)
     }
@@ -443,7 +443,7 @@ pub fn read(io: &Io, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result
 #[inline]
 pub fn write(io: &Io, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
     if store.signal_safe() {
-        write_in_place(&**store, pages)
+        caught(|| write_in_place(&**store, pages))
     } else if pages.len() > 1 && pages[0].1.len() == HUGE_PAGE_SIZE {
         // 2 MiB pages (a write-back batch): one request each.
         pages
@@ -452,6 +452,19 @@ pub fn write(io: &Io, store: &Arc<dyn Store>, pages: &[(u64, &[u8])]) -> Result<
     } else {
         io.write(store, pages)
     }
+}
+
+/// Runs `call`, a signal-safe store's, in the calling thread; a panic in
+/// it fails the call (`EIO`), as on a worker. Unwound past, it left the
+/// pages the caller holds locked for the call (a readahead thread's run,
+/// a handler thread's fault), and every later fault on them waited for
+/// ever. (In the SIGBUS handler the panic runs the panic hook there, which
+/// is not async-signal-safe; an unwind out of the handler would abort the
+/// process instead.) No cost where nothing panics.
+#[inline]
+pub(crate) fn caught(call: impl FnOnce() -> Result<(), StoreError>) -> Result<(), StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .unwrap_or(Err(StoreError(libc::EIO)))
 }
 
 #[cfg(test)]

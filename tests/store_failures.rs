@@ -729,3 +729,92 @@ fn direct_reclaim_over_a_failing_store_scans_a_bounded_number_per_fault() {
     }
     assert_store(&store, PAGES, 3);
 }
+
+/// A signal-safe store that panics once, on the first read at or past
+/// page 3.
+struct PanicsOnce {
+    inner: MemoryStore,
+    armed: AtomicBool,
+}
+
+impl Store for PanicsOnce {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if offset >= 3 * PAGE as u64 && self.armed.swap(false, SeqCst) {
+            panic!("the test store panics at {offset}");
+        }
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.inner.write(offset, buf)
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "panics-once"
+    }
+}
+
+/// - **A signal-safe store that panics.** The engine calls such a store in
+///   the thread that needs the page (a readahead thread, a handler
+///   thread), not on an I/O worker, which catches a store's panic and
+///   fails the call. The panic unwound past the pages the call held
+///   locked: the readahead thread died with its run's pages locked, and
+///   the next fault on one of them waited for ever (found by review). The
+///   call now fails as on a worker (`EIO`), and its pages are absent
+///   again.
+#[test]
+fn a_signal_safe_store_that_panics_fails_that_read_and_no_page_stays_locked() {
+    const PAGES: usize = 64;
+    for delivery in [
+        uffd_pager::Delivery::InThread,
+        uffd_pager::Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        },
+    ] {
+        let bytes: Vec<u8> = (0..PAGES * PAGE).map(|i| (i / PAGE) as u8 + 1).collect();
+        let store = Arc::new(PanicsOnce {
+            inner: MemoryStore::from_bytes(&bytes).unwrap(),
+            armed: AtomicBool::new(true),
+        });
+        let pager = Pager::builder()
+            .delivery(delivery)
+            .readahead(32, 1)
+            .fault_around(0)
+            .build()
+            .unwrap();
+        // SAFETY: nothing else changes the store.
+        let r = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &shared(false)) }.unwrap();
+        let base = r.as_ptr() as usize;
+        // Sequential faults: readahead reads what follows, page 3 first.
+        for p in 0..3 {
+            assert_eq!(r.as_slice()[p * PAGE], p as u8 + 1);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: the region outlives the wait below (or the test
+            // fails and the process ends).
+            let s = unsafe { std::slice::from_raw_parts(base as *const u8, PAGES * PAGE) };
+            let sum: Vec<u8> = (3..PAGES).map(|p| s[p * PAGE]).collect();
+            let _ = tx.send(sum);
+        });
+        let got = rx.recv_timeout(Duration::from_secs(20));
+        let want: Vec<u8> = (3..PAGES).map(|p| p as u8 + 1).collect();
+        if got.as_ref().ok() != Some(&want) {
+            // Left as they are: dropped, they would wait for the locked
+            // pages too, and the test would hang rather than fail.
+            let st = pager.stats();
+            std::mem::forget(r);
+            std::mem::forget(pager);
+            panic!("{delivery:?}: reading past the store's panic hung or read {got:?}\n{st}");
+        }
+        assert!(!store.armed.load(SeqCst), "the store never panicked");
+    }
+}

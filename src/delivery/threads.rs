@@ -289,9 +289,10 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
         // (UFFD_FEATURE_THREAD_ID).
         unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), m.arg2 as libc::c_int, sig) };
     };
-    // A panic here is an engine bug (stores run on the I/O workers, which
-    // catch theirs): the faulting thread gets SIGBUS instead of waiting
-    // forever for a handler that left.
+    // A panic here is an engine bug (a store's is caught where it is
+    // called: on the I/O workers, or by `io::caught` for a signal-safe
+    // store called here): the faulting thread gets SIGBUS instead of
+    // waiting forever for a handler that left.
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         handle_fault_once(mm, addr, access)
     }));

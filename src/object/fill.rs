@@ -74,7 +74,7 @@ impl Object {
             Backing::Shared { memfd, .. }
                 if src.signal_safe() && !(n > 1 && src.batches_reads()) && !self.kernel_maps =>
             {
-                src.read_to_fd(off, len, memfd.as_fd(), off)
+                crate::io::caught(|| src.read_to_fd(off, len, memfd.as_fd(), off))
             }
             Backing::Shared { memfd, .. } => {
                 // The kernel maps a kernel-mapped object's pages as soon as
