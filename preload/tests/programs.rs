@@ -1488,3 +1488,21 @@ fn an_exec_after_stores_through_a_mapping_sees_them() {
         assert_eq!(counter(&st, "preload_paged"), 1, "{how}: {st}");
     }
 }
+
+/// A program whose own allocator maps and unmaps memory under its lock,
+/// beside a thread whose calls the shim serves on a paged file (found by
+/// review): the shim took its table's lock for every anonymous `mmap` and
+/// every `munmap`, and allocates under it, so the two threads waited for
+/// each other for ever (the program's alarm killed it). Such calls are
+/// decided without the lock now (`maps/spans.rs`).
+#[test]
+fn an_allocator_that_maps_under_its_own_lock_does_not_hang() {
+    let d = scratch();
+    // (Without builtins: the compiler turns calloc's malloc and memset
+    // into a call to calloc.)
+    let exe = build_c_with(&d, "own_allocator", &["-fno-builtin"]);
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "own-allocator", &[]);
+    assert_eq!(plain, "done\n");
+    assert_eq!(paged, plain);
+    assert!(counter(&st, "preload_paged") >= 1000, "{st}");
+}

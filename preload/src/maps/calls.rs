@@ -21,6 +21,10 @@ pub fn mremap(
     // (A length that rounds past the address space is the kernel's.)
     let old_len = pages_len(old_len)?;
     let new_len_r = pages_len(new_len)?;
+    // (What is not the pager's is moved by the kernel, wherever it goes.)
+    if !spans::may_be_ours(old, old.saturating_add(old_len.max(1))) {
+        return None;
+    }
     let mut guard = state();
     let st = guard.as_mut()?;
     let fail = |e: c_int| {
@@ -115,6 +119,7 @@ pub fn mremap(
     // Where the region is now: moved on success, and also where the kernel
     // moved it but the engine could not register it (see `remap_to`).
     let s = e.region.as_ptr() as usize;
+    spans::set(e.span, s..s + e.region.len());
     match r {
         Ok(()) => Some(s as *mut c_void),
         Err(err) => fail(err.errno()),
@@ -136,9 +141,14 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
     // the top). Taken here, each marked the mappings it met writable.
     let rlen = pages_len(len)?;
     let end = kernel_range(addr, rlen)?;
+    let write = prot & libc::PROT_WRITE != 0;
+    // (Made writable, the kernel's mapping of a file the pager maps is
+    // refused below: that needs the table.)
+    if !(spans::may_be_ours(addr, end) || write && any_file()) {
+        return None;
+    }
     let mut guard = state();
     let st = guard.as_mut()?;
-    let write = prot & libc::PROT_WRITE != 0;
     let hits = overlapping(st, addr, end);
     if hits.is_empty() {
         if write && any_file() {
@@ -266,6 +276,9 @@ fn refuse_writable(st: &mut State, path: &str, why: &str) -> Option<c_int> {
 /// the mapped range is made durable too, which the write-back syncs only
 /// when it wrote something itself.
 pub fn msync(addr: usize, len: usize, flags: c_int) -> Option<c_int> {
+    if !spans::may_be_ours(addr, addr.saturating_add(len.max(1))) {
+        return None;
+    }
     let mut guard = state();
     let st = guard.as_mut()?;
     let e = crate::errno();
@@ -319,6 +332,9 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     // top: EINVAL) is the kernel's: dropped here first, the pager's
     // mappings in it lost their pages to a call that changes nothing.
     let (a, b) = (addr, kernel_range(addr, pages_len(len)?)?);
+    if !spans::may_be_ours(a, b) {
+        return None;
+    }
     let mut guard = state();
     let st = guard.as_mut()?;
     let hits = overlapping(st, a, b);

@@ -5,6 +5,7 @@
 
 mod calls;
 mod coherence;
+mod spans;
 
 pub use calls::{madvise, mprotect, mremap, msync};
 pub use coherence::{file_of, flush_before_write, flush_file, flush_for_read, refresh};
@@ -59,6 +60,8 @@ struct Entry {
     /// it to no greater length (`EINVAL`).
     cap: usize,
     path: String,
+    /// Its slot in [`spans`] (set by [`State::add`]).
+    span: Option<usize>,
 }
 
 struct State {
@@ -75,6 +78,9 @@ struct State {
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 /// The settings ask for something to be paged.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// `UFFD_PAGER_ANON_MIN` (`usize::MAX`: none), read without the table's
+/// lock (see [`spans`]).
+static ANON_MIN: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// Entries in the table, and those of files.
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
 static FILE_ENTRIES: AtomicUsize = AtomicUsize::new(0);
@@ -139,6 +145,7 @@ pub fn load() {
         }
     };
     ACTIVE.store(!cfg.files.is_empty() || cfg.anon_min.is_some(), Relaxed);
+    ANON_MIN.store(cfg.anon_min.unwrap_or(usize::MAX), Relaxed);
     // SAFETY: registers a child handler that only stores to an atomic
     // (async-signal-safe, as a fork child handler must be).
     unsafe { libc::pthread_atfork(None, None, Some(forked)) };
@@ -172,8 +179,9 @@ impl State {
         Ok(self.pager.as_ref().expect("made above"))
     }
 
-    fn add(&mut self, e: Entry) -> *mut c_void {
+    fn add(&mut self, mut e: Entry) -> *mut c_void {
         let p = e.region.as_ptr().cast();
+        e.span = spans::add(p as usize..p as usize + e.region.len());
         if e.file.is_some() {
             FILE_ENTRIES.fetch_add(1, Relaxed);
         }
@@ -209,6 +217,7 @@ impl State {
 
     fn remove(&mut self, i: usize) -> Entry {
         let e = self.maps.swap_remove(i);
+        spans::remove(e.span);
         if e.file.is_some() {
             FILE_ENTRIES.fetch_sub(1, Relaxed);
         }
@@ -463,6 +472,15 @@ fn place(
     }
     let shared = map_type == libc::MAP_SHARED;
     let write = prot & libc::PROT_WRITE != 0;
+    let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
+    // (A fixed anonymous mapping is the kernel's: the engine places
+    // anonymous regions itself. So is a read-only one: the engine's
+    // anonymous regions are writable, and zeros need no pager. Decided
+    // before the table's lock: an allocator's own mmap, made under its
+    // lock, must not wait for ours; see `spans`.)
+    if anon && (shared || fixed || !write || len < ANON_MIN.load(Relaxed)) {
+        return None;
+    }
     let mut guard = state();
     let st = guard.as_mut()?;
     let mut opts = MapOptions {
@@ -471,7 +489,6 @@ fn place(
         pinned: flags & libc::MAP_LOCKED != 0,
         ..MapOptions::default()
     };
-    let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
     if fixed {
         if !(addr as usize).is_multiple_of(PAGE) {
             return None; // the kernel's EINVAL
@@ -482,13 +499,8 @@ fn place(
     // ENOMEM.)
     let rlen = pages_len(len)?;
     let entry = if anon {
-        // (A fixed anonymous mapping is the kernel's: the engine places
-        // anonymous regions itself. So is a read-only one: the engine's
-        // anonymous regions are writable, and zeros need no pager.)
-        if shared || fixed || !write || st.cfg.anon_min.is_none_or(|m| len < m) {
-            return None;
-        }
-        // (`MAP_POPULATE` and `MAP_LOCKED` are in `opts`.)
+        // (`MAP_POPULATE` and `MAP_LOCKED` are in `opts`; what is left to
+        // the kernel was decided above.)
         let made = st
             .pager()
             .and_then(|p| p.map_anonymous_with(rlen, &opts).map_err(|e| e.to_string()));
@@ -656,6 +668,7 @@ fn place(
             shared_store,
             cap: rlen,
             path,
+            span: None,
         })),
         Err(e) => {
             PASSED.fetch_add(1, Relaxed);
@@ -802,6 +815,9 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
         return kernel(addr, len); // EINVAL
     };
     let (a, b) = (addr, addr.saturating_add(rlen));
+    if !spans::may_be_ours(a, b.max(a.saturating_add(1))) {
+        return kernel(addr, len);
+    }
     let mut guard = state();
     let Some(st) = guard.as_mut() else {
         return kernel(addr, len);
