@@ -11,8 +11,9 @@
 //! [`engine::Region::refresh`]) and `read`, `pread`/`pread64`, `readv` and
 //! `preadv`/`preadv64`, with the `_FORTIFY_SOURCE` `__read_chk`,
 //! `__pread_chk` and `__pread64_chk` (a read of a file the pager maps writable and shared
-//! writes the mapping's dirty pages back first), and `fsync`/`fdatasync`
-//! (which write them back and report a failure), and the `exec` family
+//! writes the mapping's dirty pages back first), and `fsync`/`fdatasync`,
+//! `sync`, `syncfs` and `sync_file_range` (which write them back and
+//! report a failure), and the `exec` family
 //! (which writes back first: see `exec.rs`). Calls that are not the program's own (the
 //! engine's threads, its fault handler, the shim itself) go straight to the
 //! kernel, so the engine's mappings never recurse into the shim.

@@ -1506,3 +1506,20 @@ fn an_allocator_that_maps_under_its_own_lock_does_not_hang() {
     assert_eq!(paged, plain);
     assert!(counter(&st, "preload_paged") >= 1000, "{st}");
 }
+
+/// `sync`, `syncfs` and `sync_file_range` after stores through a writable
+/// shared mapping: the kernel's write what was stored, as its page cache
+/// holds it. The shim did not interpose them, so the file kept the older
+/// bytes (found by review); they write the mappings back first now.
+#[test]
+fn sync_and_syncfs_and_sync_file_range_write_the_stores() {
+    let d = scratch();
+    let exe = build_c(&d, "sync_calls");
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "sync-calls", &[]);
+    assert_eq!(
+        plain,
+        "after sync: sync!!\nafter syncfs: syncfs\nafter sync_file_range: range!\n"
+    );
+    assert_eq!(paged, plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}

@@ -38,7 +38,17 @@ pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
     if unsafe { libc::fstat(fd, &mut s) } != 0 || s.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok(());
     }
-    let id = (s.st_dev, s.st_ino);
+    flush_files(Some((s.st_dev, s.st_ino)), when, unmapped)
+}
+
+/// [`flush_file`] of every file (`sync`, `syncfs`), unmapped pages
+/// included.
+pub fn flush_all(when: &str) -> Result<(), c_int> {
+    flush_files(None, when, true)
+}
+
+/// [`flush_file`] of file `id`, or of every file (`None`).
+fn flush_files(id: Option<(u64, u64)>, when: &str, unmapped: bool) -> Result<(), c_int> {
     let mut guard = state();
     let Some(st) = guard.as_mut() else {
         return Ok(());
@@ -48,7 +58,7 @@ pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
     for e in st
         .maps
         .iter()
-        .filter(|e| e.writable_shared && e.file == Some(id))
+        .filter(|e| e.writable_shared && e.file.is_some() && id.is_none_or(|id| e.file == Some(id)))
     {
         if let Err(err) = e.region.flush() {
             first = first.and(Err(err.errno()));
@@ -57,7 +67,11 @@ pub fn flush_file(fd: c_int, when: &str, unmapped: bool) -> Result<(), c_int> {
     }
     if unmapped && UNWRITTEN.load(Relaxed) {
         if let Some(p) = &st.pager {
-            match p.flush_unmapped_of(id) {
+            let r = match id {
+                Some(id) => p.flush_unmapped_of(id),
+                None => p.flush_unmapped(),
+            };
+            match r {
                 Ok(()) => {
                     if p.unwritten_bytes() == 0 {
                         UNWRITTEN.store(false, Relaxed);

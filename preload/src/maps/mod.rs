@@ -8,7 +8,7 @@ mod coherence;
 mod spans;
 
 pub use calls::{madvise, mprotect, mremap, msync};
-pub use coherence::{file_of, flush_before_write, flush_file, flush_for_read, refresh};
+pub use coherence::{file_of, flush_all, flush_before_write, flush_file, flush_for_read, refresh};
 
 use crate::config::Config;
 use crate::sys;
