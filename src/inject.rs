@@ -117,6 +117,25 @@ mod imp {
         }
     }
 
+    static AFTER_PUBLISHED: AtomicUsize = AtomicUsize::new(0);
+
+    /// Runs in a map once the new region is published (the application
+    /// can unmap it) and before the map gives back its own reference to
+    /// the region's object, with the region's start. Set `None` to clear.
+    pub fn set_after_published(h: Option<fn(usize)>) {
+        AFTER_PUBLISHED.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(crate) fn after_published(start: usize) {
+        let p = AFTER_PUBLISHED.load(Acquire);
+        if p != 0 {
+            // SAFETY: only `set_after_published` stores here, and it
+            // stores valid `fn(usize)`s.
+            let f: fn(usize) = unsafe { std::mem::transmute::<usize, fn(usize)>(p) };
+            f(start);
+        }
+    }
+
     static FAIL_REREGISTER: std::sync::atomic::AtomicBool =
         std::sync::atomic::AtomicBool::new(false);
 
@@ -147,13 +166,13 @@ mod imp {
 #[cfg(feature = "fault-inject")]
 pub use imp::{
     fail_next_remap, fail_next_reregister, set_after_detach, set_after_listed, set_after_lookup,
-    set_after_reprotect, set_before_map, Hook, MapHook, Site,
+    set_after_published, set_after_reprotect, set_before_map, Hook, MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
-    after_detach, after_listed, after_lookup, after_reprotect, before_map, remap_fails,
-    reregister_fails,
+    after_detach, after_listed, after_lookup, after_published, after_reprotect, before_map,
+    remap_fails, reregister_fails,
 };
 
 #[cfg(not(feature = "fault-inject"))]
@@ -173,6 +192,10 @@ pub(crate) fn after_detach(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_listed() {}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn after_published(_: usize) {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

@@ -407,3 +407,53 @@ fn the_faulting_page_outlives_the_neighbours_mapped_around_it() {
         N - 1
     );
 }
+
+/// The application unmaps a new region before the map that made it has
+/// given back its own reference to the region's object (the kernel has
+/// published the range; a C program under the shim, or a thread that
+/// knows the fixed address, can unmap it at once). The unmap's release
+/// saw the map's reference and left the object to it, and the map then
+/// dropped it plainly: freed with its pages charged and its slot in the
+/// reverse map still pointing at it (found by review). The map gives its
+/// reference back through the release now, which keeps or frees the
+/// object as any last release does.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn an_unmap_before_the_map_returns_releases_the_object() {
+    fn unmap_at_once(start: usize) {
+        // SAFETY: the test's own new region, used by nothing yet.
+        assert_eq!(unsafe { libc::munmap(start as *mut _, 16 * PAGE) }, 0);
+        // The handler thread applies the unmap's event meanwhile.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let data = pattern_vec(7, 16 * PAGE);
+    let store = counted(&data);
+    let threads = Delivery::Threads {
+        threads: 1,
+        spin_us: 0,
+    };
+    let p = pager(16, 1024, threads);
+    // Kept after its unmap, with its 16 pages resident.
+    map_and_check(&p, &store, &data, "first map");
+    assert_eq!(p.stats().resident_pages, 16);
+    uffd_pager::testing::set_after_published(Some(unmap_at_once));
+    // SAFETY: the store changes only through the engine.
+    let r = unsafe {
+        p.map_store(
+            store.clone() as Arc<dyn Store>,
+            16 * PAGE,
+            &MapOptions::default(),
+        )
+    };
+    uffd_pager::testing::set_after_published(None);
+    drop(r.unwrap());
+    // Kept again (or released): either way reclaim can reach its pages.
+    p.reclaim_pages(1 << 20);
+    let st = p.stats();
+    assert_eq!(
+        st.resident_pages, 0,
+        "pages stayed charged to no object\n{st}"
+    );
+    // And the store maps again with the right bytes.
+    map_and_check(&p, &store, &data, "after");
+}

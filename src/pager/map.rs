@@ -489,8 +489,13 @@ impl Pager {
                 return Err(e);
             }
         };
+        crate::inject::after_published(start);
         let object = Arc::downgrade(&obj);
-        drop(obj);
+        // Given back through the release, never dropped plainly: the
+        // application may have unmapped the new region already, and then
+        // this is the last reference (see `Mm::release_object`). (An error
+        // there is a write-back of that unmap's, which keeps its pages.)
+        let _ = mm.release_object(obj);
         let region = Region::new(self.inner.clone(), id, start, len, 1 << shift, kind, object);
         if opts.populate {
             region.populate(0, len)?;
