@@ -36,10 +36,10 @@ fn held() -> std::sync::MutexGuard<'static, Vec<(u64, Mapping)>> {
 /// it meanwhile.
 ///
 /// The next map whose [`MapOptions::fixed_addr`] and length are exactly
-/// this range takes the hold over once its arguments have passed their
-/// checks (a map refused for its length, page size or store leaves the
-/// hold as it was); from then on the range is the map's, and a map that
-/// fails later leaves it unmapped. Dropped before that, the hold unmaps
+/// this range takes the hold over once its region is made (a map refused
+/// before, for its arguments, its store, the machine's settings or pages
+/// still owed to the store, leaves the hold as it was); from then on the
+/// range is the map's, and a map that fails later leaves it unmapped. Dropped before that, the hold unmaps
 /// the range. [`Region::remap_over`](crate::Region::remap_over) refuses a
 /// held range. A map at a fixed address holds its range by itself;
 /// an `AddressHold` is for a caller that makes mappings of its own, or
@@ -124,19 +124,51 @@ impl Drop for AddressHold {
     }
 }
 
+/// A hold a map has taken: an [`AddressHold`]'s, given back to it if the
+/// map is refused before [`Taken::into_mapping`] (dropped), or the map's
+/// own, unmapped then.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    m: Option<Mapping>,
+    /// The [`AddressHold`] it was taken from.
+    id: Option<u64>,
+}
+
+impl Taken {
+    /// The range, the map's from now on.
+    pub(crate) fn into_mapping(mut self) -> Mapping {
+        self.m.take().expect("taken once")
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let (Some(m), Some(id)) = (self.m.take(), self.id) {
+            held().push((id, m));
+        }
+    }
+}
+
 /// The hold for a map of exactly `[addr, addr + len)`: an
 /// [`AddressHold`]'s, taken over, or a new one.
-pub(crate) fn take_or_hold(addr: usize, len: usize) -> Result<Mapping> {
+pub(crate) fn take_or_hold(addr: usize, len: usize) -> Result<Taken> {
     {
         let mut h = held();
         if let Some(i) = h
             .iter()
             .position(|(_, m)| m.addr() == addr && m.len() == len)
         {
-            return Ok(h.swap_remove(i).1);
+            let (id, m) = h.swap_remove(i);
+            return Ok(Taken {
+                m: Some(m),
+                id: Some(id),
+            });
         }
     }
-    reserve(addr, len)
+    reserve(addr, len).map(|m| Taken {
+        m: Some(m),
+        id: None,
+    })
 }
 
 /// Whether an [`AddressHold`] not yet taken over keeps part of
@@ -186,7 +218,7 @@ mod tests {
         assert!(!mapped(addr), "a dropped hold unmaps its range");
         let hold = AddressHold::new(addr, len).unwrap();
         assert!(take_or_hold(addr, PAGE_SIZE).is_err(), "not the same range");
-        let taken = take_or_hold(addr, len).unwrap();
+        let taken = take_or_hold(addr, len).unwrap().into_mapping();
         drop(hold);
         assert!(mapped(addr), "taken over: the hold's drop leaves it");
         drop(taken);

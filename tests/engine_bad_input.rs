@@ -378,3 +378,46 @@ fn a_move_over_a_held_range_is_an_overlap() {
     assert!(r.as_slice().iter().all(|&b| b == 7));
     r.unmap().unwrap();
 }
+
+/// A map at the range of an `AddressHold` that is refused after it took
+/// the hold over (here for its options: `kernel_maps` with `writable`)
+/// leaves the hold as it was, as its docs say: the hold's range was
+/// unmapped, so the caller's later map there could find it taken, and the
+/// hold's drop unmapped nothing (found by review).
+#[test]
+fn a_refused_map_leaves_the_address_hold_as_it_was() {
+    fn mapped(addr: usize) -> bool {
+        let mut v = 0u8;
+        // SAFETY: mincore only reads the page tables (ENOMEM: not mapped).
+        unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut v) == 0 }
+    }
+    let p = pager(Delivery::InThread);
+    let at = free_range(4 * PAGE);
+    let hold = uffd_pager::AddressHold::new(at, 4 * PAGE).unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(uffd_pager::store::MemoryStore::from_bytes(&[5u8; 4 * PAGE]).unwrap());
+    let refused = MapOptions {
+        kind: Some(InstallKind::Shared),
+        writable: true,
+        kernel_maps: true,
+        fixed_addr: Some(at),
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing else changes the store.
+    let e = unsafe { p.map_store(store.clone(), 4 * PAGE, &refused) };
+    assert!(matches!(e, Err(Error::Config(_))), "{e:?}");
+    assert!(mapped(at), "the refused map unmapped the held range");
+    let ok = MapOptions {
+        writable: false,
+        kernel_maps: false,
+        ..refused
+    };
+    // SAFETY: as above.
+    let r = unsafe { p.map_store(store, 4 * PAGE, &ok) }.unwrap();
+    assert_eq!(r.as_ptr() as usize, at);
+    drop(hold);
+    assert!(
+        r.as_slice().iter().all(|&b| b == 5),
+        "taken over: the hold's drop left it"
+    );
+}

@@ -473,7 +473,7 @@ impl Pager {
         };
         let at = Placement {
             fixed: opts.fixed_addr,
-            hold,
+            hold: hold.map(crate::hold::Taken::into_mapping),
         };
         let flags = crate::vma::VmFlags {
             writable: opts.writable,
