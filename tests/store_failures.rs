@@ -700,9 +700,9 @@ fn a_failed_flush_beside_a_release_that_succeeds_keeps_the_pages() {
 ///   the budget, twice, on every fault. So each fault cost more than the
 ///   one before, and writing a region eight times the budget cost a number
 ///   of scans that grows with the square of its size. A fault's direct
-///   reclaim now asks for four batches at most (kswapd, and the next
-///   faults, do the rest), and makes no second pass after a first that
-///   looked at all it may, so its scan is bounded whatever the excess.
+///   reclaim now looks at no more entries than four batches would need,
+///   and makes no second pass after a first that looked at all it may, so
+///   its scan is bounded whatever the excess.
 #[test]
 fn direct_reclaim_over_a_failing_store_scans_a_bounded_number_per_fault() {
     const PAGES: usize = 2048;

@@ -65,6 +65,9 @@ pub struct Pass {
     /// A scan of this pass stopped at its limit of entries looked at (not
     /// for want of entries, nor with its pages freed).
     scan_spent: bool,
+    /// The pages asked for that count towards a scan's limit of entries,
+    /// at most (see [`DIRECT_SCAN_BASIS`]).
+    scan_basis: u64,
 }
 
 impl Pass {
@@ -74,6 +77,7 @@ impl Pass {
             writes: true,
             clean_only: false,
             scan_spent: false,
+            scan_basis: u64::MAX,
         }
     }
 
@@ -84,6 +88,7 @@ impl Pass {
             writes: false,
             clean_only: true,
             scan_spent: false,
+            scan_basis: u64::MAX,
         }
     }
 
@@ -394,7 +399,9 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     let max_scan = if pass.clean_only {
         kswapd::CLEAN_SCAN
     } else {
-        nr.saturating_mul(16).saturating_add(1024)
+        nr.min(pass.scan_basis)
+            .saturating_mul(16)
+            .saturating_add(1024)
     };
     let mut drained = false;
     let mut buf = [0 as Entry; ISOLATE];
@@ -520,17 +527,18 @@ pub fn charge_within_budget(mm: &Mm, n: u64) -> bool {
     true
 }
 
-/// The most a fault's direct reclaim asks for (4 KiB units): four zaps.
+/// A fault's direct reclaim looks at 16 LRU entries for each page over
+/// the budget, up to this many pages, and 1,024 more.
 ///
 /// Hazard: residency can be far over the budget (a store whose writes
 /// fail keeps its dirty pages resident; a budget lowered at run time), and
-/// a pass scans up to sixteen LRU entries per page it asks for. Asking
-/// for the whole excess made every fault scan in proportion to it, twice:
-/// writing 2,048 pages over a failing store with a budget of 256 scanned
-/// 55 million entries (22 s). The excess is left to kswapd and to the
-/// next faults, as the kernel's direct reclaim asks for
-/// `SWAP_CLUSTER_MAX`.
-const DIRECT_MAX: u64 = 4 * unmap_batch::BATCH as u64;
+/// scanning in proportion to all of the excess made every fault scan more
+/// than the one before, twice: writing 2,048 pages over a failing store
+/// with a budget of 256 scanned 55 million entries (22 s). The fault still
+/// asks for the whole excess (with 2 MiB pages, asking for less left
+/// residency creeping past the hugetlb pool, which is SIGBUS), but looks
+/// at no more entries than four zaps' worth would need.
+const DIRECT_SCAN_BASIS: u64 = 4 * unmap_batch::BATCH as u64;
 
 /// Direct reclaim: called in the faulting context after a charge took the
 /// pager over its budget. Like the kernel's (`nr_to_reclaim` is
@@ -545,15 +553,18 @@ pub fn direct(mm: &Mm) {
     if over > 0 {
         mm.counters.inc(DIRECT_RECLAIM);
         let batch = (unmap_batch::BATCH as u64).min(budget / 16).max(1);
-        let want = over.max(batch).min(DIRECT_MAX);
-        let mut pass = Pass::new();
+        let want = over.max(batch);
+        let mut pass = Pass {
+            scan_basis: DIRECT_SCAN_BASIS,
+            ..Pass::new()
+        };
         // What is left may sit in other CPUs' add batches: a second pass
         // after draining them, unless the first looked at all the entries
         // it may (the ones it rotated would only be looked at again).
-        if shrink_in(mm, want, &mut pass) < want.min(over) && !pass.scan_spent {
+        if shrink_in(mm, want, &mut pass) < over && !pass.scan_spent {
             mm.lru.drain_all(&mm.objects, &mm.counters);
             let over = mm.resident.load(Relaxed).saturating_sub(budget);
-            shrink_in(mm, over.min(DIRECT_MAX), &mut pass);
+            shrink_in(mm, over, &mut pass);
         }
     }
 }
