@@ -37,9 +37,10 @@ struct Kept {
 #[derive(Debug, Default)]
 pub struct KeptObjects {
     list: Mutex<VecDeque<Kept>>,
-    /// The stores (their addresses) of objects on their way here, writing
-    /// their dirty pages back first ([`KeptObjects::writing`]).
-    writing: Mutex<Vec<usize>>,
+    /// The stores (their addresses and identities) of objects on their way
+    /// here, writing their dirty pages back first
+    /// ([`KeptObjects::writing`]).
+    writing: Mutex<Vec<StoreKey>>,
     written: std::sync::Condvar,
 }
 
@@ -47,13 +48,13 @@ pub struct KeptObjects {
 /// its store waits until this is dropped ([`KeptObjects::wait_for`]).
 pub struct Writing<'a> {
     kept: &'a KeptObjects,
-    store: usize,
+    store: StoreKey,
 }
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
         let mut w = self.kept.writing.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = w.iter().position(|&s| s == self.store) {
+        if let Some(i) = w.iter().position(|s| *s == self.store) {
             w.swap_remove(i);
         }
         drop(w);
@@ -61,9 +62,21 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// A store's address, as [`KeptObjects::writing`] knows it.
-fn store_key(s: &Arc<dyn Store>) -> usize {
-    Arc::as_ptr(s) as *const () as usize
+/// A store as [`KeptObjects::writing`] knows it: its address, and its
+/// [`Store::identity`] (a file's device and inode), by which two stores
+/// over one file are one, as [`crate::unwritten`] counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StoreKey(usize, Option<(u64, u64)>);
+
+impl StoreKey {
+    fn of(s: &Arc<dyn Store>) -> StoreKey {
+        StoreKey(Arc::as_ptr(s) as *const () as usize, s.identity())
+    }
+
+    /// Whether the two are the same store, or stores of one file.
+    fn same(&self, o: &StoreKey) -> bool {
+        self.0 == o.0 || (self.1.is_some() && self.1 == o.1)
+    }
 }
 
 /// Whether `a` and `b` are the same store (the same allocation).
@@ -88,7 +101,7 @@ impl KeptObjects {
     /// flush of the listed objects holds plain references, which must
     /// never be the last of such an object.
     pub fn writing(&self, store: &Arc<dyn Store>) -> Writing<'_> {
-        let key = store_key(store);
+        let key = StoreKey::of(store);
         self.writing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -99,11 +112,13 @@ impl KeptObjects {
         }
     }
 
-    /// Waits until no object over `store` is on its way here.
+    /// Waits until no object over `store`, or over a store of the same
+    /// file, is on its way here. For a map of any install kind: an
+    /// anonymous region over the store reads it too.
     pub fn wait_for(&self, store: &Arc<dyn Store>) {
-        let key = store_key(store);
+        let key = StoreKey::of(store);
         let mut w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        while w.contains(&key) {
+        while w.iter().any(|k| k.same(&key)) {
             w = self.written.wait(w).unwrap_or_else(|e| e.into_inner());
         }
     }

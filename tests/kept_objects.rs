@@ -227,8 +227,19 @@ fn tempfile_dir() -> std::path::PathBuf {
     d
 }
 
-/// A memory store whose writes take 800 ms.
-struct SlowWrites(MemoryStore);
+/// A memory store whose writes take 800 ms; two over one memory store,
+/// with an identity, are two stores of one file (as two `FileStore`s of a
+/// path are).
+struct SlowWrites(Arc<MemoryStore>, Option<(u64, u64)>);
+
+impl SlowWrites {
+    fn new(fill: u8) -> SlowWrites {
+        SlowWrites(
+            Arc::new(MemoryStore::from_bytes(&vec![fill; 8 * PAGE]).unwrap()),
+            None,
+        )
+    }
+}
 
 impl Store for SlowWrites {
     fn len(&self) -> u64 {
@@ -250,6 +261,9 @@ impl Store for SlowWrites {
     fn contents_stamp(&self) -> Option<u64> {
         self.0.contents_stamp()
     }
+    fn identity(&self) -> Option<(u64, u64)> {
+        self.1
+    }
     fn name(&self) -> &'static str {
         "slow-writes"
     }
@@ -263,9 +277,7 @@ impl Store for SlowWrites {
 /// the first region's write (0x11 where 0xAA was written).
 #[test]
 fn a_map_during_the_write_back_of_an_object_being_kept_sees_its_writes() {
-    let store: Arc<dyn Store> = Arc::new(SlowWrites(
-        MemoryStore::from_bytes(&vec![0x11u8; 8 * PAGE]).unwrap(),
-    ));
+    let store: Arc<dyn Store> = Arc::new(SlowWrites::new(0x11));
     let p = pager(16, 1024, Delivery::InThread);
     // SAFETY: the store changes only through the engine's write-backs.
     let mut first =
@@ -456,4 +468,46 @@ fn an_unmap_before_the_map_returns_releases_the_object() {
     );
     // And the store maps again with the right bytes.
     map_and_check(&p, &store, &data, "after");
+}
+
+/// The same as `a_map_during_the_write_back_of_an_object_being_kept_sees_its_writes`
+/// for the maps that did not wait for that write-back (found by review):
+/// one of the anonymous kind (a read-only map with random access advice
+/// gets it by default), and one through another store of the same file
+/// (the same identity). Each read the store's older byte (0x11 where 0xAA
+/// was written); the second's own write-back would then have put it back
+/// over the first region's write.
+#[test]
+fn every_map_of_the_store_waits_for_the_write_back_of_an_object_being_kept() {
+    let mut one = SlowWrites::new(0x11);
+    one.1 = Some((7, 7));
+    let other = SlowWrites(one.0.clone(), one.1);
+    let first_store: Arc<dyn Store> = Arc::new(one);
+    let anonymous = MapOptions {
+        kind: Some(uffd_pager::InstallKind::Anonymous),
+        writable: false,
+        ..MapOptions::default()
+    };
+    for (how, second_store, opts) in [
+        ("an anonymous map", first_store.clone(), anonymous),
+        (
+            "a map through another store of the file",
+            Arc::new(other) as Arc<dyn Store>,
+            MapOptions::default(),
+        ),
+    ] {
+        let p = pager(16, 1024, Delivery::InThread);
+        // SAFETY: the store changes only through the engine's write-backs.
+        let mut first =
+            unsafe { p.map_store(first_store.clone(), 8 * PAGE, &MapOptions::default()) }.unwrap();
+        let byte = first.as_slice()[100];
+        first.as_mut_slice()[100] = byte + 1;
+        let unmap = std::thread::spawn(move || drop(first));
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: as above.
+        let second = unsafe { p.map_store(second_store, 8 * PAGE, &opts) }.unwrap();
+        assert_eq!(second.as_slice()[100], byte + 1, "{how}: the older byte");
+        drop(second);
+        unmap.join().unwrap();
+    }
 }

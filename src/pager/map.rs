@@ -411,15 +411,14 @@ impl Pager {
         // A shared object kept since its last region went, over this store,
         // whose contents have not changed since: its pages are still cached.
         // (One whose unmap is writing its dirty pages back first is waited
-        // for: then it is kept, or listed as unwritten and flushed here.)
-        if kind == InstallKind::Shared {
-            mm.kept.wait_for(&store);
-            if let Err(e) = mm.flush_unwritten(same) {
-                return Err(Error::UnwrittenPages {
-                    bytes: mm.unwritten.bytes(same),
-                    source: Box::new(e),
-                });
-            }
+        // for, by a map of either kind, since both read the store: then it
+        // is kept, or listed as unwritten and flushed here.)
+        mm.kept.wait_for(&store);
+        if let Err(e) = mm.flush_unwritten(same) {
+            return Err(Error::UnwrittenPages {
+                bytes: mm.unwritten.bytes(same),
+                source: Box::new(e),
+            });
         }
         let kept = match kind {
             InstallKind::Shared => match mm.kept.take(&store, npages, shift) {
