@@ -454,15 +454,18 @@ impl Mm {
     /// ([`crate::unwritten`]), and the error returned.
     pub(crate) fn release_now(&self, obj: Arc<Object>) -> Result<()> {
         // No region maps it any more: take it out of the rmap so reclaim
-        // cannot reach it, then wait for evictions already under way.
+        // cannot reach it.
         let slot = obj.slot.load(Acquire);
         self.objects.remove(slot);
-        obj.wait_unpinned();
         // Dirty pages owed to the store: listed before the write starts
         // (`crate::unwritten`), so that a map over the store sees them
         // while it is in flight, and kept there if it fails. No mapping is
         // left to write them, so a page written is clean (see
-        // `writeback_object`).
+        // `writeback_object`). Listed before the wait for pins below too:
+        // a readahead run reading into the object holds one for as long
+        // as its store call, and a map of the store meanwhile read the
+        // store's older bytes. (A page reclaim is writing back now counts
+        // as dirty; the list is tidied after the write-back.)
         let owed = obj.kind == InstallKind::Shared
             && obj.store.writable()
             && crate::unwritten::dirty_pages(&obj) > 0;
@@ -475,6 +478,8 @@ impl Mm {
             }
             self.unwritten.add(&obj);
         }
+        // Then wait for evictions and readahead already under way.
+        obj.wait_unpinned();
         crate::inject::after_listed();
         let r = self.writeback_object(&obj);
         let (mut resident, mut on_lru) = (0, 0);
