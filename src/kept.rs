@@ -125,7 +125,16 @@ impl KeptObjects {
 
     /// Keeps `obj` (no region maps it; its store's stamp is `stamp`).
     /// Returns what must now be released: the oldest kept objects past
-    /// `cap`, or `obj` itself if `cap` is 0.
+    /// `cap`, or `obj` itself if `cap` is 0, and the kept objects nobody
+    /// can map again.
+    ///
+    /// Hazard: an object is kept only while something else holds its
+    /// store, but that can be another object over it (a second region, or
+    /// one kept): once the caller's last reference is gone, every
+    /// reference left is a kept object's, no map can name the store, and
+    /// the objects held their memfds and the store (an open file, a
+    /// connection) until newer ones pushed them out. So a store whose
+    /// references are all kept objects' has them released here.
     pub fn keep(&self, obj: Arc<Object>, stamp: u64, cap: usize) -> Vec<Arc<Object>> {
         if cap == 0 {
             return vec![obj];
@@ -133,7 +142,27 @@ impl KeptObjects {
         let mut l = self.lock();
         l.push_back(Kept { obj, stamp });
         let over = l.len().saturating_sub(cap);
-        l.drain(..over).map(|k| k.obj).collect()
+        let mut out: Vec<Arc<Object>> = l.drain(..over).map(|k| k.obj).collect();
+        // (All decided before any is taken out: one taken out still holds
+        // its store.)
+        let orphaned: Vec<bool> = l
+            .iter()
+            .map(|k| {
+                let kept = l.iter().filter(|o| same_store(&o.obj.store, &k.obj.store));
+                Arc::strong_count(&k.obj.store) <= kept.count()
+            })
+            .collect();
+        let mut flags = orphaned.into_iter();
+        let mut left = VecDeque::with_capacity(l.len());
+        for k in l.drain(..) {
+            if flags.next() == Some(true) {
+                out.push(k.obj);
+            } else {
+                left.push_back(k);
+            }
+        }
+        *l = left;
+        out
     }
 
     /// Takes back the object kept for `store` with `npages` pages of

@@ -596,3 +596,23 @@ fn a_map_while_the_release_waits_for_readahead_sees_the_dirty_pages() {
     drop(second);
     unmap.join().unwrap();
 }
+
+/// Two regions over one store, the program's own reference to the store
+/// dropped, then both regions: each object was kept, since the other held
+/// the store, though nobody could map the store again. Their pages stayed
+/// resident and their memfds and store open until newer objects pushed
+/// them out (found by review). A store only kept objects hold is released
+/// with them now.
+#[test]
+fn objects_of_a_store_nobody_can_map_again_are_not_kept() {
+    let data = pattern_vec(3, PAGES * PAGE);
+    let store = counted(&data);
+    let p = pager(16, 1024, Delivery::InThread);
+    let one = map_checked(&p, &store, &data, "one");
+    let two = map_checked(&p, &store, &data, "two");
+    drop(store);
+    drop(one);
+    drop(two);
+    let st = p.stats();
+    assert_eq!(st.resident_pages, 0, "kept for a store nobody holds\n{st}");
+}
