@@ -62,12 +62,9 @@ pub struct Pass {
     /// entries at most: a faulting context's pass past the high watermark
     /// ([`kswapd`]'s module docs).
     clean_only: bool,
-    /// A scan of this pass stopped at its limit of entries looked at (not
-    /// for want of entries, nor with its pages freed).
-    scan_spent: bool,
-    /// The pages asked for that count towards a scan's limit of entries,
-    /// at most (see [`DIRECT_SCAN_BASIS`]).
-    scan_basis: u64,
+    /// A page was left because it needs a write this pass or its store
+    /// may not make now (see [`WRITE_REFUSED_SCAN`]).
+    write_refused: bool,
 }
 
 impl Pass {
@@ -76,8 +73,7 @@ impl Pass {
         Pass {
             writes: true,
             clean_only: false,
-            scan_spent: false,
-            scan_basis: u64::MAX,
+            write_refused: false,
         }
     }
 
@@ -87,8 +83,7 @@ impl Pass {
         Pass {
             writes: false,
             clean_only: true,
-            scan_spent: false,
-            scan_basis: u64::MAX,
+            write_refused: false,
         }
     }
 
@@ -284,6 +279,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
         dirty && obj.swap().writable()
     };
     if needs_write && !pass.may_write(obj) {
+        pass.write_refused = true;
         obj.cache.unlock(i, 0, 0);
         return Evict::Rotate;
     }
@@ -399,9 +395,7 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     let max_scan = if pass.clean_only {
         kswapd::CLEAN_SCAN
     } else {
-        nr.min(pass.scan_basis)
-            .saturating_mul(16)
-            .saturating_add(1024)
+        nr.saturating_mul(16).saturating_add(1024)
     };
     let mut drained = false;
     let mut buf = [0 as Entry; ISOLATE];
@@ -409,7 +403,14 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     let mut batch = UnmapBatch::new();
     // An event waiting to be applied waits for this section (and refuses
     // our zaps meanwhile): leave instead of rotating through `max_scan`.
-    while freed + (batch.len() as u64) < nr && scanned < max_scan && !mm.events.pending() {
+    // Meeting pages it may not write, it looks at fewer (see
+    // `WRITE_REFUSED_SCAN`).
+    let refused_scan = nr.min(WRITE_REFUSED_SCAN).saturating_mul(16) + 1024;
+    while freed + (batch.len() as u64) < nr
+        && scanned < max_scan
+        && !(pass.write_refused && scanned >= refused_scan)
+        && !mm.events.pending()
+    {
         let n = mm.lru.isolate(&mut buf, c);
         if n == 0 {
             // (A clean pass does not drain every CPU's add batch: it is a
@@ -475,7 +476,6 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
         }
         mm.lru.putback(&back[..nb], &mm.objects, c);
     }
-    pass.scan_spent |= scanned >= max_scan;
     freed + batch.flush(mm)
 }
 
@@ -527,18 +527,18 @@ pub fn charge_within_budget(mm: &Mm, n: u64) -> bool {
     true
 }
 
-/// A fault's direct reclaim looks at 16 LRU entries for each page over
-/// the budget, up to this many pages, and 1,024 more.
+/// A pass that has met a page it may not write (its store's writes fail,
+/// see `crate::write_error`) looks at 16 LRU entries for each page it
+/// asks for, up to this many pages, and 1,024 more.
 ///
-/// Hazard: residency can be far over the budget (a store whose writes
-/// fail keeps its dirty pages resident; a budget lowered at run time), and
-/// scanning in proportion to all of the excess made every fault scan more
-/// than the one before, twice: writing 2,048 pages over a failing store
-/// with a budget of 256 scanned 55 million entries (22 s). The fault still
-/// asks for the whole excess (with 2 MiB pages, asking for less left
-/// residency creeping past the hugetlb pool, which is SIGBUS), but looks
-/// at no more entries than four zaps' worth would need.
-const DIRECT_SCAN_BASIS: u64 = 4 * unmap_batch::BATCH as u64;
+/// Hazard: such pages stay resident, so residency can be far over the
+/// budget, and a pass asks for all of the excess and looks at 16 entries
+/// per page of it: every fault scanned more than the one before, twice.
+/// Writing 2,048 pages over a failing store with a budget of 256 scanned
+/// 55 million entries (22 s). Not for every pass: one that frees 2 MiB
+/// pages looks at few entries over and over while they are busy, and
+/// giving up sooner left residency past the hugetlb pool (SIGBUS).
+const WRITE_REFUSED_SCAN: u64 = 4 * unmap_batch::BATCH as u64;
 
 /// Direct reclaim: called in the faulting context after a charge took the
 /// pager over its budget. Like the kernel's (`nr_to_reclaim` is
@@ -554,14 +554,13 @@ pub fn direct(mm: &Mm) {
         mm.counters.inc(DIRECT_RECLAIM);
         let batch = (unmap_batch::BATCH as u64).min(budget / 16).max(1);
         let want = over.max(batch);
-        let mut pass = Pass {
-            scan_basis: DIRECT_SCAN_BASIS,
-            ..Pass::new()
-        };
-        // What is left may sit in other CPUs' add batches: a second pass
-        // after draining them, unless the first looked at all the entries
-        // it may (the ones it rotated would only be looked at again).
-        if shrink_in(mm, want, &mut pass) < over && !pass.scan_spent {
+        let mut pass = Pass::new();
+        // What is left may sit in other CPUs' add batches, which the first
+        // pass drains only if the ring runs dry (it does not while pages
+        // it cannot free rotate through it): a second pass after draining
+        // them. (Without it, 2 MiB pages in add batches were not freed and
+        // residency went past the hugetlb pool: SIGBUS.)
+        if shrink_in(mm, want, &mut pass) < over {
             mm.lru.drain_all(&mm.objects, &mm.counters);
             let over = mm.resident.load(Relaxed).saturating_sub(budget);
             shrink_in(mm, over, &mut pass);
