@@ -7,6 +7,7 @@ use crate::mmap::register_mode;
 use crate::object::InstallKind;
 use crate::page_cache::{CLEAN, DIRTY, MAPPED};
 use crate::sys::mem::{mprotect, Mapping};
+use crate::vma::Vma;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -175,7 +176,12 @@ impl Mm {
             crate::discard::give_up_pages(self, &old.object, tail);
         }
         let new_start = p as usize;
-        settle_stale(self, new_start..new_start + new_len, start..start + old_len);
+        settle_stale(
+            self,
+            &old,
+            new_start..new_start + new_len,
+            start..start + old_len,
+        );
         let new = Arc::new(old.resized(new_start, new_len));
         new.lock.write_lock();
         old.lock.mark_detached();
@@ -198,35 +204,22 @@ impl Mm {
 }
 
 /// Takes the regions the table still holds in `got`, the range the
-/// kernel has just given the remap (outside `own`, the region's old
-/// range), for unmapped, and makes the event on its way for them leave the
-/// remapped region alone (the caller holds the global lock for write).
+/// kernel has just given the remap of `vma` (outside `own`, its old range),
+/// for unmapped (see `events::apply::settle_stale`; the caller holds the
+/// global lock for write).
 ///
 /// Hazard: the application unmapped them with its own `munmap` (or moved
 /// them with `mremap`) and the kernel freed the range before it posted the
 /// event, which is not read yet; the remap's `quiesce` waits only for
 /// events already read. Applied late, that event cut every region of its
 /// descriptor in its range: the remapped region's new part too (its pages
-/// lost, its range still registered with no region). A region the
-/// application moved rather than unmapped is lost here all the same (its
-/// event would have told where it went), as a map that waited out its
-/// patience takes it (`events::apply::stale`).
-fn settle_stale(mm: &Mm, got: std::ops::Range<usize>, own: std::ops::Range<usize>) {
+/// lost, its range still registered with no region).
+fn settle_stale(mm: &Mm, vma: &Vma, got: std::ops::Range<usize>, own: std::ops::Range<usize>) {
     let outside = [
         (got.start, got.end.min(own.start)),
         (got.start.max(own.end), got.end),
     ];
-    let mut found = false;
-    for (a, b) in outside {
-        if a < b && mm.table.read(|t| t.overlaps(a, b, None)) {
-            crate::events::apply::stale(mm, a, b, false);
-            found = true;
-        }
-    }
-    if found {
-        // The late event leaves regions wholly inside a record alone.
-        mm.events.lock_pre_applied().push((got.start, got.end));
-    }
+    crate::events::apply::settle_stale(mm, &outside, (got.start, got.end), &vma.object);
 }
 
 /// Registers `[start, start + len)`, mapped by `vma`, again after a remap

@@ -94,29 +94,10 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
 fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
     with_deadline(60, "late unmap event", || {
         let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let pager = Arc::new(
-            Pager::builder()
-                .delivery(Delivery::PerRegion)
-                .build()
-                .unwrap(),
-        );
-        const LEN: usize = 4 * PAGE;
-        let x = free_range(2 * LEN);
+        const LEN: usize = SIDE;
         let at = shared_at;
         let store = || Arc::new(MemoryStore::from_bytes(&[5u8; LEN]).unwrap());
-        // SAFETY: the stores are moved in; only the regions change them.
-        let low = unsafe { pager.map_store(store(), LEN, &at(x)) }.unwrap();
-        // (A handler thread names itself once it runs; this test's are the
-        // only ones of that name.)
-        wait_for("the first handler", || region_threads().len() == 1);
-        let before = region_threads();
-        // SAFETY: as above.
-        let high = unsafe { pager.map_store(store(), LEN, &at(x + LEN)) }.unwrap();
-        wait_for("the second handler", || region_threads().len() == 2);
-        let reader = *region_threads()
-            .iter()
-            .find(|t| !before.contains(t))
-            .unwrap();
+        let (pager, x, low, high, reader) = side_by_side(store(), store());
         assert_eq!(high.as_slice()[0], 5);
 
         // The kernel posts the lower region's event first: hold the higher
@@ -321,6 +302,45 @@ fn a_map_that_gave_up_on_its_descriptor_records_nothing() {
     });
 }
 
+/// The length of each of [`side_by_side`]'s regions.
+const SIDE: usize = 4 * PAGE;
+
+/// A per-region pager with two shared regions of [`SIDE`] bytes side by
+/// side, over `low` and `high`, at a free range; the range's start, and
+/// the second region's handler thread.
+fn side_by_side(
+    low: Arc<MemoryStore>,
+    high: Arc<MemoryStore>,
+) -> (
+    Arc<Pager>,
+    usize,
+    uffd_pager::Region,
+    uffd_pager::Region,
+    libc::pid_t,
+) {
+    let pager = Arc::new(
+        Pager::builder()
+            .delivery(Delivery::PerRegion)
+            .build()
+            .unwrap(),
+    );
+    let x = free_range(2 * SIDE);
+    // SAFETY: the stores are moved in; only the regions change them.
+    let first = unsafe { pager.map_store(low, SIDE, &shared_at(x)) }.unwrap();
+    // (A handler thread names itself once it runs; this file's tests,
+    // one at a time, are the only ones to make threads of that name.)
+    wait_for("the first handler", || region_threads().len() == 1);
+    let before = region_threads();
+    // SAFETY: as above.
+    let second = unsafe { pager.map_store(high, SIDE, &shared_at(x + SIDE)) }.unwrap();
+    wait_for("the second handler", || region_threads().len() == 2);
+    let reader = *region_threads()
+        .iter()
+        .find(|t| !before.contains(t))
+        .unwrap();
+    (pager, x, first, second, reader)
+}
+
 /// A shared region's options, mapped at `addr`.
 fn shared_at(addr: usize) -> MapOptions {
     MapOptions {
@@ -407,5 +427,63 @@ fn a_region_grown_into_a_range_whose_unmap_is_unread_keeps_it() {
             "the grown region was cut"
         );
         assert_eq!(low.as_slice(), &data[..], "the grown region's bytes");
+    });
+}
+
+/// The application moves a region (its own `mremap`) onto the range of a
+/// region of another descriptor it has just unmapped, whose event is not
+/// read yet (per-region delivery: each region its own descriptor). The
+/// move's event was applied first, and the moved region sat in the table
+/// beside the stale one at the same start: the lookup found the stale
+/// one, so the moved region's `mapped()` was empty, its faults were served
+/// with the other region's object, and its unmap unmapped nothing (found
+/// by review). The move takes the regions still in the table at its
+/// destination for unmapped now.
+#[test]
+fn a_region_moved_onto_a_range_whose_unmap_is_unread_is_found_there() {
+    with_deadline(60, "moved onto a freed range", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        const LEN: usize = SIDE;
+        let data: Vec<u8> = (0..LEN).map(|i| (i / PAGE) as u8 + 1).collect();
+        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+        let other = Arc::new(MemoryStore::from_bytes(&[9u8; LEN]).unwrap());
+        let (pager, x, moved, gone, reader) = side_by_side(store, other);
+        assert_eq!(moved.as_slice()[0], 1);
+        assert_eq!(gone.as_slice()[0], 9);
+        hold(reader);
+        let unmapper = std::thread::spawn(move || {
+            // SAFETY: the application gives the higher region's memory up.
+            unsafe { libc::munmap((x + LEN) as *mut _, LEN) }
+        });
+        wait_for("the unmap", || {
+            let mut v = 0u8;
+            // SAFETY: mincore only reads the page tables.
+            unsafe { libc::mincore((x + LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
+        });
+        util::app_mremap(x, LEN, LEN, x + LEN);
+        let p = pager.clone();
+        wait_for("the move's event", move || {
+            p.stats().get(Counter::EVENT_REMAP) >= 1
+        });
+        assert_eq!(
+            moved.mapped(),
+            vec![x + LEN..x + 2 * LEN],
+            "the moved region"
+        );
+        // SAFETY: the moved region's memory, mapped there now.
+        let there = unsafe { std::slice::from_raw_parts((x + LEN) as *const u8, LEN) };
+        assert_eq!(there, &data[..], "the moved region's bytes");
+        HOLD.store(false, SeqCst);
+        assert_eq!(unmapper.join().unwrap(), 0);
+        let p = pager.clone();
+        wait_for("the late unmap", move || {
+            p.stats().get(Counter::EVENT_UNMAP) >= 1
+        });
+        assert_eq!(
+            moved.mapped(),
+            vec![x + LEN..x + 2 * LEN],
+            "after the late unmap"
+        );
+        assert!(gone.mapped().is_empty());
     });
 }

@@ -193,6 +193,42 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     }
 }
 
+/// Takes the regions the table still holds in `ranges` for unmapped: the
+/// kernel has just given those ranges to `ours` (an object's region moved
+/// or grown there), so what the table says is there is gone, its event
+/// not applied yet. Where one of them is on `ours`'s descriptor, `record`
+/// (the range `ours` holds now) is recorded, so that the late event, which
+/// is applied to every region of its descriptor in its range, leaves the
+/// moved region alone; one on another descriptor needs no record (its
+/// event is applied to its own descriptor's regions), and one left
+/// unconsumed would swallow `ours`'s own later unmap.
+///
+/// Hazard: a record is taken by the first unmap over it, so of two late
+/// events on `ours`'s descriptor (two regions there unmapped), the second
+/// still cuts the region. And a region the application moved rather than
+/// unmapped is lost here, as `stale` loses it.
+pub(crate) fn settle_stale(
+    mm: &Mm,
+    ranges: &[(usize, usize)],
+    record: (usize, usize),
+    ours: &crate::object::Object,
+) {
+    let mine = Desc::of(ours).id(mm);
+    let mut same = false;
+    for &(a, b) in ranges.iter().filter(|(a, b)| a < b) {
+        let there = mm.table.read(|t| t.overlapping(a, b));
+        if there.is_empty() {
+            continue;
+        }
+        same |= there.iter().any(|v| Desc::of(&v.object).id(mm) == mine);
+        drop(there);
+        apply(mm, Event::Unmap(a, b), None, &[]);
+    }
+    if same {
+        mm.events.lock_pre_applied().push(record);
+    }
+}
+
 /// Applies event `e`, read from descriptor `from` ([`super::uffd_id`])
 /// (the caller holds the gate's write side, not the global lock).
 fn apply_read(mm: &Mm, e: Event, from: usize) {
@@ -288,6 +324,19 @@ fn apply(mm: &Mm, e: Event, desc: Option<usize>, pre: &[(usize, usize)]) {
             mm.counters.inc(Counter::EVENT_REMAP);
             if let Some(v) = vmas.first() {
                 mm.events.lock_left().push((s, end, Desc::of(&v.object)));
+            }
+            // Regions the table still holds where the kernel has put the
+            // moved range are gone: the application unmapped (or moved)
+            // them, and their event, on another descriptor or behind this
+            // one, is not applied yet. Left there, the moved pieces sat
+            // beside them at the same start, and a lookup found the stale
+            // region: the moved one's faults were served with its object,
+            // its `mapped()` was empty and its unmap unmapped nothing. Taken
+            // for unmapped now; the late event leaves the moved pieces
+            // alone (the range is recorded).
+            if let Some(v) = vmas.first() {
+                let dest = (to, to + (end - s));
+                settle_stale(mm, &[dest], dest, &v.object);
             }
             for v in &vmas {
                 let Cut { mut kept, moved } = cut(mm, v, s, end, Some(to));

@@ -253,7 +253,7 @@ impl Events {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
+    fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
         self.pre_applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
