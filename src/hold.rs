@@ -21,12 +21,20 @@ use crate::sys::mem::Mapping;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-/// The holds not yet taken over, by id. A handful at most (one per map in
-/// progress), so a vector.
-static HELD: Mutex<Vec<(u64, Mapping)>> = Mutex::new(Vec::new());
+/// The holds not yet taken over, by id: the range, and its mapping (`None`
+/// while a map has it: given back if the map is refused). A handful at
+/// most (one per map in progress), so a vector.
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+struct Held {
+    id: u64,
+    addr: usize,
+    len: usize,
+    m: Option<Mapping>,
+}
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-fn held() -> std::sync::MutexGuard<'static, Vec<(u64, Mapping)>> {
+fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
     // (A panic while holding it leaves the vector whole.)
     HELD.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -94,7 +102,12 @@ impl AddressHold {
         }
         let m = reserve(addr, len)?;
         let id = NEXT_ID.fetch_add(1, Relaxed);
-        held().push((id, m));
+        held().push(Held {
+            id,
+            addr,
+            len,
+            m: Some(m),
+        });
         Ok(AddressHold { id, addr, len })
     }
 
@@ -117,8 +130,9 @@ impl AddressHold {
 impl Drop for AddressHold {
     fn drop(&mut self) {
         let mut h = held();
-        if let Some(i) = h.iter().position(|(id, _)| *id == self.id) {
-            // Not taken over: unmapped as it leaves the vector.
+        if let Some(i) = h.iter().position(|e| e.id == self.id) {
+            // Not taken over: unmapped as it leaves the vector. (One a map
+            // has now stays that map's: unmapped if the map is refused.)
             h.swap_remove(i);
         }
     }
@@ -137,14 +151,23 @@ pub(crate) struct Taken {
 impl Taken {
     /// The range, the map's from now on.
     pub(crate) fn into_mapping(mut self) -> Mapping {
+        if let Some(id) = self.id {
+            held().retain(|e| e.id != id);
+        }
         self.m.take().expect("taken once")
     }
 }
 
 impl Drop for Taken {
     fn drop(&mut self) {
-        if let (Some(m), Some(id)) = (self.m.take(), self.id) {
-            held().push((id, m));
+        let (Some(m), Some(id)) = (self.m.take(), self.id) else {
+            return;
+        };
+        // Back to its `AddressHold`, if that still lives (dropped
+        // meanwhile, the range is unmapped here, as its drop would have).
+        let mut h = held();
+        if let Some(e) = h.iter_mut().find(|e| e.id == id) {
+            e.m = Some(m);
         }
     }
 }
@@ -154,14 +177,13 @@ impl Drop for Taken {
 pub(crate) fn take_or_hold(addr: usize, len: usize) -> Result<Taken> {
     {
         let mut h = held();
-        if let Some(i) = h
-            .iter()
-            .position(|(_, m)| m.addr() == addr && m.len() == len)
+        if let Some(e) = h
+            .iter_mut()
+            .find(|e| e.m.is_some() && e.addr == addr && e.len == len)
         {
-            let (id, m) = h.swap_remove(i);
             return Ok(Taken {
-                m: Some(m),
-                id: Some(id),
+                m: e.m.take(),
+                id: Some(e.id),
             });
         }
     }
@@ -175,9 +197,7 @@ pub(crate) fn take_or_hold(addr: usize, len: usize) -> Result<Taken> {
 /// `[addr, addr + len)`.
 pub(crate) fn overlaps(addr: usize, len: usize) -> bool {
     let end = addr.saturating_add(len);
-    held()
-        .iter()
-        .any(|(_, m)| m.addr() < end && addr < m.addr() + m.len())
+    held().iter().any(|e| e.addr < end && addr < e.addr + e.len)
 }
 
 fn reserve(addr: usize, len: usize) -> Result<Mapping> {
@@ -223,6 +243,17 @@ mod tests {
         assert!(mapped(addr), "taken over: the hold's drop leaves it");
         drop(taken);
         assert!(!mapped(addr));
+        // A map refused after it took the hold over gives it back...
+        let hold = AddressHold::new(addr, len).unwrap();
+        drop(take_or_hold(addr, len).unwrap());
+        assert!(mapped(addr), "given back to the hold");
+        let again = take_or_hold(addr, len).unwrap();
+        // ...unless the hold was dropped meanwhile: then it is unmapped
+        // (it was kept for good, and `overlaps` refused the range).
+        drop(hold);
+        drop(again);
+        assert!(!mapped(addr), "a refused map of a dropped hold unmaps it");
+        assert!(!overlaps(addr, len));
         assert!(matches!(AddressHold::new(addr, 0), Err(Error::ZeroLength)));
         assert!(matches!(
             AddressHold::new(addr + 1, len),
