@@ -31,7 +31,7 @@ pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
     // object's swap only: a shared object's is its store).
     if w & SWAPPED != 0 && obj.kind == InstallKind::Anonymous && obj.swap().signal_safe() {
         let size = obj.page_size() as u64;
-        obj.swap().discard(i as u64 * size, size);
+        crate::io::discard(&**obj.swap(), i as u64 * size, size);
     }
     if w & MOVED == 0 {
         let _ = obj.free_data(i, 1);

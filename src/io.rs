@@ -467,6 +467,21 @@ pub(crate) fn caught(call: impl FnOnce() -> Result<(), StoreError>) -> Result<()
         .unwrap_or(Err(StoreError(libc::EIO)))
 }
 
+/// [`Store::page_in_memory`], `None` if the store panics (see [`caught`]).
+#[inline]
+pub(crate) fn page_in_memory(store: &dyn Store, off: u64) -> Option<usize> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.page_in_memory(off)))
+        .ok()
+        .flatten()
+}
+
+/// [`Store::discard`], a panic in it ignored (see [`caught`]): the copy
+/// is only never read again.
+#[inline]
+pub(crate) fn discard(store: &dyn Store, off: u64, len: u64) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.discard(off, len)));
+}
+
 #[cfg(test)]
 #[path = "io_tests.rs"]
 mod tests;

@@ -116,8 +116,12 @@ impl KeptObjects {
     /// file, is on its way here. For a map of any install kind: an
     /// anonymous region over the store reads it too.
     pub fn wait_for(&self, store: &Arc<dyn Store>) {
-        let key = StoreKey::of(store);
         let mut w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_empty() {
+            // (No store identity asked for, an `fstat` for a file.)
+            return;
+        }
+        let key = StoreKey::of(store);
         while w.iter().any(|k| k.same(&key)) {
             w = self.written.wait(w).unwrap_or_else(|e| e.into_inner());
         }

@@ -729,19 +729,32 @@ fn direct_reclaim_over_a_failing_store_scans_a_bounded_number_per_fault() {
     assert_store(&store, PAGES, 3);
 }
 
-/// A signal-safe store that panics once, on the first read at or past
-/// page 3.
-struct PanicsOnce {
+/// A signal-safe store that panics once: on the first read at or past page
+/// 3 (`in_read`), or in its first `page_in_memory` (otherwise).
+struct Panics {
     inner: MemoryStore,
     armed: AtomicBool,
+    in_read: bool,
 }
 
-impl Store for PanicsOnce {
+impl Panics {
+    /// Page `p` of `pages` holds `p + 1`.
+    fn new(pages: usize, in_read: bool) -> Arc<Panics> {
+        let bytes: Vec<u8> = (0..pages * PAGE).map(|i| (i / PAGE) as u8 + 1).collect();
+        Arc::new(Panics {
+            inner: MemoryStore::from_bytes(&bytes).unwrap(),
+            armed: AtomicBool::new(true),
+            in_read,
+        })
+    }
+}
+
+impl Store for Panics {
     fn len(&self) -> u64 {
         self.inner.len()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        if offset >= 3 * PAGE as u64 && self.armed.swap(false, SeqCst) {
+        if self.in_read && offset >= 3 * PAGE as u64 && self.armed.swap(false, SeqCst) {
             panic!("the test store panics at {offset}");
         }
         self.inner.read(offset, buf)
@@ -755,8 +768,41 @@ impl Store for PanicsOnce {
     fn signal_safe(&self) -> bool {
         true
     }
+    fn synchronous(&self) -> bool {
+        true
+    }
+    fn page_in_memory(&self, offset: u64) -> Option<usize> {
+        if !self.in_read && self.armed.swap(false, SeqCst) {
+            panic!("the test store panics in page_in_memory at {offset}");
+        }
+        self.inner.page_in_memory(offset)
+    }
     fn name(&self) -> &'static str {
-        "panics-once"
+        "panics"
+    }
+}
+
+/// Reads the first byte of pages `from..` of `r` (of `pages` pages over a
+/// [`Panics`] store) on another thread, within 20 s; panics, leaving the
+/// pager and region as they are (dropped, they would wait for a locked
+/// page too, and the test would hang rather than fail), if that hangs or
+/// reads other bytes.
+fn read_past_a_panic(pager: Pager, r: uffd_pager::Region, pages: usize, from: usize, ctx: &str) {
+    let base = r.as_ptr() as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: the region outlives the wait below (or the test fails
+        // and leaves it mapped).
+        let s = unsafe { std::slice::from_raw_parts(base as *const u8, pages * PAGE) };
+        let _ = tx.send((from..pages).map(|p| s[p * PAGE]).collect::<Vec<u8>>());
+    });
+    let got = rx.recv_timeout(Duration::from_secs(20));
+    let want: Vec<u8> = (from..pages).map(|p| p as u8 + 1).collect();
+    if got.as_ref().ok() != Some(&want) {
+        let st = pager.stats();
+        std::mem::forget(r);
+        std::mem::forget(pager);
+        panic!("{ctx}: reading past the store's panic hung or read {got:?}\n{st}");
     }
 }
 
@@ -778,11 +824,7 @@ fn a_signal_safe_store_that_panics_fails_that_read_and_no_page_stays_locked() {
             spin_us: 0,
         },
     ] {
-        let bytes: Vec<u8> = (0..PAGES * PAGE).map(|i| (i / PAGE) as u8 + 1).collect();
-        let store = Arc::new(PanicsOnce {
-            inner: MemoryStore::from_bytes(&bytes).unwrap(),
-            armed: AtomicBool::new(true),
-        });
+        let store = Panics::new(PAGES, true);
         let pager = Pager::builder()
             .delivery(delivery)
             .readahead(32, 1)
@@ -791,29 +833,39 @@ fn a_signal_safe_store_that_panics_fails_that_read_and_no_page_stays_locked() {
             .unwrap();
         // SAFETY: nothing else changes the store.
         let r = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &shared(false)) }.unwrap();
-        let base = r.as_ptr() as usize;
         // Sequential faults: readahead reads what follows, page 3 first.
         for p in 0..3 {
             assert_eq!(r.as_slice()[p * PAGE], p as u8 + 1);
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // SAFETY: the region outlives the wait below (or the test
-            // fails and the process ends).
-            let s = unsafe { std::slice::from_raw_parts(base as *const u8, PAGES * PAGE) };
-            let sum: Vec<u8> = (3..PAGES).map(|p| s[p * PAGE]).collect();
-            let _ = tx.send(sum);
-        });
-        let got = rx.recv_timeout(Duration::from_secs(20));
-        let want: Vec<u8> = (3..PAGES).map(|p| p as u8 + 1).collect();
-        if got.as_ref().ok() != Some(&want) {
-            // Left as they are: dropped, they would wait for the locked
-            // pages too, and the test would hang rather than fail.
-            let st = pager.stats();
-            std::mem::forget(r);
-            std::mem::forget(pager);
-            panic!("{delivery:?}: reading past the store's panic hung or read {got:?}\n{st}");
-        }
+        read_past_a_panic(pager, r, PAGES, 3, &format!("{delivery:?}"));
         assert!(!store.armed.load(SeqCst), "the store never panicked");
     }
+}
+
+/// The same for `page_in_memory`, which a fault on an anonymous region
+/// asks with the page locked: the handler thread caught the panic and sent
+/// the faulting thread SIGBUS, the page left locked (found by review). The
+/// store is read as if it had no page in memory now.
+#[test]
+fn a_store_whose_page_in_memory_panics_is_read_instead() {
+    const PAGES: usize = 8;
+    let store = Panics::new(PAGES, false);
+    let pager = Pager::builder()
+        .delivery(uffd_pager::Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        })
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let opts = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        writable: false,
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing else changes the store.
+    let r = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &opts) }.unwrap();
+    read_past_a_panic(pager, r, PAGES, 0, "page_in_memory");
+    assert!(!store.armed.load(SeqCst), "the store never panicked");
 }

@@ -292,7 +292,7 @@ fn read_and_copy(mm: &Mm, vma: &Vma, i: usize, w: u32, pinned: u32, write: bool)
             Outcome::NoPage
         }
     };
-    if let Some(src) = source.page_in_memory(off) {
+    if let Some(src) = crate::io::page_in_memory(&**source, off) {
         match copy_in(mm, vma, i, src, wp) {
             Ok(()) => {
                 mm.counters.inc(PGREAD);

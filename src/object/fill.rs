@@ -104,7 +104,7 @@ impl Object {
                 // the pipe from there (what `read_to_fd` does for the other
                 // shared objects); the rest, as before, through a buffer.
                 if let Some(p) = (n == 1 && self.kernel_maps)
-                    .then(|| src.page_in_memory(off))
+                    .then(|| crate::io::page_in_memory(&**src, off))
                     .flatten()
                 {
                     // (Not readable after all, a file shrunk behind the

@@ -354,7 +354,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     let forget = if zeros && w & SWAPPED != 0 {
         if obj.swap().signal_safe() {
             let size = obj.page_size() as u64;
-            obj.swap().discard(i as u64 * size, size);
+            crate::io::discard(&**obj.swap(), i as u64 * size, size);
         }
         SWAPPED
     } else {
