@@ -26,7 +26,9 @@ use std::ffi::{c_char, c_int, CStr};
 
 /// The write-back before an exec (see the module docs).
 fn before_exec() {
-    if programs_own() && !in_shim_here() && maps::active() {
+    // (Not in a `vfork()`ed child: it shares the parent's table and lock,
+    // and the parent's pager serves nothing there.)
+    if programs_own() && !in_shim_here() && maps::active() && maps::made_here() {
         in_shim("exec", || maps::finish("exec"));
     }
 }

@@ -1523,3 +1523,19 @@ fn sync_and_syncfs_and_sync_file_range_write_the_stores() {
     assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// A `pwrite` over a range that spans a hole the program unmapped in a
+/// read-only mapping of the anonymous kind: the shim dropped the written
+/// pages with one call over the whole range, which the engine refused
+/// (not inside one piece), so both sides showed the older bytes (found by
+/// review). They are dropped piece by piece now.
+#[test]
+fn a_write_over_a_hole_is_seen_on_both_sides_of_it() {
+    let d = scratch();
+    let exe = build_c(&d, "write_over_a_hole");
+    let env = [("UFFD_PAGER_KIND", "anonymous")];
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "write-over-a-hole", &env);
+    assert_eq!(plain, "before: a a\nafter: w w\n");
+    assert_eq!(paged, plain, "{st}");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}

@@ -179,10 +179,18 @@ pub fn refresh(t: Target, n: u64) {
         if e.region.kind() != InstallKind::Anonymous || e.kernel_writable {
             return e.region.refresh(off, n);
         }
-        let lo = off as usize / PAGE * PAGE;
-        let hi = ((off + n) as usize)
-            .next_multiple_of(PAGE)
-            .min(e.region.len());
-        e.region.dontneed(lo, hi - lo)
+        // Piece by piece: the program may have unmapped part of it (a
+        // drop over a hole is refused whole).
+        let start = e.region.as_ptr() as usize;
+        let end = start + e.region.len();
+        let lo = start + off as usize / PAGE * PAGE;
+        let hi = (start + (off + n) as usize).next_multiple_of(PAGE).min(end);
+        for p in e.region.mapped() {
+            let (a, b) = (lo.max(p.start), hi.min(p.end));
+            if a < b && p.start >= start && p.end <= end {
+                e.region.dontneed(a - start, b - a)?;
+            }
+        }
+        Ok(())
     });
 }

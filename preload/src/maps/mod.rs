@@ -18,7 +18,7 @@ use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::ops::Range;
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const PAGE: usize = engine::PAGE_SIZE;
@@ -78,6 +78,10 @@ struct State {
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 /// The settings ask for something to be paged.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The process that made the pager (0: none yet), read without the
+/// table's lock: a `vfork()`ed child shares the parent's memory, lock
+/// included, and runs no atfork handler.
+static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 /// `UFFD_PAGER_ANON_MIN` (`usize::MAX`: none), read without the table's
 /// lock (see [`spans`]).
 static ANON_MIN: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -110,6 +114,13 @@ extern "C" fn forked() {
 
 fn here() -> bool {
     !FORKED.load(Relaxed)
+}
+
+/// Whether this process made the pager (not a child of the one that did,
+/// `vfork()`ed ones included). A system call.
+pub fn made_here() -> bool {
+    // SAFETY: getpid has no preconditions.
+    OWNER_PID.load(Relaxed) == unsafe { libc::getpid() }
 }
 
 pub fn active() -> bool {
@@ -175,6 +186,7 @@ impl State {
             self.pager = Some(p);
             // SAFETY: getpid has no preconditions.
             self.owner_pid = unsafe { libc::getpid() };
+            OWNER_PID.store(self.owner_pid, Relaxed);
         }
         Ok(self.pager.as_ref().expect("made above"))
     }
