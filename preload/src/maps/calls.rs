@@ -143,8 +143,11 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
     let end = kernel_range(addr, rlen)?;
     let write = prot & libc::PROT_WRITE != 0;
     // (Made writable, the kernel's mapping of a file the pager maps is
-    // refused below: that needs the table.)
-    if !(spans::may_be_ours(addr, end) || write && any_file()) {
+    // refused below: that needs the table, where the range has a shared
+    // file mapping at all.)
+    if !(spans::may_be_ours(addr, end)
+        || write && any_file() && spans::shared_file_map_in(addr, end))
+    {
         return None;
     }
     let mut guard = state();

@@ -5,6 +5,9 @@
  * table's lock for every anonymous mmap and for munmap of any memory, so
  * one thread in the allocator waited for the table and the other, in the
  * shim, for the allocator: the program hung (killed here by its alarm).
+ * Its mprotect(PROT_WRITE) while a file is paged read /proc/self/maps
+ * under the table's lock into memory it allocated: the allocator's own
+ * thread then waited for itself.
  *
  * usage: own_allocator FILE */
 #define _GNU_SOURCE
@@ -29,9 +32,17 @@ static size_t left;
 #define CHUNK (64 << 10)
 #define BIG (32 << 10)
 
+/* Mapped inaccessible, then made read-write, as allocators and JITs that
+ * guard their memory do. */
 static void *map_locked(size_t len) {
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
+  void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  if (mprotect(p, len, PROT_READ | PROT_WRITE) != 0) {
+    munmap(p, len);
+    return NULL;
+  }
+  return p;
 }
 
 void *malloc(size_t n) {
