@@ -487,3 +487,60 @@ fn a_region_moved_onto_a_range_whose_unmap_is_unread_is_found_there() {
         assert!(gone.mapped().is_empty());
     });
 }
+
+/// The same with two regions beside it, unmapped by two calls (two late
+/// events on its descriptor): the first event took the one record the
+/// remap left, and the second cut the grown region (found by review).
+/// Each stale region leaves a record of its own now, taken by its event.
+#[test]
+fn a_region_grown_over_two_freed_ranges_keeps_them() {
+    with_deadline(60, "grown over two freed ranges", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let pager = one_handler_pager();
+        const LEN: usize = 4 * PAGE;
+        let x = free_range(3 * LEN);
+        let data: Vec<u8> = (0..3 * LEN).map(|i| (i / PAGE) as u8 + 1).collect();
+        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+        // SAFETY: the stores are moved in; only the regions change them.
+        let mut low = unsafe { pager.map_store(store, LEN, &shared_at(x)) }.unwrap();
+        let mut beside = Vec::new();
+        for k in 1..3 {
+            let s = Arc::new(MemoryStore::from_bytes(&[9u8; LEN]).unwrap());
+            // SAFETY: as above.
+            beside.push(unsafe { pager.map_store(s, LEN, &shared_at(x + k * LEN)) }.unwrap());
+        }
+        hold(the_handler());
+        let unmappers: Vec<_> = (1..3)
+            .map(|k| {
+                std::thread::spawn(move || {
+                    // SAFETY: the application gives that region's memory up.
+                    unsafe { libc::munmap((x + k * LEN) as *mut _, LEN) }
+                })
+            })
+            .collect();
+        for k in 1..3 {
+            wait_for("the unmaps", || {
+                let mut v = 0u8;
+                // SAFETY: mincore only reads the page tables.
+                unsafe { libc::mincore((x + k * LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
+            });
+        }
+        low.remap(3 * LEN).unwrap();
+        let grown = low.as_ptr() as usize;
+        HOLD.store(false, SeqCst);
+        for u in unmappers {
+            assert_eq!(u.join().unwrap(), 0);
+        }
+        let p = &pager;
+        wait_for("the late unmaps", || {
+            p.stats().get(Counter::EVENT_UNMAP) >= 2
+        });
+        assert_eq!(
+            low.mapped(),
+            vec![grown..grown + 3 * LEN],
+            "the grown region was cut"
+        );
+        assert_eq!(low.as_slice(), &data[..], "the grown region's bytes");
+        assert!(beside.iter().all(|r| r.mapped().is_empty()));
+    });
+}

@@ -189,7 +189,10 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     // (Recorded for a range a move left too, which the table no longer
     // holds: its unmap is the late event.)
     if awaited {
-        mm.events.lock_pre_applied().push((start, end));
+        mm.events.lock_pre_applied().push(super::PreApplied {
+            key: (start, end),
+            kept: (start, end),
+        });
     }
 }
 
@@ -203,10 +206,11 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
 /// event is applied to its own descriptor's regions), and one left
 /// unconsumed would swallow `ours`'s own later unmap.
 ///
-/// Hazard: a record is taken by the first unmap over it, so of two late
-/// events on `ours`'s descriptor (two regions there unmapped), the second
-/// still cuts the region. And a region the application moved rather than
-/// unmapped is lost here, as `stale` loses it.
+/// Each such region leaves a record of its own, keyed by its range: each
+/// of their late events (two regions unmapped by two calls post two) takes
+/// its own; with one record, the first took it and the second cut the
+/// region. Hazard: a region the application moved rather than unmapped is
+/// lost here, as `stale` loses it.
 pub(crate) fn settle_stale(
     mm: &Mm,
     ranges: &[(usize, usize)],
@@ -214,18 +218,23 @@ pub(crate) fn settle_stale(
     ours: &crate::object::Object,
 ) {
     let mine = Desc::of(ours).id(mm);
-    let mut same = false;
     for &(a, b) in ranges.iter().filter(|(a, b)| a < b) {
         let there = mm.table.read(|t| t.overlapping(a, b));
         if there.is_empty() {
             continue;
         }
-        same |= there.iter().any(|v| Desc::of(&v.object).id(mm) == mine);
+        let keys: Vec<(usize, usize)> = there
+            .iter()
+            .filter(|v| Desc::of(&v.object).id(mm) == mine)
+            .map(|v| (v.start.max(a), v.end.min(b)))
+            .collect();
         drop(there);
         apply(mm, Event::Unmap(a, b), None, &[]);
-    }
-    if same {
-        mm.events.lock_pre_applied().push(record);
+        let mut records = mm.events.lock_pre_applied();
+        records.extend(
+            keys.into_iter()
+                .map(|key| super::PreApplied { key, kept: record }),
+        );
     }
 }
 
@@ -239,11 +248,12 @@ fn apply_read(mm: &Mm, e: Event, from: usize) {
         let mut records = mm.events.lock_pre_applied();
         match e {
             Event::Unmap(s, end) => {
-                let (taken, kept) = records.iter().partition(|&&(a, b)| a < end && s < b);
+                let (taken, kept): (Vec<_>, Vec<_>) =
+                    records.iter().partition(|r| r.key.0 < end && s < r.key.1);
                 *records = kept;
-                taken
+                taken.iter().map(|r| r.kept).collect()
             }
-            _ => records.clone(),
+            _ => records.iter().map(|r| r.kept).collect(),
         }
     };
     apply(mm, e, Some(from), &pre);

@@ -65,6 +65,14 @@ pub fn features(base: u64, quiet: bool) -> u64 {
 }
 
 /// Per-pager event state. See the module docs.
+/// An unread `UNMAP` already applied ([`Events`]'s `pre_applied`): the
+/// range it unmaps, and the range a region holds there since.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PreApplied {
+    pub(crate) key: (usize, usize),
+    pub(crate) kept: (usize, usize),
+}
+
 #[derive(Debug, Default)]
 pub struct Events {
     /// Read: engine work on user addresses. Write: applying events.
@@ -83,10 +91,11 @@ pub struct Events {
     busy: AtomicU32,
     /// Events applied so far.
     applied: AtomicU64,
-    /// Ranges a `map` already applied an unread `UNMAP` to (the kernel
-    /// handed the range to the new mapping): the event, when it is read,
-    /// must not touch the new region there.
-    pre_applied: Mutex<Vec<(usize, usize)>>,
+    /// Unread `UNMAP`s already applied, each by the range it unmaps (the
+    /// key) and the range given since to a new or moved region there (the
+    /// kernel handed it over): the event, when it is read, takes the
+    /// records its range meets, and must not touch the region there.
+    pre_applied: Mutex<Vec<PreApplied>>,
     /// Ranges a move applied has left, with the moved region's descriptor:
     /// the application's `mremap` posts the unmap of the old range after
     /// the move, and a `map` must not land there before that unmap is
@@ -253,7 +262,7 @@ impl Events {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
+    fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<PreApplied>> {
         self.pre_applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
