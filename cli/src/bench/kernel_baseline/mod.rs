@@ -530,6 +530,14 @@ pub fn check(w: Workload, k: &Knobs, dir: &Path) -> Result<(), String> {
             "--baseline kernel needs a budget (--budget PAGES): it is the memory limit".into(),
         );
     }
+    // Each side runs in a memory cgroup: one made and removed now says
+    // whether it can (root, a memory controller), before the files are
+    // written (an ordinary user's run wrote gigabytes of them first, then
+    // failed with exit code 1).
+    crate::os::cgroup::MemCgroup::create(
+        &format!("uffd-pager-baseline-check-{}", std::process::id()),
+        64 << 20,
+    )?;
     if crate::os::mem::on_tmpfs(dir) {
         return Err(format!(
             "{} is tmpfs: the kernel baseline needs a disk file system (--baseline-dir)",
