@@ -48,6 +48,19 @@ fn values_too_large_to_run_are_usage_errors() {
             "--think-scale",
         ),
         (&["bench", "swap", "--threads", "100000"], "at most"),
+        // (It started 5,000 threads before: only --pages bounded them.)
+        (
+            &[
+                "torture",
+                "--threads",
+                "5000",
+                "--pages",
+                "20000",
+                "--budget",
+                "100",
+            ],
+            "is more than 1024",
+        ),
         (
             &["torture", "--pages", "16777216", "--budget", "4"],
             "--pages",

@@ -486,6 +486,31 @@ fn torture_json() {
     count(v.get("counters").get("pgsteal"), "pgsteal");
 }
 
+/// A seed past `i64::MAX` is written as given (it came out as -1 for
+/// `u64::MAX`, so a run replayed from the JSON used another seed; found by
+/// review).
+#[test]
+fn torture_json_keeps_a_large_seed() {
+    let o = Command::new(env!("CARGO_BIN_EXE_uffd-pager"))
+        .args([
+            "torture", "--ops", "1000", "--pages", "256", "--budget", "64",
+        ])
+        .args([
+            "--kind",
+            "anonymous",
+            "--json",
+            "--seed",
+            "18446744073709551615",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running uffd-pager");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("\"seed\":18446744073709551615"), "{out}");
+    Parser::parse(&out).unwrap_or_else(|e| panic!("not JSON: {e}\n{out}"));
+}
+
 /// A scratch directory, removed with its contents when dropped (also when
 /// the test fails).
 struct ScratchDir(std::path::PathBuf);

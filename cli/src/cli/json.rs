@@ -9,6 +9,8 @@ pub enum Json {
     Bool(bool),
     Num(f64),
     Int(i64),
+    /// An unsigned integer past `i64::MAX` too (a seed).
+    UInt(u64),
     Str(String),
     Arr(Vec<Json>),
     Obj(Vec<(String, Json)>),
@@ -61,6 +63,7 @@ impl fmt::Display for Json {
             Json::Num(x) if !x.is_finite() => f.write_str("null"),
             Json::Num(x) => write!(f, "{x}"),
             Json::Int(i) => write!(f, "{i}"),
+            Json::UInt(u) => write!(f, "{u}"),
             Json::Str(s) => escape(s, f),
             Json::Arr(v) => {
                 f.write_char('[')?;

@@ -175,6 +175,10 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
             a.budget, a.pages,
         ));
     }
+    let max = uffd_pager::limits::MAX_THREADS;
+    if a.threads > max {
+        return usage(format!("--threads {} is more than {max}", a.threads));
+    }
     if a.threads > a.pages {
         return usage(format!(
             "--threads {} is more than --pages {}: each thread owns at least one page",
@@ -438,7 +442,7 @@ fn report_json(cfg: &TortureConfig, r: &TortureReport) -> Json {
         ("write_pct", Json::Int(i64::from(cfg.write_pct))),
         ("delivery", Json::str(cfg.delivery.to_string())),
         ("policy", Json::str(cfg.policy.to_string())),
-        ("seed", Json::Int(cfg.seed as i64)),
+        ("seed", Json::UInt(cfg.seed)),
         ("ops", Json::Int(r.ops as i64)),
         ("reads", Json::Int(r.reads as i64)),
         ("writes", Json::Int(r.writes as i64)),
