@@ -48,6 +48,18 @@ fn values_too_large_to_run_are_usage_errors() {
             "--think-scale",
         ),
         (&["bench", "swap", "--threads", "100000"], "at most"),
+        // (A billion faults, an hour and a half, were accepted before.)
+        (
+            &[
+                "bench",
+                "metadata",
+                "--pages",
+                "1073741824",
+                "--touch",
+                "1073741824",
+            ],
+            "--touch",
+        ),
         // (It started 5,000 threads before: only --pages bounded them.)
         (
             &[

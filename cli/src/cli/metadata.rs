@@ -27,6 +27,8 @@ const GOAL_BYTES_PER_PAGE: f64 = 16.0;
 const BIG_REGION: usize = 64 << 20;
 /// The largest region accepted, in pages (4 TiB of address space).
 const MAX_PAGES: u64 = 1 << 30;
+/// Pages `--touch` reads, at most (as `scale --faults`).
+const MAX_TOUCH: u64 = 10_000_000;
 
 #[derive(Debug, Args)]
 pub struct MetadataArgs {
@@ -257,10 +259,13 @@ pub fn run(a: &MetadataArgs) -> CliResult {
             sizes.budget_units / units
         )));
     }
-    if sizes.touch == 0 || sizes.touch > sizes.pages {
+    // (One fault each: 10^7 take about a minute here. Bounded by --pages
+    // alone, a billion were accepted: an hour and a half of faults.)
+    let most = sizes.pages.min(MAX_TOUCH);
+    if sizes.touch == 0 || sizes.touch > most {
         return Err(CliError::Usage(format!(
-            "--touch {} must be in 1..=--pages ({})",
-            sizes.touch, sizes.pages
+            "--touch {} must be in 1..={most} (--pages, and at most {MAX_TOUCH})",
+            sizes.touch
         )));
     }
     let r = measure(&sizes)?;
