@@ -10,6 +10,16 @@ use uffd_pager::store::{Store, StoreError};
 use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager};
 use util::*;
 
+/// Serialises this binary's tests that remap: the fault-inject switches
+/// (`fail_next_remap`, `fail_next_reregister`) are process-wide, and one
+/// test's switch taken by another's remap left that region inaccessible
+/// (`PROT_NONE`): its next read was SIGSEGV, now and then, with the tests
+/// run in parallel.
+fn remaps() -> std::sync::MutexGuard<'static, ()> {
+    static REMAPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    REMAPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// `madvise` refuses an unaligned start (`EINVAL`); rounding it down would
 /// zero bytes of an anonymous region the caller did not name.
 #[test]
@@ -150,6 +160,7 @@ fn refresh_of_a_store_with_a_partial_last_page_stays_in_range() {
 /// a typed error (the sum overflowed: a panic with overflow checks on).
 #[test]
 fn a_fixed_range_past_the_end_of_the_address_space_is_refused() {
+    let _one = remaps();
     let p = pager(Delivery::InThread);
     let opts = MapOptions {
         fixed_addr: Some(usize::MAX & !(PAGE - 1)),
@@ -177,6 +188,7 @@ fn mapped(addr: usize) -> bool {
 #[cfg(feature = "fault-inject")]
 #[test]
 fn a_failed_registration_after_a_move_leaves_the_region_where_it_went() {
+    let _one = remaps();
     let p = pager(Delivery::InThread);
     // At an address the kernel does not hand out on its own: another test
     // of this binary mapping at the same time could be given the old range
@@ -210,6 +222,7 @@ fn a_failed_registration_after_a_move_leaves_the_region_where_it_went() {
 #[cfg(feature = "fault-inject")]
 #[test]
 fn a_shrink_the_kernel_refuses_keeps_the_tail() {
+    let _one = remaps();
     for reclaimed in [false, true] {
         let p = Pager::builder().budget_pages(64).build().unwrap();
         let mut r = p.map_anonymous(8 * PAGE).unwrap();
@@ -260,6 +273,7 @@ fn split_region(p: &uffd_pager::Pager) -> (uffd_pager::Region, usize) {
 /// region's view matches the kernel's and its data is intact.
 #[test]
 fn a_refused_shrinking_move_leaves_the_region_as_the_kernel_left_it() {
+    let _one = remaps();
     let p = pager(Delivery::InThread);
     let (mut r, start) = split_region(&p);
     let to = free_range(4 * PAGE);
@@ -312,6 +326,7 @@ fn program_memory_intact(to: usize, pages: usize) -> bool {
 /// reservation on the error: a hole where the program's memory had been.
 #[test]
 fn a_refused_move_over_program_memory_leaves_that_memory() {
+    let _one = remaps();
     let p = pager(Delivery::InThread);
     let (mut r, start) = split_region(&p);
     let to = free_range(4 * PAGE);
@@ -339,6 +354,7 @@ fn a_refused_move_over_program_memory_leaves_that_memory() {
 #[cfg(feature = "fault-inject")]
 #[test]
 fn a_failed_move_over_program_memory_leaves_that_memory() {
+    let _one = remaps();
     let p = pager(Delivery::InThread);
     let mut r = p.map_anonymous(4 * PAGE).unwrap();
     r.as_mut_slice().fill(3);
@@ -363,6 +379,7 @@ fn a_failed_move_over_program_memory_leaves_that_memory() {
 /// unmapped the moved region.
 #[test]
 fn a_move_over_a_held_range_is_an_overlap() {
+    let _one = remaps();
     let p = pager(Delivery::InThread);
     let mut r = p.map_anonymous(4 * PAGE).unwrap();
     r.as_mut_slice().fill(7);
