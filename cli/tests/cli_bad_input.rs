@@ -349,6 +349,33 @@ fn flags_a_workload_would_ignore_are_refused() {
             &["bench", "fault-cost", "--hop", "--delivery", "per-region"],
             "--hop",
         ),
+        // Before, accepted and ignored: the install kind and the directory
+        // of a region that has neither, the baseline's directory without
+        // the baseline, and the shape of writers that do not run.
+        (
+            &["torture", "--kind", "anonymous", "--install", "anonymous"],
+            "--install applies to --kind file only",
+        ),
+        (
+            &["torture", "--kind", "swapfile", "--install", "shared"],
+            "--install applies to --kind file only",
+        ),
+        (
+            &["torture", "--kind", "anonymous", "--dir", "/tmp"],
+            "--dir applies to",
+        ),
+        (
+            &["bench", "random", "--baseline-dir", "/var/tmp"],
+            "--baseline-dir applies to --baseline kernel only",
+        ),
+        (
+            &["bench", "filemap", "--writer-pause-us", "5"],
+            "filemap runs none",
+        ),
+        (
+            &["bench", "swap", "--writers", "0", "--writer-burst-us", "5"],
+            "swap runs none",
+        ),
     ] {
         rejects(args, needle);
     }

@@ -63,8 +63,9 @@ pub struct TortureArgs {
     /// MINOR + CONTINUE; the file is checked against the model at the
     /// end) or anonymous (a private copy whose writes go to swap: the file
     /// must still hold its initial pattern at the end).
-    #[arg(long, value_name = "KIND", default_value = "shared")]
-    install: InstallKind,
+    /// Default: shared.
+    #[arg(long, value_name = "KIND")]
+    install: Option<InstallKind>,
     /// Delivery: in-thread, threads\[:N\[:spinUS\]\] (N defaults to one per
     /// CPU), or per-region.
     #[arg(long, default_value = "in-thread")]
@@ -202,6 +203,21 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
         let needed = HugePagePool::needed_for(a.pages as u64, a.budget * units as u64);
         HugePagePool::require(needed).map_err(|e| CliError::Runtime(format!("torture: {e}")))?;
     }
+    // Flags that would be accepted and then ignored are refused: a run
+    // that did not do what was asked must not report as if it had.
+    let file_kind = matches!(a.kind, Kind::File);
+    if a.install.is_some() && !file_kind {
+        return usage(format!(
+            "--install applies to --kind file only (not --kind {})",
+            kind_flag(a.kind)
+        ));
+    }
+    if a.dir.is_some() && (a.kind == Kind::Anonymous || a.store.is_some()) {
+        return usage(
+            "--dir applies to --kind file or swapfile without --store (nothing here is made on disk)"
+                .into(),
+        );
+    }
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     if a.kind != Kind::Anonymous && a.store.is_none() {
         if !dir.is_dir() {
@@ -232,12 +248,21 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
         write_pct: a.write_pct,
         seed: a.seed,
         kind,
-        install: a.install,
+        install: a.install.unwrap_or(InstallKind::Shared),
         delivery: a.delivery,
         policy: a.policy,
         duration: a.duration,
         churn: a.churn,
     })
+}
+
+/// The `--kind` value as typed.
+fn kind_flag(k: Kind) -> &'static str {
+    match k {
+        Kind::File => "file",
+        Kind::Anonymous => "anonymous",
+        Kind::Swapfile => "swapfile",
+    }
 }
 
 /// A file name in `dir` that no other run uses.

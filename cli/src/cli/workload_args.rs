@@ -119,9 +119,10 @@ pub struct WorkloadArgs {
     /// (`--baseline-dir`); needs root
     #[arg(long, value_parser = ["kernel"])]
     pub baseline: Option<String>,
-    /// --baseline kernel: where the files go (a disk file system)
-    #[arg(long, default_value = "/var/tmp")]
-    pub baseline_dir: PathBuf,
+    /// --baseline kernel: where the files go (a disk file system;
+    /// default /var/tmp)
+    #[arg(long)]
+    pub baseline_dir: Option<PathBuf>,
     /// Page size of the engine's regions: 4K or 2M (hugetlb; root reserves
     /// the pages with `sysctl vm.nr_hugepages=N`). `--pages` and `--budget`
     /// then count pages of this size; their defaults keep their bytes (a

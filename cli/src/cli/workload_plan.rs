@@ -308,6 +308,26 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
                 .into(),
         ));
     }
+    if a.baseline.is_none() && a.baseline_dir.is_some() {
+        return Err(CliError::Usage(
+            "--baseline-dir applies to --baseline kernel only".into(),
+        ));
+    }
+    // Writer knobs shape writers: with none running they did nothing.
+    let writers = if a.writers.is_empty() {
+        vec![w.defaults().1]
+    } else {
+        a.writers.clone()
+    };
+    if writers.iter().all(|&n| n == 0)
+        && (a.writer_pause_us.is_some() || a.writer_burst_us.is_some())
+    {
+        return Err(CliError::Usage(format!(
+            "--writer-pause-us and --writer-burst-us shape the writers: {} runs none \
+             (add --writers N)",
+            w.name()
+        )));
+    }
     if a.baseline.is_some() && (a.json || a.csv || a.plot.is_some()) {
         return Err(CliError::Usage(
             "--baseline kernel prints its own table: no --json, --csv or --plot".into(),

@@ -190,10 +190,14 @@ fn run_kernel_baseline(w: Which, a: &WorkloadArgs) -> CliResult {
     }
     super::workload_plan::baseline_applies(a)?;
     let (_, _, k) = plan(w, a)?;
-    kb::check(workload, &k, &a.baseline_dir).map_err(CliError::Usage)?;
-    let report = kb::run(workload, &k, &a.baseline_dir).map_err(CliError::Runtime)?;
+    let dir = a
+        .baseline_dir
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("/var/tmp"));
+    kb::check(workload, &k, &dir).map_err(CliError::Usage)?;
+    let report = kb::run(workload, &k, &dir).map_err(CliError::Runtime)?;
     let mut out = std::io::stdout().lock();
-    write!(out, "{}", report.table(&k, &a.baseline_dir))
+    write!(out, "{}", report.table(&k, &dir))
         .map_err(|e| CliError::Runtime(format!("writing output: {e}")))?;
     if report.sides.iter().any(|s| s.mismatches > 0) {
         return Err(CliError::Runtime(
