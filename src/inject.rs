@@ -136,6 +136,25 @@ mod imp {
         }
     }
 
+    static BEFORE_MESSAGE: AtomicUsize = AtomicUsize::new(0);
+
+    /// Runs in a handler thread (threads and per-region delivery) before
+    /// it handles a fault message, with the fault's address and thread id.
+    /// Set `None` to clear.
+    pub fn set_before_message(h: Option<fn(usize, u32)>) {
+        BEFORE_MESSAGE.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(crate) fn before_message(addr: usize, tid: u32) {
+        let p = BEFORE_MESSAGE.load(Acquire);
+        if p != 0 {
+            // SAFETY: only `set_before_message` stores here, and it stores
+            // valid `fn(usize, u32)`s.
+            let f: fn(usize, u32) = unsafe { std::mem::transmute::<usize, fn(usize, u32)>(p) };
+            f(addr, tid);
+        }
+    }
+
     static FAIL_REREGISTER: std::sync::atomic::AtomicBool =
         std::sync::atomic::AtomicBool::new(false);
 
@@ -166,13 +185,14 @@ mod imp {
 #[cfg(feature = "fault-inject")]
 pub use imp::{
     fail_next_remap, fail_next_reregister, set_after_detach, set_after_listed, set_after_lookup,
-    set_after_published, set_after_reprotect, set_before_map, Hook, MapHook, Site,
+    set_after_published, set_after_reprotect, set_before_map, set_before_message, Hook, MapHook,
+    Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
     after_detach, after_listed, after_lookup, after_published, after_reprotect, before_map,
-    remap_fails, reregister_fails,
+    before_message, remap_fails, reregister_fails,
 };
 
 #[cfg(not(feature = "fault-inject"))]
@@ -200,6 +220,10 @@ pub(crate) fn after_published(_: usize) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_reprotect(_: &Vma) {}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn before_message(_: usize, _: u32) {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

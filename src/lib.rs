@@ -89,8 +89,8 @@ pub use sys::PAGE_SIZE;
 pub mod testing {
     pub use crate::inject::{
         fail_next_remap, fail_next_reregister, set_after_detach, set_after_listed,
-        set_after_lookup, set_after_published, set_after_reprotect, set_before_map, Hook, MapHook,
-        Site,
+        set_after_lookup, set_after_published, set_after_reprotect, set_before_map,
+        set_before_message, Hook, MapHook, Site,
     };
     pub use crate::pager::inject::{GlobalWriteHold, RegionWriteHold};
 }

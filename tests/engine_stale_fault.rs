@@ -28,6 +28,20 @@ const SECS: u64 = 4;
 
 extern "C" fn nudged(_: libc::c_int) {}
 
+/// Installs `handler` (async-signal-safe, as every handler here is) for
+/// `sig`.
+fn on_signal(sig: libc::c_int, handler: extern "C" fn(libc::c_int), flags: libc::c_int) {
+    // SAFETY: a zeroed sigaction is valid; the handler is a plain
+    // function that only makes async-signal-safe calls.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as libc::sighandler_t;
+        sa.sa_flags = flags;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
 fn child_delivery() -> Delivery {
     match std::env::var("UFFD_DELIVERY").as_deref() {
         Ok("threads") => THREADS,
@@ -43,15 +57,9 @@ fn child_map_read_unmap_with_signals() {
     if !is_child() {
         return;
     }
-    // SAFETY: installs a handler that does nothing (async-signal-safe),
-    // with SA_RESTART so that no system call of the test sees EINTR.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = nudged as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
-    }
+    // A handler that does nothing, with SA_RESTART so that no system call
+    // of the test sees EINTR.
+    on_signal(libc::SIGUSR1, nudged, libc::SA_RESTART);
     let pager = Arc::new(
         Pager::builder()
             .delivery(child_delivery())
@@ -157,4 +165,125 @@ fn stale_fault_messages_never_kill_per_region_delivery() {
 #[test]
 fn map_read_unmap_with_signals_in_thread_delivery() {
     run("in-thread");
+}
+
+/// The address whose fault messages [`hold_stale`] holds back (0: none),
+/// and how many it has seen.
+#[cfg(feature = "fault-inject")]
+static STALE_AT: AtomicU64 = AtomicU64::new(0);
+#[cfg(feature = "fault-inject")]
+static STALE_SEEN: AtomicU64 = AtomicU64::new(0);
+
+/// Makes the second message of a fault stale, as a signal does by chance:
+/// the first message of the fault at `STALE_AT` is held while the faulting
+/// thread gets a signal (it leaves the kernel's wait and faults again: a
+/// second message, which the other handler thread reads); the second is
+/// held long enough for the thread, woken by the first one's wake, to
+/// unmap its region and map another at the address.
+#[cfg(feature = "fault-inject")]
+fn hold_stale(addr: usize, tid: u32) {
+    if addr as u64 & !(PAGE as u64 - 1) != STALE_AT.load(Relaxed) {
+        return;
+    }
+    match STALE_SEEN.fetch_add(1, Relaxed) {
+        0 => {
+            // SAFETY: tgkill to a thread of this process; the test's
+            // handler for SIGUSR1 does nothing.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    tid as libc::c_int,
+                    libc::SIGUSR1,
+                )
+            };
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        1 => std::thread::sleep(Duration::from_millis(300)),
+        _ => {}
+    }
+}
+
+#[cfg(feature = "fault-inject")]
+extern "C" fn killed(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(SEGV_EXIT) };
+}
+
+/// The child's exit status on SIGSEGV.
+#[cfg(feature = "fault-inject")]
+const SEGV_EXIT: i32 = 41;
+
+/// Child: one write to a writable region, made stale as [`hold_stale`]
+/// says; the thread then maps a read-only region (its store is read-only:
+/// a write to it is refused) at the same address and waits there.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn child_stale_write_meets_a_read_only_region() {
+    if !is_child() {
+        return;
+    }
+    // A handler that does nothing, with SA_RESTART so that no system call
+    // of the test sees EINTR.
+    on_signal(libc::SIGUSR1, nudged, libc::SA_RESTART);
+    // A SIGSEGV sent with tgkill (not a fault) passes through Rust's own
+    // handler (it looks for a stack overflow, puts back the default and
+    // returns): the child counts it and exits.
+    on_signal(libc::SIGSEGV, killed, 0);
+    let pager = Pager::builder()
+        .delivery(child_delivery())
+        .budget_pages(64)
+        .build()
+        .expect("building the pager");
+    let data = pattern_vec(3, PAGES * PAGE);
+    let file = TempFile::with_contents("stale-write", &data);
+    let store: Arc<dyn Store> =
+        Arc::new(FileStore::open(file.path(), &FileStoreOptions::default()).unwrap());
+    let a = pager.map_anonymous(PAGES * PAGE).unwrap();
+    let at = a.as_ptr() as usize;
+    STALE_AT.store(at as u64, Relaxed);
+    uffd_pager::testing::set_before_message(Some(hold_stale));
+    // SAFETY: inside the region, mapped until the unmap below.
+    unsafe { std::ptr::write_volatile(a.as_ptr(), 7u8) };
+    a.unmap().unwrap();
+    let opts = MapOptions {
+        writable: false,
+        fixed_addr: Some(at),
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing changes the file while the region is mapped.
+    let b = unsafe { pager.map_store(store, PAGES * PAGE, &opts) }.unwrap();
+    // The page the held message is for, read before it is handled: the
+    // message finds it installed.
+    // SAFETY: inside the region.
+    let got = unsafe { std::ptr::read_volatile(b.as_ptr()) };
+    assert_eq!(got, data[0]);
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        STALE_SEEN.load(Relaxed) >= 2,
+        "the fault never sent a second message ({} seen)",
+        STALE_SEEN.load(Relaxed)
+    );
+    uffd_pager::testing::set_before_message(None);
+    b.unmap().unwrap();
+}
+
+/// A stale message of a write, handled once a read-only region took the
+/// address, sent the thread a SIGSEGV at once, at whatever it did then.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_stale_write_message_never_kills_the_thread() {
+    // (Handler threads only: a second message needs a second handler to
+    // read it while the first holds the first one; per-region delivery has
+    // one per region.)
+    let out = run_child(
+        "child_stale_write_meets_a_read_only_region",
+        &[("UFFD_DELIVERY", "threads")],
+    );
+    assert!(
+        out.status.success(),
+        "the thread was killed ({} is SIGSEGV): {}",
+        SEGV_EXIT,
+        describe(&out)
+    );
 }

@@ -173,8 +173,8 @@ struct Done {
     pages: [usize; BATCH],
     n: usize,
     oldest: u64,
-    /// The last fault that found no region (thread id, page), how many
-    /// times in a row it came, and when it last did.
+    /// The last fault that found no region or was refused (thread id,
+    /// page), how many times in a row it came, and when it last did.
     unserved: ((u32, usize), u32, u64),
 }
 
@@ -197,7 +197,8 @@ impl Done {
         }
     }
 
-    /// Records that thread `tid`'s fault at `addr` found no region; true
+    /// Records that thread `tid`'s fault at `addr` found no region (or a
+    /// region that refuses it); true
     /// if it has come more than [`UNSERVED_WAKES`] times in a row.
     fn unserved_again(&mut self, tid: u32, addr: usize) -> bool {
         let key = (tid, addr & !(PAGE_SIZE - 1));
@@ -280,6 +281,7 @@ fn is_running(tid: u32) -> bool {
 /// the events waiting are applied.
 fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
     let addr = m.arg1 as usize;
+    crate::inject::before_message(addr, m.arg2 as u32);
     let access = crate::fault::Access {
         write: m.arg0 & fault_flag::WRITE != 0,
         present: Some(m.arg0 & fault_flag::WP != 0),
@@ -335,7 +337,20 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
                 signal_thread(libc::SIGSEGV);
             }
         }
-        Ok(Resolution::Segv) => signal_thread(libc::SIGSEGV),
+        // The region refuses the access (a write to a page of a read-only
+        // store, or to a kernel-mapped region). The message may be stale
+        // too: a write the thread made to a region it has since unmapped,
+        // with a read-only region mapped at the address now, which the
+        // thread may be reading; a signal at once killed it there. As for
+        // no region: the thread gets SIGSEGV only when the same fault
+        // comes a third time in a row and it waits in the kernel's
+        // userfault wait (a refused access run again faults again at
+        // once).
+        Ok(Resolution::Segv) => {
+            if done.unserved_again(m.arg2 as u32, addr) && waits_on_a_fault(m.arg2 as u32) {
+                signal_thread(libc::SIGSEGV);
+            }
+        }
         Err(_) => {
             tracing::error!(
                 addr,
