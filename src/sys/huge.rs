@@ -11,7 +11,6 @@
 
 use super::mem::{At, Mapping, Memfd};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicI32, Ordering::*};
 
 /// Bytes in a huge page (x86-64 PMD size).
 pub const HUGE_PAGE_SIZE: usize = 2 << 20;
@@ -144,25 +143,16 @@ impl Pool {
     }
 }
 
-/// A descriptor of `/proc/self/mem`, opened once ([`open_self_mem`]).
-static SELF_MEM: AtomicI32 = AtomicI32::new(-1);
+/// `/proc/self/mem`, opened at map time ([`open_self_mem`]) and checked
+/// on each read ([`super::self_file`]: after a fork the inherited
+/// descriptor would read the parent's memory).
+static SELF_MEM: super::self_file::SelfFile = super::self_file::SelfFile::new(c"/proc/self/mem");
 
-/// Opens `/proc/self/mem` for [`read_self`] if it is not open yet. Call
-/// outside signal handlers (at map time).
+/// Opens `/proc/self/mem` for [`read_self`] if this process has it not
+/// open yet. Call outside signal handlers (at map time), so that a read
+/// finds it open.
 pub fn open_self_mem() -> Result<(), i32> {
-    if SELF_MEM.load(Acquire) >= 0 {
-        return Ok(());
-    }
-    // SAFETY: a NUL-terminated path; the descriptor is ours.
-    let fd = unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(super::errno());
-    }
-    if SELF_MEM.compare_exchange(-1, fd, AcqRel, Acquire).is_err() {
-        // SAFETY: our own descriptor, never published.
-        unsafe { libc::close(fd) };
-    }
-    Ok(())
+    SELF_MEM.fd().map(|_| ())
 }
 
 /// Copies `len` bytes of this process's memory at `addr` into `dst`
@@ -172,13 +162,13 @@ pub fn open_self_mem() -> Result<(), i32> {
 /// application dropped and wait, in the engine's own thread, for a fault
 /// the engine itself must serve; this read takes the kernel's remote path,
 /// which does not wait on userfaultfd: an absent page fails it with `EIO`.
-/// Async-signal-safe (`pread`); `EBADF` if [`open_self_mem`] was not
-/// called.
+/// Async-signal-safe (`pread`, and what [`super::self_file::SelfFile::fd`]
+/// calls: it opens the file again in a forked child).
 ///
 /// # Safety
 /// `dst` is valid for writes of `len` bytes.
 pub unsafe fn read_self(addr: usize, dst: *mut u8, len: usize) -> Result<(), i32> {
-    let fd = SELF_MEM.load(Acquire);
+    let fd = SELF_MEM.fd()?;
     let mut done = 0;
     while done < len {
         // SAFETY: the caller's contract on `dst`.
@@ -203,6 +193,36 @@ pub unsafe fn read_self(addr: usize, dst: *mut u8, len: usize) -> Result<(), i32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A forked child that maps (and so opens the file) reads its own
+    /// memory: before, the descriptor the parent opened read the
+    /// parent's, and a child's eviction of a huge page wrote the parent's
+    /// bytes to its swap.
+    #[test]
+    fn a_forked_child_reads_its_own_memory() {
+        open_self_mem().unwrap();
+        let m = Mapping::anonymous(4096).unwrap();
+        // SAFETY: our own fresh mapping.
+        unsafe { std::ptr::write_bytes(m.addr() as *mut u8, 7, 4096) };
+        // SAFETY: the child writes only its own copy of `m`, makes no
+        // allocation and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: the child's copy of the mapping.
+            unsafe { std::ptr::write_bytes(m.addr() as *mut u8, 9, 4096) };
+            let mut out = [0u8; 64];
+            let ok = open_self_mem().is_ok()
+                // SAFETY: `out` holds 64 bytes.
+                && unsafe { read_self(m.addr(), out.as_mut_ptr(), 64) }.is_ok()
+                && out.iter().all(|&b| b == 9);
+            // SAFETY: _exit has no preconditions.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut st = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+        assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "{st:#x}");
+    }
 
     #[test]
     fn reading_own_memory_copies_it_and_an_unmapped_page_fails_cleanly() {

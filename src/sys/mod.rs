@@ -8,6 +8,7 @@ pub mod huge;
 pub mod mem;
 pub mod pagemap;
 pub mod pipe;
+pub mod self_file;
 pub mod thread;
 pub mod uffd;
 

@@ -19,12 +19,10 @@ pub fn page_present(addr: usize) -> Result<bool, i32> {
     }
 }
 
-/// A descriptor of `/proc/self/pagemap` opened when a pager was built,
-/// with the device and inode it had then: [`page_in_swap`]'s fallback
-/// for a process out of descriptors. -1 while none.
-static PAGEMAP_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-static PAGEMAP_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static PAGEMAP_DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// `/proc/self/pagemap` kept open since a pager was built:
+/// [`page_in_swap`]'s fallback for a process out of descriptors, checked
+/// on each use ([`super::self_file`]).
+static PAGEMAP: super::self_file::SelfFile = super::self_file::SelfFile::new(c"/proc/self/pagemap");
 
 /// Opens `/proc/self/pagemap`, close-on-exec; -1 if it cannot be.
 fn open_pagemap() -> i32 {
@@ -38,49 +36,10 @@ fn open_pagemap() -> i32 {
 }
 
 /// Keeps a descriptor of `/proc/self/pagemap` for [`page_in_swap`] to
-/// fall back on, once per process (a pager's build calls it).
+/// fall back on (a pager's build calls it; in a forked child, a pager
+/// built there opens the child's own).
 pub fn keep_pagemap() {
-    use std::sync::atomic::Ordering::{AcqRel, Release};
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let fd = open_pagemap();
-        if fd < 0 {
-            return;
-        }
-        // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat writes only `st`.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            // SAFETY: our own descriptor, closed once.
-            unsafe { libc::close(fd) };
-            return;
-        }
-        PAGEMAP_DEV.store(st.st_dev, Release);
-        PAGEMAP_ID.store(st.st_ino, Release);
-        PAGEMAP_FD.swap(fd, AcqRel);
-    });
-}
-
-/// The kept descriptor, if it still is the file it was (the application
-/// may have closed it, and the number been reused since); -1 if not.
-fn kept_pagemap() -> i32 {
-    use std::sync::atomic::Ordering::Acquire;
-    let fd = PAGEMAP_FD.load(Acquire);
-    if fd < 0 {
-        return -1;
-    }
-    // SAFETY: a zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes only `st`; a closed or reused number is only
-    // asked about.
-    let same = unsafe { libc::fstat(fd, &mut st) } == 0
-        && st.st_dev == PAGEMAP_DEV.load(Acquire)
-        && st.st_ino == PAGEMAP_ID.load(Acquire);
-    if same {
-        fd
-    } else {
-        -1
-    }
+    let _ = PAGEMAP.fd();
 }
 
 /// Whether the kernel holds the page at `addr` in swap (a swap entry in
@@ -96,7 +55,7 @@ pub fn page_in_swap(addr: usize) -> bool {
     let mut fd = open_pagemap();
     let own = fd >= 0;
     if !own && matches!(super::errno(), libc::EMFILE | libc::ENFILE) {
-        fd = kept_pagemap();
+        fd = PAGEMAP.kept();
     }
     if fd < 0 {
         super::set_errno(saved);
