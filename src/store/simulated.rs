@@ -286,6 +286,17 @@ impl SimulatedStore {
     fn simulate<R>(&self, op: impl FnOnce() -> R) -> (R, u64) {
         let start = now_ns();
         self.slots.acquire();
+        // The slot goes back if `op` panics too: the engine catches a
+        // store's panic (`io::caught`, the I/O workers) and goes on using
+        // the store, whose every later I/O waited for the slot for ever
+        // once `max_inflight` of them had panicked.
+        struct Slot<'a>(&'a Slots);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                self.0.release();
+            }
+        }
+        let slot = Slot(&self.slots);
         let delay = self.model.sample(self.next_random());
         let deadline = if delay == 0 {
             0
@@ -296,7 +307,7 @@ impl SimulatedStore {
         if delay != 0 {
             wait_until(deadline);
         }
-        self.slots.release();
+        drop(slot);
         (r, now_ns().saturating_sub(start))
     }
 }

@@ -186,3 +186,39 @@ fn writes_pass_through() {
     assert!(!ro.writable());
     assert_eq!(ro.write(0, &page), Err(StoreError(libc::EROFS)));
 }
+
+/// A store whose reads panic.
+struct Panics;
+
+impl Store for Panics {
+    fn len(&self) -> u64 {
+        PAGE_SIZE as u64
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> Result<(), StoreError> {
+        panic!("a store that panics");
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError(libc::EROFS))
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "panics"
+    }
+}
+
+/// An inner store's panic gives its slot back: the engine catches the
+/// panic and goes on with the store, and before, once `max_inflight`
+/// reads had panicked, every later one waited for a slot for ever.
+#[test]
+fn a_panic_gives_the_slot_back() {
+    let s = SimulatedStore::new(Arc::new(Panics), LatencyModel::None, 1, 0);
+    for _ in 0..2 {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.read(0, &mut [0u8; PAGE_SIZE])
+        }));
+        assert!(r.is_err());
+        assert_eq!(s.inflight(), 0, "the slot is given back");
+    }
+}
