@@ -128,8 +128,10 @@ impl FileStore {
     }
 
     /// Wraps an open file. `writable` needs a descriptor opened for writing
-    /// (otherwise this fails with `EBADF`). `O_DIRECT` on the descriptor is
-    /// detected and honoured.
+    /// (otherwise this fails with `EBADF`) and not for appending (`EINVAL`:
+    /// on Linux, `pwrite` to an `O_APPEND` descriptor ignores its offset and
+    /// appends, so every write-back would land at the end of the file).
+    /// `O_DIRECT` on the descriptor is detected and honoured.
     ///
     /// Example: [`FileStore`](crate::store::FileStore).
     pub fn from_file(file: File, writable: bool) -> io::Result<Self> {
@@ -140,6 +142,9 @@ impl FileStore {
         }
         if writable && fl & libc::O_ACCMODE == libc::O_RDONLY {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
+        }
+        if writable && fl & libc::O_APPEND != 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         Self::with_flags(file, writable, fl & libc::O_DIRECT != 0)
     }

@@ -261,6 +261,34 @@ fn from_file_checks_access_mode() {
     assert!(back.iter().all(|&b| b == 4));
 }
 
+/// A descriptor opened for appending is refused for a writable store:
+/// Linux's `pwrite` appends there whatever the offset, and before, every
+/// write-back grew the file and left the page's bytes as they were.
+#[test]
+fn from_file_refuses_append_for_writing() {
+    let p = TempPath::new("append");
+    File::create(&p.0)
+        .unwrap()
+        .write_all(&vec![1u8; 2 * PAGE_SIZE])
+        .unwrap();
+    let append = || {
+        OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&p.0)
+            .unwrap()
+    };
+    let err = FileStore::from_file(append(), true).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+    assert_eq!(std::fs::read(&p.0).unwrap(), vec![1u8; 2 * PAGE_SIZE]);
+    // Read-only use of such a descriptor is fine (`pread` honours the
+    // offset).
+    let s = FileStore::from_file(append(), false).unwrap();
+    let mut back = vec![0u8; PAGE_SIZE];
+    s.read(PAGE_SIZE as u64, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 1));
+}
+
 #[test]
 fn missing_file_is_an_error() {
     let p = TempPath::new("missing");
