@@ -299,12 +299,16 @@ impl Store for FileStore {
         }
         // Short of the bytes the file had at open: it was truncated behind
         // the store. Past its new end a mapping of the file gets SIGBUS, so
-        // this read fails (the page is poisoned); in the page that holds the
-        // new end, the rest reads as zeros, as in any last page.
+        // a read of a page wholly past it fails (the page is poisoned); in
+        // the page that holds the new end, the rest reads as zeros, as in
+        // any last page. A batch ([`Store::read_many`], readahead) that
+        // holds such a page fails whole (its pages stay absent, and each is
+        // read alone when touched): before, only its first page was
+        // looked at, and the pages past the end read as zeros.
         let in_file_at_open = self.file_len.saturating_sub(offset).min(buf.len() as u64) as usize;
         if done < in_file_at_open {
             let now = self.current_len()?;
-            if offset >= now.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64 {
+            if offset + in_file_at_open as u64 > now.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64 {
                 return Err(StoreError(libc::EIO));
             }
         }

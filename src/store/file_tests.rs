@@ -169,6 +169,12 @@ fn truncated_underneath_reads_fail_and_writes_do_not_extend() {
         s.read(3 * PAGE_SIZE as u64, &mut back),
         Err(StoreError(libc::EIO))
     );
+    // A batch that holds a page past the new end fails too, as that page
+    // alone does (it read as zeros before), and one within it reads.
+    let mut batch = vec![0u8; 4 * PAGE_SIZE];
+    assert_eq!(s.read_many(0, &mut batch), Err(StoreError(libc::EIO)));
+    s.read_many(0, &mut batch[..2 * PAGE_SIZE]).unwrap();
+    assert_eq!(&batch[..PAGE_SIZE + 10], &data[..PAGE_SIZE + 10]);
     // The page holding the new end reads its bytes, then zeros.
     s.read(PAGE_SIZE as u64, &mut back).unwrap();
     assert_eq!(&back[..10], &data[PAGE_SIZE..PAGE_SIZE + 10]);
