@@ -64,6 +64,8 @@ const ABANDONED: u32 = 5;
 
 const READ: u32 = 0;
 const WRITE: u32 = 1;
+/// [`Store::sync`] (no buffer).
+const SYNC: u32 = 2;
 
 struct Slot {
     state: AtomicU32,
@@ -179,6 +181,14 @@ impl Io {
                 at += page.len();
             }
         })?;
+        self.wait(k, |_| {})
+    }
+
+    /// Runs [`Store::sync`] of `store` on a worker, waiting at most the
+    /// timeout (then `ETIMEDOUT`; the sync goes on on the worker). A panic
+    /// in it fails it (`EIO`).
+    pub fn sync(&self, store: &Arc<dyn Store>) -> Result<(), StoreError> {
+        let k = self.submit(store, SYNC, 0, |_, _| {})?;
         self.wait(k, |_| {})
     }
 
@@ -326,6 +336,7 @@ impl Io {
             let op = s.op.load(Relaxed);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match (&store, op) {
                 (Some(st), READ) => read_in_place(&**st, s.offs[0].load(Relaxed), buf),
+                (Some(st), SYNC) => st.sync(),
                 (Some(st), _) if len == HUGE_PAGE_SIZE => {
                     write_in_place(&**st, &[(s.offs[0].load(Relaxed), buf)])
                 }

@@ -98,10 +98,9 @@ impl Mm {
         // Durable: this write-back's writes, and reclaim's before it (see
         // `crate::durability`).
         let mine = obj.durability.mark();
-        let err = match obj
-            .durability
-            .sync(first, mine, !b.cleaned.is_empty(), || obj.store.sync())
-        {
+        let err = match obj.durability.sync(first, mine, !b.cleaned.is_empty(), || {
+            self.io.sync(&obj.store)
+        }) {
             Synced::Done => {
                 synced(obj, &b.cleaned);
                 return Ok(());

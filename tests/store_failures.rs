@@ -46,6 +46,10 @@ struct Faulty {
     syncs_to_fail: std::sync::atomic::AtomicUsize,
     /// The threads that called `sync`, in order.
     sync_callers: Mutex<Vec<libc::pid_t>>,
+    /// `sync` panics.
+    sync_panics: AtomicBool,
+    /// How long `sync` takes before it does anything.
+    sync_stall: Mutex<Duration>,
 }
 
 impl Faulty {
@@ -63,6 +67,8 @@ impl Faulty {
             write_delay: Default::default(),
             syncs_to_fail: Default::default(),
             sync_callers: Default::default(),
+            sync_panics: Default::default(),
+            sync_stall: Default::default(),
         })
     }
 
@@ -108,6 +114,11 @@ impl Store for Faulty {
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
         self.sync_callers.lock().unwrap().push(me);
+        if self.sync_panics.load(SeqCst) {
+            panic!("the test store's sync panics");
+        }
+        let stall = *self.sync_stall.lock().unwrap();
+        std::thread::sleep(stall);
         let mut staged = self.staged.lock().unwrap();
         let fail_one = self
             .syncs_to_fail
@@ -660,21 +671,21 @@ fn a_failed_flush_beside_a_release_that_succeeds_keeps_the_pages() {
         let (go, wait) = std::sync::mpsc::channel();
         *FLUSHER.lock().unwrap() = Some(go);
         let pager = &pager;
-        let (released, flushed, flusher) = std::thread::scope(|s| {
+        let (released, flushed) = std::thread::scope(|s| {
             let f = s.spawn(move || {
                 wait.recv().unwrap();
-                // SAFETY: gettid has no preconditions.
-                let me = unsafe { libc::gettid() };
-                (pager.flush_unmapped(), me)
+                pager.flush_unmapped()
             });
             let released = r.unmap();
-            let (flushed, me) = f.join().unwrap();
+            let flushed = f.join().unwrap();
             eprintln!("release: {released:?}, flush: {flushed:?}");
-            (released, flushed, me)
+            (released, flushed)
         });
         *store.write_delay.lock().unwrap() = Duration::ZERO;
-        let first_sync = store.sync_callers.lock().unwrap().first().copied();
-        if released.is_err() || flushed.is_ok() || first_sync != Some(flusher) {
+        // (The flush's sync is the one that failed, the first: only one
+        // fails. Syncs run on the I/O workers, so the caller's thread
+        // does not tell.)
+        if released.is_err() || flushed.is_ok() {
             // Not the case: the release wrote the pages first, or found
             // some dirty again after the flush's sync failed.
             continue;
@@ -868,4 +879,46 @@ fn a_store_whose_page_in_memory_panics_is_read_instead() {
     let r = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &opts) }.unwrap();
     read_past_a_panic(pager, r, PAGES, 0, "page_in_memory");
     assert!(!store.armed.load(SeqCst), "the store never panicked");
+}
+
+/// - **A store's sync that panics or hangs.** It ran in the calling
+///   thread, unlike every other store call: a panic unwound out of
+///   `Region::flush` (out of the event thread, where the application's own
+///   `munmap` released the region, which wedged the pager), leaving the
+///   cleaned pages marked syncing for ever, and a sync that never returned
+///   held the flush (and, on the event thread, every fault) for ever. Now
+///   it runs on an I/O worker: a panic fails it (`EIO`), and the caller
+///   waits the I/O timeout at most.
+#[test]
+fn a_sync_that_panics_or_hangs_fails_the_flush() {
+    const PAGES: usize = 4;
+    let pager = Pager::builder()
+        .budget_pages(64)
+        .io_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let store = Faulty::new(PAGES);
+    let r = written(&pager, &store, PAGES, 5);
+    store.sync_panics.store(true, SeqCst);
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.flush()));
+    store.sync_panics.store(false, SeqCst);
+    assert!(matches!(got, Ok(Err(_))), "a panic in sync: {got:?}");
+    *store.sync_stall.lock().unwrap() = Duration::from_secs(3);
+    let t = Instant::now();
+    assert!(r.flush().is_err(), "a sync past the timeout fails");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "the flush waited for the stalled sync: {:?}",
+        t.elapsed()
+    );
+    *store.sync_stall.lock().unwrap() = Duration::ZERO;
+    // (The stalled one ends on its worker meanwhile.)
+    std::thread::sleep(Duration::from_secs(3));
+    r.flush().unwrap();
+    assert_store(&store, PAGES, 5);
+    assert_eq!(
+        pager.reclaim_pages(PAGES as u64),
+        PAGES as u64,
+        "none left syncing"
+    );
 }

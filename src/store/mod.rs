@@ -33,6 +33,8 @@
 //!   allocating or locking;
 //! - the per-method notes "async-signal-safe" below hold for a store that
 //!   says it is signal-safe; an ordinary one is called from workers;
+//! - [`Store::sync`] always runs on an I/O worker, within the I/O timeout
+//!   (a panic fails it), whatever `signal_safe` says;
 //! - a store never touches the memory of a region (of any pager in the
 //!   process) in its methods: a fault there waits for a fault the store is
 //!   itself serving, and inside the handler, where SIGBUS is blocked, the
@@ -217,9 +219,11 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Makes earlier writes durable (fsync for files). Not called from
-    /// signal handlers, and only after a write: a write-back that finds
-    /// nothing written since the last successful sync does not call it.
+    /// Makes earlier writes durable (fsync for files). Called on an I/O
+    /// worker, whatever [`signal_safe`](Store::signal_safe) says, and
+    /// counted failed past the I/O timeout or on a panic; only after a
+    /// write: a write-back that finds nothing written since the last
+    /// successful sync does not call it.
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
     }
