@@ -51,7 +51,8 @@ pub(super) fn install(
     write: bool,
     wp: bool,
 ) -> Result<bool, i32> {
-    retry_eagain(mm, || install_once(mm, vma, i, zero, write, wp))
+    let uffd = mm.uffd_for(&vma.object);
+    retry_eagain(mm, uffd, || install_once(mm, vma, i, zero, write, wp))
 }
 
 /// How long an install keeps retrying EAGAIN before it reports the error.
@@ -68,16 +69,26 @@ const EAGAIN_PATIENCE_NS: u64 = 1_000_000_000;
 /// once with EAGAIN, and the fault restarts once the event is applied
 /// ([`crate::events`]). Handler threads give up at once in both cases: the
 /// event may be theirs to read. EAGAIN that lasts [`EAGAIN_PATIENCE_NS`]
-/// is reported as ETIMEDOUT. Async-signal-safe (`sched_yield`,
-/// `clock_gettime`).
-pub(super) fn retry_eagain<T>(mm: &Mm, op: impl FnMut() -> Result<T, i32>) -> Result<T, i32> {
+/// is reported as ETIMEDOUT, unless the descriptor `uffd` is still
+/// changing then (`mmap_changing`: an unmap or remap whose event is not
+/// posted yet, as when the kernel waits for another userfaultfd's reader
+/// to read its event of the same `munmap` first): that is EAGAIN too, and
+/// the fault restarts. (Reported as ETIMEDOUT, it was SIGBUS, which
+/// killed a thread whose access was valid.) Async-signal-safe
+/// (`sched_yield`, `clock_gettime`, an ioctl).
+pub(super) fn retry_eagain<T>(
+    mm: &Mm,
+    uffd: &crate::sys::uffd::Uffd,
+    op: impl FnMut() -> Result<T, i32>,
+) -> Result<T, i32> {
     let give_up = || mm.events.pending() || !mm.config.delivery.is_in_thread();
-    retry_eagain_within(EAGAIN_PATIENCE_NS, give_up, op)
+    retry_eagain_within(EAGAIN_PATIENCE_NS, give_up, || uffd.mmap_changing(), op)
 }
 
 fn retry_eagain_within<T>(
     patience_ns: u64,
     give_up: impl Fn() -> bool,
+    changing: impl Fn() -> bool,
     mut op: impl FnMut() -> Result<T, i32>,
 ) -> Result<T, i32> {
     let mut tries = 0u32;
@@ -97,7 +108,11 @@ fn retry_eagain_within<T>(
                 if deadline == 0 {
                     deadline = now + patience_ns;
                 } else if now > deadline {
-                    return Err(libc::ETIMEDOUT);
+                    return Err(if changing() {
+                        libc::EAGAIN
+                    } else {
+                        libc::ETIMEDOUT
+                    });
                 }
                 // SAFETY: sched_yield has no preconditions.
                 unsafe { libc::sched_yield() };
@@ -114,7 +129,7 @@ pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize, wp: bool) -> Res
     let uffd = mm.uffd_for(&vma.object);
     let (len, addr) = (vma.object.page_size(), vma.addr_of(i));
     let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
-    let r = retry_eagain(mm, || uffd.copy(addr, src, len, mode));
+    let r = retry_eagain(mm, uffd, || uffd.copy(addr, src, len, mode));
     match huge_anon_eexist(&vma.object, addr, r) {
         // A page already there was not protected by this copy; a clean
         // one must be (see `install_once`).
@@ -304,7 +319,7 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
             let wp = obj.install_wp(f.write) && w & DIRTY == 0;
             let mode = MODE_DONTWAKE | if wp { MODE_WP } else { 0 };
             let uffd = mm.uffd_for(obj);
-            match retry_eagain(mm, || uffd.cont(addr, obj.page_size(), mode)) {
+            match retry_eagain(mm, uffd, || uffd.cont(addr, obj.page_size(), mode)) {
                 Ok(_) => {
                     mm.counters.inc(REINSTALL);
                     Recheck::Present { dirty: wp_fault }
@@ -371,8 +386,10 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
 pub(super) fn make_writable(mm: &Mm, vma: &Vma, i: usize) -> Result<(), i32> {
     let uffd = mm.uffd_for(&vma.object);
     let len = vma.object.page_size();
-    retry_eagain(mm, || uffd.writeprotect(vma.addr_of(i), len, false, false))
-        .map(|_| mm.counters.inc(WP_FAULT))
+    retry_eagain(mm, uffd, || {
+        uffd.writeprotect(vma.addr_of(i), len, false, false)
+    })
+    .map(|_| mm.counters.inc(WP_FAULT))
 }
 
 /// Marks the user page of object page `i` poisoned (UFFDIO_POISON), so the
@@ -380,7 +397,7 @@ pub(super) fn make_writable(mm: &Mm, vma: &Vma, i: usize) -> Result<(), i32> {
 pub(super) fn poison(mm: &Mm, vma: &Vma, i: usize) -> Outcome {
     let uffd = mm.uffd_for(&vma.object);
     let len = vma.object.page_size();
-    match retry_eagain(mm, || uffd.poison(vma.addr_of(i), len, MODE_DONTWAKE)) {
+    match retry_eagain(mm, uffd, || uffd.poison(vma.addr_of(i), len, MODE_DONTWAKE)) {
         Ok(_) => mm.counters.inc(POISONED),
         // An event first: the page may not be there any more.
         Err(libc::EAGAIN) => return Outcome::Restart,
@@ -400,7 +417,7 @@ mod tests {
         // Fails 500 times (past the 100 spins), then succeeds.
         let mut n = 0;
         let never = || false;
-        let r = retry_eagain_within(EAGAIN_PATIENCE_NS, never, || {
+        let r = retry_eagain_within(EAGAIN_PATIENCE_NS, never, never, || {
             n += 1;
             if n <= 500 {
                 Err(libc::EAGAIN)
@@ -411,14 +428,15 @@ mod tests {
         assert_eq!(r, Ok(501));
         // Other errors are returned at once.
         let mut calls = 0;
-        let r: Result<(), i32> = retry_eagain_within(EAGAIN_PATIENCE_NS, never, || {
+        let r: Result<(), i32> = retry_eagain_within(EAGAIN_PATIENCE_NS, never, never, || {
             calls += 1;
             Err(libc::EEXIST)
         });
         assert_eq!((r, calls), (Err(libc::EEXIST), 1));
         // EAGAIN that lasts is reported once the patience runs out.
         let t = std::time::Instant::now();
-        let r: Result<(), i32> = retry_eagain_within(20_000_000, never, || Err(libc::EAGAIN));
+        let r: Result<(), i32> =
+            retry_eagain_within(20_000_000, never, never, || Err(libc::EAGAIN));
         assert_eq!(r, Err(libc::ETIMEDOUT));
         assert!(t.elapsed() >= std::time::Duration::from_millis(20));
         // With an event waiting, EAGAIN is given up at once.
@@ -426,11 +444,17 @@ mod tests {
         let r: Result<(), i32> = retry_eagain_within(
             EAGAIN_PATIENCE_NS,
             || true,
+            never,
             || {
                 calls += 1;
                 Err(libc::EAGAIN)
             },
         );
         assert_eq!((r, calls), (Err(libc::EAGAIN), 1));
+        // EAGAIN that lasts while the descriptor is changing (an event not
+        // posted yet) is EAGAIN (a restart), not a failure.
+        let r: Result<(), i32> =
+            retry_eagain_within(20_000_000, never, || true, || Err(libc::EAGAIN));
+        assert_eq!(r, Err(libc::EAGAIN));
     }
 }
