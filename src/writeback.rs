@@ -115,6 +115,14 @@ impl Mm {
         Err(err.into())
     }
 
+    /// Whether a page of `pages` of `obj` is dirty and could have been
+    /// cleaned by a write-back (not guarded: a guarded page is written and
+    /// stays dirty by design, see `write_dirty`).
+    pub(crate) fn left_dirty(&self, obj: &Object, pages: std::ops::Range<usize>) -> bool {
+        (pages.start..pages.end.min(obj.npages()))
+            .any(|i| obj.cache.load(i) & (UPTODATE | DIRTY | GUARDS) == UPTODATE | DIRTY)
+    }
+
     /// Writes the dirty pages of `pages` in batches (`b`), recording the
     /// pages each batch cleaned in `b.cleaned`.
     fn write_dirty(

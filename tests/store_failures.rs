@@ -922,3 +922,43 @@ fn a_sync_that_panics_or_hangs_fails_the_flush() {
         "none left syncing"
     );
 }
+
+/// - **`flush_range` beside the application's `munmap`.** Once the unmap
+///   of another region on the descriptor was on its way (its event waits
+///   for the write-back's gate section), the kernel refused every write
+///   protection with EAGAIN: the rest of the range was written from copies
+///   and left dirty, and `flush_range` said Ok. A change behind the engine
+///   after it was then overwritten by the next write-back of those pages.
+///   Now it lets the event in and writes them again: the range is clean,
+///   and a second `flush_range` writes nothing.
+#[test]
+fn flush_range_beside_an_unmap_leaves_the_range_clean() {
+    const PAGES: usize = 64;
+    let pager = Pager::builder().budget_pages(1024).build().unwrap();
+    let store = Faulty::new(PAGES);
+    let r = written(&pager, &store, PAGES, 9);
+    let other: Arc<dyn Store> = Arc::new(MemoryStore::new(PAGE as u64).unwrap());
+    // SAFETY: only this region writes that store.
+    let y = unsafe { pager.map_store(other, PAGE, &shared(true)) }.unwrap();
+    let y_at = y.as_ptr() as usize;
+    std::mem::forget(y); // the application's munmap takes it
+    *store.write_delay.lock().unwrap() = Duration::from_millis(10);
+    let begun = store.writes_begun.load(SeqCst);
+    std::thread::scope(|s| {
+        let flusher = s.spawn(|| r.flush_range(0, (PAGES * PAGE) as u64));
+        while store.writes_begun.load(SeqCst) == begun {
+            std::thread::yield_now();
+        }
+        // SAFETY: the region the test gave up above.
+        assert_eq!(unsafe { libc::munmap(y_at as *mut libc::c_void, PAGE) }, 0);
+        flusher.join().unwrap().unwrap();
+    });
+    *store.write_delay.lock().unwrap() = Duration::ZERO;
+    let before = store.writes_begun.load(SeqCst);
+    r.flush_range(0, (PAGES * PAGE) as u64).unwrap();
+    assert_eq!(
+        store.writes_begun.load(SeqCst),
+        before,
+        "pages of the range were left dirty"
+    );
+}

@@ -5,6 +5,10 @@
 use super::Region;
 use crate::error::Result;
 
+/// How many times [`Region::flush_range`] lets events in and writes its
+/// range again while pages stay dirty because the descriptor is changing.
+const FLUSH_RANGE_TRIES: u32 = 100;
+
 impl Region {
     /// Writes cached pages back to the store (the msync analog), then
     /// syncs the store ([`Store::sync`](crate::store::Store::sync)) if
@@ -62,10 +66,31 @@ impl Region {
         let shift = obj.page_shift();
         let first = (offset >> shift) as usize;
         let end = offset.saturating_add(len).div_ceil(1 << shift) as usize;
-        let r = {
-            let _section = mm.events.section();
-            mm.writeback_pages(&obj, first..end)
-        };
+        // A page whose write protection the kernel refused with EAGAIN (an
+        // unmap or remap of any region on the descriptor is on its way,
+        // whose event waits for this write-back's gate section) is written
+        // from a copy and stays dirty, and a later write-back would put
+        // that copy over the change: the event is let in and the range
+        // written again, until no such page is left (before, this said Ok
+        // with them dirty).
+        let mut r;
+        let mut tries = 0;
+        loop {
+            r = {
+                let _section = mm.events.section();
+                mm.writeback_pages(&obj, first..end)
+            };
+            let changing = || mm.events.pending() || mm.uffd_for(&obj).mmap_changing();
+            if r.is_err()
+                || tries == FLUSH_RANGE_TRIES
+                || !mm.left_dirty(&obj, first..end)
+                || !changing()
+            {
+                break;
+            }
+            mm.events.quiesce();
+            tries += 1;
+        }
         r.and(mm.release_object(obj))
     }
 
