@@ -2,10 +2,16 @@
 //! [`Store::sync`](crate::store::Store::sync) (the kernel's `fsync` and its
 //! per-file `errseq`).
 //!
-//! Every store write (reclaim's, a write-back's) is counted after it goes
-//! out, or is tried. A write-back that wrote, or found writes from before
-//! it, syncs the store once, under this object's mutex, unless a sync that
-//! began after its writes already succeeded. So:
+//! Every store write (reclaim's, a write-back's) is counted twice
+//! ([`Durability::write`]): as begun before the store call, and as done
+//! after it returns (a failed one may have reached the file in part). A
+//! write-back that wrote, or found writes from before it, syncs the store
+//! once, under this object's mutex, unless a sync that began after its
+//! writes were done already succeeded. A failed sync is taken to have
+//! covered every write begun before it returned: a write in flight may
+//! have landed before the `fsync` and been dropped with the rest, and
+//! counted only once done, it went unseen by its writer, whose own sync
+//! then got 0 and said Ok. So:
 //! - a write-back of a store nobody wrote calls no `sync` (an `fdatasync`
 //!   per `munmap` of a mapping nobody wrote was pure cost, and under the
 //!   `LD_PRELOAD` shim it ran on the program's own open file, where it took
@@ -26,16 +32,18 @@ use std::sync::Mutex;
 /// One object's store writes and syncs.
 #[derive(Debug, Default)]
 pub struct Durability {
-    /// Store writes sent or tried so far.
+    /// Store writes begun so far.
+    begun: AtomicU64,
+    /// Store writes done (returned, either way) so far.
     written: AtomicU64,
-    /// `written` as it stood when the last successful sync began, and when
-    /// the last failed one began.
     syncs: Mutex<Syncs>,
 }
 
 #[derive(Debug, Default)]
 struct Syncs {
+    /// `written` as it stood when the last successful sync began.
     synced: u64,
+    /// `begun` as it stood when the last failed sync returned.
     failed: u64,
 }
 
@@ -51,25 +59,35 @@ pub enum Synced<E> {
 }
 
 impl Durability {
-    /// Counts a store write that went out, or was tried (a failed one may
-    /// have reached the file in part). Async-signal-safe.
+    /// Runs `call`, one store write, counted as begun before it and as
+    /// done after it returns (either way: a failed one may have reached
+    /// the file in part). Async-signal-safe.
     #[inline]
-    pub fn wrote(&self) {
-        self.written.fetch_add(1, Release);
+    pub fn write<R>(&self, call: impl FnOnce() -> R) -> R {
+        self.begun.fetch_add(1, SeqCst);
+        let r = call();
+        self.written.fetch_add(1, SeqCst);
+        r
     }
 
-    /// The writes so far: what a write-back that has just written needs
-    /// durable.
+    /// The writes begun so far: what a write-back takes before its first
+    /// write (`first` of [`sync`](Self::sync)).
+    pub fn first_mark(&self) -> u64 {
+        self.begun.load(SeqCst)
+    }
+
+    /// The writes done so far: what a write-back that has just written
+    /// needs durable (`mine` of [`sync`](Self::sync)).
     pub fn mark(&self) -> u64 {
-        self.written.load(Acquire)
+        self.written.load(SeqCst)
     }
 
     /// Makes the writes up to `mine` (a [`mark`](Self::mark) taken after
     /// the caller's own writes) durable with `sync`, unless a sync that
     /// began after them succeeded. `own`: the caller wrote pages it then
-    /// marked clean, which a failed sync may have lost; `first`, a mark
-    /// taken before its first write, says which failed syncs covered any
-    /// of them. (Compared with `mine` alone, a failed sync that covered
+    /// marked clean, which a failed sync may have lost; `first`, a
+    /// [`first_mark`](Self::first_mark) taken before its first write, says
+    /// which failed syncs may have covered any of them. (Compared with `mine` alone, a failed sync that covered
     /// only the caller's earlier batches, another write-back's between two
     /// of them, went unseen: the caller's own sync then got 0, the error
     /// having been reported once, and said Ok for pages the kernel may have
@@ -98,7 +116,9 @@ impl Durability {
                 Synced::Done
             }
             Err(e) => {
-                s.failed = upto;
+                // (Read after the sync: every write that landed before it
+                // had begun by then.)
+                s.failed = self.first_mark();
                 Synced::Failed(e)
             }
         }
@@ -120,8 +140,8 @@ mod tests {
         // Nothing written: no sync.
         assert_eq!(d.sync(0, d.mark(), false, ok), Synced::Done);
         assert_eq!(calls.get(), 0);
-        let first = d.mark();
-        d.wrote();
+        let first = d.first_mark();
+        d.write(|| ());
         let mine = d.mark();
         assert_eq!(d.sync(first, mine, true, ok), Synced::Done);
         assert_eq!(calls.get(), 1);
@@ -130,19 +150,39 @@ mod tests {
         assert_eq!(calls.get(), 1);
         // A failed sync: its writer and every writer before it hear of it,
         // even after a later sync succeeded; a later writer does not.
-        let first = d.mark();
-        d.wrote();
+        let first = d.first_mark();
+        d.write(|| ());
         let before = d.mark();
         assert_eq!(d.sync(first, before, true, || Err(5)), Synced::Failed(5));
         assert_eq!(d.sync(first, before, true, ok), Synced::FailedBefore);
-        let later = d.mark();
-        d.wrote();
+        let later = d.first_mark();
+        d.write(|| ());
         let after = d.mark();
         assert_eq!(d.sync(later, after, true, ok), Synced::Done);
         assert_eq!(calls.get(), 2);
         assert_eq!(d.sync(first, before, true, ok), Synced::FailedBefore);
         // One that wrote nothing of its own is not told again.
         assert_eq!(d.sync(first, before, false, ok), Synced::Done);
+    }
+
+    /// A write in flight while another write-back's sync fails (it
+    /// landed before the `fsync`, which dropped it): its writer hears of
+    /// the failure. Counted only once done, it went unseen, and the
+    /// writer's own sync (0: the kernel reports a failure once) said Ok.
+    #[test]
+    fn a_sync_that_failed_while_a_write_was_in_flight_is_reported_to_its_writer() {
+        let d = Durability::default();
+        d.write(|| ()); // an earlier write, not synced yet
+        let first = d.first_mark();
+        d.write(|| {
+            let other = d.mark();
+            assert_eq!(d.sync(0, other, false, || Err(5)), Synced::Failed(5));
+        });
+        let mine = d.mark();
+        assert_eq!(
+            d.sync(first, mine, true, || Ok::<(), i32>(())),
+            Synced::FailedBefore
+        );
     }
 
     /// A failed sync between a write-back's two batches (another
@@ -152,11 +192,14 @@ mod tests {
     #[test]
     fn a_failed_sync_between_two_batches_is_reported_to_their_writer() {
         let d = Durability::default();
-        let first = d.mark();
-        d.wrote(); // the first batch
+        let first = d.first_mark();
+        d.write(|| ()); // the first batch
         let other = d.mark();
-        assert_eq!(d.sync(other, other, false, || Err(5)), Synced::Failed(5));
-        d.wrote(); // the second batch
+        assert_eq!(
+            d.sync(d.first_mark(), other, false, || Err(5)),
+            Synced::Failed(5)
+        );
+        d.write(|| ()); // the second batch
         let mine = d.mark();
         assert_eq!(
             d.sync(first, mine, true, || Ok::<(), i32>(())),

@@ -35,6 +35,8 @@ struct Batch {
     /// Pages written and marked clean, until the store's sync says they
     /// are durable.
     cleaned: Vec<usize>,
+    /// A page's write protection was refused with EAGAIN.
+    changing: bool,
 }
 
 /// Marks the pages `cleaned` dirty again (each under its page lock), and
@@ -76,16 +78,29 @@ impl Mm {
         obj: &Object,
         pages: std::ops::Range<usize>,
     ) -> Result<()> {
+        self.writeback_pages_changing(obj, pages).map(|_| ())
+    }
+
+    /// [`writeback_pages`](Self::writeback_pages), and whether the kernel
+    /// refused a page's write protection with EAGAIN (an event on its way
+    /// on the descriptor): that page was written from a copy and stays
+    /// dirty.
+    pub(crate) fn writeback_pages_changing(
+        &self,
+        obj: &Object,
+        pages: std::ops::Range<usize>,
+    ) -> Result<bool> {
         if obj.kind != InstallKind::Shared || !obj.store.writable() {
-            return Ok(());
+            return Ok(false);
         }
         let mut b = Batch {
             pages: [(0, false); MAX_BATCH],
             n: 0,
             cleaned: Vec::new(),
+            changing: false,
         };
         // (Before any write of this write-back's: see `Durability::sync`.)
-        let first = obj.durability.mark();
+        let first = obj.durability.first_mark();
         if let Err(e) = self.write_dirty(obj, pages, &mut b) {
             // The pages of the batches written before the one that failed
             // are clean, but not synced: dirty again, as after a failed
@@ -103,7 +118,7 @@ impl Mm {
         }) {
             Synced::Done => {
                 synced(obj, &b.cleaned);
-                return Ok(());
+                return Ok(b.changing);
             }
             Synced::Failed(e) => e,
             Synced::FailedBefore => crate::store::StoreError(libc::EIO),
@@ -113,14 +128,6 @@ impl Mm {
         // write-back writes them once more.
         dirty_again(obj, &b.cleaned);
         Err(err.into())
-    }
-
-    /// Whether a page of `pages` of `obj` is dirty and could have been
-    /// cleaned by a write-back (not guarded: a guarded page is written and
-    /// stays dirty by design, see `write_dirty`).
-    pub(crate) fn left_dirty(&self, obj: &Object, pages: std::ops::Range<usize>) -> bool {
-        (pages.start..pages.end.min(obj.npages()))
-            .any(|i| obj.cache.load(i) & (UPTODATE | DIRTY | GUARDS) == UPTODATE | DIRTY)
     }
 
     /// Writes the dirty pages of `pages` in batches (`b`), recording the
@@ -160,9 +167,16 @@ impl Mm {
             let protected = w & MAPPED == 0
                 || w & GUARDS == 0
                     && obj.windows.addr_of(i).is_some_and(|a| {
-                        self.uffd_for(obj)
+                        match self
+                            .uffd_for(obj)
                             .writeprotect(a, obj.page_size(), true, false)
-                            .is_ok()
+                        {
+                            Ok(_) => true,
+                            Err(e) => {
+                                b.changing |= e == libc::EAGAIN;
+                                false
+                            }
+                        }
                     });
             b.pages[b.n] = (i, protected);
             b.n += 1;
@@ -217,8 +231,9 @@ impl Mm {
             }
         }
         if r.is_ok() {
-            r = crate::io::write(&self.io, &obj.store, &list[..b.n]);
-            obj.durability.wrote();
+            r = obj
+                .durability
+                .write(|| crate::io::write(&self.io, &obj.store, &list[..b.n]));
         }
         for &(i, protected) in &b.pages[..b.n] {
             let clear = if r.is_ok() && protected { DIRTY } else { 0 };

@@ -97,8 +97,10 @@ impl Pass {
     /// Writes `pages` of `obj` to its swap store (the store itself for a
     /// shared object), counts and records the result. Async-signal-safe.
     fn write_out(&mut self, mm: &Mm, obj: &Object, pages: &[(u64, &[u8])]) -> bool {
-        let ok = crate::io::write(&mm.io, obj.swap(), pages).is_ok();
-        obj.durability.wrote();
+        let ok = obj
+            .durability
+            .write(|| crate::io::write(&mm.io, obj.swap(), pages))
+            .is_ok();
         obj.write_health.record(ok, now_ns);
         if ok {
             mm.counters.inc(WRITEBACK);

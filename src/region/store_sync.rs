@@ -73,24 +73,20 @@ impl Region {
         // that copy over the change: the event is let in and the range
         // written again, until no such page is left (before, this said Ok
         // with them dirty).
-        let mut r;
         let mut tries = 0;
-        loop {
-            r = {
+        let r = loop {
+            let r = {
                 let _section = mm.events.section();
-                mm.writeback_pages(&obj, first..end)
+                mm.writeback_pages_changing(&obj, first..end)
             };
-            let changing = || mm.events.pending() || mm.uffd_for(&obj).mmap_changing();
-            if r.is_err()
-                || tries == FLUSH_RANGE_TRIES
-                || !mm.left_dirty(&obj, first..end)
-                || !changing()
-            {
-                break;
+            match r {
+                Ok(true) if tries < FLUSH_RANGE_TRIES => {
+                    mm.events.quiesce();
+                    tries += 1;
+                }
+                r => break r.map(|_| ()),
             }
-            mm.events.quiesce();
-            tries += 1;
-        }
+        };
         r.and(mm.release_object(obj))
     }
 
