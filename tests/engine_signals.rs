@@ -295,17 +295,28 @@ fn signals_write_to_readonly_is_sigsegv() {
 /// it runs as engine code (`uffd_pager::in_engine`), then exits. Only
 /// `write` and `_exit`: async-signal-safe.
 extern "C" fn report_in_engine(_: libc::c_int) {
+    // SAFETY: this thread's errno, read first.
+    let errno = unsafe { *libc::__errno_location() };
     let msg: &[u8] = if uffd_pager::in_engine() {
         b"SEGV-HANDLER-IN-ENGINE\n"
     } else {
         b"SEGV-HANDLER-AS-APP\n"
     };
-    // SAFETY: write(2) of a static buffer, then _exit: both async-signal-safe.
+    let kept: &[u8] = if errno == FAULT_ERRNO {
+        b"ERRNO-KEPT\n"
+    } else {
+        b"ERRNO-CHANGED\n"
+    };
+    // SAFETY: write(2) of static buffers, then _exit: async-signal-safe.
     unsafe {
         libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::write(2, kept.as_ptr().cast(), kept.len());
         libc::_exit(0);
     }
 }
+
+/// The errno the child's access faults with.
+const FAULT_ERRNO: i32 = 4321;
 
 fn child_segv_handler_runs_as_the_application() {
     if !is_child() {
@@ -340,9 +351,13 @@ fn child_segv_handler_runs_as_the_application() {
         )
     };
     marker();
-    // SAFETY: inside the region, absent: the engine answers the SIGBUS with
-    // a SIGSEGV, which the handler above catches.
-    unsafe { std::ptr::write_volatile(region.as_ptr().add(6 * PAGE), 0x77) };
+    // SAFETY: this thread's errno; then inside the region, absent: the
+    // engine answers the SIGBUS with a SIGSEGV, which the handler above
+    // catches.
+    unsafe {
+        *libc::__errno_location() = FAULT_ERRNO;
+        std::ptr::write_volatile(region.as_ptr().add(6 * PAGE), 0x77)
+    };
     eprintln!("CHILD: survived writing a read-only region");
 }
 
@@ -360,4 +375,7 @@ fn signals_the_raised_sigsegv_runs_as_application_code() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(MARKER), "{}", describe(&out));
     assert!(err.contains("SEGV-HANDLER-AS-APP"), "{}", describe(&out));
+    // And with the errno of the code it interrupted (it ran with the
+    // engine's before).
+    assert!(err.contains("ERRNO-KEPT"), "{}", describe(&out));
 }

@@ -233,6 +233,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 // application code (it may never come back, leaving with
                 // `siglongjmp`).
                 drop(mark);
+                // With the errno of the code it interrupted (it may leave
+                // with `siglongjmp`, keeping what it found).
+                crate::sys::set_errno(saved);
                 force_segv(uctx);
                 crate::sys::set_errno(saved);
                 return;

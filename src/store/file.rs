@@ -77,7 +77,7 @@ pub struct FileStore {
     in_memory: bool,
     /// A tmpfs file mapped read-only, so that installs can copy straight
     /// from its pages ([`Store::page_in_memory`]).
-    view: Option<memmap2::Mmap>,
+    view: Option<memmap2::MmapRaw>,
     /// Under `O_DIRECT`, a second descriptor of the same file without it:
     /// the final partial page is written through it, byte-exact, so the
     /// file's length never changes (an aligned write would extend it, and
@@ -157,14 +157,17 @@ impl FileStore {
         // `pread` as for any other file.
         let view = match usize::try_from(len) {
             Ok(n) if in_memory && n > 0 => {
-                // SAFETY: memmap2's contract is that the file is not
-                // changed behind the map's back while slices of it are
-                // alive. The store never makes a slice of the view: it
-                // hands out addresses that the kernel reads (a
-                // `UFFDIO_COPY` or `pwrite` source), where a page the file
-                // lost (truncated by someone else) fails with `EFAULT` and
-                // the store falls back to `pread`, and no signal is raised.
-                unsafe { memmap2::MmapOptions::new().len(n).map(&file) }.ok()
+                // A raw map: the file changes under it (this store's own
+                // writes, other processes), so no slice of it is ever made
+                // (as `Mmap`'s `Deref` would). The store hands out
+                // addresses that the kernel reads (a `UFFDIO_COPY` or
+                // `pwrite` source), where a page the file lost (truncated
+                // by someone else) fails with `EFAULT` and the store falls
+                // back to `pread`, and no signal is raised.
+                memmap2::MmapOptions::new()
+                    .len(n)
+                    .map_raw_read_only(&file)
+                    .ok()
             }
             _ => None,
         };

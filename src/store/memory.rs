@@ -96,6 +96,9 @@ impl MemoryStore {
     /// A copy of the whole contents. Allocates; for tests and reports. A
     /// write that runs meanwhile may be half in the copy.
     ///
+    /// # Panics
+    /// If a buffer of the store's length cannot be allocated.
+    ///
     /// Example: [`MemoryStore`](crate::store::MemoryStore).
     pub fn snapshot(&self) -> Vec<u8> {
         let n = self.len as usize;
@@ -186,8 +189,15 @@ impl Store for MemoryStore {
     }
 
     /// Gives the pages' memory back (`MADV_DONTNEED`): they read as zeros
-    /// again.
+    /// again. Whole pages of a writable store only: `madvise` rounds a
+    /// length up to a page, so a part of a page dropped all of it, and a
+    /// read-only store's contents are not its to forget.
     fn discard(&self, offset: u64, len: u64) {
+        let page = crate::sys::PAGE_SIZE as u64;
+        let whole = offset.is_multiple_of(page) && len.is_multiple_of(page);
+        if !whole || !self.writable {
+            return;
+        }
         if let (Some(base), true) = (self.base(), in_bounds(offset, len as usize, self.len)) {
             let _ = crate::sys::mem::madvise(
                 base as usize + offset as usize,
@@ -312,6 +322,25 @@ mod tests {
     /// The word copies at every alignment of start and end, against a
     /// byte-for-byte model; and two threads at one page at once (sound now:
     /// each read sees, per aligned word, one of the values written).
+    /// `discard` forgets whole pages of a writable store only: before, a
+    /// byte's discard dropped its whole page (`madvise` rounds the length
+    /// up), and a read-only store's contents could be dropped.
+    #[test]
+    fn discard_drops_whole_pages_of_a_writable_store_only() {
+        let page = crate::sys::PAGE_SIZE;
+        let s = MemoryStore::from_bytes(&vec![7u8; 2 * page]).unwrap();
+        s.discard(0, 1);
+        s.discard(page as u64 + 8, page as u64);
+        assert!(s.snapshot().iter().all(|&b| b == 7), "part of a page");
+        s.discard(page as u64, page as u64);
+        let got = s.snapshot();
+        assert!(got[..page].iter().all(|&b| b == 7));
+        assert!(got[page..].iter().all(|&b| b == 0));
+        let ro = MemoryStore::read_only(&vec![7u8; page]).unwrap();
+        ro.discard(0, page as u64);
+        assert!(ro.snapshot().iter().all(|&b| b == 7), "read-only");
+    }
+
     #[test]
     fn copies_at_any_alignment_and_from_threads_at_once() {
         let s = Arc::new(MemoryStore::new(2 * PAGE_SIZE as u64).unwrap());

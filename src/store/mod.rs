@@ -187,7 +187,7 @@ pub trait Store: Send + Sync + 'static {
     /// signal-safety as [`Store::read`].
     fn read_many(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         for (k, page) in buf.chunks_mut(crate::sys::PAGE_SIZE).enumerate() {
-            self.read(offset + (k * crate::sys::PAGE_SIZE) as u64, page)?;
+            self.read(past(offset, k * crate::sys::PAGE_SIZE)?, page)?;
         }
         Ok(())
     }
@@ -322,6 +322,13 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// `offset + n`, or `EINVAL` past `u64::MAX` (a store need not check its
+/// bounds: the engine's own calls are within [`Store::len`], a caller's
+/// through these defaults may not be).
+fn past(offset: u64, n: usize) -> Result<u64, StoreError> {
+    offset.checked_add(n as u64).ok_or(StoreError(libc::EINVAL))
+}
+
 /// [`Store::read_to_fd`]'s default: one page at a time through a
 /// page-aligned buffer on the stack. Async-signal-safe.
 ///
@@ -339,10 +346,62 @@ pub fn read_to_fd_buffered<S: Store + ?Sized>(
     let mut done = 0;
     while done < len {
         let n = (len - done).min(buf.0.len());
-        store.read(offset + done as u64, &mut buf.0[..n])?;
-        crate::sys::mem::pwrite_all(fd.as_raw_fd(), &buf.0[..n], fd_offset + done as u64)
+        store.read(past(offset, done)?, &mut buf.0[..n])?;
+        crate::sys::mem::pwrite_all(fd.as_raw_fd(), &buf.0[..n], past(fd_offset, done)?)
             .map_err(StoreError)?;
         done += n;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::PAGE_SIZE;
+
+    /// A store that checks no bounds (the README's example store does
+    /// not): every byte of page `n` is `n as u8`.
+    struct Unchecked;
+
+    impl Store for Unchecked {
+        fn len(&self) -> u64 {
+            u64::MAX
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+            buf.fill((offset / PAGE_SIZE as u64) as u8);
+            Ok(())
+        }
+        fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+            Err(StoreError(libc::EROFS))
+        }
+        fn writable(&self) -> bool {
+            false
+        }
+        fn name(&self) -> &'static str {
+            "unchecked"
+        }
+    }
+
+    /// The defaults' offsets past `u64::MAX` are `EINVAL`: before, they
+    /// overflowed (a panic in a debug build, a read at a small offset in a
+    /// release one).
+    #[test]
+    fn default_batches_past_the_largest_offset_are_einval() {
+        let s = Unchecked;
+        let near = u64::MAX - 100;
+        let mut buf = vec![0u8; 2 * PAGE_SIZE];
+        assert_eq!(s.read_many(near, &mut buf), Err(StoreError(libc::EINVAL)));
+        let fd = crate::sys::mem::Memfd::new("default-batches", 0).unwrap();
+        assert_eq!(
+            s.read_to_fd(near, 2 * PAGE_SIZE, fd.as_fd(), 0),
+            Err(StoreError(libc::EINVAL))
+        );
+        assert_eq!(
+            s.read_to_fd(0, 2 * PAGE_SIZE, fd.as_fd(), u64::MAX - 100),
+            Err(StoreError(libc::EINVAL))
+        );
+        // In range, they read.
+        s.read_many(PAGE_SIZE as u64, &mut buf).unwrap();
+        assert_eq!((buf[0], buf[PAGE_SIZE]), (1, 2));
+    }
 }

@@ -185,6 +185,9 @@ impl PipePool {
     /// # Safety
     /// `[src, src + len)` must be a mapped range of this process for the
     /// call; only the kernel reads it (a failure to read it is `EFAULT`).
+    /// `fd` is a descriptor the caller may write whose written range no
+    /// Rust reference covers (the engine's memfd, at pages it holds locked
+    /// and has lent to nobody), and `off + len` fits in an `i64`.
     pub unsafe fn write_at(
         &self,
         fd: RawFd,

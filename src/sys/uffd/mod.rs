@@ -208,7 +208,14 @@ pub type IoResult = Result<u64, i32>;
 #[inline]
 fn ioctl<T>(fd: RawFd, req: libc::c_ulong, arg: &mut T) -> Result<(), i32> {
     // SAFETY: `arg` is a live, correctly laid-out `#[repr(C)]` struct whose
-    // size is encoded in `req`; the kernel reads and writes only within it.
+    // size is encoded in `req`; the kernel reads and writes it. The install
+    // and move ioctls also change the process's memory at the ranges `arg`
+    // names (COPY, ZEROPAGE, CONTINUE and POISON fill a range of a
+    // registered region; MOVE takes a page from its source): the wrappers
+    // are crate-private, and every caller names ranges of the engine's own
+    // regions and buffers (a page it holds the lock of, or a cache area it
+    // owns), which no Rust reference of the application's covers while the
+    // page is absent or being installed.
     let rc = unsafe { libc::ioctl(fd, req, arg as *mut T) };
     if rc == 0 {
         Ok(())
