@@ -74,12 +74,12 @@ unprivileged: deps
 	install -m 755 target/release/uffd-pager target/release/examples/embed_file \
 		target/release/examples/out_of_core_sort target/release/examples/anon_swap /tmp/uffd-pager-unpriv/
 	cd /tmp && for e in embed_file out_of_core_sort anon_swap; do $(UNPRIV) /tmp/uffd-pager-unpriv/$$e || exit 1; done
-	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 --kind anonymous --dir /tmp
+	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 --kind anonymous
 	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 --delivery threads --dir /tmp
 	# 2 MiB pages as the unprivileged user: root reserves 16 and gives them back.
 	before=$$(cat /proc/sys/vm/nr_hugepages); echo $$((before + 16)) > /proc/sys/vm/nr_hugepages; \
 		cd /tmp && for k in anonymous file; do $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 20000 \
-		--page-size 2M --pages 32 --budget 8 --kind $$k --dir /tmp || { rc=1; break; }; done; \
+		--page-size 2M --pages 32 --budget 8 --kind $$k $$([ $$k = file ] && echo --dir /tmp) || { rc=1; break; }; done; \
 		echo $$before > /proc/sys/vm/nr_hugepages; exit $${rc:-0}
 	scripts/redis-servers.sh start >/dev/null
 	cd /tmp && $(UNPRIV) /tmp/uffd-pager-unpriv/uffd-pager torture --ops 300000 --pages 4096 --budget 1024 \
