@@ -212,7 +212,8 @@ impl PagerBuilder {
     /// How long a call to a store that is not signal-safe may take before
     /// it counts as failed (default 30 s): a read that never returns then
     /// takes the read-error path (the access gets SIGBUS), a write-back
-    /// keeps the page dirty. (The worker pool is described in the README's "Living in someone else's process".)
+    /// keeps the page dirty, a sync fails the flush. (The worker pool is
+    /// described in the README's "Embedding", under "Your own stores".)
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn io_timeout(mut self, t: std::time::Duration) -> Self {

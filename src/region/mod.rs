@@ -38,7 +38,10 @@ mod store_sync;
 ///
 /// In in-thread delivery (and with user-mode-only descriptors) a fault taken
 /// *inside a system call* is not delivered: `read(2)` into an absent page
-/// fails with EFAULT. Call [`Region::prefault`] on the buffer first.
+/// fails with EFAULT. Hold the buffer with [`Region::lock_resident`] for
+/// the call ([`Region::prefault`] right before it is best-effort under a
+/// budget: another thread may evict the pages again), or use handler-thread
+/// delivery.
 ///
 /// ```
 /// use uffd_pager::{Pager, PAGE_SIZE};

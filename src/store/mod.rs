@@ -20,8 +20,9 @@
 //!   syscalls such as `pread`, `pwrite`, `clock_nanosleep`, `futex`,
 //!   `memcpy` and atomics are fine) says so, and the engine calls it in the
 //!   faulting thread itself, in in-thread delivery from its SIGBUS handler:
-//!   no thread hop. Every store in this module is signal-safe except
-//!   `RedisStore`.
+//!   no thread hop. The memory, zero and file stores are; the simulated
+//!   and slice stores are when the store they wrap is; `RedisStore` is
+//!   not.
 //!
 //! Either way:
 //!
@@ -259,7 +260,9 @@ pub trait Store: Send + Sync + 'static {
     /// from the engine's I/O worker threads, as ordinary
     /// Rust (it may allocate, lock, log and block), and a call that takes
     /// longer than [`crate::PagerBuilder::io_timeout`] counts as failed.
-    /// The stores in this module are signal-safe.
+    /// The memory, zero and file stores are signal-safe; the simulated
+    /// and slice stores are when the store they wrap is; `RedisStore` is
+    /// not.
     fn signal_safe(&self) -> bool {
         false
     }
