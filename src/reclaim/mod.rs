@@ -163,7 +163,9 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
         return huge::unmap_anon(mm, obj, i, addr, pass);
     }
     let r = &mm.reclaim;
-    let s = r.take_slot();
+    let Some(s) = r.take_slot() else {
+        return Err(());
+    };
     // A read-write slot first; a read-only mapping (the region's, or one
     // the application made with its own mprotect) takes the read-only one.
     let moved = mm.events.act(in_thread, changing, || {
@@ -228,9 +230,11 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
         }
     };
     // Empty the slot before it is reused (the staging descriptor asks for
-    // no events, so this blocks on nothing).
-    let _ = madvise(src, PAGE_SIZE, libc::MADV_DONTNEED);
-    r.put_slot(s);
+    // no events, so this blocks on nothing); one that cannot be emptied is
+    // not used again.
+    if r.empty(src) {
+        r.put_slot(s);
+    }
     Ok(out)
 }
 

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering::*;
 /// writable: in a region still read-only with write protection it is
 /// protected again, or the region is made read-only for real.
 pub(super) fn put_back(mm: &Mm, vma: &Vma, addr: usize, src: usize) -> bool {
-    use crate::sys::mem::{madvise, mprotect};
+    use crate::sys::mem::mprotect;
     use crate::sys::pagemap::page_there;
     let uffd = mm.uffd_for(&vma.object);
     let emulated = vma.read_only_wp.load(Acquire);
@@ -40,8 +40,6 @@ pub(super) fn put_back(mm: &Mm, vma: &Vma, addr: usize, src: usize) -> bool {
     let copied = back.is_err()
         && page_there(src) == Ok(true)
         && uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE | wp).is_ok();
-    if copied {
-        let _ = madvise(src, PAGE_SIZE, libc::MADV_DONTNEED);
-    }
-    back.is_ok() || copied || page_there(src) != Ok(true)
+    let emptied = copied && mm.reclaim.empty(src);
+    back.is_ok() || emptied || page_there(src) != Ok(true)
 }

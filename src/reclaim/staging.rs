@@ -11,6 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 /// Staging slots for anonymous eviction (one per concurrent evictor).
 const STAGING_SLOTS: usize = 64;
 
+/// How many times `take_slot` yields while every slot is taken before it
+/// gives up.
+const TAKE_SLOT_TRIES: u32 = 100_000;
+
 /// Per-pager reclaim state.
 #[derive(Debug)]
 pub struct Reclaim {
@@ -103,10 +107,39 @@ impl Reclaim {
         }
     }
 
-    pub(super) fn take_slot(&self) -> usize {
+    /// Empties the slot page at `slot` for its next page. `MADV_DONTNEED`
+    /// fails on a locked mapping (the application's `mlockall` after the
+    /// pager was built locks the staging areas too): `MADV_DONTNEED_LOCKED`
+    /// empties it then, and leaves the lock (`UFFDIO_MOVE` moves only
+    /// between mappings both locked or both not, so the slot must stay as
+    /// locked as the regions). Before, the failure was ignored, and the
+    /// next move into the full slot failed with EEXIST and was taken for a
+    /// move that arrived: another page's bytes went to swap and the page
+    /// itself stayed mapped, uncharged. False if it could not be emptied
+    /// (the slot must not be used again). Async-signal-safe.
+    pub(super) fn empty(&self, slot: usize) -> bool {
+        use crate::sys::mem::madvise;
+        /// `MADV_DONTNEED_LOCKED` (Linux 5.18, before `UFFDIO_MOVE`).
+        const MADV_DONTNEED_LOCKED: i32 = 24;
+        match madvise(slot, PAGE_SIZE, libc::MADV_DONTNEED) {
+            Ok(()) => true,
+            Err(libc::EINVAL) => madvise(slot, PAGE_SIZE, MADV_DONTNEED_LOCKED).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// A free slot, or `None` if every slot stays taken for a long while
+    /// (the caller's eviction fails; it spun for ever before, were slots
+    /// ever stranded).
+    pub(super) fn take_slot(&self) -> Option<usize> {
+        let mut tries = 0u32;
         loop {
             let f = self.free_slots.load(Acquire);
             if f == 0 {
+                tries += 1;
+                if tries > TAKE_SLOT_TRIES {
+                    return None;
+                }
                 std::thread::yield_now();
                 continue;
             }
@@ -116,7 +149,7 @@ impl Reclaim {
                 .compare_exchange(f, f & !(1 << b), AcqRel, Relaxed)
                 .is_ok()
             {
-                return b as usize;
+                return Some(b as usize);
             }
         }
     }

@@ -1,0 +1,81 @@
+//! An application that calls `mlockall` after it built a pager locks the
+//! engine's own staging areas too, where reclaim moves anonymous pages on
+//! their way to swap, and `MADV_DONTNEED` fails on a locked mapping. The
+//! slot was then never emptied: the next move into it failed with EEXIST
+//! and was taken for a move that arrived, so another page's bytes went to
+//! swap while the page itself stayed mapped and uncharged, and residency
+//! grew past the budget without bound.
+//!
+//! Checked in a child process (the test binary run again): `mlockall` is
+//! process-wide.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use uffd_pager::{Counter, Pager};
+use util::*;
+
+const BUDGET: usize = 16;
+const PAGES: usize = 64;
+
+/// Child: writes every page of a region four times the budget, locks
+/// everything, writes and checks them all again twice.
+#[test]
+fn child_evicts_after_mlockall() {
+    if !is_child() {
+        return;
+    }
+    let pager = Pager::builder()
+        .budget_pages(BUDGET as u64)
+        .build()
+        .unwrap();
+    let r = pager.map_anonymous(PAGES * PAGE).unwrap();
+    let base = r.as_ptr() as usize;
+    let write = |round: u8| {
+        for p in 0..PAGES {
+            // SAFETY: inside the region.
+            unsafe { std::ptr::write_volatile((base + p * PAGE) as *mut u8, round ^ p as u8) };
+        }
+    };
+    write(1);
+    // SAFETY: mlockall has no memory-safety preconditions; MCL_ONFAULT
+    // populates nothing.
+    let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_ONFAULT) };
+    assert_eq!(rc, 0, "mlockall: {}", errno());
+    for round in 2..4u8 {
+        write(round);
+        for p in 0..PAGES {
+            // SAFETY: inside the region.
+            let b = unsafe { std::ptr::read_volatile((base + p * PAGE) as *const u8) };
+            assert_eq!(b, round ^ p as u8, "page {p} in round {round}");
+        }
+    }
+    let m = pager.memory_use();
+    let s = pager.stats();
+    println!(
+        "RESULT anonymous {} KiB, ioctl_did_work {}",
+        m.anonymous_bytes / 1024,
+        s.get(Counter::IOCTL_DID_WORK)
+    );
+    assert_eq!(
+        s.get(Counter::IOCTL_DID_WORK),
+        0,
+        "a full slot taken for a move"
+    );
+    assert!(
+        m.anonymous_bytes <= (2 * BUDGET * PAGE) as u64,
+        "residency past the budget: {} bytes",
+        m.anonymous_bytes
+    );
+}
+
+#[test]
+fn eviction_after_the_applications_mlockall_keeps_the_budget() {
+    if !is_root() {
+        // (mlockall needs the privilege, or a memlock limit as large.)
+        eprintln!("skipped: not root");
+        return;
+    }
+    let out = run_child("child_evicts_after_mlockall", &[]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
