@@ -43,10 +43,22 @@ pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
 /// shrink): a shared page stays cached in the memfd, unmapped; an
 /// anonymous page is discarded ([`discard_page`]), as the kernel discards
 /// private memory that is unmapped.
+///
+/// A page whose word holds nothing to clear is not written: the words of
+/// a large region are mapped lazily, and an update (a `lock cmpxchg`,
+/// a write even where nothing changes) of every word made them all
+/// resident, outside the budget, and cost one `madvise` per absent page.
 pub(crate) fn give_up_pages(mm: &Mm, obj: &Object, pages: std::ops::Range<usize>) {
     for i in pages {
+        let seen = obj.cache.load(i);
         if obj.kind == InstallKind::Shared {
-            obj.cache.update(i, 0, MAPPED);
+            if seen & MAPPED != 0 {
+                obj.cache.update(i, 0, MAPPED);
+            }
+            continue;
+        }
+        // (Never loaded, or discarded already: no copy anywhere.)
+        if seen == 0 {
             continue;
         }
         let w = obj.cache.lock(i);

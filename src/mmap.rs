@@ -354,8 +354,11 @@ impl Mm {
             vma.lock.write_unlock();
             let (first, end, _) = vma.window();
             vma.object.windows.replace(first, end, &[]);
+            // (Only words that say MAPPED: see `give_up_pages`.)
             for i in first..end {
-                vma.object.cache.update(i, 0, MAPPED);
+                if vma.object.cache.load(i) & MAPPED != 0 {
+                    vma.object.cache.update(i, 0, MAPPED);
+                }
             }
             objects.push(vma.object.clone());
         }

@@ -47,8 +47,11 @@ impl Mm {
                 // under this region's read lock, which it holds until its
                 // zap.
                 if writable && vma.object.kind == InstallKind::Anonymous {
+                    // (Only words that say CLEAN: see `give_up_pages`.)
                     for i in vma.pages() {
-                        vma.object.cache.update(i, 0, CLEAN);
+                        if vma.object.cache.load(i) & CLEAN != 0 {
+                            vma.object.cache.update(i, 0, CLEAN);
+                        }
                     }
                     // None is clean now, so none needs the write protection
                     // a clean page of a read-only region is installed with
@@ -122,7 +125,9 @@ impl Mm {
         // is clean (see `protect`'s note); then the protection goes. (If
         // it cannot go now, each page's first write lifts it.)
         for i in vma.pages() {
-            obj.cache.update(i, 0, CLEAN);
+            if obj.cache.load(i) & CLEAN != 0 {
+                obj.cache.update(i, 0, CLEAN);
+            }
         }
         // (Writable already, but for the application's own `mprotect`.)
         if mprotect(vma.start, vma.len(), libc::PROT_READ | libc::PROT_WRITE).is_err() {

@@ -17,15 +17,6 @@ use util::*;
 const BUDGET: usize = 2048; // 8 MiB
 const PAGES: usize = 4 * BUDGET;
 
-fn rss_anon_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("RssAnon in /proc/self/status")
-}
-
 /// Child: reads the region and prints how much anonymous memory it grew.
 #[test]
 fn child_read_only_anonymous_region_over_a_disk_file() {

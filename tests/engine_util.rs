@@ -331,3 +331,13 @@ pub fn app_mremap(old: usize, len: usize, new_len: usize, to: usize) {
     };
     assert_eq!(q as usize, to, "mremap: {}", errno());
 }
+
+/// This process's anonymous resident memory (`RssAnon`), in KiB.
+pub fn rss_anon_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssAnon in /proc/self/status")
+}
