@@ -352,6 +352,22 @@ impl Mm {
         self.table.read(|t| t.find(addr).is_some())
     }
 
+    /// Whether a fault at `addr` may have to read its page from a store
+    /// now, or wait for another fault's read: the page is not up to date in
+    /// its cache, and is not a never-swapped page of zero-filled memory
+    /// (filled without I/O). What a handler thread asks before it serves a
+    /// fault while others it served wait for their wake-up. A lockless
+    /// look: a wrong answer only wakes them early, or late as before.
+    pub fn may_read_store(&self, addr: usize) -> bool {
+        use crate::page_cache::{SWAPPED, UPTODATE};
+        self.table.read(|t| {
+            t.find(addr).is_some_and(|v| {
+                let w = v.object.cache.load(v.page_index(addr));
+                w & UPTODATE == 0 && (!v.object.zero_fill || w & SWAPPED != 0)
+            })
+        })
+    }
+
     /// Whether a region of this address space still maps `obj` (a piece of
     /// it). Not its windows, which keep at most `WINDOWS` (4) pieces for
     /// reclaim:

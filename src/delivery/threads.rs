@@ -173,10 +173,16 @@ struct Done {
     pages: [usize; BATCH],
     n: usize,
     oldest: u64,
-    /// The last fault that found no region or was refused (thread id,
-    /// page), how many times in a row it came, and when it last did.
-    unserved: ((u32, usize), u32, u64),
+    /// The last faults that found no region or were refused: (thread id,
+    /// page), how many times it came, and when it last did. Several, not
+    /// the last one alone: two threads refused by turns (two of the
+    /// application's writes to a read-only region) reset each other's
+    /// count, and neither ever got its SIGSEGV (each spun for ever).
+    unserved: [((u32, usize), u32, u64); UNSERVED_SLOTS],
 }
+
+/// How many faults [`Done::unserved_again`] follows at once.
+const UNSERVED_SLOTS: usize = 8;
 
 /// How many times in a row one thread's fault on one page may find no
 /// region and be woken before it gets SIGSEGV...
@@ -193,26 +199,37 @@ impl Done {
             pages: [0; BATCH],
             n: 0,
             oldest: 0,
-            unserved: ((0, usize::MAX), 0, 0),
+            unserved: [((0, usize::MAX), 0, 0); UNSERVED_SLOTS],
         }
     }
 
     /// Records that thread `tid`'s fault at `addr` found no region (or a
-    /// region that refuses it); true
-    /// if it has come more than [`UNSERVED_WAKES`] times in a row.
+    /// region that refuses it); true if it has come more than
+    /// [`UNSERVED_WAKES`] times, each within [`UNSERVED_WITHIN_NS`] of the
+    /// one before.
     fn unserved_again(&mut self, tid: u32, addr: usize) -> bool {
         let key = (tid, addr & !(PAGE_SIZE - 1));
         let now = now_ns();
-        if self.unserved.0 == key && now - self.unserved.2 < UNSERVED_WITHIN_NS {
-            self.unserved.1 += 1;
+        let e = match self.unserved.iter().position(|e| e.0 == key) {
+            Some(k) => &mut self.unserved[k],
+            None => {
+                // The one heard of longest ago makes room.
+                let k = (0..UNSERVED_SLOTS)
+                    .min_by_key(|&k| self.unserved[k].2)
+                    .unwrap_or(0);
+                self.unserved[k] = (key, 0, 0);
+                &mut self.unserved[k]
+            }
+        };
+        if e.1 > 0 && now - e.2 < UNSERVED_WITHIN_NS {
+            e.1 += 1;
         } else {
-            self.unserved.0 = key;
-            self.unserved.1 = 1;
+            e.1 = 1;
         }
-        self.unserved.2 = now;
-        if self.unserved.1 > UNSERVED_WAKES {
+        e.2 = now;
+        if e.1 > UNSERVED_WAKES {
             // (Counted afresh after the signal.)
-            self.unserved.1 = 0;
+            e.1 = 0;
             return true;
         }
         false
@@ -225,8 +242,9 @@ impl Done {
         self.pages[self.n] = addr & !(PAGE_SIZE - 1);
         self.n += 1;
         // A slow fault (a store read) must not hold back the wake-ups of
-        // the ones handled before it: wake early when the first pending one
-        // has waited long enough.
+        // the ones handled before it: they are woken before it starts (see
+        // `handle_msg`), and here once the first pending one has waited
+        // long enough.
         let now = now_ns();
         if self.n == 1 {
             self.oldest = now;
@@ -286,6 +304,12 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
         write: m.arg0 & fault_flag::WRITE != 0,
         present: Some(m.arg0 & fault_flag::WP != 0),
     };
+    // A fault that may wait for a store read first wakes the ones this
+    // thread served before it (their pages are in): before, they slept
+    // until the slow one was done, up to the I/O timeout per attempt.
+    if done.n > 0 && mm.may_read_store(addr) {
+        done.wake(mm, uffd);
+    }
     let signal_thread = |sig: libc::c_int| {
         // SAFETY: plain syscalls; the thread id came from the kernel
         // (UFFD_FEATURE_THREAD_ID).
@@ -585,15 +609,22 @@ mod tests {
         let p = PAGE_SIZE;
         assert!(!d.unserved_again(7, p + 1));
         assert!(!d.unserved_again(7, p + 2));
-        assert!(d.unserved_again(7, p + 3), "the third in a row");
+        assert!(d.unserved_again(7, p + 3), "the third");
         // Counted afresh after the signal.
         assert!(!d.unserved_again(7, p));
-        // Another thread, or another page, starts over.
+        // Two threads refused by turns each reach their third (they reset
+        // each other's count before, and neither was ever signalled).
         assert!(!d.unserved_again(8, p));
         assert!(!d.unserved_again(7, p));
-        assert!(!d.unserved_again(7, p));
+        assert!(!d.unserved_again(8, p));
+        assert!(d.unserved_again(7, p), "7's third, 8's between");
+        assert!(d.unserved_again(8, p), "8's third");
         // Stale messages far apart never add up.
-        d.unserved.2 -= UNSERVED_WITHIN_NS;
-        assert!(!d.unserved_again(7, p));
+        assert!(!d.unserved_again(9, p));
+        assert!(!d.unserved_again(9, p));
+        for e in d.unserved.iter_mut() {
+            e.2 = e.2.saturating_sub(UNSERVED_WITHIN_NS);
+        }
+        assert!(!d.unserved_again(9, p));
     }
 }
