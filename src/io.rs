@@ -184,12 +184,16 @@ impl Io {
         self.wait(k, |_| {})
     }
 
-    /// Runs [`Store::sync`] of `store` on a worker, waiting at most the
-    /// timeout (then `ETIMEDOUT`; the sync goes on on the worker). A panic
-    /// in it fails it (`EIO`).
+    /// Runs [`Store::sync`] of `store` on a worker, and waits for it to
+    /// end, however long that takes: a panic in it fails it (`EIO`), but
+    /// no timeout does. The kernel reports a failed write-back once per
+    /// open file (its `errseq`): a sync given up on could take that report
+    /// with it, and the next one, of writes the failure dropped, say 0.
+    /// (As a kernel `fsync` on a dead NFS mount, a sync that never returns
+    /// holds its caller.)
     pub fn sync(&self, store: &Arc<dyn Store>) -> Result<(), StoreError> {
         let k = self.submit(store, SYNC, 0, |_, _| {})?;
-        self.wait(k, |_| {})
+        self.wait_within(k, u64::MAX, |_| {})
     }
 
     /// Claims a slot, fills it in and queues it.
@@ -281,11 +285,21 @@ impl Io {
     /// buffer, then the slot is freed. On timeout the slot is abandoned to
     /// the worker.
     fn wait(&self, k: usize, done: impl FnOnce(*mut u8)) -> Result<(), StoreError> {
+        self.wait_within(k, self.timeout_ns, done)
+    }
+
+    /// [`wait`](Self::wait) with a timeout of its own (`u64::MAX`: none).
+    fn wait_within(
+        &self,
+        k: usize,
+        timeout_ns: u64,
+        done: impl FnOnce(*mut u8),
+    ) -> Result<(), StoreError> {
         let s = &self.slots[k];
         let start = now_ns();
-        let deadline = start.saturating_add(self.timeout_ns);
+        let deadline = start.saturating_add(timeout_ns);
         if self.spin_ns > 0 {
-            let until = start + self.spin_ns.min(self.timeout_ns);
+            let until = start + self.spin_ns.min(timeout_ns);
             while s.state.load(Acquire) != DONE && now_ns() < until {
                 std::hint::spin_loop();
             }
@@ -311,7 +325,8 @@ impl Io {
                 }
                 continue;
             }
-            futex::wait_timeout(&s.state, st, deadline - now);
+            // (At most a minute a sleep: a wait without a deadline.)
+            futex::wait_timeout(&s.state, st, (deadline - now).min(60_000_000_000));
         }
     }
 

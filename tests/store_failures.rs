@@ -881,16 +881,15 @@ fn a_store_whose_page_in_memory_panics_is_read_instead() {
     assert!(!store.armed.load(SeqCst), "the store never panicked");
 }
 
-/// - **A store's sync that panics or hangs.** It ran in the calling
-///   thread, unlike every other store call: a panic unwound out of
-///   `Region::flush` (out of the event thread, where the application's own
-///   `munmap` released the region, which wedged the pager), leaving the
-///   cleaned pages marked syncing for ever, and a sync that never returned
-///   held the flush (and, on the event thread, every fault) for ever. Now
-///   it runs on an I/O worker: a panic fails it (`EIO`), and the caller
-///   waits the I/O timeout at most.
+/// - **A store's sync that panics.** It ran in the calling thread,
+///   unlike every other store call: a panic unwound out of `Region::flush`
+///   (out of the event thread, where the application's own `munmap`
+///   released the region, which wedged the pager), leaving the cleaned
+///   pages marked syncing for ever. Now it runs on an I/O worker, where a
+///   panic fails it (`EIO`). It has no timeout there: a sync given up on
+///   could take the kernel's one report of a failed write-back with it.
 #[test]
-fn a_sync_that_panics_or_hangs_fails_the_flush() {
+fn a_sync_that_panics_fails_the_flush() {
     const PAGES: usize = 4;
     let pager = Pager::builder()
         .budget_pages(64)
@@ -903,18 +902,10 @@ fn a_sync_that_panics_or_hangs_fails_the_flush() {
     let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.flush()));
     store.sync_panics.store(false, SeqCst);
     assert!(matches!(got, Ok(Err(_))), "a panic in sync: {got:?}");
-    *store.sync_stall.lock().unwrap() = Duration::from_secs(3);
-    let t = Instant::now();
-    assert!(r.flush().is_err(), "a sync past the timeout fails");
-    assert!(
-        t.elapsed() < Duration::from_secs(2),
-        "the flush waited for the stalled sync: {:?}",
-        t.elapsed()
-    );
-    *store.sync_stall.lock().unwrap() = Duration::ZERO;
-    // (The stalled one ends on its worker meanwhile.)
-    std::thread::sleep(Duration::from_secs(3));
+    // A sync that outlasts the I/O timeout is waited for, not failed.
+    *store.sync_stall.lock().unwrap() = Duration::from_millis(600);
     r.flush().unwrap();
+    *store.sync_stall.lock().unwrap() = Duration::ZERO;
     assert_store(&store, PAGES, 5);
     assert_eq!(
         pager.reclaim_pages(PAGES as u64),
