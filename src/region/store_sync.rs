@@ -50,7 +50,11 @@ impl Region {
     /// the mapping to the same page by another thread in between still
     /// dirties it; as with the kernel, writes racing to one page have no
     /// defined order, but here the change behind the engine can lose to
-    /// the whole page.)
+    /// the whole page.) Pages the kernel would not write-protect while an
+    /// unmap or remap elsewhere on the descriptor was on its way are
+    /// written again once it is applied; where that never came within a
+    /// hundred tries (about a second at least), the range is not clean and
+    /// this fails with [`Error::Store`](crate::Error::Store) `EAGAIN`.
     pub fn flush_range(&self, offset: u64, len: u64) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
@@ -80,8 +84,20 @@ impl Region {
                 mm.writeback_pages_changing(&obj, first..end)
             };
             match r {
-                Ok(true) if tries < FLUSH_RANGE_TRIES => {
+                // Still changing after every try: pages are left dirty,
+                // which is not Ok (a later write-back could put them over
+                // the change this flush comes before).
+                Ok(true) if tries == FLUSH_RANGE_TRIES => {
+                    break Err(crate::store::StoreError(libc::EAGAIN).into());
+                }
+                Ok(true) => {
                     mm.events.quiesce();
+                    // An event not posted yet (held up behind another
+                    // userfaultfd's reader): nothing to wait for here, so
+                    // a short sleep, not a rewrite in a loop.
+                    if !mm.events.pending() && mm.uffd_for(&obj).mmap_changing() {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
                     tries += 1;
                 }
                 r => break r.map(|_| ()),
