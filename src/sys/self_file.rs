@@ -13,12 +13,14 @@
 //!
 //! [`SelfFile::fd`] checks both each call (the process id it was opened
 //! in, and the device and inode it had) and opens the file again where
-//! either fails. A descriptor inherited from a parent is replaced in place
-//! (`dup3` onto its number), so that a racing reader never holds a
-//! closed or reused number; a number the application reused is left to
-//! it. Cost: `getpid` and `fstat` per call, `open` (and `dup3`) after a
-//! fork or a reuse. Async-signal-safe (`getpid`, `fstat`, `open`, `dup3`,
-//! `close` and atomics), `errno` kept.
+//! either fails. The old number is never closed: after a fork it is the
+//! child's copy of the parent's descriptor, which no reader here uses
+//! again (their process id check fails) but which another thread could
+//! close and reuse meanwhile, and after a reuse it is the application's.
+//! So a forked child that uses the file leaks one descriptor. Cost:
+//! `getpid` and `fstat` per call, `open` after a fork or a reuse.
+//! Async-signal-safe (`getpid`, `fstat`, `open`, `close` of its own
+//! unpublished descriptor, and atomics), `errno` kept.
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -83,8 +85,7 @@ impl SelfFile {
         let pid = unsafe { libc::getpid() };
         let seen = self.state.load(Acquire);
         let (by, old) = unpack(seen);
-        let kept = seen != NONE && self.is_it(old);
-        if kept && by == pid {
+        if seen != NONE && by == pid && self.is_it(old) {
             return Ok(old);
         }
         // SAFETY: a NUL-terminated path; the descriptor is ours.
@@ -98,36 +99,18 @@ impl SelfFile {
             unsafe { libc::close(fd) };
             return Err(e);
         };
-        // The parent's copy (still its file: `kept`): this descriptor takes
-        // its number. Otherwise the new number is published.
-        let at = if kept {
-            // SAFETY: `old` is this process's copy of the parent's
-            // descriptor, which only this type uses; dup3 replaces it
-            // atomically, and `fd` is ours.
-            let rc = unsafe { libc::dup3(fd, old, libc::O_CLOEXEC) };
-            // SAFETY: our own descriptor, never published.
-            unsafe { libc::close(fd) };
-            if rc < 0 {
-                return Err(super::errno());
-            }
-            old
-        } else {
-            fd
-        };
-        // (Every open of the file in this process has this identity, so a
-        // racing repair stores the same values.)
+        // (Every open of the file in this process has this identity while
+        // one is open, so a racing repair stores the same values.)
         self.dev.store(dev, Release);
         self.ino.store(ino, Release);
         match self
             .state
-            .compare_exchange(seen, pack(pid, at), AcqRel, Acquire)
+            .compare_exchange(seen, pack(pid, fd), AcqRel, Acquire)
         {
-            Ok(_) => Ok(at),
+            Ok(_) => Ok(fd),
             Err(now) => {
-                if at == fd {
-                    // SAFETY: our own descriptor, never published.
-                    unsafe { libc::close(fd) };
-                }
+                // SAFETY: our own descriptor, never published.
+                unsafe { libc::close(fd) };
                 // Another thread repaired it first.
                 let (by, won) = unpack(now);
                 if by == pid && self.is_it(won) {
