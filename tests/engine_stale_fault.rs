@@ -173,6 +173,13 @@ fn map_read_unmap_with_signals_in_thread_delivery() {
 static STALE_AT: AtomicU64 = AtomicU64::new(0);
 #[cfg(feature = "fault-inject")]
 static STALE_SEEN: AtomicU64 = AtomicU64::new(0);
+/// Set once the writable region is unmapped; whether the second message
+/// came before that (it is the write's, made stale; one after it is the
+/// read of the new region's).
+#[cfg(feature = "fault-inject")]
+static UNMAPPED: AtomicBool = AtomicBool::new(false);
+#[cfg(feature = "fault-inject")]
+static SECOND_BEFORE_UNMAP: AtomicBool = AtomicBool::new(false);
 
 /// Makes the second message of a fault stale, as a signal does by chance:
 /// the first message of the fault at `STALE_AT` is held while the faulting
@@ -199,7 +206,10 @@ fn hold_stale(addr: usize, tid: u32) {
             };
             std::thread::sleep(Duration::from_millis(100));
         }
-        1 => std::thread::sleep(Duration::from_millis(300)),
+        1 => {
+            SECOND_BEFORE_UNMAP.store(!UNMAPPED.load(Relaxed), Relaxed);
+            std::thread::sleep(Duration::from_millis(300))
+        }
         _ => {}
     }
 }
@@ -246,6 +256,7 @@ fn child_stale_write_meets_a_read_only_region() {
     // SAFETY: inside the region, mapped until the unmap below.
     unsafe { std::ptr::write_volatile(a.as_ptr(), 7u8) };
     a.unmap().unwrap();
+    UNMAPPED.store(true, Relaxed);
     let opts = MapOptions {
         writable: false,
         fixed_addr: Some(at),
@@ -260,8 +271,8 @@ fn child_stale_write_meets_a_read_only_region() {
     assert_eq!(got, data[0]);
     std::thread::sleep(Duration::from_millis(600));
     assert!(
-        STALE_SEEN.load(Relaxed) >= 2,
-        "the fault never sent a second message ({} seen)",
+        STALE_SEEN.load(Relaxed) >= 2 && SECOND_BEFORE_UNMAP.load(Relaxed),
+        "the write never sent a second message ({} seen)",
         STALE_SEEN.load(Relaxed)
     );
     uffd_pager::testing::set_before_message(None);
