@@ -266,7 +266,8 @@ pub(crate) fn fd_store(
     // for reading, or not for writing where the mapping writes. (The
     // store's own checks answered EBADF, which says the number is bad.)
     // SAFETY: F_GETFL on the descriptor `file` owns.
-    let mode = unsafe { libc::fcntl(dup, libc::F_GETFL) } & libc::O_ACCMODE;
+    let flags = unsafe { libc::fcntl(dup, libc::F_GETFL) };
+    let mode = flags & libc::O_ACCMODE;
     if mode == libc::O_WRONLY || writable && mode != libc::O_RDWR {
         let need = if writable {
             "reading and writing"
@@ -278,6 +279,28 @@ pub(crate) fn fd_store(
             format_args!("fd {fd} is not open for {need}"),
         ));
     }
+    // Appending: mmap refuses a shared writable mapping of it (EACCES),
+    // and a write-back through it would append.
+    if writable && flags & libc::O_APPEND != 0 {
+        return Err(fail(
+            libc::EACCES,
+            format_args!("fd {fd} is open for appending"),
+        ));
+    }
+    // A writable store writes through an open file of its own: the
+    // caller's, which the duplicate shares, may be set to append later
+    // (`fcntl(F_SETFL, O_APPEND)`), and Linux's `pwrite` then appends.
+    let file = if writable {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC | flags & libc::O_DIRECT)
+            .open(format!("/proc/self/fd/{dup}"))
+            .unwrap_or(file)
+    } else {
+        file
+    };
     let whole = FileStore::from_file(file, writable).map_err(|e| {
         fail(
             e.raw_os_error().unwrap_or(libc::EIO),

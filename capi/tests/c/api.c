@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -100,6 +101,30 @@ int main(int argc, char **argv) {
   CHECK(uffd_pager_map_fd(p, ro, 0, PAGE, NULL, &bad) == -EACCES && bad == NULL);
   CHECK(strstr(uffd_pager_last_error(), "reading and writing") != NULL);
   close(ro);
+  /* One opened for appending: EACCES too, as mmap answers (a write-back
+   * through it would append). */
+  int ap = open(path, O_RDWR | O_APPEND);
+  CHECK(ap >= 0);
+  CHECK(uffd_pager_map_fd(p, ap, 0, PAGE, NULL, &bad) == -EACCES && bad == NULL);
+  close(ap);
+  /* Set to append after the map (the open file the caller keeps): the
+   * store writes through one of its own, in place (it appended before). */
+  {
+    int rw = open(path, O_RDWR);
+    CHECK(rw >= 0);
+    struct stat before;
+    CHECK(fstat(rw, &before) == 0);
+    uffd_pager_region *fr = NULL;
+    CHECK(uffd_pager_map_fd(p, rw, 0, PAGE, NULL, &fr) == 0);
+    CHECK(fcntl(rw, F_SETFL, O_APPEND) == 0);
+    volatile unsigned char *b = uffd_pager_region_addr(fr);
+    b[0] = b[0];
+    CHECK(uffd_pager_region_flush(fr) == 0);
+    struct stat after;
+    CHECK(fstat(rw, &after) == 0 && after.st_size == before.st_size);
+    CHECK(uffd_pager_region_unmap(fr) == 0);
+    close(rw);
+  }
 
   uffd_pager_region *r = NULL;
   CHECK(uffd_pager_map_file(p, path, 0, NULL, &r) == 0);
