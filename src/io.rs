@@ -93,6 +93,12 @@ pub struct Io {
     spin_ns: u64,
     /// Pipes that fill kernel-mapped objects' memfds (`sys::pipe`).
     pub(crate) pipes: crate::sys::pipe::PipePool,
+    /// Stores (their addresses; 0: none) whose sync failed after its
+    /// caller had given up on it: the next sync of each reports it.
+    failed_syncs: Box<[AtomicUsize]>,
+    /// A failed sync given up on found `failed_syncs` full: the next
+    /// sync of any store fails.
+    failed_sync_lost: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: a slot's `store` cell is written only by the caller that claimed
@@ -133,6 +139,8 @@ impl Io {
             timeout_ns,
             spin_ns,
             pipes: Default::default(),
+            failed_syncs: (0..SLOTS).map(|_| AtomicUsize::new(0)).collect(),
+            failed_sync_lost: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -184,16 +192,49 @@ impl Io {
         self.wait(k, |_| {})
     }
 
-    /// Runs [`Store::sync`] of `store` on a worker, and waits for it to
-    /// end, however long that takes: a panic in it fails it (`EIO`), but
-    /// no timeout does. The kernel reports a failed write-back once per
-    /// open file (its `errseq`): a sync given up on could take that report
-    /// with it, and the next one, of writes the failure dropped, say 0.
-    /// (As a kernel `fsync` on a dead NFS mount, a sync that never returns
-    /// holds its caller.)
+    /// Runs [`Store::sync`] of `store` on a worker, waiting at most the
+    /// timeout (then `ETIMEDOUT`); a panic in it fails it (`EIO`).
+    ///
+    /// Hazard: the kernel reports a failed write-back once per open file
+    /// (its `errseq`). A sync given up on goes on, and if it fails it takes
+    /// that report with it: a later sync of writes the failure dropped
+    /// would say 0. So while one given up on still runs, another of the
+    /// same store is refused (`EBUSY`: it could race it for the report),
+    /// and one that failed after its caller left is reported by the next
+    /// sync of its store (`EIO`). The write-back that gets either keeps its
+    /// pages dirty, as after any failed sync.
     pub fn sync(&self, store: &Arc<dyn Store>) -> Result<(), StoreError> {
+        let id = Arc::as_ptr(store) as *const u8 as usize;
+        // (Running first: a sync given up on records its failure before
+        // its slot is freed.)
+        let running = self.slots.iter().any(|s| {
+            s.state.load(Acquire) == ABANDONED
+                && s.op.load(Relaxed) == SYNC
+                && s.store_id.load(Relaxed) == id
+        });
+        if running {
+            return Err(StoreError(libc::EBUSY));
+        }
+        let failed = self
+            .failed_syncs
+            .iter()
+            .any(|f| f.compare_exchange(id, 0, AcqRel, Relaxed).is_ok());
+        if failed || self.failed_sync_lost.swap(false, AcqRel) {
+            return Err(StoreError(libc::EIO));
+        }
         let k = self.submit(store, SYNC, 0, |_, _| {})?;
-        self.wait_within(k, u64::MAX, |_| {})
+        self.wait(k, |_| {})
+    }
+
+    /// A sync of the store at `id` failed after its caller gave up on it.
+    fn failed_sync_given_up(&self, id: usize) {
+        let kept = self
+            .failed_syncs
+            .iter()
+            .any(|f| f.load(Relaxed) == id || f.compare_exchange(0, id, AcqRel, Relaxed).is_ok());
+        if !kept {
+            self.failed_sync_lost.store(true, Release);
+        }
     }
 
     /// Claims a slot, fills it in and queues it.
@@ -285,21 +326,11 @@ impl Io {
     /// buffer, then the slot is freed. On timeout the slot is abandoned to
     /// the worker.
     fn wait(&self, k: usize, done: impl FnOnce(*mut u8)) -> Result<(), StoreError> {
-        self.wait_within(k, self.timeout_ns, done)
-    }
-
-    /// [`wait`](Self::wait) with a timeout of its own (`u64::MAX`: none).
-    fn wait_within(
-        &self,
-        k: usize,
-        timeout_ns: u64,
-        done: impl FnOnce(*mut u8),
-    ) -> Result<(), StoreError> {
         let s = &self.slots[k];
         let start = now_ns();
-        let deadline = start.saturating_add(timeout_ns);
+        let deadline = start.saturating_add(self.timeout_ns);
         if self.spin_ns > 0 {
-            let until = start + self.spin_ns.min(timeout_ns);
+            let until = start + self.spin_ns.min(self.timeout_ns);
             while s.state.load(Acquire) != DONE && now_ns() < until {
                 std::hint::spin_loop();
             }
@@ -325,8 +356,7 @@ impl Io {
                 }
                 continue;
             }
-            // (At most a minute a sleep: a wait without a deadline.)
-            futex::wait_timeout(&s.state, st, (deadline - now).min(60_000_000_000));
+            futex::wait_timeout(&s.state, st, deadline - now);
         }
     }
 
@@ -382,7 +412,11 @@ impl Io {
             {
                 futex::wake_all(&s.state);
             } else {
-                // The caller gave up: nobody wants the answer.
+                // The caller gave up: nobody wants the answer, but a failed
+                // sync's (see `sync`).
+                if op == SYNC && errno != 0 {
+                    self.failed_sync_given_up(s.store_id.load(Relaxed));
+                }
                 self.release(s);
             }
         }

@@ -164,3 +164,78 @@ fn a_write_given_up_on_blocks_newer_writes_of_its_pages_until_it_returns() {
         w.join().unwrap();
     }
 }
+
+/// A store whose first sync blocks until released, then fails.
+struct SlowFailingSync {
+    inner: MemoryStore,
+    release: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+    syncs: std::sync::atomic::AtomicU32,
+}
+
+impl Store for SlowFailingSync {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.inner.read(off, buf)
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.inner.write(off, buf)
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        if self.syncs.fetch_add(1, SeqCst) > 0 {
+            return Ok(());
+        }
+        let mut g = self.release.lock().unwrap();
+        while !*g {
+            g = self.cv.wait(g).unwrap();
+        }
+        Err(StoreError(libc::EIO))
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "slow failing sync"
+    }
+}
+
+/// A sync given up on (past the timeout) that goes on and fails takes the
+/// kernel's one report of the failure with it: while it runs another sync
+/// of the store is refused, and once it failed the next one reports it.
+/// (Before, the second sync ran beside it and said Ok.)
+#[test]
+fn a_sync_given_up_on_blocks_the_next_and_passes_its_failure_on() {
+    let io = Arc::new(Io::new(200_000_000, 0).unwrap());
+    let mut workers = Vec::new();
+    start(&io, |io| io, 2, &mut workers).unwrap();
+    let slow = Arc::new(SlowFailingSync {
+        inner: MemoryStore::new(PAGE_SIZE as u64).unwrap(),
+        release: std::sync::Mutex::new(false),
+        cv: std::sync::Condvar::new(),
+        syncs: Default::default(),
+    });
+    let store: Arc<dyn Store> = slow.clone();
+    assert_eq!(io.sync(&store), Err(StoreError(libc::ETIMEDOUT)));
+    assert_eq!(
+        io.sync(&store),
+        Err(StoreError(libc::EBUSY)),
+        "still running"
+    );
+    *slow.release.lock().unwrap() = true;
+    slow.cv.notify_all();
+    // (Until the worker has recorded the failure and freed the slot.)
+    let mut r = io.sync(&store);
+    while r == Err(StoreError(libc::EBUSY)) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        r = io.sync(&store);
+    }
+    assert_eq!(r, Err(StoreError(libc::EIO)), "its failure, reported once");
+    assert_eq!(io.sync(&store), Ok(()));
+    assert_eq!(slow.syncs.load(SeqCst), 2);
+    io.stop();
+    for w in workers {
+        w.join().unwrap();
+    }
+}

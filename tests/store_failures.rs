@@ -48,7 +48,7 @@ struct Faulty {
     sync_callers: Mutex<Vec<libc::pid_t>>,
     /// `sync` panics.
     sync_panics: AtomicBool,
-    /// How long `sync` takes before it does anything.
+    /// How long the next `sync` takes before it does anything.
     sync_stall: Mutex<Duration>,
 }
 
@@ -117,7 +117,8 @@ impl Store for Faulty {
         if self.sync_panics.load(SeqCst) {
             panic!("the test store's sync panics");
         }
-        let stall = *self.sync_stall.lock().unwrap();
+        // (Once: the next sync does not stall.)
+        let stall = std::mem::take(&mut *self.sync_stall.lock().unwrap());
         std::thread::sleep(stall);
         let mut staged = self.staged.lock().unwrap();
         let fail_one = self
@@ -881,13 +882,15 @@ fn a_store_whose_page_in_memory_panics_is_read_instead() {
     assert!(!store.armed.load(SeqCst), "the store never panicked");
 }
 
-/// - **A store's sync that panics.** It ran in the calling thread,
-///   unlike every other store call: a panic unwound out of `Region::flush`
-///   (out of the event thread, where the application's own `munmap`
-///   released the region, which wedged the pager), leaving the cleaned
-///   pages marked syncing for ever. Now it runs on an I/O worker, where a
-///   panic fails it (`EIO`). It has no timeout there: a sync given up on
-///   could take the kernel's one report of a failed write-back with it.
+/// - **A store's sync that panics or hangs.** It ran in the calling
+///   thread, unlike every other store call: a panic unwound out of
+///   `Region::flush` (out of the event thread, where the application's own
+///   `munmap` released the region, which wedged the pager), leaving the
+///   cleaned pages marked syncing for ever, and a sync that never returned
+///   held its caller (on the event thread, every fault) for ever. Now it
+///   runs on an I/O worker: a panic fails it (`EIO`), and its caller waits
+///   the I/O timeout at most (see `Io::sync` for what a sync given up on
+///   does to the next).
 #[test]
 fn a_sync_that_panics_fails_the_flush() {
     const PAGES: usize = 4;
@@ -902,10 +905,18 @@ fn a_sync_that_panics_fails_the_flush() {
     let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.flush()));
     store.sync_panics.store(false, SeqCst);
     assert!(matches!(got, Ok(Err(_))), "a panic in sync: {got:?}");
-    // A sync that outlasts the I/O timeout is waited for, not failed.
+    // A sync past the I/O timeout fails its flush (the pages stay dirty);
+    // once it has ended, the next flush writes them.
     *store.sync_stall.lock().unwrap() = Duration::from_millis(600);
+    let t = Instant::now();
+    assert!(r.flush().is_err(), "a sync past the timeout");
+    assert!(
+        t.elapsed() < Duration::from_millis(550),
+        "{:?}",
+        t.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(800));
     r.flush().unwrap();
-    *store.sync_stall.lock().unwrap() = Duration::ZERO;
     assert_store(&store, PAGES, 5);
     assert_eq!(
         pager.reclaim_pages(PAGES as u64),

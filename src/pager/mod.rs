@@ -209,11 +209,10 @@ impl PagerBuilder {
         self
     }
 
-    /// How long a call to a store that is not signal-safe may take before
-    /// it counts as failed (default 30 s): a read that never returns then
+    /// How long a call to a store that is not signal-safe (and any
+    /// store's sync) may take before it counts as failed (default 30 s): a read that never returns then
     /// takes the read-error path (the access gets SIGBUS), a write-back
-    /// keeps the page dirty. (`Store::sync` is waited for however long
-    /// it takes: see there.) (The worker pool is
+    /// keeps the page dirty, a sync fails its flush. (The worker pool is
     /// described in the README's "Embedding", under "Your own stores".)
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).

@@ -34,8 +34,8 @@
 //!   allocating or locking;
 //! - the per-method notes "async-signal-safe" below hold for a store that
 //!   says it is signal-safe; an ordinary one is called from workers;
-//! - [`Store::sync`] always runs on an I/O worker (a panic fails it),
-//!   whatever `signal_safe` says, and is waited for without a timeout;
+//! - [`Store::sync`] always runs on an I/O worker, within the I/O timeout
+//!   (a panic fails it), whatever `signal_safe` says;
 //! - a store never touches the memory of a region (of any pager in the
 //!   process) in its methods: a fault there waits for a fault the store is
 //!   itself serving, and inside the handler, where SIGBUS is blocked, the
@@ -222,11 +222,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Makes earlier writes durable (fsync for files). Called on an I/O
     /// worker, whatever [`signal_safe`](Store::signal_safe) says, and
-    /// counted failed on a panic, but waited for however long it takes
-    /// (the I/O timeout does not apply: the kernel reports a failed
-    /// write-back once, and a sync given up on could take that report with
-    /// it); only after a write: a write-back that finds nothing written
-    /// since the last successful sync does not call it.
+    /// counted failed on a panic or past the I/O timeout (while one given
+    /// up on still runs, the next sync of the store fails at once, and if
+    /// it fails, the next one after it does: the kernel reports a failed
+    /// write-back once); only after a write: a write-back that finds
+    /// nothing written since the last successful sync does not call it.
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
     }
