@@ -6,6 +6,11 @@
 //! swap while the page itself stayed mapped and uncharged, and residency
 //! grew past the budget without bound.
 //!
+//! `mlockall(MCL_FUTURE)` after the build locks the regions mapped later
+//! but not the staging areas, and `UFFDIO_MOVE` refuses a move between a
+//! locked and an unlocked mapping: no anonymous page of such a region
+//! could be evicted.
+//!
 //! Checked in a child process (the test binary run again): `mlockall` is
 //! process-wide.
 
@@ -19,16 +24,24 @@ const BUDGET: usize = 16;
 const PAGES: usize = 64;
 
 /// Child: writes every page of a region four times the budget, locks
-/// everything, writes and checks them all again twice.
+/// everything (`UFFD_MLOCK=current`: after the region is mapped; `future`:
+/// before, what is mapped from then on), writes and checks them all again
+/// twice.
 #[test]
 fn child_evicts_after_mlockall() {
     if !is_child() {
         return;
     }
+    let future = std::env::var("UFFD_MLOCK").as_deref() == Ok("future");
     let pager = Pager::builder()
         .budget_pages(BUDGET as u64)
         .build()
         .unwrap();
+    if future {
+        // SAFETY: mlockall has no memory-safety preconditions.
+        let rc = unsafe { libc::mlockall(libc::MCL_FUTURE | libc::MCL_ONFAULT) };
+        assert_eq!(rc, 0, "mlockall: {}", errno());
+    }
     let r = pager.map_anonymous(PAGES * PAGE).unwrap();
     let base = r.as_ptr() as usize;
     let write = |round: u8| {
@@ -38,10 +51,12 @@ fn child_evicts_after_mlockall() {
         }
     };
     write(1);
-    // SAFETY: mlockall has no memory-safety preconditions; MCL_ONFAULT
-    // populates nothing.
-    let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_ONFAULT) };
-    assert_eq!(rc, 0, "mlockall: {}", errno());
+    if !future {
+        // SAFETY: mlockall has no memory-safety preconditions; MCL_ONFAULT
+        // populates nothing.
+        let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_ONFAULT) };
+        assert_eq!(rc, 0, "mlockall: {}", errno());
+    }
     for round in 2..4u8 {
         write(round);
         for p in 0..PAGES {
@@ -76,6 +91,8 @@ fn eviction_after_the_applications_mlockall_keeps_the_budget() {
         eprintln!("skipped: not root");
         return;
     }
-    let out = run_child("child_evicts_after_mlockall", &[]);
-    assert!(out.status.success(), "{}", describe(&out));
+    for when in ["current", "future"] {
+        let out = run_child("child_evicts_after_mlockall", &[("UFFD_MLOCK", when)]);
+        assert!(out.status.success(), "{when}: {}", describe(&out));
+    }
 }

@@ -167,13 +167,10 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
         return Err(());
     };
     // A read-write slot first; a read-only mapping (the region's, or one
-    // the application made with its own mprotect) takes the read-only one.
+    // the application made with its own mprotect) takes the read-only one;
+    // a locked one (the application's mlock) a slot locked alike.
     let moved = mm.events.act(in_thread, changing, || {
-        match r.move_to_slot(&mm.counters, addr, s, false) {
-            Err(libc::EINVAL) => r.move_to_slot(&mm.counters, addr, s, true),
-            m => m,
-        }
-        .map_err(|e| match e {
+        r.move_out(&mm.counters, addr, s).map_err(|e| match e {
             // No page there because the application's `mremap` began after
             // the check above (the move goes through the staging
             // descriptor, whose ioctl does not see the region's pending
@@ -224,6 +221,8 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
                 let home = put_back::put_back(mm, &vma, addr, src);
                 if home {
                     r.put_slot(s);
+                } else {
+                    r.retire(s);
                 }
                 return Err(());
             }
@@ -234,6 +233,8 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
     // not used again.
     if r.empty(src) {
         r.put_slot(s);
+    } else {
+        r.retire(s);
     }
     Ok(out)
 }

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 /// Staging slots for anonymous eviction (one per concurrent evictor).
 const STAGING_SLOTS: usize = 64;
 
-/// How many times `take_slot` yields while every slot is taken before it
-/// gives up.
-const TAKE_SLOT_TRIES: u32 = 100_000;
+/// How long `take_slot` waits while every slot is taken before it gives
+/// up (a slot is held for one store write).
+const TAKE_SLOT_WAIT_NS: u64 = 5_000_000;
 
 /// Per-pager reclaim state.
 #[derive(Debug)]
@@ -30,6 +30,8 @@ pub struct Reclaim {
     /// blocks on no event reader.
     uffd: Uffd,
     pub(super) free_slots: AtomicU64,
+    /// Slots that could not be emptied, never used again.
+    stranded: AtomicU64,
     pub(super) kswapd_seq: AtomicU32,
     pub(super) kswapd_sleeping: AtomicBool,
     /// A faulting context's clean pass past the high watermark freed less
@@ -65,6 +67,7 @@ impl Reclaim {
             staging_ro,
             uffd,
             free_slots: AtomicU64::new(u64::MAX),
+            stranded: AtomicU64::new(0),
             kswapd_seq: AtomicU32::new(0),
             kswapd_sleeping: AtomicBool::new(false),
             clean_refused: AtomicBool::new(false),
@@ -107,6 +110,51 @@ impl Reclaim {
         }
     }
 
+    /// Moves the page at `addr` into slot `s` (see
+    /// [`move_to_slot`](Self::move_to_slot)): the read-write slot, or the
+    /// read-only one for a read-only mapping. `UFFDIO_MOVE` also refuses
+    /// (EINVAL) a move between a locked and an unlocked mapping: where
+    /// neither slot takes the page, the slot's pages are locked
+    /// (`MLOCK_ONFAULT`) and it is tried again, then unlocked and tried
+    /// again (the application's `mlock` or `mlockall(MCL_FUTURE)` locks its
+    /// regions, not the staging areas; its `mlockall(MCL_CURRENT)` after
+    /// the pager was built locks the staging areas, not regions mapped
+    /// later). Async-signal-safe (ioctls, `mlock2`, `munlock`).
+    pub(super) fn move_out(
+        &self,
+        counters: &Counters,
+        addr: usize,
+        s: usize,
+    ) -> Result<usize, i32> {
+        let either = || match self.move_to_slot(counters, addr, s, false) {
+            Err(libc::EINVAL) => self.move_to_slot(counters, addr, s, true),
+            m => m,
+        };
+        match either() {
+            Err(libc::EINVAL) => {}
+            m => return m,
+        }
+        for lock in [true, false] {
+            for area in [&self.staging, &self.staging_ro] {
+                let slot = (area.addr() + s * PAGE_SIZE) as *const libc::c_void;
+                // SAFETY: (un)locking one page of the engine's own staging
+                // area; it changes nothing but the lock.
+                unsafe {
+                    if lock {
+                        libc::syscall(libc::SYS_mlock2, slot, PAGE_SIZE, libc::MLOCK_ONFAULT);
+                    } else {
+                        libc::munlock(slot, PAGE_SIZE);
+                    }
+                }
+            }
+            match either() {
+                Err(libc::EINVAL) => {}
+                m => return m,
+            }
+        }
+        Err(libc::EINVAL)
+    }
+
     /// Empties the slot page at `slot` for its next page. `MADV_DONTNEED`
     /// fails on a locked mapping (the application's `mlockall` after the
     /// pager was built locks the staging areas too): `MADV_DONTNEED_LOCKED`
@@ -128,16 +176,22 @@ impl Reclaim {
         }
     }
 
-    /// A free slot, or `None` if every slot stays taken for a long while
-    /// (the caller's eviction fails; it spun for ever before, were slots
-    /// ever stranded).
+    /// A free slot, or `None` if every slot stays taken for
+    /// [`TAKE_SLOT_WAIT_NS`], or at once if every one is stranded (the
+    /// caller's eviction fails; it spun for ever before, were slots ever
+    /// stranded). Async-signal-safe (`sched_yield`, the clock).
     pub(super) fn take_slot(&self) -> Option<usize> {
-        let mut tries = 0u32;
+        let mut deadline = 0u64;
         loop {
             let f = self.free_slots.load(Acquire);
             if f == 0 {
-                tries += 1;
-                if tries > TAKE_SLOT_TRIES {
+                if self.stranded.load(Relaxed) == u64::MAX {
+                    return None;
+                }
+                let now = crate::sys::now_ns();
+                if deadline == 0 {
+                    deadline = now + TAKE_SLOT_WAIT_NS;
+                } else if now > deadline {
                     return None;
                 }
                 std::thread::yield_now();
@@ -152,6 +206,11 @@ impl Reclaim {
                 return Some(b as usize);
             }
         }
+    }
+
+    /// Slot `s` could not be emptied: it is not used again.
+    pub(super) fn retire(&self, s: usize) {
+        self.stranded.fetch_or(1 << s, Release);
     }
 
     pub(super) fn put_slot(&self, s: usize) {
