@@ -353,17 +353,19 @@ impl Mm {
     }
 
     /// Whether a fault at `addr` may have to read its page from a store
-    /// now, or wait for another fault's read: the page is not up to date in
-    /// its cache, and is not a never-swapped page of zero-filled memory
-    /// (filled without I/O). What a handler thread asks before it serves a
+    /// now, or wait for another's store call: the page is locked, or not up
+    /// to date in its cache and not a never-swapped page of zero-filled
+    /// memory (filled without I/O). What a handler thread asks before it serves a
     /// fault while others it served wait for their wake-up. A lockless
     /// look: a wrong answer only wakes them early, or late as before.
     pub fn may_read_store(&self, addr: usize) -> bool {
-        use crate::page_cache::{SWAPPED, UPTODATE};
+        use crate::page_cache::{LOCKED, SWAPPED, UPTODATE};
         self.table.read(|t| {
             t.find(addr).is_some_and(|v| {
                 let w = v.object.cache.load(v.page_index(addr));
-                w & UPTODATE == 0 && (!v.object.zero_fill || w & SWAPPED != 0)
+                // (Locked: a read in flight, or an eviction's write, which
+                // the fault waits for.)
+                w & LOCKED != 0 || w & UPTODATE == 0 && (!v.object.zero_fill || w & SWAPPED != 0)
             })
         })
     }

@@ -181,8 +181,10 @@ struct Done {
     unserved: [((u32, usize), u32, u64); UNSERVED_SLOTS],
 }
 
-/// How many faults [`Done::unserved_again`] follows at once.
-const UNSERVED_SLOTS: usize = 8;
+/// How many faults [`Done::unserved_again`] follows at once: more than
+/// the threads an application refuses by turns (with fewer slots than
+/// that, each is pushed out before it comes back, and none is signalled).
+const UNSERVED_SLOTS: usize = 64;
 
 /// How many times in a row one thread's fault on one page may find no
 /// region and be woken before it gets SIGSEGV...

@@ -52,9 +52,10 @@ impl Region {
     /// defined order, but here the change behind the engine can lose to
     /// the whole page.) Pages the kernel would not write-protect while an
     /// unmap or remap elsewhere on the descriptor was on its way are
-    /// written again once it is applied; where that never came within a
-    /// hundred tries (about a second at least), the range is not clean and
-    /// this fails with [`Error::Store`](crate::Error::Store) `EAGAIN`.
+    /// written again once it is applied; where a hundred tries left such
+    /// pages (each waiting for the events, or 10 ms where none of the
+    /// pager's is on its way yet), the range is not clean and this fails
+    /// with [`Error::Store`](crate::Error::Store) `EAGAIN`.
     pub fn flush_range(&self, offset: u64, len: u64) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
