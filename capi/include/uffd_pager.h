@@ -591,8 +591,10 @@ int32_t uffd_pager_map_file(const struct uffd_pager *p,
 
 /**
  * Maps `len` bytes of the open file `fd` from `offset` on (both whole
- * pages, inside the file). The descriptor is duplicated, so the caller may
- * close its own. A change to the file behind the engine: as for
+ * pages, inside the file). The file is opened again (a writable mapping) or
+ * the descriptor duplicated, so the caller may close its own. A writable
+ * mapping of a descriptor open for appending is refused (-EACCES), as
+ * mmap(2) refuses it. A change to the file behind the engine: as for
  * `uffd_pager_map_file`.
  *
  * # Safety

@@ -243,30 +243,50 @@ pub unsafe extern "C" fn uffd_pager_map_file(
     })
 }
 
+/// The file open at `fd` opened again, read-write, as an open file of its
+/// own (`/proc/thread-self/fd`, the calling thread's table), if it is the
+/// same file (device and inode). Opened, not duplicated: a duplicate
+/// closed at once would drop the caller's POSIX record locks on the file.
+fn reopen(fd: i32, flags: i32) -> Option<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | flags & libc::O_DIRECT)
+        .open(format!("/proc/thread-self/fd/{fd}"))
+        .ok()?;
+    // SAFETY: a zeroed stat is a valid out-parameter; fstat writes only it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, on the caller's descriptor number.
+    let same = unsafe { libc::fstat(fd, &mut st) } == 0
+        && f.metadata()
+            .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino);
+    same.then_some(f)
+}
+
 /// A store over `len` bytes of the open file `fd` from `offset` on (the
-/// descriptor is duplicated; the caller keeps its own).
+/// file is opened again, or the descriptor duplicated; the caller keeps
+/// its own).
 pub(crate) fn fd_store(
     fd: i32,
     offset: u64,
     len: usize,
     writable: bool,
 ) -> Result<Arc<dyn Store>, i32> {
-    // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; a bad one is EBADF.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(fail(
+    let bad = |e: std::io::Error| {
+        fail(
             e.raw_os_error().unwrap_or(libc::EBADF),
             format_args!("fd {fd}: {e}"),
-        ));
-    }
-    // SAFETY: `dup` is a fresh descriptor that nothing else owns.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+        )
+    };
     // A descriptor the mapping may not use is mmap's EACCES: one not open
     // for reading, or not for writing where the mapping writes. (The
     // store's own checks answered EBADF, which says the number is bad.)
-    // SAFETY: F_GETFL on the descriptor `file` owns.
-    let flags = unsafe { libc::fcntl(dup, libc::F_GETFL) };
+    // SAFETY: F_GETFL on a descriptor number; a bad one is EBADF.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(bad(std::io::Error::last_os_error()));
+    }
     let mode = flags & libc::O_ACCMODE;
     if mode == libc::O_WRONLY || writable && mode != libc::O_RDWR {
         let need = if writable {
@@ -288,18 +308,21 @@ pub(crate) fn fd_store(
         ));
     }
     // A writable store writes through an open file of its own: the
-    // caller's, which the duplicate shares, may be set to append later
-    // (`fcntl(F_SETFL, O_APPEND)`), and Linux's `pwrite` then appends.
-    let file = if writable {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC | flags & libc::O_DIRECT)
-            .open(format!("/proc/self/fd/{dup}"))
-            .unwrap_or(file)
-    } else {
-        file
+    // caller's may be set to append later (`fcntl(F_SETFL, O_APPEND)`), and
+    // Linux's `pwrite` then appends. Otherwise (or where it cannot be
+    // opened again), a duplicate of the caller's descriptor.
+    let file = match writable.then(|| reopen(fd, flags)).flatten() {
+        Some(f) => f,
+        None => {
+            // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; a bad one is
+            // EBADF.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return Err(bad(std::io::Error::last_os_error()));
+            }
+            // SAFETY: `dup` is a fresh descriptor that nothing else owns.
+            unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) }
+        }
     };
     let whole = FileStore::from_file(file, writable).map_err(|e| {
         fail(
@@ -328,8 +351,10 @@ pub(crate) fn fd_store(
 }
 
 /// Maps `len` bytes of the open file `fd` from `offset` on (both whole
-/// pages, inside the file). The descriptor is duplicated, so the caller may
-/// close its own. A change to the file behind the engine: as for
+/// pages, inside the file). The file is opened again (a writable mapping) or
+/// the descriptor duplicated, so the caller may close its own. A writable
+/// mapping of a descriptor open for appending is refused (-EACCES), as
+/// mmap(2) refuses it. A change to the file behind the engine: as for
 /// `uffd_pager_map_file`.
 ///
 /// # Safety
