@@ -93,12 +93,11 @@ pub struct Io {
     spin_ns: u64,
     /// Pipes that fill kernel-mapped objects' memfds (`sys::pipe`).
     pub(crate) pipes: crate::sys::pipe::PipePool,
-    /// Stores (their addresses; 0: none) whose sync failed after its
-    /// caller had given up on it: the next sync of each reports it.
-    failed_syncs: Box<[AtomicUsize]>,
-    /// A failed sync given up on found `failed_syncs` full: the next
-    /// sync of any store fails.
-    failed_sync_lost: std::sync::atomic::AtomicBool,
+    /// Stores whose sync failed after its caller had given up on it: the
+    /// next sync of each reports it. Weak, so that an entry's address is
+    /// never another store's (and a dropped store's entry goes). Never
+    /// taken in a signal handler (syncs are not made there).
+    failed_syncs: std::sync::Mutex<Vec<std::sync::Weak<dyn Store>>>,
 }
 
 // SAFETY: a slot's `store` cell is written only by the caller that claimed
@@ -139,8 +138,7 @@ impl Io {
             timeout_ns,
             spin_ns,
             pipes: Default::default(),
-            failed_syncs: (0..SLOTS).map(|_| AtomicUsize::new(0)).collect(),
-            failed_sync_lost: std::sync::atomic::AtomicBool::new(false),
+            failed_syncs: Default::default(),
         })
     }
 
@@ -215,25 +213,34 @@ impl Io {
         if running {
             return Err(StoreError(libc::EBUSY));
         }
-        let failed = self
-            .failed_syncs
-            .iter()
-            .any(|f| f.compare_exchange(id, 0, AcqRel, Relaxed).is_ok());
-        if failed || self.failed_sync_lost.swap(false, AcqRel) {
+        let failed = {
+            let mut l = self.failed_syncs.lock().unwrap_or_else(|e| e.into_inner());
+            l.retain(|w| w.strong_count() > 0);
+            let k = l
+                .iter()
+                .position(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(store)));
+            k.map(|k| l.swap_remove(k)).is_some()
+        };
+        if failed {
             return Err(StoreError(libc::EIO));
         }
         let k = self.submit(store, SYNC, 0, |_, _| {})?;
         self.wait(k, |_| {})
     }
 
-    /// A sync of the store at `id` failed after its caller gave up on it.
-    fn failed_sync_given_up(&self, id: usize) {
-        let kept = self
-            .failed_syncs
+    /// A sync of `store` failed after its caller gave up on it (called
+    /// while the worker still holds `store`, before the slot is freed).
+    fn failed_sync_given_up(&self, store: &Arc<dyn Store>) {
+        // (Nobody else holds it: nobody will sync it again.)
+        if Arc::strong_count(store) == 1 {
+            return;
+        }
+        let mut l = self.failed_syncs.lock().unwrap_or_else(|e| e.into_inner());
+        if !l
             .iter()
-            .any(|f| f.load(Relaxed) == id || f.compare_exchange(0, id, AcqRel, Relaxed).is_ok());
-        if !kept {
-            self.failed_sync_lost.store(true, Release);
+            .any(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(store)))
+        {
+            l.push(Arc::downgrade(store));
         }
     }
 
@@ -404,19 +411,20 @@ impl Io {
                     libc::EIO
                 }
             };
-            drop(store);
             s.result.store(errno, Relaxed);
             if s.state
                 .compare_exchange(RUNNING, DONE, AcqRel, Acquire)
                 .is_ok()
             {
                 futex::wake_all(&s.state);
+                drop(store);
             } else {
                 // The caller gave up: nobody wants the answer, but a failed
-                // sync's (see `sync`).
-                if op == SYNC && errno != 0 {
-                    self.failed_sync_given_up(s.store_id.load(Relaxed));
+                // sync's (see `sync`), recorded while the store is held.
+                if let (SYNC, Some(st), true) = (op, &store, errno != 0) {
+                    self.failed_sync_given_up(st);
                 }
+                drop(store);
                 self.release(s);
             }
         }

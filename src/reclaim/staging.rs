@@ -135,17 +135,24 @@ impl Reclaim {
             m => return m,
         }
         for lock in [true, false] {
+            let mut changed = true;
             for area in [&self.staging, &self.staging_ro] {
                 let slot = (area.addr() + s * PAGE_SIZE) as *const libc::c_void;
                 // SAFETY: (un)locking one page of the engine's own staging
                 // area; it changes nothing but the lock.
-                unsafe {
+                let rc = unsafe {
                     if lock {
-                        libc::syscall(libc::SYS_mlock2, slot, PAGE_SIZE, libc::MLOCK_ONFAULT);
+                        libc::syscall(libc::SYS_mlock2, slot, PAGE_SIZE, libc::MLOCK_ONFAULT) as i32
                     } else {
-                        libc::munlock(slot, PAGE_SIZE);
+                        libc::munlock(slot, PAGE_SIZE)
                     }
-                }
+                };
+                changed &= rc == 0;
+            }
+            // (Not locked: past the process's RLIMIT_MEMLOCK, or not
+            // allowed. No use trying the move again.)
+            if !changed {
+                continue;
             }
             match either() {
                 Err(libc::EINVAL) => {}
