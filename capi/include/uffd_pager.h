@@ -595,7 +595,11 @@ int32_t uffd_pager_map_file(const struct uffd_pager *p,
  * the descriptor duplicated, so the caller may close its own. A writable
  * mapping of a descriptor open for appending is refused (-EACCES), as
  * mmap(2) refuses it. A change to the file behind the engine: as for
- * `uffd_pager_map_file`.
+ * `uffd_pager_map_file`. Unmapping the region (or a map that fails after
+ * the file was opened) closes the store's descriptor of the file, which
+ * drops this process's POSIX record locks on it (`fcntl(F_SETLK)`,
+ * `lockf`), as any close(2) of the file does: a program that holds such
+ * locks takes open file description locks (`F_OFD_SETLK`) instead.
  *
  * # Safety
  * `p` is a live pager; `opts` is NULL or points at options; `out` points
