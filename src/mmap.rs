@@ -437,7 +437,9 @@ impl Mm {
             // reports the error.
             let owed = obj.store.writable() && crate::unwritten::dirty_pages(&obj) > 0;
             _keeping = owed.then(|| self.kept.writing(&obj.store));
-            let written = self.writeback_object(&obj).is_ok();
+            let written = self
+                .writeback_object(&obj, crate::writeback::Gate::Held)
+                .is_ok();
             let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
             if written && !pinned && obj.store.contents_stamp() == Some(made) {
                 let mut r = Ok(());
@@ -484,7 +486,7 @@ impl Mm {
         // Then wait for evictions and readahead already under way.
         obj.wait_unpinned();
         crate::inject::after_listed();
-        let r = self.writeback_object(&obj);
+        let r = self.writeback_object(&obj, crate::writeback::Gate::Held);
         let (mut resident, mut on_lru) = (0, 0);
         for i in 0..obj.npages() {
             let w = obj.cache.load(i);

@@ -12,6 +12,17 @@
 //! ends the write-back with its error (a store that is down is not asked
 //! again for every other batch).
 //!
+//! A write-back of a mapped object write-protects pages at their
+//! addresses, so it runs in an event-gate read section (see
+//! [`crate::events`]): an unmap the application made cannot be applied
+//! halfway. [`Gate::Sections`] takes one per batch of writes, and lets a
+//! waiting event in between batches, where no page lock is held; the
+//! store's sync runs outside any. Holding one section across every batch
+//! and the sync, a slow store held the application's `munmap` of any
+//! region (its event is read only once it can be applied) and, behind
+//! the event, every fault of the pager, for as long as the sync took
+//! (`tests/reclaim_flush.rs`).
+//!
 //! An object no region maps whose write-back failed waits in
 //! [`crate::unwritten`]; [`Mm::flush_unwritten`] tries it again.
 //!
@@ -26,6 +37,18 @@ use crate::stats::Counter::WRITEBACK;
 use crate::store::MAX_BATCH;
 use crate::unwritten::Which;
 use std::sync::Arc;
+
+/// How a write-back stands to the event gate (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Gate {
+    /// The caller holds the gate's write side (it applies an event) or
+    /// needs none (no region maps the object any more), for the whole
+    /// write-back.
+    Held,
+    /// The write-back takes a read section per batch of writes; the
+    /// caller holds no section.
+    Sections,
+}
 
 /// Pages of one batch: index, and whether it is protected against writes
 /// (so its dirty bit may be cleared once written).
@@ -67,21 +90,13 @@ fn synced(obj: &Object, cleaned: &[usize]) {
 impl Mm {
     /// Writes every dirty page of a shared object back to its store and
     /// syncs it. Anonymous objects are private copies: nothing to write.
-    pub(crate) fn writeback_object(&self, obj: &Object) -> Result<()> {
-        self.writeback_pages(obj, 0..obj.npages())
+    pub(crate) fn writeback_object(&self, obj: &Object, gate: Gate) -> Result<()> {
+        self.writeback_pages_changing(obj, 0..obj.npages(), gate)
+            .map(|_| ())
     }
 
     /// [`writeback_object`](Self::writeback_object) of object pages
-    /// `pages` only (clipped to the object).
-    pub(crate) fn writeback_pages(
-        &self,
-        obj: &Object,
-        pages: std::ops::Range<usize>,
-    ) -> Result<()> {
-        self.writeback_pages_changing(obj, pages).map(|_| ())
-    }
-
-    /// [`writeback_pages`](Self::writeback_pages), and whether the kernel
+    /// `pages` only (clipped to the object), and whether the kernel
     /// refused a page's write protection with EAGAIN (an event on its way
     /// on the descriptor): that page was written from a copy and stays
     /// dirty.
@@ -89,6 +104,7 @@ impl Mm {
         &self,
         obj: &Object,
         pages: std::ops::Range<usize>,
+        gate: Gate,
     ) -> Result<bool> {
         if obj.kind != InstallKind::Shared || !obj.store.writable() {
             return Ok(false);
@@ -101,7 +117,7 @@ impl Mm {
         };
         // (Before any write of this write-back's: see `Durability::sync`.)
         let first = obj.durability.first_mark();
-        if let Err(e) = self.write_dirty(obj, pages, &mut b) {
+        if let Err(e) = self.write_dirty(obj, pages, &mut b, gate) {
             // The pages of the batches written before the one that failed
             // are clean, but not synced: dirty again, as after a failed
             // sync below. (Left clean, a failed sync after this, which
@@ -131,16 +147,27 @@ impl Mm {
     }
 
     /// Writes the dirty pages of `pages` in batches (`b`), recording the
-    /// pages each batch cleaned in `b.cleaned`.
+    /// pages each batch cleaned in `b.cleaned`; in read sections as `gate`
+    /// says, left by the time it returns.
     fn write_dirty(
         &self,
         obj: &Object,
         pages: std::ops::Range<usize>,
         b: &mut Batch,
+        gate: Gate,
     ) -> Result<()> {
+        let mut section = None;
         for i in pages.start..pages.end.min(obj.npages()) {
             if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
                 continue;
+            }
+            // Between batches (no page lock held, which an event being
+            // applied may wait for): a waiting event goes first.
+            if gate == Gate::Sections && b.n == 0 {
+                if self.events.pending() {
+                    section = None;
+                }
+                section.get_or_insert_with(|| self.events.section());
             }
             let w = if b.n == 0 {
                 obj.cache.lock(i)
@@ -279,7 +306,7 @@ impl Mm {
         // release of its last region, is written here too: the page locks
         // order the two, and whichever fails leaves it listed; see
         // `Unwritten::remove_if_written`.)
-        match self.writeback_object(obj) {
+        match self.writeback_object(obj, Gate::Held) {
             Ok(()) => {
                 self.unwritten.remove_if_written(obj);
                 Ok(())

@@ -390,3 +390,53 @@ fn flush_range_before_a_change_behind_the_engine_keeps_it() {
         );
     }
 }
+
+/// A flush that waits for its store's `sync` holds no event-gate section
+/// meanwhile: the application's own `munmap` of another region returns,
+/// and a fault in a third region is served, while the sync runs. Before,
+/// the flush held its section through the sync: the unmap's event waited
+/// for the sync to end (the `munmap` returned only when the sync was given
+/// up on, 30 s later), and every fault waited behind the event.
+#[test]
+fn a_slow_sync_holds_up_no_unmap_or_fault() {
+    let pager = Pager::builder().budget_pages(64).build().unwrap();
+    let store = SyncStore::new(&vec![0; PAGES * PAGE], false, false);
+    // SAFETY: only this region changes the store.
+    let mut region =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    region.as_mut_slice()[0] = 1;
+    let other = pager.map_anonymous(4 * PAGE).unwrap();
+    let third = pager.map_anonymous(4 * PAGE).unwrap();
+    let (gone, gone_len) = (other.as_ptr() as usize, other.len());
+    let (r, third) = (&region, &third);
+    std::thread::scope(|s| {
+        let flush = s.spawn(|| r.flush());
+        while !store.in_sync.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // SAFETY: the application unmaps region memory itself; the
+        // region's handle is not used for its bytes again.
+        let unmapper =
+            s.spawn(move || unsafe { libc::munmap(gone as *mut libc::c_void, gone_len) });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let toucher = s.spawn(move || third.as_slice()[PAGE + 7]);
+        let start = std::time::Instant::now();
+        while !(unmapper.is_finished() && toucher.is_finished())
+            && start.elapsed() < std::time::Duration::from_secs(3)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (unmapped, served) = (unmapper.is_finished(), toucher.is_finished());
+        *store.open.lock().unwrap() = true;
+        store.opened.notify_all();
+        assert!(unmapped, "the application's munmap waited for a sync");
+        assert!(served, "a fault waited for another region's sync");
+        assert_eq!(unmapper.join().unwrap(), 0);
+        assert_eq!(toucher.join().unwrap(), 0);
+        flush.join().unwrap().unwrap();
+    });
+    assert!(pager.stats().get(Counter::EVENT_UNMAP) >= 1);
+    assert_eq!(store.inner.snapshot()[0], 1);
+    drop(other);
+    region.unmap().unwrap();
+}

@@ -29,10 +29,7 @@ impl Region {
             mm.events.quiesce();
             return mm.flush_unwritten_object(self.object.as_ptr());
         };
-        let r = {
-            let _section = mm.events.section();
-            mm.writeback_object(&obj)
-        };
+        let r = mm.writeback_object(&obj, crate::writeback::Gate::Sections);
         // (The application may have unmapped it all meanwhile.)
         r.and(mm.release_object(obj))
     }
@@ -80,10 +77,7 @@ impl Region {
         // with them dirty).
         let mut tries = 0;
         let r = loop {
-            let r = {
-                let _section = mm.events.section();
-                mm.writeback_pages_changing(&obj, first..end)
-            };
+            let r = mm.writeback_pages_changing(&obj, first..end, crate::writeback::Gate::Sections);
             match r {
                 // Still changing after every try: pages are left dirty,
                 // which is not Ok (a later write-back could put them over
