@@ -74,6 +74,20 @@ fn other_descriptor(at: usize, len: usize) -> libc::c_int {
     }
 }
 
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+        0
+    );
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Child: the `munmap` waits on the other descriptor's reader for 3 s
 /// while a thread writes a fresh page of another pager region.
 #[test]
@@ -135,9 +149,17 @@ fn child_fault_while_another_descriptors_event_is_unread() {
         assert_eq!(n, 32, "reading the event: {}", errno());
     });
     let t = Instant::now();
+    let cpu = thread_cpu();
     // SAFETY: inside r3, mapped until the end of the child.
     unsafe { std::ptr::write_volatile((p3 + 5 * PAGE) as *mut u8, 7) };
-    eprintln!("the write waited {:?}", t.elapsed());
+    let (waited, busy) = (t.elapsed(), thread_cpu() - cpu);
+    eprintln!("the write waited {waited:?}, {busy:?} of it on the CPU");
+    // The fault waits without keeping its CPU busy (it yielded in a loop
+    // for the whole wait before: 3.0 s of CPU in 3.0 s).
+    assert!(
+        busy * 4 < waited,
+        "the waiting fault was on the CPU {busy:?} of {waited:?}"
+    );
     reader.join().unwrap();
     unmapper.join().unwrap();
     // SAFETY: as above.

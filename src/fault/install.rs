@@ -63,7 +63,7 @@ const EAGAIN_PATIENCE_NS: u64 = 1_000_000_000;
 /// EAGAIN has two causes. The kernel could not take the page right now (a
 /// folio locked for migration or compaction, a racing change of the
 /// mapping): the first 100 retries spin, then each yields the CPU first,
-/// since whoever holds the folio may need it. Or a non-cooperative event is
+/// since whoever holds the folio may need it (and sleeps, once it lasts). Or a non-cooperative event is
 /// waiting to be read (the application's munmap, mremap or madvise): then
 /// spinning would only hold the event reader up, so the install gives up at
 /// once with EAGAIN, and the fault restarts once the event is applied
@@ -74,8 +74,10 @@ const EAGAIN_PATIENCE_NS: u64 = 1_000_000_000;
 /// posted yet, as when the kernel waits for another userfaultfd's reader
 /// to read its event of the same `munmap` first): that is EAGAIN too, and
 /// the fault restarts. (Reported as ETIMEDOUT, it was SIGBUS, which
-/// killed a thread whose access was valid.) Async-signal-safe
-/// (`sched_yield`, `clock_gettime`, an ioctl).
+/// killed a thread whose access was valid.) Past the first millisecond
+/// each retry sleeps first, a sixteenth of the wait so far (at most 1 ms).
+/// Async-signal-safe (`sched_yield`, `clock_gettime`, `clock_nanosleep`,
+/// an ioctl).
 pub(super) fn retry_eagain<T>(
     mm: &Mm,
     uffd: &crate::sys::uffd::Uffd,
@@ -114,8 +116,18 @@ fn retry_eagain_within<T>(
                         libc::ETIMEDOUT
                     });
                 }
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
+                // Past the first millisecond, a sleep of a sixteenth of
+                // the wait so far (at most 1 ms): EAGAIN that lasts is an
+                // event held up elsewhere, and yields alone kept the CPU
+                // busy for the whole wait (seconds, behind another
+                // userfaultfd's slow reader: `tests/other_descriptor_event.rs`).
+                let waited = now + patience_ns - deadline;
+                if waited > 1_000_000 {
+                    crate::sys::sleep_ns((waited / 16).min(1_000_000));
+                } else {
+                    // SAFETY: sched_yield has no preconditions.
+                    unsafe { libc::sched_yield() };
+                }
             }
             r => return r,
         }

@@ -78,6 +78,18 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Sleeps `ns` nanoseconds (less if a signal interrupts it), on the
+/// monotonic clock. `clock_nanosleep` is async-signal-safe and returns its
+/// error rather than setting errno.
+pub fn sleep_ns(ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `ts` is a valid timespec; no remainder is asked for.
+    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &ts, std::ptr::null_mut()) };
+}
+
 /// The CPU the calling thread runs on (it may move right after), for
 /// picking a per-CPU shard. One load from the rseq area (or a vDSO call);
 /// async-signal-safe.
