@@ -440,3 +440,61 @@ fn a_slow_sync_holds_up_no_unmap_or_fault() {
     drop(other);
     region.unmap().unwrap();
 }
+
+/// The application's own `munmap` of a region with dirty pages: the
+/// engine writes them back once the unmap is applied, and holds no lock
+/// that faults need while it does. A fault in another region is served
+/// while the store's sync runs, and a map of the same store afterwards
+/// reads what was written. Before, the write-back and its sync ran under
+/// the event gate and the global lock, and every fault of the pager waited
+/// for them.
+#[test]
+fn the_applications_munmap_writes_back_without_holding_up_faults() {
+    for delivery in [Delivery::InThread, THREADS] {
+        let pager = Pager::builder()
+            .budget_pages(64)
+            .delivery(delivery)
+            .build()
+            .unwrap();
+        let store = SyncStore::new(&vec![0; PAGES * PAGE], false, false);
+        // SAFETY: only this region changes the store.
+        let region =
+            unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }
+                .unwrap();
+        // SAFETY: the region's bytes, no slice of them alive.
+        unsafe { std::ptr::write_volatile(region.as_ptr().add(3 * PAGE), 9) };
+        let third = pager.map_anonymous(4 * PAGE).unwrap();
+        let (gone, gone_len) = (region.as_ptr() as usize, region.len());
+        std::mem::forget(region); // the application's munmap takes it
+        let third = &third;
+        std::thread::scope(|s| {
+            // SAFETY: region memory the test gave up (forget) for the
+            // application to unmap.
+            let unmapper =
+                s.spawn(move || unsafe { libc::munmap(gone as *mut libc::c_void, gone_len) });
+            while !store.in_sync.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let toucher = s.spawn(move || third.as_slice()[PAGE + 7]);
+            let start = std::time::Instant::now();
+            while !toucher.is_finished() && start.elapsed() < std::time::Duration::from_secs(3) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let served = toucher.is_finished();
+            *store.open.lock().unwrap() = true;
+            store.opened.notify_all();
+            assert!(
+                served,
+                "{delivery}: a fault waited for an unmapped region's sync"
+            );
+            assert_eq!(toucher.join().unwrap(), 0);
+            assert_eq!(unmapper.join().unwrap(), 0);
+        });
+        // SAFETY: only this region changes the store.
+        let again = unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }
+            .unwrap();
+        assert_eq!(again.as_slice()[3 * PAGE], 9, "{delivery}");
+        assert_eq!(store.inner.snapshot()[3 * PAGE], 9, "{delivery}");
+        assert!(pager.stats().get(Counter::EVENT_UNMAP) >= 1);
+    }
+}

@@ -129,7 +129,10 @@ fn serve_events(mm: &Mm, fds: &[&Uffd], stopfd: i32) {
                 }
             }
         }
-        crate::events::apply::queued_locked(mm, &gate);
+        let released = crate::events::apply::queued_locked(mm, &gate);
+        // (Objects the events left are released outside the gate.)
+        drop(gate);
+        drop(released);
     }
 }
 

@@ -10,24 +10,74 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 /// Applies every queued event, in read order, under the gate's write
-/// side. The caller holds no engine lock and no read section.
+/// side, then releases the objects they left ([`Released`]) outside it.
+/// The caller holds no engine lock and no read section.
 pub fn queued(mm: &Mm) {
     if mm.events.lock_queue().is_empty() {
         return;
     }
     let gate = mm.events.gate.write();
-    queued_locked(mm, &gate);
+    let released = queued_locked(mm, &gate);
+    drop(gate);
+    drop(released);
 }
 
-/// As [`queued`], for a caller that holds the gate's write side
-/// already.
-pub fn queued_locked(mm: &Mm, _gate: &WriteGuard<'_>) {
+/// As [`queued`], for a caller that holds the gate's write side already:
+/// it drops what this returns only once it has let go of the gate.
+pub fn queued_locked<'a>(mm: &'a Mm, _gate: &WriteGuard<'_>) -> Released<'a> {
+    let mut released = Released::new(mm);
     loop {
         let Some((e, from)) = mm.events.lock_queue().pop_front() else {
-            return;
+            return released;
         };
-        apply_read(mm, e, from);
+        apply_read(mm, e, from, &mut released);
         mm.events.busy.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Objects whose last region an applied unmap took: dropped, it releases
+/// each ([`Mm::release_object`]: its dirty pages written back and synced,
+/// then kept or freed). Dropped by the thread that applied the unmap once
+/// it has let go of the gate and the global lock, so that faults go on
+/// while a slow store is written (`tests/reclaim_flush.rs`). Until then
+/// [`Events::quiesce`](super::Events::quiesce) waits for it: a map of the
+/// same store, a flush of the unmapped region or `Pager::flush_unmapped`
+/// finds the write-back done or listed.
+#[must_use]
+pub struct Released<'a> {
+    mm: &'a Mm,
+    objects: Vec<Arc<crate::object::Object>>,
+}
+
+impl<'a> Released<'a> {
+    fn new(mm: &'a Mm) -> Released<'a> {
+        Released {
+            mm,
+            objects: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, obj: Arc<crate::object::Object>) {
+        self.mm.events.releasing.fetch_add(1, SeqCst);
+        self.objects.push(obj);
+    }
+}
+
+impl Drop for Released<'_> {
+    fn drop(&mut self) {
+        for obj in self.objects.drain(..) {
+            // The last piece of an object gone: its dirty shared pages
+            // are written back, as a file mapping's are after munmap
+            // (kept for a later try if the store refuses them).
+            if let Err(err) = self.mm.release_object(obj) {
+                tracing::error!(
+                    error = %err,
+                    "writing back a region the application unmapped (its dirty pages are \
+                     kept: Pager::flush_unmapped)"
+                );
+            }
+            self.mm.events.releasing.fetch_sub(1, SeqCst);
+        }
     }
 }
 
@@ -184,7 +234,14 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
 /// hide the new region from an unmap of its own.)
 pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     if mm.table.read(|t| t.overlaps(start, end, None)) {
-        apply(mm, Event::Unmap(start, end), None, &[]);
+        // (Released here, under the caller's global lock.)
+        apply(
+            mm,
+            Event::Unmap(start, end),
+            None,
+            &[],
+            &mut Released::new(mm),
+        );
     }
     // (Recorded for a range a move left too, which the table no longer
     // holds: its unmap is the late event.)
@@ -229,7 +286,8 @@ pub(crate) fn settle_stale(
             .map(|v| (v.start.max(a), v.end.min(b)))
             .collect();
         drop(there);
-        apply(mm, Event::Unmap(a, b), None, &[]);
+        // (Released here, under the caller's global lock.)
+        apply(mm, Event::Unmap(a, b), None, &[], &mut Released::new(mm));
         let mut records = mm.events.lock_pre_applied();
         records.extend(
             keys.into_iter()
@@ -240,7 +298,7 @@ pub(crate) fn settle_stale(
 
 /// Applies event `e`, read from descriptor `from` ([`super::uffd_id`])
 /// (the caller holds the gate's write side, not the global lock).
-fn apply_read(mm: &Mm, e: Event, from: usize) {
+fn apply_read(mm: &Mm, e: Event, from: usize, released: &mut Released<'_>) {
     let _w = mm.lock.write();
     // An unmap takes the records of the ranges it covers: that was the
     // event they waited for. Other events leave them for it.
@@ -256,7 +314,7 @@ fn apply_read(mm: &Mm, e: Event, from: usize) {
             _ => records.iter().map(|r| r.kept).collect(),
         }
     };
-    apply(mm, e, Some(from), &pre);
+    apply(mm, e, Some(from), &pre, released);
     mm.events.applied.fetch_add(1, SeqCst);
 }
 
@@ -271,7 +329,13 @@ fn apply_read(mm: &Mm, e: Event, from: usize) {
 /// applied to its own descriptor's regions: applied to all of them, the
 /// first would clear the range, a `map` could land a new region there, and
 /// the second would then cut it.
-fn apply(mm: &Mm, e: Event, desc: Option<usize>, pre: &[(usize, usize)]) {
+fn apply(
+    mm: &Mm,
+    e: Event,
+    desc: Option<usize>,
+    pre: &[(usize, usize)],
+    released: &mut Released<'_>,
+) {
     let (s, end) = match e {
         Event::Remove(s, end) | Event::Unmap(s, end) => (s, end),
         Event::Remap { from, len, .. } => (from, from + len),
@@ -298,14 +362,14 @@ fn apply(mm: &Mm, e: Event, desc: Option<usize>, pre: &[(usize, usize)]) {
             mm.events
                 .lock_left()
                 .retain(|(a, b, d)| *a < s || *b > end || desc.is_some_and(|x| d.id(mm) != x));
-            let mut released = Vec::new();
+            let mut gone = Vec::new();
             for v in &vmas {
                 let Cut { kept, .. } = cut(mm, v, s, end, None);
                 mm.publish(std::slice::from_ref(v), &kept);
-                released.push(v.object.clone());
+                gone.push(v.object.clone());
             }
             drop(vmas);
-            for obj in released {
+            for obj in gone {
                 // All of a region gone under per-region delivery: its
                 // handler stops (this thread, as a rule: it read the
                 // event). All of it: a region cut into more pieces than
@@ -318,16 +382,9 @@ fn apply(mm: &Mm, e: Event, desc: Option<usize>, pre: &[(usize, usize)]) {
                         p.retire(u);
                     }
                 }
-                // The last piece of an object gone: its dirty shared pages
-                // are written back, as a file mapping's are after munmap
-                // (kept for a later try if the store refuses them).
-                if let Err(err) = mm.release_object(obj) {
-                    tracing::error!(
-                        error = %err,
-                        "writing back a region the application unmapped (its dirty pages are \
-                         kept: Pager::flush_unmapped)"
-                    );
-                }
+                // Released (written back if it was the last piece) once
+                // the locks are let go.
+                released.push(obj);
             }
         }
         Event::Remap { to, .. } => {

@@ -40,7 +40,12 @@
 //!   and swapped copies are dropped, installed pages are marked absent (the
 //!   caller's zap follows the read).
 //! - `UNMAP`: the range is no longer the region's. Pieces outside it stay;
-//!   anonymous pages inside are discarded, shared ones stay cached.
+//!   anonymous pages inside are discarded, shared ones stay cached. An
+//!   object whose last region it took is released (its dirty pages written
+//!   back and synced, then kept or freed) by the thread that applied it,
+//!   once it has let go of the gate and the global lock
+//!   ([`apply::Released`]): under them, a slow store held every fault of
+//!   the pager for as long as the write-back took.
 //! - `REMAP`: the part inside the moved range is published at its new
 //!   address (the kernel moved its PTEs and its registration with it).
 
@@ -89,6 +94,9 @@ pub struct Events {
     queue: Mutex<VecDeque<(Event, usize)>>,
     /// Reads in flight plus events queued and not yet applied.
     busy: AtomicU32,
+    /// Objects an applied unmap left to release and not yet released
+    /// ([`apply::Released`]).
+    releasing: AtomicU32,
     /// Events applied so far.
     applied: AtomicU64,
     /// Unread `UNMAP`s already applied, each by the range it unmaps (the
@@ -184,12 +192,32 @@ impl Events {
         self.busy.load(SeqCst) != 0
     }
 
-    /// Waits until no event is being read, waits or is being applied.
+    /// Waits until no event is being read, waits or is being applied, and
+    /// no object an applied unmap left is being released (written back).
     /// Address-space writers call it before they take the global lock
     /// (which applying an event needs), so that an application that
-    /// unmapped or moved region memory and then drops the region finds the
-    /// engine up to date: its call returned only once the event was read.
+    /// unmapped or moved region memory and then drops the region, flushes
+    /// it or maps its store again finds the engine up to date: its call
+    /// returned only once the event was read. Yields while an event is on
+    /// its way; sleeps (20 µs, growing to 1 ms) while only a release runs,
+    /// which takes as long as its store.
     pub fn quiesce(&self) {
+        let mut pause = 20_000;
+        loop {
+            self.wait_applied();
+            if self.releasing.load(SeqCst) == 0 {
+                return;
+            }
+            crate::sys::sleep_ns(pause);
+            pause = (pause * 2).min(1_000_000);
+        }
+    }
+
+    /// [`quiesce`](Self::quiesce) without the wait for releases: for a
+    /// fault that must restart once the events are applied, which a
+    /// write-back (of an object no region maps) does not concern.
+    /// Async-signal-safe.
+    pub fn wait_applied(&self) {
         loop {
             self.gate.wait_for_writers();
             if self.busy.load(SeqCst) == 0 {

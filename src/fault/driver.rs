@@ -16,7 +16,7 @@ pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
                 // The event reader takes the gate to apply what it read:
                 // wait for it (or, if it has not woken yet, let it run).
                 if mm.events.pending() {
-                    mm.events.quiesce();
+                    mm.events.wait_applied();
                 } else {
                     std::thread::yield_now();
                 }
