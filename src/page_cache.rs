@@ -266,9 +266,9 @@ impl PageCache {
     }
 
     /// Drops a residency guard of page `i` (one that [`PageCache::guard`]
-    /// added).
-    pub fn unguard(&self, i: usize) {
-        self.word(i).fetch_sub(GUARD_ONE, Release);
+    /// added); true if it was the page's last.
+    pub fn unguard(&self, i: usize) -> bool {
+        self.word(i).fetch_sub(GUARD_ONE, Release) & GUARDS == GUARD_ONE
     }
 
     /// Sleeps until page `i` is not locked (returns at once if it is not).

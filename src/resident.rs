@@ -24,9 +24,48 @@ use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::fault::{handle_fault, Access, Resolution};
 use crate::object::Object;
-use crate::page_cache::{MAPPED, UPTODATE};
+use crate::page_cache::{GUARDS, GUARD_ONE, MAPPED, UPTODATE};
 use crate::sys::PAGE_SIZE;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+/// Serialises guards' `mlock` and `munlock` calls with the guard counts
+/// they go by. The kernel does not count locks: one `munlock` undoes every
+/// `mlock` of a page. So a guard unlocks only the pages it was the last
+/// guard of, and a guard taken meanwhile locks its range only after that
+/// (else the unlock, landing after its lock, undid it).
+static MLOCKS: Mutex<()> = Mutex::new(());
+
+/// Whether any guard has `mlock`ed: until one has, a guard's drop unlocks
+/// nothing (a page no guard locked is left as the application locked it).
+static ANY_MLOCKED: AtomicBool = AtomicBool::new(false);
+
+/// `munlock`s the runs of object pages `[first, end)` (mapped from
+/// `start`, pages of `1 << shift` bytes) for which `pick` is true; `pick`
+/// is called once per page, in order.
+fn munlock_picked(
+    start: usize,
+    shift: u32,
+    first: usize,
+    end: usize,
+    mut pick: impl FnMut(usize) -> bool,
+) {
+    let addr = |i: usize| start + ((i - first) << shift);
+    let mut run = None;
+    for i in first..=end {
+        let picked = i < end && pick(i);
+        match (run, picked) {
+            (None, true) => run = Some(i),
+            (Some(r), false) => {
+                // SAFETY: munlock only changes how the kernel treats the
+                // range, pages of this guard's region.
+                unsafe { libc::munlock(addr(r) as *const libc::c_void, addr(i) - addr(r)) };
+                run = None;
+            }
+            _ => {}
+        }
+    }
+}
 
 /// A range of a region kept resident until dropped, while a system call
 /// uses it (the `mlock` analog; made by [`crate::Region::lock_resident`],
@@ -48,8 +87,12 @@ use std::sync::Arc;
 ///
 /// # Cost
 /// One atomic per page to take and to drop, plus the faults and an `mlock`
-/// / `munlock` pair. A range larger than the budget is refused: it could
-/// never all be resident.
+/// / `munlock` pair (the `munlock` of the pages no other guard holds,
+/// under a process-wide mutex that orders it against other guards'
+/// `mlock`). A range larger than the budget is refused: it could never
+/// all be resident. An `mlock` of the application's own over a guarded
+/// range is undone when the range's last guard goes (the kernel does not
+/// count locks).
 #[derive(Debug)]
 pub struct ResidentGuard<'a> {
     mm: &'a Mm,
@@ -59,6 +102,8 @@ pub struct ResidentGuard<'a> {
     /// Object pages `[first, end)`.
     first: usize,
     end: usize,
+    /// The address of page `first`.
+    start: usize,
     /// The `mlock`ed range, if the kernel allowed it.
     locked: Option<(usize, usize)>,
 }
@@ -103,6 +148,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
         obj: Some(obj),
         first,
         end: first,
+        start,
         locked: None,
     };
     // Guards first, then the faults: a page faulted in is never evicted
@@ -139,18 +185,25 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             } else {
                 0
             };
+            let _order = MLOCKS.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: mlock2 only changes how the kernel treats a range of
             // this region, whose pages are all mapped now (a kernel-mapped
             // region's are in its memfd, where mlock's own faults find
             // them; the guard keeps reclaim off them).
             let r = unsafe { libc::mlock2(start as *const libc::c_void, end - start, flags) };
             if r == 0 {
+                ANY_MLOCKED.store(true, Relaxed);
                 guard.locked = Some((start, end));
             } else {
                 // Over RLIMIT_MEMLOCK, or a page went meanwhile: the engine's
-                // guard still holds; undo whatever part got locked.
-                // SAFETY: as above.
-                unsafe { libc::munlock(start as *const libc::c_void, end - start) };
+                // guard still holds; undo whatever part got locked, but
+                // not on pages another guard holds (it may have locked
+                // them: they are unlocked when their last guard goes).
+                let obj = guard.obj();
+                let (first, last) = (guard.first, guard.end);
+                munlock_picked(start, obj_shift, first, last, |i| {
+                    obj.cache.load(i) & GUARDS == GUARD_ONE
+                });
             }
         }
         let all = (guard.first..guard.end)
@@ -165,15 +218,20 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
 impl Drop for ResidentGuard<'_> {
     fn drop(&mut self) {
         let _deferred = crate::sys::thread::Deferred::new();
-        if let Some((s, e)) = self.locked {
-            // SAFETY: unlocks the range this guard locked.
-            unsafe { libc::munlock(s as *const libc::c_void, e - s) };
-        }
         if self.mm.in_child() {
+            // (A forked child inherits no locks; its copy of the counts
+            // is not the parent's to change.)
             return;
         }
-        for i in self.first..self.end {
-            self.obj().cache.unguard(i);
+        {
+            // The pages this guard was the last of are unlocked, if any
+            // guard ever locked (see `MLOCKS`).
+            let _order = MLOCKS.lock().unwrap_or_else(|e| e.into_inner());
+            let obj = self.obj();
+            let unlock = self.locked.is_some() || ANY_MLOCKED.load(Relaxed);
+            munlock_picked(self.start, obj.page_shift(), self.first, self.end, |i| {
+                obj.cache.unguard(i) && unlock
+            });
         }
         if let Some(obj) = self.obj.take() {
             if let Err(err) = self.mm.release_object(obj) {

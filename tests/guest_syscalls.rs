@@ -236,3 +236,56 @@ fn a_flush_leaves_a_guarded_buffer_writable_for_system_calls() {
     r.flush().unwrap();
     assert_eq!(&store.snapshot()[..2], b"xy");
 }
+
+/// Whether the kernel holds the page at `addr` `mlock`ed: the `lo` flag of
+/// its mapping in `/proc/self/smaps`.
+fn mlocked(addr: usize) -> bool {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().any(|f| f == "lo");
+            }
+        }
+    }
+    panic!("no mapping holds {addr:#x}");
+}
+
+/// Two overlapping residency guards: dropping one leaves the other's
+/// pages `mlock`ed (the kernel does not count locks: the first guard's
+/// `munlock` of its whole range unlocked the pages the second still
+/// guards), and dropping the last unlocks every page.
+#[test]
+fn a_guard_dropped_leaves_an_overlapping_guards_pages_locked() {
+    let p = Pager::builder().budget_pages(64).build().unwrap();
+    let r = p.map_anonymous(8 * PAGE).unwrap();
+    let base = r.as_ptr() as usize;
+    let a = r.lock_resident(0, 4 * PAGE).unwrap();
+    let b = r.lock_resident(2 * PAGE, 4 * PAGE).unwrap();
+    if !(a.mlocked() && b.mlocked()) {
+        eprintln!("skipped: the kernel refused mlock (RLIMIT_MEMLOCK)");
+        return;
+    }
+    drop(a);
+    for pg in 2..6 {
+        assert!(
+            mlocked(base + pg * PAGE),
+            "page {pg}, still guarded, was unlocked"
+        );
+    }
+    assert!(!mlocked(base), "page 0, no longer guarded, stayed locked");
+    drop(b);
+    for pg in 0..8 {
+        assert!(!mlocked(base + pg * PAGE), "page {pg} stayed locked");
+    }
+}
