@@ -1539,3 +1539,27 @@ fn a_write_over_a_hole_is_seen_on_both_sides_of_it() {
     assert_eq!(paged, plain, "{st}");
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// A thread with a descriptor table of its own maps a file at a number the
+/// process's first table holds for another file: the pages are written
+/// back to the file mapped. The shim opened the file again through
+/// `/proc/self/fd` (the first thread's table), so it paged the other
+/// file's name and wrote the stores there.
+#[test]
+fn a_thread_with_its_own_descriptor_table_maps_its_own_file() {
+    let d = scratch();
+    let exe = build_c(&d, "own_table");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("own-table-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, "at the page: stored, the other file there: bbbbbb\n");
+    let pattern = format!("{}/own-table.dat*", d.display());
+    let (o, st) = under_shim(
+        Command::new(&exe).arg(d.join("own-table.dat")),
+        &[("UFFD_PAGER_FILES", &pattern)],
+        &d.join("own-table.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}

@@ -3,7 +3,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -173,13 +173,20 @@ impl FileStore {
         };
         // Any page can become the last one (the file may be truncated), so
         // the plain descriptor is there whenever O_DIRECT writes are.
+        // Opened through the calling thread's own table (`thread-self`:
+        // `/proc/self/fd` is the first thread's, which a thread that
+        // unshared its table does not use, and where the same number can
+        // be another file), and checked to be the same file.
         let tail = if direct && writable {
-            Some(
-                OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_CLOEXEC)
-                    .open(format!("/proc/self/fd/{}", file.as_raw_fd()))?,
-            )
+            let t = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(format!("/proc/thread-self/fd/{}", file.as_raw_fd()))?;
+            let (was, is) = (file.metadata()?, t.metadata()?);
+            if (was.dev(), was.ino()) != (is.dev(), is.ino()) {
+                return Err(io::Error::from_raw_os_error(libc::ESTALE));
+            }
+            Some(t)
         } else {
             None
         };

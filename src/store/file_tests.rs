@@ -428,3 +428,68 @@ fn two_stores_over_one_file_share_an_identity() {
     assert_eq!(s1.identity(), s2.identity());
     assert_ne!(s1.identity(), other.identity());
 }
+
+/// A store opened `O_DIRECT` for writing in a thread with a descriptor
+/// table of its own (`unshare(CLONE_FILES)`): its plain descriptor for a
+/// partial last page is its own file opened again. Opened through
+/// `/proc/self/fd` (the process's first thread's table), it was whatever
+/// file that table held at the same number, and the page went there.
+#[test]
+fn direct_tail_in_a_thread_with_its_own_descriptor_table() {
+    let (a, b) = (TempPath::new("own-table-a"), TempPath::new("own-table-b"));
+    std::fs::write(&a.0, vec![1u8; PAGE_SIZE + 100]).unwrap();
+    std::fs::write(&b.0, vec![2u8; PAGE_SIZE + 100]).unwrap();
+    // B at number `m` in the process's first table.
+    let held_b = File::open(&b.0).unwrap();
+    let m = held_b.as_raw_fd();
+    let path = a.0.clone();
+    let wrote = std::thread::spawn(move || {
+        // SAFETY: gives this thread a copy of the table; no descriptor of
+        // anyone else's is touched.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_FILES) }, 0);
+        // SAFETY: `m` in this thread's own copy of the table.
+        assert_eq!(unsafe { libc::close(m) }, 0);
+        // Every lower number taken, so the store's own open gets `m`.
+        let mut lower = Vec::new();
+        loop {
+            let f = File::open("/dev/null").unwrap();
+            if f.as_raw_fd() == m {
+                break;
+            }
+            lower.push(f);
+        }
+        let opts = FileStoreOptions {
+            writable: true,
+            direct: true,
+            ..Default::default()
+        };
+        let s = match FileStore::open(&path, &opts) {
+            Ok(s) => s,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return false,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(s.file().as_raw_fd(), m);
+        let page = AlignedPage([7u8; PAGE_SIZE]);
+        s.write(PAGE_SIZE as u64, &page.0).unwrap();
+        true
+    })
+    .join()
+    .unwrap();
+    if !wrote {
+        eprintln!(
+            "skipping: O_DIRECT unsupported in {:?}",
+            std::env::temp_dir()
+        );
+        return;
+    }
+    assert!(
+        std::fs::read(&b.0).unwrap().iter().all(|&x| x == 2),
+        "another file took the store's page"
+    );
+    let got = std::fs::read(&a.0).unwrap();
+    assert!(
+        got[PAGE_SIZE..].iter().all(|&x| x == 7),
+        "the page missed its file"
+    );
+    drop(held_b);
+}

@@ -249,7 +249,10 @@ fn fd_file(fd: c_int) -> Option<(std::ffi::CString, (u64, u64), u64)> {
     if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return None;
     }
-    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    // The calling thread's table (`thread-self`): `/proc/self/fd` is the
+    // first thread's, which a thread that unshared its table does not
+    // use, and where `fd` can be another file.
+    let link = std::fs::read_link(format!("/proc/thread-self/fd/{fd}")).ok()?;
     let path = std::ffi::CString::new(link.into_os_string().into_encoded_bytes()).ok()?;
     Some((path, (st.st_dev, st.st_ino), st.st_size as u64))
 }
@@ -747,7 +750,9 @@ pub fn file_store(
 }
 
 /// A descriptor of the store's own for the file behind the program's `fd`:
-/// the file opened again through `/proc/self/fd`, an open file of its own.
+/// the file opened again through `/proc/thread-self/fd` (the calling
+/// thread's table) and checked to be the same file, an open file of its
+/// own.
 /// A `dup` would share the program's open file, and with it `O_APPEND`
 /// (which Linux honours in `pwrite`: every write-back would land at the
 /// end of the file, not at its page) whether the program opened it so or
@@ -770,8 +775,19 @@ fn own_file(fd: c_int, writable: bool) -> Result<std::fs::File, String> {
         .read(true)
         .write(writable)
         .custom_flags(libc::O_CLOEXEC)
-        .open(format!("/proc/self/fd/{fd}"));
+        .open(format!("/proc/thread-self/fd/{fd}"));
     if let Ok(f) = again {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: a zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat writes only `st`, on the program's descriptor
+        // number.
+        let same = unsafe { libc::fstat(fd, &mut st) } == 0
+            && f.metadata()
+                .is_ok_and(|m| (m.dev(), m.ino()) == (st.st_dev, st.st_ino));
+        if !same {
+            return Err("the descriptor's file changed while it was opened again".into());
+        }
         return Ok(f);
     }
     if writable {
