@@ -37,7 +37,7 @@ impl Mm {
         let _deferred = crate::sys::thread::Deferred::new();
         const CHUNK: usize = 64;
         self.check_owner()?;
-        self.events.quiesce();
+        self.events.wait_applied();
         let quiet = {
             let _g = self.lock.read();
             let vma = self
@@ -61,7 +61,7 @@ impl Mm {
             // still hold their cached or swapped contents, and a fault it
             // runs itself (`Region::populate`, `prefault`, `lock_resident`)
             // would install them again. Return only once it is applied.
-            self.events.quiesce();
+            self.events.wait_applied();
             return r;
         }
         let _g = self.lock.read();

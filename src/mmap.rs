@@ -70,7 +70,7 @@ impl Mm {
             writable, pinned, ..
         } = flags;
         self.check_owner()?;
-        self.events.quiesce();
+        self.events.wait_applied();
         let mut w = self.lock.write();
         let mut hold = at.hold;
         let (hint, fixed) = at
@@ -251,7 +251,7 @@ impl Mm {
         if self.check_owner().is_err() {
             return Vec::new();
         }
-        self.events.quiesce();
+        self.events.wait_applied();
         self.pieces(id).iter().map(|v| v.start..v.end).collect()
     }
 

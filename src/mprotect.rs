@@ -13,7 +13,7 @@ impl Mm {
     pub fn protect(&self, id: u64, writable: bool) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
-        self.events.quiesce();
+        self.events.wait_applied();
         let _w = self.lock.write();
         let pieces = self.pieces(id);
         if let Some(v) = pieces.first() {

@@ -36,7 +36,7 @@ impl Mm {
     ) -> Result<(usize, Result<()>)> {
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
-        self.events.quiesce();
+        self.events.wait_applied();
         let _w = self.lock.write();
         let old = self.only_piece(id)?;
         let start = old.start;
@@ -219,7 +219,15 @@ fn settle_stale(mm: &Mm, vma: &Vma, got: std::ops::Range<usize>, own: std::ops::
         (got.start, got.end.min(own.start)),
         (got.start.max(own.end), got.end),
     ];
-    crate::events::apply::settle_stale(mm, &outside, (got.start, got.end), &vma.object);
+    // (Released here, under the global lock.)
+    let mut released = crate::events::apply::Released::new(mm);
+    crate::events::apply::settle_stale(
+        mm,
+        &outside,
+        (got.start, got.end),
+        &vma.object,
+        &mut released,
+    );
 }
 
 /// Registers `[start, start + len)`, mapped by `vma`, again after a remap

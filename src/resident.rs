@@ -163,7 +163,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
         guard.end = i + 1;
     }
     // As in `Region::populate`: events read and not applied yet first.
-    mm.events.quiesce();
+    mm.events.wait_applied();
     let access = Access::engine(write);
     for _ in 0..8 {
         let mut a = start;

@@ -498,3 +498,55 @@ fn the_applications_munmap_writes_back_without_holding_up_faults() {
         assert!(pager.stats().get(Counter::EVENT_UNMAP) >= 1);
     }
 }
+
+/// A `flush_range` in flight (its sync waiting) when the application
+/// unmaps the region with its own `munmap`: the flush's reference writes
+/// the region's other dirty pages when it is given back, and a map of the
+/// same store meanwhile waits for that instead of reading the older bytes
+/// (before, it read them: 0, not 5).
+#[test]
+fn a_map_of_the_store_waits_for_a_flush_in_flight() {
+    let pager = Pager::builder().budget_pages(64).build().unwrap();
+    let store = SyncStore::new(&vec![0; PAGES * PAGE], false, false);
+    // SAFETY: only this region changes the store (the second map below
+    // comes once the first region is gone).
+    let region =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    // SAFETY: the region's bytes, no slice of them alive.
+    unsafe {
+        std::ptr::write_volatile(region.as_ptr(), 1);
+        std::ptr::write_volatile(region.as_ptr().add(5 * PAGE), 5);
+    }
+    let (gone, gone_len) = (region.as_ptr() as usize, region.len());
+    let r = &region;
+    let got = std::thread::scope(|s| {
+        let flush = s.spawn(|| r.flush_range(0, PAGE as u64));
+        while !store.in_sync.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // SAFETY: the application unmaps region memory itself; the
+        // region's handle is not used for its bytes again.
+        assert_eq!(
+            unsafe { libc::munmap(gone as *mut libc::c_void, gone_len) },
+            0
+        );
+        let mapper = s.spawn(|| {
+            // SAFETY: the store's only region now.
+            let again =
+                unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }
+                    .unwrap();
+            again.as_slice()[5 * PAGE]
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        *store.open.lock().unwrap() = true;
+        store.opened.notify_all();
+        flush.join().unwrap().unwrap();
+        mapper.join().unwrap()
+    });
+    assert_eq!(
+        got, 5,
+        "a map read the store while a flush still owed it a page"
+    );
+    assert_eq!(store.inner.snapshot()[5 * PAGE], 5);
+    drop(region);
+}

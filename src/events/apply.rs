@@ -37,12 +37,16 @@ pub fn queued_locked<'a>(mm: &'a Mm, _gate: &WriteGuard<'_>) -> Released<'a> {
 
 /// Objects whose last region an applied unmap took: dropped, it releases
 /// each ([`Mm::release_object`]: its dirty pages written back and synced,
-/// then kept or freed). Dropped by the thread that applied the unmap once
-/// it has let go of the gate and the global lock, so that faults go on
-/// while a slow store is written (`tests/reclaim_flush.rs`). Until then
-/// [`Events::quiesce`](super::Events::quiesce) waits for it: a map of the
-/// same store, a flush of the unmapped region or `Pager::flush_unmapped`
-/// finds the write-back done or listed.
+/// then kept or freed). An event read from a descriptor is released by
+/// the thread that applied it once it has let go of the gate and the
+/// global lock, so that faults go on while a slow store is written
+/// (`tests/reclaim_flush.rs`); regions a map or remap of the engine's own
+/// takes for unmapped ([`stale`], [`settle_stale`]) are released under its
+/// global lock. Until then [`Events::quiesce`](super::Events::quiesce)
+/// waits for it: a map of the same store, a flush of the unmapped region,
+/// `Region::unmap` or `Pager::flush_unmapped` finds the write-back done or
+/// listed. (A write-back in flight by another holder of the object, a
+/// flush, is waited for through [`crate::kept::KeptObjects::writing`].)
 #[must_use]
 pub struct Released<'a> {
     mm: &'a Mm,
@@ -50,7 +54,7 @@ pub struct Released<'a> {
 }
 
 impl<'a> Released<'a> {
-    fn new(mm: &'a Mm) -> Released<'a> {
+    pub(crate) fn new(mm: &'a Mm) -> Released<'a> {
         Released {
             mm,
             objects: Vec::new(),
@@ -65,18 +69,30 @@ impl<'a> Released<'a> {
 
 impl Drop for Released<'_> {
     fn drop(&mut self) {
-        for obj in self.objects.drain(..) {
+        /// The releases not yet counted off: counted off however the
+        /// loop ends (a panic in a store's write-back left `quiesce`
+        /// waiting for ever).
+        struct Left<'a>(&'a Mm, u32);
+        impl Drop for Left<'_> {
+            fn drop(&mut self) {
+                self.0.events.releasing.fetch_sub(self.1, SeqCst);
+            }
+        }
+        let mut left = Left(self.mm, self.objects.len() as u32);
+        for obj in std::mem::take(&mut self.objects) {
             // The last piece of an object gone: its dirty shared pages
             // are written back, as a file mapping's are after munmap
             // (kept for a later try if the store refuses them).
-            if let Err(err) = self.mm.release_object(obj) {
+            let r = self.mm.release_object(obj);
+            left.1 -= 1;
+            self.mm.events.releasing.fetch_sub(1, SeqCst);
+            if let Err(err) = r {
                 tracing::error!(
                     error = %err,
                     "writing back a region the application unmapped (its dirty pages are \
                      kept: Pager::flush_unmapped)"
                 );
             }
-            self.mm.events.releasing.fetch_sub(1, SeqCst);
         }
     }
 }
@@ -273,6 +289,7 @@ pub(crate) fn settle_stale(
     ranges: &[(usize, usize)],
     record: (usize, usize),
     ours: &crate::object::Object,
+    released: &mut Released<'_>,
 ) {
     let mine = Desc::of(ours).id(mm);
     for &(a, b) in ranges.iter().filter(|(a, b)| a < b) {
@@ -286,8 +303,7 @@ pub(crate) fn settle_stale(
             .map(|v| (v.start.max(a), v.end.min(b)))
             .collect();
         drop(there);
-        // (Released here, under the caller's global lock.)
-        apply(mm, Event::Unmap(a, b), None, &[], &mut Released::new(mm));
+        apply(mm, Event::Unmap(a, b), None, &[], released);
         let mut records = mm.events.lock_pre_applied();
         records.extend(
             keys.into_iter()
@@ -403,7 +419,7 @@ fn apply(
             // alone (the range is recorded).
             if let Some(v) = vmas.first() {
                 let dest = (to, to + (end - s));
-                settle_stale(mm, &[dest], dest, &v.object);
+                settle_stale(mm, &[dest], dest, &v.object, released);
             }
             for v in &vmas {
                 let Cut { mut kept, moved } = cut(mm, v, s, end, Some(to));

@@ -214,8 +214,10 @@ impl Events {
     }
 
     /// [`quiesce`](Self::quiesce) without the wait for releases: for a
-    /// fault that must restart once the events are applied, which a
-    /// write-back (of an object no region maps) does not concern.
+    /// fault that must restart once the events are applied, and for calls
+    /// that need only the address space up to date (populate, protect,
+    /// remap, `dontneed`, residency guards, `reclaim_pages`), which the
+    /// write-back of an object no region maps does not concern.
     /// Async-signal-safe.
     pub fn wait_applied(&self) {
         loop {

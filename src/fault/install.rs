@@ -63,8 +63,9 @@ const EAGAIN_PATIENCE_NS: u64 = 1_000_000_000;
 /// EAGAIN has two causes. The kernel could not take the page right now (a
 /// folio locked for migration or compaction, a racing change of the
 /// mapping): the first 100 retries spin, then each yields the CPU first,
-/// since whoever holds the folio may need it (and sleeps, once it lasts). Or a non-cooperative event is
-/// waiting to be read (the application's munmap, mremap or madvise): then
+/// since whoever holds the folio may need it (and sleeps, once it lasts).
+/// Or a non-cooperative event is waiting to be read (the application's
+/// munmap, mremap or madvise): then
 /// spinning would only hold the event reader up, so the install gives up at
 /// once with EAGAIN, and the fault restarts once the event is applied
 /// ([`crate::events`]). Handler threads give up at once in both cases: the

@@ -430,7 +430,7 @@ impl Pager {
         }
         // The application's own munmap/mmap just made is applied first,
         // so this call sees the address space it left.
-        mm.events.quiesce();
+        mm.events.wait_applied();
         let _section = mm.events.section();
         crate::reclaim::shrink(mm, nr)
     }

@@ -225,7 +225,7 @@ impl Region {
         let mm = &self.owner.mm;
         mm.check_owner()?;
         // (The application's own munmap or mremap applied first.)
-        mm.events.quiesce();
+        mm.events.wait_applied();
         let mut pieces: Vec<_> = mm
             .pieces(self.id)
             .iter()
@@ -257,7 +257,7 @@ impl Region {
         // An event the application's own `madvise` or `munmap` raised may
         // be read and not applied yet (handler-thread delivery): apply it
         // first, or these faults would act on the old view.
-        mm.events.quiesce();
+        mm.events.wait_applied();
         let mut a = start;
         while a < end {
             if crate::fault::handle_fault(mm, a, crate::fault::Access::engine(write))

@@ -22,16 +22,36 @@ impl Region {
         mm.check_owner()?;
         let Some(obj) = mm.pieces(self.id).first().map(|v| v.object.clone()) else {
             // The application unmapped it all itself; the unmap wrote it
-            // back, or kept what its store refused: written now. (Its
-            // unmap applied first. The object is found by address in the
-            // list, never revived from `object`: a reference that is not
-            // the list's must go back through `release_object`.)
-            mm.events.quiesce();
-            return mm.flush_unwritten_object(self.object.as_ptr());
+            // back, or kept what its store refused: written now.
+            return self.flush_unmapped_object();
         };
+        // A map of the store waits while this writes: the application may
+        // unmap the region meanwhile (this reference then writes what is
+        // left when it is given back), and a new region over the store
+        // would read the older bytes.
+        let _writing = mm.kept.writing(&obj.store);
         let r = mm.writeback_object(&obj, crate::writeback::Gate::Sections);
         // (The application may have unmapped it all meanwhile.)
         r.and(mm.release_object(obj))
+    }
+
+    /// [`flush`](Self::flush) of a region the application unmapped all of
+    /// itself: once its unmap is applied and released, and any flush of it
+    /// in flight (whose reference outlived the unmap) is done, what its
+    /// store refused is written. The object is found by address in the
+    /// list of unwritten ones; a reference revived from `object` meanwhile
+    /// goes back through `release_object`, as every holder's does.
+    fn flush_unmapped_object(&self) -> Result<()> {
+        let mm = &self.owner.mm;
+        mm.events.quiesce();
+        if let Some(obj) = self.object.upgrade() {
+            let store = obj.store.clone();
+            // (Given back as every holder's is: if this is the last
+            // reference, that writes it back.)
+            mm.release_object(obj)?;
+            mm.kept.wait_for(&store);
+        }
+        mm.flush_unwritten_object(self.object.as_ptr())
     }
 
     /// [`flush`](Self::flush) of the pages that hold store bytes
@@ -62,9 +82,12 @@ impl Region {
             // what its store refused, which must reach the store before
             // the change this flush comes before (else a later write-back
             // puts the older copy over it). As in `flush`.
-            mm.events.quiesce();
-            return mm.flush_unwritten_object(self.object.as_ptr());
+            return self.flush_unmapped_object();
         };
+        // A map of the store waits while this writes (the application may
+        // unmap the region meanwhile, and the rest of its dirty pages are
+        // written only when this gives its reference back).
+        let _writing = mm.kept.writing(&obj.store);
         let shift = obj.page_shift();
         let first = (offset >> shift) as usize;
         let end = offset.saturating_add(len).div_ceil(1 << shift) as usize;
