@@ -66,10 +66,10 @@ impl Drop for Writing<'_> {
 /// [`Store::identity`] (a file's device and inode), by which two stores
 /// over one file are one, as [`crate::unwritten`] counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct StoreKey(usize, Option<(u64, u64)>);
+pub(crate) struct StoreKey(usize, Option<(u64, u64)>);
 
 impl StoreKey {
-    fn of(s: &Arc<dyn Store>) -> StoreKey {
+    pub(crate) fn of(s: &Arc<dyn Store>) -> StoreKey {
         StoreKey(Arc::as_ptr(s) as *const () as usize, s.identity())
     }
 
@@ -112,16 +112,13 @@ impl KeptObjects {
         }
     }
 
-    /// Waits until no object over `store`, or over a store of the same
-    /// file, is on its way here. For a map of any install kind: an
-    /// anonymous region over the store reads it too.
-    pub fn wait_for(&self, store: &Arc<dyn Store>) {
+    /// Waits until no object over the store `key` names, or over a store
+    /// of the same file, is on its way here. For a map of any install
+    /// kind (an anonymous region over the store reads it too), and for a
+    /// flush of a region the application unmapped (by the key taken when
+    /// it was mapped: its store may be held by nobody else now).
+    pub(crate) fn wait_for(&self, key: StoreKey) {
         let mut w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        if w.is_empty() {
-            // (No store identity asked for, an `fstat` for a file.)
-            return;
-        }
-        let key = StoreKey::of(store);
         while w.iter().any(|k| k.same(&key)) {
             w = self.written.wait(w).unwrap_or_else(|e| e.into_inner());
         }

@@ -36,8 +36,9 @@ use std::sync::{Arc, Mutex};
 /// (else the unlock, landing after its lock, undid it).
 static MLOCKS: Mutex<()> = Mutex::new(());
 
-/// Whether any guard has `mlock`ed: until one has, a guard's drop unlocks
-/// nothing (a page no guard locked is left as the application locked it).
+/// Whether any guard has called `mlock2`: until one has, a guard's drop
+/// unlocks nothing (a page no guard locked is left as the application
+/// locked it).
 static ANY_MLOCKED: AtomicBool = AtomicBool::new(false);
 
 /// `munlock`s the runs of object pages `[first, end)` (mapped from
@@ -191,8 +192,10 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             // region's are in its memfd, where mlock's own faults find
             // them; the guard keeps reclaim off them).
             let r = unsafe { libc::mlock2(start as *const libc::c_void, end - start, flags) };
+            // (Noted even where it fails: the kernel may have locked part
+            // of the range before it failed.)
+            ANY_MLOCKED.store(true, Relaxed);
             if r == 0 {
-                ANY_MLOCKED.store(true, Relaxed);
                 guard.locked = Some((start, end));
             } else {
                 // Over RLIMIT_MEMLOCK, or a page went meanwhile: the engine's
@@ -225,11 +228,25 @@ impl Drop for ResidentGuard<'_> {
         }
         {
             // The pages this guard was the last of are unlocked, if any
-            // guard ever locked (see `MLOCKS`).
+            // guard ever locked (see `MLOCKS`), and only where the region
+            // still maps them where the guard found them: the application
+            // may have moved or unmapped it with its own `mremap`/`munmap`
+            // meanwhile, and what is at those addresses now is not this
+            // guard's to unlock (another region's guarded pages, say).
+            self.mm.events.wait_applied();
             let _order = MLOCKS.lock().unwrap_or_else(|e| e.into_inner());
             let obj = self.obj();
-            let unlock = self.locked.is_some() || ANY_MLOCKED.load(Relaxed);
-            munlock_picked(self.start, obj.page_shift(), self.first, self.end, |i| {
+            let shift = obj.page_shift();
+            let in_place = || {
+                let _g = self.mm.lock.read();
+                self.mm.find_vma_locked(self.start).is_some_and(|v| {
+                    std::ptr::eq(Arc::as_ptr(&v.object), obj)
+                        && v.page_index(self.start) == self.first
+                        && self.start + ((self.end - self.first) << shift) <= v.end
+                })
+            };
+            let unlock = (self.locked.is_some() || ANY_MLOCKED.load(Relaxed)) && in_place();
+            munlock_picked(self.start, shift, self.first, self.end, |i| {
                 obj.cache.unguard(i) && unlock
             });
         }

@@ -289,3 +289,40 @@ fn a_guard_dropped_leaves_an_overlapping_guards_pages_locked() {
         assert!(!mlocked(base + pg * PAGE), "page {pg} stayed locked");
     }
 }
+
+/// A guarded region the application moves with its own `mremap`, and
+/// another region mapped and guarded where it was: dropping the first
+/// guard leaves the second region's pages locked (it unlocked the
+/// addresses it had locked, which were the second region's by then).
+#[test]
+fn a_moved_regions_guard_leaves_what_is_mapped_where_it_was_locked() {
+    let p = Pager::builder().budget_pages(64).build().unwrap();
+    // (Fixed ranges out of the kernel's way: a concurrent test's mapping
+    // could take the range the move frees.)
+    let at = |addr| uffd_pager::MapOptions {
+        fixed_addr: Some(addr),
+        ..uffd_pager::MapOptions::default()
+    };
+    let was = free_range(4 * PAGE);
+    let first = p.map_anonymous_with(4 * PAGE, &at(was)).unwrap();
+    let g1 = first.lock_resident(0, 4 * PAGE).unwrap();
+    if !g1.mlocked() {
+        eprintln!("skipped: the kernel refused mlock (RLIMIT_MEMLOCK)");
+        return;
+    }
+    app_mremap(was, 4 * PAGE, 4 * PAGE, free_range(4 * PAGE));
+    let second = p.map_anonymous_with(4 * PAGE, &at(was)).unwrap();
+    let g2 = second.lock_resident(0, 4 * PAGE).unwrap();
+    assert!(g2.mlocked());
+    drop(g1);
+    for pg in 0..4 {
+        assert!(
+            mlocked(was + pg * PAGE),
+            "page {pg} of the region mapped where the first was got unlocked"
+        );
+    }
+    drop(g2);
+    assert!(!mlocked(was));
+    drop(second);
+    drop(first);
+}

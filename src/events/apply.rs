@@ -79,7 +79,11 @@ impl Drop for Released<'_> {
             }
         }
         let mut left = Left(self.mm, self.objects.len() as u32);
-        for obj in std::mem::take(&mut self.objects) {
+        // Not dropped on a panic: an object not released may still be in
+        // the rmap, which holds it by address. Leaked instead.
+        let mut objects = std::mem::ManuallyDrop::new(std::mem::take(&mut self.objects));
+        objects.reverse();
+        while let Some(obj) = objects.pop() {
             // The last piece of an object gone: its dirty shared pages
             // are written back, as a file mapping's are after munmap
             // (kept for a later try if the store refuses them).
@@ -94,6 +98,8 @@ impl Drop for Released<'_> {
                 );
             }
         }
+        // (Empty now: its allocation goes.)
+        drop(std::mem::ManuallyDrop::into_inner(objects));
     }
 }
 

@@ -413,7 +413,8 @@ impl Pager {
         // (One whose unmap is writing its dirty pages back first is waited
         // for, by a map of either kind, since both read the store: then it
         // is kept, or listed as unwritten and flushed here.)
-        mm.kept.wait_for(&store);
+        let key = crate::kept::StoreKey::of(&store);
+        mm.kept.wait_for(key);
         if let Err(e) = mm.flush_unwritten(same) {
             return Err(Error::UnwrittenPages {
                 bytes: mm.unwritten.bytes(same),
@@ -495,7 +496,15 @@ impl Pager {
         // this is the last reference (see `Mm::release_object`). (An error
         // there is a write-back of that unmap's, which keeps its pages.)
         let _ = mm.release_object(obj);
-        let region = Region::new(self.inner.clone(), id, start, len, 1 << shift, kind, object);
+        let region = Region::new(
+            self.inner.clone(),
+            id,
+            start,
+            len,
+            1 << shift,
+            kind,
+            (object, key),
+        );
         if opts.populate {
             region.populate(0, len)?;
         }

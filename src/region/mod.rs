@@ -67,7 +67,14 @@ pub struct Region {
     /// all of it (its pages may wait in [`crate::unwritten`]): found there
     /// by address. Weak: the region does not keep it alive, but its
     /// allocation stays, so no other object takes that address meanwhile.
+    /// Never upgraded: a reference revived from it could be the last of
+    /// an object being released from the kept or unwritten list, and
+    /// release it twice.
     object: std::sync::Weak<crate::object::Object>,
+    /// Its store, as a flush in flight holds it
+    /// ([`crate::kept::KeptObjects::writing`]): a flush after the
+    /// application unmapped the region waits for one.
+    store: crate::kept::StoreKey,
 }
 
 /// `Region { addr: 0x7f.., len: 65536, kind: Shared, writable: true }`:
@@ -95,7 +102,10 @@ impl Region {
         len: usize,
         page_size: usize,
         kind: crate::object::InstallKind,
-        object: std::sync::Weak<crate::object::Object>,
+        (object, store): (
+            std::sync::Weak<crate::object::Object>,
+            crate::kept::StoreKey,
+        ),
     ) -> Region {
         Region {
             owner,
@@ -105,6 +115,7 @@ impl Region {
             page_size,
             kind,
             object,
+            store,
         }
     }
 

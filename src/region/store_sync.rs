@@ -36,21 +36,14 @@ impl Region {
     }
 
     /// [`flush`](Self::flush) of a region the application unmapped all of
-    /// itself: once its unmap is applied and released, and any flush of it
-    /// in flight (whose reference outlived the unmap) is done, what its
-    /// store refused is written. The object is found by address in the
-    /// list of unwritten ones; a reference revived from `object` meanwhile
-    /// goes back through `release_object`, as every holder's does.
+    /// itself: once its unmap is applied and released, and any flush of its
+    /// store in flight (whose reference to the object outlived the unmap)
+    /// is done, what the store refused is written. The object is found by
+    /// address in the list of unwritten ones, never revived from `object`.
     fn flush_unmapped_object(&self) -> Result<()> {
         let mm = &self.owner.mm;
         mm.events.quiesce();
-        if let Some(obj) = self.object.upgrade() {
-            let store = obj.store.clone();
-            // (Given back as every holder's is: if this is the last
-            // reference, that writes it back.)
-            mm.release_object(obj)?;
-            mm.kept.wait_for(&store);
-        }
+        mm.kept.wait_for(self.store);
         mm.flush_unwritten_object(self.object.as_ptr())
     }
 
