@@ -140,15 +140,19 @@ impl Words {
 
 impl PageCache {
     /// A cache of `npages` absent pages.
+    /// ENOMEM where the words would not fit in the address space.
     pub fn new(npages: usize) -> Result<PageCache, i32> {
+        let bytes = npages
+            .checked_mul(4)
+            .and_then(|b| b.checked_next_multiple_of(PAGE_SIZE))
+            .ok_or(libc::ENOMEM)?;
         let words = if npages <= INLINE_WORDS {
             Words::Inline(Default::default())
-        } else if npages * 4 <= SMALL_WORDS || cfg!(loom) {
+        } else if bytes <= SMALL_WORDS || cfg!(loom) {
             // (A mapping of zeros is no array of loom's atomics: under the
             // model checker every word array lives on the heap.)
             Words::Heap((0..npages.max(1)).map(|_| AtomicU32::new(0)).collect())
         } else {
-            let bytes = (npages * 4).div_ceil(PAGE_SIZE) * PAGE_SIZE;
             Words::Mapped(Mapping::anonymous(bytes)?)
         };
         Ok(PageCache { words, npages })

@@ -438,3 +438,17 @@ fn a_refused_map_leaves_the_address_hold_as_it_was() {
         "taken over: the hold's drop left it"
     );
 }
+
+/// `Footprint::of` with page counts whose state words overflow the
+/// address space: an error, never an arithmetic panic (debug builds) or a
+/// figure computed from a wrapped size (release builds).
+#[test]
+fn a_footprint_past_the_address_space_is_an_error() {
+    for pages in [1usize << 62, (1 << 62) + 1000, usize::MAX / 2, usize::MAX] {
+        assert!(
+            uffd_pager::Footprint::of(pages, 0).is_err(),
+            "{pages} pages"
+        );
+    }
+    assert!(uffd_pager::Footprint::of(1 << 20, 0).is_ok());
+}

@@ -326,3 +326,40 @@ fn a_moved_regions_guard_leaves_what_is_mapped_where_it_was_locked() {
     drop(second);
     drop(first);
 }
+
+/// A writable shared region whose first page the application unmapped
+/// itself: a guard on the rest still faults its pages in for a write, so a
+/// `read(2)` into the guarded buffer succeeds. The region's flags were
+/// looked up at its first address, found nothing there, and the pages
+/// were faulted in for read, write-protected: the `read(2)` failed with
+/// `EFAULT` (in-thread delivery does not serve a fault in a system call).
+#[test]
+fn a_guard_after_the_regions_first_page_went_makes_it_writable() {
+    let p = Pager::builder().build().unwrap();
+    let store = std::sync::Arc::new(uffd_pager::store::MemoryStore::new(4 * PAGE as u64).unwrap());
+    let opts = uffd_pager::MapOptions {
+        kind: Some(uffd_pager::InstallKind::Shared),
+        ..uffd_pager::MapOptions::default()
+    };
+    // SAFETY: only this region changes the store.
+    let r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    // SAFETY: the application unmaps the region's first page itself.
+    assert_eq!(unsafe { libc::munmap(r.as_ptr().cast(), PAGE) }, 0);
+    let g = r.lock_resident(PAGE, PAGE).unwrap();
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: two bytes from a local.
+    assert_eq!(unsafe { libc::write(fds[1], b"xy".as_ptr().cast(), 2) }, 2);
+    // SAFETY: the guarded, resident second page of the region.
+    let n = unsafe { libc::read(fds[0], r.as_ptr().add(PAGE).cast(), 2) };
+    let e = errno();
+    drop(g);
+    // SAFETY: closing our own descriptors.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: as above.
+    unsafe { libc::close(fds[1]) };
+    assert_eq!(n, 2, "read(2) into the guarded buffer: errno {e}");
+    r.flush().unwrap();
+    assert_eq!(&store.snapshot()[PAGE..PAGE + 2], b"xy");
+}

@@ -281,20 +281,19 @@ impl Region {
         Ok(())
     }
 
+    /// Whether the region is pinned and writable, and its install kind:
+    /// those of its pieces (by its id: the application may have unmapped
+    /// its first pages with its own `munmap`, and another region may be
+    /// mapped there since). Not pinned nor writable once no piece is left.
     fn vma_flags(&self) -> (bool, bool, crate::object::InstallKind) {
-        self.owner
-            .mm
-            .table
-            .read(|t| {
-                t.find(self.start).map(|v| {
-                    (
-                        v.pinned,
-                        v.writable.load(std::sync::atomic::Ordering::Acquire),
-                        v.object.kind,
-                    )
-                })
-            })
-            .unwrap_or((false, false, crate::object::InstallKind::Anonymous))
+        let pieces = self.owner.mm.pieces(self.id);
+        pieces.first().map_or((false, false, self.kind), |v| {
+            (
+                v.pinned,
+                v.writable.load(std::sync::atomic::Ordering::Acquire),
+                v.object.kind,
+            )
+        })
     }
 
     /// Advises how the region will be read from now on (the
