@@ -195,6 +195,23 @@ fn read_2_into_a_region_made_read_only_is_efault() {
     }
 }
 
+/// A writable shared region of 4 pages over a memory store of its own.
+fn shared_region(
+    p: &Pager,
+) -> (
+    uffd_pager::Region,
+    std::sync::Arc<uffd_pager::store::MemoryStore>,
+) {
+    let store = std::sync::Arc::new(uffd_pager::store::MemoryStore::new(4 * PAGE as u64).unwrap());
+    let opts = uffd_pager::MapOptions {
+        kind: Some(uffd_pager::InstallKind::Shared),
+        ..uffd_pager::MapOptions::default()
+    };
+    // SAFETY: only this region changes the store.
+    let r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    (r, store)
+}
+
 /// A flush while a residency guard holds a buffer of a shared region: the
 /// write-back protected the guarded page again for its dirty tracking, and
 /// the next `read(2)` into it failed with `EFAULT` (in-thread delivery
@@ -203,13 +220,7 @@ fn read_2_into_a_region_made_read_only_is_efault() {
 #[test]
 fn a_flush_leaves_a_guarded_buffer_writable_for_system_calls() {
     let p = Pager::builder().build().unwrap();
-    let store = std::sync::Arc::new(uffd_pager::store::MemoryStore::new(4 * PAGE as u64).unwrap());
-    let opts = uffd_pager::MapOptions {
-        kind: Some(uffd_pager::InstallKind::Shared),
-        ..uffd_pager::MapOptions::default()
-    };
-    // SAFETY: only this region changes the store.
-    let r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    let (r, store) = shared_region(&p);
     let g = r.lock_resident(0, PAGE).unwrap();
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two descriptors into `fds`.
@@ -336,13 +347,7 @@ fn a_moved_regions_guard_leaves_what_is_mapped_where_it_was_locked() {
 #[test]
 fn a_guard_after_the_regions_first_page_went_makes_it_writable() {
     let p = Pager::builder().build().unwrap();
-    let store = std::sync::Arc::new(uffd_pager::store::MemoryStore::new(4 * PAGE as u64).unwrap());
-    let opts = uffd_pager::MapOptions {
-        kind: Some(uffd_pager::InstallKind::Shared),
-        ..uffd_pager::MapOptions::default()
-    };
-    // SAFETY: only this region changes the store.
-    let r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    let (r, store) = shared_region(&p);
     // SAFETY: the application unmaps the region's first page itself.
     assert_eq!(unsafe { libc::munmap(r.as_ptr().cast(), PAGE) }, 0);
     let g = r.lock_resident(PAGE, PAGE).unwrap();
