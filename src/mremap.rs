@@ -219,8 +219,9 @@ fn settle_stale(mm: &Mm, vma: &Vma, got: std::ops::Range<usize>, own: std::ops::
         (got.start, got.end.min(own.start)),
         (got.start.max(own.end), got.end),
     ];
-    // (Released here, under the global lock.)
-    let mut released = crate::events::apply::Released::new(mm);
+    // (Handed to the release thread; released here, under the global
+    // lock, where none runs.)
+    let mut released = crate::events::release::Released::new(mm);
     crate::events::apply::settle_stale(
         mm,
         &outside,

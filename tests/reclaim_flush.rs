@@ -550,3 +550,47 @@ fn a_map_of_the_store_waits_for_a_flush_in_flight() {
     assert_eq!(store.inner.snapshot()[5 * PAGE], 5);
     drop(region);
 }
+
+/// Two `munmap`s of the application's, the first of a region whose store's
+/// sync is slow: the second returns while the first region's write-back
+/// waits. With in-thread delivery the event reader wrote the first region
+/// back itself, and read no other event until the sync ended.
+#[test]
+fn a_slow_write_back_holds_up_no_other_munmap() {
+    let pager = Pager::builder().budget_pages(64).build().unwrap();
+    let store = SyncStore::new(&vec![0; PAGES * PAGE], false, false);
+    // SAFETY: only this region changes the store.
+    let slow =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    // SAFETY: the region's bytes, no slice of them alive.
+    unsafe { std::ptr::write_volatile(slow.as_ptr(), 4) };
+    let other = pager.map_anonymous(4 * PAGE).unwrap();
+    let spans = [slow.as_ptr() as usize, other.as_ptr() as usize];
+    let lens = [slow.len(), other.len()];
+    // The application's munmaps take them.
+    std::mem::forget(slow);
+    std::mem::forget(other);
+    std::thread::scope(|s| {
+        // SAFETY: region memory the test gave up (forget) for the
+        // application to unmap.
+        let unmap = |k: usize| unsafe { libc::munmap(spans[k] as *mut libc::c_void, lens[k]) };
+        let first = s.spawn(move || unmap(0));
+        while !store.in_sync.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let second = s.spawn(move || unmap(1));
+        let start = std::time::Instant::now();
+        while !second.is_finished() && start.elapsed() < std::time::Duration::from_secs(3) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let returned = second.is_finished();
+        *store.open.lock().unwrap() = true;
+        store.opened.notify_all();
+        assert!(returned, "a munmap waited for another region's write-back");
+        assert_eq!(first.join().unwrap(), 0);
+        assert_eq!(second.join().unwrap(), 0);
+    });
+    pager.flush_unmapped().unwrap();
+    assert_eq!(store.inner.snapshot()[0], 4);
+    assert!(pager.stats().get(Counter::EVENT_UNMAP) >= 2);
+}

@@ -1,6 +1,7 @@
 //! Applying the events [`super::Events`] queued: under the gate's write
 //! side and the global write lock, in read order.
 
+use super::release::Released;
 use super::Event;
 use crate::address_space::Mm;
 use crate::stats::Counter;
@@ -32,74 +33,6 @@ pub fn queued_locked<'a>(mm: &'a Mm, _gate: &WriteGuard<'_>) -> Released<'a> {
         };
         apply_read(mm, e, from, &mut released);
         mm.events.busy.fetch_sub(1, SeqCst);
-    }
-}
-
-/// Objects whose last region an applied unmap took: dropped, it releases
-/// each ([`Mm::release_object`]: its dirty pages written back and synced,
-/// then kept or freed). An event read from a descriptor is released by
-/// the thread that applied it once it has let go of the gate and the
-/// global lock, so that faults go on while a slow store is written
-/// (`tests/reclaim_flush.rs`); regions a map or remap of the engine's own
-/// takes for unmapped ([`stale`], [`settle_stale`]) are released under its
-/// global lock. Until then [`Events::quiesce`](super::Events::quiesce)
-/// waits for it: a map of the same store, a flush of the unmapped region,
-/// `Region::unmap` or `Pager::flush_unmapped` finds the write-back done or
-/// listed. (A write-back in flight by another holder of the object, a
-/// flush, is waited for through [`crate::kept::KeptObjects::writing`].)
-#[must_use]
-pub struct Released<'a> {
-    mm: &'a Mm,
-    objects: Vec<Arc<crate::object::Object>>,
-}
-
-impl<'a> Released<'a> {
-    pub(crate) fn new(mm: &'a Mm) -> Released<'a> {
-        Released {
-            mm,
-            objects: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, obj: Arc<crate::object::Object>) {
-        self.mm.events.releasing.fetch_add(1, SeqCst);
-        self.objects.push(obj);
-    }
-}
-
-impl Drop for Released<'_> {
-    fn drop(&mut self) {
-        /// The releases not yet counted off: counted off however the
-        /// loop ends (a panic in a store's write-back left `quiesce`
-        /// waiting for ever).
-        struct Left<'a>(&'a Mm, u32);
-        impl Drop for Left<'_> {
-            fn drop(&mut self) {
-                self.0.events.releasing.fetch_sub(self.1, SeqCst);
-            }
-        }
-        let mut left = Left(self.mm, self.objects.len() as u32);
-        // Not dropped on a panic: an object not released may still be in
-        // the rmap, which holds it by address. Leaked instead.
-        let mut objects = std::mem::ManuallyDrop::new(std::mem::take(&mut self.objects));
-        objects.reverse();
-        while let Some(obj) = objects.pop() {
-            // The last piece of an object gone: its dirty shared pages
-            // are written back, as a file mapping's are after munmap
-            // (kept for a later try if the store refuses them).
-            let r = self.mm.release_object(obj);
-            left.1 -= 1;
-            self.mm.events.releasing.fetch_sub(1, SeqCst);
-            if let Err(err) = r {
-                tracing::error!(
-                    error = %err,
-                    "writing back a region the application unmapped (its dirty pages are \
-                     kept: Pager::flush_unmapped)"
-                );
-            }
-        }
-        // (Empty now: its allocation goes.)
-        drop(std::mem::ManuallyDrop::into_inner(objects));
     }
 }
 
@@ -256,7 +189,8 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
 /// hide the new region from an unmap of its own.)
 pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     if mm.table.read(|t| t.overlaps(start, end, None)) {
-        // (Released here, under the caller's global lock.)
+        // (Handed to the release thread; released here, under the
+        // caller's global lock, where none runs.)
         apply(
             mm,
             Event::Unmap(start, end),

@@ -43,9 +43,9 @@
 //!   anonymous pages inside are discarded, shared ones stay cached. An
 //!   object whose last region it took is released (its dirty pages written
 //!   back and synced, then kept or freed) by the thread that applied it,
-//!   once it has let go of the gate and the global lock
-//!   ([`apply::Released`]): under them, a slow store held every fault of
-//!   the pager for as long as the write-back took.
+//!   once it has let go of the gate and the global lock, or by a release
+//!   thread of its own ([`release`]): under them, a slow store held every
+//!   fault of the pager for as long as the write-back took.
 //! - `REMAP`: the part inside the moved range is published at its new
 //!   address (the kernel moved its PTEs and its registration with it).
 
@@ -56,6 +56,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Mutex;
 
 pub mod apply;
+pub mod release;
 
 /// The event features a descriptor asks for on top of `base`: `munmap`
 /// and `mremap` always; `madvise` unless `quiet`.
@@ -95,8 +96,10 @@ pub struct Events {
     /// Reads in flight plus events queued and not yet applied.
     busy: AtomicU32,
     /// Objects an applied unmap left to release and not yet released
-    /// ([`apply::Released`]).
+    /// ([`release::Released`]).
     releasing: AtomicU32,
+    /// The release thread's queue ([`release`]).
+    release: release::Queue,
     /// Events applied so far.
     applied: AtomicU64,
     /// Unread `UNMAP`s already applied, each by the range it unmaps (the

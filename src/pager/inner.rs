@@ -13,6 +13,8 @@ pub(crate) struct PagerInner {
     pub(super) kswapd: Option<std::thread::JoinHandle<()>>,
     pub(super) ra_threads: Vec<std::thread::JoinHandle<()>>,
     pub(super) io_threads: Vec<std::thread::JoinHandle<()>>,
+    /// The release thread ([`crate::events::release`]).
+    pub(super) release: Option<std::thread::JoinHandle<()>>,
     /// In the SIGBUS handler's registry.
     pub(super) in_registry: bool,
 }
@@ -26,7 +28,15 @@ impl Drop for PagerInner {
             std::mem::forget(self.kswapd.take());
             std::mem::forget(std::mem::take(&mut self.ra_threads));
             std::mem::forget(std::mem::take(&mut self.io_threads));
+            std::mem::forget(self.release.take());
             return;
+        }
+        // What the release thread holds is released first (it may keep
+        // objects, which go just below); later events' objects are
+        // released by the threads that apply them.
+        if let Some(t) = self.release.take() {
+            crate::events::release::stop(&self.mm);
+            let _ = t.join();
         }
         // Objects kept cached after their regions went (`crate::kept`):
         // written back already, released while reclaim and the I/O

@@ -315,6 +315,7 @@ impl PagerBuilder {
             kswapd: None,
             ra_threads: Vec::new(),
             io_threads: Vec::new(),
+            release: None,
             in_registry: false,
         };
         let io = |what: &str| {
@@ -331,6 +332,7 @@ impl PagerBuilder {
             &mut inner.io_threads,
         )
         .map_err(io("I/O workers"))?;
+        inner.release = Some(crate::events::release::start(&mm).map_err(io("the release thread"))?);
         if self.config.readahead_pages > 0 {
             inner.ra_threads =
                 crate::readahead::start(&mm, self.config.readahead_threads, &mut inner.ra_threads)
