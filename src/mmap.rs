@@ -398,15 +398,15 @@ impl Mm {
     /// dropped only where its object lives on in a new VMA or in a
     /// reference given back here.)
     pub(crate) fn release_object(&self, obj: Arc<Object>) -> Result<()> {
-        {
-            let _g = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
-            if Arc::strong_count(&obj) > 1 {
-                drop(obj);
-                return Ok(());
-            }
-        }
+        let Some(obj) = self.give_back_unless_last(obj) else {
+            return Ok(());
+        };
         // The only reference now: no VMA, kept list or holder has another,
-        // so none can be made.
+        // so none can be made. Until it reaches `release_now`, which takes
+        // it out of the rmap first, a panic (in the store's own code:
+        // `writable`, `contents_stamp`) leaks it rather than freeing what
+        // the rmap still points at.
+        let obj = Unreleased(Some(obj));
         // Kept ([`crate::kept`]): a shared object, written back in full,
         // over a store someone else still holds (so it can be mapped
         // again), whose stamp has not moved since the object was made (its
@@ -443,14 +443,26 @@ impl Mm {
             let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
             if written && !pinned && obj.store.contents_stamp() == Some(made) {
                 let mut r = Ok(());
-                for out in self.kept.keep(obj, made, cap) {
+                for out in self.kept.keep(obj.take(), made, cap) {
                     let x = self.release_now(out);
                     r = r.and(x);
                 }
                 return r;
             }
         }
-        self.release_now(obj)
+        self.release_now(obj.take())
+    }
+
+    /// The first step of [`release_object`](Self::release_object): drops
+    /// `obj` if another reference is left, under the lock that orders two
+    /// holders giving theirs back; returns it if it is the last. Cheap
+    /// (a mutex, no store call): an unmap being applied gives back at once
+    /// a reference that is not the last, so that the holder of the last
+    /// one (a residency guard dropped next) releases the object itself
+    /// ([`crate::events::release::Released::push`]).
+    pub(crate) fn give_back_unless_last(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
+        let _g = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        (Arc::strong_count(&obj) == 1).then_some(obj)
     }
 
     /// Writes `obj`'s dirty pages back, uncharges its resident pages and
@@ -522,4 +534,31 @@ pub(crate) fn past_the_end(addr: usize, len: usize) -> Error {
     Error::Config(format!(
         "range {addr:#x}+{len:#x} runs past the end of the address space"
     ))
+}
+
+/// The last reference to an object but the rmap's, on its way to
+/// [`Mm::release_now`] or the kept list: forgotten, not freed, if it is
+/// dropped before it gets there (a panic unwinding past it), since the
+/// rmap still holds the object by address.
+struct Unreleased(Option<Arc<Object>>);
+
+impl Unreleased {
+    fn take(mut self) -> Arc<Object> {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl std::ops::Deref for Unreleased {
+    type Target = Arc<Object>;
+    fn deref(&self) -> &Arc<Object> {
+        self.0.as_ref().expect("taken only by `take`")
+    }
+}
+
+impl Drop for Unreleased {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            std::mem::forget(obj);
+        }
+    }
 }

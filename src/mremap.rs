@@ -219,9 +219,8 @@ fn settle_stale(mm: &Mm, vma: &Vma, got: std::ops::Range<usize>, own: std::ops::
         (got.start, got.end.min(own.start)),
         (got.start.max(own.end), got.end),
     ];
-    // (Handed to the release thread; released here, under the global
-    // lock, where none runs.)
-    let mut released = crate::events::release::Released::new(mm);
+    // (Released here, under the global lock: see `Released::here`.)
+    let mut released = crate::events::release::Released::here(mm);
     crate::events::apply::settle_stale(
         mm,
         &outside,

@@ -189,14 +189,14 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
 /// hide the new region from an unmap of its own.)
 pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
     if mm.table.read(|t| t.overlaps(start, end, None)) {
-        // (Handed to the release thread; released here, under the
-        // caller's global lock, where none runs.)
+        // (Released here, under the caller's global lock: see
+        // `Released::here`.)
         apply(
             mm,
             Event::Unmap(start, end),
             None,
             &[],
-            &mut Released::new(mm),
+            &mut Released::here(mm),
         );
     }
     // (Recorded for a range a move left too, which the table no longer

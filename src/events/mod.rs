@@ -42,10 +42,10 @@
 //! - `UNMAP`: the range is no longer the region's. Pieces outside it stay;
 //!   anonymous pages inside are discarded, shared ones stay cached. An
 //!   object whose last region it took is released (its dirty pages written
-//!   back and synced, then kept or freed) by the thread that applied it,
-//!   once it has let go of the gate and the global lock, or by a release
-//!   thread of its own ([`release`]): under them, a slow store held every
-//!   fault of the pager for as long as the write-back took.
+//!   back and synced, then kept or freed) by the pager's release thread
+//!   ([`release`]), outside the gate and the global lock: under them, a
+//!   slow store held every fault of the pager for as long as the
+//!   write-back took.
 //! - `REMAP`: the part inside the moved range is published at its new
 //!   address (the kernel moved its PTEs and its registration with it).
 

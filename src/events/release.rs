@@ -10,7 +10,10 @@
 //! thread (`uffd-release`), which releases them one at a time, in the
 //! order they came. Where that thread does not run (not started yet, or
 //! stopped as the pager goes), the applying thread releases them itself,
-//! once it has let go of the gate and the global lock.
+//! once it has let go of the gate and the global lock. Regions a map or
+//! remap of the engine's own takes for unmapped are released by that
+//! call, under its global lock, before its new region is published
+//! ([`Released::here`]).
 //!
 //! Until an object is released, [`Events::quiesce`](super::Events::quiesce)
 //! waits for it (the `releasing` count): a map of the same store, a flush
@@ -32,27 +35,56 @@ use std::sync::{Arc, Condvar, Mutex};
 pub struct Released<'a> {
     mm: &'a Mm,
     objects: Vec<Arc<Object>>,
+    /// To the release thread where it runs ([`Released::new`]), or here.
+    hand_over: bool,
 }
 
 impl<'a> Released<'a> {
+    /// For the objects an event leaves: handed to the release thread.
     pub(crate) fn new(mm: &'a Mm) -> Released<'a> {
         Released {
             mm,
             objects: Vec::new(),
+            hand_over: true,
         }
     }
 
-    /// Adds `obj`, counted as releasing from now on.
+    /// For the objects a map or remap of the engine's own takes for
+    /// unmapped ([`super::apply::stale`], [`super::apply::settle_stale`]):
+    /// released by the caller, under its global lock, before its new
+    /// region is published. (Handed over, the release could write the
+    /// stale object's dirty pages back after the new region, over the same
+    /// store, had read them: its older bytes, and then its own writes
+    /// overwritten.)
+    pub(crate) fn here(mm: &'a Mm) -> Released<'a> {
+        Released {
+            mm,
+            objects: Vec::new(),
+            hand_over: false,
+        }
+    }
+
+    /// Adds `obj`, counted as releasing from now on, if this is its last
+    /// reference; gives it back at once otherwise (the holder of the last
+    /// one, a residency guard or a flush, releases the object when it is
+    /// done: a guard dropped once the event is applied writes the pages
+    /// back itself, `tests/guest_app.rs`).
     pub(crate) fn push(&mut self, obj: Arc<Object>) {
-        self.mm.events.releasing.fetch_add(1, SeqCst);
-        self.objects.push(obj);
+        if let Some(obj) = self.mm.give_back_unless_last(obj) {
+            self.mm.events.releasing.fetch_add(1, SeqCst);
+            self.objects.push(obj);
+        }
     }
 }
 
 impl Drop for Released<'_> {
     fn drop(&mut self) {
         for obj in std::mem::take(&mut self.objects) {
-            if let Err(obj) = self.mm.events.release.hand_over(obj) {
+            let obj = match self.hand_over {
+                true => self.mm.events.release.hand_over(obj),
+                false => Err(obj),
+            };
+            if let Err(obj) = obj {
                 release_one(self.mm, obj);
             }
         }
@@ -60,7 +92,8 @@ impl Drop for Released<'_> {
 }
 
 /// Releases `obj` and counts it off; a panic in the release is caught
-/// (logged, and counted off too: `quiesce` would wait for it for ever).
+/// (logged, and counted off too: `quiesce` would wait for it for ever;
+/// the object is leaked, see `Unreleased` in `mmap.rs`).
 fn release_one(mm: &Mm, obj: Arc<Object>) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.release_object(obj)));
     mm.events.releasing.fetch_sub(1, SeqCst);
