@@ -230,7 +230,34 @@ impl Mm {
     }
 
     /// The pieces of region `id`, in address order.
+    ///
+    /// Hazard: a piece's reference holds its object, and once the
+    /// application's own unmap of the region is applied it can be the
+    /// object's last: dropped plainly then, it frees the object without its
+    /// release (dirty pages lost, the rmap pointing at freed memory; see
+    /// [`Mm::release_object`]). So a caller drops them under the global
+    /// lock (which applying an event takes for writing), or holds a
+    /// reference of its own to the object that it gives back through
+    /// `release_object`; one that needs only their spans and flags takes
+    /// [`piece_spans`](Self::piece_spans), which holds no reference.
     pub(crate) fn pieces(&self, id: u64) -> Vec<Arc<Vma>> {
+        self.with_pieces(id, |v| v.clone())
+    }
+
+    /// Where the pieces of region `id` are and how they are mapped, in
+    /// address order, read without taking a reference to them (see
+    /// [`pieces`](Self::pieces)' hazard).
+    pub(crate) fn piece_spans(&self, id: u64) -> Vec<PieceSpan> {
+        self.with_pieces(id, |v| PieceSpan {
+            start: v.start,
+            end: v.end,
+            pinned: v.pinned,
+            writable: v.writable.load(Acquire),
+            kind: v.object.kind,
+        })
+    }
+
+    fn with_pieces<T>(&self, id: u64, f: impl Fn(&Arc<Vma>) -> T) -> Vec<T> {
         let spans = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         let Some(starts) = spans.get(&id) else {
             return Vec::new();
@@ -238,7 +265,7 @@ impl Mm {
         self.table.read(|t| {
             starts
                 .iter()
-                .filter_map(|&s| t.find(s).filter(|v| v.start == s && v.id == id).cloned())
+                .filter_map(|&s| t.find(s).filter(|v| v.start == s && v.id == id).map(&f))
                 .collect()
         })
     }
@@ -252,7 +279,10 @@ impl Mm {
             return Vec::new();
         }
         self.events.wait_applied();
-        self.pieces(id).iter().map(|v| v.start..v.end).collect()
+        self.piece_spans(id)
+            .iter()
+            .map(|v| v.start..v.end)
+            .collect()
     }
 
     /// The one piece of region `id`, or an error if the application split
@@ -561,4 +591,14 @@ impl Drop for Unreleased {
             std::mem::forget(obj);
         }
     }
+}
+
+/// A piece of a region as [`Mm::piece_spans`] reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PieceSpan {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) pinned: bool,
+    pub(crate) writable: bool,
+    pub(crate) kind: InstallKind,
 }

@@ -636,3 +636,49 @@ fn a_batch_that_meets_a_locked_region_frees_the_other_pages() {
         assert_eq!(hi.as_slice()[at], pattern(hi_seed, at), "page {k}");
     }
 }
+
+/// Another thread asks where the region is (`Region::mapped`, which
+/// `prefault`, `lock_resident` and `populate` ask too) while the
+/// application unmaps it with its own `munmap`: the region's dirty pages
+/// still reach the store. The pieces it read held references to the
+/// object, and dropped after the unmap was applied, the last of them freed
+/// the object without its write-back (the rmap still pointing at it).
+#[test]
+fn asking_where_a_region_is_beside_its_munmap_loses_no_write() {
+    let p = Pager::builder()
+        .budget_pages(64)
+        .keep_unmapped(0)
+        .build()
+        .unwrap();
+    for round in 0..3000u32 {
+        let store = Arc::new(MemoryStore::from_bytes(&[0u8; 4 * PAGE]).unwrap());
+        // SAFETY: only this region changes the store.
+        let r = unsafe { p.map_store(store.clone(), 4 * PAGE, &MapOptions::default()) }.unwrap();
+        let base = r.as_ptr() as usize;
+        let mark = (round % 250) as u8 + 1;
+        // SAFETY: inside the region, mapped writable.
+        unsafe { std::ptr::write_volatile((base + PAGE) as *mut u8, mark) };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let r = &r;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = r.mapped();
+                }
+            });
+            // SAFETY: the application unmaps region memory itself.
+            assert_eq!(
+                unsafe { libc::munmap(base as *mut libc::c_void, 4 * PAGE) },
+                0
+            );
+            while !r.mapped().is_empty() {
+                std::thread::yield_now();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        p.flush_unmapped().unwrap();
+        let mut back = [0u8; 1];
+        uffd_pager::store::Store::read(&*store, PAGE as u64, &mut back).unwrap();
+        assert_eq!(back[0], mark, "round {round}: the write was lost");
+    }
+}

@@ -43,9 +43,11 @@
 //!   anonymous pages inside are discarded, shared ones stay cached. An
 //!   object whose last region it took is released (its dirty pages written
 //!   back and synced, then kept or freed) by the pager's release thread
-//!   ([`release`]), outside the gate and the global lock: under them, a
-//!   slow store held every fault of the pager for as long as the
-//!   write-back took.
+//!   ([`release`]; by the applying thread once it has let go of the gate
+//!   and the global lock, where that thread does not run), or by another
+//!   holder of it when that one gives its reference back: under the gate
+//!   and the lock, a slow store held every fault of the pager for as long
+//!   as the write-back took.
 //! - `REMAP`: the part inside the moved range is published at its new
 //!   address (the kernel moved its PTEs and its registration with it).
 

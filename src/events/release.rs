@@ -16,11 +16,14 @@
 //! ([`Released::here`]).
 //!
 //! Until an object is released, [`Events::quiesce`](super::Events::quiesce)
-//! waits for it (the `releasing` count): a map of the same store, a flush
-//! of the unmapped region, `Region::unmap` or `Pager::flush_unmapped`
-//! finds the write-back done or listed. (A write-back in flight by another
-//! holder of the object, a flush, is waited for through
-//! [`crate::kept::KeptObjects::writing`].)
+//! waits for it (the `releasing` count, one for all the pager's releases):
+//! every map (one of the same store must find the write-back done or
+//! listed), a flush of the unmapped region, `Region::unmap` and
+//! `Pager::flush_unmapped`. An object with another holder left when the
+//! unmap is applied (a residency guard, a flush, a refresh) is not queued:
+//! that holder releases it when it gives its reference back, on its own
+//! thread. (A write-back in flight by such a holder, a flush, is waited
+//! for through [`crate::kept::KeptObjects::writing`].)
 
 use crate::address_space::Mm;
 use crate::object::Object;
@@ -30,7 +33,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 /// Objects an applied unmap left, to be released once the caller has let
 /// go of the gate and the global lock: dropped, it hands them to the
-/// release thread, or releases them itself where none runs.
+/// release thread, or releases them itself where none runs. (Made with
+/// [`Released::here`], it releases them itself, under the caller's lock.)
 #[must_use]
 pub struct Released<'a> {
     mm: &'a Mm,
@@ -50,7 +54,8 @@ impl<'a> Released<'a> {
     }
 
     /// For the objects a map or remap of the engine's own takes for
-    /// unmapped ([`super::apply::stale`], [`super::apply::settle_stale`]):
+    /// unmapped ([`super::apply::stale`], and [`super::apply::settle_stale`]
+    /// from a remap; from a REMAP event it gets the event's):
     /// released by the caller, under its global lock, before its new
     /// region is published. (Handed over, the release could write the
     /// stale object's dirty pages back after the new region, over the same

@@ -238,7 +238,7 @@ impl Region {
         // (The application's own munmap or mremap applied first.)
         mm.events.wait_applied();
         let mut pieces: Vec<_> = mm
-            .pieces(self.id)
+            .piece_spans(self.id)
             .iter()
             .map(|v| (v.start, v.end))
             .collect();
@@ -286,13 +286,9 @@ impl Region {
     /// its first pages with its own `munmap`, and another region may be
     /// mapped there since). Not pinned nor writable once no piece is left.
     fn vma_flags(&self) -> (bool, bool, crate::object::InstallKind) {
-        let pieces = self.owner.mm.pieces(self.id);
+        let pieces = self.owner.mm.piece_spans(self.id);
         pieces.first().map_or((false, false, self.kind), |v| {
-            (
-                v.pinned,
-                v.writable.load(std::sync::atomic::Ordering::Acquire),
-                v.object.kind,
-            )
+            (v.pinned, v.writable, v.kind)
         })
     }
 
