@@ -303,6 +303,12 @@ impl Mm {
     /// Replaces `old` VMAs by `new` ones in the table and in the region
     /// index (the caller holds the global lock for write).
     pub(crate) fn publish(&self, old: &[Arc<Vma>], new: &[Arc<Vma>]) {
+        // The index of starts is held across the table's update: a reader
+        // of a region's pieces ([`Mm::piece_spans`]) takes it before its
+        // read of the table, so it sees both before or both after. (With
+        // the new table and the old starts, a region whose head the
+        // application had just unmapped read as having no piece at all.)
+        let mut r = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         self.table.update(|t| {
             let mut t = t.clone();
             for v in old {
@@ -313,7 +319,6 @@ impl Mm {
             }
             t
         });
-        let mut r = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         for v in old {
             if let Some(s) = r.get_mut(&v.id) {
                 s.retain(|&x| x != v.start);

@@ -682,3 +682,41 @@ fn asking_where_a_region_is_beside_its_munmap_loses_no_write() {
         assert_eq!(back[0], mark, "round {round}: the write was lost");
     }
 }
+
+/// Another thread asks where the region is while the application unmaps
+/// its first page with its own `munmap`: the answer is the region before
+/// or after, never a region with no piece at all (the table was updated
+/// before the index of its pieces' starts, and a read in between found
+/// the new table and the old start, where no piece was left).
+#[test]
+fn a_region_whose_head_the_application_unmaps_never_reads_as_empty() {
+    let p = Pager::builder().budget_pages(64).build().unwrap();
+    for round in 0..2000u32 {
+        let r = p.map_anonymous(8 * PAGE).unwrap();
+        let base = r.as_ptr() as usize;
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let r = &r;
+        let empty = std::thread::scope(|s| {
+            let asker = s.spawn(|| {
+                let mut empty = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if r.mapped().is_empty() {
+                        empty += 1;
+                    }
+                }
+                empty
+            });
+            // SAFETY: the application unmaps region memory itself.
+            assert_eq!(unsafe { libc::munmap(base as *mut libc::c_void, PAGE) }, 0);
+            while r.mapped().first().map(|m| m.start) != Some(base + PAGE) {
+                std::thread::yield_now();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            asker.join().unwrap()
+        });
+        assert_eq!(
+            empty, 0,
+            "round {round}: the region read as having no piece"
+        );
+    }
+}
