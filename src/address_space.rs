@@ -276,6 +276,8 @@ impl Mm {
 
     /// Regions mapped now.
     pub fn region_count(&self) -> usize {
+        // (A lock applying an event takes: see `Mm::with_pieces`.)
+        let _deferred = crate::sys::thread::Deferred::new();
         self.regions.lock().map_or(0, |r| r.len())
     }
 

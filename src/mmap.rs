@@ -258,6 +258,10 @@ impl Mm {
     }
 
     fn with_pieces<T>(&self, id: u64, f: impl Fn(&Arc<Vma>) -> T) -> Vec<T> {
+        // Applying the application's munmap takes this lock (`publish`):
+        // an application handler that faulted while this thread held it
+        // would wait for that event, and so for itself (see `Deferred`).
+        let _deferred = crate::sys::thread::Deferred::new();
         let spans = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         let Some(starts) = spans.get(&id) else {
             return Vec::new();

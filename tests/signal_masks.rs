@@ -209,7 +209,14 @@ fn child_signals_during_populate() {
 /// (and the global lock's). A handler that faults while `op` holds a gate
 /// section or the global lock's read side waits for that writer, which
 /// waits for `op`: the alarm ends the hang.
-fn signals_while(p: &Pager, mut op: impl FnMut()) {
+fn signals_while(p: &Pager, op: impl FnMut()) {
+    signals_and_events_while(p, false, op)
+}
+
+/// [`signals_while`], and with `unmaps` a fourth thread maps a region and
+/// unmaps it with the application's own `munmap` over and over: an event
+/// that also takes the lock of the index of regions' pieces.
+fn signals_and_events_while(p: &Pager, unmaps: bool, mut op: impl FnMut()) {
     let region = p.map_anonymous(1024 * PAGE).unwrap();
     let dropped = p.map_anonymous(PAGE).unwrap();
     TOUCH.store(region.as_ptr() as usize, SeqCst);
@@ -237,13 +244,25 @@ fn signals_while(p: &Pager, mut op: impl FnMut()) {
             }
         }
     });
-    let t0 = std::time::Instant::now();
     let mut n = 0usize;
-    while t0.elapsed() < std::time::Duration::from_secs(2) {
-        op();
-        n += 1;
-    }
-    stop.store(true, SeqCst);
+    std::thread::scope(|scope| {
+        if unmaps {
+            let s = stop.clone();
+            scope.spawn(move || {
+                while !s.load(SeqCst) {
+                    let r = p.map_anonymous(PAGE).unwrap();
+                    // SAFETY: the region's own page; nothing refers to it.
+                    unsafe { libc::munmap(r.as_ptr().cast(), PAGE) };
+                }
+            });
+        }
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(2) {
+            op();
+            n += 1;
+        }
+        stop.store(true, SeqCst);
+    });
     signaller.join().unwrap();
     dropper.join().unwrap();
     say(format!("MAIN-DONE calls {n} signals {}\n", STEP.load(SeqCst)).as_bytes());
@@ -258,6 +277,17 @@ fn child_signals_during_refresh() {
     // SAFETY: no slice of `r` is alive during the calls.
     signals_while(&p, || {
         unsafe { r.refresh_unchecked(PAGE as u64, 8) }.unwrap()
+    });
+}
+
+fn child_signals_during_region_lookups() {
+    let p = small_budget_child_pager();
+    let r = p.map_anonymous(LEN).unwrap();
+    let mut n = 0usize;
+    signals_and_events_while(&p, true, || {
+        std::hint::black_box(format!("{r:?} {p:?}"));
+        r.prefault((n % 8) * PAGE, PAGE).unwrap();
+        n += 1;
     });
 }
 
@@ -346,6 +376,18 @@ fn signals_during_populate() {
 #[test]
 fn signals_during_refresh() {
     exits_cleanly("signals_during_refresh", child_signals_during_refresh);
+}
+
+/// `Region::prefault`, the region's `Debug` and the pager's read the index
+/// of regions' pieces under its lock, which applying the application's
+/// `munmap` takes, with signals open: a handler that faulted there waited for that
+/// event, which waited for the call.
+#[test]
+fn signals_during_region_lookups() {
+    exits_cleanly(
+        "signals_during_region_lookups",
+        child_signals_during_region_lookups,
+    );
 }
 
 #[test]
