@@ -43,7 +43,7 @@ pub struct RedisOptions {
     /// Not empty, no `{` or `}`, no control characters. Default `uffd`.
     pub prefix: String,
     /// How long connecting, and each read or write of a command, may take.
-    /// Not zero. Default 1 s.
+    /// Not zero, at most a day. Default 1 s.
     pub timeout: Duration,
     /// Tries per call, each on a fresh connection after the first. At
     /// least 1. Default 3.

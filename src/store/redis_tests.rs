@@ -263,7 +263,13 @@ fn bad_input_is_a_typed_error() {
         attempts: 0,
         ..opts("x")
     };
-    for o in [zero_t, zero_a] {
+    // `Duration::MAX` ("no timeout") opened, and then every call panicked
+    // (the clock plus the timeout overflowed).
+    let huge_t = RedisOptions {
+        timeout: Duration::MAX,
+        ..opts("x")
+    };
+    for o in [zero_t, zero_a, huge_t] {
         assert!(matches!(
             RedisStore::open(url, 4096, &o),
             Err(RedisStoreError::BadOptions(_))

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ::redis::{Cmd, IntoConnectionInfo};
 
@@ -295,11 +296,22 @@ pub(super) fn check_prefix(prefix: &str) -> Result<(), RedisStoreError> {
     Ok(())
 }
 
-/// The prefix, a non-zero timeout, and at least one attempt.
+/// The longest [`RedisOptions::timeout`]: a day. (A try's deadline is the
+/// clock plus the timeout, which overflows, and panicked, near
+/// `Duration::MAX`.)
+pub(super) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// The prefix, a timeout above zero and at most [`MAX_TIMEOUT`], and at
+/// least one attempt.
 pub(super) fn check_options(opts: &RedisOptions) -> Result<(), RedisStoreError> {
     check_prefix(&opts.prefix)?;
     if opts.timeout.is_zero() {
         return Err(RedisStoreError::BadOptions("the timeout must not be zero"));
+    }
+    if opts.timeout > MAX_TIMEOUT {
+        return Err(RedisStoreError::BadOptions(
+            "the timeout must be at most a day (86,400 s)",
+        ));
     }
     if opts.attempts == 0 {
         return Err(RedisStoreError::BadOptions("attempts must be at least 1"));

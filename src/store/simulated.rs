@@ -321,6 +321,10 @@ impl Store for SimulatedStore {
         self.inner.discard(offset, len)
     }
 
+    fn memory_bytes(&self) -> u64 {
+        self.inner.memory_bytes()
+    }
+
     /// As signal-safe as the store it wraps (its own waits are futexes
     /// and sleeps).
     fn signal_safe(&self) -> bool {

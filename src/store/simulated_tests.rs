@@ -222,3 +222,14 @@ fn a_panic_gives_the_slot_back() {
         assert_eq!(s.inflight(), 0, "the slot is given back");
     }
 }
+
+/// `memory_bytes` was the trait's 0: an in-memory swap store behind a
+/// simulated one read as taking no memory in `Pager::memory_use`.
+#[test]
+fn memory_held_is_the_wrapped_stores() {
+    let mem = Arc::new(MemoryStore::new(4 * PAGE_SIZE as u64).unwrap());
+    let s = SimulatedStore::new(mem.clone(), LatencyModel::None, 0, 1);
+    s.write(PAGE_SIZE as u64, &[3; PAGE_SIZE]).unwrap();
+    assert_eq!(s.memory_bytes(), PAGE_SIZE as u64);
+    assert_eq!(s.memory_bytes(), mem.memory_bytes());
+}

@@ -10,7 +10,9 @@ use std::sync::Arc;
 ///
 /// Every call is the inner store's call at `offset + base`, so the slice is
 /// as signal-safe, synchronous and writable as the store it looks into and
-/// adds no copy. Cost: one add per call.
+/// adds no copy. Cost: one add per call. Its `memory_bytes` is 0: the
+/// inner store's memory is the inner store's to report (several windows of
+/// one store would each count all of it).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -150,6 +152,31 @@ impl Store for SliceStore {
         self.inner.page_in_memory(self.at(offset, PAGE_SIZE).ok()?)
     }
 
+    /// The inner store's discard of the same bytes, where they lie inside
+    /// the window (a swap store from `PagerBuilder::swap_to` may be a
+    /// window of a larger one: its dropped pages' memory or blocks go back
+    /// as the whole store's would).
+    fn discard(&self, offset: u64, len: u64) {
+        if let Some(at) = usize::try_from(len)
+            .ok()
+            .and_then(|n| self.at(offset, n).ok())
+        {
+            self.inner.discard(at, len)
+        }
+    }
+
+    /// Whether the inner store reads a batch in one request: a window of a
+    /// file on a disk is read as the file is.
+    fn batches_reads(&self) -> bool {
+        self.inner.batches_reads()
+    }
+
+    /// The inner store's stamp: any change to it may be a change to the
+    /// window (one outside the window only costs a re-read).
+    fn contents_stamp(&self) -> Option<u64> {
+        self.inner.contents_stamp()
+    }
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }
@@ -206,6 +233,50 @@ mod tests {
         assert!(s.identity().is_some());
         assert_eq!(s.identity(), file.identity());
         assert_eq!(SliceStore::new(numbered(2), 0, P).unwrap().identity(), None);
+    }
+
+    /// `discard`, `batches_reads` and `contents_stamp` were the trait's
+    /// defaults: a window used as a swap store kept its dropped pages'
+    /// memory, and one of a disk file was read a page per request.
+    #[test]
+    fn a_window_passes_on_discard_batching_and_the_stamp() {
+        let whole = Arc::new(MemoryStore::new(8 * P).unwrap());
+        for i in 0..8 {
+            whole.write(i * P, &[1; PAGE_SIZE]).unwrap();
+        }
+        let s = SliceStore::new(whole.clone(), 4 * P, 4 * P).unwrap();
+        let (held, stamp) = (whole.memory_bytes(), s.contents_stamp());
+        assert_eq!(held, 8 * P);
+        assert!(stamp.is_some() && stamp == whole.contents_stamp());
+        s.discard(P, 2 * P);
+        assert_eq!(
+            whole.memory_bytes(),
+            6 * P,
+            "the window's two pages went back"
+        );
+        s.discard(3 * P, 2 * P);
+        assert_eq!(
+            whole.memory_bytes(),
+            6 * P,
+            "past the window's end: nothing"
+        );
+        let mut page = [9u8; PAGE_SIZE];
+        whole.read(5 * P, &mut page).unwrap();
+        assert_eq!(page[0], 0);
+        whole.read(P, &mut page).unwrap();
+        assert_eq!(page[0], 1, "outside the window, kept");
+        s.write(0, &[2; PAGE_SIZE]).unwrap();
+        assert_ne!(s.contents_stamp(), stamp);
+
+        let path = std::env::temp_dir().join(format!("slice-batch-{}", std::process::id()));
+        let opts = crate::store::FileStoreOptions {
+            create_len: Some(4 * P),
+            ..Default::default()
+        };
+        let file: Arc<dyn Store> = Arc::new(crate::store::FileStore::open(&path, &opts).unwrap());
+        let _ = std::fs::remove_file(&path);
+        let w = SliceStore::new(file.clone(), P, P).unwrap();
+        assert_eq!(w.batches_reads(), file.batches_reads());
     }
 
     #[test]
