@@ -16,8 +16,8 @@ pub const DISCARDED: u32 =
 /// Drops page `i` of `obj` as `MADV_DONTNEED` drops a private page: its
 /// contents revert to the object's source (zeros for anonymous memory, or
 /// the store), any copy in the cache area, the memfd or swap is dropped
-/// (the swap copy by forgetting it: `SWAPPED` goes, and a signal-safe swap
-/// store is told, [`Store::discard`](crate::store::Store::discard)), and a
+/// (the swap copy by forgetting it: `SWAPPED` goes, and the swap store is
+/// told, [`forget_swap`]), and a
 /// resident page is uncharged. The caller holds the page lock and unlocks it clearing the
 /// returned bits; the page's LRU entry, if any, goes stale and is dropped
 /// when reclaim reaches it. `w` is the word as the caller locked it.
@@ -26,17 +26,49 @@ pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
     if w & UPTODATE != 0 {
         mm.uncharge(obj.units());
     }
-    // Its swap copy is never read again: the swap store gives it back
-    // (in-memory swap its memory, a swap file its blocks; an anonymous
-    // object's swap only: a shared object's is its store).
-    if w & SWAPPED != 0 && obj.kind == InstallKind::Anonymous && obj.swap().signal_safe() {
-        let size = obj.page_size() as u64;
-        crate::io::discard(&**obj.swap(), i as u64 * size, size);
+    // Its swap copy is never read again (an anonymous object's swap only:
+    // a shared object's is its store).
+    if w & SWAPPED != 0 && obj.kind == InstallKind::Anonymous {
+        forget_swap(obj, i);
     }
     if w & MOVED == 0 {
         let _ = obj.free_data(i, 1);
     }
     DISCARDED
+}
+
+/// Page `i`'s swap copy is never read again (its `SWAPPED` bit goes):
+/// a signal-safe swap store is told at once ([`Store::discard`](crate::store::Store::discard): the
+/// in-memory swap gives the memory back, a swap file its blocks);
+/// another (a server's, which the engine calls only from its own
+/// threads) hears of it when the object is released
+/// ([`discard_swap_left`]). The caller holds
+/// the page's lock. Async-signal-safe.
+pub(crate) fn forget_swap(obj: &Object, i: usize) {
+    if obj.swap().signal_safe() {
+        let size = obj.page_size() as u64;
+        crate::io::discard(&**obj.swap(), i as u64 * size, size);
+    } else {
+        obj.swap_left
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// At release, once no page can be swapped out again: tells an
+/// anonymous object's swap store that is not signal-safe to forget the
+/// whole object, if any of its pages went there (a page in swap now,
+/// or one whose copy [`forget_swap`] left). Before,
+/// a Redis swap namespace kept every key of every region unmapped.
+/// Runs the store's call on the releasing thread (a server round trip
+/// per few hundred pages, bounded by the store's own timeouts).
+pub(crate) fn discard_swap_left(obj: &Object) {
+    if obj.kind != InstallKind::Anonymous || obj.swap().signal_safe() {
+        return;
+    }
+    let swapped = |i| obj.cache.load(i) & SWAPPED != 0;
+    if obj.swap_left.load(std::sync::atomic::Ordering::Relaxed) || (0..obj.npages()).any(swapped) {
+        crate::io::discard(&**obj.swap(), 0, (obj.npages() * obj.page_size()) as u64);
+    }
 }
 
 /// Pages `pages` of `obj` leave the mapping for good (an unmap, a

@@ -367,3 +367,82 @@ fn a_namespace_opened_again_gets_the_pages_that_waited() {
         "the new region reads what the first one stored"
     );
 }
+
+/// Anonymous regions swapping to Redis, one namespace per region: a
+/// region that goes leaves no key behind, whether its pages were in swap
+/// at the end or dropped (`MADV_DONTNEED`) before it. Before, a swap store
+/// that is not signal-safe was never told to forget a page, so every key
+/// of every region stayed on the server (a program mapping and unmapping
+/// regions grew the server's memory without bound). Found by review.
+#[test]
+fn an_unmapped_regions_swap_keys_are_deleted() {
+    if skip() {
+        return;
+    }
+    const PAGES: usize = 64;
+    let base = namespace("swap-left");
+    let made = Arc::new(std::sync::Mutex::new(Vec::<Arc<RedisStore>>::new()));
+    let (m, b) = (made.clone(), base.clone());
+    let make = move |len: usize| -> std::io::Result<Arc<dyn Store>> {
+        let mut m = m.lock().unwrap();
+        let opts = RedisOptions {
+            prefix: format!("{b}-{}", m.len()),
+            ..RedisOptions::default()
+        };
+        let s =
+            Arc::new(RedisStore::open(&url(), len as u64, &opts).map_err(std::io::Error::other)?);
+        s.clear().map_err(std::io::Error::other)?;
+        m.push(s.clone());
+        Ok(s)
+    };
+    // SAFETY: each swap store is a namespace of this test's own, which
+    // only the pager writes while it runs (the test reads it afterwards).
+    let builder = unsafe { Pager::builder().budget_pages(8).swap_to(make) };
+    let pager = builder
+        .delivery(Delivery::InThread)
+        .readahead(0, 0)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    for dropped in [false, true] {
+        let mut region = pager.map_anonymous(PAGES * PAGE).unwrap();
+        for p in 0..PAGES {
+            region.as_mut_slice()[p * PAGE..(p + 1) * PAGE]
+                .copy_from_slice(&pattern_vec(p as u64, PAGE));
+        }
+        for p in 0..PAGES {
+            assert_eq!(
+                region.as_slice()[p * PAGE],
+                pattern(p as u64, 0),
+                "page {p}"
+            );
+        }
+        let store = made.lock().unwrap().last().unwrap().clone();
+        let keys = |s: &RedisStore| {
+            // A second handle on the namespace: `clear` counts (and
+            // deletes) what is there.
+            let o = RedisOptions {
+                prefix: s.prefix().to_string(),
+                ..RedisOptions::default()
+            };
+            RedisStore::open(&url(), s.len(), &o)
+                .unwrap()
+                .clear()
+                .unwrap()
+        };
+        assert!(
+            pager.stats().get(Counter::WRITEBACK) > 0,
+            "pages went to swap"
+        );
+        if dropped {
+            region.dontneed(0, PAGES * PAGE).unwrap();
+        }
+        drop(region);
+        assert_eq!(
+            keys(&store),
+            0,
+            "keys left by a region that went (dropped first: {dropped})"
+        );
+    }
+    assert_eq!(pager.stats().get(Counter::IO_ERROR), 0);
+}

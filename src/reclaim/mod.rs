@@ -359,10 +359,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     };
     // Zeros read as its source: an older swap copy is not its contents.
     let forget = if zeros && w & SWAPPED != 0 {
-        if obj.swap().signal_safe() {
-            let size = obj.page_size() as u64;
-            crate::io::discard(&**obj.swap(), i as u64 * size, size);
-        }
+        crate::discard::forget_swap(obj, i);
         SWAPPED
     } else {
         0

@@ -238,9 +238,12 @@ pub trait Store: Send + Sync + 'static {
     /// (`MADV_DONTNEED`, `munmap`, a shrinking `mremap`). The engine calls
     /// it only on an anonymous object's swap store (the in-memory default,
     /// a file of [`PagerBuilder::swap_dir`](crate::PagerBuilder::swap_dir),
-    /// or one from [`PagerBuilder::swap_to`](crate::PagerBuilder::swap_to))
-    /// that is [`Store::signal_safe`], holding the page's lock. Default: nothing.
-    /// Async-signal-safe.
+    /// or one from [`PagerBuilder::swap_to`](crate::PagerBuilder::swap_to)):
+    /// on one that is [`Store::signal_safe`] for each page as it goes,
+    /// holding the page's lock (so async-signal-safe there); on any other
+    /// once, over the object's whole range, when the object is released
+    /// (its region unmapped), on the thread that releases it, if any page
+    /// went to swap. Default: nothing.
     fn discard(&self, offset: u64, len: u64) {
         let _ = (offset, len);
     }

@@ -242,10 +242,15 @@ impl RedisStore {
     ///
     /// Example: [`RedisStore`].
     pub fn clear(&self) -> Result<u64, RedisStoreError> {
-        let pages = self.len / PAGE_SIZE as u64;
+        self.delete_pages(0..self.len / PAGE_SIZE as u64)
+    }
+
+    /// Deletes the keys of `pages` (page indices); returns how many there
+    /// were.
+    fn delete_pages(&self, pages: std::ops::Range<u64>) -> Result<u64, RedisStoreError> {
         let mut deleted = 0;
-        for start in (0..pages).step_by(CLEAR_PAGES_PER_CALL as usize) {
-            let end = (start + CLEAR_PAGES_PER_CALL).min(pages);
+        for start in pages.clone().step_by(CLEAR_PAGES_PER_CALL as usize) {
+            let end = (start + CLEAR_PAGES_PER_CALL).min(pages.end);
             // One DEL per chunk (one hash slot); a chunk whose slot is
             // migrating with its keys on two nodes (`TRYAGAIN`) is deleted
             // a key at a time.
@@ -426,6 +431,22 @@ impl Store for RedisStore {
             indexed.push((self.first_page(off, PAGE_SIZE)?, page));
         }
         self.write_pages(&indexed)
+    }
+
+    /// Deletes the keys of the whole pages of `[offset, offset + len)`, as
+    /// [`clear`](Self::clear) does (a `DEL` per 64-page chunk): the
+    /// engine's swap namespaces give back the pages of a region that goes
+    /// ([`Store::discard`]'s contract for a store that is not signal-safe).
+    /// A failure is logged; the keys stay, as they did before.
+    fn discard(&self, offset: u64, len: u64) {
+        let page = PAGE_SIZE as u64;
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= self.len) else {
+            return;
+        };
+        let pages = offset.div_ceil(page)..end / page;
+        if let Err(e) = self.delete_pages(pages) {
+            tracing::warn!(prefix = %self.prefix, error = %e, "redis store: discard failed");
+        }
     }
 
     /// Sockets, locks, allocation and logging: worker threads only.
