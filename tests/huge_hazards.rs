@@ -289,3 +289,145 @@ fn a_forked_child_does_not_keep_the_pages_of_an_unmapped_region() {
     }
     assert_eq!(free_after, free_before, "the child kept the pages");
 }
+
+/// Where the held region starts and ends, and the handshake with the hook.
+#[cfg(feature = "fault-inject")]
+mod hold {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    pub static START: AtomicUsize = AtomicUsize::new(0);
+    pub static END: AtomicUsize = AtomicUsize::new(0);
+    pub static HELD: AtomicBool = AtomicBool::new(false);
+    pub static GO: AtomicBool = AtomicBool::new(false);
+
+    /// Holds the one handler thread on a fault in `[START, END)` until
+    /// `GO`: the messages behind it (the application's `mremap`) wait
+    /// unread meanwhile.
+    pub fn hook(addr: usize, _tid: u32) {
+        if (START.load(SeqCst)..END.load(SeqCst)).contains(&addr) {
+            HELD.store(true, SeqCst);
+            while !GO.load(SeqCst) {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// The application moves a region of 2 MiB pages with its own `mremap`,
+/// and maps memory of its own where it was, while reclaim evicts its clean
+/// page: the kernel has moved the page, the engine has not read the event
+/// yet. Reclaim looked at the old address, found no page there and took
+/// the page for one the application dropped:
+/// uncharged, off the LRU, its swap copy forgotten, while it stayed mapped
+/// at the new address (found by review). It now asks whether an event is
+/// on its way first, as the zap does, and leaves the page for later.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_clean_huge_page_moved_by_the_application_is_not_taken_for_dropped() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _pool = HugePool::take(6);
+    let pager = Pager::builder()
+        .delivery(Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        })
+        .budget_pages(4 * UNITS)
+        .readahead(0, 1)
+        .build()
+        .unwrap();
+    let a = pager
+        .map_anonymous_with(HUGE, &huge_opts(InstallKind::Anonymous))
+        .expect("map a huge anonymous region");
+    let b = pager
+        .map_anonymous_with(HUGE, &huge_opts(InstallKind::Anonymous))
+        .unwrap();
+    let old = a.as_ptr() as usize;
+    // SAFETY: the region's own page; no slice of it is alive.
+    unsafe { std::ptr::write_bytes(a.as_ptr(), 7, HUGE) };
+    reclaim_all(&pager, 4 * UNITS);
+    assert!(
+        pager.stats().get(Counter::WRITEBACK) >= 1,
+        "written to swap"
+    );
+    // Read back from swap: installed clean, write-protected.
+    // SAFETY: inside the region.
+    assert_eq!(
+        unsafe { std::ptr::read_volatile((old + 99) as *const u8) },
+        7
+    );
+    assert_eq!(pager.stats().resident_pages, UNITS);
+    // Where the application moves it: a free, aligned 2 MiB.
+    // SAFETY: a fresh reservation of the test's own.
+    let room = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * HUGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as usize;
+    let to = room.next_multiple_of(HUGE);
+    hold::START.store(b.as_ptr() as usize, SeqCst);
+    hold::END.store(b.as_ptr() as usize + HUGE, SeqCst);
+    uffd_pager::testing::set_before_message(Some(hold::hook));
+    let bp = b.as_ptr() as usize;
+    // SAFETY: inside region `b`: its fault holds the handler.
+    let reader = std::thread::spawn(move || unsafe { std::ptr::read_volatile(bp as *const u8) });
+    while !hold::HELD.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    let mover = std::thread::spawn(move || app_mremap(old, HUGE, HUGE, to));
+    // The kernel moves the page before it posts the event.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // And maps memory of its own where the region was (the engine has not
+    // heard of the move yet).
+    // SAFETY: the range the application's mremap left free.
+    let mine = unsafe {
+        libc::mmap(
+            old as *mut libc::c_void,
+            HUGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    } as usize;
+    assert_eq!(mine, old, "mmap: {}", errno());
+    for _ in 0..3 {
+        pager.reclaim_pages(4 * UNITS);
+    }
+    hold::GO.store(true, SeqCst);
+    assert_eq!(reader.join().unwrap(), 0);
+    mover.join().unwrap();
+    uffd_pager::testing::set_before_message(None);
+    // SAFETY: the page the application moved there.
+    assert_eq!(unsafe { std::ptr::read_volatile((to + 5) as *const u8) }, 7);
+    assert_eq!(
+        pager.stats().resident_pages,
+        2 * UNITS,
+        "the moved page and `b`'s are mapped and counted\n{}",
+        pager.stats()
+    );
+    // Written, evicted and read back: its new bytes.
+    // SAFETY: the moved page, the application's to write.
+    unsafe { std::ptr::write_bytes(to as *mut u8, 9, HUGE) };
+    reclaim_all(&pager, 4 * UNITS);
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { std::ptr::read_volatile((to + HUGE - 1) as *const u8) },
+        9
+    );
+    // SAFETY: the reservation's rest (the region's piece is the pager's).
+    unsafe {
+        libc::munmap(room as *mut libc::c_void, to - room);
+        libc::munmap(
+            (to + HUGE) as *mut libc::c_void,
+            room + 2 * HUGE - to - HUGE,
+        );
+    }
+    // SAFETY: the application's own mapping.
+    unsafe { libc::munmap(mine as *mut libc::c_void, HUGE) };
+    drop(a);
+    drop(b);
+}

@@ -50,13 +50,24 @@ pub(super) fn unmap_anon(
             .ok_or(())?
             .map_err(|_| ())
     };
+    // Absent from `addr`: dropped by the application, if no event is on its
+    // way. Its own `mremap` moves the page before the engine hears of it,
+    // and a page taken for dropped then was uncharged, taken off the LRU
+    // and lost its swap copy while it stayed mapped at the new address
+    // (found by review). With an event on its way it is neither: the zap
+    // below fails alike, and the page waits for a later pass.
+    let dropped = || {
+        mm.events
+            .act(in_thread, changing, || page_present(addr) == Ok(false))
+            == Some(true)
+    };
     if obj.cache.load(i) & CLEAN != 0 {
         // The application may have dropped it (its own `MADV_DONTNEED`,
         // which this region's quiet descriptor does not report): then its
         // contents are the object's source again, not the copy it was read
         // from (an older swap copy would come back). One that drops it
         // between this look and the zap still has the window.
-        if page_present(addr) == Ok(false) {
+        if dropped() {
             return Ok(Unmapped::Dropped);
         }
         zap()?;
@@ -75,7 +86,7 @@ pub(super) fn unmap_anon(
     // ours under the page lock.
     if unsafe { crate::sys::huge::read_self(addr, dst, len) }.is_err() {
         let _ = obj.free_data(i, 1);
-        if page_present(addr) == Ok(false) {
+        if dropped() {
             return Ok(Unmapped::Dropped);
         }
         unprotect();
