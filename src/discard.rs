@@ -8,6 +8,8 @@ use crate::object::{InstallKind, Object};
 use crate::page_cache::{
     CLEAN, DIRTY, MAPPED, MOVED, POISONED, READAHEAD, SWAPPED, SYNCING, UPTODATE,
 };
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 /// The state bits a page loses when its contents are dropped.
 pub const DISCARDED: u32 =
@@ -38,36 +40,50 @@ pub(crate) fn discard_page(mm: &Mm, obj: &Object, i: usize, w: u32) -> u32 {
 }
 
 /// Page `i`'s swap copy is never read again (its `SWAPPED` bit goes):
-/// a signal-safe swap store is told at once ([`Store::discard`](crate::store::Store::discard): the
-/// in-memory swap gives the memory back, a swap file its blocks);
-/// another (a server's, which the engine calls only from its own
-/// threads) hears of it when the object is released
-/// ([`discard_swap_left`]). The caller holds
-/// the page's lock. Async-signal-safe.
+/// a signal-safe swap store is told at once
+/// ([`Store::discard`](crate::store::Store::discard): the in-memory swap
+/// gives the memory back, a swap file its blocks); another (a server's,
+/// which the engine calls only from its I/O workers) hears of it when the
+/// object is released ([`discard_swap_left`]). The caller holds the
+/// page's lock. Async-signal-safe (atomics only).
 pub(crate) fn forget_swap(obj: &Object, i: usize) {
     if obj.swap().signal_safe() {
         let size = obj.page_size() as u64;
         crate::io::discard(&**obj.swap(), i as u64 * size, size);
     } else {
-        obj.swap_left
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        obj.swap_left[0].fetch_min(i, Relaxed);
+        obj.swap_left[1].fetch_max(i, Relaxed);
     }
 }
 
-/// At release, once no page can be swapped out again: tells an
-/// anonymous object's swap store that is not signal-safe to forget the
-/// whole object, if any of its pages went there (a page in swap now,
-/// or one whose copy [`forget_swap`] left). Before,
-/// a Redis swap namespace kept every key of every region unmapped.
-/// Runs the store's call on the releasing thread (a server round trip
-/// per few hundred pages, bounded by the store's own timeouts).
-pub(crate) fn discard_swap_left(obj: &Object) {
+/// At release, once no page can go to swap again: tells an anonymous
+/// object's swap store that is not signal-safe to forget the pages from
+/// the first to the last that went there (in swap now, or forgotten by
+/// [`forget_swap`]), in one call on an I/O worker, within its timeout.
+/// Before, a Redis swap namespace kept every key of every region
+/// unmapped. The call's cost follows that span (a `DEL` per 64 pages for
+/// Redis), not the region's size.
+pub(crate) fn discard_swap_left(mm: &Mm, obj: &Arc<Object>) {
     if obj.kind != InstallKind::Anonymous || obj.swap().signal_safe() {
         return;
     }
-    let swapped = |i| obj.cache.load(i) & SWAPPED != 0;
-    if obj.swap_left.load(std::sync::atomic::Ordering::Relaxed) || (0..obj.npages()).any(swapped) {
-        crate::io::discard(&**obj.swap(), 0, (obj.npages() * obj.page_size()) as u64);
+    let swapped = |i: &usize| obj.cache.load(*i) & SWAPPED != 0;
+    let first = (0..obj.npages()).find(swapped);
+    let last = (0..obj.npages()).rev().find(swapped);
+    let lo = first
+        .unwrap_or(usize::MAX)
+        .min(obj.swap_left[0].load(Relaxed));
+    let hi = last.unwrap_or(0).max(obj.swap_left[1].load(Relaxed));
+    if lo > hi {
+        return;
+    }
+    let size = obj.page_size() as u64;
+    let (off, len) = (lo as u64 * size, (hi - lo + 1) as u64 * size);
+    if let Err(e) = mm.io.discard(obj.swap(), off, len) {
+        tracing::warn!(
+            errno = e.0,
+            "telling a swap store to forget an unmapped region's pages failed; they stay there"
+        );
     }
 }
 

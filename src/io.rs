@@ -66,6 +66,8 @@ const READ: u32 = 0;
 const WRITE: u32 = 1;
 /// [`Store::sync`] (no buffer).
 const SYNC: u32 = 2;
+/// [`Store::discard`] (no buffer; the offset and length in `offs[0..2]`).
+const DISCARD: u32 = 3;
 
 struct Slot {
     state: AtomicU32,
@@ -225,6 +227,31 @@ impl Io {
             return Err(StoreError(libc::EIO));
         }
         let k = self.submit(store, SYNC, 0, |_, _| {})?;
+        self.wait(k, |_| {})
+    }
+
+    /// Runs [`Store::discard`] of `[off, off + len)` of `store` on a
+    /// worker, waiting at most the timeout: for a store that is not
+    /// signal-safe, which is called nowhere else. First waits, at most the
+    /// timeout too, for writes to the store given up on (still inside the
+    /// store): one landing after the discard would leave its copy behind.
+    pub fn discard(&self, store: &Arc<dyn Store>, off: u64, len: u64) -> Result<(), StoreError> {
+        let id = Arc::as_ptr(store) as *const u8 as usize;
+        let deadline = now_ns().saturating_add(self.timeout_ns);
+        let writing = || {
+            self.slots.iter().any(|s| {
+                s.state.load(Acquire) == ABANDONED
+                    && s.op.load(Relaxed) == WRITE
+                    && s.store_id.load(Relaxed) == id
+            })
+        };
+        while writing() && now_ns() < deadline {
+            crate::sys::sleep_ns(1_000_000);
+        }
+        let k = self.submit(store, DISCARD, 0, |s, _| {
+            s.offs[0].store(off, Relaxed);
+            s.offs[1].store(len, Relaxed);
+        })?;
         self.wait(k, |_| {})
     }
 
@@ -389,6 +416,10 @@ impl Io {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match (&store, op) {
                 (Some(st), READ) => read_in_place(&**st, s.offs[0].load(Relaxed), buf),
                 (Some(st), SYNC) => st.sync(),
+                (Some(st), DISCARD) => {
+                    st.discard(s.offs[0].load(Relaxed), s.offs[1].load(Relaxed));
+                    Ok(())
+                }
                 (Some(st), _) if len == HUGE_PAGE_SIZE => {
                     write_in_place(&**st, &[(s.offs[0].load(Relaxed), buf)])
                 }

@@ -539,7 +539,7 @@ impl Mm {
         crate::inject::after_listed();
         let r = self.writeback_object(&obj, crate::writeback::Gate::Held);
         // No page of it goes to swap again.
-        crate::discard::discard_swap_left(&obj);
+        crate::discard::discard_swap_left(self, &obj);
         let (mut resident, mut on_lru) = (0, 0);
         for i in 0..obj.npages() {
             let w = obj.cache.load(i);

@@ -20,7 +20,7 @@ use crate::sys::huge::HUGE_PAGE_SHIFT;
 use crate::sys::mem::{madvise, At, LazyMapping, Mapping, Memfd};
 use crate::sys::uffd::Uffd;
 use crate::sys::PAGE_SHIFT;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 mod fill;
@@ -166,11 +166,11 @@ pub struct Object {
     /// The process that made it: only there does its drop free the memfd's
     /// pages (see `Drop`).
     owner_pid: i32,
-    /// A page's swap copy was forgotten without the swap store hearing of
-    /// it ([`crate::discard::forget_swap`] on a store that is not
-    /// signal-safe): [`crate::discard::discard_swap_left`] tells the store
-    /// at release.
-    pub(crate) swap_left: AtomicBool,
+    /// The first and last page whose swap copy was forgotten without the
+    /// swap store hearing of it ([`crate::discard::forget_swap`] on a
+    /// store that is not signal-safe; `usize::MAX` and 0 while none was):
+    /// [`crate::discard::discard_swap_left`] tells the store at release.
+    pub(crate) swap_left: [AtomicUsize; 2],
 }
 
 impl Drop for Object {
@@ -304,7 +304,7 @@ impl Object {
             fa_window: AtomicU32::new(0),
             // SAFETY: getpid has no preconditions.
             owner_pid: unsafe { libc::getpid() },
-            swap_left: AtomicBool::new(false),
+            swap_left: [AtomicUsize::new(usize::MAX), AtomicUsize::new(0)],
         })
     }
 
