@@ -241,9 +241,10 @@ pub trait Store: Send + Sync + 'static {
     /// or one from [`PagerBuilder::swap_to`](crate::PagerBuilder::swap_to)):
     /// on one that is [`Store::signal_safe`] for each page as it goes,
     /// holding the page's lock (so async-signal-safe there); on any other
-    /// once, over the object's whole range, when the object is released
-    /// (its region unmapped), on the thread that releases it, if any page
-    /// went to swap. Default: nothing.
+    /// once, when the object is released (its region unmapped), over the
+    /// pages from the first to the last that went to swap, on an I/O
+    /// worker within [`PagerBuilder::io_timeout`](crate::PagerBuilder::io_timeout).
+    /// Default: nothing.
     fn discard(&self, offset: u64, len: u64) {
         let _ = (offset, len);
     }

@@ -436,7 +436,8 @@ impl Store for RedisStore {
     /// Deletes the keys of the whole pages of `[offset, offset + len)`, as
     /// [`clear`](Self::clear) does (a `DEL` per 64-page chunk): the
     /// engine's swap namespaces give back the pages of a region that goes
-    /// ([`Store::discard`]'s contract for a store that is not signal-safe).
+    /// ([`Store::discard`]'s contract for a store that is not signal-safe:
+    /// on an I/O worker, at release).
     /// A failure is logged; the keys stay, as they did before.
     fn discard(&self, offset: u64, len: u64) {
         let page = PAGE_SIZE as u64;
