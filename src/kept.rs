@@ -53,12 +53,7 @@ pub struct Writing<'a> {
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
-        let mut w = self.kept.writing.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = w.iter().position(|s| *s == self.store) {
-            w.swap_remove(i);
-        }
-        drop(w);
-        self.kept.written.notify_all();
+        self.kept.written_by(self.store);
     }
 }
 
@@ -110,6 +105,28 @@ impl KeptObjects {
             kept: self,
             store: key,
         }
+    }
+
+    /// [`writing`](Self::writing) with no guard: for an object the
+    /// application's `munmap` left, from the moment the event hands it to
+    /// the release thread until it is released, when the releasing thread
+    /// calls [`written_by`](Self::written_by).
+    pub(crate) fn mark_writing(&self, key: StoreKey) {
+        self.writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(key);
+    }
+
+    /// Ends one [`mark_writing`](Self::mark_writing) (or a [`Writing`]) of
+    /// `key` and wakes the maps waiting for it.
+    pub(crate) fn written_by(&self, key: StoreKey) {
+        let mut w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = w.iter().position(|s| *s == key) {
+            w.swap_remove(i);
+        }
+        drop(w);
+        self.written.notify_all();
     }
 
     /// Waits until no object over the store `key` names, or over a store

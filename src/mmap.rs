@@ -342,10 +342,14 @@ impl Mm {
     /// Unmaps every piece of region `id`: detach, unregister, unmap, and
     /// release the object (writing back a shared object over a writable
     /// store).
-    pub fn unmap(&self, id: u64) -> Result<()> {
+    pub fn unmap(&self, id: u64, store: crate::kept::StoreKey) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
-        self.events.quiesce();
+        // The application's own munmap of the region, all of it, was
+        // applied and is being released: done before this returns, so the
+        // store holds the region's writes then (see `crate::events::release`).
+        self.events.wait_applied();
+        self.kept.wait_for(store);
         let w = self.lock.write();
         let pieces = self.pieces(id);
         let mut objects = Vec::new();

@@ -252,6 +252,19 @@ impl uffd_pager::store::Store for SyncStore {
 }
 
 impl SyncStore {
+    /// Whether `h` finished within 3 s while this store's sync waited;
+    /// then lets the sync go on.
+    fn finished_in_sync<T>(&self, h: &std::thread::ScopedJoinHandle<'_, T>) -> bool {
+        let start = std::time::Instant::now();
+        while !h.is_finished() && start.elapsed() < std::time::Duration::from_secs(3) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let finished = h.is_finished();
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+        finished
+    }
+
     fn new(contents: &[u8], open: bool, fail_once: bool) -> std::sync::Arc<SyncStore> {
         std::sync::Arc::new(SyncStore {
             inner: uffd_pager::store::MemoryStore::from_bytes(contents).unwrap(),
@@ -476,13 +489,7 @@ fn the_applications_munmap_writes_back_without_holding_up_faults() {
                 std::thread::yield_now();
             }
             let toucher = s.spawn(move || third.as_slice()[PAGE + 7]);
-            let start = std::time::Instant::now();
-            while !toucher.is_finished() && start.elapsed() < std::time::Duration::from_secs(3) {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            let served = toucher.is_finished();
-            *store.open.lock().unwrap() = true;
-            store.opened.notify_all();
+            let served = store.finished_in_sync(&toucher);
             assert!(
                 served,
                 "{delivery}: a fault waited for an unmapped region's sync"
@@ -579,13 +586,7 @@ fn a_slow_write_back_holds_up_no_other_munmap() {
             std::thread::yield_now();
         }
         let second = s.spawn(move || unmap(1));
-        let start = std::time::Instant::now();
-        while !second.is_finished() && start.elapsed() < std::time::Duration::from_secs(3) {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let returned = second.is_finished();
-        *store.open.lock().unwrap() = true;
-        store.opened.notify_all();
+        let returned = store.finished_in_sync(&second);
         assert!(returned, "a munmap waited for another region's write-back");
         assert_eq!(first.join().unwrap(), 0);
         assert_eq!(second.join().unwrap(), 0);
@@ -593,4 +594,53 @@ fn a_slow_write_back_holds_up_no_other_munmap() {
     pager.flush_unmapped().unwrap();
     assert_eq!(store.inner.snapshot()[0], 4);
     assert!(pager.stats().get(Counter::EVENT_UNMAP) >= 2);
+}
+
+/// The application's `munmap` of a region whose store's sync is slow: a
+/// map of another store, and the drop of another region, return while that
+/// write-back waits. They waited for it: every map and unmap waited for
+/// all of the pager's releases, whatever their store.
+#[test]
+fn a_slow_write_back_holds_up_no_map_of_another_store() {
+    let pager = Pager::builder().budget_pages(64).build().unwrap();
+    let store = SyncStore::new(&vec![0; PAGES * PAGE], false, false);
+    // SAFETY: only this region changes the store.
+    let slow =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    // SAFETY: the region's bytes, no slice of them alive.
+    unsafe { std::ptr::write_volatile(slow.as_ptr(), 4) };
+    let bystander = pager.map_anonymous(4 * PAGE).unwrap();
+    let (at, len) = (slow.as_ptr() as usize, slow.len());
+    // The application's munmap takes it.
+    std::mem::forget(slow);
+    let pager = &pager;
+    std::thread::scope(|s| {
+        // SAFETY: region memory the test gave up (forget) for the
+        // application to unmap.
+        let first = s.spawn(move || unsafe { libc::munmap(at as *mut libc::c_void, len) });
+        while !store.in_sync.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let other = s.spawn(move || {
+            let mem = uffd_pager::store::MemoryStore::from_bytes(&[5; 4 * PAGE]).unwrap();
+            // SAFETY: a store of this thread's own, changed only through
+            // the region.
+            let r = unsafe {
+                pager.map_store(std::sync::Arc::new(mem), 4 * PAGE, &MapOptions::default())
+            }
+            .unwrap();
+            assert_eq!(r.as_slice()[PAGE], 5);
+            drop(r);
+            drop(bystander);
+        });
+        let returned = store.finished_in_sync(&other);
+        assert!(
+            returned,
+            "a map of another store waited for a region's write-back"
+        );
+        assert_eq!(first.join().unwrap(), 0);
+        other.join().unwrap();
+    });
+    pager.flush_unmapped().unwrap();
+    assert_eq!(store.inner.snapshot()[0], 4);
 }

@@ -198,14 +198,14 @@ impl Events {
     }
 
     /// Waits until no event is being read, waits or is being applied, and
-    /// no object an applied unmap left is being released (written back).
-    /// Address-space writers call it before they take the global lock
-    /// (which applying an event needs), so that an application that
-    /// unmapped or moved region memory and then drops the region, flushes
-    /// it or maps its store again finds the engine up to date: its call
-    /// returned only once the event was read. Yields while an event is on
-    /// its way; sleeps (20 µs, growing to 1 ms) while only a release runs,
-    /// which takes as long as its store.
+    /// no object an applied unmap left is being released (written back),
+    /// whatever its store: for [`Pager::flush_unmapped`](crate::Pager::flush_unmapped),
+    /// which writes what every release left. Calls about one store (a
+    /// map, a region's unmap, a flush of an unmapped region) take
+    /// [`wait_applied`](Self::wait_applied) and then wait for that store's
+    /// releases alone ([`crate::kept::KeptObjects::wait_for`]). Yields
+    /// while an event is on its way; sleeps (20 µs, growing to 1 ms) while
+    /// only a release runs, which takes as long as its store.
     pub fn quiesce(&self) {
         let mut pause = 20_000;
         loop {
@@ -222,8 +222,9 @@ impl Events {
     /// fault that must restart once the events are applied, and for calls
     /// that need only the address space up to date (populate, protect,
     /// remap, `dontneed`, residency guards, `reclaim_pages`), which the
-    /// write-back of an object no region maps does not concern.
-    /// Async-signal-safe.
+    /// write-back of an object no region maps does not concern, and for
+    /// calls that then wait for one store's releases (a map, a region's
+    /// unmap). Async-signal-safe.
     pub fn wait_applied(&self) {
         loop {
             self.gate.wait_for_writers();

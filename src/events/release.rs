@@ -15,17 +15,22 @@
 //! call, under its global lock, before its new region is published
 //! ([`Released::here`]).
 //!
-//! Until an object is released, [`Events::quiesce`](super::Events::quiesce)
-//! waits for it (the `releasing` count, one for all the pager's releases):
-//! every map (one of the same store must find the write-back done or
-//! listed), a flush of the unmapped region, `Region::unmap` and
-//! `Pager::flush_unmapped`. An object with another holder left when the
+//! Until an object is released, its store is marked as written
+//! ([`crate::kept::KeptObjects::mark_writing`]), and a map of that store
+//! (which must find the write-back done or listed), a flush of the
+//! unmapped region and `Region::unmap` over it wait for it
+//! ([`crate::kept::KeptObjects::wait_for`]); `Pager::flush_unmapped`
+//! waits for every release ([`Events::quiesce`](super::Events::quiesce),
+//! the `releasing` count). Calls about other stores do not: a map of
+//! another store waited for a slow store's sync before
+//! (`tests/reclaim_flush.rs`). An object with another holder left when the
 //! unmap is applied (a residency guard, a flush, a refresh) is not queued:
 //! that holder releases it when it gives its reference back, on its own
 //! thread. (A write-back in flight by such a holder, a flush, is waited
 //! for through [`crate::kept::KeptObjects::writing`].)
 
 use crate::address_space::Mm;
+use crate::kept::StoreKey;
 use crate::object::Object;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::SeqCst;
@@ -77,6 +82,7 @@ impl<'a> Released<'a> {
     pub(crate) fn push(&mut self, obj: Arc<Object>) {
         if let Some(obj) = self.mm.give_back_unless_last(obj) {
             self.mm.events.releasing.fetch_add(1, SeqCst);
+            self.mm.kept.mark_writing(StoreKey::of(&obj.store));
             self.objects.push(obj);
         }
     }
@@ -100,7 +106,9 @@ impl Drop for Released<'_> {
 /// (logged, and counted off too: `quiesce` would wait for it for ever;
 /// the object is leaked, see `Unreleased` in `mmap.rs`).
 fn release_one(mm: &Mm, obj: Arc<Object>) {
+    let key = StoreKey::of(&obj.store);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.release_object(obj)));
+    mm.kept.written_by(key);
     mm.events.releasing.fetch_sub(1, SeqCst);
     match r {
         Ok(Ok(())) => {}

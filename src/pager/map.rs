@@ -400,7 +400,7 @@ impl Pager {
         // (The application's own munmap is applied first: its region's
         // pages may be among them.)
         mm.check_owner()?;
-        mm.events.quiesce();
+        mm.events.wait_applied();
         let same = crate::unwritten::Which::SameAs(&store);
         if let Err(e) = mm.flush_unwritten(same) {
             return Err(Error::UnwrittenPages {

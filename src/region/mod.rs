@@ -417,7 +417,7 @@ impl Region {
     /// Example: [`Region`](crate::Region).
     pub fn unmap(self) -> Result<()> {
         let me = std::mem::ManuallyDrop::new(self);
-        let r = me.owner.mm.unmap(me.id);
+        let r = me.owner.mm.unmap(me.id, me.store);
         // Every field with a destructor goes (the `Weak` too: left, it
         // kept the object's allocation for ever).
         // SAFETY: `me` is never used again, and each field is moved out
@@ -437,7 +437,7 @@ impl Drop for Region {
         if self.owner.mm.in_child() {
             return;
         }
-        if let Err(e) = self.owner.mm.unmap(self.id) {
+        if let Err(e) = self.owner.mm.unmap(self.id, self.store) {
             tracing::error!(
                 start = self.start,
                 error = %e,

@@ -42,7 +42,7 @@ impl Region {
     /// address in the list of unwritten ones, never revived from `object`.
     fn flush_unmapped_object(&self) -> Result<()> {
         let mm = &self.owner.mm;
-        mm.events.quiesce();
+        mm.events.wait_applied();
         mm.kept.wait_for(self.store);
         mm.flush_unwritten_object(self.object.as_ptr())
     }
@@ -102,7 +102,7 @@ impl Region {
                     break Err(crate::store::StoreError(libc::EAGAIN).into());
                 }
                 Ok(true) => {
-                    mm.events.quiesce();
+                    mm.events.wait_applied();
                     // An event not posted yet (held up behind another
                     // userfaultfd's reader): nothing to wait for here, so
                     // a short sleep, not a rewrite in a loop.
