@@ -36,6 +36,7 @@ mod madvise;
 mod mmap;
 mod mprotect;
 mod mremap;
+mod munmap;
 mod object;
 #[cfg(loom)]
 pub mod page_cache;

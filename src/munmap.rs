@@ -1,0 +1,275 @@
+//! Unmapping a region and releasing its object: the engine's `munmap`
+//! (detach, unregister, unmap every piece, as the kernel's
+//! `do_vmi_munmap`), and the object's release when its last reference
+//! goes (`remove_vma` → `fput`): dirty pages written back, the object kept
+//! with its pages cached ([`crate::kept`]) or freed.
+
+use crate::address_space::Mm;
+use crate::error::Result;
+use crate::object::{InstallKind, Object};
+use crate::page_cache::{LRU_BATCHED, MAPPED, ON_LRU, PINNED, UPTODATE};
+use crate::sys::mem::{madvise, mprotect, Mapping};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+impl Mm {
+    /// Unmaps every piece of region `id`: detach, unregister, unmap, and
+    /// release the object (writing back a shared object over a writable
+    /// store).
+    pub fn unmap(&self, id: u64, store: crate::kept::StoreKey) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
+        self.check_owner()?;
+        // The application's own munmap of the region, all of it, was
+        // applied and is being released: done before this returns, so the
+        // store holds the region's writes then (see `crate::events::release`).
+        self.events.wait_applied();
+        self.kept.wait_for(store);
+        let w = self.lock.write();
+        let pieces = self.pieces(id);
+        let mut objects = Vec::new();
+        for vma in &pieces {
+            vma.lock.write_lock();
+            vma.lock.mark_detached();
+            let (s, e) = (vma.start, vma.end);
+            self.table.update(|t| {
+                let mut t = t.clone();
+                t.dying.push((s, e));
+                t
+            });
+            self.publish(std::slice::from_ref(vma), &[]);
+            crate::inject::after_detach(vma);
+            // Unregistered first, so that the munmap raises no event; made
+            // inaccessible before that, so that an access racing the unmap
+            // (a fault the unregister wakes, or one made between it and the
+            // munmap) gets SIGSEGV, as on a plain mapping being unmapped,
+            // and not a page the kernel makes up (zeros) once the range is
+            // no longer registered.
+            //
+            // A shared region's PTEs are zapped first: mprotect then walks
+            // empty page tables and flushes nothing, and the munmap has
+            // nothing left to zap, so the range costs one zap and one flush
+            // instead of a protection change of every PTE, its flush, and the
+            // zap. (Its pages stay in the memfd; an access racing the zap
+            // faults and is mapped again, or waits on the detached region.)
+            // Shared objects are quiet, so the madvise raises no event.
+            if vma.object.kind == InstallKind::Shared && vma.object.quiet {
+                let _ = madvise(s, e - s, libc::MADV_DONTNEED);
+            }
+            let _ = mprotect(s, e - s, libc::PROT_NONE);
+            let _ = self.uffd_for(&vma.object).unregister(s, e - s);
+            // The dying range leaves the table before the range is freed:
+            // another pager may map it next, and its faults must not find
+            // this one's claim.
+            self.table.update(|t| {
+                let mut t = t.clone();
+                t.dying.retain(|&r| r != (s, e));
+                t
+            });
+            self.claims_dropped.fetch_add(1, SeqCst);
+            // SAFETY: the region owned this range since `map`/`remap`.
+            drop(unsafe { Mapping::from_raw(s, e - s) });
+            vma.lock.write_unlock();
+            let (first, end, _) = vma.window();
+            vma.object.windows.replace(first, end, &[]);
+            // (Only words that say MAPPED: see `give_up_pages`.)
+            for i in first..end {
+                if vma.object.cache.load(i) & MAPPED != 0 {
+                    vma.object.cache.update(i, 0, MAPPED);
+                }
+            }
+            objects.push(vma.object.clone());
+        }
+        drop(pieces);
+        drop(w);
+        // The region's own handler (per-region delivery) may have been
+        // waiting for the global lock: stop it only now.
+        let mut r = Ok(());
+        objects.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        for obj in objects {
+            if let (Some(p), Some(u)) = (self.per_region.get(), obj.region_uffd.get()) {
+                if !self.maps_object(&obj) {
+                    p.close(u);
+                }
+            }
+            let x = self.release_object(obj);
+            if r.is_ok() {
+                r = x;
+            }
+        }
+        r
+    }
+
+    /// Drops a reference to `obj`; the last one writes dirty pages back
+    /// and keeps the object cached ([`crate::kept`]) or releases it
+    /// ([`Mm::release_now`]).
+    ///
+    /// Every holder of an `Arc<Object>` besides a region's VMAs (an unmap
+    /// on its way, a [`ResidentGuard`](crate::ResidentGuard), a flush or a
+    /// refresh) gives its reference back here, never by a plain drop: the
+    /// application's own `munmap` may have removed the last VMA meanwhile,
+    /// and then the holder's is the last reference. Dropped plainly, it
+    /// would free the object with its pages charged, its dirty pages
+    /// unwritten and its rmap slot still pointing at it. The count is
+    /// checked and the reference dropped under one lock, so of two holders
+    /// giving theirs back at once, one sees the other's gone. (A VMA is
+    /// dropped only where its object lives on in a new VMA or in a
+    /// reference given back here.)
+    pub(crate) fn release_object(&self, obj: Arc<Object>) -> Result<()> {
+        let Some(obj) = self.give_back_unless_last(obj) else {
+            return Ok(());
+        };
+        // The only reference now: no VMA, kept list or holder has another,
+        // so none can be made. Until it reaches `release_now`, which takes
+        // it out of the rmap first, a panic (in the store's own code:
+        // `writable`, `contents_stamp`) leaks it rather than freeing what
+        // the rmap still points at.
+        let obj = Unreleased(Some(obj));
+        // Kept ([`crate::kept`]): a shared object, written back in full,
+        // over a store someone else still holds (so it can be mapped
+        // again), whose stamp has not moved since the object was made (its
+        // pages are the store's: not even its own write-backs moved it),
+        // with nothing pinned (a pinned page has left the LRU, and reclaim
+        // would never free it), under a budget (without one there is no
+        // LRU to reclaim kept pages from). Per-region delivery closes a
+        // region's descriptor with its region, so an object there is never
+        // kept.
+        let cap = self.config.keep_unmapped;
+        let made = *obj.keep_stamp.lock().unwrap_or_else(|e| e.into_inner());
+        // Not one of 2 MiB pages: its pages are the hugetlb pool's, which
+        // only budget pressure would give back, while a live region or a
+        // map of the same store waited for them in vain.
+        let candidate = cap > 0
+            && self.config.budget_pages > 0
+            && obj.kind == InstallKind::Shared
+            && !obj.is_huge()
+            && self.per_region.get().is_none()
+            && Arc::strong_count(&obj.store) > 1;
+        // (Held to the end: a write-back that fails lists the object in
+        // `release_now` below before a waiting map goes on.)
+        let mut _keeping = None;
+        if let (true, Some(made)) = (candidate, made) {
+            // Its dirty pages are owed to the store: a map of the store
+            // waits while they are written (`KeptObjects::writing`). A
+            // failed write-back releases it, which tries once more and
+            // reports the error.
+            let owed = obj.store.writable() && crate::unwritten::dirty_pages(&obj) > 0;
+            _keeping = owed.then(|| self.kept.writing(&obj.store));
+            let written = self
+                .writeback_object(&obj, crate::writeback::Gate::Held)
+                .is_ok();
+            let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
+            if written && !pinned && obj.store.contents_stamp() == Some(made) {
+                let mut r = Ok(());
+                for out in self.kept.keep(obj.take(), made, cap) {
+                    let x = self.release_now(out);
+                    r = r.and(x);
+                }
+                return r;
+            }
+        }
+        self.release_now(obj.take())
+    }
+
+    /// The first step of [`release_object`](Self::release_object): drops
+    /// `obj` if another reference is left, under the lock that orders two
+    /// holders giving theirs back; returns it if it is the last. Cheap
+    /// (a mutex, no store call): an unmap being applied gives back at once
+    /// a reference that is not the last, so that the holder of the last
+    /// one (a residency guard dropped next) releases the object itself
+    /// ([`crate::events::release::Released::push`]).
+    pub(crate) fn give_back_unless_last(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
+        let _g = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        (Arc::strong_count(&obj) == 1).then_some(obj)
+    }
+
+    /// Writes `obj`'s dirty pages back, uncharges its resident pages and
+    /// frees it: the caller's is the last reference but the rmap's. One
+    /// whose write-back fails is kept with its dirty pages
+    /// ([`crate::unwritten`]), and the error returned.
+    pub(crate) fn release_now(&self, obj: Arc<Object>) -> Result<()> {
+        // No region maps it any more: take it out of the rmap so reclaim
+        // cannot reach it.
+        let slot = obj.slot.load(Acquire);
+        self.objects.remove(slot);
+        // Dirty pages owed to the store: listed before the write starts
+        // (`crate::unwritten`), so that a map over the store sees them
+        // while it is in flight, and kept there if it fails. No mapping is
+        // left to write them, so a page written is clean (see
+        // `writeback_object`). Listed before the wait for pins below too:
+        // a readahead run reading into the object holds one for as long
+        // as its store call, and a map of the store meanwhile read the
+        // store's older bytes. (A page reclaim is writing back now counts
+        // as dirty; the list is tidied after the write-back.)
+        let owed = obj.kind == InstallKind::Shared
+            && obj.store.writable()
+            && crate::unwritten::dirty_pages(&obj) > 0;
+        if owed {
+            for i in 0..obj.npages() {
+                if obj.cache.load(i) & MAPPED != 0 {
+                    obj.cache.lock(i);
+                    obj.cache.unlock(i, 0, MAPPED);
+                }
+            }
+            self.unwritten.add(&obj);
+        }
+        // Then wait for evictions and readahead already under way.
+        obj.wait_unpinned();
+        crate::inject::after_listed();
+        let r = self.writeback_object(&obj, crate::writeback::Gate::Held);
+        // No page of it goes to swap again.
+        crate::discard::discard_swap_left(self, &obj);
+        let (mut resident, mut on_lru) = (0, 0);
+        for i in 0..obj.npages() {
+            let w = obj.cache.load(i);
+            if w & UPTODATE != 0 {
+                resident += 1;
+            }
+            // Pages in the LRU proper (not in an add batch) are taken off it
+            // under the LRU lock, a batch of 31 per acquisition
+            // (`folios_put`); their ring entries go stale.
+            if w & ON_LRU != 0 && w & LRU_BATCHED == 0 {
+                if on_lru % crate::lru::BATCH == 0 {
+                    self.lru.release_lock_once(slot, &self.counters);
+                }
+                on_lru += 1;
+            }
+        }
+        self.uncharge(resident * obj.units());
+        if owed {
+            // (A flush of the list may have written it meanwhile and taken
+            // it off: listed again if this write-back failed.)
+            match r {
+                Ok(()) => self.unwritten.remove_if_written(&obj),
+                Err(_) => self.unwritten.add(&obj),
+            }
+        }
+        r
+    }
+}
+
+/// The last reference to an object but the rmap's, on its way to
+/// [`Mm::release_now`] or the kept list: forgotten, not freed, if it is
+/// dropped before it gets there (a panic unwinding past it), since the
+/// rmap still holds the object by address.
+struct Unreleased(Option<Arc<Object>>);
+
+impl Unreleased {
+    fn take(mut self) -> Arc<Object> {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl std::ops::Deref for Unreleased {
+    type Target = Arc<Object>;
+    fn deref(&self) -> &Arc<Object> {
+        self.0.as_ref().expect("taken only by `take`")
+    }
+}
+
+impl Drop for Unreleased {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            std::mem::forget(obj);
+        }
+    }
+}
