@@ -7,7 +7,7 @@
 use crate::delivery::Delivery;
 use crate::fault::Policy;
 use crate::lru::{entry, DrainPolicy, Lru};
-use crate::object::Object;
+use crate::object::{InstallKind, Object};
 use crate::page_cache::{LRU_BATCHED, ON_LRU};
 use crate::reclaim::staging::Reclaim;
 pub use crate::region_table::Table;
@@ -384,10 +384,13 @@ impl Mm {
     /// 2 MiB pages that this address space's regions hold and reclaim may
     /// give back to the pool (resident, not pinned): a new region of them
     /// takes its pages as reclaim frees these under the shared budget.
-    /// One walk of the table and of each huge object's state words: for
-    /// maps, not faults.
+    /// An anonymous object's page counts only where it is mapped: one
+    /// resident in its cache area alone (its eviction could not write it
+    /// to swap, or its install found the pool empty) is ordinary memory,
+    /// and freeing it gives the pool nothing. One walk of the table and of
+    /// each huge object's state words: for maps, not faults.
     pub fn huge_pages_held(&self) -> u64 {
-        use crate::page_cache::{PINNED, UPTODATE};
+        use crate::page_cache::{MAPPED, PINNED, UPTODATE};
         // Counted inside the read section, with no reference taken out of
         // it (see `memory_use`'s hazard).
         self.table.read(|t| {
@@ -399,8 +402,12 @@ impl Mm {
                     continue;
                 }
                 seen.push(obj);
+                let held_if = match obj.kind {
+                    InstallKind::Anonymous => UPTODATE | MAPPED,
+                    InstallKind::Shared => UPTODATE,
+                };
                 held += (0..obj.npages())
-                    .filter(|&i| obj.cache.load(i) & (UPTODATE | PINNED) == UPTODATE)
+                    .filter(|&i| obj.cache.load(i) & (held_if | PINNED) == held_if)
                     .count() as u64;
             }
             held

@@ -625,3 +625,58 @@ fn a_sequential_reader_of_huge_pages_gets_the_next_one_read_ahead() {
         }
     }
 }
+
+/// A swap store that takes no write: every eviction of a dirty page keeps
+/// its copy in the object's cache area.
+struct NoWrites(u64);
+
+impl Store for NoWrites {
+    fn len(&self) -> u64 {
+        self.0
+    }
+    fn read(&self, _: u64, buf: &mut [u8]) -> Result<(), uffd_pager::store::StoreError> {
+        buf.fill(0);
+        Ok(())
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), uffd_pager::store::StoreError> {
+        Err(uffd_pager::store::StoreError(libc::EIO))
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "no-writes"
+    }
+}
+
+/// A 2 MiB anonymous page whose eviction could not write it to swap has
+/// left the pool (its copy waits in the object's cache area, ordinary
+/// memory): a second region's map no longer counts it among the pages
+/// reclaim would give back to the pool. It did, and a map with no free
+/// page at all was let through, its faults then SIGBUS (found by review).
+#[test]
+fn a_huge_page_kept_dirty_off_the_pool_is_not_counted_as_held() {
+    let pool = HugePool::take(4);
+    // SAFETY: each swap store is made here and kept by the pager alone.
+    let b = unsafe {
+        Pager::builder().swap_to(|len| Ok(Arc::new(NoWrites(len as u64)) as Arc<dyn Store>))
+    };
+    let pager = b.budget_pages(2 * UNITS).readahead(0, 1).build().unwrap();
+    let mut a = pager
+        .map_anonymous_with(2 * HUGE, &huge_opts(InstallKind::Anonymous))
+        .unwrap();
+    a.as_mut_slice()[..].fill(3);
+    // Both pages evicted, neither written: both wait in the cache area,
+    // and the pool has its two pages back.
+    for _ in 0..10 {
+        pager.reclaim_pages(4 * UNITS);
+    }
+    let _none = pool.drain();
+    let r = pager.map_anonymous_with(2 * HUGE, &huge_opts(InstallKind::Anonymous));
+    assert!(
+        matches!(r, Err(Error::NoHugePages { available: 0, .. })),
+        "mapped with no huge page free: {r:?}"
+    );
+    drop(r);
+    drop(a);
+}
