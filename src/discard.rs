@@ -51,15 +51,26 @@ pub(crate) fn forget_swap(obj: &Object, i: usize) {
         let size = obj.page_size() as u64;
         crate::io::discard(&**obj.swap(), i as u64 * size, size);
     } else {
-        obj.swap_left[0].fetch_min(i, Relaxed);
-        obj.swap_left[1].fetch_max(i, Relaxed);
+        note_swap_page(obj, i);
     }
+}
+
+/// Widens the span [`discard_swap_left`] covers to page `i`: one whose
+/// copy was forgotten, or one a swap write was sent for (a write that
+/// failed or was given up on may land yet: its worker goes on).
+/// Async-signal-safe (atomics only).
+pub(crate) fn note_swap_page(obj: &Object, i: usize) {
+    obj.swap_left[0].fetch_min(i, Relaxed);
+    obj.swap_left[1].fetch_max(i, Relaxed);
 }
 
 /// At release, once no page can go to swap again: tells an anonymous
 /// object's swap store that is not signal-safe to forget the pages from
-/// the first to the last that went there (in swap now, or forgotten by
-/// [`forget_swap`]), in one call on an I/O worker, within its timeout.
+/// the first to the last that went there (in swap now, forgotten by
+/// [`forget_swap`], or written, even where the write failed:
+/// [`note_swap_page`]), in one call on an I/O worker, bounded by the I/O
+/// timeout (up to three times it: a wait for writes given up on, for a
+/// free request slot, and for the call).
 /// Before, a Redis swap namespace kept every key of every region
 /// unmapped. The call's cost follows that span (a `DEL` per 64 pages for
 /// Redis), not the region's size.

@@ -22,6 +22,7 @@
 
 use crate::object::Object;
 use crate::store::Store;
+pub(crate) use crate::store::StoreKey;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -57,23 +58,6 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// A store as [`KeptObjects::writing`] knows it: its address, and its
-/// [`Store::identity`] (a file's device and inode), by which two stores
-/// over one file are one, as [`crate::unwritten`] counts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StoreKey(usize, Option<(u64, u64)>);
-
-impl StoreKey {
-    pub(crate) fn of(s: &Arc<dyn Store>) -> StoreKey {
-        StoreKey(Arc::as_ptr(s) as *const () as usize, s.identity())
-    }
-
-    /// Whether the two are the same store, or stores of one file.
-    fn same(&self, o: &StoreKey) -> bool {
-        self.0 == o.0 || (self.1.is_some() && self.1 == o.1)
-    }
-}
-
 /// Whether `a` and `b` are the same store (the same allocation).
 fn same_store(a: &Arc<dyn Store>, b: &Arc<dyn Store>) -> bool {
     std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
@@ -84,9 +68,11 @@ impl KeptObjects {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Marks `store`'s object as on its way here while it writes its dirty
-    /// pages back, until the guard is dropped (after it is kept, or
-    /// released and its unwritten pages listed).
+    /// Marks the store `key` names (an object's
+    /// [`store_key`](crate::object::Object::store_key)) as having an object
+    /// on its way here while it writes its dirty pages back, until the
+    /// guard is dropped (after it is kept, or released and its unwritten
+    /// pages listed).
     ///
     /// Hazard: a map of the same store meanwhile would find neither a kept
     /// object nor a listed one, read the store's older bytes, and its own
@@ -95,8 +81,7 @@ impl KeptObjects {
     /// the object is still in the rmap and may be mapped again, and a
     /// flush of the listed objects holds plain references, which must
     /// never be the last of such an object.
-    pub fn writing(&self, store: &Arc<dyn Store>) -> Writing<'_> {
-        let key = StoreKey::of(store);
+    pub(crate) fn writing(&self, key: StoreKey) -> Writing<'_> {
         self.writing
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -153,7 +153,7 @@ impl Mm {
             // failed write-back releases it, which tries once more and
             // reports the error.
             let owed = obj.store.writable() && crate::unwritten::dirty_pages(&obj) > 0;
-            _keeping = owed.then(|| self.kept.writing(&obj.store));
+            _keeping = owed.then(|| self.kept.writing(obj.store_key));
             let written = self
                 .writeback_object(&obj, crate::writeback::Gate::Held)
                 .is_ok();

@@ -219,6 +219,8 @@ struct SyncStore {
     in_sync: std::sync::atomic::AtomicBool,
     fail_once: std::sync::atomic::AtomicBool,
     syncs: AtomicUsize,
+    /// Its identity differs at every call when set (the count of calls).
+    fickle: Option<AtomicUsize>,
 }
 
 impl uffd_pager::store::Store for SyncStore {
@@ -230,6 +232,10 @@ impl uffd_pager::store::Store for SyncStore {
     }
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), uffd_pager::store::StoreError> {
         self.inner.write(offset, buf)
+    }
+    fn identity(&self) -> Option<(u64, u64)> {
+        let n = self.fickle.as_ref()?.fetch_add(1, Ordering::SeqCst);
+        Some((7, n as u64))
     }
     fn sync(&self) -> Result<(), uffd_pager::store::StoreError> {
         self.in_sync.store(true, Ordering::SeqCst);
@@ -273,6 +279,7 @@ impl SyncStore {
             in_sync: Default::default(),
             fail_once: std::sync::atomic::AtomicBool::new(fail_once),
             syncs: AtomicUsize::new(0),
+            fickle: None,
         })
     }
 }
@@ -643,4 +650,45 @@ fn a_slow_write_back_holds_up_no_map_of_another_store() {
     });
     pager.flush_unmapped().unwrap();
     assert_eq!(store.inner.snapshot()[0], 4);
+}
+
+/// A store whose identity differs at every call (as a file store's may,
+/// where `fstat` fails once): its region's release is marked and unmarked
+/// by one key, the object's, made at map. The release made a key of its
+/// own at each end, and the mark of the first was never undone: the next
+/// map of the store waited for ever (found by review).
+#[test]
+fn a_store_whose_identity_changes_is_mapped_again_after_the_applications_munmap() {
+    let pager = Pager::builder().budget_pages(64).build().unwrap();
+    let store = std::sync::Arc::new(SyncStore {
+        fickle: Some(AtomicUsize::new(0)),
+        ..std::sync::Arc::into_inner(SyncStore::new(&vec![0; PAGES * PAGE], true, false)).unwrap()
+    });
+    // SAFETY: only this region changes the store.
+    let r =
+        unsafe { pager.map_store(store.clone(), PAGES * PAGE, &MapOptions::default()) }.unwrap();
+    // SAFETY: the region's bytes, no slice of them alive.
+    unsafe { std::ptr::write_volatile(r.as_ptr(), 6) };
+    let (at, len) = (r.as_ptr() as usize, r.len());
+    std::mem::forget(r);
+    // SAFETY: region memory the test gave up (forget) for the application
+    // to unmap.
+    assert_eq!(unsafe { libc::munmap(at as *mut libc::c_void, len) }, 0);
+    // (Not a scoped thread: one that hangs must not hold up the test.)
+    let pager = std::sync::Arc::new(pager);
+    let p = pager.clone();
+    let again = std::thread::spawn(move || {
+        // SAFETY: as above.
+        let r = unsafe { p.map_store(store, PAGES * PAGE, &MapOptions::default()) }.unwrap();
+        r.as_slice()[0]
+    });
+    let start = std::time::Instant::now();
+    while !again.is_finished() && start.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        again.is_finished(),
+        "the map waited for a release that was over"
+    );
+    assert_eq!(again.join().unwrap(), 6);
 }

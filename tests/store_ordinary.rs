@@ -529,12 +529,15 @@ fn a_disk_files_readahead_window_is_one_read() {
 }
 
 /// A swap store that is not signal-safe: memory, with a record of each
-/// `discard` (the calling thread's name, offset and length), which takes
-/// `discard_ms`.
+/// `discard` (the calling thread's name, offset and length, and the
+/// writes done by then), which takes `discard_ms`; a write takes
+/// `write_ms`.
 struct SwapRecorder {
     inner: uffd_pager::store::MemoryStore,
-    discards: Mutex<Vec<(String, u64, u64)>>,
+    discards: Mutex<Vec<(String, u64, u64, usize)>>,
     discard_ms: u64,
+    write_ms: u64,
+    writes: AtomicUsize,
 }
 
 impl Store for SwapRecorder {
@@ -545,11 +548,14 @@ impl Store for SwapRecorder {
         self.inner.read(off, buf)
     }
     fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        std::thread::sleep(std::time::Duration::from_millis(self.write_ms));
+        self.writes.fetch_add(1, SeqCst);
         self.inner.write(off, buf)
     }
     fn discard(&self, off: u64, len: u64) {
         let name = std::thread::current().name().unwrap_or("").to_string();
-        self.discards.lock().unwrap().push((name, off, len));
+        let writes = self.writes.load(SeqCst);
+        self.discards.lock().unwrap().push((name, off, len, writes));
         std::thread::sleep(std::time::Duration::from_millis(self.discard_ms));
     }
     fn writable(&self) -> bool {
@@ -563,7 +569,7 @@ impl Store for SwapRecorder {
 /// An in-thread pager of 64 pages, no readahead, whose anonymous regions
 /// swap to [`SwapRecorder`]s (the last one made is in `made`).
 fn recorded_swap_pager(
-    discard_ms: u64,
+    (discard_ms, write_ms): (u64, u64),
     io_timeout: std::time::Duration,
     made: Arc<Mutex<Option<Arc<SwapRecorder>>>>,
 ) -> Pager {
@@ -572,6 +578,8 @@ fn recorded_swap_pager(
             inner: uffd_pager::store::MemoryStore::new(len as u64)?,
             discards: Mutex::new(Vec::new()),
             discard_ms,
+            write_ms,
+            writes: AtomicUsize::new(0),
         });
         *made.lock().unwrap() = Some(s.clone());
         Ok(s)
@@ -617,7 +625,7 @@ fn two_pages_in_swap(pager: &Pager) -> uffd_pager::Region {
 #[test]
 fn a_region_that_goes_has_its_swap_store_forget_only_what_went_there() {
     let made = Arc::new(Mutex::new(None));
-    let pager = recorded_swap_pager(0, std::time::Duration::from_secs(10), made.clone());
+    let pager = recorded_swap_pager((0, 0), std::time::Duration::from_secs(10), made.clone());
     let region = two_pages_in_swap(&pager);
     for p in [1000, 1003] {
         assert_eq!(region.as_slice()[p * PAGE + 9], fill_byte(p, 1), "page {p}");
@@ -626,7 +634,7 @@ fn a_region_that_goes_has_its_swap_store_forget_only_what_went_there() {
     let store = made.lock().unwrap().take().unwrap();
     let d = store.discards.lock().unwrap().clone();
     assert_eq!(d.len(), 1, "{d:?}");
-    let (thread, off, len) = &d[0];
+    let (thread, off, len, _) = &d[0];
     assert!(thread.starts_with("uffd-io-"), "called on {thread:?}");
     assert_eq!((*off, *len), (1000 * PAGE as u64, 4 * PAGE as u64));
 }
@@ -637,7 +645,7 @@ fn a_region_that_goes_has_its_swap_store_forget_only_what_went_there() {
 #[test]
 fn a_slow_swap_discard_holds_up_a_drop_no_longer_than_the_io_timeout() {
     let made = Arc::new(Mutex::new(None));
-    let pager = recorded_swap_pager(4000, std::time::Duration::from_millis(200), made);
+    let pager = recorded_swap_pager((4000, 0), std::time::Duration::from_millis(200), made);
     let region = two_pages_in_swap(&pager);
     let t = std::time::Instant::now();
     drop(region);
@@ -646,4 +654,34 @@ fn a_slow_swap_discard_holds_up_a_drop_no_longer_than_the_io_timeout() {
         "the drop took {:?}",
         t.elapsed()
     );
+}
+
+/// A swap write given up on (past the I/O timeout) still lands, later: the
+/// page it was for stays dirty, not in swap, yet its copy reaches the
+/// store. The release tells the store to forget that page too, once the
+/// write is done. Before, with no page in swap the store was told nothing,
+/// and the late write's copy stayed (found by review).
+#[test]
+fn a_swap_write_given_up_on_is_forgotten_once_it_lands() {
+    let made = Arc::new(Mutex::new(None));
+    let pager = recorded_swap_pager(
+        (0, 300),
+        std::time::Duration::from_millis(200),
+        made.clone(),
+    );
+    let mut region = pager.map_anonymous(1 << 20).unwrap();
+    region.as_mut_slice()[200 * PAGE] = 1;
+    pager.reclaim_pages(64);
+    assert!(
+        pager.stats().get(Counter::IO_ERROR) >= 1,
+        "{}",
+        pager.stats()
+    );
+    drop(region);
+    let store = made.lock().unwrap().take().unwrap();
+    let d = store.discards.lock().unwrap().clone();
+    assert_eq!(d.len(), 1, "{d:?}");
+    let (_, off, len, writes) = &d[0];
+    assert_eq!((*off, *len), (200 * PAGE as u64, PAGE as u64));
+    assert_eq!(*writes, 1, "the late write landed before the discard");
 }

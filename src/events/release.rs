@@ -30,7 +30,6 @@
 //! for through [`crate::kept::KeptObjects::writing`].)
 
 use crate::address_space::Mm;
-use crate::kept::StoreKey;
 use crate::object::Object;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::SeqCst;
@@ -82,7 +81,7 @@ impl<'a> Released<'a> {
     pub(crate) fn push(&mut self, obj: Arc<Object>) {
         if let Some(obj) = self.mm.give_back_unless_last(obj) {
             self.mm.events.releasing.fetch_add(1, SeqCst);
-            self.mm.kept.mark_writing(StoreKey::of(&obj.store));
+            self.mm.kept.mark_writing(obj.store_key);
             self.objects.push(obj);
         }
     }
@@ -106,7 +105,7 @@ impl Drop for Released<'_> {
 /// (logged, and counted off too: `quiesce` would wait for it for ever;
 /// the object is leaked, see `Unreleased` in `mmap.rs`).
 fn release_one(mm: &Mm, obj: Arc<Object>) {
-    let key = StoreKey::of(&obj.store);
+    let key = obj.store_key;
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.release_object(obj)));
     mm.kept.written_by(key);
     mm.events.releasing.fetch_sub(1, SeqCst);

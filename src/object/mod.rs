@@ -102,6 +102,10 @@ pub struct Object {
     /// Where an anonymous object's evicted dirty pages go, and come back
     /// from (`SWAPPED`). `None` for shared objects.
     swap: Option<Arc<dyn Store>>,
+    /// `store` as a map of it waits for a write-back in flight
+    /// ([`crate::kept::KeptObjects::wait_for`]), made once, here: the
+    /// release marks and unmarks it by this one key.
+    pub(crate) store_key: crate::store::StoreKey,
     /// The page state words.
     pub cache: PageCache,
     /// The source is all zeros (anonymous memory): a page that was never
@@ -282,6 +286,7 @@ impl Object {
         Ok(Object {
             kind,
             shift,
+            store_key: crate::store::StoreKey::of(&store),
             store,
             swap,
             cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,

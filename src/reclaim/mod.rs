@@ -97,6 +97,11 @@ impl Pass {
     /// Writes `pages` of `obj` to its swap store (the store itself for a
     /// shared object), counts and records the result. Async-signal-safe.
     fn write_out(&mut self, mm: &Mm, obj: &Object, pages: &[(u64, &[u8])]) -> bool {
+        if obj.kind == InstallKind::Anonymous && !obj.swap().signal_safe() {
+            for &(off, _) in pages {
+                crate::discard::note_swap_page(obj, (off >> obj.page_shift()) as usize);
+            }
+        }
         let ok = obj
             .durability
             .write(|| crate::io::write(&mm.io, obj.swap(), pages))

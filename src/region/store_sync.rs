@@ -29,7 +29,7 @@ impl Region {
         // unmap the region meanwhile (this reference then writes what is
         // left when it is given back), and a new region over the store
         // would read the older bytes.
-        let _writing = mm.kept.writing(&obj.store);
+        let _writing = mm.kept.writing(obj.store_key);
         let r = mm.writeback_object(&obj, crate::writeback::Gate::Sections);
         // (The application may have unmapped it all meanwhile.)
         r.and(mm.release_object(obj))
@@ -80,7 +80,7 @@ impl Region {
         // A map of the store waits while this writes (the application may
         // unmap the region meanwhile, and the rest of its dirty pages are
         // written only when this gives its reference back).
-        let _writing = mm.kept.writing(&obj.store);
+        let _writing = mm.kept.writing(obj.store_key);
         let shift = obj.page_shift();
         let first = (offset >> shift) as usize;
         let end = offset.saturating_add(len).div_ceil(1 << shift) as usize;

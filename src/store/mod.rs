@@ -243,7 +243,7 @@ pub trait Store: Send + Sync + 'static {
     /// holding the page's lock (so async-signal-safe there); on any other
     /// once, when the object is released (its region unmapped), over the
     /// pages from the first to the last that went to swap, on an I/O
-    /// worker within [`PagerBuilder::io_timeout`](crate::PagerBuilder::io_timeout).
+    /// worker, bounded by [`PagerBuilder::io_timeout`](crate::PagerBuilder::io_timeout).
     /// Default: nothing.
     fn discard(&self, offset: u64, len: u64) {
         let _ = (offset, len);
@@ -328,6 +328,29 @@ pub trait Store: Send + Sync + 'static {
     /// For stores that model I/O: the latencies actually delivered.
     fn latency_report(&self) -> Option<LatencyReport> {
         None
+    }
+}
+
+/// A store as [`crate::kept::KeptObjects::writing`] knows it: its
+/// address, and its [`Store::identity`] (a file's device and inode), by
+/// which two stores over one file are one, as [`crate::unwritten`] counts
+/// them. Made once per object, at map (`Object::store_key`): asked again
+/// later, a store's identity may differ (a file's `fstat` failing once),
+/// and a mark made with one key would never be undone with another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreKey(usize, Option<(u64, u64)>);
+
+impl StoreKey {
+    pub(crate) fn of(s: &std::sync::Arc<dyn Store>) -> StoreKey {
+        StoreKey(
+            std::sync::Arc::as_ptr(s) as *const () as usize,
+            s.identity(),
+        )
+    }
+
+    /// Whether the two are the same store, or stores of one file.
+    pub(crate) fn same(&self, o: &StoreKey) -> bool {
+        self.0 == o.0 || (self.1.is_some() && self.1 == o.1)
     }
 }
 
