@@ -42,6 +42,12 @@ impl HugePool {
     pub fn take(n: u64) -> HugePool {
         let serial = POOL.lock().unwrap_or_else(|e| e.into_inner());
         let before = read(NR);
+        // Made first: a panic below (the kernel granting fewer pages than
+        // asked) puts the pool's size back as the guard goes.
+        let pool = HugePool {
+            before,
+            _serial: serial,
+        };
         let have = available();
         if have < n {
             // SAFETY: geteuid has no preconditions.
@@ -57,10 +63,7 @@ impl HugePool {
                 available()
             );
         }
-        HugePool {
-            before,
-            _serial: serial,
-        }
+        pool
     }
 
     /// Empties the pool of free pages for a while (root only): what a

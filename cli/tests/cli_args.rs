@@ -157,12 +157,22 @@ fn page_size_is_4k_or_2m() {
     );
 }
 
+/// A scan of the anonymous kind is refused: its warm passes would each
+/// read the file again (it ran, and reported store reads as warm faults).
+#[test]
+fn scan_needs_the_shared_kind() {
+    rejects(
+        &["bench", "scan", "--kind", "anonymous"],
+        "need the shared kind",
+    );
+}
+
 #[test]
 fn kernel_maps_needs_read_only_shared_base_pages() {
     for args in [
         &["bench", "swap", "--kernel-maps"][..],
         &["bench", "random", "--kernel-maps", "--write-pct", "10"],
-        &["bench", "scan", "--kernel-maps", "--kind", "anonymous"],
+        &["bench", "random", "--kernel-maps", "--kind", "anonymous"],
         &["bench", "filemap", "--kernel-maps", "--page-size", "2M"],
     ] {
         rejects(args, "--kernel-maps needs read-only shared regions");

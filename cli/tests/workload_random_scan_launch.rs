@@ -81,6 +81,17 @@ fn random_has_a_floor_only_where_the_floor_does_the_same_work() {
     .unwrap();
     assert!(with_writers.extra("floor_us_per_page").unwrap().is_nan());
     assert!(with_writers.extra("vs_floor").unwrap().is_nan());
+    // Nor one with handler threads, whose wake-ups the in-thread floor
+    // does not pay (it got one).
+    let threads = random::run(&Knobs {
+        delivery: uffd_pager::Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        },
+        ..knobs()
+    })
+    .unwrap();
+    assert!(threads.extra("vs_floor").unwrap().is_nan());
 }
 
 #[test]

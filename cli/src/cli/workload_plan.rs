@@ -266,6 +266,15 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
     only("--writer-pause-us", a.writer_pause_us.is_some(), &writes)?;
     only("--writer-burst-us", a.writer_burst_us.is_some(), &writes)?;
     only("--kind", a.kind.is_some(), &[Filemap, Random, Scan, Launch])?;
+    // (It ran, and its "warm" passes each read the whole file again from
+    // the store: found by review.)
+    if w == Scan && a.kind == Some(InstallKind::Anonymous) {
+        return Err(CliError::Usage(
+            "scan measures warm passes, which need the shared kind: an anonymous region's \
+             pages go with MADV_DONTNEED, so every pass would read the store again"
+                .into(),
+        ));
+    }
     only(
         "--drain",
         a.drain

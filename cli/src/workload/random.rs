@@ -29,10 +29,16 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
 }
 
 /// Whether [`crate::bench::random_floor`] does the work of this run: a
-/// budget, reads only, 4 KiB pages, and no global-lock writers beside the
-/// readers (the floor has none).
+/// budget, reads only, 4 KiB pages, no global-lock writers beside the
+/// readers (the floor has none), and in-thread delivery (the floor's
+/// handler runs in the faulting thread: beside handler threads it would
+/// leave out their wake-ups, found by review).
 fn floor_is_comparable(k: &Knobs) -> bool {
-    k.budget_pages > 0 && k.write_pct == 0 && k.writers == 0 && k.page_size == PAGE_SIZE
+    k.budget_pages > 0
+        && k.write_pct == 0
+        && k.writers == 0
+        && k.page_size == PAGE_SIZE
+        && k.delivery.is_in_thread()
 }
 
 /// Runs `random` with its file in `dir`.
@@ -42,7 +48,8 @@ fn floor_is_comparable(k: &Knobs) -> bool {
 /// (`elapsed / ops`: wall time per page of the whole run), `floor_us_per_page`
 /// (the same measure for [`crate::bench::random_floor`], run right after
 /// with the same threads, budget and duration; NaN where the floor would
-/// do other work: without a budget, with writes, writers or 2 MiB pages),
+/// do other work: without a budget, with writes, writers, 2 MiB pages or
+/// handler threads),
 /// `vs_floor` (their ratio), `mismatches` (words that differed from the
 /// pattern, engine and floor; 0 unless one is broken),
 /// `file_pages`, `writer_loops`, `footprint_mib` (what the pager held at
