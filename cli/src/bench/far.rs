@@ -76,10 +76,24 @@ impl SpinningClient {
             }
         }
         self.buf.clear();
-        let want = format!("${PAGE_SIZE}\r\n").len() + PAGE_SIZE + 2;
+        let head = format!("${PAGE_SIZE}\r\n");
+        let want = head.len() + PAGE_SIZE + 2;
         let mut chunk = [0u8; 2 * PAGE_SIZE];
         let start = Instant::now();
         while self.buf.len() < want {
+            // A reply that is not a page (a nil `$-1` for a key the server
+            // lost, an error) is shorter than one: known by its first
+            // line. (The loop waited for a page's bytes for ever.)
+            let line = self.buf.windows(2).position(|w| w == b"\r\n");
+            if line.is_some_and(|e| self.buf[..e + 2] != *head.as_bytes()) {
+                return Err(std::io::Error::other(format!(
+                    "not a page's bulk string reply: {}",
+                    String::from_utf8_lossy(&self.buf[..line.unwrap_or(0)])
+                )));
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
             match self.sock.read(&mut chunk) {
                 Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
@@ -289,4 +303,38 @@ pub fn far_scan(
         single_pages_per_s: s,
         ratio: b / s,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A server that answers any request with `reply`, once.
+    fn answering(reply: &'static [u8]) -> crate::far::StoreUrl {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut req = [0u8; 256];
+            let _ = c.read(&mut req);
+            c.write_all(reply).unwrap();
+            std::thread::sleep(Duration::from_secs(30));
+        });
+        crate::far::StoreUrl(format!("redis://127.0.0.1:{port}"))
+    }
+
+    /// A nil or an error is an error at once: the client waited for a
+    /// page's bytes for ever (found by review).
+    #[test]
+    fn a_reply_that_is_not_a_page_is_an_error() {
+        for reply in [&b"$-1\r\n"[..], b"-BUSY the server is busy\r\n"] {
+            let url = answering(reply);
+            let mut c = SpinningClient::connect(&url, Duration::from_micros(50)).unwrap();
+            let t = Instant::now();
+            let r = c.get("k").map(|_| ());
+            assert!(r.is_err(), "{:?}", String::from_utf8_lossy(reply));
+            assert!(t.elapsed() < Duration::from_secs(5));
+        }
+    }
 }
