@@ -135,10 +135,11 @@ fn run_side(
         Kind::Engine => {
             let m = EngineMapper::new(w, k, budget, &raw, pages, dir)?;
             m.pager.reset_stats();
-            let out = access::run(w, &m, pages, k)?;
+            let mut out = access::run(w, &m, pages, k)?;
             let st = m.pager.stats();
             let c = [Counter::PGFAULT, Counter::PGMAJFAULT, Counter::PGSTEAL].map(|c| st.get(c));
-            (out, c, m.pager.memory_use().to_string())
+            let footprint = std::mem::take(&mut out.footprint);
+            (out, c, footprint)
         }
         Kind::Kernel { random } => {
             let m = KernelMapper {
