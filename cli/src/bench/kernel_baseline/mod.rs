@@ -499,6 +499,15 @@ impl Report {
         if !self.sides[0].footprint.is_empty() {
             let _ = writeln!(t, "engine {} at the end", self.sides[0].footprint);
         }
+        // (A v1 group counts no reclaim: the column showed its every
+        // uncharge as reclaim, the exit's too; found by review.)
+        if self.cgroup.starts_with("v1") {
+            let _ = writeln!(
+                t,
+                "cgroup v1 counts no reclaim: its \"reclaimed\" is pgpgout, every page \
+                 uncharged (the process's exit included)"
+            );
+        }
         let r = self.ratio();
         if r.is_nan() {
             let _ = writeln!(
