@@ -37,7 +37,9 @@ pub struct WorkloadArgs {
     /// Simulated store latency: none, fixed:50us, uniform:10us-100us, exp:50us.
     #[arg(long, default_value = "fixed:50us")]
     pub latency: LatencyModel,
-    /// Simulated I/Os in flight at most (0: unbounded).
+    /// Simulated I/Os in flight at most, per simulated store (0:
+    /// unbounded). filemap has a store per thread's file, so N threads
+    /// have up to N times this in flight; swap and launch have one.
     #[arg(long, default_value_t = 0)]
     pub max_inflight: u32,
     /// Far memory (filemap, swap, launch): the store lives in Redis

@@ -91,6 +91,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
         elapsed,
         cpu,
         stats: pager.stats(),
+        // (The first thread's file's: each thread's file is a store of its
+        // own, with its own `--max-inflight`.)
         latency: stores[0].latency_report(),
         extra: vec![
             ("mismatches", mismatches.load(Relaxed) as f64),
