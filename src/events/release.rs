@@ -103,7 +103,7 @@ impl Drop for Released<'_> {
 
 /// Releases `obj` and counts it off; a panic in the release is caught
 /// (logged, and counted off too: `quiesce` would wait for it for ever;
-/// the object is leaked, see `Unreleased` in `mmap.rs`).
+/// the object is leaked, see `Unreleased` in `munmap.rs`).
 fn release_one(mm: &Mm, obj: Arc<Object>) {
     let key = obj.store_key;
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm.release_object(obj)));

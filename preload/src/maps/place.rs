@@ -31,7 +31,7 @@ pub(super) fn refuse_second(st: &mut State, name: &str) -> Option<*mut c_void> {
     Some(libc::MAP_FAILED)
 }
 
-/// [`mmap`]'s decision, before the refusal of a writable shared kernel
+/// [`mmap`](super::mmap)'s decision, before the refusal of a writable shared kernel
 /// mapping beside a pager mapping.
 pub(super) fn place(
     addr: *mut c_void,

@@ -250,7 +250,8 @@ pub struct Outcome {
     /// [`Mapper::footprint`] at the end of the timed part: before `random`
     /// and `scan` unmap their file (it was read after, and showed the
     /// engine holding no page; found by review), after `filemap`'s last
-    /// round.
+    /// round: what the engine keeps across rounds (the shared kind's
+    /// cached objects; nothing for the anonymous kind, which keeps none).
     pub footprint: String,
 }
 
