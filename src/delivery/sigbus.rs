@@ -160,64 +160,79 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             let err = uc.uc_mcontext.gregs[libc::REG_ERR as usize];
             (err & PF_WRITE != 0, err & PF_PROT != 0)
         };
-        let found = registry().read(|entries| {
-            // In a fork()ed child the parent's pagers serve nothing (their
-            // regions are not mapped here, and their ioctls would act on
-            // the parent).
-            let live = || {
-                entries
-                    .iter()
-                    // SAFETY: registered entries are live until
-                    // `unregister` has waited out this read section.
-                    .map(|&p| unsafe { &*(p as *const Entry) })
-                    .filter(|e| !e.mm().in_child())
-            };
-            let mms = || live().map(Entry::mm);
-            loop {
-                let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
-                // A live region first: another pager may still list the
-                // same range as dying after unmapping it, and a fault on
-                // this pager's new region there must not go to it. Served
-                // after the read section, under a pin of its entry.
-                if let Some(e) = live().find(|e| e.mm().owns_live(addr)) {
-                    // SAFETY: `unregister` frees the entry only once this
-                    // pin is dropped (below, when the fault is served).
-                    let e: &'static Entry = unsafe { &*(e as *const Entry) };
-                    return Found::Live(e, e.pins.pin());
-                }
-                // A fault raised on a range while its pager unmapped it:
-                // the access is to memory that is going away.
-                if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
-                    mm.counters.inc(crate::stats::Counter::SEGV);
-                    return Found::Done(Resolution::Segv);
-                }
-                // No pager's, unless an event that puts a region here is
-                // being applied: the application's mremap returns once its
-                // event is read, so its next access can come before the
-                // region is published. Wait for the event, then look again.
-                let mut waited = false;
-                for mm in mms() {
-                    if mm.events.pending() {
-                        mm.events.gate.wait_for_writers();
-                        waited = true;
+        // A live region of a pager whose view was stale: the application
+        // unmapped it, the event was not applied yet, and new memory was
+        // mapped there (another pager's region). The fault found the old
+        // region, which was gone by the time it was served (`NoRegion`):
+        // look again, as the kernel's fault finds the new VMA. Before, the
+        // access got SIGSEGV (two pagers in one process, found by CI).
+        let mut tries = 0;
+        let handled = loop {
+            let found = registry().read(|entries| {
+                // In a fork()ed child the parent's pagers serve nothing (their
+                // regions are not mapped here, and their ioctls would act on
+                // the parent).
+                let live = || {
+                    entries
+                        .iter()
+                        // SAFETY: registered entries are live until
+                        // `unregister` has waited out this read section.
+                        .map(|&p| unsafe { &*(p as *const Entry) })
+                        .filter(|e| !e.mm().in_child())
+                };
+                let mms = || live().map(Entry::mm);
+                loop {
+                    let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+                    // A live region first: another pager may still list the
+                    // same range as dying after unmapping it, and a fault on
+                    // this pager's new region there must not go to it. Served
+                    // after the read section, under a pin of its entry.
+                    if let Some(e) = live().find(|e| e.mm().owns_live(addr)) {
+                        // SAFETY: `unregister` frees the entry only once this
+                        // pin is dropped (below, when the fault is served).
+                        let e: &'static Entry = unsafe { &*(e as *const Entry) };
+                        return Found::Live(e, e.pins.pin());
+                    }
+                    // A fault raised on a range while its pager unmapped it:
+                    // the access is to memory that is going away.
+                    if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
+                        mm.counters.inc(crate::stats::Counter::SEGV);
+                        return Found::Done(Resolution::Segv);
+                    }
+                    // No pager's, unless an event that puts a region here is
+                    // being applied: the application's mremap returns once its
+                    // event is read, so its next access can come before the
+                    // region is published. Wait for the event, then look again.
+                    let mut waited = false;
+                    for mm in mms() {
+                        if mm.events.pending() {
+                            mm.events.gate.wait_for_writers();
+                            waited = true;
+                        }
+                    }
+                    let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+                    if !waited && now == epochs {
+                        return Found::Nobody;
                     }
                 }
-                let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
-                if !waited && now == epochs {
-                    return Found::Nobody;
+            });
+            let live = matches!(found, Found::Live(..));
+            let handled = match found {
+                Found::Live(entry, pin) => {
+                    let present = Some(present);
+                    let access = crate::fault::Access { write, present };
+                    let r = handle_fault(entry.mm(), addr, access);
+                    drop(pin);
+                    Some(r)
                 }
+                Found::Done(r) => Some(r),
+                Found::Nobody => None,
+            };
+            if live && handled == Some(Resolution::NoRegion) && tries < 8 {
+                tries += 1;
+                continue;
             }
-        });
-        let handled = match found {
-            Found::Live(entry, pin) => {
-                let present = Some(present);
-                let access = crate::fault::Access { write, present };
-                let r = handle_fault(entry.mm(), addr, access);
-                drop(pin);
-                Some(r)
-            }
-            Found::Done(r) => Some(r),
-            Found::Nobody => None,
+            break handled;
         };
         if handled.is_some() {
             UNCLAIMED.with(|last| last.set((0, 0)));
