@@ -351,7 +351,13 @@ impl Mm {
     /// Whether a live region of this address space holds `addr`.
     /// Async-signal-safe.
     pub fn owns_live(&self, addr: usize) -> bool {
-        self.table.read(|t| t.find(addr).is_some())
+        self.live_placement(addr).is_some()
+    }
+
+    /// When the live region that holds `addr` was placed there
+    /// ([`Vma::placed`]), if one does. Async-signal-safe.
+    pub fn live_placement(&self, addr: usize) -> Option<u64> {
+        self.table.read(|t| t.find(addr).map(|v| v.placed))
     }
 
     /// Whether a fault at `addr` may have to read its page from a store

@@ -3,7 +3,7 @@
 
 use crate::object::Object;
 use crate::sync::region_lock::RegionLock;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 
 /// What a region is mapped with besides its object and place
@@ -59,6 +59,22 @@ pub struct Vma {
     /// application split it with its own `munmap`, or moved part of it)
     /// share it.
     pub id: u64,
+    /// When this range was placed where it is, from one process-wide
+    /// count ([`next_placement`]): by a map, or by a move to `start`. A
+    /// piece cut from a region where it lies keeps its region's. Two
+    /// pagers list one address live only while one of them has not yet
+    /// applied the application's `munmap` there (the kernel frees the
+    /// range before it posts the event) and the other has mapped there
+    /// since: the later placement is the range's, as the kernel has only
+    /// the newer VMA ([`crate::delivery`]'s SIGBUS handler asks).
+    pub placed: u64,
+}
+
+/// The next placement stamp ([`Vma::placed`]). Async-signal-safe (one
+/// atomic add).
+fn next_placement() -> u64 {
+    static PLACEMENTS: AtomicU64 = AtomicU64::new(1);
+    PLACEMENTS.fetch_add(1, Relaxed)
 }
 
 impl Vma {
@@ -76,12 +92,13 @@ impl Vma {
             pinned: false,
             random: AtomicBool::new(false),
             id: 0,
+            placed: next_placement(),
         }
     }
 
     /// The piece `[start, end)` of this VMA (inside it), at `at` (`start`
     /// unless the piece moved): same object window, flags and region, a
-    /// fresh lock.
+    /// fresh lock; placed when this VMA was unless it moved.
     pub fn slice(&self, start: usize, end: usize, at: usize) -> Vma {
         debug_assert!(start >= self.start && end <= self.end && start < end);
         let mut v = Vma::new(
@@ -96,6 +113,9 @@ impl Vma {
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
         v.read_only_wp = AtomicBool::new(self.read_only_wp.load(Relaxed));
+        if at == start {
+            v.placed = self.placed;
+        }
         v
     }
 
@@ -109,7 +129,8 @@ impl Vma {
         )
     }
 
-    /// A copy with new bounds (for remap): same object and flags, fresh lock.
+    /// A copy with new bounds (for remap): same object and flags, fresh lock,
+    /// placed now (the range it grows into, or moves to, is new to it).
     pub fn resized(&self, start: usize, len: usize) -> Vma {
         let mut v = Vma::new(
             start,

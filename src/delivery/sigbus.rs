@@ -185,9 +185,16 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                     let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
                     // A live region first: another pager may still list the
                     // same range as dying after unmapping it, and a fault on
-                    // this pager's new region there must not go to it. Served
+                    // this pager's new region there must not go to it. Of
+                    // two live claims the later placement: the other pager
+                    // has not applied the application's unmap of its region
+                    // there yet, and a fault sent to it would wait for that
+                    // (its events' gate) and then find nothing. Served
                     // after the read section, under a pin of its entry.
-                    if let Some(e) = live().find(|e| e.mm().owns_live(addr)) {
+                    let newest = live()
+                        .filter_map(|e| e.mm().live_placement(addr).map(|p| (p, e)))
+                        .max_by_key(|&(p, _)| p);
+                    if let Some((_, e)) = newest {
                         // SAFETY: `unregister` frees the entry only once this
                         // pin is dropped (below, when the fault is served).
                         let e: &'static Entry = unsafe { &*(e as *const Entry) };
