@@ -397,6 +397,11 @@ impl Mm {
     /// each huge object's state words: for maps, not faults.
     pub fn huge_pages_held(&self) -> u64 {
         use crate::page_cache::{MAPPED, PINNED, UPTODATE};
+        // Asynchronous signals wait (on an application thread, before the
+        // map blocks them itself): a handler that faulted in the read
+        // section waited for an event whose publication waits for the
+        // section to end (`signal_masks signals_during_a_huge_maps_count`).
+        let _deferred = crate::sys::thread::Deferred::new();
         // Counted inside the read section, with no reference taken out of
         // it (see `memory_use`'s hazard).
         self.table.read(|t| {

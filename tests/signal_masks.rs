@@ -291,6 +291,29 @@ fn child_signals_during_region_lookups() {
     });
 }
 
+/// A map of 2 MiB pages under a budget counts the huge pages the pager's
+/// other regions hold (one walk of the table) before it maps anything.
+/// Many regions make the walk long.
+fn child_signals_during_a_huge_maps_count() {
+    // SAFETY: alarm has no preconditions.
+    unsafe { libc::alarm(20) };
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(4096)
+        .build()
+        .unwrap();
+    let many: Vec<_> = (0..2000).map(|_| p.map_anonymous(PAGE).unwrap()).collect();
+    let opts = MapOptions {
+        page_size: uffd_pager::HUGE_PAGE_SIZE,
+        ..MapOptions::default()
+    };
+    signals_and_events_while(&p, true, || {
+        // (Refused unless 2 MiB pages are reserved: the count comes first.)
+        std::hint::black_box(p.map_anonymous_with(uffd_pager::HUGE_PAGE_SIZE, &opts).ok());
+    });
+    drop(many);
+}
+
 fn child_signals_during_memory_use() {
     let p = small_budget_child_pager();
     signals_while(&p, || {
@@ -387,6 +410,17 @@ fn signals_during_region_lookups() {
     exits_cleanly(
         "signals_during_region_lookups",
         child_signals_during_region_lookups,
+    );
+}
+
+/// The count of 2 MiB pages a huge map makes walked the table with signals
+/// open: a handler that faulted there waited for an event that waited for
+/// the walk to end.
+#[test]
+fn signals_during_a_huge_maps_count() {
+    exits_cleanly(
+        "signals_during_a_huge_maps_count",
+        child_signals_during_a_huge_maps_count,
     );
 }
 
