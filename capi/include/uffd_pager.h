@@ -235,7 +235,8 @@ typedef struct uffd_pager_stats {
    */
   uint64_t retry_io_miss;
   /**
-   * Faults handled.
+   * Faults handled in a region (served, or refused by it); not an
+   * address in no region.
    */
   uint64_t pgfault;
   /**
@@ -243,7 +244,8 @@ typedef struct uffd_pager_stats {
    */
   uint64_t pgmajfault;
   /**
-   * Faults at an address in no region (SIGSEGV to the faulting thread).
+   * SIGSEGVs the engine raised for a faulting thread (an address in no
+   * region, or an access its region refuses), once per signal.
    */
   uint64_t segv;
   /**

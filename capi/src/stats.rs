@@ -23,11 +23,13 @@ pub struct uffd_pager_stats {
     pub retry_mmap_drop: u64,
     /// A `tried` attempt found its page absent again (reclaimed in the window).
     pub retry_io_miss: u64,
-    /// Faults handled.
+    /// Faults handled in a region (served, or refused by it); not an
+    /// address in no region.
     pub pgfault: u64,
     /// Faults that needed store I/O.
     pub pgmajfault: u64,
-    /// Faults at an address in no region (SIGSEGV to the faulting thread).
+    /// SIGSEGVs the engine raised for a faulting thread (an address in no
+    /// region, or an access its region refuses), once per signal.
     pub segv: u64,
     /// Store read errors (each try).
     pub io_error: u64,

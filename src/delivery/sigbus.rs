@@ -229,6 +229,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                     let present = Some(present);
                     let access = crate::fault::Access { write, present };
                     let r = handle_fault(entry.mm(), addr, access);
+                    // Counted while the pin keeps the pager: the access gets
+                    // SIGSEGV unless it is looked up again (below).
+                    let again = r == Resolution::NoRegion && tries < 8;
+                    if matches!(r, Resolution::Segv | Resolution::NoRegion) && !again {
+                        entry.mm().counters.inc(crate::stats::Counter::SEGV);
+                    }
                     drop(pin);
                     Some(r)
                 }

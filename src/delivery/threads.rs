@@ -325,7 +325,8 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
     // store called here): the faulting thread gets SIGBUS instead of
     // waiting forever for a handler that left.
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        handle_fault_once(mm, addr, access)
+        // (A message put back for an event is timed from its last try.)
+        handle_fault_once(mm, addr, access, crate::sys::now_ns())
     }));
     match r {
         Ok(Resolution::Restart) => return false,
@@ -363,6 +364,7 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
                 && waits_on_a_fault(m.arg2 as u32)
                 && !mm.owns_live(addr)
             {
+                mm.counters.inc(crate::stats::Counter::SEGV);
                 signal_thread(libc::SIGSEGV);
             }
         }
@@ -377,6 +379,7 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
         // once).
         Ok(Resolution::Segv) => {
             if done.unserved_again(m.arg2 as u32, addr) && waits_on_a_fault(m.arg2 as u32) {
+                mm.counters.inc(crate::stats::Counter::SEGV);
                 signal_thread(libc::SIGSEGV);
             }
         }

@@ -10,8 +10,11 @@ use crate::sys::now_ns;
 /// Handles one fault at `addr` in `mm` to completion, restarting it while
 /// non-cooperative events are applied. Async-signal-safe.
 pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
+    // Timed from here: the waits for the gate and the restarts are the
+    // fault's too, and the longest of all.
+    let since = now_ns();
     loop {
-        match handle_fault_once(mm, addr, access) {
+        match handle_fault_once(mm, addr, access, since) {
             Resolution::Restart => {
                 // The event reader takes the gate to apply what it read:
                 // wait for it (or, if it has not woken yet, let it run).
@@ -28,11 +31,12 @@ pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
 
 /// Handles one fault at `addr` in `mm`, inside one read section of the
 /// event gate; [`Resolution::Restart`] if an event must be applied first.
+/// The fault's latency is recorded from `since` (a [`now_ns`] taken
+/// before the caller's first try: the wait for the gate counts).
 /// Async-signal-safe.
-pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access) -> Resolution {
+pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access, since: u64) -> Resolution {
     let _section = mm.events.section();
     let epoch = mm.events.epoch();
-    let t0 = now_ns();
     let c = &mm.counters;
     let mut f = Fault::new(addr, access);
     let policy = mm.config.policy.kind;
@@ -78,25 +82,26 @@ pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access) -> Resolution {
     if out == Outcome::Restart || (refused && mm.events.unsettled_since(epoch)) {
         return Resolution::Restart;
     }
-    c.inc(PGFAULT);
-    if f.major {
-        c.inc(PGMAJFAULT);
+    // An address in no region is not counted or timed (the kernel's bad
+    // area never reaches `handle_mm_fault`): the delivery may look again
+    // and send it elsewhere, and an access counted once per look read as
+    // several faults. SIGSEGV is counted where it is raised.
+    let no_region = matches!(out, Outcome::Segv | Outcome::Abort | Outcome::Retry { .. });
+    if !no_region {
+        c.inc(PGFAULT);
+        if f.major {
+            c.inc(PGMAJFAULT);
+        }
+        c.record_latency(now_ns().saturating_sub(since));
     }
-    c.record_latency(now_ns() - t0);
     match out {
         Outcome::Done => Resolution::Resolved,
         Outcome::Bus => Resolution::Bus,
         Outcome::NoPage => Resolution::NoPage,
         Outcome::Restart => Resolution::Restart,
-        Outcome::Denied => {
-            c.inc(SEGV);
-            Resolution::Segv
-        }
+        Outcome::Denied => Resolution::Segv,
         // Abort and Retry never leave `global`.
-        Outcome::Segv | Outcome::Abort | Outcome::Retry { .. } => {
-            c.inc(SEGV);
-            Resolution::NoRegion
-        }
+        Outcome::Segv | Outcome::Abort | Outcome::Retry { .. } => Resolution::NoRegion,
     }
 }
 

@@ -54,11 +54,14 @@ counters! {
     RETRY_MMAP_DROP => "retry_mmap_drop",
     /// A `tried` attempt found its page absent again (reclaimed in the window).
     RETRY_IO_MISS => "retry_io_miss",
-    /// Faults handled.
+    /// Faults handled in a region (served, or refused by it); not an
+    /// address in no region, which the kernel's count leaves out too.
     PGFAULT => "pgfault",
     /// Faults that needed store I/O.
     PGMAJFAULT => "pgmajfault",
-    /// Faults at an address in no region (SIGSEGV to the faulting thread).
+    /// SIGSEGVs the engine raised for a faulting thread: an address in no
+    /// region, or an access its region refuses (a write to a read-only
+    /// store's page). Counted once per signal, not per look at the fault.
     SEGV => "segv",
     /// Store errors: each failed read try (a fault's; a readahead run's,
     /// once per run, which a 2 MiB page's empty pool fails too), and each
@@ -133,7 +136,8 @@ const N: usize = Counter::ALL.len();
 #[derive(Debug)]
 struct CpuCounters {
     vals: [AtomicU64; N],
-    /// Fault service time, ns (first attempt to done).
+    /// Fault service time, ns: from the delivery's first try (the wait for
+    /// the event gate and the restarts included) to done.
     latency: AtomicHistogram,
 }
 

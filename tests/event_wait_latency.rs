@@ -1,0 +1,65 @@
+//! A fault that waits for an event to be applied (the application's
+//! `munmap` of another region) is timed with that wait: the fault-latency
+//! histogram started after it, so its slowest faults read as fast. The
+//! event is held unapplied on purpose: the pager's global lock is held
+//! (`Pager::hold_global_write`), which applying an event takes.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::time::{Duration, Instant};
+use uffd_pager::{Delivery, Pager};
+use util::*;
+
+const HOLD: Duration = Duration::from_millis(300);
+
+#[test]
+fn child_event_wait() {
+    if !is_child() {
+        return;
+    }
+    // SAFETY: alarm has no preconditions: a hang ends the child.
+    unsafe { libc::alarm(30) };
+    let d: Delivery = std::env::var("UFFD_DELIVERY").unwrap().parse().unwrap();
+    let p = Pager::builder().delivery(d).build().unwrap();
+    let r = p.map_anonymous(4 * PAGE).unwrap();
+    let gone = p.map_anonymous(PAGE).unwrap();
+    let at = r.as_ptr() as usize;
+    p.reset_stats();
+    let hold = p.hold_global_write();
+    // SAFETY: the application unmaps region memory itself; its handle is
+    // dropped only after the event is applied.
+    assert_eq!(
+        unsafe { libc::munmap(gone.as_ptr() as *mut libc::c_void, PAGE) },
+        0
+    );
+    // (munmap returned: the event has been read, and waits for the lock.)
+    let t = Instant::now();
+    let toucher = std::thread::spawn(move || {
+        // SAFETY: a page of the live region, which outlives the thread.
+        unsafe { std::ptr::write_volatile((at + PAGE) as *mut u8, 7) };
+    });
+    std::thread::sleep(HOLD);
+    drop(hold);
+    toucher.join().unwrap();
+    let took = t.elapsed();
+    let s = p.stats();
+    let max = Duration::from_nanos(s.fault_latency.max_ns);
+    println!("{d}: the access took {took:?}; latency max {max:?}");
+    assert!(took >= HOLD, "{d}: the access did not wait ({took:?})");
+    assert!(
+        max >= HOLD / 2,
+        "{d}: the fault waited {took:?}, its latency says {max:?}\n{s}"
+    );
+    drop(gone);
+    assert_eq!(r.as_slice()[PAGE], 7);
+    std::process::exit(0);
+}
+
+#[test]
+fn a_fault_that_waits_for_an_event_is_timed_with_the_wait() {
+    for d in [Delivery::InThread, THREADS] {
+        let out = run_child("child_event_wait", &[("UFFD_DELIVERY", &d.to_string())]);
+        assert!(out.status.success(), "{d}: {}", describe(&out));
+    }
+}
