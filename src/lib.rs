@@ -94,6 +94,7 @@ pub mod testing {
         set_before_message, Hook, MapHook, Site,
     };
     pub use crate::pager::inject::{GlobalWriteHold, RegionWriteHold};
+    pub use crate::sync::pins::hook::set_after_unpin;
 }
 
 /// The README's examples, compiled and run as doc tests (with the `redis`

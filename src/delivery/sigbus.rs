@@ -127,6 +127,10 @@ pub fn unregister(mm: &Mm) {
         // that could still find it, so no pin can be taken from here on.
         let entry = unsafe { Box::from_raw(p as *mut Entry) };
         entry.pins.wait_unpinned();
+        // The last unpin still reads the entry once the count is zero; it
+        // unpins inside a read section, which this grace period waits out
+        // (see `Pins`' hazard).
+        registry().update(|v| v.clone());
         drop(entry);
     }
 }
@@ -235,7 +239,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                     if matches!(r, Resolution::Segv | Resolution::NoRegion) && !again {
                         entry.mm().counters.inc(crate::stats::Counter::SEGV);
                     }
-                    drop(pin);
+                    // Inside a read section: `unregister` frees the entry
+                    // only after a grace period, and the unpin reads it
+                    // after the count it waits for is zero.
+                    registry().read(|_| drop(pin));
                     Some(r)
                 }
                 Found::Done(r) => Some(r),

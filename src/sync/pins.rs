@@ -21,6 +21,15 @@
 //!   caller removed every way to find the object); sleeps on a futex, and
 //!   re-checks every 50 ms in case a wake is lost to a signal.
 //!
+//! # Hazard: freeing the `Pins`
+//! [`Pins::wait_unpinned`] returns once the count is zero, which the last
+//! unpin makes with its first step: that unpin then still reads
+//! `draining` and bumps `wakes`. The owner must not free the `Pins` until
+//! every unpin has left its drop. The SIGBUS handler drops its pin inside
+//! a read section of the registry, and the owner waits out a grace period
+//! of the registry before it frees the entry (an unpin that ran on freed
+//! memory bumped a word of whatever the allocator handed out next).
+//!
 //! [`Rcu`]: crate::sync::rcu::Rcu
 
 use crate::sync::model::{cpu_count, futex, this_cpu, AtomicU32, AtomicU64};
@@ -100,11 +109,41 @@ impl Drop for Pin<'_> {
     #[inline]
     fn drop(&mut self) {
         self.pins.cpus[self.cpu].0.fetch_sub(1, SeqCst);
+        // (The owner may see the count at zero from here: see the module
+        // docs' hazard.)
+        #[cfg(feature = "fault-inject")]
+        hook::after_unpin();
         #[cfg(loom)]
         crate::sync::model::loom_store_load_fence();
         if self.pins.draining.load(SeqCst) != 0 {
             self.pins.wakes.fetch_add(1, SeqCst);
             futex::wake_all(&self.pins.wakes);
+        }
+    }
+}
+
+/// A test hook (feature `fault-inject`): runs in every unpin, right after
+/// the count went down.
+#[cfg(feature = "fault-inject")]
+pub mod hook {
+    use std::sync::atomic::{AtomicUsize, Ordering::*};
+
+    static AFTER_UNPIN: AtomicUsize = AtomicUsize::new(0);
+
+    /// Sets the function every unpin calls once its count went down (it
+    /// runs in the SIGBUS handler: it must be async-signal-safe). `None`
+    /// clears it.
+    pub fn set_after_unpin(h: Option<fn()>) {
+        AFTER_UNPIN.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(super) fn after_unpin() {
+        let p = AFTER_UNPIN.load(Acquire);
+        if p != 0 {
+            // SAFETY: only `set_after_unpin` stores here, and it stores a
+            // valid `fn()`.
+            let f: fn() = unsafe { std::mem::transmute::<usize, fn()>(p) };
+            f();
         }
     }
 }
