@@ -341,3 +341,43 @@ pub fn rss_anon_kib() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("RssAnon in /proc/self/status")
 }
+
+/// Maps `len` bytes of anonymous read-write memory of the application's
+/// own at `at` with `MAP_FIXED` (replacing whatever is there); returns the
+/// address mmap gave (`MAP_FAILED` on error). One system call:
+/// async-signal-safe.
+///
+/// # Safety
+/// Whatever was mapped at `[at, at + len)` is gone: nothing may still
+/// refer to it.
+pub unsafe fn map_own_fixed(at: usize, len: usize) -> usize {
+    // SAFETY: the caller gives the range up (the function's contract).
+    unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        ) as usize
+    }
+}
+
+/// Maps the first `len` bytes of `f` shared and read-only; panics if
+/// mmap fails.
+pub fn map_file_shared(f: &std::fs::File, len: usize) -> usize {
+    // SAFETY: a fresh shared read mapping of an open file.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(f),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap of the file: {}", errno());
+    p as usize
+}

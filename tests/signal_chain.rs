@@ -60,18 +60,7 @@ fn engine_then_foreign_sigbus() {
     assert_eq!(anon.as_slice()[PAGE], 9);
     let file = TempFile::with_contents("chain", &[1u8; PAGE]);
     let f = std::fs::File::open(file.path()).unwrap();
-    // SAFETY: a fresh two-page shared mapping of the open file.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            2 * PAGE,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED);
+    let p = map_file_shared(&f, 2 * PAGE);
     let p = p as *const u8;
     // SAFETY: inside the file.
     assert_eq!(unsafe { std::ptr::read_volatile(p) }, 1);

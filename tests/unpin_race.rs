@@ -64,17 +64,8 @@ fn child_unpin_race() {
         // The access runs again when the handler returns: it lands in
         // memory of the application's own mapped there now.
         // SAFETY: the range the region's drop just unmapped.
-        let own = unsafe {
-            libc::mmap(
-                at as *mut libc::c_void,
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        assert_eq!(own as usize, at);
+        let own = unsafe { map_own_fixed(at, PAGE) };
+        assert_eq!(own, at);
         drop(p);
         // Whatever 32-byte blocks the allocator hands out now, among them
         // the entry's if the drop freed it.

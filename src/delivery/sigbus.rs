@@ -185,46 +185,49 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                         .filter(|e| !e.mm().in_child())
                 };
                 let mms = || live().map(Entry::mm);
-                loop {
-                    let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
-                    // A live region first: another pager may still list the
-                    // same range as dying after unmapping it, and a fault on
-                    // this pager's new region there must not go to it. Of
-                    // two live claims the later placement: the other pager
-                    // has not applied the application's unmap of its region
-                    // there yet, and a fault sent to it would wait for that
-                    // (its events' gate) and then find nothing. Served
-                    // after the read section, under a pin of its entry.
-                    let newest = live()
-                        .filter_map(|e| e.mm().live_placement(addr).map(|p| (p, e)))
-                        .max_by_key(|&(p, _)| p);
-                    if let Some((_, e)) = newest {
-                        // SAFETY: `unregister` frees the entry only once this
-                        // pin is dropped (below, when the fault is served).
-                        let e: &'static Entry = unsafe { &*(e as *const Entry) };
-                        return Found::Live(e, e.pins.pin());
-                    }
-                    // A fault raised on a range while its pager unmapped it:
-                    // the access is to memory that is going away.
-                    if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
-                        mm.counters.inc(crate::stats::Counter::SEGV);
-                        return Found::Done(Resolution::Segv);
-                    }
-                    // No pager's, unless an event that puts a region here is
-                    // being applied: the application's mremap returns once its
-                    // event is read, so its next access can come before the
-                    // region is published. Wait for the event, then look again.
-                    let mut waited = false;
-                    for mm in mms() {
-                        if mm.events.pending() {
-                            mm.events.gate.wait_for_writers();
-                            waited = true;
-                        }
-                    }
-                    let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
-                    if !waited && now == epochs {
-                        return Found::Nobody;
-                    }
+                let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+                // A live region first: another pager may still list the
+                // same range as dying after unmapping it, and a fault on
+                // this pager's new region there must not go to it. Of
+                // two live claims the later placement: the other pager
+                // has not applied the application's unmap of its region
+                // there yet, and a fault sent to it would wait for that
+                // (its events' gate) and then find nothing. Served
+                // after the read section, under a pin of its entry.
+                let newest = live()
+                    .filter_map(|e| e.mm().live_placement(addr).map(|p| (p, e)))
+                    .max_by_key(|&(p, _)| p);
+                if let Some((_, e)) = newest {
+                    // SAFETY: `unregister` frees the entry only once this
+                    // pin is dropped (below, when the fault is served).
+                    let e: &'static Entry = unsafe { &*(e as *const Entry) };
+                    return Found::Live(e, e.pins.pin());
+                }
+                // A fault raised on a range while its pager unmapped it:
+                // the access is to memory that is going away.
+                if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
+                    mm.counters.inc(crate::stats::Counter::SEGV);
+                    return Found::Done(Resolution::Segv);
+                }
+                // No pager's, unless an event that puts a region here is
+                // being applied: the application's mremap returns once its
+                // event is read, so its next access can come before the
+                // region is published. Wait for the event, then look again:
+                // outside the read section, under a pin (the event waits for
+                // that pager's faults in flight, as long as their stores
+                // take, and every pager's build and drop waits for this
+                // section).
+                if let Some(e) = live().find(|e| e.mm().events.pending()) {
+                    // SAFETY: as for a live region's entry above.
+                    let e: &'static Entry = unsafe { &*(e as *const Entry) };
+                    return Found::Wait(e, e.pins.pin());
+                }
+                // Or applied since the look began: look again.
+                let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+                if now == epochs {
+                    Found::Nobody
+                } else {
+                    Found::Again
                 }
             });
             let live = matches!(found, Found::Live(..));
@@ -245,6 +248,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                     registry().read(|_| drop(pin));
                     Some(r)
                 }
+                Found::Wait(entry, pin) => {
+                    entry.mm().events.gate.wait_for_writers();
+                    // (Inside a read section: see the live case.)
+                    registry().read(|_| drop(pin));
+                    continue;
+                }
+                Found::Again => continue,
                 Found::Done(r) => Some(r),
                 Found::Nobody => None,
             };
@@ -339,6 +349,13 @@ enum Found {
     Live(&'static Entry, crate::sync::pins::Pin<'static>),
     /// Answered in the read section.
     Done(Resolution),
+    /// No pager claims the address, and this entry's pager is applying
+    /// events: wait for them under the pin, outside the read section, and
+    /// look again.
+    Wait(&'static Entry, crate::sync::pins::Pin<'static>),
+    /// No pager claims the address, but events were applied during the
+    /// look: look again.
+    Again,
     /// No pager claims the address.
     Nobody,
 }
