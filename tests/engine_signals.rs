@@ -16,25 +16,17 @@ const PAGES: usize = 8;
 const LEN: usize = PAGES * PAGE;
 const MARKER: &str = "CHILD-REACHED-FATAL-ACCESS";
 
+/// The delivery the parent named (its `Display` form), in-thread if none.
 fn child_delivery() -> Delivery {
-    match std::env::var("UFFD_DELIVERY").as_deref() {
-        Ok("threads") => THREADS,
-        _ => Delivery::InThread,
-    }
+    std::env::var("UFFD_DELIVERY").map_or(Delivery::InThread, |d| {
+        d.parse().expect("a delivery mode the parent named")
+    })
 }
 
 fn child_kind() -> InstallKind {
     match std::env::var("UFFD_KIND").as_deref() {
         Ok("shared") => InstallKind::Shared,
         _ => InstallKind::Anonymous,
-    }
-}
-
-fn delivery_name(d: Delivery) -> &'static str {
-    if d.is_in_thread() {
-        "in-thread"
-    } else {
-        "threads"
     }
 }
 
@@ -55,7 +47,7 @@ fn expect_child_signal(child: &str, d: Delivery, k: InstallKind, signal: i32) {
     let out = run_child(
         child,
         &[
-            ("UFFD_DELIVERY", delivery_name(d)),
+            ("UFFD_DELIVERY", &d.to_string()),
             ("UFFD_KIND", kind_name(k)),
         ],
     );
@@ -270,7 +262,7 @@ fn signals_write_to_readonly_is_sigsegv() {
                 let out = run_child(
                     "child_write_after_protect_readonly",
                     &[
-                        ("UFFD_DELIVERY", delivery_name(d)),
+                        ("UFFD_DELIVERY", &d.to_string()),
                         ("UFFD_KIND", kind_name(k)),
                         ("UFFD_PAGE", page),
                     ],

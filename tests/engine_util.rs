@@ -261,8 +261,9 @@ pub fn errno() -> i32 {
 }
 
 /// Runs child test `name` once per delivery mode (its `UFFD_DELIVERY`) and
-/// asserts that each was killed by SIGSEGV before it printed "went
-/// through" (a write the engine must refuse).
+/// asserts that each was killed by SIGSEGV after it printed "about to
+/// write" and before it printed "went through" (a write the engine must
+/// refuse).
 pub fn assert_child_write_refused(name: &str) {
     for d in DELIVERIES {
         let out = run_child(name, &[("UFFD_DELIVERY", &d.to_string())]);
@@ -272,7 +273,10 @@ pub fn assert_child_write_refused(name: &str) {
             "{d}: {}",
             describe(&out)
         );
-        assert!(!String::from_utf8_lossy(&out.stdout).contains("went through"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("went through"));
+        // Killed at the write, not in its set-up (a read refused too).
+        assert!(stdout.contains("about to write"), "{d}: {}", describe(&out));
     }
 }
 

@@ -397,6 +397,7 @@ fn an_access_past_a_region_the_application_grew_is_sigsegv() {
         let to = free_range(2 * pages * PAGE);
         app_mremap(r.as_ptr() as usize, pages * PAGE, 2 * pages * PAGE, to);
         assert_eq!(byte(to + 2 * PAGE + 9), want[2 * PAGE + 9], "{d}");
+        println!("{d}: the access past the region");
         byte(to + 6 * PAGE);
         println!("{d}: the access past the region returned");
         std::process::exit(0);
@@ -411,6 +412,13 @@ fn an_access_past_a_region_the_application_grew_is_sigsegv() {
             libc::SIGSEGV
         };
         assert_eq!(exit_signal(&out), Some(want), "{d}: {}", describe(&out));
+        // Killed at that access, not in its set-up.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("the access past the region\n"),
+            "{d}: {}",
+            describe(&out)
+        );
     }
 }
 

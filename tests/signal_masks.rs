@@ -265,6 +265,8 @@ fn signals_and_events_while(p: &Pager, unmaps: bool, mut op: impl FnMut()) {
     });
     signaller.join().unwrap();
     dropper.join().unwrap();
+    // (A run no signal reached tested nothing.)
+    assert!(STEP.load(SeqCst) > 0, "no signal ran its handler");
     say(format!("MAIN-DONE calls {n} signals {}\n", STEP.load(SeqCst)).as_bytes());
 }
 
@@ -357,26 +359,41 @@ fn run(name: &str) -> std::process::Output {
 }
 
 /// Runs `child` in a child process (this test binary again); asserts it
-/// exits cleanly, as on a plain mapping.
-fn exits_cleanly(name: &str, child: fn()) {
+/// exits cleanly, as on a plain mapping, having printed each of `want`
+/// (what shows that the case under test happened: a handler ran).
+fn exits_cleanly(name: &str, child: fn(), want: &[&str]) {
     if is_child() {
         return child();
     }
     let out = run(name);
     assert!(out.status.success(), "a clean exit, as on a plain mapping");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for w in want {
+        assert!(err.contains(w), "{name}: no {w:?} in the child's output");
+    }
 }
+
+/// What a case with an application handler that touches a region prints.
+const USR1_RAN: &[&str] = &["USR1-HANDLER-DONE", "MAIN-DONE"];
+/// What a case run under a stream of signals prints.
+const SIGNALLED: &[&str] = &["MAIN-DONE"];
 
 #[test]
 fn signal_during_sigbus_fault() {
     exits_cleanly(
         "signal_during_sigbus_fault",
         child_signal_during_sigbus_fault,
+        USR1_RAN,
     );
 }
 
 #[test]
 fn signal_during_prefault() {
-    exits_cleanly("signal_during_prefault", child_signal_during_prefault);
+    exits_cleanly(
+        "signal_during_prefault",
+        child_signal_during_prefault,
+        USR1_RAN,
+    );
 }
 
 #[test]
@@ -384,12 +401,17 @@ fn signal_during_reclaim_pages() {
     exits_cleanly(
         "signal_during_reclaim_pages",
         child_signal_during_reclaim_pages,
+        USR1_RAN,
     );
 }
 
 #[test]
 fn signals_during_populate() {
-    exits_cleanly("signals_during_populate", child_signals_during_populate);
+    exits_cleanly(
+        "signals_during_populate",
+        child_signals_during_populate,
+        SIGNALLED,
+    );
 }
 
 /// `Region::refresh` entered the event gate before it blocked signals,
@@ -398,7 +420,11 @@ fn signals_during_populate() {
 /// which waited for the call (found by review).
 #[test]
 fn signals_during_refresh() {
-    exits_cleanly("signals_during_refresh", child_signals_during_refresh);
+    exits_cleanly(
+        "signals_during_refresh",
+        child_signals_during_refresh,
+        SIGNALLED,
+    );
 }
 
 /// `Region::prefault`, the region's `Debug` and the pager's read the index
@@ -410,6 +436,7 @@ fn signals_during_region_lookups() {
     exits_cleanly(
         "signals_during_region_lookups",
         child_signals_during_region_lookups,
+        SIGNALLED,
     );
 }
 
@@ -421,12 +448,17 @@ fn signals_during_a_huge_maps_count() {
     exits_cleanly(
         "signals_during_a_huge_maps_count",
         child_signals_during_a_huge_maps_count,
+        SIGNALLED,
     );
 }
 
 #[test]
 fn signals_during_memory_use() {
-    exits_cleanly("signals_during_memory_use", child_signals_during_memory_use);
+    exits_cleanly(
+        "signals_during_memory_use",
+        child_signals_during_memory_use,
+        SIGNALLED,
+    );
 }
 
 #[test]
@@ -434,6 +466,10 @@ fn segv_handler_touches_region() {
     exits_cleanly(
         "segv_handler_touches_region",
         child_segv_handler_touches_region,
+        &[
+            "SEGV-HANDLER: SIGBUS not blocked",
+            "SEGV-HANDLER: touched region",
+        ],
     );
 }
 
@@ -472,6 +508,10 @@ fn segv_blocked_write_refused() {
         exit_signal(&out),
         Some(libc::SIGSEGV),
         "the kernel's answer: SIGSEGV"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("WRITING"),
+        "died before the write"
     );
 }
 
