@@ -596,7 +596,10 @@ int32_t uffd_pager_map_file(const struct uffd_pager *p,
  * pages, inside the file). The file is opened again (a writable mapping) or
  * the descriptor duplicated, so the caller may close its own. A writable
  * mapping of a descriptor open for appending is refused (-EACCES), as
- * mmap(2) refuses it. A change to the file behind the engine: as for
+ * mmap(2) refuses it, and so are a path-only (`O_PATH`) descriptor
+ * (-EBADF), one that is not of a regular file (-ENODEV) and, writable, a
+ * memfd sealed against writes (-EPERM), all before any descriptor of the
+ * file is opened. A change to the file behind the engine: as for
  * `uffd_pager_map_file`. Unmapping the region (or a map that fails after
  * the file was opened) closes the store's descriptor of the file, which
  * drops this process's POSIX record locks on it (`fcntl(F_SETLK)`,

@@ -287,6 +287,33 @@ pub(crate) fn fd_store(
     if flags < 0 {
         return Err(bad(std::io::Error::last_os_error()));
     }
+    // A path-only descriptor reads nothing: mmap's EBADF. (F_GETFL and a
+    // duplicate work on it, so the map went through and every read
+    // failed: the first touch was SIGBUS.)
+    if flags & libc::O_PATH != 0 {
+        return Err(fail(
+            libc::EBADF,
+            format_args!("fd {fd} is a path-only descriptor (O_PATH)"),
+        ));
+    }
+    // Checked before anything is opened: a descriptor of the file this
+    // call opens and closes again on failure would drop the caller's
+    // POSIX record locks on it.
+    // SAFETY: a zeroed stat is a valid out-parameter; fstat writes only it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(bad(std::io::Error::last_os_error()));
+    }
+    // A directory, a pipe, a device: mmap's ENODEV (a store reads whole
+    // pages at offsets of a file whose length it knows).
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(fail(
+            libc::ENODEV,
+            format_args!("fd {fd} is not a regular file"),
+        ));
+    }
+    check_window(offset, len, st.st_size as u64)?;
     let mode = flags & libc::O_ACCMODE;
     if mode == libc::O_WRONLY || writable && mode != libc::O_RDWR {
         let need = if writable {
@@ -305,6 +332,18 @@ pub(crate) fn fd_store(
         return Err(fail(
             libc::EACCES,
             format_args!("fd {fd} is open for appending"),
+        ));
+    }
+    // A file sealed against writes (a memfd): mmap's EPERM for a writable
+    // mapping. Its store, an open file of its own, took the writes until
+    // every write-back failed.
+    // SAFETY: F_GET_SEALS reads the file's seals (EINVAL: a file that takes
+    // none).
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if writable && seals > 0 && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
+        return Err(fail(
+            libc::EPERM,
+            format_args!("fd {fd} is sealed against writes"),
         ));
     }
     // A writable store writes through an open file of its own: the
@@ -330,31 +369,41 @@ pub(crate) fn fd_store(
             format_args!("fd {fd}: {e}"),
         )
     })?;
+    // (Again: the file may have changed since the look above.)
+    check_window(offset, len, whole.file_len())?;
+    SliceStore::new(Arc::new(whole), offset, len as u64)
+        .map(|s| Arc::new(s) as Arc<dyn Store>)
+        .map_err(|e| fail(e.0, "slicing the file"))
+}
+
+/// Whether `len` bytes at `offset` are whole pages inside a file of
+/// `file_len` bytes (its last page counted whole, as mmap maps it); EINVAL
+/// with a message if not.
+fn check_window(offset: u64, len: usize, file_len: u64) -> Result<(), i32> {
     let page = engine::PAGE_SIZE as u64;
     let len = len as u64;
-    let fits = offset
-        .checked_add(len)
-        .is_some_and(|end| end <= whole.len());
+    let pages_len = file_len.div_ceil(page).saturating_mul(page);
+    let fits = offset.checked_add(len).is_some_and(|end| end <= pages_len);
     if !offset.is_multiple_of(page) || !len.is_multiple_of(page) || !fits {
         return Err(fail(
             libc::EINVAL,
             format_args!(
-                "{len} bytes at offset {offset} of a {}-byte file: offset and length must be \
-                 whole pages inside the file",
-                whole.file_len()
+                "{len} bytes at offset {offset} of a {file_len}-byte file: offset and length \
+                 must be whole pages inside the file"
             ),
         ));
     }
-    SliceStore::new(Arc::new(whole), offset, len)
-        .map(|s| Arc::new(s) as Arc<dyn Store>)
-        .map_err(|e| fail(e.0, "slicing the file"))
+    Ok(())
 }
 
 /// Maps `len` bytes of the open file `fd` from `offset` on (both whole
 /// pages, inside the file). The file is opened again (a writable mapping) or
 /// the descriptor duplicated, so the caller may close its own. A writable
 /// mapping of a descriptor open for appending is refused (-EACCES), as
-/// mmap(2) refuses it. A change to the file behind the engine: as for
+/// mmap(2) refuses it, and so are a path-only (`O_PATH`) descriptor
+/// (-EBADF), one that is not of a regular file (-ENODEV) and, writable, a
+/// memfd sealed against writes (-EPERM), all before any descriptor of the
+/// file is opened. A change to the file behind the engine: as for
 /// `uffd_pager_map_file`. Unmapping the region (or a map that fails after
 /// the file was opened) closes the store's descriptor of the file, which
 /// drops this process's POSIX record locks on it (`fcntl(F_SETLK)`,

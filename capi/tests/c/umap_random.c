@@ -4,6 +4,7 @@
  * a writable mapping, umap_flush, and the file read back.
  *
  * usage: umap_random FILE PAGES THREADS   (UMAP_BUFSIZE etc. from the env) */
+#define _GNU_SOURCE /* memfd_create, O_PATH */
 #include <umap/umap.h>
 #include <uffd_pager.h> /* umap_uffd_pager_stats */
 #include <errno.h>
@@ -12,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CHECK(c)                                                   \
   do {                                                             \
@@ -113,6 +117,42 @@ int main(int argc, char **argv) {
   /* A bad offset is UMAP_FAILED with errno, not a crash. */
   CHECK(umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 100) == UMAP_FAILED && errno == EINVAL);
   CHECK(umap(NULL, len, PROT_READ, UMAP_PRIVATE, -1, 0) == UMAP_FAILED && errno == EBADF);
+
+  /* Descriptors mmap refuses are refused as mmap refuses them (each was
+   * mapped, and its first touch was SIGBUS or its write-backs failed). */
+  int path_only = open(argv[1], O_PATH);
+  CHECK(path_only >= 0);
+  CHECK(umap(NULL, psize, PROT_READ, UMAP_PRIVATE, path_only, 0) == UMAP_FAILED &&
+        errno == EBADF);
+  close(path_only);
+  int dir = open("/", O_RDONLY | O_DIRECTORY);
+  CHECK(dir >= 0);
+  CHECK(umap(NULL, psize, PROT_READ, UMAP_PRIVATE, dir, 0) == UMAP_FAILED && errno == ENODEV);
+  close(dir);
+  int sealed = memfd_create("umap-sealed", MFD_ALLOW_SEALING);
+  CHECK(sealed >= 0 && ftruncate(sealed, (off_t)psize) == 0);
+  CHECK(fcntl(sealed, F_ADD_SEALS, F_SEAL_WRITE) == 0);
+  CHECK(umap(NULL, psize, PROT_READ | PROT_WRITE, UMAP_PRIVATE, sealed, 0) == UMAP_FAILED &&
+        errno == EPERM);
+  char *ro = umap(NULL, psize, PROT_READ, UMAP_PRIVATE, sealed, 0);
+  CHECK(ro != UMAP_FAILED && ro[0] == 0);
+  CHECK(uunmap(ro, psize) == 0);
+  close(sealed);
+
+  /* A refused map drops none of the caller's record locks on the file (a
+   * descriptor of it opened and closed again drops them all). */
+  struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  CHECK(fcntl(fd, F_SETLK, &lk) == 0);
+  CHECK(umap(NULL, psize, PROT_READ, UMAP_PRIVATE, fd, (off_t)len) == UMAP_FAILED &&
+        errno == EINVAL);
+  pid_t child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    _exit(fcntl(fd, F_GETLK, &q) == 0 && q.l_type == F_WRLCK ? 0 : 1);
+  }
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
   close(fd);
   printf("umap: ok\n");
   return 0;
