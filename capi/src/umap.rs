@@ -36,12 +36,17 @@
 //!   EFAULT, where UMap's handler threads would serve it; set
 //!   `UFFD_PAGER_DELIVERY=threads` for that) and `UFFD_PAGER_POLICY`
 //!   (default `retry-once`).
+//! - In a `fork()`ed child the engine serves nothing (its `umap` fails).
+//!   A child forked while another thread of the parent was in a UMap call
+//!   inherits the library's state locked by a thread it does not have:
+//!   its calls then answer at once (`EPERM`, or a getter's default)
+//!   instead of waiting for ever, and its exit writes nothing back.
 
 use crate::umap_settings::Settings;
 use engine::{InstallKind, MapOptions, Pager, Region};
 use std::ffi::{c_int, c_long, c_void};
 use std::io::Write;
-use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// One entry of [`umap_prefetch`]'s array.
@@ -97,24 +102,58 @@ fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
-fn state() -> Held {
-    let g = lock_state();
+/// The state, locked; or, in a `fork()`ed child whose parent had it
+/// locked at the fork (by a thread the child does not have, so it stays
+/// locked for ever), EPERM with a message, where waiting would hang.
+fn state() -> Result<Held, i32> {
+    let m = STATE.get_or_init(|| {
+        OWNER_PID.store(std::process::id(), Relaxed);
+        Mutex::new(State {
+            settings: Settings::from_env(),
+            unit: engine::PAGE_SIZE,
+            pager: None,
+            regions: Vec::new(),
+        })
+    });
+    let g = if forked() {
+        loop {
+            match m.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                // A thread of this child's (its tid is one of ours) holds it
+                // for a call: wait for it. Any other holder is the parent's.
+                Err(std::sync::TryLockError::WouldBlock) if holder_is_ours() => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(crate::fail(
+                        libc::EPERM,
+                        "umap: a fork()ed child of a process in the middle of a UMap call",
+                    )
+                    .abs());
+                }
+            }
+        }
+    } else {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    };
     HOLDER.store(gettid(), Relaxed);
-    Held(g)
+    Ok(Held(g))
 }
 
-fn lock_state() -> MutexGuard<'static, State> {
-    STATE
-        .get_or_init(|| {
-            Mutex::new(State {
-                settings: Settings::from_env(),
-                unit: engine::PAGE_SIZE,
-                pager: None,
-                regions: Vec::new(),
-            })
-        })
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+/// The process that made the state (0: none yet).
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this is a `fork()`ed child of the process that made the state.
+fn forked() -> bool {
+    let owner = OWNER_PID.load(Relaxed);
+    owner != 0 && owner != std::process::id()
+}
+
+/// Whether the state's holder is a thread of this process.
+fn holder_is_ours() -> bool {
+    let tid = HOLDER.load(Relaxed);
+    tid != 0 && std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
 }
 
 /// At exit: the regions the program never `uunmap`ped are written back
@@ -129,7 +168,7 @@ extern "C" fn umap_fini() {
     // (An exit from a signal handler that interrupted the engine serving
     // a fault on this thread: what a write-back would wait for may be
     // held here.)
-    if engine::in_engine() {
+    if engine::in_engine() || forked() {
         return;
     }
     let _ = std::panic::catch_unwind(|| {
@@ -200,7 +239,10 @@ fn map(
     fd: c_int,
     offset: i64,
 ) -> *mut c_void {
-    let mut st = state();
+    let mut st = match state() {
+        Ok(st) => st,
+        Err(e) => return umap_failed(e, crate::error_text()),
+    };
     let bad = &st.settings.bad_page_size;
     if let Some(m) = bad.as_ref().or(st.settings.bad.as_ref()) {
         return umap_failed(libc::EINVAL, m.clone());
@@ -297,7 +339,7 @@ pub unsafe extern "C" fn umap(
 pub unsafe extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
     let _ = length; // UMap unmaps the whole region too
     let r = std::panic::catch_unwind(|| {
-        let mut st = state();
+        let mut st = state()?;
         let Some(i) = st.regions.iter().position(|r| r.as_ptr() == addr.cast()) else {
             return Err(crate::fail(
                 libc::EINVAL,
@@ -341,7 +383,7 @@ fn set_errno(e: i32) {
 #[no_mangle]
 pub extern "C" fn umap_flush() -> c_int {
     let r = std::panic::catch_unwind(|| {
-        let st = state();
+        let st = state()?;
         // Every region, and the pages of regions unmapped while their file
         // refused them, even after a failure: the first error is reported.
         let mut r = Ok(());
@@ -381,7 +423,7 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
     // SAFETY: the caller's contract.
     let items = unsafe { std::slice::from_raw_parts(page_array, npages as usize) };
     let _ = std::panic::catch_unwind(|| {
-        let st = state();
+        let Ok(st) = state() else { return };
         let unit = st.unit;
         for it in items {
             let a = it.page_base_addr as usize;
@@ -404,7 +446,7 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
 #[no_mangle]
 pub unsafe extern "C" fn umap_fetch_and_pin(paddr: *mut c_char_alias, size: u64) {
     let _ = std::panic::catch_unwind(|| {
-        let st = state();
+        let Ok(st) = state() else { return };
         let a = paddr as usize;
         for r in &st.regions {
             let start = r.as_ptr() as usize;
@@ -425,13 +467,18 @@ macro_rules! getters_setters {
         /// UMap's setting of the same name (see the module documentation).
         #[no_mangle]
         pub extern "C" fn $get() -> $t {
-            std::panic::catch_unwind(|| state().settings.$field as $t).unwrap_or_default()
+            std::panic::catch_unwind(|| state().map_or(0, |s| s.settings.$field as $t))
+                .unwrap_or_default()
         }
         /// Sets UMap's setting of the same name; takes effect at the first
         /// `umap` if called before it.
         #[no_mangle]
         pub extern "C" fn $set(v: $t) {
-            let _ = std::panic::catch_unwind(|| state().settings.$field = v as _);
+            let _ = std::panic::catch_unwind(|| {
+                if let Ok(mut s) = state() {
+                    s.settings.$field = v as _;
+                }
+            });
         }
     )*};
 }
@@ -449,7 +496,9 @@ getters_setters! {
 /// UMap's page size in bytes (`UMAP_PAGESIZE`).
 #[no_mangle]
 pub extern "C" fn umapcfg_get_umap_page_size() -> u64 {
-    std::panic::catch_unwind(|| state().settings.page_size).unwrap_or(engine::PAGE_SIZE as u64)
+    let fallback = engine::PAGE_SIZE as u64;
+    std::panic::catch_unwind(|| state().map_or(fallback, |s| s.settings.page_size))
+        .unwrap_or(fallback)
 }
 
 /// Sets UMap's page size; a value that is not a non-zero multiple of 4096
@@ -464,10 +513,11 @@ pub extern "C" fn umapcfg_set_umap_page_size(page_size: u64) {
         return;
     }
     let _ = std::panic::catch_unwind(|| {
-        let s = &mut state().settings;
-        s.page_size = page_size;
-        // The program's own value replaces a bad UMAP_PAGESIZE.
-        s.bad_page_size = None;
+        if let Ok(mut st) = state() {
+            st.settings.page_size = page_size;
+            // The program's own value replaces a bad UMAP_PAGESIZE.
+            st.settings.bad_page_size = None;
+        }
     });
 }
 
@@ -498,9 +548,12 @@ pub unsafe extern "C" fn umap_uffd_pager_stats(
     }
     let s = std::panic::catch_unwind(|| {
         state()
-            .pager
-            .as_ref()
-            .map(|p| crate::uffd_pager_stats::from(&p.stats()))
+            .ok()
+            .and_then(|st| {
+                st.pager
+                    .as_ref()
+                    .map(|p| crate::uffd_pager_stats::from(&p.stats()))
+            })
             .unwrap_or_default()
     })
     .unwrap_or_default();

@@ -257,6 +257,24 @@ fn an_exit_during_another_threads_uunmap_keeps_its_stores() {
     assert_eq!(lost, 0, "of {} pages", data.len() / 4096);
 }
 
+/// A UMap program that forks while another thread's `uunmap` writes back
+/// (holding the library's state): the child's calls answer at once and
+/// its exit does not wait. The child inherited the state locked by a
+/// thread it does not have: every call waited for ever, and its exit
+/// waited 10 s before it gave up.
+#[test]
+fn a_fork_during_another_threads_uunmap_leaves_a_child_that_answers() {
+    let link = shared_link();
+    let exe = build(
+        "umap_fork_during_uunmap.c",
+        "umap_fork_during_uunmap",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let file = scratch("umap-fork-uunmap.dat");
+    let out = run(Command::new(&exe).arg(&file));
+    assert!(out.contains("forked inside the write-back"), "{out}");
+}
+
 /// An empty UMap variable (a script's `export UMAP_READ_AHEAD=`) is unset,
 /// and a buffer past the engine's largest budget (`UMAP_BUFSIZE` of
 /// `UINT64_MAX`, "no limit") is that budget: both made every `umap` fail
