@@ -5,7 +5,8 @@
 //! # How UMap's model maps onto the engine
 //! - One pager per process, made at the first [`umap`] from the settings
 //!   then in force (UMap's environment variables, read once, and any
-//!   `umapcfg_set_*` call made before it). Settings changed after the first
+//!   `umapcfg_set_*` call made before it); a `umap` refused for its length,
+//!   offset or descriptor makes none. Settings changed after the first
 //!   `umap` are kept for the getters but do not change the running pager.
 //! - `UMAP_PAGESIZE` (bytes, a multiple of 4096; default 4096) is UMap's
 //!   unit of filling. The engine's pages stay 4 KiB and each is read from
@@ -261,6 +262,15 @@ fn map(
         Some(Err(e)) => return umap_failed(e.errno(), e),
         h => h,
     };
+    // Bad arguments are refused before the first call makes the pager: a
+    // failed probe must not fix the settings the program sets after it.
+    if len == 0 || offset < 0 {
+        return umap_failed(libc::EINVAL, format_args!("length {len}, offset {offset}"));
+    }
+    // SAFETY: F_GETFL on a descriptor number; a bad one is EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_GETFL) } < 0 {
+        return umap_failed(libc::EBADF, format_args!("fd {fd} is not open"));
+    }
     if st.pager.is_none() {
         // (A bad setting is EINVAL; a pager the kernel refuses keeps its
         // errno: EPERM where userfaultfd is not allowed.)
@@ -273,12 +283,12 @@ fn map(
             Ok(p) => {
                 st.pager = Some(p);
                 st.unit = st.settings.page_size as usize;
+                // The buffer in force, for the getter (UMap's default is
+                // what the memory was when the pager was made).
+                st.settings.buf_pages = st.settings.buffer_pages();
             }
             Err((errno, m)) => return umap_failed(errno, m),
         }
-    }
-    if len == 0 || offset < 0 {
-        return umap_failed(libc::EINVAL, format_args!("length {len}, offset {offset}"));
     }
     let len = rounded;
     let writable = prot & libc::PROT_WRITE != 0;
@@ -483,8 +493,26 @@ macro_rules! getters_setters {
     )*};
 }
 
+/// UMap's buffer size in UMap pages: `UMAP_BUFSIZE`, what
+/// `umapcfg_set_max_pages_in_buffer` set, or UMap's default (80% of the
+/// memory available: now, or when the first `umap` made the pager).
+#[no_mangle]
+pub extern "C" fn umapcfg_get_max_pages_in_buffer() -> u64 {
+    std::panic::catch_unwind(|| state().map_or(0, |s| s.settings.buffer_pages())).unwrap_or(0)
+}
+
+/// Sets UMap's buffer size (UMap pages); takes effect at the first `umap`
+/// if called before it (0: UMap's default).
+#[no_mangle]
+pub extern "C" fn umapcfg_set_max_pages_in_buffer(v: u64) {
+    let _ = std::panic::catch_unwind(|| {
+        if let Ok(mut s) = state() {
+            s.settings.buf_pages = v;
+        }
+    });
+}
+
 getters_setters! {
-    umapcfg_get_max_pages_in_buffer / umapcfg_set_max_pages_in_buffer: u64 => buf_pages;
     umapcfg_get_num_fillers / umapcfg_set_num_fillers: u64 => fillers;
     umapcfg_get_num_evictors / umapcfg_set_num_evictors: u64 => evictors;
     umapcfg_get_read_ahead / umapcfg_set_read_ahead: u64 => read_ahead;

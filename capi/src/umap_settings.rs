@@ -77,17 +77,24 @@ impl Settings {
         s
     }
 
+    /// The buffer in UMap pages: `buf_pages`, or where that is 0, UMap's
+    /// default of 80% of the memory available now.
+    pub(crate) fn buffer_pages(&self) -> u64 {
+        match self.buf_pages {
+            0 => (available_bytes() / 10 * 8 / self.page_size.max(1)).max(1),
+            n => n,
+        }
+    }
+
     /// The pager these settings describe.
     pub(crate) fn builder(&self) -> Result<engine::PagerBuilder, String> {
         let pages_per = (self.page_size / engine::PAGE_SIZE as u64).max(1);
-        let budget = match self.buf_pages {
-            0 => available_bytes() / 10 * 8 / engine::PAGE_SIZE as u64,
-            // (A buffer past the engine's largest budget, such as
-            // UINT64_MAX for "no limit", is that budget.)
-            n => n
-                .saturating_mul(pages_per)
-                .min(engine::limits::MAX_BUDGET_PAGES),
-        };
+        // (A buffer past the engine's largest budget, such as UINT64_MAX
+        // for "no limit", is that budget.)
+        let budget = self
+            .buffer_pages()
+            .saturating_mul(pages_per)
+            .min(engine::limits::MAX_BUDGET_PAGES);
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let policy: Policy = match env("UFFD_PAGER_POLICY") {
             Some(v) => v.parse().map_err(|e| format!("UFFD_PAGER_POLICY: {e}"))?,

@@ -2,11 +2,13 @@
  * size itself before its first umap: the setter's value is the one in
  * force, so umap works. A page size set after the first umap changes only
  * the getter: umap_prefetch still fetches UMap pages of the size in force
- * (two 4 KiB pages here, not sixteen).
+ * (four 4 KiB pages here, not sixteen). Calls that fail on their arguments
+ * before the first good one do not fix the settings.
  *
  * usage: umap_set_page_size FILE */
 #include <umap/umap.h>
 #include <uffd_pager.h> /* umap_uffd_pager_stats */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +26,14 @@ int main(int argc, char **argv) {
   }
   umapcfg_set_umap_page_size(8192);
   if (umapcfg_get_umap_page_size() != 8192) return 1;
+  /* Probes with bad arguments fail without making the pager, so a setting
+   * changed after them is the one in force. */
+  if (umap(NULL, 0, PROT_READ, UMAP_PRIVATE, fd, 0) != UMAP_FAILED || errno != EINVAL) return 1;
+  if (umap(NULL, sizeof buf, PROT_READ, UMAP_PRIVATE, -1, 0) != UMAP_FAILED || errno != EBADF)
+    return 1;
+  umapcfg_set_umap_page_size(16384);
+  /* The buffer is UMap's default with UMAP_BUFSIZE unset, not 0. */
+  if (umapcfg_get_max_pages_in_buffer() == 0) return 1;
   char *r = umap(NULL, sizeof buf, PROT_READ, UMAP_PRIVATE, fd, 0);
   if (r == UMAP_FAILED) {
     perror("umap");
