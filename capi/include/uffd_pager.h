@@ -754,9 +754,11 @@ int32_t uffd_pager_store_init(struct uffd_pager_store *s, size_t size);
 
 /**
  * Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
- * is called when the region is gone, or at once if mapping fails, but for
- * a `store->size` refused: -EINVAL, or -E2BIG, as for
- * `uffd_pager_config.size`, when nothing of the struct is taken).
+ * is called when the region is gone, or at once if mapping fails, but
+ * where the struct itself is refused, when nothing of it is taken: a
+ * `store->size` refused (-EINVAL, or -E2BIG, as for
+ * `uffd_pager_config.size`), a `signal_safe` byte other than 0 or 1 or a
+ * `_reserved` byte not zero (-EINVAL).
  *
  * A store changed behind the engine (the file written by another
  * descriptor or process, a store whose callbacks return other bytes) shows
