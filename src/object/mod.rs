@@ -321,10 +321,22 @@ impl Object {
 
     /// Waits until no attempt holds a pin. Teardown calls this after the
     /// object's regions left the table and were write-locked, so no new pin
-    /// can be taken.
+    /// can be taken. A pin can be held across a store call (a readahead
+    /// run), as long as the store takes: after a few yields the wait
+    /// sleeps, 20 µs at first, growing to 1 ms (it spun a CPU for the whole
+    /// store call). Async-signal-safe.
     pub fn wait_unpinned(&self) {
-        while self.pins.0.load(Acquire) != 0 {
-            std::thread::yield_now();
+        let mut pause = 20_000;
+        for round in 0u32.. {
+            if self.pins.0.load(Acquire) == 0 {
+                return;
+            }
+            if round < 16 {
+                std::thread::yield_now();
+            } else {
+                crate::sys::sleep_ns(pause);
+                pause = (pause * 2).min(1_000_000);
+            }
         }
     }
 

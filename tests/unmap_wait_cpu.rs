@@ -1,0 +1,62 @@
+//! An unmap that waits for a readahead run still reading into the region
+//! (a store call under a pin of the object, as long as the store takes)
+//! sleeps: it spun on `sched_yield`, a whole CPU for the length of the
+//! store call.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uffd_pager::store::{LatencyModel, MemoryStore, SimulatedStore};
+use uffd_pager::{Delivery, MapOptions, Pager};
+use util::*;
+
+/// This thread's CPU time.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn an_unmap_waiting_for_a_readahead_run_sleeps() {
+    with_deadline(60, "unmap wait", || {
+        let pages = 64;
+        let p = Pager::builder()
+            .delivery(Delivery::InThread)
+            .readahead(16, 1)
+            .fault_around(0)
+            .build()
+            .unwrap();
+        let mem = Arc::new(MemoryStore::from_bytes(&pattern_vec(3, pages * PAGE)).unwrap());
+        let slow = Arc::new(SimulatedStore::new(
+            mem,
+            LatencyModel::Fixed { ns: 300_000_000 },
+            0,
+            1,
+        ));
+        // SAFETY: nothing else changes the store.
+        let r = unsafe { p.map_store(slow, pages * PAGE, &MapOptions::default()) }.unwrap();
+        // Two sequential faults: the second opens a readahead window, read
+        // on the I/O thread after the fault returns.
+        assert_eq!(r.as_slice()[0], pattern(3, 0));
+        assert_eq!(r.as_slice()[PAGE], pattern(3, PAGE));
+        let (t, cpu) = (Instant::now(), thread_cpu());
+        r.unmap().unwrap();
+        let (wall, used) = (t.elapsed(), thread_cpu() - cpu);
+        println!("the unmap took {wall:?}, {used:?} of CPU");
+        assert!(
+            wall >= Duration::from_millis(100),
+            "no readahead run was in flight at the unmap: the case did not happen"
+        );
+        assert!(
+            used < wall / 4,
+            "the unmap spun: {used:?} of CPU in {wall:?}"
+        );
+    });
+}
