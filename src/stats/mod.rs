@@ -146,8 +146,12 @@ struct CpuCounters {
 /// # Cost
 /// Per CPU (the kernel's per-CPU vm event counters): a bump is one relaxed
 /// atomic add on the current CPU's lines (`sched_getcpu` reads the rseq
-/// area), so threads faulting on different CPUs never bounce a counter's
-/// cache line between them. Reading sums every CPU's share.
+/// area), so threads faulting on different CPUs do not bounce a counter's
+/// cache line between them. Reading sums every CPU's share. There are as
+/// many shares as CPUs this process may use when the pager is made
+/// (`available_parallelism`: its affinity, or a CPU quota); a CPU numbered
+/// past that count shares the share of its number modulo the count (the
+/// counts stay exact; only the lines are shared).
 #[derive(Debug)]
 pub struct Counters {
     cpus: Box<[CpuCounters]>,
@@ -307,7 +311,9 @@ impl Stats {
     }
 }
 
-/// `/proc/vmstat` style: one `name value` line per figure.
+/// `/proc/vmstat` style: one `name value` line per counter, per global-lock
+/// figure and per residency figure, and the fault latency's count, p50,
+/// p99 and maximum (the mean, p90 and p99.9 are in [`Stats::fault_latency`]).
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for &c in Counter::ALL {

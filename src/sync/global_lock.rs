@@ -12,7 +12,9 @@
 //!
 //! # Contract and cost
 //! - `read`/`write` block (futex) until granted; `try_read` never blocks.
-//! - Uncontended read lock/unlock: one CAS and one atomic RMW.
+//! - Uncontended read lock/unlock: a load and a CAS of the state word, a
+//!   relaxed increment of the acquisition count (likely on the same line),
+//!   and one atomic RMW to unlock.
 //! - Every acquisition that had to wait is counted, with its wait time, for
 //!   reads and writes separately ([`GlobalLock::contention`]).
 //! - Async-signal-safe (see [`crate::sync`]).

@@ -11,7 +11,9 @@
 //! threads block asynchronous signals for good, its SIGBUS handler blocks
 //! every signal while it runs, and the calls that take engine locks on an
 //! application thread block asynchronous signals meanwhile
-//! (`sys::thread::Deferred`).
+//! (`sys::thread::Deferred`). The one exception is a pager's drop, which
+//! takes page locks and the LRU lock with signals open: no region of the
+//! pager is left by then, so no handler can fault on one of its pages.
 
 pub mod global_lock;
 #[cfg(loom)]

@@ -3,7 +3,8 @@
 //!
 //! # Contract and cost
 //! Three-state futex mutex: uncontended lock/unlock is one CAS and one swap;
-//! a contended lock sleeps. Counting is two relaxed increments. It never
+//! a contended lock sleeps. Counting is one relaxed increment (two when
+//! contended). It never
 //! allocates: async-signal-safe as long as no holder can be interrupted by
 //! the engine's SIGBUS (see [`crate::sync`]).
 

@@ -108,7 +108,12 @@ impl WorkQueue {
 
     /// Wakes a sleeping worker after pushes. Async-signal-safe.
     pub fn kick(&self) {
-        self.wake.fetch_add(1, Release);
+        // SeqCst, as the worker's increment of `sleepers` and its load of
+        // `wake`: a store-buffering pair, where a Release RMW outside the
+        // single total order would let both sides read the old value (the
+        // worker sleeps with an item queued). (On x86-64 the same `lock
+        // xadd` either way.)
+        self.wake.fetch_add(1, SeqCst);
         if self.sleepers.load(SeqCst) > 0 {
             futex::wake(&self.wake, 1);
         }
