@@ -74,6 +74,7 @@ fn every_delivery_mode_works_for_an_ordinary_user() {
         unprivileged_body();
         return;
     }
+    let _one = AS_NOBODY.lock().unwrap_or_else(|e| e.into_inner());
     let out = run_child_unprivileged("every_delivery_mode_works_for_an_ordinary_user", &[]);
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains(CHILD_OK),
@@ -117,6 +118,28 @@ fn threads_now() -> usize {
         .unwrap()
 }
 
+/// Tasks (threads of every process) of this process's real user now.
+fn user_tasks() -> usize {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() }.to_string();
+    let mut n = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        // (A process that exits meanwhile is skipped.)
+        let Ok(s) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |k: &str| s.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        if field("Uid:").and_then(|v| v.split_whitespace().next()) == Some(uid.as_str()) {
+            n += field("Threads:").and_then(|v| v.parse().ok()).unwrap_or(0);
+        }
+    }
+    n
+}
+
+/// The children that run as nobody run one at a time: RLIMIT_NPROC counts
+/// that user's tasks in every process.
+static AS_NOBODY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The child: with room for only a few more threads, building a pager
 /// fails part-way; the threads it had started must be stopped, not leaked.
 #[test]
@@ -125,13 +148,26 @@ fn child_build_fails_part_way() {
         return;
     }
     let before = threads_now();
-    // RLIMIT_NPROC counts this user's threads: allow three more.
+    // RLIMIT_NPROC counts every task of this user, in every process: allow
+    // three more.
+    let allowed = user_tasks() + 3;
     let lim = libc::rlimit {
-        rlim_cur: (before + 3) as libc::rlim_t,
-        rlim_max: (before + 3) as libc::rlim_t,
+        rlim_cur: allowed as libc::rlim_t,
+        rlim_max: allowed as libc::rlim_t,
     };
     // SAFETY: lowering our own limit.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) }, 0);
+    // The room is there (else the builds below failed before starting
+    // any thread, and the test could not fail).
+    let room: Vec<_> = (0..3)
+        .map(|_| {
+            std::thread::Builder::new()
+                .spawn(|| ())
+                .expect("room for three threads")
+        })
+        .collect();
+    room.into_iter().for_each(|t| t.join().unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(50));
     for _ in 0..3 {
         let r = Pager::builder()
             .delivery(THREADS)
@@ -149,6 +185,7 @@ fn child_build_fails_part_way() {
 #[test]
 fn a_failed_build_leaves_no_threads_behind() {
     // As nobody: RLIMIT_NPROC does not bind root.
+    let _one = AS_NOBODY.lock().unwrap_or_else(|e| e.into_inner());
     let out = run_child_unprivileged("child_build_fails_part_way", &[]);
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains(CHILD_OK),

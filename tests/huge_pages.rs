@@ -283,11 +283,13 @@ fn huge_page_errors_are_typed_and_say_what_to_set() {
     }
 }
 
-/// At least six free 2 MiB pages (reserved as root if need be, given back
-/// when the pool drops), or `None` (the test skipped, which it says) where
-/// `limit` or more are free: the test needs the pool short.
+/// At least six free 2 MiB pages and, as root, no more (reserved or
+/// given back as need be, put back when the pool drops), or `None` (the
+/// test skipped, which it says) where `limit` or more are free and the pool
+/// cannot be shrunk (not root): the test needs the pool short.
 fn six_free_pages_and_fewer_than(limit: u64) -> Option<HugePool> {
     let pool = HugePool::take(6);
+    pool.shrink_to(6);
     let free = huge_util::available();
     if free >= limit {
         eprintln!("skipped: {free} free 2 MiB pages (this test needs fewer than {limit})");

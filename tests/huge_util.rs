@@ -66,6 +66,17 @@ impl HugePool {
         pool
     }
 
+    /// Gives free pages back to the kernel until at most `n` are free
+    /// (root only; a no-op otherwise), until the pool drops: for tests that
+    /// need the pool short on a machine that reserved more.
+    pub fn shrink_to(&self, n: u64) {
+        let extra = available().saturating_sub(n);
+        // SAFETY: geteuid has no preconditions.
+        if extra > 0 && unsafe { libc::geteuid() } == 0 {
+            write_nr(read(NR) - extra);
+        }
+    }
+
     /// Empties the pool of free pages for a while (root only): what a
     /// machine with none reserved looks like.
     pub fn drain(&self) -> Drained<'_> {
