@@ -108,13 +108,31 @@ mod imp {
     }
 
     pub(crate) fn after_listed() {
-        let p = AFTER_LISTED.load(Acquire);
+        call_plain(&AFTER_LISTED)
+    }
+
+    /// Calls the `fn()` in `slot`, if any.
+    fn call_plain(slot: &AtomicUsize) {
+        let p = slot.load(Acquire);
         if p != 0 {
-            // SAFETY: only `set_after_listed` stores here, and it stores
-            // valid `fn()`s.
+            // SAFETY: only the `set_*` functions of `fn()` hooks store in
+            // these slots, and they store valid `fn()`s.
             let f: fn() = unsafe { std::mem::transmute::<usize, fn()>(p) };
             f();
         }
+    }
+
+    static AFTER_EVENT: AtomicUsize = AtomicUsize::new(0);
+
+    /// Runs on the thread that applies the application's events, after
+    /// each one is applied and before the next is read or applied (with
+    /// the event gate held for write). Set `None` to clear.
+    pub fn set_after_event(h: Option<fn()>) {
+        AFTER_EVENT.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(crate) fn after_event() {
+        call_plain(&AFTER_EVENT)
     }
 
     static AFTER_PUBLISHED: AtomicUsize = AtomicUsize::new(0);
@@ -184,15 +202,15 @@ mod imp {
 
 #[cfg(feature = "fault-inject")]
 pub use imp::{
-    fail_next_remap, fail_next_reregister, set_after_detach, set_after_listed, set_after_lookup,
-    set_after_published, set_after_reprotect, set_before_map, set_before_message, Hook, MapHook,
-    Site,
+    fail_next_remap, fail_next_reregister, set_after_detach, set_after_event, set_after_listed,
+    set_after_lookup, set_after_published, set_after_reprotect, set_before_map, set_before_message,
+    Hook, MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
-    after_detach, after_listed, after_lookup, after_published, after_reprotect, before_map,
-    before_message, remap_fails, reregister_fails,
+    after_detach, after_event, after_listed, after_lookup, after_published, after_reprotect,
+    before_map, before_message, remap_fails, reregister_fails,
 };
 
 #[cfg(not(feature = "fault-inject"))]
@@ -216,6 +234,10 @@ pub(crate) fn after_listed() {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn after_published(_: usize) {}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn after_event() {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

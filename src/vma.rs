@@ -72,7 +72,7 @@ pub struct Vma {
 
 /// The next placement stamp ([`Vma::placed`]). Async-signal-safe (one
 /// atomic add).
-fn next_placement() -> u64 {
+pub(crate) fn next_placement() -> u64 {
     static PLACEMENTS: AtomicU64 = AtomicU64::new(1);
     PLACEMENTS.fetch_add(1, Relaxed)
 }

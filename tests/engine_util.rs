@@ -385,3 +385,16 @@ pub fn map_file_shared(f: &std::fs::File, len: usize) -> usize {
     assert_ne!(p, libc::MAP_FAILED, "mmap of the file: {}", errno());
     p as usize
 }
+
+/// Whether anything is mapped at `addr` (its page).
+pub fn mapped(addr: usize) -> bool {
+    // SAFETY: msync of one page only asks whether it is mapped (ENOMEM if
+    // not); MS_ASYNC writes nothing here.
+    unsafe {
+        libc::msync(
+            (addr & !(PAGE - 1)) as *mut libc::c_void,
+            PAGE,
+            libc::MS_ASYNC,
+        ) == 0
+    }
+}

@@ -18,13 +18,6 @@ static TO: AtomicUsize = AtomicUsize::new(0);
 /// Set by the hook: the mover thread may move now.
 static GO: AtomicBool = AtomicBool::new(false);
 
-/// Whether anything is mapped at `addr`.
-fn mapped(addr: usize) -> bool {
-    // SAFETY: msync of one page only asks whether it is mapped (ENOMEM if
-    // not); MS_ASYNC writes nothing here.
-    unsafe { libc::msync(addr as *mut libc::c_void, PAGE, libc::MS_ASYNC) == 0 }
-}
-
 /// The map hook: lets the mover go, waits until the kernel has freed the
 /// old range (the mover's `mremap` then waits for its event to be read),
 /// and hints that range to the map, which the kernel then gives it.

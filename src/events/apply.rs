@@ -33,6 +33,7 @@ pub fn queued_locked<'a>(mm: &'a Mm, _gate: &WriteGuard<'_>) -> Released<'a> {
         };
         apply_read(mm, e, from, &mut released);
         mm.events.busy.fetch_sub(1, SeqCst);
+        crate::inject::after_event();
     }
 }
 
@@ -343,7 +344,7 @@ fn apply(
                 released.push(obj);
             }
         }
-        Event::Remap { to, .. } => {
+        Event::Remap { to, placed, .. } => {
             mm.counters.inc(Counter::EVENT_REMAP);
             if let Some(v) = vmas.first() {
                 mm.events.lock_left().push((s, end, Desc::of(&v.object)));
@@ -362,7 +363,7 @@ fn apply(
                 settle_stale(mm, &[dest], dest, &v.object, released);
             }
             for v in &vmas {
-                let Cut { mut kept, moved } = cut(mm, v, s, end, Some(to));
+                let Cut { mut kept, moved } = cut(mm, v, s, end, Some((to, placed)));
                 kept.extend(moved);
                 mm.publish(std::slice::from_ref(v), &kept);
             }
@@ -399,10 +400,11 @@ struct Cut {
 
 /// Cuts `[s, e)` out of `vma` (the caller holds the global write lock and
 /// the event gate): the parts outside stay; the part inside moves to `to`
-/// (an `mremap` the application made), or is gone (`munmap`): then its
+/// (an `mremap` the application made, with the placement stamp its event
+/// took when it was read), or is gone (`munmap`): then its
 /// anonymous pages are discarded and its shared pages stay cached,
 /// unmapped. Updates the object's windows; the caller publishes.
-fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<usize>) -> Cut {
+fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<(usize, u64)>) -> Cut {
     let (cs, ce) = (s.max(vma.start), e.min(vma.end));
     vma.lock.write_lock();
     vma.lock.mark_detached();
@@ -417,7 +419,11 @@ fn cut(mm: &Mm, vma: &Arc<Vma>, s: usize, e: usize, to: Option<usize>) -> Cut {
     if ce < vma.end {
         kept.push(Arc::new(vma.slice(ce, vma.end, ce)));
     }
-    let moved = to.map(|t| Arc::new(vma.slice(cs, ce, t + (cs - s))));
+    let moved = to.map(|(t, placed)| {
+        let mut v = vma.slice(cs, ce, t + (cs - s));
+        v.placed = placed;
+        Arc::new(v)
+    });
     let mut windows: Vec<crate::object::Window> = kept.iter().map(|v| v.window()).collect();
     windows.extend(moved.iter().map(|v| v.window()));
     let (first, end, _) = vma.window();

@@ -140,6 +140,12 @@ pub enum Event {
         to: usize,
         /// Bytes moved.
         len: usize,
+        /// The moved pieces' placement stamp ([`crate::vma::Vma::placed`]),
+        /// taken when the event was read: the application's `mremap`
+        /// returns then, so any region another pager maps at `to` later
+        /// (once the application unmapped the moved range again) is placed
+        /// later, however late this event is applied.
+        placed: u64,
     },
 }
 
@@ -153,6 +159,7 @@ impl Event {
                 from: m.arg0 as usize,
                 to: m.arg1 as usize,
                 len: m.arg2 as usize,
+                placed: crate::vma::next_placement(),
             }),
             _ => None,
         }
