@@ -26,8 +26,10 @@ pub struct Footprint {
     pub lru_entry_bytes: usize,
     /// Fixed bytes per region: its region and object structs.
     pub region_bytes: usize,
-    /// Bytes the state words of `pages` pages take (address space for a
-    /// large region: its words have a mapping of their own).
+    /// Bytes the state words of `pages` pages take outside the object
+    /// (address space for a large region: its words have a mapping of their
+    /// own, or a heap allocation up to 1024 pages); 0 for a region of 8
+    /// pages or fewer, whose words sit in the object (`region_bytes`).
     pub state_bytes: usize,
     /// Bytes the LRU ring for the budget takes (address space; sized by
     /// the budget, not by the regions).
@@ -116,19 +118,24 @@ pub struct MemoryUse {
 
 impl MemoryUse {
     /// Everything above, in bytes: the pager's real footprint.
+    /// (Saturating: the fields are public, and a caller may fill them.)
     pub fn total_bytes(&self) -> u64 {
-        self.anonymous_bytes
-            + self.memfd_bytes
-            + self.cache_area_bytes
-            + self.swap_bytes
-            + self.metadata_bytes
-            + self.buffer_bytes
+        [
+            self.page_bytes(),
+            self.swap_bytes,
+            self.metadata_bytes,
+            self.buffer_bytes,
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
     }
 
     /// The pages' share of it (installed, memfd and cache area), which the
     /// budget bounds.
     pub fn page_bytes(&self) -> u64 {
-        self.anonymous_bytes + self.memfd_bytes + self.cache_area_bytes
+        self.anonymous_bytes
+            .saturating_add(self.memfd_bytes)
+            .saturating_add(self.cache_area_bytes)
     }
 }
 
@@ -139,11 +146,33 @@ impl std::fmt::Display for MemoryUse {
             f,
             "footprint {:.1} MiB (budget {:.1} MiB): pages {:.1}, in-memory swap {:.1}, metadata {:.2}, buffers {:.2}",
             mib(self.total_bytes()),
-            mib(self.budget_pages * crate::PAGE_SIZE as u64),
+            mib(self.budget_pages.saturating_mul(crate::PAGE_SIZE as u64)),
             mib(self.page_bytes()),
             mib(self.swap_bytes),
             mib(self.metadata_bytes),
             mib(self.buffer_bytes),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `MemoryUse` a caller filled with figures near the limit sums and
+    /// prints without overflow (a debug build panicked).
+    #[test]
+    fn sums_of_large_figures_saturate() {
+        let m = MemoryUse {
+            swap_bytes: u64::MAX,
+            metadata_bytes: 1,
+            anonymous_bytes: u64::MAX,
+            memfd_bytes: 1,
+            budget_pages: u64::MAX,
+            ..MemoryUse::default()
+        };
+        assert_eq!(m.total_bytes(), u64::MAX);
+        assert_eq!(m.page_bytes(), u64::MAX);
+        assert!(m.to_string().starts_with("footprint"));
     }
 }

@@ -56,6 +56,67 @@ fn child_event_wait() {
     std::process::exit(0);
 }
 
+/// The application moves a region with its own `mremap`, and another of
+/// its threads touches the new address before the move is applied. No
+/// region is there yet, so the SIGBUS handler waits for the pager's
+/// events, then serves the fault: timed from the SIGBUS, not from the try
+/// after the wait.
+#[test]
+fn child_moved_wait() {
+    if !is_child() {
+        return;
+    }
+    // SAFETY: alarm has no preconditions: a hang ends the child.
+    unsafe { libc::alarm(30) };
+    let d: Delivery = std::env::var("UFFD_DELIVERY").unwrap().parse().unwrap();
+    let p = Pager::builder().delivery(d).build().unwrap();
+    let len = 4 * PAGE;
+    let r = p.map_anonymous(len).unwrap();
+    let (from, to) = (r.as_ptr() as usize, free_range(len));
+    p.reset_stats();
+    let hold = p.hold_global_write();
+    // (The mremap returns once both its events are read, which waits for
+    // the hold: on a thread of its own.)
+    let mover = std::thread::spawn(move || app_mremap(from, len, len, to));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mapped(to) {
+        assert!(Instant::now() < deadline, "{d}: the kernel did not move it");
+        std::thread::yield_now();
+    }
+    let t = Instant::now();
+    let toucher = std::thread::spawn(move || {
+        // SAFETY: a page of the moved region, which outlives the thread.
+        unsafe { std::ptr::write_volatile((to + PAGE) as *mut u8, 9) };
+    });
+    std::thread::sleep(HOLD);
+    drop(hold);
+    toucher.join().unwrap();
+    mover.join().unwrap();
+    let took = t.elapsed();
+    let s = p.stats();
+    let max = Duration::from_nanos(s.fault_latency.max_ns);
+    println!("{d} moved: the access took {took:?}; latency max {max:?}");
+    assert!(took >= HOLD, "{d}: the access did not wait ({took:?})");
+    assert!(
+        max >= HOLD / 2,
+        "{d}: the fault waited {took:?}, its latency says {max:?}\n{s}"
+    );
+    // SAFETY: the moved region's memory.
+    assert_eq!(unsafe { *((to + PAGE) as *const u8) }, 9);
+    std::mem::forget(r);
+    std::process::exit(0);
+}
+
+/// In-thread only: with handler threads the message waits in the kernel's
+/// queue while both threads wait on the events (one applying, one for
+/// it), and its first look comes after the wait.
+#[test]
+fn a_fault_at_a_moved_address_is_timed_with_its_wait() {
+    let d = Delivery::InThread;
+    let out = run_child("child_moved_wait", &[("UFFD_DELIVERY", &d.to_string())]);
+    assert!(out.status.success(), "{d}: {}", describe(&out));
+}
+
 #[test]
 fn a_fault_that_waits_for_an_event_is_timed_with_the_wait() {
     for d in [Delivery::InThread, THREADS] {

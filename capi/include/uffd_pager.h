@@ -235,8 +235,8 @@ typedef struct uffd_pager_stats {
    */
   uint64_t retry_io_miss;
   /**
-   * Faults handled in a region (served, or refused by it); not an
-   * address in no region.
+   * Faults served in a region (or ended in SIGBUS); not an address in no
+   * region nor an access its region refuses (those are `segv`).
    */
   uint64_t pgfault;
   /**

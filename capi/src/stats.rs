@@ -23,8 +23,8 @@ pub struct uffd_pager_stats {
     pub retry_mmap_drop: u64,
     /// A `tried` attempt found its page absent again (reclaimed in the window).
     pub retry_io_miss: u64,
-    /// Faults handled in a region (served, or refused by it); not an
-    /// address in no region.
+    /// Faults served in a region (or ended in SIGBUS); not an address in no
+    /// region nor an access its region refuses (those are `segv`).
     pub pgfault: u64,
     /// Faults that needed store I/O.
     pub pgmajfault: u64,

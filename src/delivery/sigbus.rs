@@ -9,7 +9,7 @@
 //! first may be a fault on a range unmapped since it was raised).
 
 use crate::address_space::Mm;
-use crate::fault::{handle_fault, Resolution};
+use crate::fault::{handle_fault_since, Resolution};
 use crate::sync::pins::Pins;
 use crate::sync::rcu::Rcu;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -149,6 +149,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     // path makes syscalls, and code that reads errno after touching region
     // memory must see its own.
     let saved = crate::sys::errno();
+    // The fault's latency counts from here: the looks, waits and tries
+    // below are all the faulting thread's.
+    let since = crate::sys::now_ns();
     // Until the fault is handled this thread runs engine code: libc calls
     // it makes (a store's `pwrite`) pass through interposers unseen.
     let mark = crate::sys::thread::Mark::enter();
@@ -235,7 +238,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 Found::Live(entry, pin) => {
                     let present = Some(present);
                     let access = crate::fault::Access { write, present };
-                    let r = handle_fault(entry.mm(), addr, access);
+                    let r = handle_fault_since(entry.mm(), addr, access, since);
                     // Counted while the pin keeps the pager: the access gets
                     // SIGSEGV unless it is looked up again (below).
                     let again = r == Resolution::NoRegion && tries < 8;

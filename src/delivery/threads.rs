@@ -301,8 +301,9 @@ fn is_running(tid: u32) -> bool {
 }
 
 /// Handles one fault message; returns false if it must be retried after
-/// the events waiting are applied.
-fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
+/// the events waiting are applied. `since`: when this message was first
+/// tried ([`crate::sys::now_ns`]), which its latency counts from.
+fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done, since: u64) -> bool {
     let addr = m.arg1 as usize;
     crate::inject::before_message(addr, m.arg2 as u32);
     let access = crate::fault::Access {
@@ -325,8 +326,7 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
     // store called here): the faulting thread gets SIGBUS instead of
     // waiting forever for a handler that left.
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // (A message put back for an event is timed from its last try.)
-        handle_fault_once(mm, addr, access, crate::sys::now_ns())
+        handle_fault_once(mm, addr, access, since)
     }));
     match r {
         Ok(Resolution::Restart) => return false,
@@ -398,8 +398,9 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done) -> bool {
 fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
     let mut msgs = [Msg::default(); BATCH];
     let mut done = [Done::new(), Done::new()];
-    // Faults that met an unread event, with the descriptor they came from.
-    let mut again: Vec<(usize, Msg)> = Vec::new();
+    // Faults that met an unread event, with the descriptor they came from
+    // and when they were first tried.
+    let mut again: Vec<(usize, Msg, u64)> = Vec::new();
     let mut ready = [true; 2];
     let mut swept = 0;
     loop {
@@ -412,8 +413,9 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
         // served either side of it.
         crate::events::apply::queued(mm);
         for m in &msgs[..n] {
-            if m.event == EVENT_PAGEFAULT && !handle_msg(mm, fds[k], m, &mut done[k]) {
-                again.push((k, *m));
+            let since = crate::sys::now_ns();
+            if m.event == EVENT_PAGEFAULT && !handle_msg(mm, fds[k], m, &mut done[k], since) {
+                again.push((k, *m, since));
             }
         }
         for (j, u) in fds.iter().enumerate() {
@@ -431,12 +433,12 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
                         msgs[..n]
                             .iter()
                             .filter(|m| m.event == EVENT_PAGEFAULT)
-                            .map(|m| (j, *m)),
+                            .map(|m| (j, *m, crate::sys::now_ns())),
                     );
                 }
             }
             crate::events::apply::queued(mm);
-            again.retain(|(j, m)| !handle_msg(mm, fds[*j], m, &mut done[*j]));
+            again.retain(|(j, m, since)| !handle_msg(mm, fds[*j], m, &mut done[*j], *since));
             for (j, u) in fds.iter().enumerate() {
                 done[j].wake(mm, u);
             }

@@ -10,9 +10,14 @@ use crate::sys::now_ns;
 /// Handles one fault at `addr` in `mm` to completion, restarting it while
 /// non-cooperative events are applied. Async-signal-safe.
 pub fn handle_fault(mm: &Mm, addr: usize, access: Access) -> Resolution {
-    // Timed from here: the waits for the gate and the restarts are the
-    // fault's too, and the longest of all.
-    let since = now_ns();
+    handle_fault_since(mm, addr, access, now_ns())
+}
+
+/// [`handle_fault`] for a fault its delivery first looked at `since`
+/// ([`now_ns`]): its latency counts from there (the waits for the gate,
+/// the restarts and the delivery's own looks are the fault's too, and the
+/// longest of all). Async-signal-safe.
+pub fn handle_fault_since(mm: &Mm, addr: usize, access: Access, since: u64) -> Resolution {
     loop {
         match handle_fault_once(mm, addr, access, since) {
             Resolution::Restart => {
@@ -86,8 +91,14 @@ pub fn handle_fault_once(mm: &Mm, addr: usize, access: Access, since: u64) -> Re
     // area never reaches `handle_mm_fault`): the delivery may look again
     // and send it elsewhere, and an access counted once per look read as
     // several faults. SIGSEGV is counted where it is raised.
-    let no_region = matches!(out, Outcome::Segv | Outcome::Abort | Outcome::Retry { .. });
-    if !no_region {
+    // An access the region refuses is not counted either (the kernel's
+    // access error): handler threads look at it three times before they
+    // signal it.
+    let not_counted = matches!(
+        out,
+        Outcome::Segv | Outcome::Abort | Outcome::Retry { .. } | Outcome::Denied
+    );
+    if !not_counted {
         c.inc(PGFAULT);
         if f.major {
             c.inc(PGMAJFAULT);

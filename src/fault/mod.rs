@@ -15,7 +15,7 @@ mod driver;
 mod install;
 mod load;
 
-pub use driver::{handle_fault, handle_fault_once};
+pub use driver::{handle_fault, handle_fault_once, handle_fault_since};
 use std::fmt;
 use std::str::FromStr;
 

@@ -54,8 +54,9 @@ counters! {
     RETRY_MMAP_DROP => "retry_mmap_drop",
     /// A `tried` attempt found its page absent again (reclaimed in the window).
     RETRY_IO_MISS => "retry_io_miss",
-    /// Faults handled in a region (served, or refused by it); not an
-    /// address in no region, which the kernel's count leaves out too.
+    /// Faults served in a region (or ended in SIGBUS); not an address in no
+    /// region nor an access its region refuses, which the kernel's count
+    /// leaves out too (they are [`SEGV`](Counter::SEGV)s).
     PGFAULT => "pgfault",
     /// Faults that needed store I/O.
     PGMAJFAULT => "pgmajfault",
@@ -284,7 +285,10 @@ impl Stats {
     ///
     /// Example: [`Stats`](crate::Stats).
     pub fn global_contended(&self) -> u64 {
-        self.global.read_contended + self.global.write_contended
+        // (Saturating: `global` is public, and a caller may fill it.)
+        self.global
+            .read_contended
+            .saturating_add(self.global.write_contended)
     }
 
     /// The difference `self - earlier`, counter by counter (latency and
@@ -364,5 +368,15 @@ mod tests {
         let d = after.since(&before);
         assert_eq!(d.get(Counter::PGFAULT), 0);
         assert_eq!(d.global, Contention::default());
+    }
+
+    /// A snapshot whose public lock figures a caller set near the limit
+    /// sums them without overflow (a debug build panicked).
+    #[test]
+    fn contended_acquisitions_saturate() {
+        let mut s = Stats::capture(&Counters::default(), Contention::default(), 0, 0, 0);
+        s.global.read_contended = u64::MAX;
+        s.global.write_contended = 1;
+        assert_eq!(s.global_contended(), u64::MAX);
     }
 }
