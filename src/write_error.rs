@@ -12,7 +12,8 @@
 //! stay resident and dirty; clean pages are evicted in their place, and
 //! the pager may go over its budget) until a backoff has passed: 100 ms,
 //! doubling with each failure in a row up to 10 s. Then one reclaimer,
-//! and only one, tries again (a probe); a success ends the backoff.
+//! and only one, tries again (a probe; the others wait until it reports,
+//! or 10 s); a success ends the backoff.
 //! Write-back the application asks for ([`crate::Region::flush`], unmap)
 //! always tries: it reports its own error.
 //!
@@ -27,6 +28,12 @@ use std::sync::atomic::Ordering::Relaxed;
 const FIRST_BACKOFF_NS: u64 = 100_000_000;
 /// The longest backoff.
 const MAX_BACKOFF_NS: u64 = 10_000_000_000;
+/// How long a probe holds the others off before it reports: the longest
+/// backoff. (A probe whose write hangs, in a signal-safe store that the
+/// faulting thread calls itself, reports only when the write ends; one
+/// that met no write to make reports nothing, and the next probe waits
+/// this long.)
+const PROBE_HOLD_NS: u64 = MAX_BACKOFF_NS;
 
 /// Reclaim's view of one object's store: healthy, or failing with the time
 /// of the next probe. Async-signal-safe (atomics only).
@@ -41,7 +48,9 @@ pub struct WriteHealth {
 impl WriteHealth {
     /// Whether reclaim may write now (`now` reads the clock): the store is
     /// healthy, or its backoff ended and this caller won the probe (the
-    /// next caller finds the backoff renewed until the probe reports).
+    /// next caller finds writes held off until the probe reports, or for
+    /// the longest backoff if it never does: it renewed the backoff only,
+    /// and a probe whose write hung let another start every 100 ms).
     pub fn may_write(&self, now: impl FnOnce() -> u64) -> bool {
         let at = self.retry_at.load(Relaxed);
         if at == 0 {
@@ -51,9 +60,8 @@ impl WriteHealth {
         if now < at {
             return false;
         }
-        let hold = self.backoff.load(Relaxed).max(FIRST_BACKOFF_NS);
         self.retry_at
-            .compare_exchange(at, now.saturating_add(hold), Relaxed, Relaxed)
+            .compare_exchange(at, now.saturating_add(PROBE_HOLD_NS), Relaxed, Relaxed)
             .is_ok()
     }
 
@@ -98,10 +106,13 @@ mod tests {
         h.record(false, || 1_000);
         assert!(h.failing());
         assert!(!h.may_write(|| 1_000 + FIRST_BACKOFF_NS - 1));
-        // The backoff ends: one caller probes, the next waits.
+        // The backoff ends: one caller probes, the next waits, however
+        // long the probe takes to report (up to the longest backoff).
         let t = 1_000 + FIRST_BACKOFF_NS;
         assert!(h.may_write(|| t));
         assert!(!h.may_write(|| t));
+        assert!(!h.may_write(|| t + 2 * FIRST_BACKOFF_NS));
+        assert!(!h.may_write(|| t + MAX_BACKOFF_NS - 1));
         // The probe fails: twice as long.
         h.record(false, || t);
         assert!(!h.may_write(|| t + 2 * FIRST_BACKOFF_NS - 1));
