@@ -31,8 +31,15 @@ impl Drop for TempFile {
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let path = std::env::temp_dir().join(format!("uffd-embed-{}.bin", std::process::id()));
+    // A new file (never one already there, nor a link someone planted):
+    // what the SAFETY comment below relies on. Removed on the way out,
+    // once made.
+    let new = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
     let file = TempFile(path);
-    std::fs::File::create(&file.0)?.set_len(FILE_LEN as u64)?;
+    new.set_len(FILE_LEN as u64)?;
 
     let pager = Pager::builder().budget_pages(BUDGET_PAGES).build()?;
     let opts = MapOptions {

@@ -115,8 +115,18 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     // Scratch files go to the system's temporary directory (tmpfs or disk).
     let dir = std::env::temp_dir();
     let tag = std::process::id();
-    let a = TempFile(dir.join(format!("uffd-sort-engine-{tag}.bin")));
-    let b = TempFile(dir.join(format!("uffd-sort-kernel-{tag}.bin")));
+    // New files (never ones already there, nor links someone planted),
+    // removed on the way out once made.
+    let new = |name: String| -> std::io::Result<(TempFile, std::fs::File)> {
+        let path = dir.join(name);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        Ok((TempFile(path), f))
+    };
+    let (a, fa) = new(format!("uffd-sort-engine-{tag}.bin"))?;
+    let (b, fb) = new(format!("uffd-sort-kernel-{tag}.bin"))?;
     // A fixed xorshift sequence: varied input, the same on every run.
     let mut x = 42u64;
     let input: Vec<u64> = (0..WORDS)
@@ -129,8 +139,8 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         .collect();
     let sum_in = checksum(&input);
     let bytes: Vec<u8> = input.iter().flat_map(|w| w.to_le_bytes()).collect();
-    for f in [&a, &b] {
-        std::fs::File::create(&f.0)?.write_all(&bytes)?;
+    for mut f in [fa, fb] {
+        f.write_all(&bytes)?;
     }
     drop((input, bytes));
 

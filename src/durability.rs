@@ -23,8 +23,8 @@
 //!   succeeded: after a failed `fsync` the kernel may have dropped them,
 //!   and a second `fsync` says 0 (the error was reported once).
 //!
-//! Cost: one atomic add per store write; one mutex per write-back that
-//! wrote (never taken in a signal handler).
+//! Cost: one atomic add per store write; one mutex per write-back of an
+//! object that was ever written (never taken in a signal handler).
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Mutex;

@@ -84,8 +84,10 @@ impl AddressHold {
     /// [`Error::ZeroLength`]; [`Error::Unaligned`] for an address or
     /// length that is not a multiple of the page size;
     /// [`Error::Overlap`] if anything is mapped in the range; a
-    /// [`Error::Config`] for a range past the end of the address space;
-    /// [`Error::Sys`] if the kernel refuses the mapping.
+    /// [`Error::Config`] for a range whose end overflows the address
+    /// (`addr + len` past `usize::MAX`); [`Error::Sys`] if the kernel
+    /// refuses the mapping (`ENOMEM` for a range past the end of the
+    /// user address space, 128 TiB on x86-64 with 4-level page tables).
     pub fn new(addr: usize, len: usize) -> Result<AddressHold> {
         let page = crate::sys::PAGE_SIZE;
         if len == 0 {
