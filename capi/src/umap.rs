@@ -37,8 +37,10 @@
 //!   EFAULT, where UMap's handler threads would serve it; set
 //!   `UFFD_PAGER_DELIVERY=threads` for that) and `UFFD_PAGER_POLICY`
 //!   (default `retry-once`).
-//! - In a `fork()`ed child the engine serves nothing (its `umap` fails).
-//!   A child forked while another thread of the parent was in a UMap call
+//! - In a `fork()`ed child the parent's pager serves nothing (a `umap`
+//!   there fails); a child of a parent that had made no pager makes its
+//!   own at its first `umap`, and its exit writes its regions back. A
+//!   child forked while another thread of the parent was in a UMap call
 //!   inherits the library's state locked by a thread it does not have:
 //!   its calls then answer at once (`EPERM`, or a getter's default)
 //!   instead of waiting for ever, and its exit writes nothing back.
@@ -46,7 +48,6 @@
 use crate::umap_settings::Settings;
 use engine::{InstallKind, MapOptions, Pager, Region};
 use std::ffi::{c_int, c_long, c_void};
-use std::io::Write;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -123,7 +124,7 @@ fn state() -> Result<Held, i32> {
                 Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
                 // A thread of this child's (its tid is one of ours) holds it
                 // for a call: wait for it. Any other holder is the parent's.
-                Err(std::sync::TryLockError::WouldBlock) if holder_is_ours() => {
+                Err(std::sync::TryLockError::WouldBlock) if holder_may_be_ours() => {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
                 Err(std::sync::TryLockError::WouldBlock) => {
@@ -151,10 +152,19 @@ fn forked() -> bool {
     owner != 0 && owner != std::process::id()
 }
 
-/// Whether the state's holder is a thread of this process.
-fn holder_is_ours() -> bool {
-    let tid = HOLDER.load(Relaxed);
-    tid != 0 && std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+/// Whether the state's holder may be a thread of this process: it is, or
+/// no holder has said who it is for up to 100 ms (a holder writes its tid
+/// right after it locks and clears it right before it unlocks, so a
+/// thread of ours can hold the lock with none written for a moment; a
+/// parent's thread that forked us in that moment never writes one).
+fn holder_may_be_ours() -> bool {
+    for _ in 0..100 {
+        match HOLDER.load(Relaxed) {
+            0 => std::thread::sleep(std::time::Duration::from_millis(1)),
+            tid => return std::path::Path::new(&format!("/proc/self/task/{tid}")).exists(),
+        }
+    }
+    false
 }
 
 /// At exit: the regions the program never `uunmap`ped are written back
@@ -169,7 +179,7 @@ extern "C" fn umap_fini() {
     // (An exit from a signal handler that interrupted the engine serving
     // a fault on this thread: what a write-back would wait for may be
     // held here.)
-    if engine::in_engine() || forked() {
+    if engine::in_engine() {
         return;
     }
     let _ = std::panic::catch_unwind(|| {
@@ -182,16 +192,18 @@ extern "C" fn umap_fini() {
                 // A call that panicked (caught) while it held the state: the
                 // regions are still there to write.
                 Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                // A fork()ed child whose parent was in a call at the fork:
+                // the state stays locked by a thread the child does not
+                // have (and the regions in it are the parent's, which the
+                // child cannot write anyway).
+                Err(TryLockError::WouldBlock) if forked() && !holder_may_be_ours() => return,
                 Err(TryLockError::WouldBlock)
                     if HOLDER.load(Relaxed) != gettid() && std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
                 Err(TryLockError::WouldBlock) => {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "umap: a call was in flight at exit: regions not written back"
-                    );
+                    say("a call was in flight at exit: regions not written back");
                     return;
                 }
             }
@@ -207,7 +219,7 @@ extern "C" fn umap_fini() {
         match r {
             Err(engine::Error::ForkedChild) | Ok(()) => {}
             Err(e) => {
-                let _ = writeln!(std::io::stderr(), "umap: write-back at exit failed: {e}");
+                say(format_args!("write-back at exit failed: {e}"));
             }
         }
     });
@@ -220,13 +232,23 @@ const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 #[link_section = ".fini_array"]
 static UMAP_FINI: extern "C" fn() = umap_fini;
 
+/// Writes `umap: {msg}` and a newline to stderr with one `write(2)`, not
+/// through `std::io::stderr()`: a child `fork()`ed while a parent thread
+/// held std's stderr lock inherits it held, and would wait for ever. A
+/// broken stderr is ignored (UMap reports there; the program goes on).
+fn say(msg: impl std::fmt::Display) {
+    let line = format!("umap: {msg}\n");
+    // SAFETY: write(2) of a buffer we own.
+    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
 /// Sets errno and returns UMAP_FAILED, keeping the message for
 /// `uffd_pager_last_error` and printing it (UMap reports on stderr).
 fn umap_failed(errno: i32, msg: impl std::fmt::Display) -> *mut c_void {
     let _ = crate::fail(errno, &msg);
     // (Never `eprintln!`: it panics when stderr is gone, and this runs
     // outside the callers' `catch_unwind` too.)
-    let _ = writeln!(std::io::stderr(), "umap: {msg}");
+    say(&msg);
     // SAFETY: this thread's errno.
     unsafe { *libc::__errno_location() = errno };
     usize::MAX as *mut c_void
@@ -245,7 +267,7 @@ fn map(
         Err(e) => return umap_failed(e, crate::error_text()),
     };
     let bad = &st.settings.bad_page_size;
-    if let Some(m) = bad.as_ref().or(st.settings.bad.as_ref()) {
+    if let Some(m) = bad.as_ref().or(st.settings.bad.first().map(|(_, m)| m)) {
         return umap_failed(libc::EINVAL, m.clone());
     }
     // A fixed range is held before the pager is built and the store
@@ -473,7 +495,7 @@ pub unsafe extern "C" fn umap_fetch_and_pin(paddr: *mut c_char_alias, size: u64)
 pub type c_char_alias = std::ffi::c_char;
 
 macro_rules! getters_setters {
-    ($($get:ident / $set:ident : $t:ty => $field:ident;)*) => {$(
+    ($($get:ident / $set:ident : $t:ty => $field:ident, $var:literal;)*) => {$(
         /// UMap's setting of the same name (see the module documentation).
         #[no_mangle]
         pub extern "C" fn $get() -> $t {
@@ -481,12 +503,14 @@ macro_rules! getters_setters {
                 .unwrap_or_default()
         }
         /// Sets UMap's setting of the same name; takes effect at the first
-        /// `umap` if called before it.
+        /// `umap` if called before it, where it also replaces a bad value
+        /// of its environment variable.
         #[no_mangle]
         pub extern "C" fn $set(v: $t) {
             let _ = std::panic::catch_unwind(|| {
                 if let Ok(mut s) = state() {
                     s.settings.$field = v as _;
+                    s.settings.bad.retain(|(var, _)| *var != $var);
                 }
             });
         }
@@ -508,17 +532,21 @@ pub extern "C" fn umapcfg_set_max_pages_in_buffer(v: u64) {
     let _ = std::panic::catch_unwind(|| {
         if let Ok(mut s) = state() {
             s.settings.buf_pages = v;
+            s.settings.bad.retain(|(var, _)| *var != "UMAP_BUFSIZE");
         }
     });
 }
 
 getters_setters! {
-    umapcfg_get_num_fillers / umapcfg_set_num_fillers: u64 => fillers;
-    umapcfg_get_num_evictors / umapcfg_set_num_evictors: u64 => evictors;
-    umapcfg_get_read_ahead / umapcfg_set_read_ahead: u64 => read_ahead;
-    umapcfg_get_max_fault_events / umapcfg_set_max_fault_events: u64 => max_fault_events;
-    umapcfg_get_evict_low_water_threshold / umapcfg_set_evict_low_water_threshold: c_int => low_water;
-    umapcfg_get_evict_high_water_threshold / umapcfg_set_evict_high_water_threshold: c_int => high_water;
+    umapcfg_get_num_fillers / umapcfg_set_num_fillers: u64 => fillers, "UMAP_PAGE_FILLERS";
+    umapcfg_get_num_evictors / umapcfg_set_num_evictors: u64 => evictors, "UMAP_PAGE_EVICTORS";
+    umapcfg_get_read_ahead / umapcfg_set_read_ahead: u64 => read_ahead, "UMAP_READ_AHEAD";
+    umapcfg_get_max_fault_events / umapcfg_set_max_fault_events: u64 =>
+        max_fault_events, "UMAP_MAX_FAULT_EVENTS";
+    umapcfg_get_evict_low_water_threshold / umapcfg_set_evict_low_water_threshold: c_int =>
+        low_water, "UMAP_EVICT_LOW_WATER_THRESHOLD";
+    umapcfg_get_evict_high_water_threshold / umapcfg_set_evict_high_water_threshold: c_int =>
+        high_water, "UMAP_EVICT_HIGH_WATER_THRESHOLD";
 }
 
 /// UMap's page size in bytes (`UMAP_PAGESIZE`).
@@ -534,10 +562,9 @@ pub extern "C" fn umapcfg_get_umap_page_size() -> u64 {
 #[no_mangle]
 pub extern "C" fn umapcfg_set_umap_page_size(page_size: u64) {
     if page_size == 0 || !page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
-        let _ = writeln!(
-            std::io::stderr(),
-            "umap: page size {page_size} must be a non-zero multiple of 4096; unchanged"
-        );
+        say(format_args!(
+            "page size {page_size} must be a non-zero multiple of 4096; unchanged"
+        ));
         return;
     }
     let _ = std::panic::catch_unwind(|| {

@@ -17,9 +17,10 @@ pub(crate) struct Settings {
     pub(crate) low_water: c_int,
     pub(crate) high_water: c_int,
     pub(crate) max_fault_events: u64,
-    /// The first bad environment value but `UMAP_PAGESIZE`'s, reported by
-    /// the first `umap`.
-    pub(crate) bad: Option<String>,
+    /// The bad environment values but `UMAP_PAGESIZE`'s, each with its
+    /// variable: every `umap` reports the first one left, until the program
+    /// sets that setting itself (its setter drops the variable's entry).
+    pub(crate) bad: Vec<(&'static str, String)>,
     /// A bad `UMAP_PAGESIZE`, reported by the first `umap` unless
     /// [`umapcfg_set_umap_page_size`] set a good one before it.
     pub(crate) bad_page_size: Option<String>,
@@ -31,12 +32,12 @@ fn cpus() -> u64 {
 
 /// The number in environment variable `name`, or `default` where it is
 /// unset or empty (as a script's `export UMAP_READ_AHEAD=` leaves it); a
-/// value that is not a number is recorded in `bad` (the first one only).
-fn env_num(name: &str, default: u64, bad: &mut Option<String>) -> u64 {
+/// value that is not a number is recorded in `bad`, with its variable.
+fn env_num(name: &'static str, default: u64, bad: &mut Vec<(&'static str, String)>) -> u64 {
     match std::env::var(name) {
         Ok(v) if v.trim().is_empty() => default,
         Ok(v) => v.trim().parse().unwrap_or_else(|_| {
-            bad.get_or_insert_with(|| format!("{name}={v:?} is not a number"));
+            bad.push((name, format!("{name}={v:?} is not a number")));
             default
         }),
         Err(_) => default,
@@ -45,7 +46,7 @@ fn env_num(name: &str, default: u64, bad: &mut Option<String>) -> u64 {
 
 impl Settings {
     pub(crate) fn from_env() -> Settings {
-        let mut bad = None;
+        let mut bad = Vec::new();
         let b = &mut bad;
         let mut s = Settings {
             page_size: engine::PAGE_SIZE as u64,
@@ -56,15 +57,16 @@ impl Settings {
             max_fault_events: env_num("UMAP_MAX_FAULT_EVENTS", 256, b),
             low_water: env_num("UMAP_EVICT_LOW_WATER_THRESHOLD", 70, b).min(100) as c_int,
             high_water: env_num("UMAP_EVICT_HIGH_WATER_THRESHOLD", 90, b).min(100) as c_int,
-            bad: None,
+            bad: Vec::new(),
             bad_page_size: None,
         };
-        let mut bad_page_size = None;
+        let mut bad_page_size = Vec::new();
         let page_size = env_num(
             "UMAP_PAGESIZE",
             engine::PAGE_SIZE as u64,
             &mut bad_page_size,
         );
+        let mut bad_page_size = bad_page_size.pop().map(|(_, m)| m);
         if page_size == 0 || !page_size.is_multiple_of(engine::PAGE_SIZE as u64) {
             bad_page_size.get_or_insert_with(|| {
                 format!("UMAP_PAGESIZE={page_size} must be a non-zero multiple of 4096")

@@ -182,6 +182,7 @@ fn a_umap_program_runs_unchanged_on_the_engine() {
     );
     let out = run(Command::new(&exe)
         .env("UMAP_PAGESIZE", "1000")
+        .env("UMAP_READ_AHEAD", "lots")
         .arg(scratch("umap-set.dat")));
     assert!(out.contains("umap after set: ok"), "{out}");
     // (16 KiB: the page size set after two failed probes.)

@@ -6,6 +6,9 @@
  * whose getter says 8192 forked outside the write-back: the program tries
  * again, up to 20 times.
  *
+ * First, a child of a process that has made no pager makes its own and
+ * writes its region back at exit.
+ *
  * usage: umap_fork_during_uunmap FILE
  * exit 0: a child forked inside the write-back, and it answered and
  * exited in time; 1: an error; 3: no fork landed inside the write-back. */
@@ -47,6 +50,28 @@ int main(int argc, char **argv) {
   for (int i = 0; i < PAGES; i++)
     if (write(fd, page, PAGE) != PAGE) return 1;
   umapcfg_set_umap_page_size(8192);
+  /* A child of a process that has made no pager yet (a setter made the
+   * library's state, nothing more) makes its own, and its exit writes its
+   * region back. */
+  pid_t first = fork();
+  if (first < 0) return 1;
+  if (first == 0) {
+    alarm(10);
+    char *c = umap(NULL, PAGE, PROT_READ | PROT_WRITE, UMAP_PRIVATE, fd, 0);
+    if (c == UMAP_FAILED) _exit(1);
+    c[5] = 'X';
+    exit(0); /* without uunmap: the exit writes it back */
+  }
+  int st = 0;
+  if (waitpid(first, &st, 0) != first || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "the first child: status %d\n", st);
+    return 1;
+  }
+  char c5 = 0;
+  if (pread(fd, &c5, 1, 5) != 1 || c5 != 'X') {
+    fprintf(stderr, "the first child's store did not reach the file (%c)\n", c5);
+    return 1;
+  }
   for (int attempt = 0; attempt < 20; attempt++) {
     w = umap(NULL, (size_t)PAGES * PAGE, PROT_READ | PROT_WRITE, UMAP_PRIVATE, fd, 0);
     if (w == UMAP_FAILED) return 1;

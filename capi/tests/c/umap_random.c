@@ -140,19 +140,28 @@ int main(int argc, char **argv) {
   close(sealed);
 
   /* A refused map drops none of the caller's record locks on the file (a
-   * descriptor of it opened and closed again drops them all). */
+   * descriptor of it opened and closed again drops them all). A file no
+   * region has used: a region's store closes its descriptor when its
+   * release ends, which may be after the caller took the lock. */
+  char lpath[4096];
+  snprintf(lpath, sizeof lpath, "%s.lock", argv[1]);
+  int lfd = open(lpath, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  CHECK(lfd >= 0 && ftruncate(lfd, (off_t)psize) == 0);
   struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-  CHECK(fcntl(fd, F_SETLK, &lk) == 0);
-  CHECK(umap(NULL, psize, PROT_READ, UMAP_PRIVATE, fd, (off_t)len) == UMAP_FAILED &&
+  CHECK(fcntl(lfd, F_SETLK, &lk) == 0);
+  CHECK(umap(NULL, psize, PROT_READ | PROT_WRITE, UMAP_PRIVATE, lfd, (off_t)psize) ==
+            UMAP_FAILED &&
         errno == EINVAL);
   pid_t child = fork();
   CHECK(child >= 0);
   if (child == 0) {
     struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-    _exit(fcntl(fd, F_GETLK, &q) == 0 && q.l_type == F_WRLCK ? 0 : 1);
+    _exit(fcntl(lfd, F_GETLK, &q) == 0 && q.l_type == F_WRLCK ? 0 : 1);
   }
   int status = 0;
   CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(lfd);
+  unlink(lpath);
   close(fd);
   printf("umap: ok\n");
   return 0;

@@ -1,6 +1,6 @@
-/* A UMap program started with a bad UMAP_PAGESIZE that sets a good page
- * size itself before its first umap: the setter's value is the one in
- * force, so umap works. A page size set after the first umap changes only
+/* A UMap program started with a bad UMAP_PAGESIZE and UMAP_READ_AHEAD that
+ * sets both itself before its first umap: the setters' values are the
+ * ones in force, so umap works. A page size set after the first umap changes only
  * the getter: umap_prefetch still fetches UMap pages of the size in force
  * (four 4 KiB pages here, not sixteen). Calls that fail on their arguments
  * before the first good one do not fix the settings.
@@ -26,6 +26,9 @@ int main(int argc, char **argv) {
   }
   umapcfg_set_umap_page_size(8192);
   if (umapcfg_get_umap_page_size() != 8192) return 1;
+  /* The run's UMAP_READ_AHEAD is not a number: the program's own value
+   * replaces it, as its page size replaces UMAP_PAGESIZE's. */
+  umapcfg_set_read_ahead(0);
   /* Probes with bad arguments fail without making the pager, so a setting
    * changed after them is the one in force. */
   if (umap(NULL, 0, PROT_READ, UMAP_PRIVATE, fd, 0) != UMAP_FAILED || errno != EINVAL) return 1;
