@@ -35,6 +35,17 @@ static void *unmap(void *arg) {
   return NULL;
 }
 
+/* Sets and reads a setting 20000 times; returns non-NULL if a read ever
+ * saw anything but what is set. */
+static void *turns(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 20000; i++) {
+    umapcfg_set_read_ahead(7);
+    if (umapcfg_get_read_ahead() != 7) return (void *)1;
+  }
+  return NULL;
+}
+
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -70,6 +81,24 @@ int main(int argc, char **argv) {
   char c5 = 0;
   if (pread(fd, &c5, 1, 5) != 1 || c5 != 'X') {
     fprintf(stderr, "the first child's store did not reach the file (%c)\n", c5);
+    return 1;
+  }
+  /* A child's own threads taking turns at the library's state: neither
+   * takes the other for a thread of the parent (a holder writes its tid
+   * only after it locks). */
+  pid_t second = fork();
+  if (second < 0) return 1;
+  if (second == 0) {
+    alarm(20);
+    pthread_t t2;
+    if (pthread_create(&t2, NULL, turns, NULL) != 0) _exit(1);
+    long bad = (long)turns(NULL);
+    void *other = NULL;
+    pthread_join(t2, &other);
+    _exit(bad == 0 && other == NULL ? 0 : 1);
+  }
+  if (waitpid(second, &st, 0) != second || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "the second child: status %d\n", st);
     return 1;
   }
   for (int attempt = 0; attempt < 20; attempt++) {
