@@ -23,40 +23,54 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// One round: maps a region over a slow store, faults two pages in order
+/// (the second opens a readahead window, read on the I/O thread after the
+/// fault returns) and unmaps it at once; returns the unmap's wall and CPU
+/// time.
+fn round(p: &Pager) -> (Duration, Duration) {
+    let pages = 64;
+    let mem = Arc::new(MemoryStore::from_bytes(&pattern_vec(3, pages * PAGE)).unwrap());
+    let slow = Arc::new(SimulatedStore::new(
+        mem,
+        LatencyModel::Fixed { ns: 300_000_000 },
+        0,
+        1,
+    ));
+    // SAFETY: nothing else changes the store.
+    let r = unsafe { p.map_store(slow, pages * PAGE, &MapOptions::default()) }.unwrap();
+    assert_eq!(r.as_slice()[0], pattern(3, 0));
+    assert_eq!(r.as_slice()[PAGE], pattern(3, PAGE));
+    let (t, cpu) = (Instant::now(), thread_cpu());
+    r.unmap().unwrap();
+    (t.elapsed(), thread_cpu() - cpu)
+}
+
 #[test]
 fn an_unmap_waiting_for_a_readahead_run_sleeps() {
     with_deadline(60, "unmap wait", || {
-        let pages = 64;
         let p = Pager::builder()
             .delivery(Delivery::InThread)
             .readahead(16, 1)
             .fault_around(0)
             .build()
             .unwrap();
-        let mem = Arc::new(MemoryStore::from_bytes(&pattern_vec(3, pages * PAGE)).unwrap());
-        let slow = Arc::new(SimulatedStore::new(
-            mem,
-            LatencyModel::Fixed { ns: 300_000_000 },
-            0,
-            1,
-        ));
-        // SAFETY: nothing else changes the store.
-        let r = unsafe { p.map_store(slow, pages * PAGE, &MapOptions::default()) }.unwrap();
-        // Two sequential faults: the second opens a readahead window, read
-        // on the I/O thread after the fault returns.
-        assert_eq!(r.as_slice()[0], pattern(3, 0));
-        assert_eq!(r.as_slice()[PAGE], pattern(3, PAGE));
-        let (t, cpu) = (Instant::now(), thread_cpu());
-        r.unmap().unwrap();
-        let (wall, used) = (t.elapsed(), thread_cpu() - cpu);
-        println!("the unmap took {wall:?}, {used:?} of CPU");
+        // (Up to three rounds: where the I/O thread has not taken the run
+        // by the unmap, nothing waits, and the round says nothing.)
+        let mut waited = 0;
+        for _ in 0..3 {
+            let (wall, used) = round(&p);
+            println!("the unmap took {wall:?}, {used:?} of CPU");
+            if wall >= Duration::from_millis(100) {
+                waited += 1;
+                assert!(
+                    used < wall / 4,
+                    "the unmap spun: {used:?} of CPU in {wall:?}"
+                );
+            }
+        }
         assert!(
-            wall >= Duration::from_millis(100),
-            "no readahead run was in flight at the unmap: the case did not happen"
-        );
-        assert!(
-            used < wall / 4,
-            "the unmap spun: {used:?} of CPU in {wall:?}"
+            waited > 0,
+            "no readahead run was in flight at any unmap: the case did not happen"
         );
     });
 }
