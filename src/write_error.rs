@@ -35,6 +35,49 @@ const MAX_BACKOFF_NS: u64 = 10_000_000_000;
 /// this long.)
 const PROBE_HOLD_NS: u64 = MAX_BACKOFF_NS;
 
+/// What [`WriteHealth::may_write`] answers.
+#[derive(Debug)]
+#[must_use = "a probe held and dropped unused is given back"]
+pub enum Permit<'a> {
+    /// The store is failing and its backoff has not ended, or another
+    /// caller holds the probe: do not write.
+    Refused,
+    /// The store is healthy: write.
+    Healthy,
+    /// This caller won the probe: write, and [`record`](WriteHealth::record)
+    /// the outcome. Dropped with no outcome recorded (the caller met no
+    /// write to make after all: a page found to be zeros, or its unmap
+    /// refused), the probe is given back, so the next caller may probe at
+    /// once instead of after the probe's hold.
+    Probe(#[allow(dead_code)] Probe<'a>), // (Held for its drop.)
+}
+
+impl Permit<'_> {
+    /// Whether the caller may write.
+    pub fn allowed(&self) -> bool {
+        !matches!(self, Permit::Refused)
+    }
+}
+
+/// A probe won ([`Permit::Probe`]).
+#[derive(Debug)]
+pub struct Probe<'a> {
+    health: &'a WriteHealth,
+    /// `retry_at` as the probe set it, and as it was before.
+    held: u64,
+    before: u64,
+}
+
+impl Drop for Probe<'_> {
+    fn drop(&mut self) {
+        // Only while no outcome was recorded (which moves `retry_at`).
+        let _ = self
+            .health
+            .retry_at
+            .compare_exchange(self.held, self.before, Relaxed, Relaxed);
+    }
+}
+
 /// Reclaim's view of one object's store: healthy, or failing with the time
 /// of the next probe. Async-signal-safe (atomics only).
 #[derive(Debug, Default)]
@@ -51,18 +94,24 @@ impl WriteHealth {
     /// next caller finds writes held off until the probe reports, or for
     /// the longest backoff if it never does: it renewed the backoff only,
     /// and a probe whose write hung let another start every 100 ms).
-    pub fn may_write(&self, now: impl FnOnce() -> u64) -> bool {
+    pub fn may_write(&self, now: impl FnOnce() -> u64) -> Permit<'_> {
         let at = self.retry_at.load(Relaxed);
         if at == 0 {
-            return true;
+            return Permit::Healthy;
         }
         let now = now();
         if now < at {
-            return false;
+            return Permit::Refused;
         }
-        self.retry_at
-            .compare_exchange(at, now.saturating_add(PROBE_HOLD_NS), Relaxed, Relaxed)
-            .is_ok()
+        let held = now.saturating_add(PROBE_HOLD_NS);
+        match self.retry_at.compare_exchange(at, held, Relaxed, Relaxed) {
+            Ok(_) => Permit::Probe(Probe {
+                health: self,
+                held,
+                before: at,
+            }),
+            Err(_) => Permit::Refused,
+        }
     }
 
     /// Records how a write that [`may_write`](Self::may_write) allowed
@@ -100,26 +149,48 @@ mod tests {
     #[test]
     fn a_failure_pauses_writes_until_one_probe_and_a_success_ends_it() {
         let h = WriteHealth::default();
-        assert!(h.may_write(|| 5));
+        assert!(matches!(h.may_write(|| 5), Permit::Healthy));
         h.record(true, || 5);
         assert!(!h.failing());
         h.record(false, || 1_000);
         assert!(h.failing());
-        assert!(!h.may_write(|| 1_000 + FIRST_BACKOFF_NS - 1));
+        assert!(!h.may_write(|| 1_000 + FIRST_BACKOFF_NS - 1).allowed());
         // The backoff ends: one caller probes, the next waits, however
         // long the probe takes to report (up to the longest backoff).
         let t = 1_000 + FIRST_BACKOFF_NS;
-        assert!(h.may_write(|| t));
-        assert!(!h.may_write(|| t));
-        assert!(!h.may_write(|| t + 2 * FIRST_BACKOFF_NS));
-        assert!(!h.may_write(|| t + MAX_BACKOFF_NS - 1));
-        // The probe fails: twice as long.
+        let probe = h.may_write(|| t);
+        assert!(matches!(probe, Permit::Probe(_)));
+        assert!(!h.may_write(|| t).allowed());
+        assert!(!h.may_write(|| t + 2 * FIRST_BACKOFF_NS).allowed());
+        assert!(!h.may_write(|| t + MAX_BACKOFF_NS - 1).allowed());
+        // The probe fails: twice as long (its drop changes nothing now).
         h.record(false, || t);
-        assert!(!h.may_write(|| t + 2 * FIRST_BACKOFF_NS - 1));
-        assert!(h.may_write(|| t + 2 * FIRST_BACKOFF_NS));
+        drop(probe);
+        assert!(!h.may_write(|| t + 2 * FIRST_BACKOFF_NS - 1).allowed());
+        let probe = h.may_write(|| t + 2 * FIRST_BACKOFF_NS);
+        assert!(probe.allowed());
         h.record(true, || t + 2 * FIRST_BACKOFF_NS);
+        drop(probe);
         assert!(!h.failing());
-        assert!(h.may_write(|| t + 2 * FIRST_BACKOFF_NS));
+        assert!(matches!(
+            h.may_write(|| t + 2 * FIRST_BACKOFF_NS),
+            Permit::Healthy
+        ));
+    }
+
+    /// A probe that met no write to make (dropped with no outcome) is
+    /// given back: the next caller probes at once. (It held every write of
+    /// the object off for the probe's whole hold.)
+    #[test]
+    fn a_probe_dropped_unused_is_given_back() {
+        let h = WriteHealth::default();
+        h.record(false, || 0);
+        let t = FIRST_BACKOFF_NS;
+        let probe = h.may_write(|| t);
+        assert!(matches!(probe, Permit::Probe(_)));
+        assert!(!h.may_write(|| t + 1).allowed());
+        drop(probe);
+        assert!(matches!(h.may_write(|| t + 1), Permit::Probe(_)));
     }
 
     #[test]
@@ -128,7 +199,7 @@ mod tests {
         for _ in 0..64 {
             h.record(false, || 0);
         }
-        assert!(!h.may_write(|| MAX_BACKOFF_NS - 1));
-        assert!(h.may_write(|| MAX_BACKOFF_NS));
+        assert!(!h.may_write(|| MAX_BACKOFF_NS - 1).allowed());
+        assert!(h.may_write(|| MAX_BACKOFF_NS).allowed());
     }
 }

@@ -33,6 +33,7 @@ use crate::page_cache::*;
 use crate::stats::Counter::*;
 use crate::sys::mem::madvise;
 use crate::sys::{futex, now_ns, PAGE_SIZE};
+use crate::write_error::Permit;
 
 pub use kswapd::{maybe_wake_kswapd, start_kswapd, stop_kswapd, watermarks};
 use std::sync::atomic::Ordering::*;
@@ -89,9 +90,13 @@ impl Pass {
 
     /// Whether this pass may write a page of `obj` to its store now: none
     /// of its own writes failed, and `obj`'s store is not in a backoff
-    /// (or this caller won its probe). Async-signal-safe.
-    fn may_write(&self, obj: &Object) -> bool {
-        self.writes && obj.write_health.may_write(now_ns)
+    /// (or this caller won its probe, which the caller keeps until it has
+    /// written or given up). Async-signal-safe.
+    fn may_write<'a>(&self, obj: &'a Object) -> Permit<'a> {
+        if !self.writes {
+            return Permit::Refused;
+        }
+        obj.write_health.may_write(now_ns)
     }
 
     /// Writes `pages` of `obj` to its swap store (the store itself for a
@@ -290,11 +295,19 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     } else {
         dirty && obj.swap().writable()
     };
-    if needs_write && !pass.may_write(obj) {
-        pass.write_refused = true;
-        obj.cache.unlock(i, 0, 0);
-        return Evict::Rotate;
-    }
+    // (Held to the end: a probe this page meets no write for after all
+    // is given back as it goes.)
+    let _permit = if needs_write {
+        let p = pass.may_write(obj);
+        if !p.allowed() {
+            pass.write_refused = true;
+            obj.cache.unlock(i, 0, 0);
+            return Evict::Rotate;
+        }
+        p
+    } else {
+        Permit::Healthy
+    };
     // A clean shared page cannot be written under us (it is write-protected
     // or its region read-only, and a write would wait for our page lock):
     // the hole punch below takes it out of every mapping at once, so one
