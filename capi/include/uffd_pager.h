@@ -236,7 +236,8 @@ typedef struct uffd_pager_stats {
   uint64_t retry_io_miss;
   /**
    * Faults served in a region (or ended in SIGBUS); not an address in no
-   * region nor an access its region refuses (those are `segv`).
+   * region nor an access its region refuses with a SIGSEGV of the
+   * engine's (those are `segv`).
    */
   uint64_t pgfault;
   /**

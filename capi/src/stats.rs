@@ -24,7 +24,8 @@ pub struct uffd_pager_stats {
     /// A `tried` attempt found its page absent again (reclaimed in the window).
     pub retry_io_miss: u64,
     /// Faults served in a region (or ended in SIGBUS); not an address in no
-    /// region nor an access its region refuses (those are `segv`).
+    /// region nor an access its region refuses with a SIGSEGV of the
+    /// engine's (those are `segv`).
     pub pgfault: u64,
     /// Faults that needed store I/O.
     pub pgmajfault: u64,

@@ -118,24 +118,13 @@ fn state() -> Result<Held, i32> {
         })
     });
     let g = if forked() {
-        loop {
-            match m.try_lock() {
-                Ok(g) => break g,
-                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
-                // A thread of this child's (its tid is one of ours) holds it
-                // for a call: wait for it. Any other holder is the parent's.
-                Err(std::sync::TryLockError::WouldBlock) if holder_may_be_ours() => {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    return Err(crate::fail(
-                        libc::EPERM,
-                        "umap: a fork()ed child of a process in the middle of a UMap call",
-                    )
-                    .abs());
-                }
-            }
-        }
+        lock_in_child(m).ok_or_else(|| {
+            crate::fail(
+                libc::EPERM,
+                "umap: a fork()ed child of a process in the middle of a UMap call",
+            )
+            .abs()
+        })?
     } else {
         m.lock().unwrap_or_else(|e| e.into_inner())
     };
@@ -152,19 +141,35 @@ fn forked() -> bool {
     owner != 0 && owner != std::process::id()
 }
 
-/// Whether the state's holder may be a thread of this process: it is, or
-/// no holder has said who it is for up to 100 ms (a holder writes its tid
-/// right after it locks and clears it right before it unlocks, so a
-/// thread of ours can hold the lock with none written for a moment; a
-/// parent's thread that forked us in that moment never writes one).
-fn holder_may_be_ours() -> bool {
-    for _ in 0..100 {
-        match HOLDER.load(Relaxed) {
-            0 => std::thread::sleep(std::time::Duration::from_millis(1)),
-            tid => return std::path::Path::new(&format!("/proc/self/task/{tid}")).exists(),
+/// The state locked in a `fork()`ed child, or `None` where a thread of the
+/// parent held it at the fork (it stays locked for ever). A thread of the
+/// child's that holds it (its tid is one of ours) is waited for. A holder
+/// writes its tid right after it locks and clears it right before it
+/// unlocks, so the lock can be held with no tid written for a moment: the
+/// lock is tried again, and taken for the parent's once it has stayed
+/// locked with none for 100 ms (a parent's thread that forked us in that
+/// moment never writes one). Once the child has had the lock, the state is
+/// its own: later calls lock it as the parent's did.
+fn lock_in_child(m: &'static Mutex<State>) -> Option<MutexGuard<'static, State>> {
+    use std::sync::TryLockError;
+    let mut silent = 0;
+    let g = loop {
+        match m.try_lock() {
+            Ok(g) => break g,
+            Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(TryLockError::WouldBlock) => match HOLDER.load(Relaxed) {
+                0 if silent < 100 => silent += 1,
+                0 => return None,
+                tid if std::path::Path::new(&format!("/proc/self/task/{tid}")).exists() => {
+                    silent = 0
+                }
+                _ => return None,
+            },
         }
-    }
-    false
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    OWNER_PID.store(std::process::id(), Relaxed);
+    Some(g)
 }
 
 /// At exit: the regions the program never `uunmap`ped are written back
@@ -186,17 +191,19 @@ extern "C" fn umap_fini() {
         use std::sync::TryLockError;
         let Some(m) = STATE.get() else { return };
         let deadline = std::time::Instant::now() + EXIT_WAIT;
+        // A fork()ed child whose parent was in a call at the fork: the
+        // state stays locked by a thread the child does not have (and the
+        // regions in it are the parent's, which the child cannot write
+        // anyway).
+        if forked() && lock_in_child(m).map(drop).is_none() {
+            return;
+        }
         let st = loop {
             match m.try_lock() {
                 Ok(st) => break st,
                 // A call that panicked (caught) while it held the state: the
                 // regions are still there to write.
                 Err(TryLockError::Poisoned(p)) => break p.into_inner(),
-                // A fork()ed child whose parent was in a call at the fork:
-                // the state stays locked by a thread the child does not
-                // have (and the regions in it are the parent's, which the
-                // child cannot write anyway).
-                Err(TryLockError::WouldBlock) if forked() && !holder_may_be_ours() => return,
                 Err(TryLockError::WouldBlock)
                     if HOLDER.load(Relaxed) != gettid() && std::time::Instant::now() < deadline =>
                 {

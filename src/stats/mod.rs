@@ -55,8 +55,11 @@ counters! {
     /// A `tried` attempt found its page absent again (reclaimed in the window).
     RETRY_IO_MISS => "retry_io_miss",
     /// Faults served in a region (or ended in SIGBUS); not an address in no
-    /// region nor an access its region refuses, which the kernel's count
-    /// leaves out too (they are [`SEGV`](Counter::SEGV)s).
+    /// region nor an access its region refuses with a SIGSEGV of the
+    /// engine's, which the kernel's count leaves out too (they are
+    /// [`SEGV`](Counter::SEGV)s). (A write to a region made read-only with
+    /// write protection is served: the fault makes it read-only with
+    /// `mprotect`, and the kernel's own SIGSEGV answers the write.)
     PGFAULT => "pgfault",
     /// Faults that needed store I/O.
     PGMAJFAULT => "pgmajfault",

@@ -35,21 +35,24 @@ static void *unmap(void *arg) {
   return NULL;
 }
 
-/* Sets and reads a setting 20000 times; returns non-NULL if a read ever
- * saw anything but what is set. */
-static void *turns(void *arg) {
-  (void)arg;
-  for (int i = 0; i < 20000; i++) {
-    umapcfg_set_read_ahead(7);
-    if (umapcfg_get_read_ahead() != 7) return (void *)1;
-  }
-  return NULL;
-}
-
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Sets and reads a setting 20000 times; returns non-NULL if a read ever
+ * saw anything but what is set, or a pair of calls took 90 ms or more (a
+ * call that took the other thread for the parent's waited 100 ms). */
+static void *turns(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 20000; i++) {
+    double t0 = now();
+    umapcfg_set_read_ahead(7);
+    if (umapcfg_get_read_ahead() != 7) return (void *)1;
+    if (now() - t0 >= 0.09) return (void *)2;
+  }
+  return NULL;
 }
 
 int main(int argc, char **argv) {
