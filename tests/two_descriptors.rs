@@ -488,6 +488,47 @@ fn a_region_moved_onto_a_range_whose_unmap_is_unread_is_found_there() {
     });
 }
 
+/// The same with the unmapped region's object held by a residency guard
+/// (its descriptor stays open): the move takes that region for unmapped
+/// and stops its reader, which left without reading the unmap the
+/// application's `munmap` waits on, and the call waited for ever (found by
+/// review). A reader told to stop reads what its descriptor holds first.
+#[test]
+fn a_region_taken_for_unmapped_still_reads_its_own_unmap() {
+    with_deadline(30, "the late unmap is read", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        const LEN: usize = SIDE;
+        let data: Vec<u8> = (0..LEN).map(|i| (i / PAGE) as u8 + 1).collect();
+        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+        let other = Arc::new(MemoryStore::from_bytes(&[9u8; LEN]).unwrap());
+        let (pager, x, moved, gone, reader) = side_by_side(store, other);
+        assert_eq!(gone.as_slice()[0], 9);
+        let guard = gone.lock_resident(0, PAGE).unwrap();
+        hold(reader);
+        let unmapper = std::thread::spawn(move || {
+            // SAFETY: the application gives the higher region's memory up.
+            unsafe { libc::munmap((x + LEN) as *mut _, LEN) }
+        });
+        wait_for("the unmap", || {
+            let mut v = 0u8;
+            // SAFETY: mincore only reads the page tables.
+            unsafe { libc::mincore((x + LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
+        });
+        util::app_mremap(x, LEN, LEN, x + LEN);
+        let p = pager.clone();
+        wait_for("the move's event", move || {
+            p.stats().get(Counter::EVENT_REMAP) >= 1
+        });
+        HOLD.store(false, SeqCst);
+        assert_eq!(unmapper.join().unwrap(), 0);
+        drop(guard);
+        // SAFETY: the moved region's memory, mapped there now.
+        let there = unsafe { std::slice::from_raw_parts((x + LEN) as *const u8, LEN) };
+        assert_eq!(there, &data[..], "the moved region's bytes");
+        drop(moved);
+    });
+}
+
 /// The same with two regions beside it, unmapped by two calls (two late
 /// events on its descriptor): the first event took the one record the
 /// remap left, and the second cut the grown region (found by review).

@@ -401,11 +401,13 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
     // Faults that met an unread event, with the descriptor they came from
     // and when they were first tried.
     let mut again: Vec<(usize, Msg, u64)> = Vec::new();
-    let mut ready = [true; 2];
-    let mut swept = 0;
+    let mut at = ReadState {
+        ready: [true; 2],
+        swept: 0,
+        drained: 0,
+    };
     loop {
-        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs, &mut ready, &mut swept)
-        else {
+        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs, &mut at) else {
             return;
         };
         // Events first (in read order, under the gate), then the faults: a
@@ -485,7 +487,8 @@ fn runs(pages: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
 }
 
 /// Reads a batch from whichever descriptor has one, spinning for
-/// `spin_us` then blocking in poll. `None` when the pool is stopping; a
+/// `spin_us` then blocking in poll. `None` when the pool is stopping and
+/// its descriptors hold nothing more (or [`STOP_DRAIN`] batches later); a
 /// descriptor that fails for good is logged and the thread goes on with the
 /// others (a handler thread that left silently would strand its faults).
 fn read_batch(
@@ -494,9 +497,13 @@ fn read_batch(
     stopfd: i32,
     spin_us: u32,
     msgs: &mut [Msg],
-    ready: &mut [bool; 2],
-    swept: &mut u64,
+    at: &mut ReadState,
 ) -> Option<(usize, usize)> {
+    let ReadState {
+        ready,
+        swept,
+        drained,
+    } = at;
     let now = now_ns();
     let deadline = now + spin_us as u64 * 1000;
     let mut failed = [false; 2];
@@ -550,12 +557,36 @@ fn read_batch(
             continue;
         }
         let r = wait_ready(fds, stopfd);
-        if r.stop {
+        // Told to stop (the region is taken for unmapped, or the pager
+        // goes): what the descriptors hold is read first. A retired
+        // region's own unmap may still be there, unread, and the
+        // application's `munmap` waits until it is read (for ever, while
+        // anything keeps the descriptor open: a residency guard, a fork()ed
+        // child). Bounded: a descriptor that stays readable and yields
+        // nothing does not keep the thread.
+        if r.stop && (!r.fds.iter().any(|&f| f) || *drained >= STOP_DRAIN) {
             return None;
+        }
+        if r.stop {
+            *drained += 1;
         }
         *ready = r.fds;
     }
 }
+
+/// Where a reader is between batches ([`read_batch`]).
+struct ReadState {
+    /// The descriptors that may hold messages.
+    ready: [bool; 2],
+    /// When every descriptor was last read ([`SWEEP_NS`]).
+    swept: u64,
+    /// Batches read since the reader was told to stop ([`STOP_DRAIN`]).
+    drained: u32,
+}
+
+/// How many more reads a reader told to stop makes of descriptors that
+/// poll(2) reports readable ([`read_batch`]).
+const STOP_DRAIN: u32 = 64;
 
 #[cfg(test)]
 mod tests {
