@@ -430,6 +430,32 @@ fn a_region_grown_into_a_range_whose_unmap_is_unread_keeps_it() {
     });
 }
 
+/// With the higher region's reader held: the application unmaps the
+/// higher region (on a thread of its own: the call waits for its event to
+/// be read) and moves the lower onto its range, and the move's event is
+/// applied. Returns the unmapping thread (its `munmap`'s result).
+fn unmap_high_then_move_low_there(
+    pager: &Arc<Pager>,
+    x: usize,
+) -> std::thread::JoinHandle<libc::c_int> {
+    const LEN: usize = SIDE;
+    let unmapper = std::thread::spawn(move || {
+        // SAFETY: the application gives the higher region's memory up.
+        unsafe { libc::munmap((x + LEN) as *mut _, LEN) }
+    });
+    wait_for("the unmap", || {
+        let mut v = 0u8;
+        // SAFETY: mincore only reads the page tables.
+        unsafe { libc::mincore((x + LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
+    });
+    util::app_mremap(x, LEN, LEN, x + LEN);
+    let p = pager.clone();
+    wait_for("the move's event", move || {
+        p.stats().get(Counter::EVENT_REMAP) >= 1
+    });
+    unmapper
+}
+
 /// The application moves a region (its own `mremap`) onto the range of a
 /// region of another descriptor it has just unmapped, whose event is not
 /// read yet (per-region delivery: each region its own descriptor). The
@@ -451,20 +477,7 @@ fn a_region_moved_onto_a_range_whose_unmap_is_unread_is_found_there() {
         assert_eq!(moved.as_slice()[0], 1);
         assert_eq!(gone.as_slice()[0], 9);
         hold(reader);
-        let unmapper = std::thread::spawn(move || {
-            // SAFETY: the application gives the higher region's memory up.
-            unsafe { libc::munmap((x + LEN) as *mut _, LEN) }
-        });
-        wait_for("the unmap", || {
-            let mut v = 0u8;
-            // SAFETY: mincore only reads the page tables.
-            unsafe { libc::mincore((x + LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
-        });
-        util::app_mremap(x, LEN, LEN, x + LEN);
-        let p = pager.clone();
-        wait_for("the move's event", move || {
-            p.stats().get(Counter::EVENT_REMAP) >= 1
-        });
+        let unmapper = unmap_high_then_move_low_there(&pager, x);
         assert_eq!(
             moved.mapped(),
             vec![x + LEN..x + 2 * LEN],
@@ -505,20 +518,7 @@ fn a_region_taken_for_unmapped_still_reads_its_own_unmap() {
         assert_eq!(gone.as_slice()[0], 9);
         let guard = gone.lock_resident(0, PAGE).unwrap();
         hold(reader);
-        let unmapper = std::thread::spawn(move || {
-            // SAFETY: the application gives the higher region's memory up.
-            unsafe { libc::munmap((x + LEN) as *mut _, LEN) }
-        });
-        wait_for("the unmap", || {
-            let mut v = 0u8;
-            // SAFETY: mincore only reads the page tables.
-            unsafe { libc::mincore((x + LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
-        });
-        util::app_mremap(x, LEN, LEN, x + LEN);
-        let p = pager.clone();
-        wait_for("the move's event", move || {
-            p.stats().get(Counter::EVENT_REMAP) >= 1
-        });
+        let unmapper = unmap_high_then_move_low_there(&pager, x);
         HOLD.store(false, SeqCst);
         assert_eq!(unmapper.join().unwrap(), 0);
         drop(guard);
