@@ -8,18 +8,28 @@
 //! no idle-vCPU wake-up in between (`uffd-pager bench wakeup` measures this
 //! against the other placements on the raw floor).
 //!
-//! The pager's own descriptor stays: reclaim's staging area is registered
-//! there (a `UFFDIO_MOVE` is issued on the descriptor of its destination,
-//! whatever the source's). A region's descriptor lives in its object
+//! The pager's own descriptors stay open, with nothing registered on them
+//! and no reader (reclaim's staging area has a descriptor of its own). A
+//! region's descriptor lives in its object
 //! ([`crate::object::Object::region_uffd`], opened through
 //! [`RegionDescriptors`]); every ioctl on the region's range goes
 //! through it.
 //!
 //! # Cost
-//! One descriptor and one thread per region, made at map time and closed at
-//! unmap (the thread is joined), or, for a region the application unmapped
-//! itself, told to stop when its event is applied and joined at the next
-//! map or unmap. Meant for a few large regions, not 10⁵.
+//! Two descriptors (the userfaultfd and its thread's stop eventfd) and one
+//! thread per region, made at map time. The thread is joined at unmap, or,
+//! for a region the application unmapped itself, told to stop when its
+//! event is applied and joined at the next map or unmap; the userfaultfd
+//! closes when the region's object is freed (after its release's
+//! write-back; not while a residency guard holds it or its dirty pages
+//! wait in the unwritten list). Meant for a few large regions, not 10⁵.
+//!
+//! Not followed: a range the kernel keeps registered on a region's
+//! descriptor that the engine never listed (the tail of a region the
+//! application grew with its own `mremap`, or a source it kept with
+//! `MREMAP_DONTUNMAP`). Once the region's listed pieces are gone its
+//! reader stops, and a touch or `munmap` of that range waits until the
+//! descriptor closes (found by review; not fixed).
 
 use super::threads::{HandlerPool, Serve};
 use crate::address_space::{Mm, RegionDescriptors};
