@@ -12,6 +12,7 @@
 //!   by a handler thread of its own.
 
 pub mod per_region;
+mod read;
 pub mod sigbus;
 pub mod threads;
 
