@@ -191,6 +191,53 @@ pub fn on_tmpfs(dir: &std::path::Path) -> bool {
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
 }
 
+/// How many of the pages mapped in `[addr, addr + len)` are mapped more
+/// than once (anywhere in the system), from `/proc/self/smaps`: the
+/// `Shared_Clean` and `Shared_Dirty` of every mapping that overlaps the
+/// range, in 4 KiB pages. A mapping that only partly overlaps counts
+/// whole, so give the exact range of a mapping.
+///
+/// Why it matters to a benchmark: the kernel counts a file page's first
+/// mapping (`NR_FILE_MAPPED`, per memory cgroup) and not later ones, so a
+/// fault that maps a page some other mapping already holds costs less. A
+/// kernel-side pass over pages that another mapping keeps mapped is
+/// cheaper than a user of that file would see.
+pub fn pages_mapped_elsewhere(addr: usize, len: usize) -> std::io::Result<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    Ok(shared_kib_in(&smaps, addr, addr + len) / 4)
+}
+
+/// The `Shared_Clean` + `Shared_Dirty` kB of the mappings in `smaps` that
+/// overlap `[start, end)`.
+fn shared_kib_in(smaps: &str, start: usize, end: usize) -> u64 {
+    let mut inside = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let head = line.split_once(' ').map_or(line, |(h, _)| h);
+        if let Some((a, b)) = head.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = a < end && start < b;
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        if let Some(v) = line
+            .strip_prefix("Shared_Clean:")
+            .or_else(|| line.strip_prefix("Shared_Dirty:"))
+        {
+            kib += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0);
+        }
+    }
+    kib
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,5 +269,33 @@ mod tests {
         assert_eq!(read(), 5);
         m.punch_hole(4096, 4096).unwrap();
         assert_eq!(read(), 0);
+    }
+
+    #[test]
+    fn shared_pages_are_counted_only_in_the_range() {
+        let smaps = "\
+7f0000000000-7f0000004000 r--s 00000000 00:01 5 /dev/shm/a
+Rss:                  16 kB
+Shared_Clean:          8 kB
+Shared_Dirty:          4 kB
+Private_Clean:         4 kB
+7f0000004000-7f0000008000 r--s 00000000 00:01 6 /dev/shm/b
+Shared_Clean:         16 kB
+";
+        assert_eq!(shared_kib_in(smaps, 0x7f00_0000_0000, 0x7f00_0000_4000), 12);
+        assert_eq!(shared_kib_in(smaps, 0x7f00_0000_4000, 0x7f00_0000_5000), 16);
+        assert_eq!(shared_kib_in(smaps, 0x7f00_0000_8000, 0x7f00_0000_9000), 0);
+    }
+
+    #[test]
+    fn a_file_mapped_twice_shows_as_shared() {
+        let f = Memfd::new(c"mapped-twice", 4 * 4096).unwrap();
+        let mut a = f.map_shared(4 * 4096).unwrap();
+        a.fill(1);
+        let range = (a.as_ptr() as usize, a.len());
+        assert_eq!(pages_mapped_elsewhere(range.0, range.1).unwrap(), 0);
+        let b = f.map_shared(4 * 4096).unwrap();
+        assert!(b.iter().step_by(4096).all(|&x| x == 1));
+        assert_eq!(pages_mapped_elsewhere(range.0, range.1).unwrap(), 4);
     }
 }
