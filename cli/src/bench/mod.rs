@@ -43,7 +43,7 @@ pub use engine::EngineLoop;
 pub use evict::{evict_cost, EvictReport};
 pub use far::{far_miss, far_scan, FarMissReport, FarScanReport};
 pub use floor::FloorLoop;
-pub use random_floor::{random_floor, RandomFloorReport};
+pub use random_floor::{random_floor, RandomFloor, RandomFloorReport};
 pub use scale::{scale, ScaleReport};
 pub use wakeup::{wakeup_placement, WakeupReport};
 

@@ -15,7 +15,7 @@ use super::common::{cpu_time, mib, Knobs, RunResult, Writers};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use uffd_pager::{Result, PAGE_SIZE};
 
 pub use super::pattern_file::{
@@ -46,8 +46,10 @@ fn floor_is_comparable(k: &Knobs) -> bool {
 /// `ops` is page reads (all threads). Extras: `us_per_page` (wall time per
 /// page per thread, `elapsed × threads / ops` in µs), `us_per_page_overall`
 /// (`elapsed / ops`: wall time per page of the whole run), `floor_us_per_page`
-/// (the same measure for [`crate::bench::random_floor`], run right after
-/// with the same threads, budget and duration; NaN where the floor would
+/// (the same measure for [`crate::bench::RandomFloor`], run with the same
+/// threads, budget and duration, in [`slices`] alternated with the
+/// engine's: engine, floor, engine, floor…, each slice with its own seed
+/// and the same on both sides; NaN where the floor would
 /// do other work: without a budget, with writes, writers, 2 MiB pages or
 /// handler threads),
 /// `vs_floor` (their ratio), `mismatches` (words that differed from the
@@ -65,41 +67,60 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     let region = unsafe { pager.map_store(store, pages * PAGE_SIZE, &opts) }?;
     let base = region.as_ptr() as usize;
     let mismatches = AtomicU64::new(0);
-    pager.reset_stats();
-    let (t0, c0) = (Instant::now(), cpu_time());
-    let deadline = t0 + k.duration;
-    let writers = Writers::start(&pager, k, deadline)?;
     let threads = k.threads.max(1);
-    let words = RandomWords::of(k, pages, deadline);
-    // SAFETY: the region maps `pages` pages of the file, writable when
-    // writes are asked for, and outlives the call.
-    let reads = unsafe { words.run(base, &mismatches, None) }?;
-    let writer_loops = writers.stop();
-    let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
+    // The raw floor, same reads, same threads, same budget, in slices
+    // alternated with the engine's. Only where it does the same work: it
+    // reads 4 KiB pages and nothing competes with it (none beside a run
+    // that writes, one with global-lock writers, or one of 2 MiB pages).
+    let mut floor = if floor_is_comparable(k) {
+        Some(crate::bench::RandomFloor::new(
+            dir,
+            k.budget_pages as usize,
+            threads,
+            opts.install_kind(),
+            opts.kernel_maps,
+        )?)
+    } else {
+        None
+    };
+    let slices = if floor.is_some() {
+        slices(k.duration)
+    } else {
+        1
+    };
+    let slice = k.duration / slices;
+    let mut floor_report = crate::bench::RandomFloorReport::default();
+    pager.reset_stats();
+    let (mut elapsed, mut cpu, mut reads) = (Duration::ZERO, Duration::ZERO, 0);
+    let mut writer_loops = 0;
+    for n in 0..slices {
+        // Each slice reads its own sequence, the same on both sides.
+        let seed = k.seed.wrapping_add((n as u64) << 32);
+        let (t0, c0) = (Instant::now(), cpu_time());
+        let deadline = t0 + slice;
+        let writers = Writers::start(&pager, k, deadline)?;
+        let words = RandomWords {
+            seed,
+            ..RandomWords::of(k, pages, deadline)
+        };
+        // SAFETY: the region maps `pages` pages of the file, writable when
+        // writes are asked for, and outlives the call.
+        reads += unsafe { words.run(base, &mismatches, None) }?;
+        writer_loops += writers.stop();
+        (elapsed, cpu) = (elapsed + t0.elapsed(), cpu + (cpu_time() - c0));
+        if let Some(f) = floor.as_mut() {
+            floor_report.add(&f.run(slice, seed)?);
+        }
+    }
     let stats = pager.stats();
     let footprint = pager.memory_use();
     drop(region);
     drop(file);
     drop(pager);
     let us_per_page = elapsed.as_secs_f64() * threads as f64 / reads.max(1) as f64 * 1e6;
-    // The raw floor, same reads, same threads, same budget, right after.
-    // Only where it does the same work: it reads 4 KiB pages and nothing
-    // competes with it (none beside a run that writes, one with global-lock
-    // writers, or one of 2 MiB pages).
-    let floor_us = if floor_is_comparable(k) {
-        let f = crate::bench::random_floor(
-            dir,
-            k.budget_pages as usize,
-            threads,
-            k.duration,
-            k.seed,
-            opts.install_kind(),
-            opts.kernel_maps,
-        )?;
-        if f.mismatches != 0 {
-            mismatches.fetch_add(f.mismatches, Relaxed);
-        }
-        f.us_per_page(threads)
+    let floor_us = if floor.is_some() {
+        mismatches.fetch_add(floor_report.mismatches, Relaxed);
+        floor_report.us_per_page(threads)
     } else {
         f64::NAN
     };
@@ -124,4 +145,12 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
         ],
         install: Some(opts.install_kind()),
     })
+}
+
+/// How many slices of a run alternate the engine with its floor: one per
+/// half second (at least one, at most 20), so that a change in the
+/// machine's speed during the run (a noisy neighbour, the host's clock)
+/// falls on both sides alike rather than on whichever ran second.
+pub fn slices(duration: Duration) -> u32 {
+    (duration.as_millis() / 500).clamp(1, 20) as u32
 }
