@@ -19,8 +19,11 @@ pub(super) const EMPTY: usize = usize::MAX;
 pub(super) struct PageBuf([u8; PAGE_SIZE]);
 
 /// The handler's state: plain integers and pointers behind atomics, set
-/// before a pass and cleared after it.
+/// before a pass and cleared after it. What every fault writes is on a
+/// cache line of its own ([`Hot`]): beside the rest, each fault's first
+/// read of the settings missed in cache after the other thread's write.
 pub(super) struct State {
+    pub(super) hot: Hot,
     pub(super) base: AtomicUsize,
     pub(super) len: AtomicUsize,
     pub(super) uffd: AtomicUsize,
@@ -28,8 +31,6 @@ pub(super) struct State {
     pub(super) memfd: AtomicUsize,
     pub(super) ring: AtomicUsize,
     pub(super) ring_len: AtomicUsize,
-    pub(super) head: AtomicUsize,
-    pub(super) faults: AtomicU64,
     /// [`SHARED`], [`ANON`] or [`KERNEL_MAPS`]: the variant (see
     /// [`random_floor`]).
     pub(super) variant: AtomicUsize,
@@ -39,7 +40,18 @@ pub(super) struct State {
     pub(super) pipes: AtomicUsize,
 }
 
+/// The two words every fault writes: the ring's head and the fault count.
+#[repr(align(64))]
+pub(super) struct Hot {
+    pub(super) head: AtomicUsize,
+    pub(super) faults: AtomicU64,
+}
+
 pub(super) static ST: State = State {
+    hot: Hot {
+        head: AtomicUsize::new(0),
+        faults: AtomicU64::new(0),
+    },
     base: AtomicUsize::new(0),
     len: AtomicUsize::new(0),
     uffd: AtomicUsize::new(0),
@@ -47,8 +59,6 @@ pub(super) static ST: State = State {
     memfd: AtomicUsize::new(0),
     ring: AtomicUsize::new(0),
     ring_len: AtomicUsize::new(0),
-    head: AtomicUsize::new(0),
-    faults: AtomicU64::new(0),
     variant: AtomicUsize::new(SHARED),
     store: AtomicUsize::new(0),
     pipes: AtomicUsize::new(0),
@@ -83,12 +93,12 @@ pub(super) extern "C" fn on_sigbus(
         chain(sig, info, uctx);
         return;
     }
-    ST.faults.fetch_add(1, Relaxed);
+    ST.hot.faults.fetch_add(1, Relaxed);
     let off = (addr - base) & !(PAGE_SIZE - 1);
     let memfd = ST.memfd.load(Acquire) as i32;
     // 1. Evict the oldest resident page.
     let ring = ST.ring.load(Acquire) as *const AtomicUsize;
-    let slot = ST.head.fetch_add(1, Relaxed) % ST.ring_len.load(Acquire);
+    let slot = ST.hot.head.fetch_add(1, Relaxed) % ST.ring_len.load(Acquire);
     // SAFETY: `ring` points to `ring_len` atomics that outlive the pass.
     let victim = unsafe { &*ring.add(slot) }.swap(off, AcqRel);
     let variant = ST.variant.load(Acquire);

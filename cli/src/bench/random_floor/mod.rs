@@ -187,8 +187,8 @@ impl RandomFloor {
             ST.memfd.store(self.memfd.fd() as usize, Release);
             ST.ring.store(self.ring.as_ptr() as usize, Release);
             ST.ring_len.store(self.ring.len(), Release);
-            ST.head.store(self.head, Release);
-            ST.faults.store(0, Release);
+            ST.hot.head.store(self.head, Release);
+            ST.hot.faults.store(0, Release);
             ST.variant.store(self.variant, Release);
             ST.store
                 .store(&self.store as *const FileStore as usize, Release);
@@ -209,12 +209,12 @@ impl RandomFloor {
             let elapsed = t0.elapsed();
             ST.base.store(0, Release);
             ST.len.store(0, Release);
-            self.head = ST.head.load(Acquire);
+            self.head = ST.hot.head.load(Acquire);
             Ok(RandomFloorReport {
                 // (A thread that could not start is an error only now, after
                 // the handler's state is cleared.)
                 reads: reads?,
-                faults: ST.faults.load(Acquire),
+                faults: ST.hot.faults.load(Acquire),
                 elapsed,
                 mismatches: mismatches.load(Relaxed),
             })
