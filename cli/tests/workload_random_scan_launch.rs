@@ -132,6 +132,29 @@ fn pattern_file_holds_the_pattern() {
 }
 
 #[test]
+fn a_pattern_file_is_written_in_step_with_its_caller() {
+    // `scan` fills the engine's page cache between the runs this writes,
+    // so that both sides' pages are allocated at the same time.
+    let dir = random::default_dir();
+    let mut seen = Vec::new();
+    let f = random::PatternFile::create_beside(&dir, "step", 600, |r| {
+        seen.push(r);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, vec![0..256, 256..512, 512..600]);
+    assert_eq!(f.len(), 600 * 4096);
+    // A caller's error stops the writing.
+    let mut calls = 0;
+    let e = random::PatternFile::create_beside(&dir, "step", 600, |_| {
+        calls += 1;
+        Err(uffd_pager::Error::Config("stop".into()))
+    });
+    assert!(e.is_err());
+    assert_eq!(calls, 1);
+}
+
+#[test]
 fn scan_reports_both_sides() {
     for install in [InstallKind::Shared, InstallKind::Anonymous] {
         let k = Knobs {

@@ -41,6 +41,21 @@ impl PatternFile {
     /// Creates a file of `pages` pages in `dir` (under a fresh name made of
     /// `tag`, the process id and a counter, then unlinked).
     pub fn create(dir: &Path, tag: &str, pages: usize) -> Result<PatternFile> {
+        Self::create_beside(dir, tag, pages, |_| Ok(()))
+    }
+
+    /// [`PatternFile::create`], calling `beside(range)` before each run of
+    /// pages it writes (256 at a time) with that run's page range, so that
+    /// a caller can have other pages allocated in step with the file's:
+    /// where the kernel takes a page from decides how fast it is read
+    /// (pages allocated at different times differed by up to a third in a
+    /// scan here), so two sides compared should get theirs at the same time.
+    pub fn create_beside(
+        dir: &Path,
+        tag: &str,
+        pages: usize,
+        mut beside: impl FnMut(std::ops::Range<usize>) -> Result<()>,
+    ) -> Result<PatternFile> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!(
             "uffd-pager-{tag}-{}-{}",
@@ -65,6 +80,7 @@ impl PatternFile {
         let mut p = 0;
         while p < pages {
             let n = chunk_pages.min(pages - p);
+            beside(p..p + n)?;
             let base = p * PAGE_SIZE;
             for (i, b) in buf[..n * PAGE_SIZE].iter_mut().enumerate() {
                 *b = pattern(base + i);

@@ -12,7 +12,7 @@
 //! of a pass is a minor fault served from the page cache:
 //!
 //! - **engine**: one region ([`Pager::map_store`](uffd_pager::Pager::map_store)
-//!   of a [`FileStore`](uffd_pager::store::FileStore) over the file, `k.install` kind), read once untimed
+//!   of a [`FileStore`](uffd_pager::store::FileStore) over the file, `k.install` kind), read once untimed (see below)
 //!   to fill the engine's page cache, then [`Region::dontneed`] before each
 //!   pass; faults are served by the engine (fault-around and readahead as
 //!   configured);
@@ -35,8 +35,15 @@
 //! that `/proc/self/smaps` counts as shared after the warm-up; 0 unless
 //! the comparison is off).
 //!
-//! The untimed first engine pass (every page from the store: a `pread` of
-//! the tmpfs file) is reported too, as `engine_cold_ns_per_page`. Engine and
+//! The first engine pass (every page from the store: a `pread` of the
+//! tmpfs file) runs in runs of 256 pages between the writes of the kernel
+//! side's file, so that both sides' pages are allocated at the same time:
+//! where the kernel takes a page from decides how fast it is read (in a C
+//! program here, the same mapping kind scanned up to a third faster over
+//! pages allocated later, `docs/measurements/2-vcpu/issue14/scan-1206/`).
+//! That pass is not part of the comparison; its time is reported as
+//! `engine_cold_ns_per_page` (the runs of the engine's pass alone; the
+//! readahead a run starts may go on while the file is written). Engine and
 //! kernel passes alternate until `k.duration` is up (at least one of each).
 //! The engine's budget is raised to at least [`budget_holding`] the file,
 //! so that a pass measures fault service, not reclaim. `k.threads` is not used (one
@@ -59,8 +66,17 @@ use uffd_pager::{Result, PAGE_SIZE};
 /// # Safety
 /// The range must be mapped readable and hold the pattern file's bytes.
 pub(crate) unsafe fn scan_pass(base: usize, pages: usize) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { scan_range(base, 0..pages) }
+}
+
+/// [`scan_pass`] over pages `range` of the mapping at `base` only.
+///
+/// # Safety
+/// Those pages must be mapped readable and hold the pattern file's bytes.
+unsafe fn scan_range(base: usize, range: std::ops::Range<usize>) -> u64 {
     let mut bad = 0;
-    for p in 0..pages {
+    for p in range {
         let off = p * PAGE_SIZE + 8 * (p % (PAGE_SIZE / 8));
         // SAFETY: inside the mapped range (caller's contract), 8-aligned.
         let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
@@ -120,19 +136,25 @@ pub fn run_in(k: &Knobs, dir: &Path) -> Result<RunResult> {
     // SAFETY: the workload's stores and files are its own, and it changes them only through its
     // regions (the store contract).
     let mut region = unsafe { pager.map_store(store, len, &opts) }?;
-    // The kernel's own mapping of a file with the same bytes, for
-    // comparison: a file of its own, which nothing else maps (see the
-    // module docs).
-    let kfile = PatternFile::create(dir, "scan-kernel", pages)?;
+    let ebase = region.as_ptr() as usize;
+    // Untimed warm-up: fill both page caches, the engine's from the store
+    // by a first pass, in step with the writes of the kernel side's file
+    // (its own, which nothing else maps: see the module docs), so that
+    // both sides' pages are allocated at the same time.
+    let (mut mismatches, mut cold) = (0, Duration::ZERO);
+    let kfile = PatternFile::create_beside(dir, "scan-kernel", pages, |r| {
+        // SAFETY: the region maps the pattern file, `r` lies inside it,
+        // and it outlives the call.
+        let (bad, t, _) = timed(|| unsafe { scan_range(ebase, r) });
+        (mismatches, cold) = (mismatches + bad, cold + t);
+        Ok(())
+    })?;
     let io = crate::io_error;
     // SAFETY: the file is this run's own, and nothing writes it while it
     // is mapped; the mapping is read only through raw pointers.
     let kmap = unsafe { MmapOptions::new().len(len).map(kfile.file()) }.map_err(io("mmap"))?;
-    let (ebase, kbase) = (region.as_ptr() as usize, kmap.as_ptr() as usize);
-    // Untimed warm-up: fill both page caches (the engine's from the store).
-    // SAFETY (both scans): the mappings hold the pattern file and outlive
-    // the calls.
-    let (mut mismatches, cold, _) = timed(|| unsafe { scan_pass(ebase, pages) });
+    let kbase = kmap.as_ptr() as usize;
+    // SAFETY: the mapping holds the pattern file and outlives the call.
     mismatches += unsafe { scan_pass(kbase, pages) };
     // Both sides' pages are mapped once, by the scanned mapping alone.
     let twice = |a, l| crate::os::mem::pages_mapped_elsewhere(a, l).map_err(io("reading smaps"));
