@@ -39,7 +39,7 @@
 //! tmpfs file) runs in runs of 256 pages between the writes of the kernel
 //! side's file, so that both sides' pages are allocated at the same time:
 //! where the kernel takes a page from decides how fast it is read (in a C
-//! program here, the same mapping kind scanned up to a third faster over
+//! program here, the same mapping kind scanned about a sixth faster over
 //! pages allocated later, `docs/measurements/2-vcpu/issue14/scan-1206/`).
 //! That pass is not part of the comparison; its time is reported as
 //! `engine_cold_ns_per_page` (the runs of the engine's pass alone; the
