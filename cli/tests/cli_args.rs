@@ -179,6 +179,16 @@ fn kernel_maps_needs_read_only_shared_base_pages() {
     }
 }
 
+#[test]
+fn no_floor_applies_to_random_only() {
+    for w in ["scan", "filemap", "swap"] {
+        rejects(
+            &["bench", w, "--no-floor"],
+            "--no-floor applies to random only",
+        );
+    }
+}
+
 /// `bench far`'s text report starts with its header; the spinning floor's
 /// line, which qualifies the miss line, comes after it (it came first).
 #[test]

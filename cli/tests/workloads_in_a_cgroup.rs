@@ -55,8 +55,9 @@ fn cases() -> Vec<Case> {
             mapped: 4096,
             data: pages(4096),
         });
-        // A file of 4 x the budget in tmpfs.
-        let mut a = s(&["bench", "random", "--budget", "1024"]);
+        // A file of 4 x the budget in tmpfs. Without the raw floor, which
+        // holds a file and a budget of its own beside the engine's.
+        let mut a = s(&["bench", "random", "--budget", "1024", "--no-floor"]);
         a.extend(k.clone());
         a.extend(s(&common));
         v.push(Case {
@@ -66,9 +67,9 @@ fn cases() -> Vec<Case> {
             mapped: 4096,
             data: pages(4096),
         });
-        // A tmpfs file the budget holds, beside the kernel's own mapping
-        // of the same file. (Not of the anonymous kind, which `scan`
-        // refuses: its passes would not be warm.)
+        // A tmpfs file the budget holds, and a second one with the same
+        // bytes that the kernel's own mapping reads. (Not of the anonymous
+        // kind, which `scan` refuses: its passes would not be warm.)
         let mut a = s(&["bench", "scan", "--pages", "2048", "--budget", "4096"]);
         a.extend(k.clone());
         a.extend(s(&common));
@@ -78,7 +79,7 @@ fn cases() -> Vec<Case> {
                 args: a,
                 budget: 4096,
                 mapped: 2048,
-                data: pages(2048),
+                data: 2 * pages(2048),
             });
         }
         // The shipped trace addresses 4096 pages (launch has no --pages).

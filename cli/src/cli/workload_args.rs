@@ -89,6 +89,12 @@ pub struct WorkloadArgs {
     /// kind, 4 KiB pages.
     #[arg(long)]
     pub kernel_maps: bool,
+    /// random: run no raw floor beside the engine. The floor runs in slices
+    /// alternated with the engine's and holds its own file and budget of
+    /// pages all through the run: without it the run takes half the time
+    /// and memory, and prints no floor figures.
+    #[arg(long)]
+    pub no_floor: bool,
     /// random: percentage of accesses that also write the word they read
     /// (back unchanged, so the page turns dirty and reclaim writes it back)
     #[arg(long, default_value_t = 0)]

@@ -49,6 +49,12 @@ pub(super) fn plan(
             w.name()
         )));
     }
+    if a.no_floor && w != Which::Random {
+        return Err(CliError::Usage(format!(
+            "--no-floor applies to random only, not {}",
+            w.name()
+        )));
+    }
     if a.write_pct > 100 || (a.write_pct > 0 && w != Which::Random) {
         return Err(CliError::Usage(format!(
             "--write-pct {} must be 0..=100, and applies to random only",
@@ -211,6 +217,7 @@ pub(super) fn plan(
         store: a.store.clone(),
         page_size: a.page_size,
         kernel_maps: a.kernel_maps,
+        floor: !a.no_floor,
     };
     let (knob, values) = if a.writers.len() > 1 {
         ("writers", a.writers.clone())

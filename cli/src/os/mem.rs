@@ -192,7 +192,8 @@ pub fn on_tmpfs(dir: &std::path::Path) -> bool {
 }
 
 /// How many of the pages mapped in `[addr, addr + len)` are mapped more
-/// than once (anywhere in the system), from `/proc/self/smaps`: the
+/// than once (a map count of 2 or more: a second mapping in any process),
+/// from `/proc/self/smaps`: the
 /// `Shared_Clean` and `Shared_Dirty` of every mapping that overlaps the
 /// range, in 4 KiB pages. A mapping that only partly overlaps counts
 /// whole, so give the exact range of a mapping.

@@ -68,6 +68,11 @@ pub struct Knobs {
     /// The kernel maps what read-only shared regions cache
     /// ([`uffd_pager::MapOptions::kernel_maps`]).
     pub kernel_maps: bool,
+    /// `random`: run its raw floor beside the engine, in alternated slices
+    /// (where the floor does the same work). The floor's file and resident
+    /// pages are held beside the engine's all through the run: the run
+    /// takes twice the memory of the engine's side alone.
+    pub floor: bool,
 }
 
 impl Default for Knobs {
@@ -94,6 +99,7 @@ impl Default for Knobs {
             store: None,
             page_size: uffd_pager::PAGE_SIZE,
             kernel_maps: false,
+            floor: true,
         }
     }
 }

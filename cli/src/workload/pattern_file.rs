@@ -48,7 +48,7 @@ impl PatternFile {
     /// pages it writes (256 at a time) with that run's page range, so that
     /// a caller can have other pages allocated in step with the file's:
     /// where the kernel takes a page from decides how fast it is read
-    /// (pages allocated at different times differed by about a sixth in a
+    /// (pages allocated at different times differed by up to a sixth in a
     /// scan here), so two sides compared should get theirs at the same time.
     pub fn create_beside(
         dir: &Path,

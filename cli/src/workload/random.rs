@@ -34,7 +34,8 @@ pub fn run(k: &Knobs) -> Result<RunResult> {
 /// handler runs in the faulting thread: beside handler threads it would
 /// leave out their wake-ups, found by review).
 fn floor_is_comparable(k: &Knobs) -> bool {
-    k.budget_pages > 0
+    k.floor
+        && k.budget_pages > 0
         && k.write_pct == 0
         && k.writers == 0
         && k.page_size == PAGE_SIZE
@@ -49,9 +50,9 @@ fn floor_is_comparable(k: &Knobs) -> bool {
 /// (the same measure for [`crate::bench::RandomFloor`], run with the same
 /// threads, budget and duration, in [`slices`] alternated with the
 /// engine's: engine, floor, engine, floor…, each slice with its own seed
-/// and the same on both sides; NaN where the floor would
-/// do other work: without a budget, with writes, writers, 2 MiB pages or
-/// handler threads),
+/// and the same on both sides; NaN without the floor (`k.floor` false)
+/// or where the floor would do other work: without a budget, with
+/// writes, writers, 2 MiB pages or handler threads),
 /// `vs_floor` (their ratio), `mismatches` (words that differed from the
 /// pattern, engine and floor; 0 unless one is broken),
 /// `file_pages`, `writer_loops`, `footprint_mib` (what the pager held at

@@ -39,11 +39,14 @@
 //! tmpfs file) runs in runs of 256 pages between the writes of the kernel
 //! side's file, so that both sides' pages are allocated at the same time:
 //! where the kernel takes a page from decides how fast it is read (in a C
-//! program here, the same mapping kind scanned about a sixth faster over
+//! program here, a tmpfs file's mapping scanned up to a sixth faster over
 //! pages allocated later, `docs/measurements/2-vcpu/issue14/scan-1206/`).
 //! That pass is not part of the comparison; its time is reported as
-//! `engine_cold_ns_per_page` (the runs of the engine's pass alone; the
-//! readahead a run starts may go on while the file is written). Engine and
+//! `engine_cold_ns_per_page`: the runs of the engine's pass alone, so
+//! the readahead a run starts may finish untimed while the file is
+//! written, and with readahead the figure reads lower than one
+//! uninterrupted cold pass would (with 2 MiB pages, about a tenth of what
+//! it read before 2026-12-06). Engine and
 //! kernel passes alternate until `k.duration` is up (at least one of each).
 //! The engine's budget is raised to at least [`budget_holding`] the file,
 //! so that a pass measures fault service, not reclaim. `k.threads` is not used (one

@@ -32,7 +32,7 @@ pub(super) struct State {
     pub(super) ring: AtomicUsize,
     pub(super) ring_len: AtomicUsize,
     /// [`SHARED`], [`ANON`] or [`KERNEL_MAPS`]: the variant (see
-    /// [`random_floor`]).
+    /// [`super::RandomFloor`]).
     pub(super) variant: AtomicUsize,
     /// The store over the file (a `*const FileStore`).
     pub(super) store: AtomicUsize,
@@ -64,6 +64,22 @@ pub(super) static ST: State = State {
     pipes: AtomicUsize::new(0),
 };
 
+/// Ring slots per cache line.
+const PER_LINE: usize = 64 / std::mem::size_of::<AtomicUsize>();
+
+/// The ring slot of the `h`th fault: FIFO over a ring of `len` slots
+/// (fault `h + len` reuses the slot of fault `h`), but consecutive faults
+/// get slots on different cache lines where `len` is a multiple of
+/// [`PER_LINE`]; in plain order two threads faulting in turn wrote the
+/// same line.
+pub(super) fn ring_slot(h: usize, len: usize) -> usize {
+    if !len.is_multiple_of(PER_LINE) {
+        return h % len;
+    }
+    let lines = len / PER_LINE;
+    (h % lines) * PER_LINE + (h / lines) % PER_LINE
+}
+
 pub(super) const SHARED: usize = 0;
 pub(super) const ANON: usize = 1;
 pub(super) const KERNEL_MAPS: usize = 2;
@@ -73,8 +89,8 @@ pub(super) const KERNEL_MAPS: usize = 2;
 const ZAP_BATCH: usize = 32;
 
 thread_local! {
-    /// The anonymous variant's victims waiting for their batched zap (user
-    /// addresses), per faulting thread. Const-initialised plain cells: no
+    /// The anonymous and kernel-mapped variants' victims waiting for their
+    /// batched zap (offsets in the user mapping), per faulting thread. Const-initialised plain cells: no
     /// lazy allocation, so usable in the signal handler.
     static PENDING: (std::cell::Cell<usize>, std::cell::Cell<[usize; ZAP_BATCH]>) =
         const { (std::cell::Cell::new(0), std::cell::Cell::new([0; ZAP_BATCH])) };
@@ -98,7 +114,7 @@ pub(super) extern "C" fn on_sigbus(
     let memfd = ST.memfd.load(Acquire) as i32;
     // 1. Evict the oldest resident page.
     let ring = ST.ring.load(Acquire) as *const AtomicUsize;
-    let slot = ST.hot.head.fetch_add(1, Relaxed) % ST.ring_len.load(Acquire);
+    let slot = ring_slot(ST.hot.head.fetch_add(1, Relaxed), ST.ring_len.load(Acquire));
     // SAFETY: `ring` points to `ring_len` atomics that outlive the pass.
     let victim = unsafe { &*ring.add(slot) }.swap(off, AcqRel);
     let variant = ST.variant.load(Acquire);

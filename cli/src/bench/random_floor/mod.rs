@@ -240,7 +240,11 @@ impl RandomFloor {
             // SAFETY: a page of the floor's user mapping, read only through
             // raw pointers (it faults again and is refilled).
             let _ = unsafe { mem::dontneed_batch(&[(base + p * PAGE_SIZE, PAGE_SIZE)]) };
-            if self.variant == KERNEL_MAPS {
+            // The shared variants' pages live in the memfd (`mincore` of a
+            // shared mapping reports the page cache): the kernel-mapped
+            // one's queued victims, or a page a thread filled after
+            // another evicted it.
+            if self.variant != ANON {
                 let _ = mem::punch_hole(self.memfd.fd(), p * PAGE_SIZE, PAGE_SIZE);
             }
         }
@@ -293,12 +297,32 @@ mod tests {
     }
 
     #[test]
+    fn ring_slots_are_fifo_and_spread_over_lines() {
+        for len in [64, 4096, 7, 100] {
+            let slots: Vec<usize> = (0..len).map(|h| handler::ring_slot(h, len)).collect();
+            let mut sorted = slots.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..len).collect::<Vec<_>>(), "len {len}");
+            for h in 0..3 * len {
+                assert_eq!(handler::ring_slot(h + len, len), handler::ring_slot(h, len));
+            }
+            if len % 8 == 0 {
+                assert!(slots.windows(2).all(|w| w[0] / 8 != w[1] / 8), "len {len}");
+            }
+        }
+    }
+
+    #[test]
     fn a_floor_run_in_slices_keeps_its_budget_between_them() {
         // The batched variants' threads queue victims and die with their
         // queue: unless the run settles, the pages stay mapped beyond the
         // budget and the next slice hits them for free.
         let dir = crate::workload::pattern_file::default_dir();
-        for (kind, km) in [(InstallKind::Anonymous, false), (InstallKind::Shared, true)] {
+        for (kind, km) in [
+            (InstallKind::Anonymous, false),
+            (InstallKind::Shared, true),
+            (InstallKind::Shared, false),
+        ] {
             let mut f = RandomFloor::new(&dir, 64, 2, kind, km).unwrap();
             let mut total = RandomFloorReport::default();
             for seed in 0..3 {
