@@ -434,6 +434,7 @@ fn flags_the_kernel_baseline_would_ignore_are_refused() {
         (&["filemap", "--max-inflight", "4"], "--max-inflight"),
         (&["random", "--writer-pause-us", "5"], "--writer-pause-us"),
         (&["scan", "--writer-burst-us", "5"], "--writer-burst-us"),
+        (&["random", "--no-floor"], "--no-floor"),
     ] {
         let args = [&["bench"][..], flags, &base].concat();
         rejects(&args, needle);

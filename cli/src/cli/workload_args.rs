@@ -92,7 +92,7 @@ pub struct WorkloadArgs {
     /// random: run no raw floor beside the engine. The floor runs in slices
     /// alternated with the engine's and holds its own file and budget of
     /// pages all through the run: without it the run takes half the time
-    /// and memory, and prints no floor figures.
+    /// and memory, and its floor figures print as NaN.
     #[arg(long)]
     pub no_floor: bool,
     /// random: percentage of accesses that also write the word they read

@@ -419,6 +419,7 @@ pub(super) fn baseline_applies(a: &WorkloadArgs) -> Result<(), CliError> {
         ("--latency or --max-inflight", shapes_the_simulated_store(a)),
         ("--writer-pause-us", a.writer_pause_us.is_some()),
         ("--writer-burst-us", a.writer_burst_us.is_some()),
+        ("--no-floor", a.no_floor),
     ];
     let ignored: Vec<&str> = given.iter().filter(|g| g.1).map(|g| g.0).collect();
     if ignored.is_empty() {
@@ -426,7 +427,7 @@ pub(super) fn baseline_applies(a: &WorkloadArgs) -> Result<(), CliError> {
     }
     Err(CliError::Usage(format!(
         "--baseline kernel runs the workload's accesses alone on files of --baseline-dir \
-         (no simulated or Redis store, writers or noise): {} does not apply",
+         (no simulated or Redis store, writers, noise or raw floor): {} does not apply",
         ignored.join(", ")
     )))
 }

@@ -69,9 +69,10 @@ const PER_LINE: usize = 64 / std::mem::size_of::<AtomicUsize>();
 
 /// The ring slot of the `h`th fault: FIFO over a ring of `len` slots
 /// (fault `h + len` reuses the slot of fault `h`), but consecutive faults
-/// get slots on different cache lines where `len` is a multiple of
-/// [`PER_LINE`]; in plain order two threads faulting in turn wrote the
-/// same line.
+/// get slots [`PER_LINE`] apart where `len` is a multiple of it and at
+/// least two lines long (so on different cache lines of the ring, whose
+/// first line may start anywhere in one); in plain order two threads
+/// faulting in turn wrote the same line.
 pub(super) fn ring_slot(h: usize, len: usize) -> usize {
     if !len.is_multiple_of(PER_LINE) {
         return h % len;
