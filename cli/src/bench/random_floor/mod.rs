@@ -280,14 +280,18 @@ impl RandomFloor {
 mod tests {
     use super::*;
 
+    /// The floor's three variants: the shared kind, kernel-mapped or not,
+    /// and the anonymous kind.
+    const VARIANTS: [(InstallKind, bool); 3] = [
+        (InstallKind::Shared, false),
+        (InstallKind::Shared, true),
+        (InstallKind::Anonymous, false),
+    ];
+
     #[test]
     fn floor_reads_the_file_correctly_under_its_budget() {
         let dir = crate::workload::pattern_file::default_dir();
-        for (kind, km) in [
-            (InstallKind::Shared, false),
-            (InstallKind::Shared, true),
-            (InstallKind::Anonymous, false),
-        ] {
+        for (kind, km) in VARIANTS {
             let r = random_floor(&dir, 64, 2, Duration::from_millis(200), 3, kind, km).unwrap();
             assert_eq!(r.mismatches, 0);
             assert!(r.reads > 0);
@@ -318,11 +322,7 @@ mod tests {
         // queue: unless the run settles, the pages stay mapped beyond the
         // budget and the next slice hits them for free.
         let dir = crate::workload::pattern_file::default_dir();
-        for (kind, km) in [
-            (InstallKind::Anonymous, false),
-            (InstallKind::Shared, true),
-            (InstallKind::Shared, false),
-        ] {
+        for (kind, km) in VARIANTS {
             let mut f = RandomFloor::new(&dir, 64, 2, kind, km).unwrap();
             let mut total = RandomFloorReport::default();
             for seed in 0..3 {
