@@ -4,6 +4,7 @@
 //! through [`Rcu`], as the kernel reads its maple tree under RCU), the
 //! userfaultfd descriptor, the policy and the counters.
 
+use crate::delivery::per_region::OwnDescriptor;
 use crate::delivery::Delivery;
 use crate::fault::Policy;
 use crate::lru::{entry, DrainPolicy, Lru};
@@ -92,15 +93,17 @@ pub trait RegionDescriptors: Send + Sync + std::fmt::Debug {
     /// Opens a descriptor for a new region and starts serving it.
     /// `quiet`: the descriptor does not report `madvise` (see
     /// [`Object::quiet`]).
-    fn open(&self, quiet: bool) -> std::io::Result<Arc<Uffd>>;
-    /// Stops serving `uffd`. Called without the global lock held: its
-    /// server may be waiting for it.
+    fn open(&self, quiet: bool) -> std::io::Result<OwnDescriptor>;
+    /// Stops serving `uffd` (a region that registered nothing). Called
+    /// without the global lock held: its server may be waiting for it.
     fn close(&self, uffd: &Uffd);
-    /// Tells the server of `uffd` to stop, without waiting for it: for a
-    /// region the application unmapped itself, whose event that server
-    /// may be applying right now, under the global lock. Joined later
-    /// (at the next `open` or `close` once it has returned, or at
-    /// `close_all`).
+    /// Tells the server of `uffd` that its region is gone, without waiting
+    /// for it: it serves what else the kernel keeps registered on the
+    /// descriptor until the region's object lets the descriptor go (see
+    /// `crate::delivery::per_region`). Called under the global lock too,
+    /// for a region the application unmapped itself, whose event that
+    /// server may be applying right now. Joined later (at the next `open`,
+    /// `close` or `retire` once it has returned, or at `close_all`).
     fn retire(&self, uffd: &Uffd);
     /// Stops serving every descriptor (the pager is going).
     fn close_all(&self);
@@ -233,7 +236,7 @@ impl Mm {
     #[inline]
     pub fn uffd_for<'a>(&'a self, obj: &'a Object) -> &'a Uffd {
         match obj.region_uffd.get() {
-            Some(u) => u,
+            Some(u) => u.arc(),
             None => self.pager_uffd(obj.quiet),
         }
     }

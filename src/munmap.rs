@@ -82,13 +82,14 @@ impl Mm {
         drop(pieces);
         drop(w);
         // The region's own handler (per-region delivery) may have been
-        // waiting for the global lock: stop it only now.
+        // waiting for the global lock: tell it only now (it lingers while
+        // the object holds its descriptor).
         let mut r = Ok(());
         objects.dedup_by(|a, b| Arc::ptr_eq(a, b));
         for obj in objects {
             if let (Some(p), Some(u)) = (self.per_region.get(), obj.region_uffd.get()) {
                 if !self.maps_object(&obj) {
-                    p.close(u);
+                    p.retire(u);
                 }
             }
             let x = self.release_object(obj);

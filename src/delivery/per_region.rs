@@ -17,25 +17,66 @@
 //!
 //! # Cost
 //! Two descriptors (the userfaultfd and its thread's stop eventfd) and one
-//! thread per region, made at map time. The thread is joined at unmap, or,
-//! for a region the application unmapped itself, told to stop when its
-//! event is applied and joined at the next map or unmap; the userfaultfd
-//! closes when the region's object is freed (after its release's
-//! write-back; not while a residency guard holds it or its dirty pages
-//! wait in the unwritten list). Meant for a few large regions, not 10⁵.
+//! thread per region, made at map time. When the region goes (unmapped by
+//! the engine, or by the application, whose event is applied), its thread
+//! is told so and lingers (see `read`'s module docs): it serves the
+//! descriptor until its object lets the descriptor go, which is when the
+//! region's release has written it back (not while a residency guard
+//! holds the object or its dirty pages wait in the unwritten list), then
+//! leaves, closing the descriptor, and is joined at the next map or unmap,
+//! or when the pager goes. Meant for a few large regions, not 10⁵.
 //!
-//! Not followed: a range the kernel keeps registered on a region's
-//! descriptor that the engine never listed (the tail of a region the
-//! application grew with its own `mremap`, or a source it kept with
-//! `MREMAP_DONTUNMAP`). Once the region's listed pieces are gone its
-//! reader stops, and a touch or `munmap` of that range waits until the
-//! descriptor closes (found by review; not fixed).
+//! The lingering serves what the kernel keeps registered on the
+//! descriptor that the engine never listed: the tail of a region the
+//! application grew in place with its own `mremap`, or a source it kept
+//! with `MREMAP_DONTUNMAP`. A touch there finds no region (SIGSEGV on its
+//! third try, as in-thread delivery answers it), and the application's
+//! `munmap` of it returns once its event is read. Not covered: a range
+//! still registered when the object has gone (the descriptor closes, and
+//! the kernel unregisters it) but held open by a child `fork()`ed since,
+//! which holds a copy of the descriptor until it execs or exits; or a
+//! region's object that outlives the pager.
 
 use super::threads::{HandlerPool, Serve};
 use crate::address_space::{Mm, RegionDescriptors};
 use crate::sys::uffd::{Uffd, Want};
-use std::os::fd::RawFd;
+use std::mem::ManuallyDrop;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+/// A region's own descriptor as its object holds it. Letting it go wakes
+/// the descriptor's reader, which lingers past its region until the
+/// descriptor is its alone (see the module docs).
+#[derive(Debug)]
+pub struct OwnDescriptor {
+    uffd: ManuallyDrop<Arc<Uffd>>,
+    /// The reader's stop eventfd (kept open by this reference).
+    wake: Arc<OwnedFd>,
+}
+
+impl OwnDescriptor {
+    /// The descriptor.
+    pub fn arc(&self) -> &Arc<Uffd> {
+        &self.uffd
+    }
+}
+
+impl std::ops::Deref for OwnDescriptor {
+    type Target = Uffd;
+    fn deref(&self) -> &Uffd {
+        &self.uffd
+    }
+}
+
+impl Drop for OwnDescriptor {
+    /// Lets the descriptor go, then wakes its reader (in that order: the
+    /// reader looks at the reference count when woken).
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here; `self.uffd` is not used after.
+        unsafe { ManuallyDrop::drop(&mut self.uffd) };
+        super::threads::wake(&self.wake);
+    }
+}
 
 /// The per-region descriptors of one pager and their handlers.
 #[derive(Debug)]
@@ -92,7 +133,7 @@ impl PerRegion {
 
 impl RegionDescriptors for PerRegion {
     /// Opens a descriptor for a new region and starts its handler thread.
-    fn open(&self, quiet: bool) -> std::io::Result<Arc<Uffd>> {
+    fn open(&self, quiet: bool) -> std::io::Result<OwnDescriptor> {
         self.reap();
         let mm = self.mm.upgrade().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "the pager is gone")
@@ -106,8 +147,12 @@ impl RegionDescriptors for PerRegion {
             .map(Arc::new)
             .map_err(std::io::Error::other)?;
         let pool = HandlerPool::start_on(&mm, Serve::Region(uffd.clone()), 1, 0, "uffd-region")?;
+        let wake = pool.waker();
         self.lock().push((uffd.fd(), pool));
-        Ok(uffd)
+        Ok(OwnDescriptor {
+            uffd: ManuallyDrop::new(uffd),
+            wake,
+        })
     }
 
     /// Stops the handler of `uffd` (joins it).
@@ -116,10 +161,12 @@ impl RegionDescriptors for PerRegion {
         self.reap();
     }
 
-    /// Tells the handler of `uffd` to stop; joined later.
+    /// Tells the handler of `uffd` that its region is gone: it lingers
+    /// (see the module docs); joined later.
     fn retire(&self, uffd: &Uffd) {
+        self.reap();
         if let Some(pool) = self.take(uffd) {
-            pool.signal_stop();
+            pool.signal_linger();
             self.retired
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

@@ -2,10 +2,79 @@
 //! and a stop eventfd per thread, read in turn (every one at least every
 //! [`SWEEP_NS`]), spinning on the non-blocking descriptors before blocking
 //! in poll(2), and reading what they hold before leaving when told to stop.
+//!
+//! A region's own reader (per-region delivery) told that its region is
+//! gone lingers instead ([`LINGER`]): it goes on serving its descriptor
+//! until it holds the last reference to it, and then leaves, which closes
+//! it. The kernel can keep ranges registered on that descriptor that the
+//! engine never listed: the tail of a region the application grew in place
+//! with its own `mremap` (no event reports that), or a source it kept with
+//! `MREMAP_DONTUNMAP`. A touch of such a range, or the application's
+//! `munmap` of it, waits until someone reads the descriptor, or until it
+//! closes: for ever, while a residency guard or the unwritten list held
+//! the region's object, when its reader left with its region.
 
 use crate::address_space::Mm;
 use crate::sys::now_ns;
 use crate::sys::uffd::{Msg, Uffd};
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// What a pool's threads are told ([`Stop::told`]): serve.
+pub(super) const SERVE: u8 = 0;
+/// A region's own reader: its region is gone; serve until the descriptor
+/// is the reader's alone, then leave.
+pub(super) const LINGER: u8 = 1;
+/// Read what the descriptors hold (up to [`STOP_DRAIN`] batches) and leave.
+pub(super) const STOP: u8 = 2;
+
+/// How long a lingering reader blocks in poll(2) before it looks again
+/// whether its descriptor is its alone (the wake from the object that
+/// lets it go normally comes first, see
+/// [`OwnDescriptor`](super::per_region::OwnDescriptor)).
+const LINGER_POLL_MS: i32 = 100;
+
+/// How a handler thread is told what to do: an eventfd that wakes its
+/// poll(2), and what it is told ([`SERVE`], [`LINGER`], [`STOP`]), stored
+/// before the eventfd is written.
+pub(super) struct Stop<'a> {
+    /// The eventfd (non-blocking).
+    pub fd: i32,
+    /// What the thread is told.
+    pub told: &'a AtomicU8,
+    /// The region's own descriptor, for a region's reader: [`LINGER`]
+    /// ends once this is its last reference.
+    pub own: Option<&'a Arc<Uffd>>,
+}
+
+impl Stop<'_> {
+    /// What the thread is told. `woken`: poll(2) found the eventfd
+    /// readable. Short of [`STOP`], what woke it (a linger order, or the
+    /// object letting the descriptor go) is read, so that poll(2) blocks
+    /// again; a stop order written meanwhile is written back, as the stop
+    /// path relies on the eventfd staying readable.
+    fn told(&self, woken: bool) -> u8 {
+        let t = self.told.load(SeqCst);
+        if !woken || t == STOP {
+            return t;
+        }
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a live u64 from our eventfd.
+        unsafe { libc::read(self.fd, (&mut v as *mut u64).cast(), 8) };
+        let t = self.told.load(SeqCst);
+        if t == STOP {
+            let one = 1u64;
+            // SAFETY: writing 8 bytes from a live u64 to our eventfd.
+            unsafe { libc::write(self.fd, (&one as *const u64).cast(), 8) };
+        }
+        t
+    }
+
+    /// Whether the reader holds the last reference to its own descriptor.
+    fn alone(&self) -> bool {
+        self.own.is_some_and(|u| Arc::strong_count(u) == 1)
+    }
+}
 
 /// How often a handler thread reads every descriptor, whatever poll(2)
 /// last said (see `read_batch`).
@@ -18,8 +87,8 @@ pub(super) struct Ready {
 }
 
 /// Blocks in poll(2) until one of `fds` or `stop` (an eventfd) is
-/// readable. EINTR is retried.
-pub(super) fn wait_ready(fds: &[&Uffd], stop: i32) -> Ready {
+/// readable, or for `timeout_ms` (-1: no limit). EINTR is retried.
+pub(super) fn wait_ready(fds: &[&Uffd], stop: i32, timeout_ms: i32) -> Ready {
     let mut p = [libc::pollfd {
         fd: stop,
         events: libc::POLLIN,
@@ -31,7 +100,7 @@ pub(super) fn wait_ready(fds: &[&Uffd], stop: i32) -> Ready {
     let n = fds.len().min(2) + 1;
     loop {
         // SAFETY: `p` holds `n` valid pollfds.
-        let rc = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, -1) };
+        let rc = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
         if rc >= 0 || crate::sys::errno() != libc::EINTR {
             return Ready {
                 stop: p[0].revents != 0,
@@ -43,18 +112,19 @@ pub(super) fn wait_ready(fds: &[&Uffd], stop: i32) -> Ready {
 
 /// Blocks until one of `fds` or `stop` is readable; true when `stop` fired.
 pub(super) fn wait_readable(fds: &[&Uffd], stop: i32) -> bool {
-    wait_ready(fds, stop).stop
+    wait_ready(fds, stop, -1).stop
 }
 
 /// Reads a batch from whichever descriptor has one, spinning for
 /// `spin_us` then blocking in poll. `None` when the pool is stopping and
-/// its descriptors hold nothing more (or [`STOP_DRAIN`] batches later); a
+/// its descriptors hold nothing more (or [`STOP_DRAIN`] batches later), or
+/// when a lingering reader's descriptor is its alone and holds nothing; a
 /// descriptor that fails for good is logged and the thread goes on with the
 /// others (a handler thread that left silently would strand its faults).
 pub(super) fn read_batch(
     mm: &Mm,
     fds: &[&Uffd],
-    stopfd: i32,
+    stop: &Stop<'_>,
     spin_us: u32,
     msgs: &mut [Msg],
     at: &mut ReadState,
@@ -63,6 +133,7 @@ pub(super) fn read_batch(
         ready,
         swept,
         drained,
+        lingering,
     } = at;
     let now = now_ns();
     let deadline = now + spin_us as u64 * 1000;
@@ -106,7 +177,7 @@ pub(super) fn read_batch(
         }
         if failed.iter().take(fds.len()).all(|&f| f) {
             // Nothing left to read: wait for the stop signal only.
-            return if wait_readable(&[], stopfd) {
+            return if wait_readable(&[], stop.fd) {
                 None
             } else {
                 Some((0, 0))
@@ -116,19 +187,24 @@ pub(super) fn read_batch(
             std::hint::spin_loop();
             continue;
         }
-        let r = wait_ready(fds, stopfd);
-        // Told to stop (the region is taken for unmapped, or the pager
-        // goes): what the descriptors hold is read first. A retired
-        // region's own unmap may still be there, unread, and the
-        // application's `munmap` waits until it is read (for ever, while
-        // anything keeps the descriptor open: a residency guard, a fork()ed
-        // child). Bounded: a descriptor that stays readable and yields
-        // nothing does not keep the thread.
-        if r.stop && (!r.fds.iter().any(|&f| f) || *drained >= STOP_DRAIN) {
-            return None;
-        }
-        if r.stop {
-            *drained += 1;
+        let r = wait_ready(fds, stop.fd, if *lingering { LINGER_POLL_MS } else { -1 });
+        let readable = r.fds.iter().any(|&f| f);
+        match stop.told(r.stop) {
+            // Told to stop (the pager goes): what the descriptors hold is
+            // read first. Bounded: a descriptor that stays readable and
+            // yields nothing does not keep the thread.
+            STOP if !readable || *drained >= STOP_DRAIN => return None,
+            STOP => *drained += 1,
+            // Its region is gone (see the module docs): it leaves once
+            // nothing else holds its descriptor and it holds nothing, the
+            // region's own unmap among what it reads first.
+            LINGER => {
+                *lingering = true;
+                if !readable && stop.alone() {
+                    return None;
+                }
+            }
+            _ => {}
         }
         *ready = r.fds;
     }
@@ -142,6 +218,8 @@ pub(super) struct ReadState {
     swept: u64,
     /// Batches read since the reader was told to stop ([`STOP_DRAIN`]).
     drained: u32,
+    /// Told to [`LINGER`].
+    lingering: bool,
 }
 
 impl ReadState {
@@ -152,6 +230,7 @@ impl ReadState {
             ready: [true; 2],
             swept: 0,
             drained: 0,
+            lingering: false,
         }
     }
 }

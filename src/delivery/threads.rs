@@ -2,13 +2,14 @@
 //! read) from the pager's descriptor and resolves them, optionally spinning
 //! on the non-blocking descriptor before blocking in poll(2).
 
-use super::read::{read_batch, wait_readable, ReadState};
+use super::read::{read_batch, wait_readable, ReadState, Stop, LINGER, SERVE, STOP};
 use crate::address_space::Mm;
 use crate::fault::{handle_fault_once, Resolution};
 use crate::stats::Counter::UFFD_WAKE;
 use crate::sys::uffd::{fault_flag, Msg, Uffd, EVENT_PAGEFAULT};
 use crate::sys::{now_ns, PAGE_SIZE};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -18,7 +19,11 @@ const BATCH: usize = 16;
 /// A running pool; stops and joins its threads on drop.
 #[derive(Debug)]
 pub struct HandlerPool {
-    stop: OwnedFd,
+    /// The eventfd that wakes the threads (shared with a region's
+    /// [`OwnDescriptor`](super::per_region::OwnDescriptor)).
+    stop: Arc<OwnedFd>,
+    /// What they are told (`read::SERVE`, `LINGER` or `STOP`).
+    told: Arc<AtomicU8>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -54,27 +59,34 @@ impl HandlerPool {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: a fresh descriptor that we now own.
-        let stop = unsafe { OwnedFd::from_raw_fd(fd) };
+        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
         let mut pool = HandlerPool {
             stop,
+            told: Arc::new(AtomicU8::new(SERVE)),
             threads: Vec::with_capacity(n),
         };
         for i in 0..n {
             let mm = mm.clone();
             let what = what.clone();
             let stopfd = pool.stop.as_raw_fd();
+            let told = pool.told.clone();
             // Dropping `pool` on a failed spawn stops the threads started.
             pool.threads.push(crate::sys::thread::spawn(
                 format!("{name}-{i}"),
                 move || {
-                    let fds: Vec<&Uffd> = match &what {
-                        Serve::Faults | Serve::Events => vec![&mm.uffd, &mm.uffd_quiet],
-                        Serve::Region(u) => vec![u],
+                    let (fds, own): (Vec<&Uffd>, _) = match &what {
+                        Serve::Faults | Serve::Events => (vec![&mm.uffd, &mm.uffd_quiet], None),
+                        Serve::Region(u) => (vec![u], Some(u)),
+                    };
+                    let stop = Stop {
+                        fd: stopfd,
+                        told: &told,
+                        own,
                     };
                     if matches!(what, Serve::Events) {
                         serve_events(&mm, &fds, stopfd)
                     } else {
-                        serve(&mm, &fds, stopfd, spin_us)
+                        serve(&mm, &fds, &stop, spin_us)
                     }
                 },
             )?);
@@ -86,9 +98,22 @@ impl HandlerPool {
 impl HandlerPool {
     /// Tells the threads to stop, without waiting for them.
     pub fn signal_stop(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.told.store(STOP, SeqCst);
+        wake(&self.stop);
+    }
+
+    /// Tells a region's own reader that its region is gone: it serves
+    /// its descriptor until that is its alone, then leaves (see
+    /// `read`'s module docs). A pool told to stop stays stopping.
+    pub fn signal_linger(&self) {
+        let _ = self.told.compare_exchange(SERVE, LINGER, SeqCst, SeqCst);
+        wake(&self.stop);
+    }
+
+    /// The eventfd that wakes the threads, for whoever lets a lingering
+    /// reader's descriptor go.
+    pub fn waker(&self) -> Arc<OwnedFd> {
+        self.stop.clone()
     }
 
     /// Whether every thread has returned (so dropping the pool waits for
@@ -105,6 +130,13 @@ impl Drop for HandlerPool {
             let _ = t.join();
         }
     }
+}
+
+/// Wakes the threads of a pool through its eventfd `fd`. Async-signal-safe.
+pub(super) fn wake(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a live u64 to an eventfd we hold.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
 /// In-thread delivery's event reader: when a descriptor becomes readable,
@@ -357,7 +389,7 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done, since: u64) -> boo
     true
 }
 
-fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
+fn serve(mm: &Mm, fds: &[&Uffd], stop: &Stop<'_>, spin_us: u32) {
     let mut msgs = [Msg::default(); BATCH];
     let mut done = [Done::new(), Done::new()];
     // Faults that met an unread event, with the descriptor they came from
@@ -365,7 +397,7 @@ fn serve(mm: &Mm, fds: &[&Uffd], stopfd: i32, spin_us: u32) {
     let mut again: Vec<(usize, Msg, u64)> = Vec::new();
     let mut at = ReadState::new();
     loop {
-        let Some((k, n)) = read_batch(mm, fds, stopfd, spin_us, &mut msgs, &mut at) else {
+        let Some((k, n)) = read_batch(mm, fds, stop, spin_us, &mut msgs, &mut at) else {
             return;
         };
         // Events first (in read order, under the gate), then the faults: a

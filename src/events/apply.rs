@@ -60,7 +60,7 @@ pub(crate) enum Desc {
 impl Desc {
     fn of(obj: &crate::object::Object) -> Desc {
         match obj.region_uffd.get() {
-            Some(u) => Desc::Own(Arc::downgrade(u)),
+            Some(u) => Desc::Own(Arc::downgrade(u.arc())),
             None => Desc::Pager { quiet: obj.quiet },
         }
     }

@@ -18,7 +18,6 @@ use crate::page_cache::PageCache;
 use crate::store::Store;
 use crate::sys::huge::HUGE_PAGE_SHIFT;
 use crate::sys::mem::{madvise, At, LazyMapping, Mapping, Memfd};
-use crate::sys::uffd::Uffd;
 use crate::sys::PAGE_SHIFT;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
@@ -156,7 +155,7 @@ pub struct Object {
     pub ra_window: AtomicU32,
     /// The region's own userfaultfd, with per-region delivery (set once, at
     /// map time); otherwise the pager's descriptor serves it.
-    pub region_uffd: std::sync::OnceLock<Arc<Uffd>>,
+    pub region_uffd: std::sync::OnceLock<crate::delivery::per_region::OwnDescriptor>,
     /// One past the last page requested by readahead.
     pub ra_end: AtomicUsize,
     /// Readahead's miss count (`mmap_miss`, see [`crate::readahead`]).
