@@ -121,7 +121,7 @@ impl Mm {
         };
         // The only reference now: no VMA, kept list or holder has another,
         // so none can be made. Until it reaches `release_now`, which takes
-        // it out of the rmap first, a panic (in the store's own code:
+        // it out of the rmap, a panic (in the store's own code:
         // `writable`, `contents_stamp`) leaks it rather than freeing what
         // the rmap still points at.
         let obj = Unreleased(Some(obj));
@@ -131,9 +131,10 @@ impl Mm {
         // pages are the store's: not even its own write-backs moved it),
         // with nothing pinned (a pinned page has left the LRU, and reclaim
         // would never free it), under a budget (without one there is no
-        // LRU to reclaim kept pages from). Per-region delivery closes a
-        // region's descriptor with its region, so an object there is never
-        // kept.
+        // LRU to reclaim kept pages from). Not with per-region delivery:
+        // the object holds its region's own descriptor, whose reader
+        // lingers until the object lets it go, and a new region registers
+        // a descriptor of its own.
         let cap = self.config.keep_unmapped;
         let made = *obj.keep_stamp.lock().unwrap_or_else(|e| e.into_inner());
         // Not one of 2 MiB pages: its pages are the hugetlb pool's, which
@@ -155,6 +156,9 @@ impl Mm {
             // reports the error.
             let owed = obj.store.writable() && crate::unwritten::dirty_pages(&obj) > 0;
             _keeping = owed.then(|| self.kept.writing(obj.store_key));
+            // (Noted as held before? A map of the store waits on the mark
+            // from here: the note goes, or it would outlive the keeping.)
+            self.unwritten.unhold(&obj);
             let written = self
                 .writeback_object(&obj, crate::writeback::Gate::Held)
                 .is_ok();
@@ -178,9 +182,29 @@ impl Mm {
     /// a reference that is not the last, so that the holder of the last
     /// one (a residency guard dropped next) releases the object itself
     /// ([`crate::events::release::Released::push`]).
+    ///
+    /// An object no region maps that another holder keeps owes its dirty
+    /// pages to the store until that holder releases it: it is noted, so
+    /// that a map of the store writes them first (`crate::unwritten`'s
+    /// held objects). (The windows are read first: atomics, and not empty
+    /// while a region maps the object; the table walk only where they
+    /// are.)
     pub(crate) fn give_back_unless_last(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
+        let held = (obj.kind == InstallKind::Shared
+            && obj.store.writable()
+            && obj.windows.is_empty()
+            && !self.maps_object(&obj))
+        .then(|| (obj.slot.load(Acquire), Arc::downgrade(&obj)));
         let _g = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
-        (Arc::strong_count(&obj) == 1).then_some(obj)
+        if Arc::strong_count(&obj) == 1 {
+            return Some(obj);
+        }
+        // (Noted before the reference goes, under the lock: the holder's
+        // release, which drops the note, comes after.)
+        if let Some((slot, w)) = held {
+            self.unwritten.hold(slot, w);
+        }
+        None
     }
 
     /// Writes `obj`'s dirty pages back, uncharges its resident pages and
@@ -188,10 +212,6 @@ impl Mm {
     /// whose write-back fails is kept with its dirty pages
     /// ([`crate::unwritten`]), and the error returned.
     pub(crate) fn release_now(&self, obj: Arc<Object>) -> Result<()> {
-        // No region maps it any more: take it out of the rmap so reclaim
-        // cannot reach it.
-        let slot = obj.slot.load(Acquire);
-        self.objects.remove(slot);
         // Dirty pages owed to the store: listed before the write starts
         // (`crate::unwritten`), so that a map over the store sees them
         // while it is in flight, and kept there if it fails. No mapping is
@@ -213,6 +233,13 @@ impl Mm {
             }
             self.unwritten.add(&obj);
         }
+        // No region maps it any more: take it out of the rmap so reclaim
+        // cannot reach it. (After it is listed: a map of its store finds
+        // it through the rmap, as a held object, until then; see
+        // `Mm::flush_unwritten`.)
+        self.unwritten.unhold(&obj);
+        let slot = obj.slot.load(Acquire);
+        self.objects.remove(slot);
         // Then wait for evictions and readahead already under way.
         obj.wait_unpinned();
         crate::inject::after_listed();

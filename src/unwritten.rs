@@ -17,14 +17,26 @@
 //! pager is dropped, which logs the pages it still cannot write: those
 //! alone are lost.
 //!
-//! Cost: an atomic load per map while the list is empty; a mutex and a
+//! # Held objects
+//! An object whose last region went while another holder (a residency
+//! guard, a flush or a refresh in flight) kept a reference is released,
+//! and written back, only when that holder lets go
+//! ([`Mm::release_object`](crate::address_space::Mm)). Until then its dirty
+//! pages are owed to the store as surely as a listed object's, so such
+//! an object is noted too ([`Unwritten::hold`], by its rmap slot and a weak
+//! reference, which keeps neither it nor its pages alive), and a map over
+//! its store, or a flush of unmapped pages, writes them first
+//! (`Mm::flush_unwritten`). Before this, a map of the store meanwhile read
+//! the store's older bytes.
+//!
+//! Cost: an atomic load per map while the lists are empty; a mutex and a
 //! scan otherwise.
 
 use crate::object::Object;
 use crate::page_cache::{DIRTY, UPTODATE};
 use crate::store::Store;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// The objects waiting for a write-back. See the module docs.
 #[derive(Debug, Default)]
@@ -32,6 +44,10 @@ pub struct Unwritten {
     list: Mutex<Vec<Arc<Object>>>,
     /// `list.len()`, read without the lock.
     len: AtomicUsize,
+    /// Held objects (see the module docs): rmap slot and object.
+    held: Mutex<Vec<(u32, Weak<Object>)>>,
+    /// `held.len()`, read without the lock.
+    held_len: AtomicUsize,
 }
 
 /// Which stores' objects a call is about.
@@ -47,7 +63,8 @@ pub enum Which<'a> {
 }
 
 impl Which<'_> {
-    fn matches(self, s: &Arc<dyn Store>) -> bool {
+    /// Whether `s` is one of the stores named.
+    pub fn matches(self, s: &Arc<dyn Store>) -> bool {
         match self {
             Which::All => true,
             Which::SameAs(b) => {
@@ -94,6 +111,39 @@ impl Unwritten {
             l.retain(|o| !Arc::ptr_eq(o, obj));
         }
         self.len.store(l.len(), Release);
+    }
+
+    /// Notes `obj`, at rmap slot `slot`, as held: no region maps it and
+    /// another holder will release it (see the module docs). Notes that
+    /// died meanwhile are dropped here.
+    pub fn hold(&self, slot: u32, obj: Weak<Object>) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.retain(|(_, w)| w.strong_count() > 0);
+        if !h.iter().any(|(_, w)| w.ptr_eq(&obj)) {
+            h.push((slot, obj));
+        }
+        self.held_len.store(h.len(), Release);
+    }
+
+    /// Drops the note of `obj` (its release has begun: from there on it
+    /// is [`add`](Self::add)ed here if it owes pages).
+    pub fn unhold(&self, obj: &Object) {
+        if self.held_len.load(Acquire) == 0 {
+            return;
+        }
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.retain(|(_, w)| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), obj));
+        self.held_len.store(h.len(), Release);
+    }
+
+    /// The held objects' notes: rmap slot, and the object's address (to
+    /// check what the slot holds against; never dereferenced).
+    pub fn held(&self) -> Vec<(u32, *const Object)> {
+        if self.held_len.load(Acquire) == 0 {
+            return Vec::new();
+        }
+        let h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.iter().map(|(s, w)| (*s, w.as_ptr())).collect()
     }
 
     /// The listed objects over the stores `which` names.

@@ -279,12 +279,27 @@ impl Mm {
         Ok(r?)
     }
 
-    /// Tries the write-back of the unmapped objects whose write-back
-    /// failed ([`crate::unwritten`]) again: those over the stores `which`
-    /// names. Frees those written; keeps the rest and returns the first
-    /// error.
+    /// Writes back the dirty pages of held objects ([`crate::unwritten`]:
+    /// no region maps them, another holder keeps them), and tries the
+    /// write-back of the unmapped objects whose write-back failed again:
+    /// those over the stores `which` names. Frees the listed ones written;
+    /// keeps the rest and returns the first error.
     pub(crate) fn flush_unwritten(&self, which: Which<'_>) -> Result<()> {
         let mut r = Ok(());
+        // Held objects first (`crate::unwritten`'s module docs): pinned
+        // through the rmap, which a release leaves only after it has
+        // listed the object's owed pages, so one released meanwhile is
+        // found below instead. The slot is checked to hold the same
+        // object (the note's weak reference keeps its address from being
+        // reused).
+        for (slot, addr) in self.unwritten.held() {
+            let Some(pin) = self.objects.pin(slot) else {
+                continue;
+            };
+            if std::ptr::eq(&*pin, addr) && which.matches(&pin.store) {
+                r = r.and(self.writeback_object(&pin, Gate::Held));
+            }
+        }
         for obj in self.unwritten.over(which) {
             r = r.and(self.flush_one_unwritten(&obj));
         }

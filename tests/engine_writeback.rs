@@ -464,3 +464,47 @@ fn a_guarded_page_is_written_back_from_a_copy() {
         "the page changed under the store during its write"
     );
 }
+
+/// The application unmaps a shared region (its own `munmap`) while a
+/// residency guard holds the region's object: the guard's drop releases
+/// the object, and writes its dirty pages back, later. A map of the same
+/// store before that read the store's older bytes: nothing listed the
+/// held object's pages as owed to the store (on the found-and-not-fixed
+/// list since an earlier review).
+#[test]
+fn a_map_while_a_guard_holds_an_unmapped_object_sees_its_dirty_pages() {
+    for d in [
+        Delivery::InThread,
+        Delivery::Threads {
+            threads: 1,
+            spin_us: 0,
+        },
+        Delivery::PerRegion,
+    ] {
+        let store: Arc<dyn Store> =
+            Arc::new(MemoryStore::from_bytes(&vec![0x11u8; 4 * PAGE]).unwrap());
+        let p = pager(d);
+        // SAFETY: the store changes only through the engine's write-backs.
+        let mut first =
+            unsafe { p.map_store(store.clone(), 4 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
+        first.as_mut_slice()[PAGE + 100] = 0xAA;
+        let guard = first.lock_resident(0, PAGE).unwrap();
+        let a = first.as_ptr() as usize;
+        // SAFETY: the application gives the region's memory up itself.
+        assert_eq!(unsafe { libc::munmap(a as *mut libc::c_void, 4 * PAGE) }, 0);
+        // SAFETY: as above.
+        let second =
+            unsafe { p.map_store(store.clone(), 4 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
+        assert_eq!(
+            second.as_slice()[PAGE + 100],
+            0xAA,
+            "{d:?}: the new region shows the older byte"
+        );
+        drop(guard);
+        drop(first);
+        drop(second);
+        let mut b = [0u8; 1];
+        store.read((PAGE + 100) as u64, &mut b).unwrap();
+        assert_eq!(b[0], 0xAA, "{d:?}: the store after both regions went");
+    }
+}

@@ -26,7 +26,8 @@
 //! (`tests/reclaim_flush.rs`). An object with another holder left when the
 //! unmap is applied (a residency guard, a flush, a refresh) is not queued:
 //! that holder releases it when it gives its reference back, on its own
-//! thread. (A write-back in flight by such a holder, a flush, is waited
+//! thread; meanwhile it is noted as held (`crate::unwritten`), and a map
+//! of its store writes its dirty pages first. (A write-back in flight by such a holder, a flush, is waited
 //! for through [`crate::kept::KeptObjects::writing`].)
 
 use crate::address_space::Mm;

@@ -58,6 +58,15 @@ impl Windows {
         }
     }
 
+    /// Whether no window maps any page. Atomics only; a torn read is
+    /// possible while a writer changes them (the caller checks again where
+    /// that matters).
+    pub fn is_empty(&self) -> bool {
+        self.w
+            .iter()
+            .all(|w| w[1].load(Relaxed) <= w[0].load(Relaxed))
+    }
+
     /// The windows now (for writers).
     pub fn get(&self) -> Vec<Window> {
         self.w

@@ -444,8 +444,11 @@ impl Pager {
     /// here, before another region over the same store is mapped, or when
     /// the pager is dropped (which logs any it still cannot write: only
     /// those are lost). A write-back whose store `sync` fails keeps its
-    /// pages dirty too. Returns the first store error; what failed stays
-    /// kept. Waits for the stores in this thread (called on the I/O
+    /// pages dirty too. Also writes the dirty pages of shared regions the
+    /// application unmapped while a residency guard, or a flush or refresh
+    /// in flight, held them: their release waits for that holder, and a
+    /// map of the same store writes them first too. Returns the first
+    /// store error; what failed stays kept. Waits for the stores in this thread (called on the I/O
     /// workers for a store that is not signal-safe, within the I/O
     /// timeout).
     ///
