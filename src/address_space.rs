@@ -94,8 +94,9 @@ pub trait RegionDescriptors: Send + Sync + std::fmt::Debug {
     /// `quiet`: the descriptor does not report `madvise` (see
     /// [`Object::quiet`]).
     fn open(&self, quiet: bool) -> std::io::Result<OwnDescriptor>;
-    /// Stops serving `uffd` (a region that registered nothing). Called
-    /// without the global lock held: its server may be waiting for it.
+    /// Stops serving `uffd` and joins its server: for a descriptor that
+    /// registered nothing (a map that failed), which is the one caller,
+    /// under the global lock: its server has read nothing to wait for.
     fn close(&self, uffd: &Uffd);
     /// Tells the server of `uffd` that its region is gone, without waiting
     /// for it: it serves what else the kernel keeps registered on the

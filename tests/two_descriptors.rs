@@ -652,6 +652,7 @@ fn the_unlisted_tail_of_a_region_grown_in_place_is_still_served() {
         assert_eq!(got, Ok(0), "the tail's munmap, with the guard held");
         drop(r);
         // The reader leaves once the object has let the descriptor go.
+        wait_for("the reader's end", || region_threads().is_empty());
         drop(pager);
     });
 }

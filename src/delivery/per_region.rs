@@ -23,7 +23,8 @@
 //! descriptor until its object lets the descriptor go, which is when the
 //! region's release has written it back (not while a residency guard
 //! holds the object or its dirty pages wait in the unwritten list), then
-//! leaves, closing the descriptor, and is joined at the next map or unmap,
+//! leaves, closing the descriptor, and is joined at the next map, unmap
+//! or retire,
 //! or when the pager goes. Meant for a few large regions, not 10⁵.
 //!
 //! The lingering serves what the kernel keeps registered on the
@@ -88,7 +89,8 @@ pub struct PerRegion {
     /// the pager goes).
     mm: Weak<Mm>,
     live: Mutex<Vec<(RawFd, HandlerPool)>>,
-    /// Handlers told to stop and not joined yet ([`RegionDescriptors::retire`]).
+    /// Handlers told that their region is gone, lingering or returned, and
+    /// not joined yet ([`RegionDescriptors::retire`]).
     retired: Mutex<Vec<HandlerPool>>,
 }
 
@@ -165,7 +167,12 @@ impl RegionDescriptors for PerRegion {
     /// (see the module docs); joined later.
     fn retire(&self, uffd: &Uffd) {
         self.reap();
-        if let Some(pool) = self.take(uffd) {
+        // Moved under the live list's lock: a `close_all` between the two
+        // steps would miss the pool, whose reader would linger holding the
+        // address space.
+        let mut live = self.lock();
+        if let Some(i) = live.iter().position(|(fd, _)| *fd == uffd.fd()) {
+            let pool = live.swap_remove(i).1;
             pool.signal_linger();
             self.retired
                 .lock()

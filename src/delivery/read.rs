@@ -118,7 +118,8 @@ pub(super) fn wait_readable(fds: &[&Uffd], stop: i32) -> bool {
 /// Reads a batch from whichever descriptor has one, spinning for
 /// `spin_us` then blocking in poll. `None` when the pool is stopping and
 /// its descriptors hold nothing more (or [`STOP_DRAIN`] batches later), or
-/// when a lingering reader's descriptor is its alone and holds nothing; a
+/// when a lingering reader's descriptor is its alone and holds nothing (or
+/// fails for good); a
 /// descriptor that fails for good is logged and the thread goes on with the
 /// others (a handler thread that left silently would strand its faults).
 pub(super) fn read_batch(
@@ -176,8 +177,11 @@ pub(super) fn read_batch(
             }
         }
         if failed.iter().take(fds.len()).all(|&f| f) {
-            // Nothing left to read: wait for the stop signal only.
-            return if wait_readable(&[], stop.fd) {
+            // Nothing left to read: wait for the stop signal only. A reader
+            // told to linger leaves too (it can serve nothing), or the
+            // object's wake, consumed, would leave it waiting here until
+            // the pager goes.
+            return if *lingering || wait_readable(&[], stop.fd) {
                 None
             } else {
                 Some((0, 0))

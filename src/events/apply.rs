@@ -328,7 +328,8 @@ fn apply(
             drop(vmas);
             for obj in gone {
                 // All of a region gone under per-region delivery: its
-                // handler stops (this thread, as a rule: it read the
+                // handler is told so, and lingers while the object holds
+                // the descriptor (this thread, as a rule: it read the
                 // event). All of it: a region cut into more pieces than
                 // its object has windows for kept its last pieces
                 // registered on the descriptor with no window, and a
