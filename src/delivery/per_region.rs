@@ -24,8 +24,11 @@
 //! region's release has written it back (not while a residency guard
 //! holds the object or its dirty pages wait in the unwritten list), then
 //! leaves, closing the descriptor, and is joined at the next map, unmap
-//! or retire,
-//! or when the pager goes. Meant for a few large regions, not 10⁵.
+//! or retire, or when the pager goes. So an object a residency guard
+//! holds, or the unwritten list keeps (its store refused its dirty pages),
+//! keeps its thread and both descriptors too, and the thread wakes ten
+//! times a second to look whether the object has let go. Meant for a few
+//! large regions, not 10⁵.
 //!
 //! The lingering serves what the kernel keeps registered on the
 //! descriptor that the engine never listed: the tail of a region the
