@@ -120,8 +120,8 @@ impl Mm {
             return Ok(());
         };
         // The only reference now: no VMA, kept list or holder has another,
-        // so none can be made. Until it reaches `release_now`, which takes
-        // it out of the rmap, a panic (in the store's own code:
+        // so none can be made. Until `release_now` has taken it out of
+        // the rmap, a panic (in the store's own code:
         // `writable`, `contents_stamp`) leaks it rather than freeing what
         // the rmap still points at.
         let obj = Unreleased(Some(obj));
@@ -178,7 +178,9 @@ impl Mm {
     /// The first step of [`release_object`](Self::release_object): drops
     /// `obj` if another reference is left, under the lock that orders two
     /// holders giving theirs back; returns it if it is the last. Cheap
-    /// (a mutex, no store call): an unmap being applied gives back at once
+    /// (a mutex, no store call; a walk of the region table and the
+    /// object's state words only for an object no region maps): an unmap
+    /// being applied gives back at once
     /// a reference that is not the last, so that the holder of the last
     /// one (a residency guard dropped next) releases the object itself
     /// ([`crate::events::release::Released::push`]).
@@ -188,22 +190,24 @@ impl Mm {
     /// that a map of the store writes them first (`crate::unwritten`'s
     /// held objects). (The windows are read first: atomics, and not empty
     /// while a region maps the object; the table walk only where they
-    /// are.)
+    /// are. No store call: a page can be dirty only over a writable one.)
     pub(crate) fn give_back_unless_last(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
-        let held = (obj.kind == InstallKind::Shared
-            && obj.store.writable()
-            && obj.windows.is_empty()
-            && !self.maps_object(&obj))
-        .then(|| (obj.slot.load(Acquire), Arc::downgrade(&obj)));
         let _g = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
         if Arc::strong_count(&obj) == 1 {
             return Some(obj);
         }
-        // (Noted before the reference goes, under the lock: the holder's
-        // release, which drops the note, comes after.)
-        if let Some((slot, w)) = held {
-            self.unwritten.hold(slot, w);
+        // Noted, and the reference dropped, under the lock: the holder's
+        // release, which drops the note, comes after; and of two holders
+        // giving theirs back at once, the second sees the first's gone.
+        if obj.kind == InstallKind::Shared
+            && obj.windows.is_empty()
+            && !self.maps_object(&obj)
+            && crate::unwritten::owed_pages(&obj) > 0
+        {
+            self.unwritten
+                .hold(obj.slot.load(Acquire), Arc::downgrade(&obj));
         }
+        drop(obj);
         None
     }
 
@@ -212,6 +216,10 @@ impl Mm {
     /// whose write-back fails is kept with its dirty pages
     /// ([`crate::unwritten`]), and the error returned.
     pub(crate) fn release_now(&self, obj: Arc<Object>) -> Result<()> {
+        // Until it is out of the rmap, a panic in the store's own code
+        // (`writable`) leaks it rather than freeing what the rmap points
+        // at (see `Unreleased`).
+        let obj = Unreleased(Some(obj));
         // Dirty pages owed to the store: listed before the write starts
         // (`crate::unwritten`), so that a map over the store sees them
         // while it is in flight, and kept there if it fails. No mapping is
@@ -220,10 +228,12 @@ impl Mm {
         // a readahead run reading into the object holds one for as long
         // as its store call, and a map of the store meanwhile read the
         // store's older bytes. (A page reclaim is writing back now counts
-        // as dirty; the list is tidied after the write-back.)
+        // as dirty, and so does one whose sync is in flight, by a map's
+        // write-back of the object held before: it goes dirty again if
+        // that sync fails. The list is tidied after the write-back.)
         let owed = obj.kind == InstallKind::Shared
             && obj.store.writable()
-            && crate::unwritten::dirty_pages(&obj) > 0;
+            && crate::unwritten::owed_pages(&obj) > 0;
         if owed {
             for i in 0..obj.npages() {
                 if obj.cache.load(i) & MAPPED != 0 {
@@ -240,6 +250,7 @@ impl Mm {
         self.unwritten.unhold(&obj);
         let slot = obj.slot.load(Acquire);
         self.objects.remove(slot);
+        let obj = obj.take();
         // Then wait for evictions and readahead already under way.
         obj.wait_unpinned();
         crate::inject::after_listed();

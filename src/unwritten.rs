@@ -33,7 +33,7 @@
 //! scan otherwise.
 
 use crate::object::Object;
-use crate::page_cache::{DIRTY, UPTODATE};
+use crate::page_cache::{DIRTY, SYNCING, UPTODATE};
 use crate::store::Store;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, Weak};
@@ -76,6 +76,18 @@ impl Which<'_> {
     }
 }
 
+/// The number of pages of `obj` owed to its store: cached and dirty, or
+/// written by a write-back whose sync has not ended (dirty again if it
+/// fails). Reads the state words only.
+pub fn owed_pages(obj: &Object) -> usize {
+    (0..obj.npages())
+        .filter(|&i| {
+            let w = obj.cache.load(i);
+            w & UPTODATE != 0 && w & (DIRTY | SYNCING) != 0
+        })
+        .count()
+}
+
 /// The number of pages of `obj` that are cached and dirty.
 pub fn dirty_pages(obj: &Object) -> usize {
     (0..obj.npages())
@@ -88,7 +100,8 @@ impl Unwritten {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Lists `obj` (no region maps it; the rmap no longer holds it).
+    /// Lists `obj` (no region maps it; its release takes it out of the
+    /// rmap next).
     pub fn add(&self, obj: &Arc<Object>) {
         let mut l = self.lock();
         if !l.iter().any(|o| Arc::ptr_eq(o, obj)) {
@@ -136,14 +149,19 @@ impl Unwritten {
         self.held_len.store(h.len(), Release);
     }
 
-    /// The held objects' notes: rmap slot, and the object's address (to
-    /// check what the slot holds against; never dereferenced).
-    pub fn held(&self) -> Vec<(u32, *const Object)> {
+    /// The held objects' notes: rmap slot, and a weak reference (to check
+    /// what the slot holds against, by address: while the caller holds
+    /// it, no other object can take that address; never upgraded, see
+    /// `Region`'s `object`).
+    pub fn held(&self) -> Vec<(u32, Weak<Object>)> {
         if self.held_len.load(Acquire) == 0 {
             return Vec::new();
         }
         let h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        h.iter().map(|(s, w)| (*s, w.as_ptr())).collect()
+        h.iter()
+            .filter(|(_, w)| w.strong_count() > 0)
+            .cloned()
+            .collect()
     }
 
     /// The listed objects over the stores `which` names.

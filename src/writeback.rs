@@ -285,21 +285,7 @@ impl Mm {
     /// those over the stores `which` names. Frees the listed ones written;
     /// keeps the rest and returns the first error.
     pub(crate) fn flush_unwritten(&self, which: Which<'_>) -> Result<()> {
-        let mut r = Ok(());
-        // Held objects first (`crate::unwritten`'s module docs): pinned
-        // through the rmap, which a release leaves only after it has
-        // listed the object's owed pages, so one released meanwhile is
-        // found below instead. The slot is checked to hold the same
-        // object (the note's weak reference keeps its address from being
-        // reused).
-        for (slot, addr) in self.unwritten.held() {
-            let Some(pin) = self.objects.pin(slot) else {
-                continue;
-            };
-            if std::ptr::eq(&*pin, addr) && which.matches(&pin.store) {
-                r = r.and(self.writeback_object(&pin, Gate::Held));
-            }
-        }
+        let mut r = self.flush_held(|o| which.matches(&o.store));
         for obj in self.unwritten.over(which) {
             r = r.and(self.flush_one_unwritten(&obj));
         }
@@ -309,11 +295,49 @@ impl Mm {
     /// [`flush_unwritten`](Self::flush_unwritten) for the object at `obj`
     /// alone: `Ok` at once if none is kept there.
     pub(crate) fn flush_unwritten_object(&self, obj: *const Object) -> Result<()> {
+        self.flush_held(|o| std::ptr::eq(o, obj))?;
         let kept = self.unwritten.over(Which::All);
         match kept.iter().find(|o| std::ptr::eq(Arc::as_ptr(o), obj)) {
             Some(o) => self.flush_one_unwritten(o),
             None => Ok(()),
         }
+    }
+
+    /// The bytes of pages owed to the stores `which` names by unmapped
+    /// objects: those listed as unwritten, and held ones
+    /// (`crate::unwritten`'s module docs).
+    pub(crate) fn unwritten_bytes(&self, which: Which<'_>) -> u64 {
+        let mut b = self.unwritten.bytes(which);
+        for (slot, w) in self.unwritten.held() {
+            if let Some(pin) = self.objects.pin(slot) {
+                if std::ptr::eq(&*pin, w.as_ptr()) && which.matches(&pin.store) {
+                    b += (crate::unwritten::owed_pages(&pin) as u64) << pin.page_shift();
+                }
+            }
+        }
+        b
+    }
+
+    /// Writes back the dirty pages of the held objects (`crate::unwritten`'s
+    /// module docs) that `pick` picks. Each is pinned through the rmap,
+    /// which a release leaves only after it has listed the object's owed
+    /// pages, so one released meanwhile is found on the unwritten list
+    /// instead. The slot is checked to hold the noted object: the note's
+    /// weak reference, held across the check, keeps another from taking
+    /// its address. No region maps a held object, so no gate is needed.
+    fn flush_held(&self, pick: impl Fn(&Object) -> bool) -> Result<()> {
+        let mut r = Ok(());
+        for (slot, w) in self.unwritten.held() {
+            let Some(pin) = self.objects.pin(slot) else {
+                continue;
+            };
+            if std::ptr::eq(&*pin, w.as_ptr()) && pick(&pin) {
+                r = r.and(self.writeback_object(&pin, Gate::Held));
+            }
+            drop(pin);
+            drop(w);
+        }
+        r
     }
 
     fn flush_one_unwritten(&self, obj: &Arc<Object>) -> Result<()> {

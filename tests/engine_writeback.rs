@@ -465,33 +465,64 @@ fn a_guarded_page_is_written_back_from_a_copy() {
     );
 }
 
-/// The application unmaps a shared region (its own `munmap`) while a
-/// residency guard holds the region's object: the guard's drop releases
-/// the object, and writes its dirty pages back, later. A map of the same
-/// store before that read the store's older bytes: nothing listed the
-/// held object's pages as owed to the store (on the found-and-not-fixed
-/// list since an earlier review).
-#[test]
-fn a_map_while_a_guard_holds_an_unmapped_object_sees_its_dirty_pages() {
-    for d in [
+/// The deliveries the held-object tests run under.
+fn deliveries() -> [Delivery; 3] {
+    [
         Delivery::InThread,
         Delivery::Threads {
             threads: 1,
             spin_us: 0,
         },
         Delivery::PerRegion,
-    ] {
-        let store: Arc<dyn Store> =
-            Arc::new(MemoryStore::from_bytes(&vec![0x11u8; 4 * PAGE]).unwrap());
-        let p = pager(d);
-        // SAFETY: the store changes only through the engine's write-backs.
-        let mut first =
-            unsafe { p.map_store(store.clone(), 4 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
-        first.as_mut_slice()[PAGE + 100] = 0xAA;
+    ]
+}
+
+/// A pager with delivery `d` and a shared region of 4 pages over a memory
+/// store of `0x11` bytes, with `0xAA` written at `PAGE + 100`.
+fn dirty_shared_region(d: Delivery) -> (uffd_pager::Pager, Arc<dyn Store>, uffd_pager::Region) {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&vec![0x11u8; 4 * PAGE]).unwrap());
+    let p = pager(d);
+    // SAFETY: the store changes only through the engine's write-backs.
+    let mut r =
+        unsafe { p.map_store(store.clone(), 4 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
+    r.as_mut_slice()[PAGE + 100] = 0xAA;
+    (p, store, r)
+}
+
+/// The store's byte at `PAGE + 100`.
+fn stored(store: &Arc<dyn Store>) -> u8 {
+    let mut b = [0u8; 1];
+    store.read((PAGE + 100) as u64, &mut b).unwrap();
+    b[0]
+}
+
+/// The application's own `munmap` of all of `r`.
+fn app_unmap(r: &uffd_pager::Region) {
+    // SAFETY: the application gives the region's memory up itself.
+    assert_eq!(
+        unsafe { libc::munmap(r.as_ptr() as *mut libc::c_void, r.len()) },
+        0
+    );
+}
+
+/// The application unmaps a shared region (its own `munmap`) while a
+/// residency guard holds the region's object: the guard's drop releases
+/// the object, and writes its dirty pages back, later. A map of the same
+/// store before that read the store's older bytes: nothing listed the
+/// held object's pages as owed to the store (on the found-and-not-fixed
+/// list since an earlier review). `unwritten_bytes` counts them now.
+#[test]
+fn a_map_while_a_guard_holds_an_unmapped_object_sees_its_dirty_pages() {
+    for d in deliveries() {
+        let (p, store, first) = dirty_shared_region(d);
         let guard = first.lock_resident(0, PAGE).unwrap();
-        let a = first.as_ptr() as usize;
-        // SAFETY: the application gives the region's memory up itself.
-        assert_eq!(unsafe { libc::munmap(a as *mut libc::c_void, 4 * PAGE) }, 0);
+        app_unmap(&first);
+        // (`mapped` waits for the unmap's event to be applied.)
+        assert!(first.mapped().is_empty());
+        // (The written page, and the guarded one: a guarded page of a
+        // writable region counts as dirty.)
+        let owed = p.unwritten_bytes();
+        assert!(owed >= PAGE as u64, "{d:?}: {owed} bytes owed while held");
         // SAFETY: as above.
         let second =
             unsafe { p.map_store(store.clone(), 4 * PAGE, &opts(InstallKind::Shared)) }.unwrap();
@@ -500,11 +531,25 @@ fn a_map_while_a_guard_holds_an_unmapped_object_sees_its_dirty_pages() {
             0xAA,
             "{d:?}: the new region shows the older byte"
         );
+        assert_eq!(p.unwritten_bytes(), 0, "{d:?}: owed once written");
         drop(guard);
         drop(first);
         drop(second);
-        let mut b = [0u8; 1];
-        store.read((PAGE + 100) as u64, &mut b).unwrap();
-        assert_eq!(b[0], 0xAA, "{d:?}: the store after both regions went");
+        assert_eq!(stored(&store), 0xAA, "{d:?}: after both regions went");
+    }
+}
+
+/// The same held object, flushed through its region: `Region::flush` of a
+/// region the application unmapped looked for its pages on the unwritten
+/// list only, and said Ok with them unwritten.
+#[test]
+fn a_flush_while_a_guard_holds_an_unmapped_object_writes_its_pages() {
+    for d in deliveries() {
+        let (_p, store, first) = dirty_shared_region(d);
+        let guard = first.lock_resident(0, PAGE).unwrap();
+        app_unmap(&first);
+        first.flush().unwrap();
+        assert_eq!(stored(&store), 0xAA, "{d:?}: the store after the flush");
+        drop(guard);
     }
 }

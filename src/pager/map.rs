@@ -404,7 +404,7 @@ impl Pager {
         let same = crate::unwritten::Which::SameAs(&store);
         if let Err(e) = mm.flush_unwritten(same) {
             return Err(Error::UnwrittenPages {
-                bytes: mm.unwritten.bytes(same),
+                bytes: mm.unwritten_bytes(same),
                 source: Box::new(e),
             });
         }
@@ -417,7 +417,7 @@ impl Pager {
         mm.kept.wait_for(key);
         if let Err(e) = mm.flush_unwritten(same) {
             return Err(Error::UnwrittenPages {
-                bytes: mm.unwritten.bytes(same),
+                bytes: mm.unwritten_bytes(same),
                 source: Box::new(e),
             });
         }

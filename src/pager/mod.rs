@@ -445,10 +445,11 @@ impl Pager {
     /// the pager is dropped (which logs any it still cannot write: only
     /// those are lost). A write-back whose store `sync` fails keeps its
     /// pages dirty too. Also writes the dirty pages of shared regions the
-    /// application unmapped while a residency guard, or a flush or refresh
-    /// in flight, held them: their release waits for that holder, and a
-    /// map of the same store writes them first too. Returns the first
-    /// store error; what failed stays kept. Waits for the stores in this thread (called on the I/O
+    /// application unmapped while a residency guard, or a flush or
+    /// refresh in flight, held them (still charged to the budget: their
+    /// release waits for that holder, and a map of the same store writes
+    /// them first too). Returns the first store error; what failed stays
+    /// kept. Waits for the stores in this thread (called on the I/O
     /// workers for a store that is not signal-safe, within the I/O
     /// timeout).
     ///
@@ -482,11 +483,12 @@ impl Pager {
     }
 
     /// The bytes of dirty pages of unmapped regions waiting for their
-    /// store (see [`flush_unmapped`](Self::flush_unmapped)).
+    /// store (see [`flush_unmapped`](Self::flush_unmapped)), those a
+    /// residency guard or a flush in flight holds among them.
     pub fn unwritten_bytes(&self) -> u64 {
         // (As `Region::mapped`: an event being applied may take the list.)
         let _deferred = crate::sys::thread::Deferred::new();
-        self.inner.mm.unwritten.bytes(crate::unwritten::Which::All)
+        self.inner.mm.unwritten_bytes(crate::unwritten::Which::All)
     }
 
     /// LRU-lock (acquisitions, contended acquisitions) per shard.
