@@ -4,7 +4,6 @@
 //! through [`Rcu`], as the kernel reads its maple tree under RCU), the
 //! userfaultfd descriptor, the policy and the counters.
 
-use crate::delivery::per_region::OwnDescriptor;
 use crate::delivery::Delivery;
 use crate::fault::Policy;
 use crate::lru::{entry, DrainPolicy, Lru};
@@ -93,7 +92,7 @@ pub trait RegionDescriptors: Send + Sync + std::fmt::Debug {
     /// Opens a descriptor for a new region and starts serving it.
     /// `quiet`: the descriptor does not report `madvise` (see
     /// [`Object::quiet`]).
-    fn open(&self, quiet: bool) -> std::io::Result<OwnDescriptor>;
+    fn open(&self, quiet: bool) -> std::io::Result<crate::sys::uffd::OwnDescriptor>;
     /// Stops serving `uffd` and joins its server: for a descriptor that
     /// registered nothing (a map that failed), which is the one caller,
     /// under the global lock: its server has read nothing to wait for.

@@ -154,7 +154,9 @@ impl Mm {
             // waits while they are written (`KeptObjects::writing`). A
             // failed write-back releases it, which tries once more and
             // reports the error.
-            let owed = obj.store.writable() && crate::unwritten::dirty_pages(&obj) > 0;
+            // (A page whose sync is in flight counts: a map's write-back
+            // of the object held before may be mid-sync.)
+            let owed = obj.store.writable() && crate::unwritten::owes_pages(&obj);
             _keeping = owed.then(|| self.kept.writing(obj.store_key));
             // (Noted as held before? A map of the store waits on the mark
             // from here: the note goes, or it would outlive the keeping.)
@@ -188,11 +190,15 @@ impl Mm {
     /// An object no region maps that another holder keeps owes its dirty
     /// pages to the store until that holder releases it: it is noted, so
     /// that a map of the store writes them first (`crate::unwritten`'s
-    /// held objects). (The windows are read first: atomics, and not empty
-    /// while a region maps the object; the table walk only where they
-    /// are. No store call: a page can be dirty only over a writable one.)
+    /// held objects). (The windows are read first: atomics, empty for an
+    /// object no region maps, and for one cut into more pieces than it
+    /// has windows for, which the table walk then finds. No store call: a
+    /// page can be dirty only over a writable one.)
     pub(crate) fn give_back_unless_last(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
         let _g = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        // (A local declared after the guard: dropped before it, under the
+        // lock, on an unwind too.)
+        let obj = obj;
         if Arc::strong_count(&obj) == 1 {
             return Some(obj);
         }
@@ -202,7 +208,7 @@ impl Mm {
         if obj.kind == InstallKind::Shared
             && obj.windows.is_empty()
             && !self.maps_object(&obj)
-            && crate::unwritten::owed_pages(&obj) > 0
+            && crate::unwritten::owes_pages(&obj)
         {
             self.unwritten
                 .hold(obj.slot.load(Acquire), Arc::downgrade(&obj));
@@ -233,7 +239,7 @@ impl Mm {
         // that sync fails. The list is tidied after the write-back.)
         let owed = obj.kind == InstallKind::Shared
             && obj.store.writable()
-            && crate::unwritten::owed_pages(&obj) > 0;
+            && crate::unwritten::owes_pages(&obj);
         if owed {
             for i in 0..obj.npages() {
                 if obj.cache.load(i) & MAPPED != 0 {

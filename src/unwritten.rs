@@ -81,11 +81,19 @@ impl Which<'_> {
 /// fails). Reads the state words only.
 pub fn owed_pages(obj: &Object) -> usize {
     (0..obj.npages())
-        .filter(|&i| {
-            let w = obj.cache.load(i);
-            w & UPTODATE != 0 && w & (DIRTY | SYNCING) != 0
-        })
+        .filter(|&i| owed(obj.cache.load(i)))
         .count()
+}
+
+/// Whether `obj` owes any page to its store ([`owed_pages`] above 0;
+/// stops at the first).
+pub fn owes_pages(obj: &Object) -> bool {
+    (0..obj.npages()).any(|i| owed(obj.cache.load(i)))
+}
+
+/// Whether a page in state `w` is owed to the store.
+fn owed(w: u32) -> bool {
+    w & UPTODATE != 0 && w & (DIRTY | SYNCING) != 0
 }
 
 /// The number of pages of `obj` that are cached and dirty.
@@ -100,8 +108,8 @@ impl Unwritten {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Lists `obj` (no region maps it; its release takes it out of the
-    /// rmap next).
+    /// Lists `obj` (no region maps it; out of the rmap, or about to be
+    /// taken out by its release).
     pub fn add(&self, obj: &Arc<Object>) {
         let mut l = self.lock();
         if !l.iter().any(|o| Arc::ptr_eq(o, obj)) {

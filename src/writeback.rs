@@ -24,7 +24,9 @@
 //! (`tests/reclaim_flush.rs`).
 //!
 //! An object no region maps whose write-back failed waits in
-//! [`crate::unwritten`]; [`Mm::flush_unwritten`] tries it again.
+//! [`crate::unwritten`]; [`Mm::flush_unwritten`] tries it again, and
+//! first writes the pages of held ones (no region maps them, a residency
+//! guard or a flush in flight keeps them).
 //!
 //! [`Store::write_many`]: crate::store::Store::write_many
 
@@ -304,8 +306,10 @@ impl Mm {
     }
 
     /// The bytes of pages owed to the stores `which` names by unmapped
-    /// objects: those listed as unwritten, and held ones
-    /// (`crate::unwritten`'s module docs).
+    /// objects: the dirty pages of those listed as unwritten, and the
+    /// owed pages (dirty, or mid-sync) of held ones (`crate::unwritten`'s
+    /// module docs). An object being released can be counted twice, for
+    /// the moment between its listing and the end of its note.
     pub(crate) fn unwritten_bytes(&self, which: Which<'_>) -> u64 {
         let mut b = self.unwritten.bytes(which);
         for (slot, w) in self.unwritten.held() {

@@ -11,7 +11,7 @@
 //! The pager's own descriptors stay open, with nothing registered on them
 //! and no reader (reclaim's staging area has a descriptor of its own). A
 //! region's descriptor lives in its object
-//! ([`crate::object::Object::region_uffd`], opened through
+//! ([`crate::object::Object::region_uffd`], an [`OwnDescriptor`], opened through
 //! [`RegionDescriptors`]); every ioctl on the region's range goes
 //! through it.
 //!
@@ -43,44 +43,9 @@
 
 use super::threads::{HandlerPool, Serve};
 use crate::address_space::{Mm, RegionDescriptors};
-use crate::sys::uffd::{Uffd, Want};
-use std::mem::ManuallyDrop;
-use std::os::fd::{OwnedFd, RawFd};
+use crate::sys::uffd::{OwnDescriptor, Uffd, Want};
+use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-
-/// A region's own descriptor as its object holds it. Letting it go wakes
-/// the descriptor's reader, which lingers past its region until the
-/// descriptor is its alone (see the module docs).
-#[derive(Debug)]
-pub struct OwnDescriptor {
-    uffd: ManuallyDrop<Arc<Uffd>>,
-    /// The reader's stop eventfd (kept open by this reference).
-    wake: Arc<OwnedFd>,
-}
-
-impl OwnDescriptor {
-    /// The descriptor.
-    pub fn arc(&self) -> &Arc<Uffd> {
-        &self.uffd
-    }
-}
-
-impl std::ops::Deref for OwnDescriptor {
-    type Target = Uffd;
-    fn deref(&self) -> &Uffd {
-        &self.uffd
-    }
-}
-
-impl Drop for OwnDescriptor {
-    /// Lets the descriptor go, then wakes its reader (in that order: the
-    /// reader looks at the reference count when woken).
-    fn drop(&mut self) {
-        // SAFETY: dropped once, here; `self.uffd` is not used after.
-        unsafe { ManuallyDrop::drop(&mut self.uffd) };
-        super::threads::wake(&self.wake);
-    }
-}
 
 /// The per-region descriptors of one pager and their handlers.
 #[derive(Debug)]
@@ -154,10 +119,7 @@ impl RegionDescriptors for PerRegion {
         let pool = HandlerPool::start_on(&mm, Serve::Region(uffd.clone()), 1, 0, "uffd-region")?;
         let wake = pool.waker();
         self.lock().push((uffd.fd(), pool));
-        Ok(OwnDescriptor {
-            uffd: ManuallyDrop::new(uffd),
-            wake,
-        })
+        Ok(OwnDescriptor::new(uffd, wake))
     }
 
     /// Stops the handler of `uffd` (joins it).

@@ -31,7 +31,7 @@ pub(super) const STOP: u8 = 2;
 /// How long a lingering reader blocks in poll(2) before it looks again
 /// whether its descriptor is its alone (the wake from the object that
 /// lets it go normally comes first, see
-/// [`OwnDescriptor`](super::per_region::OwnDescriptor)).
+/// [`OwnDescriptor`](crate::sys::uffd::OwnDescriptor)).
 const LINGER_POLL_MS: i32 = 100;
 
 /// How a handler thread is told what to do: an eventfd that wakes its

@@ -20,7 +20,7 @@ const BATCH: usize = 16;
 #[derive(Debug)]
 pub struct HandlerPool {
     /// The eventfd that wakes the threads (shared with a region's
-    /// [`OwnDescriptor`](super::per_region::OwnDescriptor)).
+    /// [`OwnDescriptor`](crate::sys::uffd::OwnDescriptor)).
     stop: Arc<OwnedFd>,
     /// What they are told (`read::SERVE`, `LINGER` or `STOP`).
     told: Arc<AtomicU8>,

@@ -155,7 +155,7 @@ pub struct Object {
     pub ra_window: AtomicU32,
     /// The region's own userfaultfd, with per-region delivery (set once, at
     /// map time); otherwise the pager's descriptor serves it.
-    pub region_uffd: std::sync::OnceLock<crate::delivery::per_region::OwnDescriptor>,
+    pub region_uffd: std::sync::OnceLock<crate::sys::uffd::OwnDescriptor>,
     /// One past the last page requested by readahead.
     pub ra_end: AtomicUsize,
     /// Readahead's miss count (`mmap_miss`, see [`crate::readahead`]).

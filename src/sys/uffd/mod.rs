@@ -200,7 +200,9 @@ pub const MODE_DONTWAKE: u64 = 1 << 0;
 pub const MODE_WP: u64 = 1 << 1;
 
 mod open;
+mod own;
 pub use open::{Descriptor, Want};
+pub use own::OwnDescriptor;
 
 /// Result of an ioctl: the kernel's count (bytes for COPY/MOVE/CONTINUE) or the errno.
 pub type IoResult = Result<u64, i32>;
