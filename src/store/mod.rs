@@ -39,7 +39,14 @@
 //! - a store never touches the memory of a region (of any pager in the
 //!   process) in its methods: a fault there waits for a fault the store is
 //!   itself serving, and inside the handler, where SIGBUS is blocked, the
-//!   kernel kills the process.
+//!   kernel kills the process;
+//! - nor does it call a pager (map, unmap, flush, refresh, a residency
+//!   guard) in its methods: the call that is waiting for the store may
+//!   hold what that call waits for. A flush holds its store's write-back
+//!   mark while it calls the store, and an unmap or a map over the same
+//!   store waits for that mark: in the flushing thread itself (a
+//!   signal-safe store) for ever, from an I/O worker until the flush's
+//!   call times out.
 //!
 //! The engine never issues two concurrent calls for the same
 //! page (the page lock serialises them); calls for different pages may run
