@@ -9,7 +9,10 @@
 //! child gets no mapping there (a touch is a clean SIGSEGV), and every
 //! engine entry point in a child is refused (`Error::ForkedChild`) or, for
 //! drops, does nothing. The engine's threads do not exist in a child, so a
-//! pager dropped there leaks its state instead of joining them.
+//! pager dropped there leaks its state instead of joining them. The
+//! child's copies of the engine's userfaultfds are replaced with
+//! `/dev/null` (`crate::sys::uffd::inherit`), so that they do not keep the
+//! parent's registrations alive.
 //!
 //! A child is recognised by a `pthread_atfork` handler that marks the
 //! process, then by its pid: one load on every path that checks, a
@@ -25,13 +28,16 @@ static INSTALL: Once = Once::new();
 
 extern "C" fn mark_child() {
     FORKED.store(true, Relaxed);
+    crate::sys::uffd::inherit::cover_in_child();
 }
 
 /// Installs the atfork handler (once per process).
 pub fn watch() {
     INSTALL.call_once(|| {
-        // SAFETY: registers a handler that only stores to an atomic, which
-        // is async-signal-safe as a fork child handler must be.
+        // SAFETY: registers a handler that stores to an atomic and covers
+        // the engine's userfaultfds with system calls on the stack
+        // (`cover_in_child`), which is async-signal-safe as a fork child
+        // handler must be.
         unsafe { libc::pthread_atfork(None, None, Some(mark_child)) };
     });
 }

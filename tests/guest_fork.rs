@@ -70,6 +70,17 @@ fn child(p: Pager, mut r: Region) -> ! {
         if !matches!(p.map_anonymous(PAGE), Err(Error::ForkedChild)) {
             return 16;
         }
+        // The child holds no copy of the engine's userfaultfds (each kept
+        // the parent's registrations alive): they read as /dev/null here.
+        let uffds = std::fs::read_dir("/proc/self/fd")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.to_string_lossy().contains("userfaultfd"))
+            .count();
+        if uffds != 0 {
+            return 17;
+        }
         // Dropping them does nothing (and does not hang).
         drop(r);
         drop(p);

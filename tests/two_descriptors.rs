@@ -613,6 +613,23 @@ fn a_region_grown_over_two_freed_ranges_keeps_them() {
     });
 }
 
+/// A per-region pager with a shared region of [`SIDE`] bytes at a free
+/// range, which the application has grown in place to twice that with its
+/// own `mremap`: the pager, the range's start, the region.
+fn grown_in_place() -> (Arc<Pager>, usize, uffd_pager::Region) {
+    let pager = Arc::new(per_region_pager());
+    let x = free_range(2 * SIDE);
+    let store = Arc::new(MemoryStore::from_bytes(&[7u8; SIDE]).unwrap());
+    // SAFETY: the store is moved in; only the region changes it.
+    let r = unsafe { pager.map_store(store, SIDE, &shared_at(x)) }.unwrap();
+    assert_eq!(r.as_slice()[0], 7);
+    // SAFETY: the application grows the region's mapping in place over the
+    // free range after it.
+    let q = unsafe { libc::mremap(x as *mut libc::c_void, SIDE, 2 * SIDE, 0) };
+    assert_eq!(q as usize, x, "mremap in place: {}", util::errno());
+    (pager, x, r)
+}
+
 /// Per-region delivery: the application grows a region in place with its
 /// own `mremap` (no event reports that: the engine lists the old length,
 /// the kernel keeps the whole registered on the region's descriptor), then
@@ -626,16 +643,7 @@ fn a_region_grown_over_two_freed_ranges_keeps_them() {
 fn the_unlisted_tail_of_a_region_grown_in_place_is_still_served() {
     with_deadline(30, "the tail's unmap is read", || {
         let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let pager = Arc::new(per_region_pager());
-        let x = free_range(2 * SIDE);
-        let store = Arc::new(MemoryStore::from_bytes(&[7u8; SIDE]).unwrap());
-        // SAFETY: the store is moved in; only the region changes it.
-        let r = unsafe { pager.map_store(store, SIDE, &shared_at(x)) }.unwrap();
-        assert_eq!(r.as_slice()[0], 7);
-        // SAFETY: the application grows the region's mapping in place over
-        // the free range after it.
-        let q = unsafe { libc::mremap(x as *mut libc::c_void, SIDE, 2 * SIDE, 0) };
-        assert_eq!(q as usize, x, "mremap in place: {}", util::errno());
+        let (pager, x, r) = grown_in_place();
         // (After the `mremap`: the guard's `mlock` splits the mapping.)
         let guard = r.lock_resident(0, PAGE).unwrap();
         // SAFETY: the application gives the listed part up.
@@ -653,6 +661,53 @@ fn the_unlisted_tail_of_a_region_grown_in_place_is_still_served() {
         drop(r);
         // The reader leaves once the object has let the descriptor go.
         wait_for("the reader's end", || region_threads().is_empty());
+        drop(pager);
+    });
+}
+
+/// The same tail, with no guard but a child `fork()`ed before: the region's
+/// object goes with its region, and its reader with it, but the child's
+/// copy of the descriptor kept the kernel's context, with the tail still
+/// registered, and the application's `munmap` of the tail waited, unread,
+/// until the child exited. The fork handler now replaces the child's
+/// copies of the engine's descriptors with `/dev/null`.
+#[test]
+fn a_forked_child_does_not_keep_a_gone_regions_tail_registered() {
+    with_deadline(30, "the tail's unmap with a child alive", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let (pager, x, r) = grown_in_place();
+        // SAFETY: the child only sleeps and exits (async-signal-safe calls).
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            let t = libc::timespec {
+                tv_sec: 60,
+                tv_nsec: 0,
+            };
+            // SAFETY: as above.
+            unsafe {
+                libc::nanosleep(&t, std::ptr::null_mut());
+                libc::_exit(0);
+            }
+        }
+        assert!(child > 0, "fork: {}", util::errno());
+        // SAFETY: the application gives the listed part up.
+        assert_eq!(unsafe { libc::munmap(x as *mut libc::c_void, SIDE) }, 0);
+        assert!(r.mapped().is_empty());
+        drop(r);
+        wait_for("the reader's end", || region_threads().is_empty());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: the application gives the grown tail up.
+            let rc = unsafe { libc::munmap((x + SIDE) as *mut libc::c_void, SIDE) };
+            let _ = tx.send(rc);
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(got, Ok(0), "the tail's munmap, with a child alive");
         drop(pager);
     });
 }

@@ -35,11 +35,13 @@
 //! application grew in place with its own `mremap`, or a source it kept
 //! with `MREMAP_DONTUNMAP`. A touch there finds no region (SIGSEGV on its
 //! third try, as in-thread delivery answers it), and the application's
-//! `munmap` of it returns once its event is read. Not covered: a range
-//! still registered when the object has gone (the descriptor closes, and
-//! the kernel unregisters it) but held open by a child `fork()`ed since,
-//! which holds a copy of the descriptor until it execs or exits; or a
-//! region's object that outlives the pager.
+//! `munmap` of it returns once its event is read. Once the object has gone
+//! the descriptor closes, and the kernel unregisters such a range; a
+//! child `fork()`ed since holds no copy of it that would keep the range
+//! registered (the fork handler covers the engine's descriptors in the
+//! child, `crate::sys::uffd::inherit`; a descriptor opened or closed
+//! during the fork, or past that list's 1,024 slots, is missed). Not
+//! covered: a region's object that outlives the pager.
 
 use super::threads::{HandlerPool, Serve};
 use crate::address_space::{Mm, RegionDescriptors};

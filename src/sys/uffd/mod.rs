@@ -199,6 +199,7 @@ pub const MODE_DONTWAKE: u64 = 1 << 0;
 /// `UFFDIO_COPY_MODE_WP` / `UFFDIO_CONTINUE_MODE_WP`: install write-protected.
 pub const MODE_WP: u64 = 1 << 1;
 
+pub mod inherit;
 mod open;
 mod own;
 pub use open::{Descriptor, Want};
@@ -234,6 +235,17 @@ fn ioctl<T>(fd: RawFd, req: libc::c_ulong, arg: &mut T) -> Result<(), i32> {
 pub struct Uffd {
     inner: userfaultfd::Uffd,
     descriptor: Descriptor,
+    /// Its slot on [`inherit`]'s list, if it got one.
+    listed: Option<usize>,
+}
+
+impl Drop for Uffd {
+    /// Takes the descriptor off [`inherit`]'s list before `inner` closes it.
+    fn drop(&mut self) {
+        if let Some(slot) = self.listed {
+            inherit::unlist(slot);
+        }
+    }
 }
 
 impl Uffd {
@@ -255,7 +267,12 @@ impl Uffd {
                 std::io::Error::from_raw_os_error(e)
             )
         })?;
-        Ok(Uffd { inner, descriptor })
+        let listed = inherit::list(fd);
+        Ok(Uffd {
+            inner,
+            descriptor,
+            listed,
+        })
     }
 
     /// How the descriptor was opened.
