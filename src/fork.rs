@@ -11,8 +11,11 @@
 //! drops, does nothing. The engine's threads do not exist in a child, so a
 //! pager dropped there leaks its state instead of joining them. The
 //! child's copies of the engine's userfaultfds are replaced with
-//! `/dev/null` (`crate::sys::uffd::inherit`), so that they do not keep the
-//! parent's registrations alive.
+//! `/dev/null` where `/proc` and `/dev/null` allow
+//! (`crate::sys::uffd::inherit`), so that they do not keep the parent's
+//! registrations alive. Children made without the atfork handlers
+//! (`vfork`, `posix_spawn`, a raw `clone`) keep them until they exec,
+//! which closes them (`O_CLOEXEC`).
 //!
 //! A child is recognised by a `pthread_atfork` handler that marks the
 //! process, then by its pid: one load on every path that checks, a

@@ -71,10 +71,11 @@ fn child(p: Pager, mut r: Region) -> ! {
             return 16;
         }
         // The child holds no copy of the engine's userfaultfds (each kept
-        // the parent's registrations alive): they read as /dev/null here.
-        let uffds = std::fs::read_dir("/proc/self/fd")
-            .into_iter()
-            .flatten()
+        // the parent's registrations alive): /dev/null took their numbers.
+        let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+            return 18;
+        };
+        let uffds = fds
             .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
             .filter(|l| l.to_string_lossy().contains("userfaultfd"))
             .count();

@@ -39,9 +39,9 @@
 //! the descriptor closes, and the kernel unregisters such a range; a
 //! child `fork()`ed since holds no copy of it that would keep the range
 //! registered (the fork handler covers the engine's descriptors in the
-//! child, `crate::sys::uffd::inherit`; a descriptor opened or closed
-//! during the fork, or past that list's 1,024 slots, is missed). Not
-//! covered: a region's object that outlives the pager.
+//! child, `crate::sys::uffd::inherit`: not one opened or closed during the
+//! fork or past that list's 1,024 slots, nor any without `/proc` and
+//! `/dev/null`). Not covered: a region's object that outlives the pager.
 
 use super::threads::{HandlerPool, Serve};
 use crate::address_space::{Mm, RegionDescriptors};

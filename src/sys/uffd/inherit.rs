@@ -17,8 +17,18 @@
 //! The engine lists each descriptor it opens ([`list`]) and takes it off
 //! before it closes it. A descriptor opened or closed while another
 //! thread forks may be missed (left open in the child), and the child
-//! covers a number only where `/proc/self/fd` says it is a userfaultfd.
-//! Cost: a scan of [`SLOTS`] words per open; none per fault.
+//! covers a number only where `/proc/self/fd` says it is a userfaultfd:
+//! still, one the application opened at a number the engine had just
+//! closed and reused, between the kernel's copy of the descriptor table
+//! and its copy of memory, would be covered. Without `/proc` (or one of
+//! another pid namespace) or `/dev/null`, nothing is covered. The child's
+//! list is then marked taken ([`COVERED`]), so that a descriptor the child
+//! opens later at one of those numbers is never covered in its own
+//! children on the parent's account.
+//!
+//! Cost: a scan of [`SLOTS`] words per open, a store per close; in every
+//! `fork()`ed child (fork-then-exec ones too), an `open` and a `close`, and
+//! a `readlink` per listed descriptor. None per fault.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, Ordering::*};
@@ -28,6 +38,10 @@ use std::sync::atomic::{AtomicI32, Ordering::*};
 pub const SLOTS: usize = 1024;
 
 static LISTED: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
+
+/// A slot a child's [`cover_in_child`] has passed: taken, with no
+/// descriptor ([`list`] takes free slots only, -1).
+const COVERED: i32 = -2;
 
 /// Lists `fd`, a userfaultfd the engine has just opened: its slot, or
 /// `None` if every slot is taken.
@@ -43,7 +57,8 @@ pub(super) fn unlist(slot: usize) {
 }
 
 /// In a `fork()`ed child, from the fork handler: replaces each listed
-/// descriptor that is a userfaultfd with `/dev/null`. Async-signal-safe
+/// descriptor that is a userfaultfd with `/dev/null`, and marks every
+/// listed slot [`COVERED`]. Async-signal-safe
 /// (system calls on the stack only); errno is left as it was found.
 pub fn cover_in_child() {
     // SAFETY: errno is this thread's; the calls below are async-signal-safe
@@ -59,6 +74,11 @@ pub fn cover_in_child() {
                 }
             }
             libc::close(null);
+        }
+        for s in &LISTED {
+            if s.load(Relaxed) >= 0 {
+                s.store(COVERED, Relaxed);
+            }
         }
         *libc::__errno_location() = errno;
     }
