@@ -2,7 +2,8 @@
 //!
 //! It holds the global lock (`mmap_lock`), the region table (read locklessly
 //! through [`Rcu`], as the kernel reads its maple tree under RCU), the
-//! userfaultfd descriptor, the policy and the counters.
+//! pager's two userfaultfd descriptors (one that reports the application's
+//! `madvise` and a quiet one), the policy and the counters.
 
 use crate::delivery::Delivery;
 use crate::fault::Policy;

@@ -1,7 +1,10 @@
-//! Writers on the address space: map (unmap is [`crate::munmap`]'s),
-//! remap, protect, dontneed.
-//! Each takes the global lock for write and write-locks every region it
-//! touches, as the kernel's `mmap_write_lock` + `vma_start_write`.
+//! Writers on the address space: map (unmap is [`crate::munmap`]'s,
+//! remap [`crate::mremap`]'s, protect [`crate::mprotect`]'s). Each takes
+//! the global lock for write and write-locks every region it touches, as
+//! the kernel's `mmap_write_lock` + `vma_start_write`. (`dontneed`,
+//! [`crate::madvise`]'s, takes the global lock for read and the pages'
+//! locks, as the kernel's `madvise(MADV_DONTNEED)` takes `mmap_lock` for
+//! read.)
 //!
 //! The engine's own calls never raise a non-cooperative event (they would
 //! block on the event reader): a range is unregistered before the engine

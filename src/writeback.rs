@@ -312,36 +312,46 @@ impl Mm {
     /// the moment between its listing and the end of its note.
     pub(crate) fn unwritten_bytes(&self, which: Which<'_>) -> u64 {
         let mut b = self.unwritten.bytes(which);
-        for (slot, w) in self.unwritten.held() {
-            if let Some(pin) = self.objects.pin(slot) {
-                if std::ptr::eq(&*pin, w.as_ptr()) && which.matches(&pin.store) {
-                    b += (crate::unwritten::owed_pages(&pin) as u64) << pin.page_shift();
-                }
+        self.each_held(|o| {
+            if which.matches(&o.store) {
+                b += (crate::unwritten::owed_pages(o) as u64) << o.page_shift();
             }
-        }
+        });
         b
     }
 
     /// Writes back the dirty pages of the held objects (`crate::unwritten`'s
-    /// module docs) that `pick` picks. Each is pinned through the rmap,
-    /// which a release leaves only after it has listed the object's owed
-    /// pages, so one released meanwhile is found on the unwritten list
-    /// instead. The slot is checked to hold the noted object: the note's
-    /// weak reference, held across the check, keeps another from taking
-    /// its address. No region maps a held object, so no gate is needed.
+    /// module docs) that `pick` picks. No region maps a held object, so no
+    /// gate is needed.
     fn flush_held(&self, pick: impl Fn(&Object) -> bool) -> Result<()> {
         let mut r = Ok(());
-        for (slot, w) in self.unwritten.held() {
-            let Some(pin) = self.objects.pin(slot) else {
-                continue;
-            };
-            if std::ptr::eq(&*pin, w.as_ptr()) && pick(&pin) {
-                r = r.and(self.writeback_object(&pin, Gate::Held));
+        self.each_held(|o| {
+            if pick(o) {
+                let written = self.writeback_object(o, Gate::Held);
+                if r.is_ok() {
+                    r = written;
+                }
             }
-            drop(pin);
+        });
+        r
+    }
+
+    /// Calls `f` with each held object (`crate::unwritten`'s module docs)
+    /// still held, pinned. Each is pinned through the rmap, which a release
+    /// leaves only after it has listed the object's owed pages, so one
+    /// released meanwhile is found on the unwritten list instead. The slot
+    /// is checked to hold the noted object: the note's weak reference,
+    /// held across the check and the call, keeps another from taking its
+    /// address.
+    fn each_held(&self, mut f: impl FnMut(&Object)) {
+        for (slot, w) in self.unwritten.held() {
+            if let Some(pin) = self.objects.pin(slot) {
+                if std::ptr::eq(&*pin, w.as_ptr()) {
+                    f(&pin);
+                }
+            }
             drop(w);
         }
-        r
     }
 
     fn flush_one_unwritten(&self, obj: &Arc<Object>) -> Result<()> {

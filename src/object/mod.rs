@@ -6,8 +6,10 @@
 //! the object's own view, never through the user's mapping:
 //!
 //! - **Shared** objects (install kind [`InstallKind::Shared`]): a memfd is the
-//!   page cache. The engine fills pages through a private alias mapping of
-//!   it and installs them with UFFDIO_CONTINUE: zero copy.
+//!   page cache. The engine fills the memfd (`pwrite`, or a pipe for a
+//!   kernel-mapped object; 2 MiB pages through a private alias mapping of
+//!   it, hugetlbfs having no `write`) and installs pages with
+//!   UFFDIO_CONTINUE: zero copy.
 //! - **Anonymous** objects ([`InstallKind::Anonymous`]): an unregistered
 //!   private anonymous area holds cached contents; installs move the page
 //!   from it with UFFDIO_MOVE (zero copy; UFFDIO_COPY where a move is not
@@ -38,9 +40,13 @@ pub use windows::{Window, Windows};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstallKind {
-    /// Private anonymous memory, MISSING mode, UFFDIO_COPY / ZEROPAGE.
+    /// Private anonymous memory, registered MISSING and WP: a page read
+    /// from the store is installed with UFFDIO_MOVE (UFFDIO_COPY where a
+    /// move is not allowed), one never written back with UFFDIO_ZEROPAGE.
     Anonymous,
-    /// memfd-backed shared mapping, MINOR mode, UFFDIO_CONTINUE (zero copy).
+    /// A memfd-backed shared mapping, registered MINOR, MISSING and WP
+    /// (MISSING only when kernel-mapped): pages are installed from the
+    /// memfd with UFFDIO_CONTINUE (zero copy).
     Shared,
 }
 

@@ -1,5 +1,6 @@
 //! Reclaim's own state: the staging slots anonymous pages are moved into
-//! on their way to swap, and kswapd's wake-up word.
+//! on their way to swap, kswapd's wake-up word, and the flag that leaves
+//! reclaim to kswapd once a faulting context's clean pass fell short.
 
 use crate::stats::Counter::IOCTL_DID_WORK;
 use crate::stats::Counters;

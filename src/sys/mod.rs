@@ -1,7 +1,10 @@
 //! Thin, async-signal-safe wrappers over the system calls the engine uses.
 //!
-//! Everything here is a direct syscall with no allocation, no locking and no
-//! tracing, so any of it may run inside the SIGBUS handler.
+//! What the fault path calls here is a direct syscall with no allocation,
+//! no locking and no tracing, so it may run inside the SIGBUS handler.
+//! Some calls made only from ordinary threads, at map time or in a probe,
+//! allocate (`pagemap`'s range reads, `huge`'s pool figures, `pipe`'s and
+//! `uffd`'s error messages): the fault path does not call them.
 
 pub mod futex;
 pub mod huge;

@@ -1,4 +1,5 @@
-//! The command line: `uffd-pager probe` and `uffd-pager bench <workload>`.
+//! The command line: `uffd-pager probe`, `bench <workload>`, `demo` and
+//! `torture`.
 //!
 //! Exit codes: 0 success; 2 bad arguments (clap's own errors, and the
 //! validation done here); 1 runtime errors; 130, 143, 129 or 131 stopped

@@ -1,6 +1,6 @@
-//! `uffd-pager bench filemap|swap|populate-churn …`: runs a workload under
-//! each policy (or drain/shard variant) over a swept knob and prints the
-//! seed-style comparison.
+//! `uffd-pager bench filemap|swap|populate-churn|random|scan|launch …`:
+//! runs a workload under each policy (or drain/shard variant) over a swept
+//! knob and prints the seed-style comparison.
 
 use super::report::Sweep;
 use super::workload_args::{Which, WorkloadArgs};

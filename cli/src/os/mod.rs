@@ -1,6 +1,6 @@
 //! The command line's own raw layer: what its kernel floors, its probe and
-//! the scan workload's kernel baseline need from the kernel, below the
-//! engine's public API.
+//! the kernel baseline (`random`, `scan`, `filemap`) need from the kernel,
+//! below the engine's public API.
 //!
 //! It is built on the stock crates: `userfaultfd` for descriptors and their
 //! ioctls, `memmap2` for mappings, `nix` for memfds, `madvise`, signals,

@@ -1,6 +1,10 @@
-//! userfaultfd: the descriptor (created through the `userfaultfd` crate) and
-//! raw ioctls for what that crate lacks (MOVE, POISON, the WP install modes,
-//! and the feature probe).
+//! userfaultfd: the descriptor and its ioctls. The engine opens the
+//! descriptor itself (`open.rs`: `/dev/userfaultfd`, or the system call,
+//! user-mode-only for an ordinary user), hands it to the `userfaultfd`
+//! crate's type to own, and makes every ioctl raw (registration, the API
+//! handshake and feature probe, the fills, WAKE and WRITEPROTECT, and the
+//! message reads), since the crate lacks MOVE, POISON and the WP install
+//! modes and wraps the rest in types that allocate.
 //!
 //! Every ioctl wrapper is async-signal-safe: one syscall on a stack struct,
 //! errors returned as a plain errno.
