@@ -5,7 +5,7 @@
 //! (`Lru::overflow`, "should stay 0"): they left the LRU with `ON_LRU`
 //! cleared and were never added again while resident, so reclaim could
 //! never free them (34 of 60 here). A full ring now drops its stale
-//! entries before it refuses one (`lru.rs`, `compact`).
+//! entries before it refuses one (`lru/mod.rs`, `compact`).
 //!
 //! Pages dropped with `Region::dontneed` (or the application's own
 //! `MADV_DONTNEED`) keep `ON_LRU` and their ring entry, so that a page

@@ -22,7 +22,8 @@
 //! copy in swap) still holds it. Any step that fails lifts the protection again and leaves
 //! the page where it was.
 
-use super::{Pass, Unmapped};
+use super::evict::Unmapped;
+use super::Pass;
 use crate::address_space::Mm;
 use crate::object::Object;
 use crate::page_cache::CLEAN;

@@ -1,0 +1,120 @@
+//! The I/O workers' side: the loop that runs requests, frees abandoned
+//! ones and gives back what a 2 MiB request's buffer left behind, and the
+//! start and stop of the threads. A worker is an ordinary thread: it may
+//! allocate, lock and log; the requests' callers are not.
+
+use super::call::{read_in_place, write_in_place};
+use super::*;
+
+impl Io {
+    /// One worker's loop: runs requests until the queue is stopped.
+    fn work(&self) {
+        while let Some(k) = self.queue.next_spinning(self.spin_ns) {
+            let s = &self.slots[k as usize];
+            if s.state
+                .compare_exchange(PENDING, RUNNING, AcqRel, Acquire)
+                .is_err()
+            {
+                // Abandoned before it ran.
+                self.release(s);
+                continue;
+            }
+            // SAFETY: RUNNING: this worker alone touches the cell.
+            let store = unsafe { (*s.store.get()).take() };
+            let len = s.len.load(Relaxed) as usize;
+            // SAFETY: RUNNING: this worker alone touches the buffer, which
+            // holds SLOT_BYTES (`submit` checked `len`).
+            let buf = unsafe { std::slice::from_raw_parts_mut(self.buf(k as usize), len) };
+            let op = s.op.load(Relaxed);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match (&store, op) {
+                (Some(st), READ) => read_in_place(&**st, s.offs[0].load(Relaxed), buf),
+                (Some(st), SYNC) => st.sync(),
+                (Some(st), DISCARD) => {
+                    st.discard(s.offs[0].load(Relaxed), s.offs[1].load(Relaxed));
+                    Ok(())
+                }
+                (Some(st), _) if len == HUGE_PAGE_SIZE => {
+                    write_in_place(&**st, &[(s.offs[0].load(Relaxed), buf)])
+                }
+                (Some(st), _) => {
+                    // A worker may allocate: the batch's list is built here.
+                    let pages: Vec<(u64, &[u8])> = buf
+                        .chunks(PAGE_SIZE)
+                        .enumerate()
+                        .map(|(n, p)| (s.offs[n].load(Relaxed), p))
+                        .collect();
+                    write_in_place(&**st, &pages)
+                }
+                (None, _) => Err(StoreError(libc::EINVAL)),
+            }));
+            let errno = match r {
+                Ok(Ok(())) => 0,
+                Ok(Err(StoreError(e))) => e.max(1),
+                Err(_) => {
+                    tracing::error!("a store panicked; the call counts as failed");
+                    libc::EIO
+                }
+            };
+            s.result.store(errno, Relaxed);
+            if s.state
+                .compare_exchange(RUNNING, DONE, AcqRel, Acquire)
+                .is_ok()
+            {
+                futex::wake_all(&s.state);
+                drop(store);
+            } else {
+                // The caller gave up: nobody wants the answer, but a failed
+                // sync's (see `sync`), recorded while the store is held.
+                if let (SYNC, Some(st), true) = (op, &store, errno != 0) {
+                    self.failed_sync_given_up(st);
+                }
+                drop(store);
+                self.release(s);
+            }
+        }
+    }
+
+    /// Frees an abandoned slot.
+    fn release(&self, s: &Slot) {
+        // SAFETY: the slot is ABANDONED: its caller left, and only this
+        // worker (the one that popped it) touches it now.
+        drop(unsafe { (*s.store.get()).take() });
+        let k = self.slots.iter().position(|x| std::ptr::eq(x, s));
+        if let Some(k) = k {
+            self.give_back_tail(k);
+        }
+        s.state.store(FREE, Release);
+    }
+
+    /// A 2 MiB request leaves its buffer's pages behind: gives back what
+    /// base-page requests never use. The caller owns slot `k` (DONE and
+    /// its waiter's, or ABANDONED and its worker's).
+    pub(super) fn give_back_tail(&self, k: usize) {
+        if self.slots[k].len.load(Relaxed) as usize > REQUEST_BYTES {
+            let tail = self.buf(k) as usize + REQUEST_BYTES;
+            let _ = crate::sys::mem::madvise(tail, SLOT_BYTES - REQUEST_BYTES, libc::MADV_DONTNEED);
+        }
+    }
+
+    /// Stops the workers.
+    pub fn stop(&self) {
+        self.queue.stop();
+    }
+}
+
+/// Starts `n` I/O worker threads over `io` (kept alive by `owner`).
+pub fn start<T: Send + Sync + 'static>(
+    owner: &Arc<T>,
+    io: fn(&T) -> &Io,
+    n: usize,
+    started: &mut Vec<std::thread::JoinHandle<()>>,
+) -> std::io::Result<()> {
+    for k in 0..n {
+        let owner = owner.clone();
+        started.push(crate::sys::thread::spawn(
+            format!("uffd-io-{k}"),
+            move || io(&owner).work(),
+        )?);
+    }
+    Ok(())
+}
