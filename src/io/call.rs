@@ -1,6 +1,6 @@
-//! Where a store call runs: in the calling thread for a signal-safe
-//! store (a panic in it caught), else through the I/O workers
-//! ([`Io`]).
+//! Where a store call runs: a read or write in the calling thread for a
+//! signal-safe store (a panic in it caught), else through the I/O workers
+//! ([`Io`]); `page_in_memory` and `discard` always in the calling thread.
 
 use super::Io;
 use crate::store::{Store, StoreError};

@@ -1,5 +1,5 @@
 //! One shard's ring of LRU entries: a circular buffer in a mapping
-//! reserved for its largest size and touched only as it grows, so that
+//! reserved for its largest size and touched only as entries use it, so that
 //! pushing, popping and growing allocate nothing (async-signal-safe). The
 //! caller holds the shard's lock across every call.
 

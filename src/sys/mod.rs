@@ -3,8 +3,9 @@
 //! What the fault path calls here is a direct syscall with no allocation,
 //! no locking and no tracing, so it may run inside the SIGBUS handler.
 //! Some calls made only from ordinary threads, at map time or in a probe,
-//! allocate (`pagemap`'s range reads, `huge`'s pool figures, `pipe`'s and
-//! `uffd`'s error messages): the fault path does not call them.
+//! allocate (`pagemap`'s range reads, `huge`'s pool figures, `pipe`'s
+//! sysfs read at map time, `uffd`'s error messages, a memfd's name, a
+//! thread's spawn): the fault path does not call them.
 
 pub mod futex;
 pub mod huge;

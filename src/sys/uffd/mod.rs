@@ -3,8 +3,9 @@
 //! user-mode-only for an ordinary user), hands it to the `userfaultfd`
 //! crate's type to own, and makes every ioctl raw (registration, the API
 //! handshake and feature probe, the fills, WAKE and WRITEPROTECT, and the
-//! message reads), since the crate lacks MOVE, POISON and the WP install
-//! modes and wraps the rest in types that allocate.
+//! message reads): the crate lacks MOVE, POISON and the WP modes of COPY
+//! and CONTINUE, and one form for all of them (a stack struct, a plain
+//! errno) keeps the fault path's calls alike.
 //!
 //! Every ioctl wrapper is async-signal-safe: one syscall on a stack struct,
 //! errors returned as a plain errno.
