@@ -65,8 +65,10 @@ pub struct Vma {
     /// pagers list one address live only while one of them has not yet
     /// applied the application's `munmap` there (the kernel frees the
     /// range before it posts the event) and the other has mapped there
-    /// since: the later placement is the range's, as the kernel has only
-    /// the newer VMA ([`crate::delivery`]'s SIGBUS handler asks).
+    /// since. The first has an event on its way, which the SIGBUS handler
+    /// asks first ([`crate::address_space::Mm::live_claim`]); where both
+    /// have, the later placement is the range's, as the kernel has only
+    /// the newer VMA.
     pub placed: u64,
 }
 

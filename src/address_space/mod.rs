@@ -367,6 +367,25 @@ impl Mm {
         self.table.read(|t| t.find(addr).map(|v| v.placed))
     }
 
+    /// [`live_placement`](Self::live_placement), and whether the claim is
+    /// in doubt: an event of this address space is on its way (its
+    /// descriptor's `mmap_changing`: the application's `munmap` or
+    /// `mremap` began and the event is unread), read and not yet applied,
+    /// or being applied. A claim that is not in doubt is true: an
+    /// application's unmap of the region would have raised one of these
+    /// first. One system call, for a fault that more than one address
+    /// space claims. Async-signal-safe (errno is the caller's to keep).
+    pub fn live_claim(&self, addr: usize) -> Option<(u64, bool)> {
+        self.table.read(|t| {
+            t.find(addr).map(|v| {
+                let doubt = self.events.pending()
+                    || self.events.in_flight()
+                    || self.uffd_for(&v.object).mmap_changing();
+                (v.placed, doubt)
+            })
+        })
+    }
+
     /// Whether a fault at `addr` may have to read its page from a store
     /// now, or wait for another's store call: the page is locked, or not up
     /// to date in its cache and not a never-swapped page of zero-filled

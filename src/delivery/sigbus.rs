@@ -192,15 +192,26 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 // A live region first: another pager may still list the
                 // same range as dying after unmapping it, and a fault on
                 // this pager's new region there must not go to it. Of
-                // two live claims the later placement: the other pager
-                // has not applied the application's unmap of its region
-                // there yet, and a fault sent to it would wait for that
-                // (its events' gate) and then find nothing. Served
+                // two live claims one is stale: the other pager has not
+                // applied the application's unmap of its region there
+                // yet, and a fault sent to it would wait for that (its
+                // events' gate) and then find nothing. A claim whose
+                // pager has no event on its way is the true one
+                // (`Mm::live_claim`); where both have, the later
+                // placement. (Not the later placement alone: a move's is
+                // taken when its event is read, and a move read late, its
+                // target unmapped meanwhile and mapped there by another
+                // pager, looked newer than that pager's map.) Served
                 // after the read section, under a pin of its entry.
-                let newest = live()
-                    .filter_map(|e| e.mm().live_placement(addr).map(|p| (p, e)))
-                    .max_by_key(|&(p, _)| p);
-                if let Some((_, e)) = newest {
+                let mut claims = live().filter_map(|e| e.mm().live_placement(addr).map(|_| e));
+                let newest = match (claims.next(), claims.next()) {
+                    (one, None) => one,
+                    _ => live()
+                        .filter_map(|e| e.mm().live_claim(addr).map(|(p, doubt)| ((!doubt, p), e)))
+                        .max_by_key(|&(key, _)| key)
+                        .map(|(_, e)| e),
+                };
+                if let Some(e) = newest {
                     // SAFETY: `unregister` frees the entry only once this
                     // pin is dropped (below, when the fault is served).
                     let e: &'static Entry = unsafe { &*(e as *const Entry) };

@@ -142,9 +142,14 @@ pub enum Event {
         len: usize,
         /// The moved pieces' placement stamp ([`crate::vma::Vma::placed`]),
         /// taken when the event was read: the application's `mremap`
-        /// returns then, so any region another pager maps at `to` later
-        /// (once the application unmapped the moved range again) is placed
-        /// later, however late this event is applied.
+        /// returns then, so a region another pager maps at `to` after
+        /// the application's own calls return is placed later, however
+        /// late this event is applied. Not one mapped there before the
+        /// read: another thread can unmap the moved range and another
+        /// pager map there while this event waits to be read (the
+        /// SIGBUS handler asks which pager has an event on its way,
+        /// [`crate::address_space::Mm::live_claim`], before it compares
+        /// placements).
         placed: u64,
     },
 }
