@@ -195,6 +195,7 @@ impl Mm {
         };
         if r.is_err() {
             let _ = mprotect(new_start, new_len, libc::PROT_NONE);
+            new.unregistered.store(true, Release);
         }
         old.lock.write_unlock();
         new.lock.write_unlock();

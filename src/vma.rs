@@ -70,6 +70,12 @@ pub struct Vma {
     /// have, the later placement is the range's, as the kernel has only
     /// the newer VMA.
     pub placed: u64,
+    /// A remap could not register the range again (it is left
+    /// inaccessible: only its unmap works, `crate::mremap`). The
+    /// application's own `munmap` of it then raises no event, so this
+    /// region's claim on its range can outlive the range: the SIGBUS
+    /// handler counts it as in doubt ([`crate::address_space::Mm::live_claim`]).
+    pub unregistered: AtomicBool,
 }
 
 /// The next placement stamp ([`Vma::placed`]). Async-signal-safe (one
@@ -95,6 +101,7 @@ impl Vma {
             random: AtomicBool::new(false),
             id: 0,
             placed: next_placement(),
+            unregistered: AtomicBool::new(false),
         }
     }
 
@@ -115,6 +122,7 @@ impl Vma {
         v.id = self.id;
         v.anon_prepared = AtomicBool::new(self.anon_prepared.load(Relaxed));
         v.read_only_wp = AtomicBool::new(self.read_only_wp.load(Relaxed));
+        v.unregistered = AtomicBool::new(self.unregistered.load(Relaxed));
         if at == start {
             v.placed = self.placed;
         }

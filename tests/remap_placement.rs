@@ -153,6 +153,7 @@ static IN_HOOK: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0
 static RELEASED: AtomicBool = AtomicBool::new(false);
 static WRITES_DONE: AtomicBool = AtomicBool::new(false);
 static HELD_OUT: AtomicBool = AtomicBool::new(false);
+static SET_UP_LATE: AtomicBool = AtomicBool::new(false);
 
 /// Sleeps in 1 ms steps (nanosleep: async-signal-safe) until `until`
 /// holds or 5 s pass; whether it held.
@@ -176,7 +177,9 @@ fn hold_events() {
     match PHASE.swap(0, SeqCst) {
         1 => {
             IN_HOOK.store(1, SeqCst);
-            hold_until(&RELEASED);
+            if !hold_until(&RELEASED) {
+                SET_UP_LATE.store(true, SeqCst);
+            }
         }
         2 => {
             IN_HOOK.store(2, SeqCst);
@@ -211,7 +214,13 @@ fn child_remap_read_late() {
     // it, and then holds the unmap at X until B's writes are done.
     PHASE.store(2, SeqCst);
     RELEASED.store(true, SeqCst);
-    wait_for("A applied the move", || IN_HOOK.load(SeqCst) == 2);
+    wait_for("A applied the move", || {
+        assert!(
+            !SET_UP_LATE.load(SeqCst),
+            "the set-up took past the first hold (5 s): A read the move early"
+        );
+        IN_HOOK.load(SeqCst) == 2
+    });
     for pg in 0..8 {
         // SAFETY: B's region at X, live until the end of the test.
         unsafe { std::ptr::write_volatile((x + pg * PAGE) as *mut u8, 0x22) };

@@ -371,14 +371,22 @@ impl Mm {
     /// in doubt: an event of this address space is on its way (its
     /// descriptor's `mmap_changing`: the application's `munmap` or
     /// `mremap` began and the event is unread), read and not yet applied,
-    /// or being applied. A claim that is not in doubt is true: an
-    /// application's unmap of the region would have raised one of these
-    /// first. One system call, for a fault that more than one address
-    /// space claims. Async-signal-safe (errno is the caller's to keep).
+    /// or being applied; or the engine itself is changing the region (it
+    /// is write-locked: an unmap or remap of it, whose range the kernel
+    /// may have freed already); or the region's range is no longer
+    /// registered ([`Vma::unregistered`]), so its unmap raises no event.
+    /// Otherwise an application's unmap of the region would have raised
+    /// an event first. The events are the whole address space's, so a
+    /// true claim can be in doubt too: the SIGBUS handler prefers a claim
+    /// that is not and compares placements among the rest. One system
+    /// call, for a fault that more than one address space claims.
+    /// Async-signal-safe (errno is the caller's to keep).
     pub fn live_claim(&self, addr: usize) -> Option<(u64, bool)> {
         self.table.read(|t| {
             t.find(addr).map(|v| {
-                let doubt = self.events.pending()
+                let doubt = v.lock.is_write_locked()
+                    || v.unregistered.load(Acquire)
+                    || self.events.pending()
                     || self.events.in_flight()
                     || self.uffd_for(&v.object).mmap_changing();
                 (v.placed, doubt)

@@ -195,14 +195,18 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 // two live claims one is stale: the other pager has not
                 // applied the application's unmap of its region there
                 // yet, and a fault sent to it would wait for that (its
-                // events' gate) and then find nothing. A claim whose
-                // pager has no event on its way is the true one
-                // (`Mm::live_claim`); where both have, the later
-                // placement. (Not the later placement alone: a move's is
-                // taken when its event is read, and a move read late, its
-                // target unmapped meanwhile and mapped there by another
-                // pager, looked newer than that pager's map.) Served
-                // after the read section, under a pin of its entry.
+                // events' gate) and then find nothing. A claim not in
+                // doubt (`Mm::live_claim`: no event of its pager on its
+                // way, no engine change of it in flight) is the true one;
+                // among the rest, the later placement. (Not the later
+                // placement alone: a move's is taken when its event is
+                // read, and a move read late, its target unmapped
+                // meanwhile and mapped there by another pager, looked
+                // newer than that pager's map. Where that pager has an
+                // event of its own on its way too, it still does: the
+                // fault waits for the stale pager's events, finds
+                // nothing and looks again.) Served after the read
+                // section, under a pin of its entry.
                 let mut claims = live().filter_map(|e| e.mm().live_placement(addr).map(|_| e));
                 let newest = match (claims.next(), claims.next()) {
                     (one, None) => one,
