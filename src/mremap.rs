@@ -247,6 +247,8 @@ fn register_again(
     prot: i32,
 ) -> std::result::Result<u64, i32> {
     let r = uffd.register(start, len, register_mode(&vma.object));
+    // Unregistered, its unmap raises no event (`Vma::unregistered`).
+    vma.unregistered.store(r.is_err(), Release);
     // Write-protected before the protection is given back: every PTE the
     // engine installed is dirty, so until then `mprotect(PROT_WRITE)` would
     // make a clean page writable, and a write to it from another thread

@@ -70,8 +70,9 @@ pub struct Vma {
     /// have, the later placement is the range's, as the kernel has only
     /// the newer VMA.
     pub placed: u64,
-    /// A remap could not register the range again (it is left
-    /// inaccessible: only its unmap works, `crate::mremap`). The
+    /// A remap, moved or refused, could not register the range again (it
+    /// is left inaccessible: only its unmap works; set or cleared at each
+    /// registration, `crate::mremap`'s `register_again`). The
     /// application's own `munmap` of it then raises no event, so this
     /// region's claim on its range can outlive the range: the SIGBUS
     /// handler counts it as in doubt ([`crate::address_space::Mm::live_claim`]).

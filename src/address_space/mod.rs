@@ -372,8 +372,8 @@ impl Mm {
     /// descriptor's `mmap_changing`: the application's `munmap` or
     /// `mremap` began and the event is unread), read and not yet applied,
     /// or being applied; or the engine itself is changing the region (it
-    /// is write-locked: an unmap or remap of it, whose range the kernel
-    /// may have freed already); or the region's range is no longer
+    /// is write-locked, or detached and replaced: an unmap or remap of it,
+    /// whose range the kernel may have freed already); or the region's range is no longer
     /// registered ([`Vma::unregistered`]), so its unmap raises no event.
     /// Otherwise an application's unmap of the region would have raised
     /// an event first. The events are the whole address space's, so a
@@ -384,11 +384,16 @@ impl Mm {
     pub fn live_claim(&self, addr: usize) -> Option<(u64, bool)> {
         self.table.read(|t| {
             t.find(addr).map(|v| {
+                // The descriptor before the events: an event read since
+                // the look at the descriptor counts as in flight until it
+                // is applied, and the kernel clears `mmap_changing` only
+                // after the read.
                 let doubt = v.lock.is_write_locked()
+                    || v.lock.is_detached()
                     || v.unregistered.load(Acquire)
+                    || self.uffd_for(&v.object).mmap_changing()
                     || self.events.pending()
-                    || self.events.in_flight()
-                    || self.uffd_for(&v.object).mmap_changing();
+                    || self.events.in_flight();
                 (v.placed, doubt)
             })
         })

@@ -110,7 +110,6 @@ impl RegionLock {
         self.state.fetch_or(DETACHED, Release);
     }
 
-    #[cfg(any(loom, feature = "fault-inject"))]
     /// Whether the region is detached.
     pub fn is_detached(&self) -> bool {
         self.state.load(Acquire) & DETACHED != 0
