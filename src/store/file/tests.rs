@@ -1,6 +1,7 @@
-//! Unit tests of `file.rs`.
+//! Unit tests of the file store (`mod.rs`, `open.rs`).
 
 use super::*;
+use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
