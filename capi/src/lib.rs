@@ -25,7 +25,9 @@ mod region;
 mod stats;
 mod store;
 pub mod umap;
+pub mod umap_cfg;
 mod umap_settings;
+mod umap_state;
 
 pub use pager::*;
 pub use region::*;
