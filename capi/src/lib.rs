@@ -20,6 +20,7 @@
 #![allow(non_camel_case_types)]
 
 mod abi;
+mod fd_store;
 mod pager;
 mod region;
 mod stats;

@@ -149,7 +149,7 @@ fn map(
         fixed_addr: (flags & libc::MAP_FIXED != 0).then_some(addr as usize),
         ..MapOptions::default()
     };
-    let store = match crate::region::fd_store(fd, offset as u64, len, writable) {
+    let store = match crate::fd_store::fd_store(fd, offset as u64, len, writable) {
         Ok(s) => s,
         Err(rc) => return umap_failed(-rc, crate::error_text()),
     };
