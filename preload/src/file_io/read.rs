@@ -1,0 +1,196 @@
+//! The read calls (`read`, `pread`, `readv`, `preadv` and their `_chk`
+//! and 64-bit forms): a writable shared pager mapping of the file written
+//! back first, so the read sees what was stored through it.
+
+use crate::{errno, in_shim, maps, programs_own, set_errno, sys};
+use std::ffi::{c_int, c_void};
+
+/// Runs the read `f` on `fd`, first writing back a writable shared pager
+/// mapping of its file (see [`maps::flush_for_read`]).
+fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
+    if programs_own() && maps::any_writable() {
+        let e = errno();
+        in_shim("read", || maps::flush_for_read(fd));
+        set_errno(e);
+    }
+    f()
+}
+
+/// read(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As read(2).
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    coherent_read(fd, || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe { sys::call(libc::SYS_read, fd as usize, buf as usize, n, 0, 0) as isize }
+    })
+}
+
+/// pread(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As pread(2).
+#[no_mangle]
+pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+    coherent_read(fd, || {
+        // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+        unsafe {
+            sys::call(
+                libc::SYS_pread64,
+                fd as usize,
+                buf as usize,
+                n,
+                off as usize,
+                0,
+            ) as isize
+        }
+    })
+}
+
+/// pread64(2): the same call on x86-64.
+///
+/// # Safety
+/// As pread(2).
+#[no_mangle]
+pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pread(fd, buf, n, off) }
+}
+
+// `_FORTIFY_SOURCE` (on by default in distributions' builds and in
+// Debian's and Ubuntu's `gcc -O2`) turns a `read` or `pread` into a buffer
+// whose size the compiler knows into these checked calls, which glibc
+// serves with its internal `read`/`pread` and never through the symbols
+// above: without them such a program read the file's older bytes past
+// what it had stored through the mapping.
+extern "C" {
+    fn __chk_fail() -> !;
+}
+
+/// `__read_chk`: `read(2)` for a fortified program (see above).
+///
+/// # Safety
+/// As read(2), with `buflen` the size of `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize) -> isize {
+    if n > buflen {
+        // SAFETY: glibc's own answer to an overflow: ends the process.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { read(fd, buf, n) }
+}
+
+/// `__pread_chk`: `pread(2)` for a fortified program (see above).
+///
+/// # Safety
+/// As pread(2), with `buflen` the size of `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __pread_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    off: libc::off_t,
+    buflen: usize,
+) -> isize {
+    if n > buflen {
+        // SAFETY: glibc's own answer to an overflow: ends the process.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { pread(fd, buf, n, off) }
+}
+
+/// `__pread64_chk`: the same call on x86-64.
+///
+/// # Safety
+/// As pread(2), with `buflen` the size of `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __pread64_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    off: libc::off_t,
+    buflen: usize,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { __pread_chk(fd, buf, n, off, buflen) }
+}
+
+/// readv(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As readv(2).
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe { sys::iov(libc::SYS_readv, fd, iov, cnt, 0) })
+}
+
+/// preadv(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As preadv(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe {
+        sys::iov(libc::SYS_preadv, fd, iov, cnt, off)
+    })
+}
+
+/// preadv64(2): the same call on x86-64.
+///
+/// # Safety
+/// As preadv(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv64(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { preadv(fd, iov, cnt, off) }
+}
+
+/// preadv2(2), seeing what was stored through a pager mapping of the file.
+///
+/// # Safety
+/// As preadv2(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> isize {
+    // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
+    coherent_read(fd, || unsafe {
+        sys::iov2(libc::SYS_preadv2, fd, iov, cnt, off, flags)
+    })
+}
+
+/// preadv64v2(2): the same call on x86-64.
+///
+/// # Safety
+/// As preadv2(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv64v2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> isize {
+    // SAFETY: the same contract.
+    unsafe { preadv2(fd, iov, cnt, off, flags) }
+}
