@@ -24,10 +24,12 @@
 //!   while the gate is wanted leave their section and wait.
 //! - With handler threads the read comes first (events arrive among fault
 //!   messages), then the gate; in the moment between, a fault another
-//!   handler is finishing can still complete on the old view. A fault
-//!   re-checks its page when it meets the result (`fault::install`'s
-//!   recheck), so the window only matters for a page that an application
-//!   thread touches at the very time another thread unmaps or drops it.
+//!   handler is finishing still holds its section on the old view. Its
+//!   install would fill whatever registered mapping took the range
+//!   meanwhile (the kernel's fill ioctls check only that the destination
+//!   is registered with some userfaultfd), so every fill a fault makes
+//!   runs only while no event is read and unapplied ([`Events::fill`]),
+//!   and the fault restarts otherwise.
 //!   An eviction is another matter: its `UFFDIO_MOVE` out of the range
 //!   (the kernel checks only the destination's registration) or its
 //!   `MADV_DONTNEED` of it would take the application's own new page
@@ -97,6 +99,9 @@ pub struct Events {
     queue: Mutex<VecDeque<(Event, usize)>>,
     /// Reads in flight plus events queued and not yet applied.
     busy: AtomicU32,
+    /// Handler threads' fills of user pages in flight ([`Events::fill`]):
+    /// a read waits for them before it reads.
+    filling: AtomicU32,
     /// Objects an applied unmap left to release and not yet released
     /// ([`release::Released`]).
     releasing: AtomicU32,
@@ -288,12 +293,91 @@ impl Events {
         Some(f())
     }
 
+    /// Runs `f`, an ioctl that fills, maps or protects a page at a user
+    /// address for a fault (`UFFDIO_COPY`, `ZEROPAGE`, `CONTINUE`, `MOVE`
+    /// into the range, `WRITEPROTECT`, `POISON`), only while no event is
+    /// read and not yet applied: `Err(EAGAIN)` otherwise, and the fault
+    /// restarts once the events are applied.
+    ///
+    /// Hazard: the kernel's fill ioctls check that the destination is
+    /// registered with *a* userfaultfd, not with the descriptor they are
+    /// called on (only `MOVE` checks that, and a refused move falls back to
+    /// a copy). The kernel refuses them with EAGAIN from before the
+    /// application's `munmap` or `mremap` frees a range until its event is
+    /// read; with handler threads the event is read before it is applied
+    /// (the gate comes second), and the application's call returns at the
+    /// read. A fault past its lookup then filled whatever registered
+    /// mapping another pager, or this one, had put in the range meanwhile:
+    /// its page's bytes in someone else's memory
+    /// (`tests/install_after_unmap.rs`). So a fill counts itself in
+    /// `filling` and then looks at `busy`; a read counts itself in `busy`
+    /// and then waits for `filling` to drain before it reads (both
+    /// `SeqCst`: one of the two sees the other). A fill that meets a read in
+    /// flight waits for it (the read holds `reads`) and looks again.
+    ///
+    /// In-thread delivery's reader takes the gate before it reads, so a
+    /// fault's section covers this there (`f` runs at once; a signal
+    /// handler may take no mutex). Cost with handler threads: two
+    /// read-modify-writes of a shared line and a load per ioctl.
+    #[inline]
+    pub fn fill<R>(&self, in_thread: bool, f: impl FnOnce() -> Result<R, i32>) -> Result<R, i32> {
+        if in_thread {
+            return f();
+        }
+        loop {
+            self.filling.fetch_add(1, SeqCst);
+            if self.busy.load(SeqCst) == 0 {
+                let r = f();
+                self.filling.fetch_sub(1, SeqCst);
+                return r;
+            }
+            self.filling.fetch_sub(1, SeqCst);
+            // A read in flight holds `reads` until it has queued what it
+            // read; what `busy` counts once it is done is events to apply
+            // first (or another read: looked at as one, a restart).
+            drop(self.reads.lock().unwrap_or_else(|e| e.into_inner()));
+            if self.busy.load(SeqCst) != 0 {
+                return Err(libc::EAGAIN);
+            }
+        }
+    }
+
+    /// How long a read waits for the fills in flight before it reads
+    /// anyway: a fill's ioctl that faults on its source where only a read
+    /// of this pager's could serve it (a store whose
+    /// [`page_in_memory`](crate::store::Store::page_in_memory) is region
+    /// memory) would otherwise wait for itself.
+    const FILL_PATIENCE_NS: u64 = 1_000_000_000;
+
+    /// Waits until no fill is in flight ([`Events::fill`]), at most
+    /// [`Self::FILL_PATIENCE_NS`]: spins, then yields.
+    fn wait_fills(&self) {
+        let mut deadline = 0;
+        let mut spins = 0u32;
+        while self.filling.load(SeqCst) != 0 {
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = crate::sys::now_ns();
+            if deadline == 0 {
+                deadline = now + Self::FILL_PATIENCE_NS;
+            } else if now > deadline {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Reads up to `msgs.len()` messages from `uffd` (non-blocking; `Ok(0)`:
     /// none) in read order with the other readers, and queues the events
-    /// among them for [`apply::queued`].
+    /// among them for [`apply::queued`]. Waits first for the fills in
+    /// flight ([`Events::fill`]).
     pub fn read(&self, uffd: &Uffd, msgs: &mut [Msg]) -> Result<usize, i32> {
         let _order = self.reads.lock().unwrap_or_else(|e| e.into_inner());
         self.busy.fetch_add(1, SeqCst);
+        self.wait_fills();
         let r = uffd.read_msgs(msgs);
         if let Ok(n) = r {
             let mut q = self.lock_queue();

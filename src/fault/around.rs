@@ -57,10 +57,12 @@ pub(super) fn map_pages(mm: &Mm, vma: &Vma, i: usize, referenced: u32) -> bool {
             }
         }
         if k > j {
-            let mapped = match mm
-                .uffd_for(obj)
-                .cont(vma.addr_of(j), (k - j) * PAGE_SIZE, mode)
-            {
+            // (An event-safe fill, as every install: `Events::fill`.)
+            let uffd = mm.uffd_for(obj);
+            let in_thread = mm.config.delivery.is_in_thread();
+            let mapped = match mm.events.fill(in_thread, || {
+                uffd.cont(vma.addr_of(j), (k - j) * PAGE_SIZE, mode)
+            }) {
                 Ok(b) => (b as usize / PAGE_SIZE).min(k - j),
                 Err(_) => 0,
             };

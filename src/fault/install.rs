@@ -79,13 +79,22 @@ const EAGAIN_PATIENCE_NS: u64 = 1_000_000_000;
 /// each retry sleeps first, a sixteenth of the wait so far (at most 1 ms).
 /// Async-signal-safe (`sched_yield`, `clock_gettime`, `clock_nanosleep`,
 /// an ioctl).
+///
+/// Each try runs as an event-safe fill ([`crate::events::Events::fill`]):
+/// with handler threads, never while an event is read and not yet applied.
 pub(super) fn retry_eagain<T>(
     mm: &Mm,
     uffd: &crate::sys::uffd::Uffd,
-    op: impl FnMut() -> Result<T, i32>,
+    mut op: impl FnMut() -> Result<T, i32>,
 ) -> Result<T, i32> {
-    let give_up = || mm.events.pending() || !mm.config.delivery.is_in_thread();
-    retry_eagain_within(EAGAIN_PATIENCE_NS, give_up, || uffd.mmap_changing(), op)
+    let in_thread = mm.config.delivery.is_in_thread();
+    let give_up = || mm.events.pending() || !in_thread;
+    retry_eagain_within(
+        EAGAIN_PATIENCE_NS,
+        give_up,
+        || uffd.mmap_changing(),
+        || mm.events.fill(in_thread, &mut op),
+    )
 }
 
 fn retry_eagain_within<T>(

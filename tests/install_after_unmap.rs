@@ -1,0 +1,114 @@
+//! A fault a handler thread is serving while the application unmaps its
+//! range, and another pager maps a region there before the unmap's event
+//! is applied.
+//!
+//! With handler threads the application's `munmap` returns once its event
+//! is read, and the engine applies it only when the faults in flight have
+//! left the gate. The kernel's fill ioctls (`UFFDIO_COPY`, `ZEROPAGE`,
+//! `CONTINUE`) check only that the destination is registered with *some*
+//! userfaultfd, not with the descriptor they are called on. So a fault past
+//! its lookup installed its page into whatever registered mapping took the
+//! range meanwhile: another pager's fresh region read the unmapped
+//! region's bytes (0xAB here, where it holds zeros). Now an install from a
+//! handler thread waits for a read in flight and backs off while an event
+//! read is not yet applied; the fault restarts and finds no region.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uffd_pager::store::MemoryStore;
+use uffd_pager::testing::{set_after_lookup, Site};
+use uffd_pager::{Delivery, InstallKind, MapOptions, Pager};
+use util::{PAGE, THREADS};
+
+/// The region whose fault the hook holds (0: none), whether it holds it,
+/// and whether the test let it go.
+static TARGET: AtomicUsize = AtomicUsize::new(0);
+static HELD: AtomicBool = AtomicBool::new(false);
+static GO: AtomicBool = AtomicBool::new(false);
+
+/// Holds the target region's fault, past its lookup, until the test lets
+/// it go (at most 10 s), once. Async-signal-safe (atomics and sleeps): it
+/// also runs for the other pager's in-thread faults.
+fn until_let_go(site: &Site<'_>) {
+    let a = TARGET.load(SeqCst);
+    if a == 0 || site.start() != a || TARGET.swap(0, SeqCst) == 0 {
+        return;
+    }
+    HELD.store(true, SeqCst);
+    let t = Instant::now();
+    while !GO.load(SeqCst) && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{what} never came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() {
+    let pager = Pager::builder()
+        .delivery(THREADS)
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let other = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryStore::from_bytes(&[0xAB; 4 * PAGE]).unwrap());
+    let opts = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        ..MapOptions::default()
+    };
+    // SAFETY: only this region reads the store; nothing writes it.
+    let region = unsafe { pager.map_store(store, 4 * PAGE, &opts) }.unwrap();
+    let base = region.as_ptr() as usize;
+
+    TARGET.store(base, SeqCst);
+    set_after_lookup(Some(until_let_go));
+    // A plain load of page 0 (a user-mode fault, so this runs as any user):
+    // a handler thread serves it, and the hook holds it past its lookup.
+    let reader = std::thread::spawn(move || {
+        // SAFETY: `base` is mapped memory, the region's or, once the test
+        // has moved on, the other pager's region at the same address.
+        unsafe { std::ptr::read_volatile(base as *const u8) }
+    });
+    wait_for("the fault", || HELD.load(SeqCst));
+    // The application's own munmap: it returns once the other handler
+    // thread has read the event, which waits to be applied until the held
+    // fault leaves the gate.
+    // SAFETY: the region's whole range, which the test gives up here.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, 4 * PAGE) }, 0);
+    // Another pager maps a region of zeros where the range was.
+    let fixed = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        fixed_addr: Some(base),
+        ..MapOptions::default()
+    };
+    let theirs = other.map_anonymous_with(4 * PAGE, &fixed).unwrap();
+    assert_eq!(theirs.as_ptr() as usize, base);
+    GO.store(true, SeqCst);
+    let seen = reader.join().unwrap();
+    set_after_lookup(None);
+    let there = theirs.as_slice()[0];
+    assert_eq!(
+        (seen, there),
+        (0, 0),
+        "the unmapped region's page went into the other pager's region (its \
+         first byte reads {there:#x}, the racing load saw {seen:#x}): {}",
+        pager.stats()
+    );
+    drop(theirs);
+    drop(region);
+}
