@@ -29,6 +29,16 @@ use util::{PAGE, THREADS};
 static TARGET: AtomicUsize = AtomicUsize::new(0);
 static HELD: AtomicBool = AtomicBool::new(false);
 static GO: AtomicBool = AtomicBool::new(false);
+/// The tests share the hook: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes the hook for one test: held until the guard drops.
+fn take_the_hook() -> std::sync::MutexGuard<'static, ()> {
+    let g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    HELD.store(false, SeqCst);
+    GO.store(false, SeqCst);
+    g
+}
 
 /// Holds the target region's fault, past its lookup, until the test lets
 /// it go (at most 10 s), once. Async-signal-safe (atomics and sleeps): it
@@ -55,6 +65,7 @@ fn wait_for(what: &str, f: impl Fn() -> bool) {
 
 #[test]
 fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() {
+    let _hook = take_the_hook();
     let pager = Pager::builder()
         .delivery(THREADS)
         .readahead(0, 1)
@@ -107,6 +118,93 @@ fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() 
         (0, 0),
         "the unmapped region's page went into the other pager's region (its \
          first byte reads {there:#x}, the racing load saw {seen:#x}): {}",
+        pager.stats()
+    );
+    drop(theirs);
+    drop(region);
+}
+
+/// The permissions `/proc/self/maps` gives the mapping at `addr`.
+fn perms_at(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            usize::from_str_radix(a, 16).unwrap(),
+            usize::from_str_radix(b, 16).unwrap(),
+        );
+        if (a..b).contains(&addr) {
+            return perms.to_string();
+        }
+    }
+    "unmapped".to_string()
+}
+
+#[test]
+fn a_write_in_flight_to_a_protected_region_leaves_the_mapping_there_writable() {
+    let _hook = take_the_hook();
+    let pager = Pager::builder()
+        .delivery(THREADS)
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    if pager.descriptor().user_mode_only {
+        // (Not root: the write inside `read(2)` would be EFAULT at once,
+        // with no fault to hold. CI runs this as root.)
+        eprintln!("skipped: handler threads need a full descriptor");
+        return;
+    }
+    let other = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    let region = pager.map_anonymous(4 * PAGE).unwrap();
+    let base = region.as_ptr() as usize;
+    // Page 0 in place, then the region read-only with write protection: a
+    // write to it is a write-protect fault, which makes the region
+    // read-only for real (`mprotect` of its whole range).
+    assert_eq!(region.as_slice()[0], 0);
+    region.protect(false).unwrap();
+
+    TARGET.store(base, SeqCst);
+    set_after_lookup(Some(until_let_go));
+    // A write into page 0 inside a system call (`read(2)` from a pipe):
+    // a handler thread serves its fault, and the hook holds it.
+    let writer = std::thread::spawn(move || {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe writes two descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: one byte from our own buffer into our own pipe.
+        assert_eq!(unsafe { libc::write(fds[1], [7u8].as_ptr().cast(), 1) }, 1);
+        // SAFETY: `base` is writable memory or the call fails with EFAULT.
+        let n = unsafe { libc::read(fds[0], base as *mut _, 1) };
+        // SAFETY: closing our own descriptors.
+        unsafe { libc::close(fds[0]) };
+        // SAFETY: as above.
+        unsafe { libc::close(fds[1]) };
+        n
+    });
+    wait_for("the fault", || HELD.load(SeqCst));
+    // SAFETY: the region's whole range, which the test gives up here.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, 4 * PAGE) }, 0);
+    let fixed = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        fixed_addr: Some(base),
+        ..MapOptions::default()
+    };
+    let theirs = other.map_anonymous_with(4 * PAGE, &fixed).unwrap();
+    assert_eq!(theirs.as_ptr() as usize, base);
+    GO.store(true, SeqCst);
+    let _ = writer.join().unwrap();
+    set_after_lookup(None);
+    let perms = perms_at(base);
+    assert!(
+        perms.starts_with("rw"),
+        "the other pager's region was made {perms} by the unmapped region's fault: {}",
         pager.stats()
     );
     drop(theirs);

@@ -176,6 +176,23 @@ impl Event {
     }
 }
 
+/// A fill counted in flight ([`Events::fill`]) until dropped, a panic in
+/// the fill included (a count left up would hold every read a second).
+struct Filling<'a>(&'a AtomicU32);
+
+impl<'a> Filling<'a> {
+    fn new(count: &'a AtomicU32) -> Filling<'a> {
+        count.fetch_add(1, SeqCst);
+        Filling(count)
+    }
+}
+
+impl Drop for Filling<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
 impl Events {
     /// Enters a read section (see the module docs). Async-signal-safe.
     #[inline]
@@ -293,53 +310,57 @@ impl Events {
         Some(f())
     }
 
-    /// Runs `f`, an ioctl that fills, maps or protects a page at a user
-    /// address for a fault (`UFFDIO_COPY`, `ZEROPAGE`, `CONTINUE`, `MOVE`
-    /// into the range, `WRITEPROTECT`, `POISON`), only while no event is
-    /// read and not yet applied: `Err(EAGAIN)` otherwise, and the fault
-    /// restarts once the events are applied.
+    /// Runs `f`, a call that fills, maps or protects memory at a user
+    /// address (`UFFDIO_COPY`, `ZEROPAGE`, `CONTINUE`, `MOVE` into the
+    /// range, `WRITEPROTECT`, `POISON`, `mprotect`), only while no event is
+    /// read and not yet applied: `Err(EAGAIN)` otherwise, and the caller
+    /// restarts (a fault, once the events are applied).
     ///
     /// Hazard: the kernel's fill ioctls check that the destination is
     /// registered with *a* userfaultfd, not with the descriptor they are
     /// called on (only `MOVE` checks that, and a refused move falls back to
-    /// a copy). The kernel refuses them with EAGAIN from before the
-    /// application's `munmap` or `mremap` frees a range until its event is
-    /// read; with handler threads the event is read before it is applied
-    /// (the gate comes second), and the application's call returns at the
-    /// read. A fault past its lookup then filled whatever registered
-    /// mapping another pager, or this one, had put in the range meanwhile:
-    /// its page's bytes in someone else's memory
-    /// (`tests/install_after_unmap.rs`). So a fill counts itself in
+    /// a copy; `mprotect` checks nothing). The kernel refuses them with
+    /// EAGAIN from before the application's `munmap` or `mremap` frees a
+    /// range until its event is read; with handler threads the event is
+    /// read before it is applied (the gate comes second), and the
+    /// application's call returns at the read. A fault past its lookup then
+    /// filled whatever registered mapping another pager, or this one, had
+    /// put in the range meanwhile: its page's bytes in someone else's
+    /// memory (`tests/install_after_unmap.rs`). So a fill counts itself in
     /// `filling` and then looks at `busy`; a read counts itself in `busy`
     /// and then waits for `filling` to drain before it reads (both
-    /// `SeqCst`: one of the two sees the other). A fill that meets a read in
-    /// flight waits for it (the read holds `reads`) and looks again.
+    /// `SeqCst`: one of the two sees the other). A fill that meets a read
+    /// in flight or an event not yet applied takes `reads`, under which no
+    /// read is in flight and `busy` counts only events: none, and it counts
+    /// itself before it lets go (a read after that waits for it); some,
+    /// and it backs off. `f` itself runs with no lock held.
     ///
     /// In-thread delivery's reader takes the gate before it reads, so a
-    /// fault's section covers this there (`f` runs at once; a signal
+    /// caller's section covers this there (`f` runs at once; a signal
     /// handler may take no mutex). Cost with handler threads: two
-    /// read-modify-writes of a shared line and a load per ioctl.
+    /// read-modify-writes of a shared line and a load per call, and a mutex
+    /// where a read is in flight.
     #[inline]
     pub fn fill<R>(&self, in_thread: bool, f: impl FnOnce() -> Result<R, i32>) -> Result<R, i32> {
         if in_thread {
             return f();
         }
-        loop {
-            self.filling.fetch_add(1, SeqCst);
-            if self.busy.load(SeqCst) == 0 {
-                let r = f();
-                self.filling.fetch_sub(1, SeqCst);
-                return r;
-            }
-            self.filling.fetch_sub(1, SeqCst);
-            // A read in flight holds `reads` until it has queued what it
-            // read; what `busy` counts once it is done is events to apply
-            // first (or another read: looked at as one, a restart).
-            drop(self.reads.lock().unwrap_or_else(|e| e.into_inner()));
+        let counted = Filling::new(&self.filling);
+        if self.busy.load(SeqCst) != 0 {
+            drop(counted);
+            let order = self.reads.lock().unwrap_or_else(|e| e.into_inner());
             if self.busy.load(SeqCst) != 0 {
                 return Err(libc::EAGAIN);
             }
+            let counted = Filling::new(&self.filling);
+            drop(order);
+            let r = f();
+            drop(counted);
+            return r;
         }
+        let r = f();
+        drop(counted);
+        r
     }
 
     /// How long a read waits for the fills in flight before it reads
@@ -350,7 +371,8 @@ impl Events {
     const FILL_PATIENCE_NS: u64 = 1_000_000_000;
 
     /// Waits until no fill is in flight ([`Events::fill`]), at most
-    /// [`Self::FILL_PATIENCE_NS`]: spins, then yields.
+    /// [`Self::FILL_PATIENCE_NS`]: spins, then yields. (Never in a signal
+    /// handler: readers are threads.)
     fn wait_fills(&self) {
         let mut deadline = 0;
         let mut spins = 0u32;
@@ -364,6 +386,10 @@ impl Events {
             if deadline == 0 {
                 deadline = now + Self::FILL_PATIENCE_NS;
             } else if now > deadline {
+                tracing::warn!(
+                    "a fill of a user page has been in flight for a second; reading the \
+                     userfaultfd anyway (is a store's page_in_memory region memory?)"
+                );
                 return;
             }
             std::thread::yield_now();

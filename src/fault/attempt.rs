@@ -73,12 +73,18 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
         } else {
             // Events first: the range may no longer be this region's (an
             // `mprotect` checks nothing, unlike the ioctls that fail with
-            // EAGAIN then).
-            if mm.events.in_flight() || mm.uffd_for(obj).mmap_changing() {
-                return Outcome::Restart;
-            }
-            if crate::sys::mem::mprotect(vma.start, vma.len(), libc::PROT_READ).is_err() {
-                return Outcome::Denied;
+            // EAGAIN then), so it runs as a fill (`Events::fill`), and not
+            // while an unmap or move is on its way.
+            let uffd = mm.uffd_for(obj);
+            let in_thread = mm.config.delivery.is_in_thread();
+            let protect = || match uffd.mmap_changing() {
+                true => Err(libc::EAGAIN),
+                false => crate::sys::mem::mprotect(vma.start, vma.len(), libc::PROT_READ),
+            };
+            match mm.events.fill(in_thread, protect) {
+                Ok(()) => {}
+                Err(libc::EAGAIN) => return Outcome::Restart,
+                Err(_) => return Outcome::Denied,
             }
             vma.read_only_wp.store(false, Release);
             return Outcome::Done;

@@ -156,7 +156,7 @@ pub(super) fn copy_in(mm: &Mm, vma: &Vma, i: usize, src: usize, wp: bool) -> Res
         // A page already there was not protected by this copy; a clean
         // one must be (see `install_once`).
         Err(libc::EEXIST) if wp => {
-            uffd.writeprotect(addr, len, true, false)?;
+            retry_eagain(mm, uffd, || uffd.writeprotect(addr, len, true, false))?;
             mm.counters.inc(PGINSTALL);
             Ok(())
         }

@@ -19,7 +19,27 @@ use std::sync::atomic::Ordering::*;
 /// contents back, and the slot is emptied. A page moved in is mapped
 /// writable: in a region still read-only with write protection it is
 /// protected again, or the region is made read-only for real.
+///
+/// Hazard: the range may have left the region since the page moved out
+/// (the application's `munmap` or `mremap`, whose event is read and not
+/// yet applied with handler threads), and another mapping taken its place:
+/// the copy would fill it, the `mprotect` change it. So it runs as a fill
+/// ([`crate::events::Events::fill`]), and not while an unmap or move is on
+/// its way; backed off, the page stays in the slot (the caller retires
+/// it), as a page whose range went away is the application's to drop.
 pub(super) fn put_back(mm: &Mm, vma: &Vma, addr: usize, src: usize) -> bool {
+    use crate::sys::pagemap::page_there;
+    let uffd = mm.uffd_for(&vma.object);
+    let in_thread = mm.config.delivery.is_in_thread();
+    let home = mm.events.fill(in_thread, || match uffd.mmap_changing() {
+        true => Err(libc::EAGAIN),
+        false => Ok(put_back_now(mm, vma, addr, src)),
+    });
+    home.unwrap_or_else(|_| page_there(src) != Ok(true))
+}
+
+/// [`put_back`], once it is safe to.
+fn put_back_now(mm: &Mm, vma: &Vma, addr: usize, src: usize) -> bool {
     use crate::sys::mem::mprotect;
     use crate::sys::pagemap::page_there;
     let uffd = mm.uffd_for(&vma.object);
