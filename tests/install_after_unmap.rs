@@ -63,6 +63,26 @@ fn wait_for(what: &str, f: impl Fn() -> bool) {
     }
 }
 
+/// Once the hook holds the fault: the application's own munmap of the
+/// region's 4 pages at `base` (it returns once the other handler thread has
+/// read the event, which waits to be applied until the held fault leaves
+/// the gate), then `other` maps a region of zeros there, then the hook lets
+/// the fault go.
+fn unmap_and_map_theirs(base: usize, other: &Pager) -> uffd_pager::Region {
+    wait_for("the fault", || HELD.load(SeqCst));
+    // SAFETY: the region's whole range, which the test gives up here.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, 4 * PAGE) }, 0);
+    let fixed = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        fixed_addr: Some(base),
+        ..MapOptions::default()
+    };
+    let theirs = other.map_anonymous_with(4 * PAGE, &fixed).unwrap();
+    assert_eq!(theirs.as_ptr() as usize, base);
+    GO.store(true, SeqCst);
+    theirs
+}
+
 #[test]
 fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() {
     let _hook = take_the_hook();
@@ -95,21 +115,7 @@ fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() 
         // has moved on, the other pager's region at the same address.
         unsafe { std::ptr::read_volatile(base as *const u8) }
     });
-    wait_for("the fault", || HELD.load(SeqCst));
-    // The application's own munmap: it returns once the other handler
-    // thread has read the event, which waits to be applied until the held
-    // fault leaves the gate.
-    // SAFETY: the region's whole range, which the test gives up here.
-    assert_eq!(unsafe { libc::munmap(base as *mut _, 4 * PAGE) }, 0);
-    // Another pager maps a region of zeros where the range was.
-    let fixed = MapOptions {
-        kind: Some(InstallKind::Anonymous),
-        fixed_addr: Some(base),
-        ..MapOptions::default()
-    };
-    let theirs = other.map_anonymous_with(4 * PAGE, &fixed).unwrap();
-    assert_eq!(theirs.as_ptr() as usize, base);
-    GO.store(true, SeqCst);
+    let theirs = unmap_and_map_theirs(base, &other);
     let seen = reader.join().unwrap();
     set_after_lookup(None);
     let there = theirs.as_slice()[0];
@@ -188,17 +194,7 @@ fn a_write_in_flight_to_a_protected_region_leaves_the_mapping_there_writable() {
         unsafe { libc::close(fds[1]) };
         n
     });
-    wait_for("the fault", || HELD.load(SeqCst));
-    // SAFETY: the region's whole range, which the test gives up here.
-    assert_eq!(unsafe { libc::munmap(base as *mut _, 4 * PAGE) }, 0);
-    let fixed = MapOptions {
-        kind: Some(InstallKind::Anonymous),
-        fixed_addr: Some(base),
-        ..MapOptions::default()
-    };
-    let theirs = other.map_anonymous_with(4 * PAGE, &fixed).unwrap();
-    assert_eq!(theirs.as_ptr() as usize, base);
-    GO.store(true, SeqCst);
+    let theirs = unmap_and_map_theirs(base, &other);
     let _ = writer.join().unwrap();
     set_after_lookup(None);
     let perms = perms_at(base);
