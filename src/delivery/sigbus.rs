@@ -290,16 +290,20 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                 crate::sys::set_errno(saved);
                 return;
             }
-            // The access is this thread's, now: no region is SIGSEGV.
-            Some(Resolution::Segv) | Some(Resolution::NoRegion) => {
-                // The application's handler runs nested in this one, as
-                // application code (it may never come back, leaving with
-                // `siglongjmp`).
+            // The access is this thread's, now: no region is SIGSEGV
+            // (`SEGV_MAPERR`), a region that refuses it too (`SEGV_ACCERR`).
+            Some(r @ Resolution::Segv) | Some(r @ Resolution::NoRegion) => {
+                // (Where the signal cannot wait for the return, the
+                // application's handler runs nested in this one, as
+                // application code: it may never come back, leaving with
+                // `siglongjmp`, keeping the errno it found.)
                 drop(mark);
-                // With the errno of the code it interrupted (it may leave
-                // with `siglongjmp`, keeping what it found).
                 crate::sys::set_errno(saved);
-                force_segv(uctx);
+                let code = match r {
+                    Resolution::NoRegion => SEGV_MAPERR,
+                    _ => SEGV_ACCERR,
+                };
+                force_segv(addr, code, uctx);
                 crate::sys::set_errno(saved);
                 return;
             }
@@ -330,30 +334,81 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     crate::sys::set_errno(saved);
 }
 
-/// Raises the SIGSEGV the access gets, as the kernel's `force_sig` would:
-/// with the signal mask of the faulting code (`uc_sigmask`, not this
-/// handler's, which blocks everything), and, where that mask blocks SIGSEGV
-/// or the action ignores it, with the action reset to the default and the
-/// signal unblocked (the access would only fault again: the process dies
-/// of it, as without the engine). Async-signal-safe.
-fn force_segv(uctx: *mut libc::c_void) {
-    // SAFETY: `uctx` is the kernel's ucontext for this delivery (read
-    // only); sigaction, sigprocmask and raise are async-signal-safe and get
-    // valid pointers.
+/// `si_code`s of SIGSEGV (`asm-generic/siginfo.h`): no mapping at the
+/// address; a mapping that refuses the access.
+const SEGV_MAPERR: i32 = 1;
+const SEGV_ACCERR: i32 = 2;
+
+/// A SIGSEGV's `siginfo_t` as the kernel lays it out on x86-64: three
+/// ints, padding, the faulting address; the rest zero.
+#[repr(C)]
+struct SegvInfo {
+    signo: libc::c_int,
+    errno: libc::c_int,
+    code: libc::c_int,
+    _pad: libc::c_int,
+    addr: usize,
+    _rest: [u64; 13],
+}
+const _: () = assert!(std::mem::size_of::<SegvInfo>() == std::mem::size_of::<libc::siginfo_t>());
+
+/// Gives the access the SIGSEGV the kernel's `force_sig_fault` would: with
+/// `code` and the faulting address `addr` in its `siginfo`, and delivered
+/// in the faulting code's context. It is queued to this thread
+/// (`rt_tgsigqueueinfo`, which takes a kernel `si_code` from a thread for
+/// itself) while this handler blocks every signal, and arrives as soon as
+/// the handler returns: the application's handler then sees the faulting
+/// instruction's registers in its `ucontext` (a runtime's handler may read
+/// or move the instruction pointer there) and the mask the code had. Where
+/// that mask blocks SIGSEGV or the action ignores it, the action is reset
+/// to the default and SIGSEGV taken out of the mask the return restores
+/// (`uc_sigmask`): the access would only fault again, so the process dies
+/// of it, as without the engine. Where it cannot be queued, it is raised
+/// here, with the faulting code's mask (the application's handler then
+/// runs nested in this one, with `si_code` `SI_TKILL`). Async-signal-safe.
+fn force_segv(addr: usize, code: i32, uctx: *mut libc::c_void) {
+    // SAFETY: `uctx` is the kernel's ucontext for this delivery, or null;
+    // its `uc_sigmask` is what the return from this handler restores, and
+    // ours to change. sigaction, sigprocmask, the syscalls and raise are
+    // async-signal-safe and get valid pointers.
     unsafe {
-        let mut mask: libc::sigset_t = std::mem::zeroed();
-        if uctx.is_null() {
-            libc::sigemptyset(&mut mask);
-        } else {
-            mask = (*(uctx as *const libc::ucontext_t)).uc_sigmask;
-        }
+        let uc = uctx as *mut libc::ucontext_t;
         let mut now: libc::sigaction = std::mem::zeroed();
         libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut now);
-        if libc::sigismember(&mask, libc::SIGSEGV) == 1 || now.sa_sigaction == libc::SIG_IGN {
+        let blocked = !uc.is_null() && libc::sigismember(&(*uc).uc_sigmask, libc::SIGSEGV) == 1;
+        if blocked || now.sa_sigaction == libc::SIG_IGN {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
-            libc::sigdelset(&mut mask, libc::SIGSEGV);
+            if !uc.is_null() {
+                libc::sigdelset(&mut (*uc).uc_sigmask, libc::SIGSEGV);
+            }
+        }
+        if !uc.is_null() {
+            let info = SegvInfo {
+                signo: libc::SIGSEGV,
+                errno: 0,
+                code,
+                _pad: 0,
+                addr,
+                _rest: [0; 13],
+            };
+            let queued = libc::syscall(
+                libc::SYS_rt_tgsigqueueinfo,
+                libc::getpid(),
+                libc::gettid(),
+                libc::SIGSEGV,
+                &info as *const SegvInfo,
+            );
+            if queued == 0 {
+                return;
+            }
+        }
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        if uc.is_null() {
+            libc::sigemptyset(&mut mask);
+        } else {
+            mask = (*uc).uc_sigmask;
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
         libc::raise(libc::SIGSEGV);
