@@ -223,3 +223,66 @@ fn a_resethand_handler_runs_once_then_the_default_kills() {
     );
     assert_eq!(exit_signal(&out), Some(libc::SIGBUS), "{}", describe(&out));
 }
+
+/// As Rust's std's stack-overflow handler does for a SIGBUS outside a
+/// guard page: sets SIGBUS to its default and returns.
+extern "C" fn default_and_return(sig: libc::c_int) {
+    say(b"DEFAULT-AND-RETURN\n");
+    // SAFETY: a zeroed sigaction is the default action; sigaction is
+    // async-signal-safe.
+    unsafe {
+        let sa: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, &sa, std::ptr::null_mut());
+    }
+}
+
+fn child_default_and_return() {
+    install(
+        default_and_return as *const () as libc::sighandler_t,
+        0,
+        &[],
+    );
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    let mut anon = pager.map_anonymous(4 * PAGE).unwrap();
+    // A SIGBUS this process sends itself goes to the handler, which sets
+    // the default and returns, as without a pager.
+    // SAFETY: raise is always safe to call.
+    unsafe { libc::raise(libc::SIGBUS) };
+    // The engine still serves its faults (each page's first touch is one).
+    anon.as_mut_slice()[2 * PAGE] = 5;
+    assert_eq!(anon.as_slice()[2 * PAGE], 5);
+    eprintln!("CHILD: the engine served a fault after the sent SIGBUS");
+    drop(anon);
+    drop(pager);
+    // And a SIGBUS that is not the engine's gets the default now.
+    engine_then_foreign_sigbus();
+}
+
+/// A previous handler that sets SIGBUS to its default and returns (Rust's
+/// std's, for any SIGBUS outside a stack guard page) used to leave the
+/// default installed in the engine's place: after a sent SIGBUS, the next
+/// fault on any region killed the process. Now the default becomes what
+/// SIGBUSes that are not the engine's get, and the engine's handler stays.
+#[test]
+fn a_handler_that_sets_the_default_leaves_the_engine_serving() {
+    if is_child() {
+        return child_default_and_return();
+    }
+    let (out, killed) = run_child_with_deadline(
+        "a_handler_that_sets_the_default_leaves_the_engine_serving",
+        30,
+    );
+    assert!(!killed, "the child hung: {}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("DEFAULT-AND-RETURN\n")
+            && err.contains("the engine served a fault after the sent SIGBUS")
+            && err.contains(MARKER),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(exit_signal(&out), Some(libc::SIGBUS), "{}", describe(&out));
+}

@@ -11,6 +11,7 @@
 //!   but every region is registered with a userfaultfd of its own, served
 //!   by a handler thread of its own.
 
+mod chain;
 pub mod per_region;
 mod read;
 pub mod sigbus;

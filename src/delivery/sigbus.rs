@@ -12,7 +12,6 @@ use crate::address_space::Mm;
 use crate::fault::{handle_fault_since, Resolution};
 use crate::sync::pins::Pins;
 use crate::sync::rcu::Rcu;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Registered address spaces, as raw pointers to their [`Entry`]s (a
@@ -40,11 +39,25 @@ impl Entry {
         unsafe { &*self.mm }
     }
 }
-/// The SIGBUS action in place before ours: read before ours is installed,
-/// so the handler never runs without it.
-static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 /// The outcome of the one attempt to install the handler (an errno).
 static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+
+/// The engine's SIGBUS action: [`on_sigbus`] with `SA_SIGINFO`, every
+/// signal blocked while it runs (the kernel's fault path runs before any
+/// signal is delivered: an application handler that ran nested here could
+/// touch region memory with SIGBUS blocked, and the kernel then kills the
+/// process with it, or fault into a lock this fault holds).
+/// Async-signal-safe.
+pub(super) fn our_action() -> libc::sigaction {
+    // SAFETY: a zeroed sigaction is valid; sigfillset fills its mask.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigfillset(&mut sa.sa_mask);
+        sa
+    }
+}
 
 fn registry() -> &'static Rcu<Vec<usize>> {
     REGISTRY.get_or_init(|| Rcu::new(Vec::new()))
@@ -70,25 +83,15 @@ fn registry() -> &'static Rcu<Vec<usize>> {
 fn ensure_installed() -> Result<(), i32> {
     *INSTALLED.get_or_init(|| {
         registry();
-        // SAFETY: zeroed sigaction structs are valid; we read the current
-        // action, then fill ours (handler, flags, empty mask) and pass
-        // valid pointers to sigaction.
+        // SAFETY: a zeroed sigaction is a valid out-parameter; we read the
+        // current action, then install ours, with valid pointers.
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
                 return Err(crate::sys::errno());
             }
-            let _ = PREVIOUS.set(old);
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_sigbus as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO;
-            // Every signal waits while a fault is served, as the kernel's
-            // fault path runs before any signal is delivered: an
-            // application handler that ran nested here could touch region
-            // memory with SIGBUS blocked (the kernel then kills the process
-            // with it), or fault into a lock this fault holds.
-            libc::sigfillset(&mut sa.sa_mask);
-            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
+            super::chain::remember_previous(old);
+            if libc::sigaction(libc::SIGBUS, &our_action(), std::ptr::null_mut()) != 0 {
                 return Err(crate::sys::errno());
             }
         }
@@ -330,7 +333,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     // The application's own handler runs as application code.
     drop(mark);
     crate::sys::set_errno(saved);
-    chain(sig, info, uctx);
+    super::chain::chain(sig, info, uctx);
     crate::sys::set_errno(saved);
 }
 
@@ -463,122 +466,6 @@ fn unclaimed_first_time(addr: usize, epoch: u64) -> bool {
         last.set(if first { (addr, epoch) } else { (0, 0) });
         first
     })
-}
-
-/// Set once a previous handler installed with `SA_RESETHAND` has been
-/// called: the kernel would have reset SIGBUS to its default action on
-/// that delivery, so every later SIGBUS that is not ours gets the default.
-/// (Ours stays installed: the engine still serves its faults.)
-static PREVIOUS_RESET: AtomicBool = AtomicBool::new(false);
-
-/// Passes a SIGBUS that is not ours (or a poisoned page) on as the kernel
-/// would have delivered it with the action that was installed before ours.
-fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
-    let prev = PREVIOUS
-        .get()
-        .filter(|_| !PREVIOUS_RESET.load(Ordering::Acquire));
-    if let Some(p) = prev {
-        let handler = p.sa_sigaction;
-        if p.sa_flags & libc::SA_RESETHAND != 0
-            && handler != libc::SIG_DFL
-            && handler != libc::SIG_IGN
-        {
-            PREVIOUS_RESET.store(true, Ordering::Release);
-        }
-    }
-    chain_to(prev, sig, info, uctx);
-}
-
-/// Whether `info` is a fault the kernel raised (a positive `si_code`),
-/// not a signal a process sent (`kill`, `tgkill`, `sigqueue`: zero or
-/// negative).
-fn raised_by_a_fault(info: *const libc::siginfo_t) -> bool {
-    // SAFETY: the kernel's siginfo for this delivery, or null.
-    !info.is_null() && unsafe { (*info).si_code } > 0
-}
-
-/// Delivers SIGBUS with `action` (`None`: the default action) as the
-/// kernel would have. Async-signal-safe.
-///
-/// - `SIG_DFL`: the process dies of SIGBUS, as it would without a pager.
-/// - `SIG_IGN`: a SIGBUS some process sent is ignored; one a fault raised
-///   cannot be, since the access would only fault again (the kernel's
-///   `force_sig_fault` resets an ignored or blocked SIGBUS to the default
-///   action), so the process dies of it.
-/// - A handler runs with the signal mask the kernel would give it: the
-///   mask at the fault (`uc_sigmask`), plus its `sa_mask`, plus SIGBUS
-///   unless `SA_NODEFER`; ours is restored when it returns (a handler that
-///   leaves with `siglongjmp` restores the mask its `sigsetjmp` saved).
-///   `SA_RESETHAND` is [`chain`]'s: it cannot reset our installed action.
-///   `SA_ONSTACK` is not honoured: the handler runs on the faulting
-///   thread's stack, which ours runs on too (see [`ensure_installed`]; a
-///   SIGBUS is not the stack overflow an alternate stack is for).
-fn chain_to(
-    action: Option<&libc::sigaction>,
-    sig: libc::c_int,
-    info: *mut libc::siginfo_t,
-    uctx: *mut libc::c_void,
-) {
-    let (handler, flags) = action.map_or((libc::SIG_DFL, 0), |a| (a.sa_sigaction, a.sa_flags));
-    if handler == libc::SIG_IGN && !raised_by_a_fault(info) {
-        return;
-    }
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // SAFETY: sigaction/sigprocmask/raise are async-signal-safe. We reset
-        // SIGBUS to its default (terminate), unblock it and raise it: the
-        // process dies with SIGBUS, as it would without a pager.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGBUS);
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            libc::raise(libc::SIGBUS);
-        }
-        return;
-    }
-    let Some(action) = action else {
-        return; // (a handler comes only from an action)
-    };
-    // SAFETY: sigemptyset/sigismember/sigaddset work on the local set and
-    // on the kernel's ucontext for this delivery (read only, when given);
-    // pthread_sigmask is async-signal-safe and gets valid pointers.
-    let ours = unsafe {
-        let mut mask = action.sa_mask;
-        let at_fault: Option<&libc::sigset_t> =
-            (!uctx.is_null()).then(|| &(*(uctx as *const libc::ucontext_t)).uc_sigmask);
-        if let Some(at_fault) = at_fault {
-            for s in 1..=64 {
-                if libc::sigismember(at_fault, s) == 1 {
-                    libc::sigaddset(&mut mask, s);
-                }
-            }
-        }
-        if flags & libc::SA_NODEFER == 0 {
-            libc::sigaddset(&mut mask, sig);
-        } else {
-            libc::sigdelset(&mut mask, sig);
-        }
-        let mut ours: libc::sigset_t = std::mem::zeroed();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut ours);
-        ours
-    };
-    // SAFETY: `handler` is a function pointer installed with sigaction; we
-    // call it with the signature its flags declare.
-    unsafe {
-        if flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(handler);
-            f(sig, info, uctx);
-        } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
-            f(sig);
-        }
-    }
-    // SAFETY: as above; restores the mask this handler ran with.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &ours, std::ptr::null_mut()) };
 }
 
 #[cfg(test)]
