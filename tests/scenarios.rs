@@ -260,6 +260,39 @@ fn region_detached_during_lookup_counts_a_miss() {
     assert_eq!(s.region.as_slice()[PAGE], 2, "data intact after remap");
 }
 
+/// A retried fault that finds a page no I/O brought in (an anonymous page
+/// never swapped out: a zero-page fill) is no Miss/Drop miss. Under
+/// `retry-once-tried` the second region attempt always has `tried`; with
+/// the global lock held both region attempts give up before the page
+/// (`__vmf_anon_prepare`), and the global attempt counted
+/// `RETRY_IO_MISS` for a zero fill.
+#[test]
+fn a_zero_fill_after_a_retry_is_no_io_miss() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for d in both_deliveries() {
+        let pager = Pager::builder()
+            .policy(Policy::new(PolicyKind::RetryOnceTried))
+            .delivery(d)
+            .readahead(0, 1)
+            .fault_around(0)
+            .build()
+            .unwrap();
+        let region = pager.map_anonymous(4 * PAGE).unwrap();
+        pager.reset_stats();
+        let w = pager.hold_global_write();
+        let t = touch(&region);
+        wait_until("the fault to queue on the global lock", || {
+            pager.global_readers_sleeping() == 1
+        });
+        drop(w);
+        assert_eq!(t.join().unwrap(), 0, "a fresh anonymous page");
+        let st = pager.stats();
+        assert_eq!(st.get(Counter::RETRY_IO_MISS), 0, "{d}\n{st}");
+        assert_eq!(st.get(Counter::PGMAJFAULT), 0, "{d}\n{st}");
+        assert_eq!(st.global.read_contended, 1, "{d}\n{st}");
+    }
+}
+
 #[test]
 fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

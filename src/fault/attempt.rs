@@ -109,6 +109,8 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
     // those (a shrink, the application's own `munmap`, a map shorter than
     // its store).
     let ra_limit = vma.pages().end;
+    // `RETRY_IO_MISS` is counted once per attempt at most.
+    let mut missed = false;
     loop {
         let w = obj.cache.load(i);
         if w & POISONED != 0 {
@@ -192,8 +194,11 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             PageState::Absent => {}
         }
 
-        // Absent.
-        if f.tried {
+        // Absent. After a retry (`tried`): what an I/O brought in is gone
+        // (Miss/Drop's miss). Not for a page never read: an anonymous one
+        // never swapped out is a zero-page fill, no I/O.
+        if f.tried && !missed && !(obj.zero_fill && w & SWAPPED == 0) {
+            missed = true;
             mm.counters.inc(RETRY_IO_MISS);
         }
         let Ok(prev) = obj.cache.try_lock(i) else {
