@@ -68,13 +68,10 @@ fn write_byte_noting_where(addr: usize) {
     }
 }
 
-#[test]
-fn child_refused_write() {
-    if !is_child() {
-        return;
-    }
-    // SAFETY: alarm has no preconditions: a hang ends the child.
-    unsafe { libc::alarm(20) };
+/// An in-thread pager's region of 4 pages over a read-only store, for
+/// the child's life, with page 1 in (so a write to it is refused, not
+/// read).
+fn read_only_region() -> &'static uffd_pager::Region {
     let pager = Box::leak(Box::new(
         Pager::builder()
             .delivery(Delivery::InThread)
@@ -91,8 +88,18 @@ fn child_refused_write() {
     let r = Box::leak(Box::new(
         unsafe { pager.map_store(store, data.len(), &opts) }.unwrap(),
     ));
-    // The page is in first: the write below is refused, not read.
     assert_eq!(r.as_slice()[PAGE], data[PAGE]);
+    r
+}
+
+#[test]
+fn child_refused_write() {
+    if !is_child() {
+        return;
+    }
+    // SAFETY: alarm has no preconditions: a hang ends the child.
+    unsafe { libc::alarm(20) };
+    let r = read_only_region();
     let addr = r.as_ptr() as usize + PAGE + 5;
     // SAFETY: the application makes the region writable itself (the
     // engine refuses the write: its store is read-only).
@@ -100,7 +107,7 @@ fn child_refused_write() {
         unsafe {
             libc::mprotect(
                 r.as_ptr() as *mut _,
-                data.len(),
+                r.len(),
                 libc::PROT_READ | libc::PROT_WRITE,
             )
         },
@@ -124,4 +131,56 @@ fn child_refused_write() {
 fn a_refused_write_gets_the_kernels_sigsegv_at_the_faulting_instruction() {
     let out = run_child("child_refused_write", &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+}
+
+/// The refused write of `child_refused_write`, with SIGSEGV left at its
+/// default action.
+#[test]
+fn child_refused_write_default() {
+    if !is_child() {
+        return;
+    }
+    let r = read_only_region();
+    make_writable_and_write(r, PAGE);
+    println!("the refused write returned");
+    std::process::exit(2);
+}
+
+/// The first process of a PID namespace (a program run as a container's
+/// init) drops a signal some process sends it while its action is the
+/// default; only a fault's SIGSEGV kills it. The engine's queued SIGSEGV
+/// (or, before, its `raise`) was dropped, the write ran again and was
+/// refused again, for ever. Now it dies of SIGSEGV, as without the engine.
+#[test]
+fn a_refused_write_kills_a_pid_namespaces_init() {
+    if is_child() {
+        return;
+    }
+    if !is_root() {
+        eprintln!("skipped: a PID namespace needs root");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(exe)
+        .args(["--exact", "child_refused_write_default", "--nocapture"])
+        .args(["--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare (util-linux)");
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > std::time::Duration::from_secs(20) {
+            // (`--kill-child`: the namespace goes with `unshare`.)
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("the init spun on its refused write: {}", describe(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(exit_signal(&out), Some(libc::SIGSEGV), "{}", describe(&out));
 }

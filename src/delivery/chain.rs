@@ -41,8 +41,12 @@ pub(super) fn remember_previous(old: libc::sigaction) {
 /// handler returns, an action it set to the default or to ignore becomes
 /// what later SIGBUSes that are not ours get, and ours goes back in; a
 /// handler of its own that it installs replaces ours, as any later
-/// `sigaction` of the application's does. (A handler that leaves with
-/// `siglongjmp` after changing the action is not followed.)
+/// `sigaction` of the application's does; itself again, it stays the one
+/// chained to. (A handler that leaves with `siglongjmp` after changing the
+/// action is not followed. The look and the reinstall are two calls: an
+/// action another thread installs between them is overwritten, and a
+/// fault in another thread between the handler's change and the
+/// reinstall gets the action the handler set.)
 pub(super) fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     // SAFETY: a zeroed sigaction is valid; its handler is set to ignore.
     let ignore = unsafe {
@@ -85,6 +89,9 @@ fn follow_change() {
         let became = match now.sa_sigaction {
             libc::SIG_DFL => DEFAULT,
             libc::SIG_IGN => IGNORED,
+            // It installed itself again (as a handler that resets itself
+            // does, or one that makes sure of its place): as it was.
+            h if PREVIOUS.get().is_some_and(|p| p.sa_sigaction == h) => KEPT,
             _ => return,
         };
         NOW.store(became, Ordering::Release);

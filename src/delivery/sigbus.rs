@@ -91,6 +91,21 @@ fn ensure_installed() -> Result<(), i32> {
                 return Err(crate::sys::errno());
             }
             super::chain::remember_previous(old);
+            // The first process of a PID namespace gets a page to fault on
+            // (see `force_segv`).
+            if libc::getpid() == 1 {
+                let page = libc::mmap(
+                    std::ptr::null_mut(),
+                    crate::sys::PAGE_SIZE,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                );
+                if page != libc::MAP_FAILED {
+                    INIT_GUARD.store(page as usize, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             if libc::sigaction(libc::SIGBUS, &our_action(), std::ptr::null_mut()) != 0 {
                 return Err(crate::sys::errno());
             }
@@ -337,6 +352,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     crate::sys::set_errno(saved);
 }
 
+/// In the first process of a PID namespace (an init, which the kernel
+/// lets no signal with the default action kill unless a fault raised it):
+/// an inaccessible page, faulted on for real where a refused access must
+/// kill ([`force_segv`]); 0 elsewhere.
+static INIT_GUARD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// `si_code`s of SIGSEGV (`asm-generic/siginfo.h`): no mapping at the
 /// address; a mapping that refuses the access.
 const SEGV_MAPERR: i32 = 1;
@@ -366,14 +387,18 @@ const _: () = assert!(std::mem::size_of::<SegvInfo>() == std::mem::size_of::<lib
 /// that mask blocks SIGSEGV or the action ignores it, the action is reset
 /// to the default and SIGSEGV taken out of the mask the return restores
 /// (`uc_sigmask`): the access would only fault again, so the process dies
-/// of it, as without the engine. Where it cannot be queued, it is raised
+/// of it, as without the engine (an init, the first process of a PID
+/// namespace, faults on a page of its own instead: it would drop the
+/// signal, see [`INIT_GUARD`]). Where it cannot be queued, it is raised
 /// here, with the faulting code's mask (the application's handler then
 /// runs nested in this one, with `si_code` `SI_TKILL`). Async-signal-safe.
 fn force_segv(addr: usize, code: i32, uctx: *mut libc::c_void) {
     // SAFETY: `uctx` is the kernel's ucontext for this delivery, or null;
     // its `uc_sigmask` is what the return from this handler restores, and
     // ours to change. sigaction, sigprocmask, the syscalls and raise are
-    // async-signal-safe and get valid pointers.
+    // async-signal-safe and get valid pointers. The read of `INIT_GUARD`'s
+    // page (mapped inaccessible for the process's life) touches no Rust
+    // object: it faults, and the kernel ends the process.
     unsafe {
         let uc = uctx as *mut libc::ucontext_t;
         let mut now: libc::sigaction = std::mem::zeroed();
@@ -386,6 +411,20 @@ fn force_segv(addr: usize, code: i32, uctx: *mut libc::c_void) {
             if !uc.is_null() {
                 libc::sigdelset(&mut (*uc).uc_sigmask, libc::SIGSEGV);
             }
+            now.sa_sigaction = libc::SIG_DFL;
+        }
+        // An init drops a sent signal whose action is the default: the
+        // access would fault again for ever. A fault of its own raises one
+        // the kernel delivers (it lifts the init's protection for a fault
+        // it forces): the process dies of SIGSEGV, as without the engine.
+        let guard = INIT_GUARD.load(std::sync::atomic::Ordering::Relaxed);
+        if now.sa_sigaction == libc::SIG_DFL && guard != 0 {
+            std::arch::asm!(
+                "mov {t}, byte ptr [{g}]",
+                g = in(reg) guard,
+                t = out(reg_byte) _,
+                options(nostack, readonly),
+            );
         }
         if !uc.is_null() {
             let info = SegvInfo {
