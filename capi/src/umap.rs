@@ -45,7 +45,7 @@
 //!   its calls then answer at once (`EPERM`, or a getter's default)
 //!   instead of waiting for ever, and its exit writes nothing back.
 
-use crate::umap_state::state;
+use crate::umap_state::{say, state};
 use engine::{InstallKind, MapOptions};
 use std::ffi::{c_int, c_void};
 
@@ -55,16 +55,6 @@ use std::ffi::{c_int, c_void};
 pub struct umap_prefetch_item {
     /// Any address in the UMap page to fetch.
     pub page_base_addr: *mut c_void,
-}
-
-/// Writes `umap: {msg}` and a newline to stderr with one `write(2)`, not
-/// through `std::io::stderr()`: a child `fork()`ed while a parent thread
-/// held std's stderr lock inherits it held, and would wait for ever. A
-/// broken stderr is ignored (UMap reports there; the program goes on).
-pub(crate) fn say(msg: impl std::fmt::Display) {
-    let line = format!("umap: {msg}\n");
-    // SAFETY: write(2) of a buffer we own.
-    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
 /// Sets errno and returns UMAP_FAILED, keeping the message for

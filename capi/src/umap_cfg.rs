@@ -2,8 +2,7 @@
 //! [`crate::umap_settings`], read and changed under the UMap state's lock
 //! (a setter takes effect at the first `umap` if called before it).
 
-use crate::umap::say;
-use crate::umap_state::state;
+use crate::umap_state::{say, state};
 use std::ffi::{c_int, c_long};
 
 macro_rules! getters_setters {

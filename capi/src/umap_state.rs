@@ -2,7 +2,6 @@
 //! pager, its regions) behind one lock, how a `fork()`ed child takes it,
 //! and the write-back at exit.
 
-use crate::umap::say;
 use crate::umap_settings::Settings;
 use engine::{Pager, Region};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed};
@@ -187,3 +186,13 @@ const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 #[used]
 #[link_section = ".fini_array"]
 static UMAP_FINI: extern "C" fn() = umap_fini;
+
+/// Writes `umap: {msg}` and a newline to stderr with one `write(2)`, not
+/// through `std::io::stderr()`: a child `fork()`ed while a parent thread
+/// held std's stderr lock inherits it held, and would wait for ever. A
+/// broken stderr is ignored (UMap reports there; the program goes on).
+pub(crate) fn say(msg: impl std::fmt::Display) {
+    let line = format!("umap: {msg}\n");
+    // SAFETY: write(2) of a buffer we own.
+    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}

@@ -47,7 +47,12 @@ pub(super) fn remember_previous(old: libc::sigaction) {
 /// action another thread installs between them is overwritten, and a
 /// fault in another thread between the handler's change and the
 /// reinstall gets the action the handler set.)
-pub(super) fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+pub(super) fn chain(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+    ours: &libc::sigaction,
+) {
     // SAFETY: a zeroed sigaction is valid; its handler is set to ignore.
     let ignore = unsafe {
         let mut a: libc::sigaction = std::mem::zeroed();
@@ -68,15 +73,15 @@ pub(super) fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut lib
     }
     chain_to(prev, sig, info, uctx);
     if runs {
-        follow_change();
+        follow_change(ours);
     }
 }
 
 /// After the application's handler returned: where it set SIGBUS to the
 /// default or to ignore, that is what later SIGBUSes that are not ours
-/// get, and ours is installed again (see [`chain`]). Async-signal-safe.
-fn follow_change() {
-    let ours = super::sigbus::our_action();
+/// get, and `ours` (the engine's action) is installed again (see
+/// [`chain`]). Async-signal-safe.
+fn follow_change(ours: &libc::sigaction) {
     // SAFETY: a zeroed sigaction is a valid out-parameter; sigaction is
     // async-signal-safe and gets valid pointers.
     unsafe {
@@ -95,7 +100,7 @@ fn follow_change() {
             _ => return,
         };
         NOW.store(became, Ordering::Release);
-        libc::sigaction(libc::SIGBUS, &ours, std::ptr::null_mut());
+        libc::sigaction(libc::SIGBUS, ours, std::ptr::null_mut());
     }
 }
 
@@ -121,7 +126,7 @@ fn raised_by_a_fault(info: *const libc::siginfo_t) -> bool {
 ///   leaves with `siglongjmp` restores the mask its `sigsetjmp` saved).
 ///   `SA_RESETHAND` is [`chain`]'s: it cannot reset our installed action.
 ///   `SA_ONSTACK` is not honoured: the handler runs on the faulting
-///   thread's stack, which ours runs on too (see [`ensure_installed`]; a
+///   thread's stack, which ours runs on too (see `sigbus::ensure_installed`; a
 ///   SIGBUS is not the stack overflow an alternate stack is for).
 fn chain_to(
     action: Option<&libc::sigaction>,

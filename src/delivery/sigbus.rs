@@ -348,7 +348,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     // The application's own handler runs as application code.
     drop(mark);
     crate::sys::set_errno(saved);
-    super::chain::chain(sig, info, uctx);
+    super::chain::chain(sig, info, uctx, &our_action());
     crate::sys::set_errno(saved);
 }
 
