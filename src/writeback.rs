@@ -227,7 +227,7 @@ impl Mm {
         // it: it is copied through the kernel first, never lent to the
         // store as a slice of memory that changes under it. (It stays
         // dirty, so a torn copy is written again.)
-        let copies: Vec<Option<Vec<u8>>> = if b.pages[..b.n].iter().all(|p| p.1) {
+        let copies: Vec<Option<crate::sys::PagesBuf>> = if b.pages[..b.n].iter().all(|p| p.1) {
             Vec::new()
         } else {
             b.pages[..b.n]
@@ -246,7 +246,7 @@ impl Mm {
             let off = (i << obj.page_shift()) as u64;
             if !protected {
                 if let Some(Some(c)) = copies.get(k) {
-                    list[k] = (off, c);
+                    list[k] = (off, c.as_bytes());
                 }
                 continue;
             }

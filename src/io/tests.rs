@@ -239,3 +239,102 @@ fn a_sync_given_up_on_blocks_the_next_and_passes_its_failure_on() {
         w.join().unwrap();
     }
 }
+
+/// A store that is not signal-safe and whose reads succeed without writing
+/// a byte (a sparse store that leaves a page it does not have as it is).
+struct Leaves;
+
+impl Store for Leaves {
+    fn len(&self) -> u64 {
+        4 * PAGE_SIZE as u64
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "leaves"
+    }
+}
+
+#[test]
+fn a_read_a_store_leaves_unwritten_is_zeros_not_the_last_requests_bytes() {
+    let io = Arc::new(Io::new(5_000_000_000, 0).unwrap());
+    let mut workers = Vec::new();
+    // One worker: both requests take slot 0 and its buffer.
+    start(&io, |io| io, 1, &mut workers).unwrap();
+    let secret: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&[0xAA; PAGE_SIZE]).unwrap());
+    let mut buf = [0u8; PAGE_SIZE];
+    io.read(&secret, 0, &mut buf).unwrap();
+    assert_eq!(buf[0], 0xAA);
+    let leaves: Arc<dyn Store> = Arc::new(Leaves);
+    let mut buf = [0x55u8; PAGE_SIZE];
+    io.read(&leaves, 0, &mut buf).unwrap();
+    assert!(
+        buf.iter().all(|&b| b == 0),
+        "the other request's bytes came back: {:#x}",
+        buf[0]
+    );
+    io.stop();
+}
+
+/// A store whose reads wait `ms` and whose drop panics.
+struct PanicsOnDrop {
+    ms: u64,
+}
+
+impl Store for PanicsOnDrop {
+    fn len(&self) -> u64 {
+        PAGE_SIZE as u64
+    }
+    fn read(&self, _: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        std::thread::sleep(std::time::Duration::from_millis(self.ms));
+        buf.fill(1);
+        Ok(())
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "panics-on-drop"
+    }
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("a store's drop panicked");
+    }
+}
+
+#[test]
+fn a_store_whose_drop_panics_on_a_worker_leaves_the_worker_serving() {
+    let io = Arc::new(Io::new(50_000_000, 0).unwrap());
+    let mut workers = Vec::new();
+    start(&io, |io| io, 1, &mut workers).unwrap();
+    let slow: Arc<dyn Store> = Arc::new(PanicsOnDrop { ms: 200 });
+    let mut buf = [0u8; PAGE_SIZE];
+    assert_eq!(
+        io.read(&slow, 0, &mut buf),
+        Err(StoreError(libc::ETIMEDOUT))
+    );
+    // The worker now holds the last reference: it drops the store when
+    // the read ends, and the drop panics.
+    drop(slow);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let fine: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&[3; PAGE_SIZE]).unwrap());
+    assert_eq!(
+        io.read(&fine, 0, &mut buf),
+        Ok(()),
+        "the one worker is gone"
+    );
+    assert_eq!(buf[0], 3);
+    io.stop();
+}

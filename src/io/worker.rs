@@ -27,7 +27,13 @@ impl Io {
             let buf = unsafe { std::slice::from_raw_parts_mut(self.buf(k as usize), len) };
             let op = s.op.load(Relaxed);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match (&store, op) {
-                (Some(st), READ) => read_in_place(&**st, s.offs[0].load(Relaxed), buf),
+                // Zeros first: what a store leaves unwritten must not be
+                // the last request's bytes (another region's page, maybe),
+                // as it is not on the callers' own paths (zeroed buffers).
+                (Some(st), READ) => {
+                    buf.fill(0);
+                    read_in_place(&**st, s.offs[0].load(Relaxed), buf)
+                }
                 (Some(st), SYNC) => st.sync(),
                 (Some(st), DISCARD) => {
                     st.discard(s.offs[0].load(Relaxed), s.offs[1].load(Relaxed));
@@ -61,14 +67,14 @@ impl Io {
                 .is_ok()
             {
                 futex::wake_all(&s.state);
-                drop(store);
+                drop_store(store);
             } else {
                 // The caller gave up: nobody wants the answer, but a failed
                 // sync's (see `sync`), recorded while the store is held.
                 if let (SYNC, Some(st), true) = (op, &store, errno != 0) {
                     self.failed_sync_given_up(st);
                 }
-                drop(store);
+                drop_store(store);
                 self.release(s);
             }
         }
@@ -78,7 +84,7 @@ impl Io {
     fn release(&self, s: &Slot) {
         // SAFETY: the slot is ABANDONED: its caller left, and only this
         // worker (the one that popped it) touches it now.
-        drop(unsafe { (*s.store.get()).take() });
+        drop_store(unsafe { (*s.store.get()).take() });
         let k = self.slots.iter().position(|x| std::ptr::eq(x, s));
         if let Some(k) = k {
             self.give_back_tail(k);
@@ -99,6 +105,17 @@ impl Io {
     /// Stops the workers.
     pub fn stop(&self) {
         self.queue.stop();
+    }
+}
+
+/// Drops a worker's reference to a store, which may be the last (its
+/// caller gave up and the region went meanwhile): a panic in the store's
+/// `Drop` is caught and logged. (Unwound, it skipped the slot's release,
+/// which stayed abandoned, and ended the worker: with each such drop one
+/// worker fewer, until every later request timed out.)
+fn drop_store(store: Option<Arc<dyn Store>>) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(store))).is_err() {
+        tracing::error!("dropping a store panicked; the I/O worker goes on");
     }
 }
 

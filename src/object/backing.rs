@@ -84,12 +84,14 @@ impl Object {
     /// object, which has no store to write back to.
     ///
     /// [`page_to_write_out`]: Self::page_to_write_out
-    pub fn copy_page_out(&self, i: usize) -> Result<Vec<u8>, i32> {
+    pub fn copy_page_out(&self, i: usize) -> Result<crate::sys::PagesBuf, i32> {
         let Backing::Shared { memfd, .. } = &self.backing else {
             return Err(libc::EINVAL);
         };
-        let mut v = vec![0u8; self.page_size()];
-        memfd.read_at(i << self.shift, &mut v)?;
+        // Page-aligned: a store over an `O_DIRECT` file refuses anything
+        // else (`EINVAL`: a guarded page's write-back failed every time).
+        let mut v = crate::sys::PagesBuf::zeroed(self.page_size());
+        memfd.read_at(i << self.shift, v.as_mut_bytes())?;
         Ok(v)
     }
 

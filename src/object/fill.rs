@@ -121,15 +121,8 @@ impl Object {
                     through(&mut crate::sys::PageBuf::zeroed().0)
                 } else {
                     // Page-aligned (an `O_DIRECT` file needs it), one call.
-                    let mut pages: Vec<crate::sys::PageBuf> =
-                        (0..n).map(|_| crate::sys::PageBuf::zeroed()).collect();
-                    // SAFETY: `n` contiguous `PageBuf`s are `len` initialised
-                    // bytes (the type is a byte array with no padding), owned
-                    // here and borrowed only for the call.
-                    let buf = unsafe {
-                        std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), len)
-                    };
-                    through(buf)
+                    let mut pages = crate::sys::PagesBuf::zeroed(len);
+                    through(&mut pages.as_mut_bytes()[..len])
                 }
             }
             Backing::Anonymous { .. } => {

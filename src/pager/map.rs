@@ -294,7 +294,9 @@ impl Pager {
     /// true, its methods are async-signal-safe, for the engine calls them
     /// inside its SIGBUS handler (see [`crate::store`]'s contract; one that
     /// allocates there, in a thread the fault interrupted inside `malloc`,
-    /// corrupts the heap).
+    /// corrupts the heap); and its [`Store::read_to_fd`] writes only the
+    /// bytes it is asked for (the descriptor is the engine's page cache,
+    /// which regions map).
     ///
     /// ```
     /// use std::sync::Arc;

@@ -152,6 +152,12 @@ pub trait Store: Send + Sync + 'static {
     /// destination to fill it. Async-signal-safe if
     /// [`signal_safe`](Store::signal_safe).
     ///
+    /// It writes those `len` bytes of `fd` and no others: the descriptor is
+    /// the engine's page cache, whose other pages regions map, maybe under
+    /// live slices (part of [`Pager::map_store`](crate::Pager::map_store)'s
+    /// safety contract; a write elsewhere, say at the descriptor's file
+    /// position, changed them behind the engine).
+    ///
     /// The default reads one page at a time into a page-aligned buffer on
     /// the stack and `pwrite`s it: two copies and two syscalls per page, no
     /// allocation. Stores that hold their contents in memory override it to
@@ -295,7 +301,10 @@ pub trait Store: Send + Sync + 'static {
     /// installs an anonymous page with one `UFFDIO_COPY` straight from
     /// there: one copy, where [`Store::read`] and a copy make two.
     ///
-    /// The address must stay mapped for the store's life. Reading it may
+    /// The address must stay mapped for the store's life, and must not be
+    /// memory a pager serves (a region's): the engine's copy from it would
+    /// fault there, and with handler threads wait for the reader that the
+    /// copy itself holds off (about a second). Reading it may
     /// fail (a file shrunk behind the store's back): the kernel's copy then
     /// fails with `EFAULT`, no signal is raised, and the engine falls back
     /// to [`Store::read`]. Async-signal-safe. Default: `None`.

@@ -31,6 +31,42 @@ impl PageBuf {
         PageBuf([0; PAGE_SIZE])
     }
 }
+/// Whole pages of zeroed bytes on the heap, page-aligned (`O_DIRECT` needs
+/// the alignment, which a `Vec<u8>` does not give): for a run of pages or
+/// a 2 MiB page, outside a signal handler (it allocates).
+pub struct PagesBuf(Vec<PageBuf>);
+
+impl PagesBuf {
+    /// `len` bytes of zeros, rounded up to whole pages.
+    pub fn zeroed(len: usize) -> PagesBuf {
+        PagesBuf(
+            (0..len.div_ceil(PAGE_SIZE))
+                .map(|_| PageBuf::zeroed())
+                .collect(),
+        )
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: contiguous `PageBuf`s are initialised bytes (the type is
+        // a byte array with no padding), borrowed for `self`'s life.
+        unsafe {
+            std::slice::from_raw_parts(self.0.as_ptr().cast::<u8>(), self.0.len() * PAGE_SIZE)
+        }
+    }
+
+    /// The bytes, to fill.
+    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_bytes`, borrowed mutably for `self`'s life.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.0.as_mut_ptr().cast::<u8>(),
+                self.0.len() * PAGE_SIZE,
+            )
+        }
+    }
+}
+
 /// `log2(PAGE_SIZE)`.
 pub const PAGE_SHIFT: u32 = 12;
 
