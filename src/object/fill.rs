@@ -118,6 +118,9 @@ impl Object {
                     put(buf.as_ptr())
                 };
                 if n == 1 {
+                    // (A shared object of 2 MiB pages is on hugetlbfs, the
+                    // branch above: one page here is a base page.)
+                    debug_assert_eq!(len, crate::sys::PAGE_SIZE);
                     through(&mut crate::sys::PageBuf::zeroed().0)
                 } else {
                     // Page-aligned (an `O_DIRECT` file needs it), one call.
