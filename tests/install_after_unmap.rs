@@ -83,16 +83,22 @@ fn unmap_and_map_theirs(base: usize, other: &Pager) -> uffd_pager::Region {
     theirs
 }
 
-#[test]
-fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() {
-    let _hook = take_the_hook();
-    let pager = Pager::builder()
+/// A pager with handler threads, and nothing of its own (readahead,
+/// fault-around, kswapd) to touch the region beside the test's fault.
+fn quiet_threads_pager() -> Pager {
+    Pager::builder()
         .delivery(THREADS)
         .readahead(0, 1)
         .fault_around(0)
         .kswapd(false)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() {
+    let _hook = take_the_hook();
+    let pager = quiet_threads_pager();
     let other = Pager::builder()
         .delivery(Delivery::InThread)
         .build()
@@ -151,13 +157,7 @@ fn perms_at(addr: usize) -> String {
 #[test]
 fn a_write_in_flight_to_a_protected_region_leaves_the_mapping_there_writable() {
     let _hook = take_the_hook();
-    let pager = Pager::builder()
-        .delivery(THREADS)
-        .readahead(0, 1)
-        .fault_around(0)
-        .kswapd(false)
-        .build()
-        .unwrap();
+    let pager = quiet_threads_pager();
     if pager.descriptor().user_mode_only {
         // (Not root: the write inside `read(2)` would be EFAULT at once,
         // with no fault to hold. CI runs this as root.)
