@@ -192,6 +192,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         // look again, as the kernel's fault finds the new VMA. Before, the
         // access got SIGSEGV (two pagers in one process, found by CI).
         let mut tries = 0;
+        let mut unread = 0u32;
         let handled = loop {
             let found = registry().read(|entries| {
                 // In a fork()ed child the parent's pagers serve nothing (their
@@ -258,6 +259,16 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                     let e: &'static Entry = unsafe { &*(e as *const Entry) };
                     return Found::Wait(e, e.pins.pin());
                 }
+                // Or one on its way that no reader has taken up yet: the
+                // kernel moved a range here (the access found it) and posts
+                // the move's event once it lets go of `mmap_lock`, and the
+                // event thread has not woken. The descriptors'
+                // `mmap_changing` covers that window (before, two quick
+                // faults in it passed the SIGBUS on, and it killed: 1 run
+                // in 40 of `event_wait_latency`'s moved-address test).
+                if mms().any(|mm| mm.uffd.mmap_changing() || mm.uffd_quiet.mmap_changing()) {
+                    return Found::Unread;
+                }
                 // Or applied since the look began: look again.
                 let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
                 if now == epochs {
@@ -291,6 +302,18 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
                     continue;
                 }
                 Found::Again => continue,
+                Found::Unread => {
+                    // Yields, then sleeps 50 µs a look once it lasts (an
+                    // event held up behind another userfaultfd's reader).
+                    unread += 1;
+                    if unread < 100 {
+                        // SAFETY: sched_yield has no preconditions.
+                        unsafe { libc::sched_yield() };
+                    } else {
+                        crate::sys::sleep_ns(50_000);
+                    }
+                    continue;
+                }
                 Found::Done(r) => Some(r),
                 Found::Nobody => None,
             };
@@ -471,6 +494,9 @@ enum Found {
     /// No pager claims the address, but events were applied during the
     /// look: look again.
     Again,
+    /// No pager claims the address, and a pager has an event on its way
+    /// that its reader has not taken up yet: let it run, and look again.
+    Unread,
     /// No pager claims the address.
     Nobody,
 }
