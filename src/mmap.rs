@@ -113,7 +113,7 @@ impl Mm {
                     // (A range a move left, whose unmap was not read in
                     // time: the kernel has it free.)
                     Some(_) if !self.table.read(|t| t.overlaps(hint, hint + len, None)) => {
-                        crate::events::apply::stale(self, hint, hint + len, true);
+                        crate::events::apply::stale(self, hint, hint + len, true, &object);
                     }
                     Some(_) => return Err(Error::Overlap { addr: hint, len }),
                 }
@@ -160,7 +160,7 @@ impl Mm {
                     continue;
                 }
                 Some(c) if c.only_own => {}
-                Some(c) => crate::events::apply::stale(self, start, start + len, c.coming),
+                Some(c) => crate::events::apply::stale(self, start, start + len, c.coming, &object),
             }
             break m;
         };

@@ -225,7 +225,7 @@ fn settle_stale(mm: &Mm, vma: &Vma, got: std::ops::Range<usize>, own: std::ops::
     crate::events::apply::settle_stale(
         mm,
         &outside,
-        (got.start, got.end),
+        Some((got.start, got.end)),
         &vma.object,
         &mut released,
     );

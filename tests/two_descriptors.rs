@@ -18,9 +18,12 @@
 //! a stream of anonymous faults kept a shared region's faults (and the
 //! application's `munmap` of it) waiting as long as it lasted.
 
+#[path = "held_reader.rs"]
+mod held;
 #[path = "engine_util.rs"]
 mod util;
 
+use held::{hold, per_region_pager, region_threads, shared_at, wait_for, HOLD};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,67 +31,9 @@ use uffd_pager::store::{MemoryStore, Store, StoreError};
 use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager};
 use util::{free_range, with_deadline, PAGE};
 
-static HOLD: AtomicBool = AtomicBool::new(false);
-static HELD: AtomicBool = AtomicBool::new(false);
-
-/// SIGTRAP: waits while `HOLD` is set. Async-signal-safe (atomics and
-/// `sched_yield` only; errno saved and restored).
-extern "C" fn wait_while_held(_: libc::c_int) {
-    // SAFETY: errno is this thread's; sched_yield is async-signal-safe.
-    unsafe {
-        let errno = *libc::__errno_location();
-        HELD.store(true, SeqCst);
-        while HOLD.load(SeqCst) {
-            libc::sched_yield();
-        }
-        *libc::__errno_location() = errno;
-    }
-}
-
-/// Holds thread `tid` of this process in [`wait_while_held`] until `HOLD`
-/// is cleared.
-fn hold(tid: libc::pid_t) {
-    // SAFETY: installs a handler that only touches atomics.
-    unsafe {
-        libc::signal(
-            libc::SIGTRAP,
-            wait_while_held as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        )
-    };
-    HELD.store(false, SeqCst);
-    HOLD.store(true, SeqCst);
-    // SAFETY: a signal to a thread of this process.
-    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGTRAP) };
-    assert_eq!(rc, 0);
-    wait_for("the held thread", || HELD.load(SeqCst));
-}
-
-/// The ids of this process's threads named `uffd-region*`.
-fn region_threads() -> Vec<libc::pid_t> {
-    let mut v: Vec<libc::pid_t> = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            comm.starts_with("uffd-region")
-                .then(|| e.file_name().to_str()?.parse().ok())?
-        })
-        .collect();
-    v.sort_unstable();
-    v
-}
-
 /// Serialises this file's tests: some count this process's `uffd-region`
 /// threads and userfaultfd descriptors.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn wait_for(what: &str, cond: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < Duration::from_secs(10), "{what}: never");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
 
 #[test]
 fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
@@ -282,50 +227,6 @@ fn handlers_given_up(rounds: usize, app_unmaps: bool) {
     wait_for("the descriptors' end", || uffds() == descriptors);
 }
 
-/// A map that waited the whole patience for an event on its own region's
-/// descriptor (one the engine knows nothing of: another region's, whose
-/// reader is stuck) goes ahead without taking its own range for one an
-/// event is still due on. It recorded its range then, and the
-/// application's later `munmap` of the new region, the first unmap over
-/// that record, was taken for the awaited one and left the region in the
-/// table (`mapped()` still listed it).
-#[test]
-fn a_map_that_gave_up_on_its_descriptor_records_nothing() {
-    with_deadline(60, "a map that gave up", || {
-        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let pager = one_handler_pager();
-        let old = pager.map_anonymous(4 * PAGE).unwrap();
-        let a = old.as_ptr() as usize;
-        let handler = the_handler();
-        hold(handler);
-        // The application unmaps the old region: its event waits.
-        let unmapper = std::thread::spawn(move || {
-            // SAFETY: the application gives the old region's memory up.
-            unsafe { libc::munmap(a as *mut _, 4 * PAGE) }
-        });
-        std::thread::sleep(Duration::from_millis(50));
-        // A new region elsewhere, on the same descriptor: its map waits
-        // out its patience, then goes ahead.
-        let away = MapOptions {
-            fixed_addr: Some(free_range(4 * PAGE)),
-            ..MapOptions::default()
-        };
-        let new = pager.map_anonymous_with(4 * PAGE, &away).unwrap();
-        HOLD.store(false, SeqCst);
-        assert_eq!(unmapper.join().unwrap(), 0);
-        assert!(old.mapped().is_empty());
-        // The application unmaps the new region itself.
-        let b = new.as_ptr() as usize;
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::munmap(b as *mut _, 4 * PAGE) }, 0);
-        assert!(
-            new.mapped().is_empty(),
-            "the application's munmap of the new region was not applied: {:x?}",
-            new.mapped()
-        );
-    });
-}
-
 /// The length of each of [`side_by_side`]'s regions.
 const SIDE: usize = 4 * PAGE;
 
@@ -358,103 +259,6 @@ fn side_by_side(
         .find(|t| !before.contains(t))
         .unwrap();
     (pager, x, first, second, reader)
-}
-
-/// A pager with per-region delivery.
-fn per_region_pager() -> Pager {
-    Pager::builder()
-        .delivery(Delivery::PerRegion)
-        .build()
-        .unwrap()
-}
-
-/// A shared region's options, mapped at `addr`.
-fn shared_at(addr: usize) -> MapOptions {
-    MapOptions {
-        fixed_addr: Some(addr),
-        kind: Some(InstallKind::Shared),
-        ..MapOptions::default()
-    }
-}
-
-/// A pager with one handler thread (the one [`the_handler`] finds).
-fn one_handler_pager() -> Pager {
-    Pager::builder()
-        .delivery(Delivery::Threads {
-            threads: 1,
-            spin_us: 0,
-        })
-        .build()
-        .unwrap()
-}
-
-/// The one `uffd-handler` thread of this process (a pager with one
-/// handler thread must be running).
-fn the_handler() -> libc::pid_t {
-    loop {
-        let t: Vec<(String, String)> = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(|e| {
-                let tid = e.ok()?.file_name().into_string().ok()?;
-                let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
-                Some((tid, comm))
-            })
-            .filter(|(_, c)| c.starts_with("uffd-handler"))
-            .collect();
-        if let Some((tid, _)) = t.first() {
-            return tid.parse::<libc::pid_t>().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// A region grown with `Region::remap` into the range of a region beside
-/// it that the application has just unmapped, while that unmap's event is
-/// still unread (the kernel gives the freed range at once): the late
-/// event was applied to every region of the descriptor in its range, so
-/// it cut the grown region's new half (its `mapped()` shrank to the old
-/// length, its new half's pages were lost; found by review). The remap
-/// now takes what the table still holds in the range it was given for
-/// unmapped, and the late event leaves the grown region alone.
-#[test]
-fn a_region_grown_into_a_range_whose_unmap_is_unread_keeps_it() {
-    with_deadline(60, "grown into a freed range", || {
-        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let pager = one_handler_pager();
-        const LEN: usize = 4 * PAGE;
-        let x = free_range(2 * LEN);
-        let at = shared_at;
-        let data: Vec<u8> = (0..2 * LEN).map(|i| (i / PAGE) as u8 + 1).collect();
-        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-        // SAFETY: the stores are moved in; only the regions change them.
-        let mut low = unsafe { pager.map_store(store, LEN, &at(x)) }.unwrap();
-        let beside = Arc::new(MemoryStore::from_bytes(&[9u8; LEN]).unwrap());
-        // SAFETY: as above.
-        let high = unsafe { pager.map_store(beside, LEN, &at(x + LEN)) }.unwrap();
-        assert_eq!(high.as_slice()[0], 9);
-        hold(the_handler());
-        let unmapper = std::thread::spawn(move || {
-            // SAFETY: the application gives the higher region's memory up.
-            unsafe { libc::munmap((x + LEN) as *mut _, LEN) }
-        });
-        // The kernel has freed the range; its event waits for the reader.
-        wait_for("the unmap", || {
-            let mut v = 0u8;
-            // SAFETY: mincore only reads the page tables.
-            unsafe { libc::mincore((x + LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
-        });
-        low.remap(2 * LEN).unwrap();
-        let grown = low.as_ptr() as usize;
-        HOLD.store(false, SeqCst);
-        assert_eq!(unmapper.join().unwrap(), 0);
-        assert!(high.mapped().is_empty());
-        assert_eq!(
-            low.mapped(),
-            vec![grown..grown + 2 * LEN],
-            "the grown region was cut"
-        );
-        assert_eq!(low.as_slice(), &data[..], "the grown region's bytes");
-    });
 }
 
 /// With the higher region's reader held: the application unmaps the
@@ -553,63 +357,6 @@ fn a_region_taken_for_unmapped_still_reads_its_own_unmap() {
         let there = unsafe { std::slice::from_raw_parts((x + LEN) as *const u8, LEN) };
         assert_eq!(there, &data[..], "the moved region's bytes");
         drop(moved);
-    });
-}
-
-/// The same with two regions beside it, unmapped by two calls (two late
-/// events on its descriptor): the first event took the one record the
-/// remap left, and the second cut the grown region (found by review).
-/// Each stale region leaves a record of its own now, taken by its event.
-#[test]
-fn a_region_grown_over_two_freed_ranges_keeps_them() {
-    with_deadline(60, "grown over two freed ranges", || {
-        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let pager = one_handler_pager();
-        const LEN: usize = 4 * PAGE;
-        let x = free_range(3 * LEN);
-        let data: Vec<u8> = (0..3 * LEN).map(|i| (i / PAGE) as u8 + 1).collect();
-        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
-        // SAFETY: the stores are moved in; only the regions change them.
-        let mut low = unsafe { pager.map_store(store, LEN, &shared_at(x)) }.unwrap();
-        let mut beside = Vec::new();
-        for k in 1..3 {
-            let s = Arc::new(MemoryStore::from_bytes(&[9u8; LEN]).unwrap());
-            // SAFETY: as above.
-            beside.push(unsafe { pager.map_store(s, LEN, &shared_at(x + k * LEN)) }.unwrap());
-        }
-        hold(the_handler());
-        let unmappers: Vec<_> = (1..3)
-            .map(|k| {
-                std::thread::spawn(move || {
-                    // SAFETY: the application gives that region's memory up.
-                    unsafe { libc::munmap((x + k * LEN) as *mut _, LEN) }
-                })
-            })
-            .collect();
-        for k in 1..3 {
-            wait_for("the unmaps", || {
-                let mut v = 0u8;
-                // SAFETY: mincore only reads the page tables.
-                unsafe { libc::mincore((x + k * LEN) as *mut libc::c_void, PAGE, &mut v) != 0 }
-            });
-        }
-        low.remap(3 * LEN).unwrap();
-        let grown = low.as_ptr() as usize;
-        HOLD.store(false, SeqCst);
-        for u in unmappers {
-            assert_eq!(u.join().unwrap(), 0);
-        }
-        let p = &pager;
-        wait_for("the late unmaps", || {
-            p.stats().get(Counter::EVENT_UNMAP) >= 2
-        });
-        assert_eq!(
-            low.mapped(),
-            vec![grown..grown + 3 * LEN],
-            "the grown region was cut"
-        );
-        assert_eq!(low.as_slice(), &data[..], "the grown region's bytes");
-        assert!(beside.iter().all(|r| r.mapped().is_empty()));
     });
 }
 

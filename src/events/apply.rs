@@ -139,8 +139,9 @@ pub(crate) fn event_coming(
     }
     let mut left = mm.events.lock_left();
     // (A record whose events have all been applied is done with.)
-    let busy = mm.events.in_flight();
-    left.retain(|(_, _, d)| busy || d.changing(mm));
+    // (The descriptor asked first: an event is counted in `busy` before
+    // it is read, so one read in between is seen there.)
+    left.retain(|(_, _, d)| d.changing(mm) || mm.events.in_flight());
     let mut there: Vec<Desc> = left
         .iter()
         .filter(|(a, b, _)| *a < end && start < *b)
@@ -181,75 +182,80 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
 }
 
 /// A `map` found table entries overlapping `[start, end)`, which the
-/// kernel just gave it: the application unmapped them (or moved them) and
-/// no event will change them in time (see `Mm::map`). Applies an unmap
-/// now. `awaited`: an event was still on its way when the map gave up
-/// waiting; the range is then remembered, so that event, when it is read,
-/// does not touch the new region there. (Recorded when no event is coming,
-/// the range would be taken by the next event, whatever it is, and could
-/// hide the new region from an unmap of its own.)
-pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool) {
-    if mm.table.read(|t| t.overlaps(start, end, None)) {
-        // (Released here, under the caller's global lock: see
-        // `Released::here`.)
-        apply(
-            mm,
-            Event::Unmap(start, end),
-            None,
-            &[],
-            &mut Released::here(mm),
-        );
-    }
-    // (Recorded for a range a move left too, which the table no longer
-    // holds: its unmap is the late event.)
-    if awaited {
-        mm.events.lock_pre_applied().push(super::PreApplied {
-            key: (start, end),
-            kept: (start, end),
-        });
-    }
+/// kernel just gave it for `new`'s region: the application unmapped them
+/// (or moved them) and no event will change them in time (see
+/// `Mm::map`). Applies an unmap now. `awaited`: an event was still on its
+/// way when the map gave up waiting; records are then left for it
+/// ([`settle_stale`]), so that the event, when it is read, does not touch
+/// the new region. (Recorded when no event is coming, the range would be
+/// taken by the next unmap, whatever it is, and could hide the new region
+/// from an unmap of its own.)
+pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool, new: &crate::object::Object) {
+    // (Released here, under the caller's global lock: see
+    // `Released::here`.)
+    let record = awaited.then_some((start, end));
+    settle_stale(mm, &[(start, end)], record, new, &mut Released::here(mm));
 }
 
 /// Takes the regions the table still holds in `ranges` for unmapped: the
-/// kernel has just given those ranges to `ours` (an object's region moved
-/// or grown there), so what the table says is there is gone, its event
-/// not applied yet. Where one of them is on `ours`'s descriptor, `record`
-/// (the range `ours` holds now) is recorded, so that the late event, which
-/// is applied to every region of its descriptor in its range, leaves the
-/// moved region alone; one on another descriptor needs no record (its
-/// event is applied to its own descriptor's regions), and one left
-/// unconsumed would swallow `ours`'s own later unmap.
+/// kernel has just given those ranges to `ours` (an object's region
+/// mapped, moved or grown there), so what the table says is there is
+/// gone, its event not applied yet. Where one of them is on `ours`'s
+/// descriptor, or a move of a region on that descriptor left the range
+/// and its unmap is not applied yet, a record is left with `record` (the
+/// range `ours` holds now; `None`: no event is on its way, and nothing is
+/// recorded), so that the late event, which is applied to every region of
+/// its descriptor in its range, leaves `ours`'s region alone. One on
+/// another descriptor needs no record (its event is applied to its own
+/// descriptor's regions); a record no unmap takes would swallow `ours`'s
+/// own later unmap.
 ///
-/// Each such region leaves a record of its own, keyed by its range: each
-/// of their late events (two regions unmapped by two calls post two) takes
-/// its own; with one record, the first took it and the second cut the
-/// region. Hazard: a region the application moved rather than unmapped is
-/// lost here, as `stale` loses it.
+/// Each such region leaves a record of its own, keyed by its range, and
+/// an unmap takes only the part of a record it covers (`apply_read`): two
+/// calls that unmapped one region in two parts post two events, and the
+/// first took the whole record, so the second cut the region. Hazard: a
+/// region the application moved rather than unmapped is lost here (its
+/// move's event finds nothing to move). A record outlives no event: once
+/// its descriptor has none on its way and none waits to be applied, it is
+/// dropped.
 pub(crate) fn settle_stale(
     mm: &Mm,
     ranges: &[(usize, usize)],
-    record: (usize, usize),
+    record: Option<(usize, usize)>,
     ours: &crate::object::Object,
     released: &mut Released<'_>,
 ) {
-    let mine = Desc::of(ours).id(mm);
+    let desc = Desc::of(ours);
+    let mine = desc.id(mm);
     for &(a, b) in ranges.iter().filter(|(a, b)| a < b) {
         let there = mm.table.read(|t| t.overlapping(a, b));
-        if there.is_empty() {
-            continue;
-        }
-        let keys: Vec<(usize, usize)> = there
+        let overlap = |s: usize, e: usize| (s.max(a), e.min(b));
+        let mut keys: Vec<(usize, usize)> = there
             .iter()
             .filter(|v| Desc::of(&v.object).id(mm) == mine)
-            .map(|v| (v.start.max(a), v.end.min(b)))
+            .map(|v| overlap(v.start, v.end))
             .collect();
-        drop(there);
-        apply(mm, Event::Unmap(a, b), None, &[], released);
-        let mut records = mm.events.lock_pre_applied();
-        records.extend(
-            keys.into_iter()
-                .map(|key| super::PreApplied { key, kept: record }),
+        keys.extend(
+            mm.events
+                .lock_left()
+                .iter()
+                .filter(|(s, e, d)| *s < b && a < *e && d.id(mm) == mine)
+                .map(|&(s, e, _)| overlap(s, e)),
         );
+        if !there.is_empty() {
+            drop(there);
+            apply(mm, Event::Unmap(a, b), None, &[], released);
+        }
+        let Some(kept) = record else { continue };
+        let mut records = mm.events.lock_pre_applied();
+        // (The descriptor asked first: an event is counted in `busy`
+        // before it is read, so one read in between is seen there.)
+        records.retain(|r| r.desc.changing(mm) || mm.events.in_flight());
+        records.extend(keys.into_iter().map(|key| super::PreApplied {
+            key,
+            kept,
+            desc: desc.clone(),
+        }));
     }
 }
 
@@ -262,11 +268,28 @@ fn apply_read(mm: &Mm, e: Event, from: usize, released: &mut Released<'_>) {
     let pre: Vec<(usize, usize)> = {
         let mut records = mm.events.lock_pre_applied();
         match e {
+            // (Only an unmap on the kept region's descriptor: another's
+            // leaves that region alone anyway, and would leave it
+            // unguarded against its own. The part of the record outside
+            // the unmap waits for the unmap of that part.)
             Event::Unmap(s, end) => {
-                let (taken, kept): (Vec<_>, Vec<_>) =
-                    records.iter().partition(|r| r.key.0 < end && s < r.key.1);
-                *records = kept;
-                taken.iter().map(|r| r.kept).collect()
+                let mut taken = Vec::new();
+                let mut rest = Vec::new();
+                for r in records.drain(..) {
+                    let (a, b) = r.key;
+                    if a >= end || s >= b || r.desc.id(mm) != from {
+                        rest.push(r);
+                        continue;
+                    }
+                    taken.push(r.kept);
+                    for key in [(a, s.min(b)), (end.max(a), b)] {
+                        if key.0 < key.1 {
+                            rest.push(super::PreApplied { key, ..r.clone() });
+                        }
+                    }
+                }
+                *records = rest;
+                taken
             }
             _ => records.iter().map(|r| r.kept).collect(),
         }
@@ -361,7 +384,7 @@ fn apply(
             // alone (the range is recorded).
             if let Some(v) = vmas.first() {
                 let dest = (to, to + (end - s));
-                settle_stale(mm, &[dest], dest, &v.object, released);
+                settle_stale(mm, &[dest], Some(dest), &v.object, released);
             }
             for v in &vmas {
                 let Cut { mut kept, moved } = cut(mm, v, s, end, Some((to, placed)));

@@ -74,15 +74,18 @@ pub fn features(base: u64, quiet: bool) -> u64 {
     }
 }
 
-/// Per-pager event state. See the module docs.
 /// An unread `UNMAP` already applied ([`Events`]'s `pre_applied`): the
-/// range it unmaps, and the range a region holds there since.
-#[derive(Debug, Clone, Copy)]
+/// part of the range it unmaps not yet taken by an unmap read, the range
+/// a region holds there since, and that region's descriptor (the one the
+/// late event comes on).
+#[derive(Debug, Clone)]
 pub(crate) struct PreApplied {
     pub(crate) key: (usize, usize),
     pub(crate) kept: (usize, usize),
+    pub(crate) desc: apply::Desc,
 }
 
+/// Per-pager event state. See the module docs.
 #[derive(Debug, Default)]
 pub struct Events {
     /// Read: engine work on user addresses. Write: applying events.
@@ -111,8 +114,9 @@ pub struct Events {
     applied: AtomicU64,
     /// Unread `UNMAP`s already applied, each by the range it unmaps (the
     /// key) and the range given since to a new or moved region there (the
-    /// kernel handed it over): the event, when it is read, takes the
-    /// records its range meets, and must not touch the region there.
+    /// kernel handed it over): the event, when it is read on that region's
+    /// descriptor, takes the parts of the records its range covers, and
+    /// must not touch the region there.
     pre_applied: Mutex<Vec<PreApplied>>,
     /// Ranges a move applied has left, with the moved region's descriptor:
     /// the application's `mremap` posts the unmap of the old range after
