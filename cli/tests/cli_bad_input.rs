@@ -104,6 +104,21 @@ fn values_too_large_to_run_are_usage_errors() {
             ],
             "--io-spin-us",
         ),
+        // 8 GiB of 2 MiB pages (before, the 1048576 limit counted them
+        // as 4 KiB pages: 2 TiB passed).
+        (
+            &[
+                "bench",
+                "far",
+                "--store",
+                "redis://127.0.0.1:1",
+                "--page-size",
+                "2M",
+                "--pages",
+                "4096",
+            ],
+            "--pages",
+        ),
         (&["bench", "metadata", "--touch", "0"], "--touch"),
         // Before, taken as 16384.
         (

@@ -164,6 +164,17 @@ fn an_empty_pool_is_named_not_faulted_on() {
         &["bench", "evict", "--page-size", "2M", "--pages", "2"],
         &["bench", "wakeup", "--page-size", "2M", "--pages", "1"],
         &["bench", "scale", "--page-size", "2M", "--faults", "2"],
+        // (Before the store is filled: the server here is never reached.)
+        &[
+            "bench",
+            "far",
+            "--store",
+            "redis://127.0.0.1:1",
+            "--page-size",
+            "2M",
+            "--pages",
+            "2",
+        ],
     ] {
         let o = run(args);
         let err = String::from_utf8_lossy(&o.stderr);

@@ -57,17 +57,29 @@ pub struct FarArgs {
 pub fn run(a: &FarArgs) -> CliResult {
     let pages = super::pages_of(a.pages, 2048, a.page_size);
     let huge = a.page_size != uffd_pager::PAGE_SIZE;
-    if pages > 1 << 20
+    // (In 4 KiB pages: a 2 MiB page is 512 keys in the store and 512
+    // pages of the region.)
+    let units = (a.page_size / uffd_pager::PAGE_SIZE) as u64;
+    if pages.saturating_mul(units) > 1 << 20
         || a.scan_pages > 1 << 20
         || a.passes > 50
         || a.readahead > 1024
         || a.io_spin_us > 1000
     {
         return Err(CliError::Usage(
-            "--pages/--scan-pages at most 1048576, --passes at most 50, --readahead at most 1024, \
-             --io-spin-us at most 1000"
+            "--pages/--scan-pages at most 1048576 (4 GiB; --pages at most 2048 with --page-size 2M), \
+             --passes at most 50, --readahead at most 1024, --io-spin-us at most 1000"
                 .into(),
         ));
+    }
+    // Before the store is filled (seconds, and as many bytes in the
+    // server), not at the miss pass's first map after it: its region
+    // holds every page at once.
+    let bytes = pages * units * uffd_pager::PAGE_SIZE as u64;
+    super::fits_in_memory(&format!("--pages {pages}"), bytes)?;
+    if huge {
+        uffd_pager::HugePagePool::require(uffd_pager::HugePagePool::needed_for(pages, 0))
+            .map_err(|e| CliError::Runtime(format!("bench far: {e}")))?;
     }
     let rt =
         |what: &'static str| move |e: uffd_pager::Error| CliError::Runtime(format!("{what}: {e}"));
