@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ::redis::Value;
 
-use super::{Store, StoreError, MAX_BATCH};
+use super::{Store, StoreError};
 use crate::sys::PAGE_SIZE;
 
 #[path = "redis_conn.rs"]
@@ -106,7 +106,8 @@ pub fn page_key(prefix: &str, page: u64) -> String {
 ///
 /// # Calls
 ///
-/// `read` is a `GET`; `read_many` one `MGET` (one per 256 pages). In a
+/// `read` is a `GET`; `read_many` one `MGET` (one per 512 pages: a
+/// 2 MiB page is one). In a
 /// cluster a multi-key command must stay within one hash slot, so a batch
 /// across slots is one `MGET` per slot (one per 64-page chunk: a readahead
 /// window is one or two). `write` is a `SET` (or `DEL`); `write_many` an
@@ -351,13 +352,17 @@ impl Store for RedisStore {
         self.len
     }
 
-    /// The server (its URL spelled out, or a cluster's seed nodes in the
-    /// order given) and the key namespace, hashed: two stores opened on
-    /// the same namespace count as one where pages wait to be written
-    /// (`Pager::flush_unmapped`). The top bit is set, which no file's
-    /// device number has. (Without it, a namespace opened again while its
-    /// unwritten pages waited was mapped without them, read the older
-    /// bytes, and the later write-back put those over its writes.)
+    /// The server (its hosts resolved to addresses, a cluster's seed nodes
+    /// sorted, as they were when the store was opened) and the key
+    /// namespace, hashed: two stores opened on the same namespace count as
+    /// one where pages wait to be written (`Pager::flush_unmapped`). The
+    /// top bit is set, which no file's device number has. (Without it, a
+    /// namespace opened again while its unwritten pages waited was mapped
+    /// without them, read the older bytes, and the later write-back put
+    /// those over its writes; and so it was when the same server was
+    /// spelled another way: `localhost` for `127.0.0.1`, the seed nodes in
+    /// another order.) Two different seed lists of one cluster, or two
+    /// routes to one server, still count as two.
     fn identity(&self) -> Option<(u64, u64)> {
         use std::hash::{Hash, Hasher};
         let hash = |s: &str| {
@@ -365,9 +370,7 @@ impl Store for RedisStore {
             s.hash(&mut h);
             h.finish()
         };
-        let server = RedisUrl::parse(&self.shared.url)
-            .map_or_else(|_| self.shared.url.clone(), |u| u.to_string());
-        Some((hash(&server) | 1 << 63, hash(&self.prefix)))
+        Some((hash(&self.shared.server) | 1 << 63, hash(&self.prefix)))
     }
 
     /// A `GET`, or an `MGET` for more than one page.
@@ -376,8 +379,8 @@ impl Store for RedisStore {
         self.read_pages(first, buf)
     }
 
-    /// Reads through a buffer of up to [`MAX_BATCH`] pages, one `MGET`
-    /// per batch.
+    /// Reads through a buffer of up to [`Self::KEYS_PER_COMMAND`] pages,
+    /// one `MGET` per buffer on one server (a 2 MiB page is one).
     fn read_to_fd(
         &self,
         offset: u64,
@@ -387,7 +390,7 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         use std::os::fd::AsRawFd;
         self.first_page(offset, len)?;
-        let mut buf = vec![0u8; len.min(MAX_BATCH * PAGE_SIZE)];
+        let mut buf = vec![0u8; len.min(Self::KEYS_PER_COMMAND * PAGE_SIZE)];
         let mut done = 0;
         while done < len {
             let n = (len - done).min(buf.len());

@@ -2,6 +2,7 @@
 
 use super::super::*;
 use super::servers::{have_redis, page, Server, P};
+use crate::store::MAX_BATCH;
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::Instant;
@@ -82,6 +83,15 @@ fn cluster_round_trip_across_slots() {
     let len = 201 * RedisStore::PAGES_PER_TAG * P as u64;
     let s = RedisStore::open(&url, len, &opts).unwrap();
     assert_eq!(s.name(), "redis-cluster");
+    // The seed nodes in another order, one by name: the same cluster.
+    let mut seeds: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    seeds.reverse();
+    seeds[0] = seeds[0].replace("127.0.0.1", "localhost");
+    let again = RedisStore::open(&format!("redis-cluster://{}", seeds.join(",")), len, &opts);
+    assert_eq!(again.unwrap().identity(), s.identity(), "{seeds:?}");
     let about = RedisStore::ping(&url, &opts).unwrap();
     assert!(
         about.contains("cluster_state ok") && about.contains("3 masters"),

@@ -114,6 +114,8 @@ pub(super) struct Shared {
     pub(super) backend: Backend,
     /// The URL, for logs.
     pub(super) url: String,
+    /// The server, spelled one way (`RedisUrl::server_key`).
+    pub(super) server: String,
     pub(super) timeout: Duration,
     pub(super) attempts: u32,
     idle: Mutex<Vec<Conn>>,
@@ -121,10 +123,17 @@ pub(super) struct Shared {
 
 impl Shared {
     /// A client for `backend` with no connection yet.
-    pub(super) fn new(backend: Backend, url: String, timeout: Duration, attempts: u32) -> Self {
+    pub(super) fn new(
+        backend: Backend,
+        url: String,
+        server: String,
+        timeout: Duration,
+        attempts: u32,
+    ) -> Self {
         Shared {
             backend,
             url,
+            server,
             timeout,
             attempts,
             idle: Mutex::new(Vec::new()),

@@ -83,14 +83,20 @@ impl RedisStore {
             .map_err(|f| StoreError(f.errno))
     }
 
+    /// The most keys one multi-key command names on one server: a 2 MiB
+    /// page's 512, so such a page is one round trip, as a plain `MGET` of
+    /// its keys (2 MiB in one reply; it was 256, and a 2 MiB page two).
+    pub(super) const KEYS_PER_COMMAND: usize = 512;
+
     /// Indices into `pages` (page numbers) grouped into one multi-key
     /// command each: by hash slot in a cluster (where a command's keys
-    /// must share one), in runs of at most 256 on one server.
+    /// must share one), in runs of at most [`Self::KEYS_PER_COMMAND`] on
+    /// one server.
     pub(super) fn groups(&self, pages: &[u64]) -> Vec<Vec<usize>> {
         let Backend::Cluster(_) = self.shared.backend else {
             return (0..pages.len())
                 .collect::<Vec<_>>()
-                .chunks(256)
+                .chunks(Self::KEYS_PER_COMMAND)
                 .map(<[usize]>::to_vec)
                 .collect();
         };

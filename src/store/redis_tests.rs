@@ -3,6 +3,7 @@
 //! `redis-server` fails the tests unless `UFFD_SKIP_REDIS=1` is set.
 
 use super::*;
+use crate::store::MAX_BATCH;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -318,6 +319,77 @@ fn one_connection_per_concurrent_caller() {
     }
     let idle = s.shared.idle_count();
     assert!((1..=4).contains(&idle), "{idle} idle connections");
+}
+
+/// One server spelled two ways (a name for its address, the default
+/// database left out) is one store where unwritten pages wait
+/// (`Store::identity`): the identity hashed the URL as written, so a
+/// namespace reopened as `localhost` was mapped without the pages its
+/// earlier store still had to write.
+#[test]
+fn one_server_spelled_two_ways_has_one_identity() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    let by_name = format!("redis://localhost:{}", srv.port);
+    let open = |url: &str, prefix: &str| {
+        RedisStore::open(url, P as u64, &opts(prefix))
+            .unwrap()
+            .identity()
+            .unwrap()
+    };
+    let a = open(&srv.url(), "t10");
+    assert_eq!(open(&by_name, "t10"), a, "{by_name} and {}", srv.url());
+    assert_ne!(open(&by_name, "t11"), a, "another namespace");
+    let db1 = format!("redis://127.0.0.1:{}/1", srv.port);
+    assert_ne!(open(&db1, "t10"), a, "another database");
+}
+
+/// The calls of `cmd` the server has served (`INFO commandstats`).
+fn calls(c: &mut ::redis::Connection, cmd: &str) -> u64 {
+    let info: String = ::redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    let line = format!("cmdstat_{cmd}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// A 2 MiB page's 512 keys are one `MGET` on one server, read into a
+/// buffer or through to a file, as `bench far`'s floor reads them: it
+/// was two into a buffer (runs of 256) and sixteen through to a file
+/// (a buffer of 32 pages), so the bench's ratio counted round trips the
+/// floor did not make.
+#[test]
+fn a_2_mib_page_is_one_mget() {
+    if !have_redis() {
+        return;
+    }
+    let srv = Server::start();
+    const N: usize = 512;
+    let s = RedisStore::open(&srv.url(), (N * P) as u64, &opts("t9")).unwrap();
+    let want: Vec<u8> = (0..N as u64).flat_map(page).collect();
+    s.write(0, &want).unwrap();
+    let mut c = raw(&srv.url());
+    let before = calls(&mut c, "mget");
+    let mut back = vec![0xAA; N * P];
+    s.read(0, &mut back).unwrap();
+    assert!(back == want, "the page read back");
+    assert_eq!(calls(&mut c, "mget") - before, 1, "MGETs for a read");
+    let file = crate::sys::mem::Memfd::new("t9", N * P).unwrap();
+    // SAFETY: the memfd is open for as long as `file` lives.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(file.fd()) };
+    s.read_to_fd(0, N * P, fd, 0).unwrap();
+    assert_eq!(
+        calls(&mut c, "mget") - before,
+        2,
+        "MGETs for a read to a file"
+    );
+    let mut through = vec![0xAA; N * P];
+    // SAFETY: `through` is writable for its length.
+    let n = unsafe { libc::pread(file.fd(), through.as_mut_ptr().cast(), N * P, 0) };
+    assert_eq!(n, (N * P) as isize);
+    assert!(through == want, "the page read through to the file");
 }
 
 #[test]

@@ -203,6 +203,37 @@ impl fmt::Display for RedisUrl {
     }
 }
 
+impl RedisUrl {
+    /// The server this URL reaches, spelled one way however the URL
+    /// spells it: each host resolved (its lowest address; as written if
+    /// it does not resolve), a cluster's seed nodes sorted, a standalone
+    /// server's database. For [`super::RedisStore`]'s identity. Resolves
+    /// names, so it is asked once, when a store is opened.
+    ///
+    /// Hazard: two different seed lists of one cluster, or two addresses
+    /// of one server (a proxy, a NAT), still spell two servers.
+    pub(super) fn server_key(&self) -> String {
+        use std::net::ToSocketAddrs;
+        let node = |host: &str, port: u16| match (host, port).to_socket_addrs() {
+            Ok(addrs) => addrs
+                .min()
+                .map_or_else(|| format!("{}:{port}", bracketed(host)), |a| a.to_string()),
+            Err(_) => format!("{}:{port}", bracketed(host)),
+        };
+        match self {
+            RedisUrl::Standalone { host, port, db } => {
+                format!("redis://{}/{db}", node(host, *port))
+            }
+            RedisUrl::Cluster { nodes } => {
+                let mut v: Vec<String> = nodes.iter().map(|(h, p)| node(h, *p)).collect();
+                v.sort();
+                v.dedup();
+                format!("redis-cluster://{}", v.join(","))
+            }
+        }
+    }
+}
+
 /// `host` as written in a URL: IPv6 addresses in brackets.
 fn bracketed(host: &str) -> String {
     if host.contains(':') {
@@ -341,7 +372,13 @@ pub(super) fn connect(
                 .map_err(bad)?,
         ),
     };
-    let shared = Shared::new(backend, parsed.to_string(), opts.timeout, opts.attempts);
+    let shared = Shared::new(
+        backend,
+        parsed.to_string(),
+        parsed.server_key(),
+        opts.timeout,
+        opts.attempts,
+    );
     let first = shared
         .connect(opts.timeout)
         .map_err(|e| RedisStoreError::Connect {
