@@ -379,7 +379,7 @@ impl Store for RedisStore {
         self.read_pages(first, buf)
     }
 
-    /// Reads through a buffer of up to [`Self::KEYS_PER_COMMAND`] pages,
+    /// Reads through a buffer of up to 512 pages (`KEYS_PER_COMMAND`),
     /// one `MGET` per buffer on one server (a 2 MiB page is one).
     fn read_to_fd(
         &self,
