@@ -82,7 +82,7 @@ fn a_region_grown_into_a_range_whose_unmap_is_unread_keeps_it() {
         let pager = one_handler_pager();
         const LEN: usize = 4 * PAGE;
         let x = free_range(2 * LEN);
-        let (mut low, data, high) = low_and_beside(&pager, x, LEN, 2 * LEN, LEN);
+        let (mut low, data, high) = low_and_beside(&pager, x, LEN, 2 * LEN, x + LEN);
         hold(the_handler());
         // The kernel has freed the range; its event waits for the reader.
         let unmapper = unmap_aside(x + LEN, LEN);
@@ -105,7 +105,7 @@ fn a_region_grown_over_two_freed_ranges_keeps_them() {
         let pager = one_handler_pager();
         const LEN: usize = 4 * PAGE;
         let x = free_range(3 * LEN);
-        let (mut low, data, second) = low_and_beside(&pager, x, LEN, 3 * LEN, LEN);
+        let (mut low, data, second) = low_and_beside(&pager, x, LEN, 3 * LEN, x + LEN);
         let s = Arc::new(MemoryStore::from_bytes(&[9u8; LEN]).unwrap());
         // SAFETY: the store is moved in; only the region changes it.
         let third = unsafe { pager.map_store(s, LEN, &shared_at(x + 2 * LEN)) }.unwrap();
@@ -170,14 +170,14 @@ fn assert_grown(low: &uffd_pager::Region, data: &[u8]) {
 }
 
 /// A low shared region of `len` bytes at `x` over distinct page bytes,
-/// and a shared region of 9s at `x + gap`: the low region, its bytes when
+/// and a shared region of 9s at `at`: the low region, its bytes when
 /// grown to `grown_len`, and the other region.
 fn low_and_beside(
     pager: &Pager,
     x: usize,
     len: usize,
     grown_len: usize,
-    gap: usize,
+    at: usize,
 ) -> (uffd_pager::Region, Vec<u8>, uffd_pager::Region) {
     let data: Vec<u8> = (0..grown_len).map(|i| (i / PAGE) as u8 + 1).collect();
     let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
@@ -185,7 +185,7 @@ fn low_and_beside(
     let low = unsafe { pager.map_store(store, len, &shared_at(x)) }.unwrap();
     let s = Arc::new(MemoryStore::from_bytes(&[9u8; 4 * PAGE]).unwrap());
     // SAFETY: as above.
-    let beside = unsafe { pager.map_store(s, 4 * PAGE, &shared_at(x + gap)) }.unwrap();
+    let beside = unsafe { pager.map_store(s, 4 * PAGE, &shared_at(at)) }.unwrap();
     assert_eq!(beside.as_slice()[0], 9);
     (low, data, beside)
 }
@@ -202,7 +202,7 @@ fn a_region_grown_over_a_range_unmapped_in_two_calls_keeps_it() {
         let pager = one_handler_pager();
         const LEN: usize = 4 * PAGE;
         let x = free_range(2 * LEN);
-        let (mut low, data, beside) = low_and_beside(&pager, x, LEN, 2 * LEN, LEN);
+        let (mut low, data, beside) = low_and_beside(&pager, x, LEN, 2 * LEN, x + LEN);
         hold(the_handler());
         let halves = [
             unmap_aside(x + LEN, LEN / 2),
@@ -225,7 +225,26 @@ fn a_region_grown_over_a_range_unmapped_in_two_calls_keeps_it() {
 /// from the descriptor of the region it keeps.
 #[test]
 fn a_region_grown_over_a_range_unmapped_with_another_descriptors_keeps_it() {
-    with_deadline(60, "grown over a range unmapped with another's", || {
+    grown_over_a_call_over_two_descriptors(3);
+}
+
+/// The same, with the region grown only over the anonymous one: the table
+/// held nothing of its own descriptor's in the range it took, so nothing
+/// was recorded, and that descriptor's event (over the whole range the
+/// call unmapped) cut it (found by review). With an event on its way on
+/// its own descriptor, a region records every range it takes.
+#[test]
+fn a_region_grown_over_another_descriptors_range_keeps_it() {
+    grown_over_a_call_over_two_descriptors(2);
+}
+
+/// A shared region at `x` of [`PAGE`] × 4 bytes, an anonymous one after it
+/// (the pager's other descriptor) and a shared one after that; the
+/// application unmaps the two above with one call while the reader is
+/// held, and the lowest is grown to `times` its length over what that
+/// call freed.
+fn grown_over_a_call_over_two_descriptors(times: usize) {
+    with_deadline(60, "grown over a call over two descriptors", move || {
         let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let pager = one_handler_pager();
         const LEN: usize = 4 * PAGE;
@@ -235,14 +254,71 @@ fn a_region_grown_over_a_range_unmapped_with_another_descriptors_keeps_it() {
             ..MapOptions::default()
         };
         let between = pager.map_anonymous_with(LEN, &anon).unwrap();
-        let (mut low, data, beside) = low_and_beside(&pager, x, LEN, 3 * LEN, 2 * LEN);
+        let grown = times * LEN;
+        let (mut low, data, beside) = low_and_beside(&pager, x, LEN, grown, x + 2 * LEN);
         hold(the_handler());
         let both = unmap_aside(x + LEN, 2 * LEN);
-        low.remap(3 * LEN).unwrap();
+        low.remap(grown).unwrap();
         HOLD.store(false, SeqCst);
         // (One call, an event on each descriptor.)
         late_unmaps([both], 2, &pager);
         assert_grown(&low, &data);
         assert!(beside.mapped().is_empty() && between.mapped().is_empty());
+    });
+}
+
+/// A record no event takes is dropped at the next event applied once its
+/// descriptor has none left to apply: with an unrelated unmap on its way
+/// on the grown region's descriptor, the remap recorded the range it took
+/// from another descriptor's region, and no event of its own descriptor
+/// covered that range. Kept, the record took the application's own later
+/// `munmap` of the grown part for the late event, and the region stayed
+/// listed there. (The kernel stops counting an event on its descriptor
+/// only once the thread that posted it runs again, after the read: here an
+/// event on the other descriptor comes after those threads have returned,
+/// so its application sees the grown region's descriptor quiet.)
+#[test]
+fn a_record_no_event_takes_does_not_hide_a_later_unmap() {
+    with_deadline(60, "a record no event takes", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let pager = one_handler_pager();
+        const LEN: usize = 4 * PAGE;
+        let x = free_range(2 * LEN);
+        let anon = |at: usize| MapOptions {
+            fixed_addr: Some(at),
+            ..MapOptions::default()
+        };
+        let between = pager.map_anonymous_with(LEN, &anon(x + LEN)).unwrap();
+        let spare = pager
+            .map_anonymous_with(LEN, &anon(free_range(LEN)))
+            .unwrap();
+        let elsewhere = free_range(LEN);
+        let (mut low, data, other) = low_and_beside(&pager, x, LEN, 2 * LEN, elsewhere);
+        hold(the_handler());
+        let unrelated = unmap_aside(elsewhere, LEN);
+        let taken = unmap_aside(x + LEN, LEN);
+        low.remap(2 * LEN).unwrap();
+        HOLD.store(false, SeqCst);
+        late_unmaps([unrelated, taken], 2, &pager);
+        assert_grown(&low, &data);
+        assert!(between.mapped().is_empty() && other.mapped().is_empty());
+        // An event on the other descriptor, then the application unmaps the
+        // grown part itself.
+        let s = spare.as_ptr() as usize;
+        // SAFETY: the application gives the spare region up.
+        assert_eq!(unsafe { libc::munmap(s as *mut _, LEN) }, 0);
+        wait_for("the other descriptor's unmap", || {
+            pager.stats().get(Counter::EVENT_UNMAP) >= 3
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let top = low.as_ptr() as usize + LEN;
+        // SAFETY: the application gives that part of the region up.
+        assert_eq!(unsafe { libc::munmap(top as *mut _, LEN) }, 0);
+        let grown = low.as_ptr() as usize;
+        assert_eq!(
+            low.mapped(),
+            vec![grown..grown + LEN],
+            "after its own unmap"
+        );
     });
 }

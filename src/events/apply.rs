@@ -28,10 +28,18 @@ pub fn queued(mm: &Mm) {
 pub fn queued_locked<'a>(mm: &'a Mm, _gate: &WriteGuard<'_>) -> Released<'a> {
     let mut released = Released::new(mm);
     loop {
-        let Some((e, from)) = mm.events.lock_queue().pop_front() else {
+        // (Named in `applying`, under the queue's lock, while it is
+        // applied: [`may_come`] counts it.)
+        let Some((e, from)) = ({
+            let mut queue = mm.events.lock_queue();
+            let next = queue.pop_front();
+            mm.events.applying.store(next.map_or(0, |(_, f)| f), SeqCst);
+            next
+        }) else {
             return released;
         };
         apply_read(mm, e, from, &mut released);
+        mm.events.applying.store(0, SeqCst);
         mm.events.busy.fetch_sub(1, SeqCst);
         crate::inject::after_event();
     }
@@ -139,9 +147,7 @@ pub(crate) fn event_coming(
     }
     let mut left = mm.events.lock_left();
     // (A record whose events have all been applied is done with.)
-    // (The descriptor asked first: an event is counted in `busy` before
-    // it is read, so one read in between is seen there.)
-    left.retain(|(_, _, d)| d.changing(mm) || mm.events.in_flight());
+    prune_left(mm, &mut left);
     let mut there: Vec<Desc> = left
         .iter()
         .filter(|(a, b, _)| *a < end && start < *b)
@@ -206,18 +212,21 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool, new: &crat
 /// range `ours` holds now; `None`: no event is on its way, and nothing is
 /// recorded), so that the late event, which is applied to every region of
 /// its descriptor in its range, leaves `ours`'s region alone. One on
-/// another descriptor needs no record (its event is applied to its own
-/// descriptor's regions); a record no unmap takes would swallow `ours`'s
-/// own later unmap.
+/// another descriptor needs a record only while an event is on its way on
+/// `ours`'s: one call over regions of two descriptors posts an event on
+/// each, each over the whole range, so that event may cover it too.
 ///
 /// Each such region leaves a record of its own, keyed by its range, and
 /// an unmap takes only the part of a record it covers (`apply_read`): two
 /// calls that unmapped one region in two parts post two events, and the
 /// first took the whole record, so the second cut the region. Hazard: a
 /// region the application moved rather than unmapped is lost here (its
-/// move's event finds nothing to move). A record outlives no event: once
-/// its descriptor has none on its way and none waits to be applied, it is
-/// dropped.
+/// move's event finds nothing to move). A record no unmap takes would
+/// swallow `ours`'s own later unmap: once its descriptor has no event
+/// that may still be applied ([`may_come`]), it is dropped, here and after
+/// each event applied. Hazard: the kernel counts an event on its way
+/// until the thread that posted it runs again; a record whose last event
+/// was applied before that lives on until the next event or record.
 pub(crate) fn settle_stale(
     mm: &Mm,
     ranges: &[(usize, usize)],
@@ -227,30 +236,34 @@ pub(crate) fn settle_stale(
 ) {
     let desc = Desc::of(ours);
     let mine = desc.id(mm);
+    // One call over regions of two descriptors posts an event on each, each
+    // over the whole range: with one on its way on ours, a region of
+    // another's taken here may lie in its range too.
+    let own_coming = record.is_some() && desc.changing(mm);
     for &(a, b) in ranges.iter().filter(|(a, b)| a < b) {
         let there = mm.table.read(|t| t.overlapping(a, b));
         let overlap = |s: usize, e: usize| (s.max(a), e.min(b));
         let mut keys: Vec<(usize, usize)> = there
             .iter()
-            .filter(|v| Desc::of(&v.object).id(mm) == mine)
+            .filter(|v| own_coming || Desc::of(&v.object).id(mm) == mine)
             .map(|v| overlap(v.start, v.end))
             .collect();
-        keys.extend(
-            mm.events
-                .lock_left()
-                .iter()
-                .filter(|(s, e, d)| *s < b && a < *e && d.id(mm) == mine)
-                .map(|&(s, e, _)| overlap(s, e)),
-        );
+        {
+            let mut left = mm.events.lock_left();
+            prune_left(mm, &mut left);
+            keys.extend(
+                left.iter()
+                    .filter(|(s, e, d)| *s < b && a < *e && d.id(mm) == mine)
+                    .map(|&(s, e, _)| overlap(s, e)),
+            );
+        }
         if !there.is_empty() {
             drop(there);
             apply(mm, Event::Unmap(a, b), None, &[], released);
         }
         let Some(kept) = record else { continue };
         let mut records = mm.events.lock_pre_applied();
-        // (The descriptor asked first: an event is counted in `busy`
-        // before it is read, so one read in between is seen there.)
-        records.retain(|r| r.desc.changing(mm) || mm.events.in_flight());
+        records.retain(|r| may_come(mm, &r.desc, false));
         records.extend(keys.into_iter().map(|key| super::PreApplied {
             key,
             kept,
@@ -295,7 +308,37 @@ fn apply_read(mm: &Mm, e: Event, from: usize, released: &mut Released<'_>) {
         }
     };
     apply(mm, e, Some(from), &pre, released);
+    // (A record no event will take would hide its region from the
+    // region's own later unmap.)
+    mm.events
+        .lock_pre_applied()
+        .retain(|r| may_come(mm, &r.desc, true));
     mm.events.applied.fetch_add(1, SeqCst);
+}
+
+/// Whether an event of `d`'s may still be applied: on its way, read and
+/// queued, or being applied. `current`: the caller is the one applying,
+/// and asks about the events after its own.
+///
+/// Hazard: the descriptor is asked first. The kernel counts an event from
+/// before the change until the read has taken it (and a little longer:
+/// until the thread that posted it runs again), and `Events::read` holds
+/// the queue across its read, so an event the kernel has let go of is in
+/// the queue by the time the queue is ours. Asked the other way round, a
+/// read between the two questions would be missed.
+fn may_come(mm: &Mm, d: &Desc, current: bool) -> bool {
+    if d.changing(mm) {
+        return true;
+    }
+    let id = d.id(mm);
+    let queue = mm.events.lock_queue();
+    (!current && mm.events.applying.load(SeqCst) == id) || queue.iter().any(|&(_, from)| from == id)
+}
+
+/// Drops the `left` records whose descriptor has no event that may
+/// still be applied ([`may_come`]).
+fn prune_left(mm: &Mm, left: &mut Vec<(usize, usize, Desc)>) {
+    left.retain(|(_, _, d)| may_come(mm, d, false));
 }
 
 /// Applies one event under the global write lock to the regions of

@@ -56,7 +56,7 @@
 use crate::sync::percpu_rwsem::{PercpuRwsem, ReadGuard};
 use crate::sys::uffd::{Msg, Uffd, EVENT_REMAP, EVENT_REMOVE, EVENT_UNMAP};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Mutex;
 
 pub mod apply;
@@ -102,6 +102,9 @@ pub struct Events {
     queue: Mutex<VecDeque<(Event, usize)>>,
     /// Reads in flight plus events queued and not yet applied.
     busy: AtomicU32,
+    /// The descriptor ([`uffd_id`]) of the event taken off `queue` and
+    /// being applied (set under `queue`'s lock); 0: none.
+    applying: AtomicUsize,
     /// Handler threads' fills of user pages in flight ([`Events::fill`]):
     /// a read waits for them before it reads.
     filling: AtomicU32,
@@ -408,14 +411,18 @@ impl Events {
         let _order = self.reads.lock().unwrap_or_else(|e| e.into_inner());
         self.busy.fetch_add(1, SeqCst);
         self.wait_fills();
+        // (The queue held across the read: an event the kernel has let go
+        // of is in the queue for whoever holds it next; see
+        // `apply::may_come`. One non-blocking read.)
+        let mut q = self.lock_queue();
         let r = uffd.read_msgs(msgs);
         if let Ok(n) = r {
-            let mut q = self.lock_queue();
             for e in msgs[..n].iter().filter_map(Event::of) {
                 self.busy.fetch_add(1, SeqCst);
                 q.push_back((e, uffd_id(uffd)));
             }
         }
+        drop(q);
         self.busy.fetch_sub(1, SeqCst);
         r
     }
