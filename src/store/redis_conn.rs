@@ -185,6 +185,16 @@ impl Shared {
     /// Later tries get only what is left of the budget as their timeouts.
     /// A connection that failed is never reused: a reply still on its way
     /// would be read as the answer to the next command.
+    ///
+    /// Hazard (not handled): within one try, the cluster client sends a
+    /// command again on the same node socket after an I/O timeout (the one
+    /// retry it is given, to follow redirects). After a timed-out *reply*
+    /// that is sound (it skips the late reply; `redis_cluster_tests`'s
+    /// stalled-node test). A *send* cut by the timeout, a batch larger
+    /// than the sockets' buffers to a node that stalls, would be sent again
+    /// whole after the part already sent, and the node would read the
+    /// start of the second copy as the rest of the first. On loopback a
+    /// slot's largest batch (64 pages) fits the buffers.
     pub(super) fn call<T>(
         &self,
         what: &str,
