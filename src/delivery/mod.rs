@@ -12,8 +12,10 @@
 //!   by a handler thread of its own.
 
 mod chain;
+mod done;
 pub mod per_region;
 mod read;
+mod segv;
 pub mod sigbus;
 pub mod threads;
 
