@@ -15,6 +15,7 @@ pub(crate) mod inject;
 pub(crate) mod inner;
 pub mod limits;
 mod map;
+mod map_checks;
 mod options;
 
 pub use builder::PagerBuilder;
