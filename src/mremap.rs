@@ -227,6 +227,7 @@ fn settle_stale(mm: &Mm, vma: &Vma, got: std::ops::Range<usize>, own: std::ops::
         &outside,
         Some((got.start, got.end)),
         &vma.object,
+        false,
         &mut released,
     );
 }

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-
 /// A running pool; stops and joins its threads on drop.
 #[derive(Debug)]
 pub struct HandlerPool {

@@ -1,6 +1,7 @@
 //! Applying the events [`super::Events`] queued: under the gate's write
 //! side and the global write lock, in read order.
 
+use super::records::{may_come, prune_left, Desc};
 use super::release::Released;
 use super::Event;
 use crate::address_space::Mm;
@@ -14,7 +15,9 @@ use std::sync::Arc;
 /// side, then releases the objects they left ([`Released`]) outside it.
 /// The caller holds no engine lock and no read section.
 pub fn queued(mm: &Mm) {
-    if mm.events.lock_queue().is_empty() {
+    // (A count, not the queue's lock, which a read holds across its
+    // system call: this runs after every batch of every handler thread.)
+    if mm.events.queued.load(SeqCst) == 0 {
         return;
     }
     let gate = mm.events.gate.write();
@@ -33,6 +36,9 @@ pub fn queued_locked<'a>(mm: &'a Mm, _gate: &WriteGuard<'_>) -> Released<'a> {
         let Some((e, from)) = ({
             let mut queue = mm.events.lock_queue();
             let next = queue.pop_front();
+            if next.is_some() {
+                mm.events.queued.fetch_sub(1, SeqCst);
+            }
             mm.events.applying.store(next.map_or(0, |(_, f)| f), SeqCst);
             next
         }) else {
@@ -51,46 +57,6 @@ pub fn queued_locked<'a>(mm: &'a Mm, _gate: &WriteGuard<'_>) -> Released<'a> {
 /// of `mmap_lock`, and the engine's readers read it at once; this bounds
 /// the wait should a reader be stuck.
 pub(crate) const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The descriptor an object's regions are registered with, held without
-/// the object.
-#[derive(Debug, Clone)]
-pub(crate) enum Desc {
-    /// The pager's quiet or event-reporting descriptor.
-    Pager { quiet: bool },
-    /// The region's own (per-region delivery), held weakly: a record
-    /// must not keep a descriptor open once its region is gone (nothing
-    /// would read an event posted on it then, and the application's call
-    /// would wait for ever).
-    Own(std::sync::Weak<crate::sys::uffd::Uffd>),
-}
-
-impl Desc {
-    fn of(obj: &crate::object::Object) -> Desc {
-        match obj.region_uffd.get() {
-            Some(u) => Desc::Own(Arc::downgrade(u.arc())),
-            None => Desc::Pager { quiet: obj.quiet },
-        }
-    }
-
-    /// Its [`super::uffd_id`].
-    fn id(&self, mm: &Mm) -> usize {
-        match self {
-            Desc::Pager { quiet } => super::uffd_id(mm.pager_uffd(*quiet)),
-            Desc::Own(u) => u.as_ptr() as usize,
-        }
-    }
-
-    /// Whether an event is on its way on it ([`Uffd::mmap_changing`]).
-    ///
-    /// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
-    fn changing(&self, mm: &Mm) -> bool {
-        match self {
-            Desc::Pager { quiet } => mm.pager_uffd(*quiet).mmap_changing(),
-            Desc::Own(u) => u.upgrade().is_some_and(|u| u.mmap_changing()),
-        }
-    }
-}
 
 /// What a `map` about to claim a range found there ([`event_coming`]).
 pub(crate) struct Claim {
@@ -200,7 +166,14 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool, new: &crat
     // (Released here, under the caller's global lock: see
     // `Released::here`.)
     let record = awaited.then_some((start, end));
-    settle_stale(mm, &[(start, end)], record, new, &mut Released::here(mm));
+    settle_stale(
+        mm,
+        &[(start, end)],
+        record,
+        new,
+        false,
+        &mut Released::here(mm),
+    );
 }
 
 /// Takes the regions the table still holds in `ranges` for unmapped: the
@@ -224,22 +197,25 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool, new: &crat
 /// move's event finds nothing to move). A record no unmap takes would
 /// swallow `ours`'s own later unmap: once its descriptor has no event
 /// that may still be applied ([`may_come`]), it is dropped, here and after
-/// each event applied. Hazard: the kernel counts an event on its way
-/// until the thread that posted it runs again; a record whose last event
-/// was applied before that lives on until the next event or record.
+/// each event applied (`records::prune_after_event`). `in_event`: the
+/// range was given to a move the application made, applied as an event.
 pub(crate) fn settle_stale(
     mm: &Mm,
     ranges: &[(usize, usize)],
     record: Option<(usize, usize)>,
     ours: &crate::object::Object,
+    in_event: bool,
     released: &mut Released<'_>,
 ) {
     let desc = Desc::of(ours);
     let mine = desc.id(mm);
     // One call over regions of two descriptors posts an event on each, each
     // over the whole range: with one on its way on ours, a region of
-    // another's taken here may lie in its range too.
-    let own_coming = record.is_some() && desc.changing(mm);
+    // another's taken here may lie in its range too. (Not for a move the
+    // application made, applied as an event: its own descriptor's events
+    // are applied in order, and the unmap of the range it left, which
+    // counts as on its way, covers none of this.)
+    let own_coming = record.is_some() && !in_event && desc.changing(mm);
     for &(a, b) in ranges.iter().filter(|(a, b)| a < b) {
         let there = mm.table.read(|t| t.overlapping(a, b));
         let overlap = |s: usize, e: usize| (s.max(a), e.min(b));
@@ -276,69 +252,10 @@ pub(crate) fn settle_stale(
 /// (the caller holds the gate's write side, not the global lock).
 fn apply_read(mm: &Mm, e: Event, from: usize, released: &mut Released<'_>) {
     let _w = mm.lock.write();
-    // An unmap takes the records of the ranges it covers: that was the
-    // event they waited for. Other events leave them for it.
-    let pre: Vec<(usize, usize)> = {
-        let mut records = mm.events.lock_pre_applied();
-        match e {
-            // (Only an unmap on the kept region's descriptor: another's
-            // leaves that region alone anyway, and would leave it
-            // unguarded against its own. The part of the record outside
-            // the unmap waits for the unmap of that part.)
-            Event::Unmap(s, end) => {
-                let mut taken = Vec::new();
-                let mut rest = Vec::new();
-                for r in records.drain(..) {
-                    let (a, b) = r.key;
-                    if a >= end || s >= b || r.desc.id(mm) != from {
-                        rest.push(r);
-                        continue;
-                    }
-                    taken.push(r.kept);
-                    for key in [(a, s.min(b)), (end.max(a), b)] {
-                        if key.0 < key.1 {
-                            rest.push(super::PreApplied { key, ..r.clone() });
-                        }
-                    }
-                }
-                *records = rest;
-                taken
-            }
-            _ => records.iter().map(|r| r.kept).collect(),
-        }
-    };
+    let pre = super::records::take(mm, e, from);
     apply(mm, e, Some(from), &pre, released);
-    // (A record no event will take would hide its region from the
-    // region's own later unmap.)
-    mm.events
-        .lock_pre_applied()
-        .retain(|r| may_come(mm, &r.desc, true));
+    super::records::prune_after_event(mm);
     mm.events.applied.fetch_add(1, SeqCst);
-}
-
-/// Whether an event of `d`'s may still be applied: on its way, read and
-/// queued, or being applied. `current`: the caller is the one applying,
-/// and asks about the events after its own.
-///
-/// Hazard: the descriptor is asked first. The kernel counts an event from
-/// before the change until the read has taken it (and a little longer:
-/// until the thread that posted it runs again), and `Events::read` holds
-/// the queue across its read, so an event the kernel has let go of is in
-/// the queue by the time the queue is ours. Asked the other way round, a
-/// read between the two questions would be missed.
-fn may_come(mm: &Mm, d: &Desc, current: bool) -> bool {
-    if d.changing(mm) {
-        return true;
-    }
-    let id = d.id(mm);
-    let queue = mm.events.lock_queue();
-    (!current && mm.events.applying.load(SeqCst) == id) || queue.iter().any(|&(_, from)| from == id)
-}
-
-/// Drops the `left` records whose descriptor has no event that may
-/// still be applied ([`may_come`]).
-fn prune_left(mm: &Mm, left: &mut Vec<(usize, usize, Desc)>) {
-    left.retain(|(_, _, d)| may_come(mm, d, false));
 }
 
 /// Applies one event under the global write lock to the regions of
@@ -427,7 +344,7 @@ fn apply(
             // alone (the range is recorded).
             if let Some(v) = vmas.first() {
                 let dest = (to, to + (end - s));
-                settle_stale(mm, &[dest], Some(dest), &v.object, released);
+                settle_stale(mm, &[dest], Some(dest), &v.object, true, released);
             }
             for v in &vmas {
                 let Cut { mut kept, moved } = cut(mm, v, s, end, Some((to, placed)));

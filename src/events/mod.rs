@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Mutex;
 
 pub mod apply;
+mod records;
 pub mod release;
 
 /// The event features a descriptor asks for on top of `base`: `munmap`
@@ -82,7 +83,7 @@ pub fn features(base: u64, quiet: bool) -> u64 {
 pub(crate) struct PreApplied {
     pub(crate) key: (usize, usize),
     pub(crate) kept: (usize, usize),
-    pub(crate) desc: apply::Desc,
+    pub(crate) desc: records::Desc,
 }
 
 /// Per-pager event state. See the module docs.
@@ -102,6 +103,8 @@ pub struct Events {
     queue: Mutex<VecDeque<(Event, usize)>>,
     /// Reads in flight plus events queued and not yet applied.
     busy: AtomicU32,
+    /// Events in `queue` (changed under its lock; read without it).
+    queued: AtomicU32,
     /// The descriptor ([`uffd_id`]) of the event taken off `queue` and
     /// being applied (set under `queue`'s lock); 0: none.
     applying: AtomicUsize,
@@ -128,7 +131,7 @@ pub struct Events {
     /// applied, or once the descriptor has no event on its way. (The
     /// descriptor, not the region: a record must not keep an object
     /// alive.)
-    left: Mutex<Vec<(usize, usize, apply::Desc)>>,
+    left: Mutex<Vec<(usize, usize, records::Desc)>>,
 }
 
 /// Which descriptor `uffd` is: its address (the pager's two live as
@@ -419,6 +422,7 @@ impl Events {
         if let Ok(n) = r {
             for e in msgs[..n].iter().filter_map(Event::of) {
                 self.busy.fetch_add(1, SeqCst);
+                self.queued.fetch_add(1, SeqCst);
                 q.push_back((e, uffd_id(uffd)));
             }
         }
@@ -435,7 +439,7 @@ impl Events {
         self.pre_applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_left(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize, apply::Desc)>> {
+    fn lock_left(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize, records::Desc)>> {
         self.left.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

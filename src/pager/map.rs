@@ -1,6 +1,7 @@
 //! Making regions: the object, and the swap store an anonymous region
 //! gets (the checks on what is asked for: `map_checks.rs`).
 
+use super::map_checks::{check_fixed, check_len, page_shift};
 use super::{MapOptions, Pager};
 use crate::error::{Error, Result};
 use crate::mmap::Placement;
@@ -8,7 +9,6 @@ use crate::object::{InstallKind, Object};
 use crate::region::Region;
 use crate::store::{FileStore, FileStoreOptions, Store, ZeroStore};
 use crate::sys::PAGE_SIZE;
-use super::map_checks::{check_fixed, check_len, page_shift};
 use std::path::Path;
 use std::sync::Arc;
 

@@ -40,7 +40,11 @@ pub(super) fn check_fixed(a: Option<usize>, page_size: usize) -> Result<()> {
 /// huge region needs first: a budget that holds one, enough free pages in
 /// the kernel's pool for what the region may hold at once, and
 /// `/proc/self/mem` (which evicting a huge anonymous page reads).
-pub(super) fn page_shift(mm: &crate::address_space::Mm, opts: &MapOptions, len: usize) -> Result<u32> {
+pub(super) fn page_shift(
+    mm: &crate::address_space::Mm,
+    opts: &MapOptions,
+    len: usize,
+) -> Result<u32> {
     let budget = mm.config.budget_pages;
     use crate::sys::huge::{Pool, HUGE_PAGE_SHIFT, HUGE_PAGE_SIZE};
     match opts.page_size {
