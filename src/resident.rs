@@ -96,7 +96,7 @@ fn munlock_picked(
 /// count locks).
 #[derive(Debug)]
 pub struct ResidentGuard<'a> {
-    mm: &'a Mm,
+    mm: MmRef<'a>,
     /// Given back on drop ([`Mm::release_object`]: the application may
     /// have unmapped the region meanwhile).
     obj: Option<Arc<Object>>,
@@ -107,6 +107,61 @@ pub struct ResidentGuard<'a> {
     start: usize,
     /// The `mlock`ed range, if the kernel allowed it.
     locked: Option<(usize, usize)>,
+}
+
+/// The address space a guard acts on: borrowed with its region
+/// ([`Region::lock_resident`](crate::Region::lock_resident)), or held
+/// ([`Region::lock_resident_owned`](crate::Region::lock_resident_owned)).
+enum MmRef<'a> {
+    Borrowed(&'a Mm),
+    /// With what else its pager needs alive while the guard lives (its
+    /// threads and I/O workers: a guard dropped last gives back an object
+    /// whose write-back they run).
+    Held(
+        Arc<Mm>,
+        #[allow(dead_code)] Arc<dyn std::any::Any + Send + Sync>,
+    ),
+}
+
+impl std::fmt::Debug for MmRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MmRef::Borrowed(_) => "Borrowed",
+            MmRef::Held(..) => "Held",
+        })
+    }
+}
+
+impl std::ops::Deref for MmRef<'_> {
+    type Target = Mm;
+    fn deref(&self) -> &Mm {
+        match self {
+            MmRef::Borrowed(m) => m,
+            MmRef::Held(m, _) => m,
+        }
+    }
+}
+
+/// [`lock`], the guard holding the address space (it outlives no borrow).
+/// `keep`: what the pager needs alive until the guard has given its
+/// pages back.
+pub(crate) fn lock_held(
+    mm: &Arc<Mm>,
+    keep: Arc<dyn std::any::Any + Send + Sync>,
+    start: usize,
+    end: usize,
+    write: bool,
+) -> Result<ResidentGuard<'static>> {
+    let mut g = lock(mm, start, end, write)?;
+    // (The borrowed guard is left with nothing to give back.)
+    Ok(ResidentGuard {
+        mm: MmRef::Held(mm.clone(), keep),
+        obj: g.obj.take(),
+        first: g.first,
+        end: g.end,
+        start: g.start,
+        locked: g.locked.take(),
+    })
 }
 
 impl ResidentGuard<'_> {
@@ -145,7 +200,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
     };
     let obj_shift = obj.page_shift();
     let mut guard = ResidentGuard {
-        mm,
+        mm: MmRef::Borrowed(mm),
         obj: Some(obj),
         first,
         end: first,
@@ -220,6 +275,10 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
 
 impl Drop for ResidentGuard<'_> {
     fn drop(&mut self) {
+        if self.obj.is_none() {
+            // (Handed over to a held guard: `lock_held`.)
+            return;
+        }
         let _deferred = crate::sys::thread::Deferred::new();
         if self.mm.in_child() {
             // (A forked child inherits no locks; its copy of the counts

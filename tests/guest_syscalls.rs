@@ -368,3 +368,32 @@ fn a_guard_after_the_regions_first_page_went_makes_it_writable() {
     r.flush().unwrap();
     assert_eq!(&store.snapshot()[PAGE..PAGE + 2], b"xy");
 }
+
+/// `Region::lock_resident_owned`: a guard that borrows neither the region
+/// nor the pager (an interposer takes it under its table's lock and holds
+/// it across a call that may block). A read(2) into the guarded range
+/// succeeds on a user-mode-only descriptor, and the guard outlives its
+/// region and its pager: dropped last, it gives its pages back and lets
+/// the pager's threads stop, without a hang.
+#[test]
+fn an_owned_guard_serves_a_syscall_and_outlives_its_region_and_pager() {
+    with_deadline(60, "an owned guard", || {
+        let p = user_mode_pager(Delivery::InThread);
+        let r = p.map_anonymous(16 * PAGE).unwrap();
+        let g = r.lock_resident_owned(4 * PAGE, 2 * PAGE).unwrap();
+        let mut file = std::fs::File::open("/proc/self/exe").unwrap();
+        // SAFETY: the guarded range, mapped, writable and resident.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut((r.as_ptr() as usize + 4 * PAGE) as *mut u8, 2 * PAGE)
+        };
+        assert_eq!(file.read(buf).unwrap(), 2 * PAGE);
+        assert_eq!(&r.as_slice()[4 * PAGE..4 * PAGE + 4], b"\x7fELF");
+        // A page beside the guard is still absent: read(2) into it fails.
+        // SAFETY: region memory, mapped; the kernel refuses the write.
+        let n = unsafe { libc::read(file.as_raw_fd(), r.as_ptr().cast(), PAGE) };
+        assert_eq!((n, errno()), (-1, libc::EFAULT), "an unguarded page");
+        drop(r);
+        drop(p);
+        drop(g);
+    });
+}

@@ -21,7 +21,9 @@ pub struct Config {
     /// `UFFD_PAGER_POLICY`.
     pub policy: Policy,
     /// `UFFD_PAGER_DELIVERY` (default: handler threads, which also serve
-    /// faults inside system calls).
+    /// faults inside system calls where the process may open a full
+    /// descriptor; elsewhere the read and write calls keep their buffers
+    /// resident: `maps::resident_for_call`).
     pub delivery: Delivery,
     /// `UFFD_PAGER_READAHEAD`: pages (0: none; unset: the engine's 32).
     pub readahead: Option<u32>,

@@ -1563,3 +1563,48 @@ fn a_thread_with_its_own_descriptor_table_maps_its_own_file() {
     assert_eq!(ok(&o), plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// read(2) into, and write(2) from, pages of a paged anonymous mapping
+/// that are not in yet, where the pager cannot serve a fault inside a
+/// system call (in-thread delivery: a user-mode-only descriptor): the
+/// kernel answered each with `EFAULT` ("Bad address" from Python), where
+/// without the shim they succeed (found by review). The shim keeps the
+/// buffer's pages resident for the call now.
+#[test]
+fn read_and_write_on_absent_paged_memory_succeed_in_thread() {
+    let d = scratch();
+    let data = d.join("syscall-buffers.data");
+    let out = d.join("syscall-buffers.out");
+    let bytes: Vec<u8> = (0..(2usize << 20))
+        .map(|i| (i / 4096 % 251) as u8)
+        .collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let script = format!(
+        "import mmap, os\n\
+         m = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE)\n\
+         v = memoryview(m)\n\
+         with open('{data}', 'rb', buffering=0) as f:\n    \
+             n = f.readinto(v[8 << 20:10 << 20])\n\
+         fd = os.open('{out}', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n\
+         w = os.write(fd, v[8 << 20:10 << 20])\n\
+         z = os.write(fd, v[20 << 20:(20 << 20) + 4096])\n\
+         os.close(fd)\n\
+         print(n, w, z)\n",
+        data = data.display(),
+        out = out.display()
+    );
+    let (o, st) = under_shim(
+        Command::new(python()).args(["-c", &script]),
+        &[
+            ("UFFD_PAGER_ANON_MIN", "16M"),
+            ("UFFD_PAGER_BUDGET", "8M"),
+            ("UFFD_PAGER_DELIVERY", "in-thread"),
+        ],
+        &d.join("syscall-buffers.stats"),
+    );
+    assert_eq!(ok(&o), "2097152 2097152 4096\n");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    let mut want = bytes;
+    want.extend([0u8; 4096]);
+    assert!(std::fs::read(&out).unwrap() == want, "the bytes written");
+}

@@ -61,6 +61,26 @@ impl Region {
         crate::resident::lock(&self.owner.mm, start, end, writable)
     }
 
+    /// [`lock_resident`](Self::lock_resident), the guard holding the
+    /// pager's address space instead of borrowing the region: for a caller
+    /// that cannot keep the region borrowed across the system call (an
+    /// interposer whose table of regions is behind a lock it must not hold
+    /// while the call blocks). The region, and the pager, may be dropped
+    /// meanwhile: the guard keeps what the pager needs to give its pages
+    /// back alive until it is dropped, as a borrowed one whose region the
+    /// application unmapped gives them back.
+    pub fn lock_resident_owned(
+        &self,
+        offset: usize,
+        len: usize,
+    ) -> Result<crate::ResidentGuard<'static>> {
+        let (start, end) = self.page_span(offset, len)?;
+        let end = end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let (_, writable, _) = self.vma_flags();
+        let keep: std::sync::Arc<dyn std::any::Any + Send + Sync> = self.owner.clone();
+        crate::resident::lock_held(&self.owner.mm, keep, start, end, writable)
+    }
+
     /// Faults in `[offset, offset+len)` through the engine without touching
     /// the memory (the MAP_POPULATE / `populate_vma_page_range` analog: a
     /// private writable region is populated for write, others for read),

@@ -17,13 +17,49 @@ mod sync;
 /// or None where finding out would read the program's memory (a vectored
 /// write's `iovec`s, which may not be readable: the kernel answers that
 /// with `EFAULT`, the shim would crash).
+/// The pager pages of a system call's buffer, kept resident until it is
+/// dropped, where a fault inside the call would be `EFAULT`
+/// ([`maps::resident_for_call`]); taken and given back as shim work, the
+/// program's errno kept.
+struct Resident(Vec<engine::ResidentGuard<'static>>);
+
+impl Resident {
+    /// For the buffer `buf` of `len` bytes of the program's own call.
+    fn for_buffer(buf: usize, len: usize) -> Resident {
+        if !programs_own() || !maps::any() {
+            return Resident(Vec::new());
+        }
+        let e = errno();
+        let guards = in_shim("resident", || maps::resident_for_call(buf, len));
+        set_errno(e);
+        Resident(guards)
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let e = errno();
+        let guards = std::mem::take(&mut self.0);
+        in_shim("resident", || drop(guards));
+        set_errno(e);
+    }
+}
+
 fn coherent_write(
     fd: c_int,
     at: Option<i64>,
     append: bool,
     len: Option<usize>,
+    buf: Option<usize>,
     f: impl FnOnce() -> isize,
 ) -> isize {
+    let _resident = match (buf, len) {
+        (Some(b), Some(n)) => Resident::for_buffer(b, n),
+        _ => Resident(Vec::new()),
+    };
     if !programs_own() || !maps::any_file() {
         return f();
     }
@@ -67,7 +103,7 @@ fn coherent_write(
 /// As write(2).
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
-    coherent_write(fd, None, true, Some(n), || {
+    coherent_write(fd, None, true, Some(n), Some(buf as usize), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize }
     })
@@ -84,7 +120,7 @@ pub unsafe extern "C" fn pwrite(
     n: usize,
     off: libc::off_t,
 ) -> isize {
-    coherent_write(fd, Some(off), true, Some(n), || {
+    coherent_write(fd, Some(off), true, Some(n), Some(buf as usize), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe {
             sys::call(
@@ -121,7 +157,7 @@ pub unsafe extern "C" fn pwrite64(
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_write(fd, None, true, None, || unsafe {
+    coherent_write(fd, None, true, None, None, || unsafe {
         sys::iov(libc::SYS_writev, fd, iov, cnt, 0)
     })
 }
@@ -137,7 +173,7 @@ pub unsafe extern "C" fn pwritev(
     cnt: c_int,
     off: libc::off_t,
 ) -> isize {
-    coherent_write(fd, Some(off), true, None, || {
+    coherent_write(fd, Some(off), true, None, None, || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::iov(libc::SYS_pwritev, fd, iov, cnt, off) }
     })
@@ -194,7 +230,7 @@ pub unsafe extern "C" fn pwritev2(
     // descriptor too: taken for a write at the end of the file, it left a
     // dirty page there to undo it and the mapping showing older bytes.
     let append = flags & libc::RWF_NOAPPEND == 0;
-    coherent_write(fd, at, append, None, || {
+    coherent_write(fd, at, append, None, None, || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::iov2(libc::SYS_pwritev2, fd, iov, cnt, off, flags) }
     })

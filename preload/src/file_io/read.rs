@@ -7,7 +7,11 @@ use std::ffi::{c_int, c_void};
 
 /// Runs the read `f` on `fd`, first writing back a writable shared pager
 /// mapping of its file (see [`maps::flush_for_read`]).
-fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
+/// `buf`: the buffer (address, length) the call writes, kept resident
+/// for it where a fault inside the call would be `EFAULT`
+/// ([`super::Resident`]); None for the vectored calls.
+fn coherent_read(fd: c_int, buf: Option<(usize, usize)>, f: impl FnOnce() -> isize) -> isize {
+    let _resident = buf.map(|(b, n)| super::Resident::for_buffer(b, n));
     if programs_own() && maps::any_writable() {
         let e = errno();
         in_shim("read", || maps::flush_for_read(fd));
@@ -22,7 +26,7 @@ fn coherent_read(fd: c_int, f: impl FnOnce() -> isize) -> isize {
 /// As read(2).
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
-    coherent_read(fd, || {
+    coherent_read(fd, Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { sys::call(libc::SYS_read, fd as usize, buf as usize, n, 0, 0) as isize }
     })
@@ -34,7 +38,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
 /// As pread(2).
 #[no_mangle]
 pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
-    coherent_read(fd, || {
+    coherent_read(fd, Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe {
             sys::call(
@@ -126,7 +130,9 @@ pub unsafe extern "C" fn __pread64_chk(
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_read(fd, || unsafe { sys::iov(libc::SYS_readv, fd, iov, cnt, 0) })
+    coherent_read(fd, None, || unsafe {
+        sys::iov(libc::SYS_readv, fd, iov, cnt, 0)
+    })
 }
 
 /// preadv(2), seeing what was stored through a pager mapping of the file.
@@ -141,7 +147,7 @@ pub unsafe extern "C" fn preadv(
     off: libc::off_t,
 ) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_read(fd, || unsafe {
+    coherent_read(fd, None, || unsafe {
         sys::iov(libc::SYS_preadv, fd, iov, cnt, off)
     })
 }
@@ -174,7 +180,7 @@ pub unsafe extern "C" fn preadv2(
     flags: c_int,
 ) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_read(fd, || unsafe {
+    coherent_read(fd, None, || unsafe {
         sys::iov2(libc::SYS_preadv2, fd, iov, cnt, off, flags)
     })
 }

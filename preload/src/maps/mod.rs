@@ -9,6 +9,7 @@ mod files;
 mod finish;
 mod kernel;
 mod place;
+mod resident;
 mod spans;
 
 pub use calls::{madvise, mprotect, mremap, msync};
@@ -18,6 +19,7 @@ pub use files::file_store;
 pub use finish::{finish, unload};
 use kernel::{kernel_shared_maps, kernel_writes, open_flags, write_sealed};
 use place::{covered, place, refuse_second, write_back_covered};
+pub use resident::resident_for_call;
 
 use crate::config::Config;
 use crate::sys;
@@ -191,6 +193,9 @@ impl State {
     fn pager(&mut self) -> Result<&Pager, String> {
         if self.pager.is_none() {
             let p = self.cfg.builder().build().map_err(|e| e.to_string())?;
+            let serves =
+                self.cfg.delivery != engine::Delivery::InThread && !p.descriptor().user_mode_only;
+            resident::serves_syscalls(serves);
             self.pager = Some(p);
             // SAFETY: getpid has no preconditions.
             self.owner_pid = unsafe { libc::getpid() };
