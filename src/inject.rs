@@ -186,6 +186,20 @@ mod imp {
         FAIL_REREGISTER.swap(false, AcqRel)
     }
 
+    static FAIL_REPROTECT: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+
+    /// Makes the next remap's write protection of the moved range fail
+    /// with `EAGAIN`, as it fails while an event is on its way on the
+    /// region's descriptor.
+    pub fn fail_next_reprotect() {
+        FAIL_REPROTECT.store(true, Release);
+    }
+
+    pub(crate) fn reprotect_fails() -> bool {
+        FAIL_REPROTECT.swap(false, AcqRel)
+    }
+
     static FAIL_REMAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
     /// Makes the next remap's `mremap` fail with `ENOMEM` before the
@@ -202,15 +216,15 @@ mod imp {
 
 #[cfg(feature = "fault-inject")]
 pub use imp::{
-    fail_next_remap, fail_next_reregister, set_after_detach, set_after_event, set_after_listed,
-    set_after_lookup, set_after_published, set_after_reprotect, set_before_map, set_before_message,
-    Hook, MapHook, Site,
+    fail_next_remap, fail_next_reprotect, fail_next_reregister, set_after_detach, set_after_event,
+    set_after_listed, set_after_lookup, set_after_published, set_after_reprotect, set_before_map,
+    set_before_message, Hook, MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
     after_detach, after_event, after_listed, after_lookup, after_published, after_reprotect,
-    before_map, before_message, remap_fails, reregister_fails,
+    before_map, before_message, remap_fails, reprotect_fails, reregister_fails,
 };
 
 #[cfg(not(feature = "fault-inject"))]
@@ -256,5 +270,11 @@ pub(crate) fn reregister_fails() -> bool {
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn remap_fails() -> bool {
+    false
+}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn reprotect_fails() -> bool {
     false
 }

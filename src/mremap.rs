@@ -259,7 +259,11 @@ fn register_again(
     let protects =
         (obj.kind == InstallKind::Shared && !obj.kernel_maps) || obj.protects_clean() || emulated;
     let mut prot = prot;
-    if r.is_ok() && protects && uffd.writeprotect(start, len, true, false).is_err() {
+    let protect = || match crate::inject::reprotect_fails() {
+        true => Err(libc::EAGAIN),
+        false => uffd.writeprotect(start, len, true, false),
+    };
+    if r.is_ok() && protects && protect().is_err() {
         // A region made read-only with write protection that cannot be
         // protected again now is made read-only with `mprotect` instead
         // (its pages then stay resident: see `Mm::protect_with_wp`).
@@ -273,6 +277,12 @@ fn register_again(
         // instead (written back once, needlessly at worst; an anonymous
         // one is moved out to swap rather than dropped, and one of a
         // read-only mapping, which cannot be moved, stays resident).
+        // (Without the pages' locks: no write-back that would clear this
+        // mark as it lets go of a page can be in flight. A flush takes
+        // `&Region`, which the caller's `&mut` excludes; an eviction zaps
+        // the page before it writes it, so a write after this faults and
+        // waits for it: `race_windows`'s
+        // `a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write`.)
         if obj.tracks_writes() || obj.protects_clean() {
             for i in vma.pages() {
                 if obj.cache.load(i) & MAPPED != 0 {

@@ -1,7 +1,8 @@
 //! Windows in which a shared page's bytes could go wrong, each held open
 //! on purpose: a write to a clean page while a remap gives the range its
-//! protection back, and a `refresh` that meets a page whose store read is
-//! still in flight.
+//! protection back, a `refresh` that meets a page whose store read is
+//! still in flight, and a remap that cannot protect the range again while
+//! an eviction writes one of its pages back.
 
 #[path = "engine_util.rs"]
 mod util;
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use uffd_pager::store::{MemoryStore, Store, StoreError};
-use uffd_pager::testing::{set_after_reprotect, Site};
+use uffd_pager::testing::{fail_next_reprotect, set_after_reprotect, Site};
 use uffd_pager::{Delivery, InstallKind, MapOptions, Pager};
 use util::*;
 
@@ -193,5 +194,114 @@ fn a_refresh_during_the_pages_read_leaves_the_new_bytes() {
         r.as_slice()[at],
         new,
         "the page kept the bytes its in-flight read took before the change"
+    );
+}
+
+/// A store whose writes wait at a gate until the test opens it.
+struct HeldWrites {
+    bytes: Mutex<Vec<u8>>,
+    /// (a write waits, the gate is open)
+    gate: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl Store for HeldWrites {
+    fn len(&self) -> u64 {
+        self.bytes.lock().unwrap().len() as u64
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let o = off as usize;
+        buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        let mut g = self.gate.lock().unwrap();
+        g.0 = true;
+        self.cv.notify_all();
+        let t = Instant::now();
+        while !g.1 && t.elapsed() < Duration::from_secs(20) {
+            g = self
+                .cv
+                .wait_timeout(g, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+        drop(g);
+        let o = off as usize;
+        self.bytes.lock().unwrap()[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "held-writes"
+    }
+}
+
+/// A remap whose write protection of the moved range fails (`EAGAIN`, an
+/// event on its way) counts every mapped page dirty instead, without the
+/// pages' locks. A review feared an eviction holding one across its store
+/// write: the remap returns, the application writes the page (writable,
+/// unprotected) and the eviction drops the page with that write in it.
+/// The eviction zaps the page before it writes it, so the write faults and
+/// waits for the eviction, then reads the page back: nothing is lost.
+#[test]
+fn a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write() {
+    // (A budget: without one there is no LRU to evict from.)
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .readahead(0, 1)
+        .fault_around(0)
+        .budget_pages(64)
+        .build()
+        .unwrap();
+    let data = pattern_vec(71, 8 * PAGE);
+    let store = Arc::new(HeldWrites {
+        bytes: Mutex::new(data.clone()),
+        gate: Mutex::new((false, false)),
+        cv: Condvar::new(),
+    });
+    let opts = MapOptions {
+        kind: Some(InstallKind::Shared),
+        ..MapOptions::default()
+    };
+    // SAFETY: the test changes this store only through the region.
+    let mut r = unsafe { p.map_store(store.clone(), 4 * PAGE, &opts) }.unwrap();
+    let at = PAGE + 9;
+    r.as_mut_slice()[at] = 0x11;
+    std::thread::scope(|s| {
+        // The eviction of the dirty page waits in its store write, the
+        // page locked.
+        let evictor = s.spawn(|| p.reclaim_pages(1));
+        {
+            let mut g = store.gate.lock().unwrap();
+            let t = Instant::now();
+            while !g.0 {
+                assert!(!evictor.is_finished(), "the eviction wrote nothing");
+                assert!(t.elapsed() < Duration::from_secs(20), "no write began");
+                g = store
+                    .cv
+                    .wait_timeout(g, Duration::from_millis(50))
+                    .unwrap()
+                    .0;
+            }
+        }
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            store.gate.lock().unwrap().1 = true;
+            store.cv.notify_all();
+        });
+        fail_next_reprotect();
+        r.remap(8 * PAGE).unwrap();
+        r.as_mut_slice()[at] = 0x77;
+        assert_eq!(evictor.join().unwrap(), 1, "the eviction");
+    });
+    assert_eq!(r.as_slice()[at], 0x77, "the write after the remap");
+    r.flush().unwrap();
+    assert_eq!(
+        store.bytes.lock().unwrap()[at],
+        0x77,
+        "the write after the remap was not written back"
     );
 }
