@@ -113,7 +113,10 @@ pub(crate) fn fd_store(
     // A writable store writes through an open file of its own: the
     // caller's may be set to append later (`fcntl(F_SETFL, O_APPEND)`), and
     // Linux's `pwrite` then appends. Otherwise (or where it cannot be
-    // opened again), a duplicate of the caller's descriptor.
+    // opened again), a duplicate of the caller's descriptor: the store
+    // writes with `RWF_NOAPPEND`, so an `O_APPEND` set on it later leaves
+    // the write-backs in place (kernels before 6.9, which lack the flag,
+    // would append them).
     let file = match writable.then(|| reopen(fd, flags)).flatten() {
         Some(f) => f,
         None => {

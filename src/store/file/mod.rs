@@ -252,14 +252,7 @@ impl Store for FileStore {
             let rest = &buf[done..in_file];
             // SAFETY: `rest` is valid for reads of `rest.len()` bytes and the
             // descriptor is open for the lifetime of `self`.
-            let n = unsafe {
-                libc::pwrite(
-                    fd,
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    (offset + done as u64) as libc::off_t,
-                )
-            };
+            let n = unsafe { pwrite_at(fd, rest, offset + done as u64) };
             if n < 0 {
                 match errno() {
                     libc::EINTR => continue,
@@ -423,6 +416,39 @@ impl Store for FileStore {
 /// `contents_stamp` to vouch for it: well above the coarsest timestamp
 /// tick (10 ms at `HZ=100`).
 const STAMP_SETTLE_NS: i128 = 50_000_000;
+
+/// Kernels before 6.9 know no `RWF_NOAPPEND` (`EOPNOTSUPP`): plain
+/// `pwrite` from then on.
+static NOAPPEND_UNKNOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One `pwrite` of `buf` at `off` that writes there even if the file
+/// description was set to append since the store was made
+/// (`RWF_NOAPPEND`): a store over a duplicate of a caller's descriptor
+/// (the C API's, where the file cannot be opened again) shares its
+/// status flags, and Linux's plain `pwrite` on an `O_APPEND` description
+/// appends whatever the offset, so every write-back grew the file and
+/// left the page as it was. The kernel's count, or -1 with errno set.
+/// Async-signal-safe.
+///
+/// # Safety
+/// `fd` is open.
+unsafe fn pwrite_at(fd: RawFd, buf: &[u8], off: u64) -> isize {
+    if !NOAPPEND_UNKNOWN.load(Relaxed) {
+        let iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // SAFETY: one iovec over `buf`, valid for reads of its length; the
+        // kernel only reads it.
+        let n = unsafe { libc::pwritev2(fd, &iov, 1, off as libc::off_t, libc::RWF_NOAPPEND) };
+        if n >= 0 || errno() != libc::EOPNOTSUPP {
+            return n;
+        }
+        NOAPPEND_UNKNOWN.store(true, Relaxed);
+    }
+    // SAFETY: as above.
+    unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off as libc::off_t) }
+}
 
 mod open;
 

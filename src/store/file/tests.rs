@@ -296,6 +296,37 @@ fn from_file_refuses_append_for_writing() {
     assert!(back.iter().all(|&b| b == 1));
 }
 
+/// A writable store over a duplicate of a descriptor (the C API's
+/// `uffd_pager_map_fd` where the file cannot be opened again) shares its
+/// status flags: set to append after the store was made, Linux's `pwrite`
+/// appended every write-back at the end of the file and left the page as
+/// it was (found by review). The store writes with `RWF_NOAPPEND`.
+#[test]
+fn a_description_set_to_append_later_is_written_in_place() {
+    use std::os::fd::AsRawFd;
+    let p = TempPath::new("append-later");
+    File::create(&p.0)
+        .unwrap()
+        .write_all(&vec![1u8; 2 * PAGE_SIZE])
+        .unwrap();
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p.0)
+        .unwrap();
+    let callers = rw.try_clone().unwrap();
+    let s = FileStore::from_file(rw, true).unwrap();
+    // SAFETY: F_SETFL on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::fcntl(callers.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) },
+        0
+    );
+    s.write(0, &vec![5u8; PAGE_SIZE]).unwrap();
+    let now = std::fs::read(&p.0).unwrap();
+    assert_eq!(now.len(), 2 * PAGE_SIZE, "the write-back grew the file");
+    assert!(now[..PAGE_SIZE].iter().all(|&b| b == 5), "page 0 unchanged");
+}
+
 #[test]
 fn missing_file_is_an_error() {
     let p = TempPath::new("missing");
