@@ -754,12 +754,12 @@ int64_t uffd_pager_stats_vmstat(const struct uffd_pager *p, char *buf, size_t ca
 int32_t uffd_pager_store_init(struct uffd_pager_store *s, size_t size);
 
 /**
- * Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
- * is called when the region is gone, or at once if mapping fails, but
- * where the struct itself is refused, when nothing of it is taken: a
- * `store->size` refused (-EINVAL, or -E2BIG, as for
- * `uffd_pager_config.size`), a `signal_safe` byte other than 0 or 1 or a
- * `_reserved` byte not zero (-EINVAL).
+ * Maps `len` bytes backed by the callbacks in `*store` (copied). On
+ * success `release` is called once, when the engine lets the store go
+ * (after the region is gone). On any failure it is not called: `ctx`
+ * stays the caller's. (Before, it was called on some failures and not on
+ * others with the same error code, so a caller could not tell whether to
+ * free `ctx`.)
  *
  * A store changed behind the engine (the file written by another
  * descriptor or process, a store whose callbacks return other bytes) shows

@@ -82,8 +82,10 @@ pub unsafe extern "C" fn uffd_pager_store_init(s: *mut uffd_pager_store, size: u
     unsafe { abi::init(s, size) }
 }
 
-/// The C store as an engine store.
-struct CStore(uffd_pager_store);
+/// The C store as an engine store, and whether its `release` is ours to
+/// call: set once the map succeeded (on a failure the store is dropped,
+/// and `ctx` stays the caller's).
+struct CStore(uffd_pager_store, Arc<std::sync::atomic::AtomicBool>);
 
 // SAFETY: the header says the callbacks are called from several threads at
 // once with this `ctx`; the struct holds nothing else.
@@ -125,6 +127,9 @@ impl Store for CStore {
 
 impl Drop for CStore {
     fn drop(&mut self) {
+        if !self.1.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         if let Some(f) = self.0.release {
             // SAFETY: called once, as the header promises.
             unsafe { f(self.0.ctx) };
@@ -132,12 +137,12 @@ impl Drop for CStore {
     }
 }
 
-/// Maps `len` bytes backed by the callbacks in `*store` (copied; `release`
-/// is called when the region is gone, or at once if mapping fails, but
-/// where the struct itself is refused, when nothing of it is taken: a
-/// `store->size` refused (-EINVAL, or -E2BIG, as for
-/// `uffd_pager_config.size`), a `signal_safe` byte other than 0 or 1 or a
-/// `_reserved` byte not zero (-EINVAL).
+/// Maps `len` bytes backed by the callbacks in `*store` (copied). On
+/// success `release` is called once, when the engine lets the store go
+/// (after the region is gone). On any failure it is not called: `ctx`
+/// stays the caller's. (Before, it was called on some failures and not on
+/// others with the same error code, so a caller could not tell whether to
+/// free `ctx`.)
 ///
 /// A store changed behind the engine (the file written by another
 /// descriptor or process, a store whose callbacks return other bytes) shows
@@ -162,8 +167,9 @@ pub unsafe extern "C" fn uffd_pager_map_store(
     }
     // SAFETY: points at a store struct of the size it says (the caller's
     // contract); copied.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = match unsafe { abi::read(store) } {
-        Ok(s) => CStore(s),
+        Ok(s) => CStore(s, armed.clone()),
         Err(rc) => return rc,
     };
     if s.0.read.is_none() || !s.0.len.is_multiple_of(engine::PAGE_SIZE as u64) {
@@ -175,7 +181,11 @@ pub unsafe extern "C" fn uffd_pager_map_store(
     // SAFETY: C callers reach a region's bytes through raw pointers only, and the C API makes
     // no Rust slice of them, so a store changed behind the engine shows its new bytes without
     // breaking a Rust reference (the header says so).
-    map_with(p, opts, out, |p, o| {
+    let rc = map_with(p, opts, out, |p, o| {
         Ok(unsafe { p.map_store(Arc::new(s), len, &o) })
-    })
+    });
+    if rc == 0 {
+        armed.store(true, std::sync::atomic::Ordering::Release);
+    }
+    rc
 }

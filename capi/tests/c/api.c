@@ -43,6 +43,12 @@ static int numbered_read(void *ctx, uint64_t off, void *buf, size_t len) {
   return 0;
 }
 
+static int released;
+static void count_release(void *ctx) {
+  (void)ctx;
+  __atomic_add_fetch(&released, 1, __ATOMIC_RELAXED);
+}
+
 int main(int argc, char **argv) {
   CHECK(argc == 2);
   const char *path = argv[1];
@@ -183,6 +189,17 @@ int main(int argc, char **argv) {
   CHECK(uffd_pager_store_init(&s, sizeof s) == 0 && s.size == sizeof s);
   s.len = 16 * PAGE;
   s.read = numbered_read;
+  /* On a failure `release` is never called, whatever failed (before, a
+   * bad signal_safe byte left ctx the caller's and a bad length freed it,
+   * both -EINVAL); on success, once, when the store is let go (below). */
+  s.release = count_release;
+  s.len = PAGE + 1;
+  CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, &r) == -EINVAL);
+  s.len = 16 * PAGE;
+  CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, NULL) == -EINVAL);
+  CHECK(uffd_pager_map_store(p, &s, 3, &o, &r) == -EINVAL);
+  CHECK(released == 0);
+  s.release = NULL;
   CHECK(uffd_pager_map_store(p, &s, 16 * PAGE, &o, &r) == 0);
   unsigned char *m = uffd_pager_region_addr(r);
   CHECK(m[7 * PAGE + 1] == 7 && m[15 * PAGE] == 15 && read_ctx_calls >= 2);
@@ -195,7 +212,9 @@ int main(int argc, char **argv) {
   CHECK(uffd_pager_config_init(&cfg, sizeof cfg) == 0);
   CHECK(uffd_pager_new(&cfg, &q) == 0);
   s.len = 2 * ADVISED_PAGES * PAGE;
+  s.release = count_release;
   CHECK(uffd_pager_map_store(q, &s, 2 * ADVISED_PAGES * PAGE, &o, &r) == 0);
+  CHECK(released == 0);
   CHECK(uffd_pager_region_advise(r, 7) == -EINVAL);
   CHECK(strstr(uffd_pager_last_error(), "advice") != NULL);
   CHECK(uffd_pager_region_advise(NULL, UFFD_PAGER_ACCESS_RANDOM) == -EINVAL);
@@ -211,6 +230,7 @@ int main(int argc, char **argv) {
   CHECK(st.readahead_pages > 0);
   CHECK(uffd_pager_region_unmap(r) == 0);
   uffd_pager_free(q);
+  CHECK(released == 1);
 
   /* Anonymous memory larger than the budget. */
   CHECK(uffd_pager_map_anonymous(p, FILE_PAGES * PAGE, &r) == 0);
