@@ -98,6 +98,12 @@ typedef struct uffd_pager uffd_pager;
 typedef struct uffd_pager_region uffd_pager_region;
 
 /**
+ * A residency guard (opaque): its range stays resident until
+ * [`uffd_pager_resident_free`].
+ */
+typedef struct uffd_pager_resident uffd_pager_resident;
+
+/**
  * How a pager is made ([`uffd_pager_new`]). Start from
  * [`uffd_pager_config_init`] and change what you need: fields added later
  * get their defaults there.
@@ -665,6 +671,8 @@ int32_t uffd_pager_region_advise(const struct uffd_pager_region *r, uint32_t acc
 /**
  * Faults `[offset, offset+len)` in now, for a buffer a system call is
  * about to use (in-thread delivery cannot serve faults inside syscalls).
+ * Under a budget another thread can evict the range again before the
+ * call: `uffd_pager_region_lock_resident` keeps it resident until freed.
  *
  * # Safety
  * `r` is a live region handle.
@@ -714,6 +722,34 @@ int32_t uffd_pager_region_refresh(const struct uffd_pager_region *r, uint64_t of
  * `r` came from a map call and is not used again.
  */
 int32_t uffd_pager_region_unmap(struct uffd_pager_region *r);
+
+/**
+ * Faults `[offset, offset+len)` of `r` in and keeps it resident until
+ * `*out` is given to [`uffd_pager_resident_free`] (the `mlock` analog):
+ * for a buffer a system call reads or writes while other threads keep the
+ * pager at its budget, where `uffd_pager_region_prefault` alone may see
+ * the range evicted again before the call. A range larger than the budget
+ * is refused (-ENOMEM), as a range outside the region (-EINVAL). The
+ * guard may outlive the region and the pager: it keeps what the pager
+ * needs to give its pages back until it is freed.
+ *
+ * # Safety
+ * `r` is a live region handle; `out` points at writable memory for a
+ * pointer.
+ */
+int32_t uffd_pager_region_lock_resident(const struct uffd_pager_region *r,
+                                        size_t offset,
+                                        size_t len,
+                                        struct uffd_pager_resident **out);
+
+/**
+ * Lets the range of a guard made by [`uffd_pager_region_lock_resident`]
+ * be evicted again, and frees the guard. NULL: nothing.
+ *
+ * # Safety
+ * `g` is NULL or a guard not freed yet.
+ */
+void uffd_pager_resident_free(struct uffd_pager_resident *g);
 
 /**
  * Fills `*out`, of `size` bytes (`sizeof *out`), with a snapshot of `p`'s

@@ -23,6 +23,7 @@ mod abi;
 mod fd_store;
 mod pager;
 mod region;
+mod resident;
 mod stats;
 mod store;
 pub mod umap;

@@ -357,6 +357,8 @@ pub unsafe extern "C" fn uffd_pager_region_advise(r: *const uffd_pager_region, a
 
 /// Faults `[offset, offset+len)` in now, for a buffer a system call is
 /// about to use (in-thread delivery cannot serve faults inside syscalls).
+/// Under a budget another thread can evict the range again before the
+/// call: `uffd_pager_region_lock_resident` keeps it resident until freed.
 ///
 /// # Safety
 /// `r` is a live region handle.

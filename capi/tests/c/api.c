@@ -237,6 +237,18 @@ int main(int argc, char **argv) {
   m = uffd_pager_region_addr(r);
   for (int i = 0; i < FILE_PAGES; i++) m[i * PAGE] = (unsigned char)(i * 3);
   for (int i = 0; i < FILE_PAGES; i++) CHECK(m[i * PAGE] == (unsigned char)(i * 3));
+  /* A residency guard: a system call into a guarded range succeeds with
+   * in-thread delivery (the kernel does not deliver a fault inside it),
+   * whatever reclaim does meanwhile; a range over the budget is refused. */
+  uffd_pager_resident *g = NULL;
+  CHECK(uffd_pager_region_lock_resident(r, 0, (BUDGET_PAGES + 1) * PAGE, &g) == -ENOMEM);
+  CHECK(uffd_pager_region_lock_resident(r, 0, PAGE, NULL) == -EINVAL);
+  CHECK(uffd_pager_region_lock_resident(r, 8 * PAGE, 4 * PAGE, &g) == 0 && g != NULL);
+  CHECK(pread(fd, m + 8 * PAGE, 4 * PAGE, 5 * PAGE) == 4 * PAGE);
+  CHECK(pread(fd, page, PAGE, 8 * PAGE) == PAGE);
+  CHECK(memcmp(m + 11 * PAGE, page, PAGE) == 0);
+  uffd_pager_resident_free(g);
+  uffd_pager_resident_free(NULL);
   CHECK(uffd_pager_region_unmap(r) == 0);
   uffd_pager_free(p);
   close(fd);
