@@ -67,11 +67,18 @@ fn wait_for(what: &str, f: impl Fn() -> bool) {
 /// region's 4 pages at `base` (it returns once the other handler thread has
 /// read the event, which waits to be applied until the held fault leaves
 /// the gate), then `other` maps a region of zeros there, then the hook lets
-/// the fault go.
+/// the fault go. The range is held ([`uffd_pager::AddressHold`]) from the
+/// munmap to the map. Under load the map failed with `Overlap` (and the
+/// racing access, its pager dropped by the panic, then faulted on what was
+/// there: SIGSEGV), 10 to 15 runs in 80: the pagers' threads were still
+/// starting after `build()` returned, and Rust's std maps each thread's
+/// signal stack as it starts, in the hole. The engine's threads are
+/// running by the time `build()` returns now.
 fn unmap_and_map_theirs(base: usize, other: &Pager) -> uffd_pager::Region {
     wait_for("the fault", || HELD.load(SeqCst));
     // SAFETY: the region's whole range, which the test gives up here.
     assert_eq!(unsafe { libc::munmap(base as *mut _, 4 * PAGE) }, 0);
+    let _hold = uffd_pager::AddressHold::new(base, 4 * PAGE).unwrap();
     let fixed = MapOptions {
         kind: Some(InstallKind::Anonymous),
         fixed_addr: Some(base),

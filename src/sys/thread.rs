@@ -24,11 +24,29 @@ where
     // Blocked here, so that the new thread starts with them blocked (a
     // thread inherits its creator's mask); this thread's comes back below.
     let deferred = Deferred::new();
+    // Returns only once the thread runs: Rust's std maps each new thread's
+    // signal stack (a guard page and the stack) as the thread starts, and
+    // a thread still starting after `build()` or a map returned put that
+    // mapping wherever the kernel found room, a range the application had
+    // just unmapped to map again among them (its map then failed with
+    // `Overlap`: `tests/install_after_unmap.rs`, under load).
+    let started = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let tell = started.clone();
     let t = std::thread::Builder::new().name(name).spawn(move || {
         ENGINE.with(|e| e.set(true));
+        *tell.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        tell.1.notify_all();
+        drop(tell);
         f()
     });
     drop(deferred);
+    if t.is_ok() {
+        let (lock, cv) = &*started;
+        let mut up = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while !*up {
+            up = cv.wait(up).unwrap_or_else(|e| e.into_inner());
+        }
+    }
     t
 }
 
