@@ -164,6 +164,13 @@ pub(crate) fn lock_held(
     })
 }
 
+// A guard that outlives its borrow goes to other threads (the C API's
+// handle, an interposer's call): it must stay `Send` and `Sync`.
+const _: fn() = || {
+    fn both<T: Send + Sync>() {}
+    both::<ResidentGuard<'static>>();
+};
+
 impl ResidentGuard<'_> {
     fn obj(&self) -> &Object {
         self.obj.as_deref().expect("taken only on drop")
@@ -178,7 +185,8 @@ impl ResidentGuard<'_> {
 }
 
 /// Guards the pages of `[start, end)` (page-aligned user addresses inside
-/// one region), faulting them in for a write if `write`.
+/// one region), faulting them in for a write if `write` and the region is
+/// writable there.
 pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<ResidentGuard<'_>> {
     let _deferred = crate::sys::thread::Deferred::new();
     mm.check_owner()?;
@@ -190,13 +198,16 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             budget,
         });
     }
-    let (obj, first) = {
+    // (Writable as the piece the range lies in is, not the region's first:
+    // the application may have made a part of it read-only.)
+    let (obj, first, write) = {
         let _g = mm.lock.read();
         let vma = mm
             .find_vma_locked(start)
             .filter(|v| end <= v.end)
             .ok_or_else(|| Error::Config("the range is not inside one region".into()))?;
-        (vma.object.clone(), vma.page_index(start))
+        let writable = vma.writable.load(std::sync::atomic::Ordering::Acquire);
+        (vma.object.clone(), vma.page_index(start), write && writable)
     };
     let obj_shift = obj.page_shift();
     let mut guard = ResidentGuard {

@@ -380,7 +380,7 @@ fn an_owned_guard_serves_a_syscall_and_outlives_its_region_and_pager() {
     with_deadline(60, "an owned guard", || {
         let p = user_mode_pager(Delivery::InThread);
         let r = p.map_anonymous(16 * PAGE).unwrap();
-        let g = r.lock_resident_owned(4 * PAGE, 2 * PAGE).unwrap();
+        let g = r.lock_resident_owned(4 * PAGE, 2 * PAGE, true).unwrap();
         let mut file = std::fs::File::open("/proc/self/exe").unwrap();
         // SAFETY: the guarded range, mapped, writable and resident.
         let buf = unsafe {

@@ -35,7 +35,7 @@ pub unsafe extern "C" fn uffd_pager_region_lock_resident(
         non_null!(r);
         non_null!(out);
         // SAFETY: a live region handle (the caller's contract).
-        match unsafe { &(*r).region }.lock_resident_owned(offset, len) {
+        match unsafe { &(*r).region }.lock_resident_owned(offset, len, true) {
             Ok(g) => {
                 // SAFETY: `out` is non-NULL and points at a pointer (the
                 // caller's contract).

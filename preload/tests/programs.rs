@@ -1608,3 +1608,44 @@ fn read_and_write_on_absent_paged_memory_succeed_in_thread() {
     want.extend([0u8; 4096]);
     assert!(std::fs::read(&out).unwrap() == want, "the bytes written");
 }
+
+/// The same for `write(2)` from a writable shared file mapping: the guard
+/// faulted the buffer's pages in for a write, which made them dirty, and
+/// every one was written back at exit though nothing changed it (found by
+/// review). A `write`'s buffer is faulted in for a read now.
+#[test]
+fn a_write_from_a_writable_file_mapping_leaves_its_pages_clean() {
+    let d = scratch();
+    let data = d.join("write-from-mapping.data");
+    let out = d.join("write-from-mapping.out");
+    let bytes: Vec<u8> = (0..(2usize << 20))
+        .map(|i| (i / 4096 % 249) as u8)
+        .collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let script = format!(
+        "import mmap, os\n\
+         f = open('{data}', 'r+b')\n\
+         m = mmap.mmap(f.fileno(), 2 << 20)\n\
+         fd = os.open('{out}', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n\
+         print(os.write(fd, memoryview(m)[:1 << 20]))\n\
+         os.close(fd)\n",
+        data = data.display(),
+        out = out.display()
+    );
+    let (o, st) = under_shim(
+        Command::new(python()).args(["-c", &script]),
+        &[
+            ("UFFD_PAGER_FILES", &data.display().to_string()),
+            ("UFFD_PAGER_DELIVERY", "in-thread"),
+        ],
+        &d.join("write-from-mapping.stats"),
+    );
+    assert_eq!(ok(&o), "1048576\n");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    assert_eq!(counter(&st, "writeback"), 0, "{st}");
+    assert!(
+        std::fs::read(&out).unwrap() == bytes[..1 << 20],
+        "the bytes written"
+    );
+    assert!(std::fs::read(&data).unwrap() == bytes, "the file");
+}

@@ -57,28 +57,35 @@ impl Region {
     pub fn lock_resident(&self, offset: usize, len: usize) -> Result<crate::ResidentGuard<'_>> {
         let (start, end) = self.page_span(offset, len)?;
         let end = end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let (_, writable, _) = self.vma_flags();
-        crate::resident::lock(&self.owner.mm, start, end, writable)
+        crate::resident::lock(&self.owner.mm, start, end, true)
     }
 
     /// [`lock_resident`](Self::lock_resident), the guard holding the
     /// pager's address space instead of borrowing the region: for a caller
     /// that cannot keep the region borrowed across the system call (an
     /// interposer whose table of regions is behind a lock it must not hold
-    /// while the call blocks). The region, and the pager, may be dropped
-    /// meanwhile: the guard keeps what the pager needs to give its pages
-    /// back alive until it is dropped, as a borrowed one whose region the
-    /// application unmapped gives them back.
+    /// while the call blocks). `for_write`: the call writes the range
+    /// (`read(2)` into it), so its pages are faulted in for a write where
+    /// the region is writable there; false (`write(2)` from it): for a
+    /// read, which leaves clean pages clean. The region, and the pager, may
+    /// be dropped meanwhile: the guard keeps what the pager needs to give
+    /// its pages back alive until it is dropped, as a borrowed one whose
+    /// region the application unmapped gives them back.
+    ///
+    /// Hazard: the guard does not borrow the region, so `remap` and
+    /// `protect` may run while it lives. A range moved meanwhile is not
+    /// `munlock`ed when the guard goes (it is no longer where the guard
+    /// found it), and stays locked where the kernel allowed the lock.
     pub fn lock_resident_owned(
         &self,
         offset: usize,
         len: usize,
+        for_write: bool,
     ) -> Result<crate::ResidentGuard<'static>> {
         let (start, end) = self.page_span(offset, len)?;
         let end = end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let (_, writable, _) = self.vma_flags();
         let keep: std::sync::Arc<dyn std::any::Any + Send + Sync> = self.owner.clone();
-        crate::resident::lock_held(&self.owner.mm, keep, start, end, writable)
+        crate::resident::lock_held(&self.owner.mm, keep, start, end, for_write)
     }
 
     /// Faults in `[offset, offset+len)` through the engine without touching

@@ -9,14 +9,6 @@ use std::ffi::{c_int, c_void};
 mod read;
 mod sync;
 
-/// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,
-/// refreshes the pages it touched. `at` is the write's file offset, or
-/// None for the descriptor's position (either replaced by the end of the
-/// file on an `O_APPEND` descriptor, where `append`); `len` the most bytes
-/// it can write,
-/// or None where finding out would read the program's memory (a vectored
-/// write's `iovec`s, which may not be readable: the kernel answers that
-/// with `EFAULT`, the shim would crash).
 /// The pager pages of a system call's buffer, kept resident until it is
 /// dropped, where a fault inside the call would be `EFAULT`
 /// ([`maps::resident_for_call`]); taken and given back as shim work, the
@@ -24,13 +16,14 @@ mod sync;
 struct Resident(Vec<engine::ResidentGuard<'static>>);
 
 impl Resident {
-    /// For the buffer `buf` of `len` bytes of the program's own call.
-    fn for_buffer(buf: usize, len: usize) -> Resident {
-        if !programs_own() || !maps::any() {
+    /// For the buffer `buf` of `len` bytes of the program's own call,
+    /// which `writes` it (`read(2)`) or only reads it (`write(2)`).
+    fn for_buffer(buf: usize, len: usize, writes: bool) -> Resident {
+        if !maps::residency_needed() || !programs_own() || !maps::any() {
             return Resident(Vec::new());
         }
         let e = errno();
-        let guards = in_shim("resident", || maps::resident_for_call(buf, len));
+        let guards = in_shim("resident", || maps::resident_for_call(buf, len, writes));
         set_errno(e);
         Resident(guards)
     }
@@ -48,6 +41,16 @@ impl Drop for Resident {
     }
 }
 
+/// Runs the write `f` on `fd` and, if it wrote to a file the pager maps,
+/// refreshes the pages it touched. `at` is the write's file offset, or
+/// None for the descriptor's position (either replaced by the end of the
+/// file on an `O_APPEND` descriptor, where `append`); `len` the most bytes
+/// it can write,
+/// or None where finding out would read the program's memory (a vectored
+/// write's `iovec`s, which may not be readable: the kernel answers that
+/// with `EFAULT`, the shim would crash); `buf` the buffer it reads, kept
+/// resident for it where a fault inside the call would be `EFAULT`
+/// ([`Resident`]; None for the vectored writes).
 fn coherent_write(
     fd: c_int,
     at: Option<i64>,
@@ -57,7 +60,7 @@ fn coherent_write(
     f: impl FnOnce() -> isize,
 ) -> isize {
     let _resident = match (buf, len) {
-        (Some(b), Some(n)) => Resident::for_buffer(b, n),
+        (Some(b), Some(n)) => Resident::for_buffer(b, n, false),
         _ => Resident(Vec::new()),
     };
     if !programs_own() || !maps::any_file() {

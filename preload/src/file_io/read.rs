@@ -11,7 +11,7 @@ use std::ffi::{c_int, c_void};
 /// for it where a fault inside the call would be `EFAULT`
 /// ([`super::Resident`]); None for the vectored calls.
 fn coherent_read(fd: c_int, buf: Option<(usize, usize)>, f: impl FnOnce() -> isize) -> isize {
-    let _resident = buf.map(|(b, n)| super::Resident::for_buffer(b, n));
+    let _resident = buf.map(|(b, n)| super::Resident::for_buffer(b, n, true));
     if programs_own() && maps::any_writable() {
         let e = errno();
         in_shim("read", || maps::flush_for_read(fd));

@@ -19,7 +19,7 @@ pub use files::file_store;
 pub use finish::{finish, unload};
 use kernel::{kernel_shared_maps, kernel_writes, open_flags, write_sealed};
 use place::{covered, place, refuse_second, write_back_covered};
-pub use resident::resident_for_call;
+pub use resident::{needed as residency_needed, resident_for_call};
 
 use crate::config::Config;
 use crate::sys;

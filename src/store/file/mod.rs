@@ -83,6 +83,10 @@ pub struct FileStore {
     /// [`Store::discard`] punches the bytes out of the file: set only for
     /// the engine's own swap files ([`FileStore::punching_discards`]).
     punch_discards: bool,
+    /// `pwritev2` refused `RWF_NOAPPEND` for this file (a kernel before
+    /// 6.9, a file whose writes take no flags, a filter on the call):
+    /// plain `pwrite` from then on ([`pwrite_at`]).
+    plain_pwrite: std::sync::atomic::AtomicBool,
 }
 
 impl FileStore {
@@ -252,7 +256,7 @@ impl Store for FileStore {
             let rest = &buf[done..in_file];
             // SAFETY: `rest` is valid for reads of `rest.len()` bytes and the
             // descriptor is open for the lifetime of `self`.
-            let n = unsafe { pwrite_at(fd, rest, offset + done as u64) };
+            let n = unsafe { pwrite_at(fd, rest, offset + done as u64, &self.plain_pwrite) };
             if n < 0 {
                 match errno() {
                     libc::EINTR => continue,
@@ -417,23 +421,27 @@ impl Store for FileStore {
 /// tick (10 ms at `HZ=100`).
 const STAMP_SETTLE_NS: i128 = 50_000_000;
 
-/// Kernels before 6.9 know no `RWF_NOAPPEND` (`EOPNOTSUPP`): plain
-/// `pwrite` from then on.
-static NOAPPEND_UNKNOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// One `pwrite` of `buf` at `off` that writes there even if the file
 /// description was set to append since the store was made
 /// (`RWF_NOAPPEND`): a store over a duplicate of a caller's descriptor
 /// (the C API's, where the file cannot be opened again) shares its
 /// status flags, and Linux's plain `pwrite` on an `O_APPEND` description
 /// appends whatever the offset, so every write-back grew the file and
-/// left the page as it was. The kernel's count, or -1 with errno set.
-/// Async-signal-safe.
+/// left the page as it was. Where `pwritev2` refuses the flag
+/// (`EOPNOTSUPP`: a kernel before 6.9, a file whose writes take no
+/// flags; `ENOSYS`: a filter on the call), `plain` is set and plain
+/// `pwrite` serves from then on. The kernel's count, or -1 with errno
+/// set. Async-signal-safe.
 ///
 /// # Safety
 /// `fd` is open.
-unsafe fn pwrite_at(fd: RawFd, buf: &[u8], off: u64) -> isize {
-    if !NOAPPEND_UNKNOWN.load(Relaxed) {
+unsafe fn pwrite_at(
+    fd: RawFd,
+    buf: &[u8],
+    off: u64,
+    plain: &std::sync::atomic::AtomicBool,
+) -> isize {
+    if !plain.load(Relaxed) {
         let iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut libc::c_void,
             iov_len: buf.len(),
@@ -441,10 +449,10 @@ unsafe fn pwrite_at(fd: RawFd, buf: &[u8], off: u64) -> isize {
         // SAFETY: one iovec over `buf`, valid for reads of its length; the
         // kernel only reads it.
         let n = unsafe { libc::pwritev2(fd, &iov, 1, off as libc::off_t, libc::RWF_NOAPPEND) };
-        if n >= 0 || errno() != libc::EOPNOTSUPP {
+        if n >= 0 || !matches!(errno(), libc::EOPNOTSUPP | libc::ENOSYS) {
             return n;
         }
-        NOAPPEND_UNKNOWN.store(true, Relaxed);
+        plain.store(true, Relaxed);
     }
     // SAFETY: as above.
     unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off as libc::off_t) }

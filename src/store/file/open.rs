@@ -124,6 +124,7 @@ impl FileStore {
             view,
             tail,
             punch_discards: false,
+            plain_pwrite: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
