@@ -24,12 +24,19 @@ where
     // Blocked here, so that the new thread starts with them blocked (a
     // thread inherits its creator's mask); this thread's comes back below.
     let deferred = Deferred::new();
-    // Returns only once the thread runs: Rust's std maps each new thread's
+    // Returns once the thread runs: Rust's std maps each new thread's
     // signal stack (a guard page and the stack) as the thread starts, and
     // a thread still starting after `build()` or a map returned put that
     // mapping wherever the kernel found room, a range the application had
     // just unmapped to map again among them (its map then failed with
     // `Overlap`: `tests/install_after_unmap.rs`, under load).
+    //
+    // Hazard: bounded (`START_PATIENCE`). That mapping is made before the
+    // thread is marked as the engine's, so an interposer (the LD_PRELOAD
+    // shim) takes it for the application's and may take a lock its caller,
+    // the spawner, holds while it waits here (a Rust program under the
+    // shim with a small `UFFD_PAGER_ANON_MIN`): the wait ends, and the
+    // thread finishes starting once the spawner lets go.
     let started = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
     let tell = started.clone();
     let t = std::thread::Builder::new().name(name).spawn(move || {
@@ -41,14 +48,25 @@ where
     });
     drop(deferred);
     if t.is_ok() {
+        let deadline = std::time::Instant::now() + START_PATIENCE;
         let (lock, cv) = &*started;
         let mut up = lock.lock().unwrap_or_else(|e| e.into_inner());
         while !*up {
-            up = cv.wait(up).unwrap_or_else(|e| e.into_inner());
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            up = cv
+                .wait_timeout(up, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
     t
 }
+
+/// How long [`spawn`] waits for its thread to run.
+const START_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The signals the kernel raises for the thread's own instruction. Never
 /// blocked by the engine: blocked, the kernel forces them (default action,
