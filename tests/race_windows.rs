@@ -96,38 +96,83 @@ fn a_write_while_a_remap_restores_access_is_written_back() {
     );
 }
 
-/// A store whose page 1 read takes its bytes, then waits at a gate; the
-/// test changes its bytes behind the engine meanwhile.
-struct Behind {
+/// A store that waits at a gate in a read of page 1 (after taking its
+/// bytes: the test changes them behind the engine meanwhile), or in every
+/// write (before writing), as `held` says, until the test opens it.
+struct Gated {
     bytes: Mutex<Vec<u8>>,
-    /// (a read of page 1 waits, the gate is open)
+    /// Writes wait, not page 1's read.
+    writes: bool,
+    /// (a call waits, the gate is open)
     gate: Mutex<(bool, bool)>,
     cv: Condvar,
 }
 
-impl Store for Behind {
+impl Gated {
+    fn new(bytes: Vec<u8>, writes: bool) -> Gated {
+        Gated {
+            bytes: Mutex::new(bytes),
+            writes,
+            gate: Mutex::new((false, false)),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Says a call waits, and waits until the gate opens (at most 20 s).
+    fn wait_at_gate(&self) {
+        let mut g = self.gate.lock().unwrap();
+        g.0 = true;
+        self.cv.notify_all();
+        let t = Instant::now();
+        while !g.1 && t.elapsed() < Duration::from_secs(20) {
+            g = self
+                .cv
+                .wait_timeout(g, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+    }
+
+    /// Returns once a call waits at the gate; panics if `gone()` says none
+    /// will come, or after 20 s.
+    fn until_a_call_waits(&self, gone: impl Fn() -> bool) {
+        let mut g = self.gate.lock().unwrap();
+        let t = Instant::now();
+        while !g.0 {
+            assert!(!gone(), "no call came to the gate");
+            assert!(t.elapsed() < Duration::from_secs(20), "no call waits");
+            g = self
+                .cv
+                .wait_timeout(g, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+    }
+
+    /// Opens the gate after `after`.
+    fn open_after(&self, after: Duration) {
+        std::thread::sleep(after);
+        self.gate.lock().unwrap().1 = true;
+        self.cv.notify_all();
+    }
+}
+
+impl Store for Gated {
     fn len(&self) -> u64 {
         self.bytes.lock().unwrap().len() as u64
     }
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let o = off as usize;
         buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
-        if o / PAGE == 1 {
-            let mut g = self.gate.lock().unwrap();
-            g.0 = true;
-            self.cv.notify_all();
-            let t = Instant::now();
-            while !g.1 && t.elapsed() < Duration::from_secs(20) {
-                g = self
-                    .cv
-                    .wait_timeout(g, Duration::from_millis(50))
-                    .unwrap()
-                    .0;
-            }
+        if !self.writes && o / PAGE == 1 {
+            self.wait_at_gate();
         }
         Ok(())
     }
     fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        if self.writes {
+            self.wait_at_gate();
+        }
         let o = off as usize;
         self.bytes.lock().unwrap()[o..o + buf.len()].copy_from_slice(buf);
         Ok(())
@@ -136,7 +181,7 @@ impl Store for Behind {
         true
     }
     fn name(&self) -> &'static str {
-        "behind"
+        "gated"
     }
 }
 
@@ -149,11 +194,7 @@ impl Store for Behind {
 fn a_refresh_during_the_pages_read_leaves_the_new_bytes() {
     let p = one_page_at_a_time();
     let data = pattern_vec(67, 4 * PAGE);
-    let store = Arc::new(Behind {
-        bytes: Mutex::new(data.clone()),
-        gate: Mutex::new((false, false)),
-        cv: Condvar::new(),
-    });
+    let store = Arc::new(Gated::new(data.clone(), false));
     let opts = MapOptions {
         kind: Some(InstallKind::Shared),
         ..MapOptions::default()
@@ -167,21 +208,12 @@ fn a_refresh_during_the_pages_read_leaves_the_new_bytes() {
     // SAFETY: inside the region, which outlives this thread (joined below).
     let reader = std::thread::spawn(move || unsafe { std::ptr::read_volatile(addr as *const u8) });
     // The read has taken the old bytes and waits.
-    {
-        let mut g = store.gate.lock().unwrap();
-        while !g.0 {
-            g = store.cv.wait(g).unwrap();
-        }
-    }
+    store.until_a_call_waits(|| false);
     let new = data[at] ^ 0xff;
     store.bytes.lock().unwrap()[at] = new;
     let opener = {
         let store = store.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            store.gate.lock().unwrap().1 = true;
-            store.cv.notify_all();
-        })
+        std::thread::spawn(move || store.open_after(Duration::from_millis(200)))
     };
     r.refresh(at as u64, 1).unwrap();
     opener.join().unwrap();
@@ -195,48 +227,6 @@ fn a_refresh_during_the_pages_read_leaves_the_new_bytes() {
         new,
         "the page kept the bytes its in-flight read took before the change"
     );
-}
-
-/// A store whose writes wait at a gate until the test opens it.
-struct HeldWrites {
-    bytes: Mutex<Vec<u8>>,
-    /// (a write waits, the gate is open)
-    gate: Mutex<(bool, bool)>,
-    cv: Condvar,
-}
-
-impl Store for HeldWrites {
-    fn len(&self) -> u64 {
-        self.bytes.lock().unwrap().len() as u64
-    }
-    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let o = off as usize;
-        buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
-        Ok(())
-    }
-    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
-        let mut g = self.gate.lock().unwrap();
-        g.0 = true;
-        self.cv.notify_all();
-        let t = Instant::now();
-        while !g.1 && t.elapsed() < Duration::from_secs(20) {
-            g = self
-                .cv
-                .wait_timeout(g, Duration::from_millis(50))
-                .unwrap()
-                .0;
-        }
-        drop(g);
-        let o = off as usize;
-        self.bytes.lock().unwrap()[o..o + buf.len()].copy_from_slice(buf);
-        Ok(())
-    }
-    fn writable(&self) -> bool {
-        true
-    }
-    fn name(&self) -> &'static str {
-        "held-writes"
-    }
 }
 
 /// A remap whose write protection of the moved range fails (`EAGAIN`, an
@@ -257,11 +247,7 @@ fn a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write() {
         .build()
         .unwrap();
     let data = pattern_vec(71, 8 * PAGE);
-    let store = Arc::new(HeldWrites {
-        bytes: Mutex::new(data.clone()),
-        gate: Mutex::new((false, false)),
-        cv: Condvar::new(),
-    });
+    let store = Arc::new(Gated::new(data.clone(), true));
     let opts = MapOptions {
         kind: Some(InstallKind::Shared),
         ..MapOptions::default()
@@ -274,24 +260,8 @@ fn a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write() {
         // The eviction of the dirty page waits in its store write, the
         // page locked.
         let evictor = s.spawn(|| p.reclaim_pages(1));
-        {
-            let mut g = store.gate.lock().unwrap();
-            let t = Instant::now();
-            while !g.0 {
-                assert!(!evictor.is_finished(), "the eviction wrote nothing");
-                assert!(t.elapsed() < Duration::from_secs(20), "no write began");
-                g = store
-                    .cv
-                    .wait_timeout(g, Duration::from_millis(50))
-                    .unwrap()
-                    .0;
-            }
-        }
-        s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(300));
-            store.gate.lock().unwrap().1 = true;
-            store.cv.notify_all();
-        });
+        store.until_a_call_waits(|| evictor.is_finished());
+        s.spawn(|| store.open_after(Duration::from_millis(300)));
         fail_next_reprotect();
         r.remap(8 * PAGE).unwrap();
         r.as_mut_slice()[at] = 0x77;
