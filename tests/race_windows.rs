@@ -1,11 +1,15 @@
 //! Windows in which a shared page's bytes could go wrong, each held open
 //! on purpose: a write to a clean page while a remap gives the range its
 //! protection back, a `refresh` that meets a page whose store read is
-//! still in flight, and a remap that cannot protect the range again while
-//! an eviction writes one of its pages back.
+//! still in flight, a remap that cannot protect the range again while
+//! an eviction writes one of its pages back, and a 2 MiB anonymous page the
+//! application drops while its eviction writes it to swap.
 
 #[path = "engine_util.rs"]
 mod util;
+
+#[path = "huge_util.rs"]
+mod huge_util;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
@@ -273,5 +277,50 @@ fn a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write() {
         store.bytes.lock().unwrap()[at],
         0x77,
         "the write after the remap was not written back"
+    );
+}
+
+/// A 2 MiB anonymous page leaves the mapping write-protected, copied, and
+/// written to swap before it is zapped; write protection does not stop the
+/// application's own `MADV_DONTNEED`. One dropped while the swap write was
+/// in flight came back with the bytes of that write (the eviction zapped
+/// nothing and counted the copy as the page), where the kernel's hugetlb
+/// gives zeros. The eviction now looks before its zap and takes the page
+/// for dropped.
+#[test]
+fn a_huge_page_dropped_during_its_swap_write_reads_as_zeros() {
+    let _pool = huge_util::HugePool::take(2);
+    let huge = uffd_pager::HUGE_PAGE_SIZE;
+    let swap = Arc::new(Gated::new(vec![0; huge], true));
+    let made = swap.clone();
+    // SAFETY: the one swap store is made for the one region and changed
+    // only by the engine (the test reads its gate, not its bytes).
+    let builder = unsafe {
+        Pager::builder()
+            .delivery(Delivery::InThread)
+            .budget_pages(2 * (huge / PAGE) as u64)
+            .swap_to(move |_| Ok(made.clone() as Arc<dyn Store>))
+    };
+    let p = builder.build().unwrap();
+    let mut r = p
+        .map_anonymous_with(huge, &huge_opts(InstallKind::Anonymous))
+        .expect("map a 2 MiB anonymous region");
+    r.as_mut_slice().fill(7);
+    let addr = r.as_ptr() as usize;
+    std::thread::scope(|s| {
+        let evictor = s.spawn(|| p.reclaim_pages((huge / PAGE) as u64));
+        swap.until_a_call_waits(|| evictor.is_finished());
+        // SAFETY: the region's one page; the application may drop its own
+        // memory (no slice of the region is used meanwhile).
+        let rc = unsafe { libc::madvise(addr as *mut libc::c_void, huge, libc::MADV_DONTNEED) };
+        assert_eq!(rc, 0, "madvise: {}", errno());
+        swap.open_after(Duration::ZERO);
+        evictor.join().unwrap();
+    });
+    let s = r.as_slice();
+    assert!(
+        s.iter().all(|&b| b == 0),
+        "the dropped page read {} (the swap copy made before the drop), not 0",
+        s[0]
     );
 }

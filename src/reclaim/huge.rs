@@ -12,7 +12,9 @@
 //!    mapping, where a page the application dropped would fault in the
 //!    engine's own thread on a fault only the engine can serve;
 //! 3. write the copy to swap;
-//! 4. zap it (`MADV_DONTNEED`: the region's descriptor is the quiet one,
+//! 4. unless the application dropped it meanwhile (its own
+//!    `MADV_DONTNEED`, which write protection does not stop), zap it
+//!    (`MADV_DONTNEED`: the region's descriptor is the quiet one,
 //!    so this raises no event). A write waiting since step 1 then finds the
 //!    page absent and reads it back from swap.
 //!
@@ -97,6 +99,19 @@ pub(super) fn unmap_anon(
     let page = unsafe { std::slice::from_raw_parts(dst as *const u8, len) };
     let off = (i << obj.page_shift()) as u64;
     let written = pass.write_out(mm, obj, &[(off, page)]);
+    // The write-protection keeps the application's writes out, not its
+    // own `MADV_DONTNEED` (which the quiet descriptor does not report):
+    // a page dropped during the store write reads as its source again, not
+    // as the copy just made (found by review: the old bytes came back). A
+    // drop between this look and the zap still has that window, as for a
+    // clean page above, but it is a system call long, not a store write.
+    if dropped() {
+        let _ = obj.free_data(i, 1);
+        if written {
+            crate::discard::forget_swap(obj, i);
+        }
+        return Ok(Unmapped::Dropped);
+    }
     if zap().is_err() {
         let _ = obj.free_data(i, 1);
         unprotect();
