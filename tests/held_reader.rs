@@ -102,6 +102,12 @@ pub fn one_handler_pager() -> Pager {
 /// The one `uffd-handler` thread of this process (a pager with one
 /// handler thread must be running).
 pub fn the_handler() -> libc::pid_t {
+    thread_named("uffd-handler")
+}
+
+/// The first thread of this process whose name starts with `prefix`,
+/// once there is one.
+pub fn thread_named(prefix: &str) -> libc::pid_t {
     loop {
         let t: Vec<(String, String)> = std::fs::read_dir("/proc/self/task")
             .unwrap()
@@ -110,7 +116,7 @@ pub fn the_handler() -> libc::pid_t {
                 let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
                 Some((tid, comm))
             })
-            .filter(|(_, c)| c.starts_with("uffd-handler"))
+            .filter(|(_, c)| c.starts_with(prefix))
             .collect();
         if let Some((tid, _)) = t.first() {
             return tid.parse::<libc::pid_t>().unwrap();

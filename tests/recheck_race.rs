@@ -11,16 +11,25 @@
 //! page was discarded: the application's write in it, dirty and not yet
 //! written back, was lost (the store kept its old byte). Now the fault
 //! restarts once the event is applied, and the unmap writes the page back.
+//!
+//! An anonymous page the application moves with its own `mremap` leaves
+//! the old address before the engine hears of it: a fault there found no
+//! page and took it for one the application dropped (uncharged, off the
+//! LRU, while it lived on at the new address). It now restarts while an
+//! event is on its way.
 
 #[path = "engine_util.rs"]
 mod util;
+
+#[path = "held_reader.rs"]
+mod held;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uffd_pager::store::MemoryStore;
 use uffd_pager::testing::{set_after_lookup, Site};
-use uffd_pager::{Counter, InstallKind, MapOptions, Pager};
+use uffd_pager::{Counter, Delivery, InstallKind, MapOptions, Pager};
 use util::{errno, PAGE, THREADS};
 
 /// The region whose fault the hook holds (0: none), and whether it did.
@@ -123,4 +132,76 @@ fn a_dirty_page_survives_a_fault_that_meets_the_applications_munmap() {
         pager.stats()
     );
     assert_eq!(pager.stats().get(Counter::PAGE_DROPPED), 0);
+}
+
+/// In-thread delivery, its event reader held: the application moves an
+/// anonymous region's one (written, installed) page with
+/// `MREMAP_DONTUNMAP`, which keeps the old range registered, and the
+/// engine faults at the old address (a `prefault` of the region, which the
+/// engine still lists there) before it has read the event.
+#[test]
+fn a_page_moved_by_the_application_is_not_taken_for_dropped() {
+    let pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .budget_pages(64)
+        .build()
+        .unwrap();
+    let region = pager.map_anonymous(PAGE).unwrap();
+    let old = region.as_ptr() as usize;
+    // SAFETY: the region's own page.
+    unsafe { std::ptr::write_bytes(old as *mut u8, 7, PAGE) };
+    assert_eq!(pager.stats().resident_pages, 1);
+    // Where the application moves it: a reservation of the test's own.
+    // SAFETY: a fresh mapping.
+    let to = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as usize;
+    assert_ne!(to, libc::MAP_FAILED as usize);
+    held::hold(held::thread_named("uffd-events"));
+    let mover = std::thread::spawn(move || {
+        // SAFETY: the region's page moves onto the test's reservation;
+        // the old range stays mapped (DONTUNMAP).
+        unsafe {
+            libc::mremap(
+                old as *mut libc::c_void,
+                PAGE,
+                PAGE,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
+                to as *mut libc::c_void,
+            ) as usize
+        }
+    });
+    // The kernel moves the page before it posts the event.
+    held::wait_for("the move", || {
+        let mut v = 0u8;
+        // SAFETY: mincore writes one byte to `v`.
+        unsafe { libc::mincore(to as *mut _, PAGE, &mut v) == 0 && v & 1 == 1 }
+    });
+    let r = &region;
+    std::thread::scope(|s| {
+        // Restarts until the event is applied, then finds no region at the
+        // old address (the result does not matter).
+        let prefault = s.spawn(move || r.prefault(0, PAGE));
+        std::thread::sleep(Duration::from_millis(200));
+        held::HOLD.store(false, SeqCst);
+        let _ = prefault.join().unwrap();
+    });
+    assert_eq!(mover.join().unwrap(), to, "mremap");
+    let s = pager.stats();
+    assert_eq!(s.get(Counter::PAGE_DROPPED), 0, "taken for dropped\n{s}");
+    assert_eq!(s.resident_pages, 1, "the moved page is counted\n{s}");
+    // SAFETY: the page the application moved there.
+    assert_eq!(unsafe { std::ptr::read_volatile((to + 5) as *const u8) }, 7);
+    // SAFETY: the old range, which DONTUNMAP left to the application.
+    assert_eq!(unsafe { libc::munmap(old as *mut _, PAGE) }, 0);
 }

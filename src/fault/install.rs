@@ -321,6 +321,8 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
         // `attempt` refuses them.)
         InstallKind::Shared if obj.kernel_maps => match crate::sys::pagemap::page_present(addr) {
             Ok(true) => Recheck::Present { dirty: false },
+            // (Moved by the application: as for an anonymous page below.)
+            Ok(false) if event_on_its_way(mm, obj) => Recheck::Again,
             Ok(false) => Recheck::Gone,
             Err(_) => Recheck::Failed,
         },
@@ -397,10 +399,24 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
                 Err(_) => Recheck::Failed,
             },
             Ok(true) => Recheck::Present { dirty: false },
+            // Moved by the application's `mremap` (the kernel moves the
+            // page before it posts the event): taken for dropped, it was
+            // uncharged and left the LRU while it lived on at the new
+            // address (`tests/recheck_race.rs`). Restart once it is applied.
+            Ok(false) if event_on_its_way(mm, obj) => Recheck::Again,
             Ok(false) => Recheck::Gone,
             Err(_) => Recheck::Failed,
         },
     }
+}
+
+/// Whether an event that may change `obj`'s mapping is on its way: unread
+/// on its descriptor (`mmap_changing`), or read and not yet applied
+/// (`in_flight`, asked second: the kernel's count ends at the read, which
+/// the engine counts from before it). With in-thread delivery the caller's
+/// read section keeps the reader out, so the first suffices there.
+fn event_on_its_way(mm: &Mm, obj: &crate::object::Object) -> bool {
+    mm.uffd_for(obj).mmap_changing() || mm.events.in_flight()
 }
 
 /// Resolves a write-protect fault on installed page `i` (the caller holds
