@@ -346,6 +346,25 @@ pub fn rss_anon_kib() -> u64 {
         .expect("RssAnon in /proc/self/status")
 }
 
+/// Maps `len` bytes of inaccessible anonymous memory of the test's own
+/// (a place to move a region to, or an address the kernel refuses);
+/// panics if mmap fails. The caller unmaps it, or lets the process end.
+pub fn reserve(len: usize) -> usize {
+    // SAFETY: a fresh mapping wherever the kernel finds room.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", errno());
+    p as usize
+}
+
 /// Maps `len` bytes of anonymous read-write memory of the application's
 /// own at `at` with `MAP_FIXED` (replacing whatever is there); returns the
 /// address mmap gave (`MAP_FAILED` on error). One system call:

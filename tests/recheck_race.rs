@@ -155,18 +155,7 @@ fn a_page_moved_by_the_application_is_not_taken_for_dropped() {
     unsafe { std::ptr::write_bytes(old as *mut u8, 7, PAGE) };
     assert_eq!(pager.stats().resident_pages, 1);
     // Where the application moves it: a reservation of the test's own.
-    // SAFETY: a fresh mapping.
-    let to = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            PAGE,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    } as usize;
-    assert_ne!(to, libc::MAP_FAILED as usize);
+    let to = util::reserve(PAGE);
     held::hold(held::thread_named("uffd-events"));
     let mover = std::thread::spawn(move || {
         // SAFETY: the region's page moves onto the test's reservation;
