@@ -6,7 +6,8 @@
 //! - One pager per process, made at the first [`umap`] from the settings
 //!   then in force (UMap's environment variables, read once, and any
 //!   `umapcfg_set_*` call made before it); a `umap` refused for its length,
-//!   offset or descriptor makes none. Settings changed after the first
+//!   offset, descriptor or file range (an unaligned offset, a range past
+//!   the end) makes none. Settings changed after the first
 //!   `umap` are kept for the getters but do not change the running pager.
 //! - `UMAP_PAGESIZE` (bytes, a multiple of 4096; default 4096) is UMap's
 //!   unit of filling. The engine's pages stay 4 KiB and each is read from
@@ -108,6 +109,16 @@ fn map(
     if unsafe { libc::fcntl(fd, libc::F_GETFL) } < 0 {
         return umap_failed(libc::EBADF, format_args!("fd {fd} is not open"));
     }
+    // The store is opened before the first call makes the pager too: a
+    // descriptor, offset or range the store refuses (an unaligned offset,
+    // a range past the end of the file) fails the call without fixing the
+    // settings.
+    let len = rounded;
+    let writable = prot & libc::PROT_WRITE != 0;
+    let store = match crate::fd_store::fd_store(fd, offset as u64, len, writable) {
+        Ok(s) => s,
+        Err(rc) => return umap_failed(-rc, crate::error_text()),
+    };
     if st.pager.is_none() {
         // (A bad setting is EINVAL; a pager the kernel refuses keeps its
         // errno: EPERM where userfaultfd is not allowed.)
@@ -127,8 +138,6 @@ fn map(
             Err((errno, m)) => return umap_failed(errno, m),
         }
     }
-    let len = rounded;
-    let writable = prot & libc::PROT_WRITE != 0;
     let opts = MapOptions {
         kind: Some(if writable {
             InstallKind::Shared
@@ -138,10 +147,6 @@ fn map(
         writable,
         fixed_addr: (flags & libc::MAP_FIXED != 0).then_some(addr as usize),
         ..MapOptions::default()
-    };
-    let store = match crate::fd_store::fd_store(fd, offset as u64, len, writable) {
-        Ok(s) => s,
-        Err(rc) => return umap_failed(-rc, crate::error_text()),
     };
     let pager = st.pager.as_ref().expect("made above");
     // SAFETY: C callers reach a region's bytes through raw pointers only, and the C API makes

@@ -185,7 +185,7 @@ fn a_umap_program_runs_unchanged_on_the_engine() {
         .env("UMAP_READ_AHEAD", "lots")
         .arg(scratch("umap-set.dat")));
     assert!(out.contains("umap after set: ok"), "{out}");
-    // (16 KiB: the page size set after two failed probes.)
+    // (16 KiB: the page size set after four failed probes.)
     assert!(out.contains("prefetch read 4 pages"), "{out}");
 }
 

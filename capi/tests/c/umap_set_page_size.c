@@ -3,7 +3,8 @@
  * ones in force, so umap works. A page size set after the first umap changes only
  * the getter: umap_prefetch still fetches UMap pages of the size in force
  * (four 4 KiB pages here, not sixteen). Calls that fail on their arguments
- * before the first good one do not fix the settings.
+ * (a length, a descriptor, an offset or range its file refuses) before the
+ * first good one do not fix the settings.
  *
  * usage: umap_set_page_size FILE */
 #include <umap/umap.h>
@@ -34,6 +35,10 @@ int main(int argc, char **argv) {
   if (umap(NULL, 0, PROT_READ, UMAP_PRIVATE, fd, 0) != UMAP_FAILED || errno != EINVAL) return 1;
   if (umap(NULL, sizeof buf, PROT_READ, UMAP_PRIVATE, -1, 0) != UMAP_FAILED || errno != EBADF)
     return 1;
+  /* Refused by the file's store (an unaligned offset; a range past the
+   * end of the file), which is opened before the pager is made. */
+  if (umap(NULL, 4096, PROT_READ, UMAP_PRIVATE, fd, 100) != UMAP_FAILED) return 1;
+  if (umap(NULL, 4096, PROT_READ, UMAP_PRIVATE, fd, sizeof buf) != UMAP_FAILED) return 1;
   umapcfg_set_umap_page_size(16384);
   /* The buffer is UMap's default with UMAP_BUFSIZE unset, not 0. */
   if (umapcfg_get_max_pages_in_buffer() == 0) return 1;
