@@ -165,41 +165,6 @@ pub(crate) mod sys {
         // SAFETY: the caller's contract.
         unsafe { libc::syscall(libc::SYS_mmap, a, len, prot, flags, fd, off) as *mut c_void }
     }
-    /// A vectored read or write (`readv`, `preadv`, `writev`, `pwritev`):
-    /// the offset, where there is one, goes as the low half of the
-    /// kernel's (low, high) pair, which on x86-64 is all of it.
-    ///
-    /// # Safety
-    /// As the call `nr` names: `iov` points at `cnt` iovecs whose buffers
-    /// are valid for it.
-    #[inline]
-    pub unsafe fn iov(
-        nr: c_long,
-        fd: c_int,
-        iov: *const libc::iovec,
-        cnt: c_int,
-        off: i64,
-    ) -> isize {
-        // SAFETY: the caller's contract.
-        unsafe { call(nr, fd as usize, iov as usize, cnt as usize, off as usize, 0) as isize }
-    }
-    /// `preadv2`/`pwritev2` (`nr`): as [`iov`], with the call's `flags`
-    /// as its sixth argument (`off` -1: the descriptor's position).
-    ///
-    /// # Safety
-    /// As [`iov`].
-    #[inline]
-    pub unsafe fn iov2(
-        nr: c_long,
-        fd: c_int,
-        iov: *const libc::iovec,
-        cnt: c_int,
-        off: i64,
-        flags: c_int,
-    ) -> isize {
-        // SAFETY: the caller's contract.
-        unsafe { libc::syscall(nr, fd, iov, cnt, off, 0, flags) as isize }
-    }
     /// The system call `nr` with five arguments, as libc's `syscall`.
     ///
     /// # Safety
@@ -445,6 +410,7 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
 
 /// Reads the settings when the library loads (before `main`).
 extern "C" fn load() {
+    file_io::libc_io::resolve();
     in_shim_or("load", (), 0, maps::load);
 }
 

@@ -1649,3 +1649,20 @@ fn a_write_from_a_writable_file_mapping_leaves_its_pages_clean() {
     );
     assert!(std::fs::read(&data).unwrap() == bytes, "the file");
 }
+
+/// POSIX makes `read`, `write`, `readv` and `writev` cancellation points.
+/// The shim passed them on as raw system calls, which are not: a thread
+/// blocked in one on a pipe never took a `pthread_cancel`. They go through
+/// libc's own definitions now.
+#[test]
+fn a_thread_blocked_in_read_or_write_takes_a_cancel() {
+    let d = scratch();
+    let exe = build_c(&d, "cancel_blocked_io");
+    let plain = ok(&Command::new(&exe).output().unwrap());
+    let (o, _) = under_shim(&mut Command::new(&exe), &[], &d.join("cancel.stats"));
+    let out = ok(&o);
+    assert_eq!(out, plain);
+    for c in ["read", "readv", "write", "writev"] {
+        assert!(out.contains(&format!("{c} cancelled\n")), "{out}");
+    }
+}

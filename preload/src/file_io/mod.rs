@@ -3,11 +3,14 @@
 //! the file's writable mappings), reads and syncs write those mappings
 //! back first.
 
-use crate::{errno, in_shim, in_shim_or, maps, programs_own, set_errno, sys};
+use crate::{errno, in_shim, in_shim_or, maps, programs_own, set_errno};
 use std::ffi::{c_int, c_void};
 
+pub(crate) mod libc_io;
 mod read;
 mod sync;
+
+use libc_io::Call;
 
 /// The pager pages of a system call's buffer, kept resident until it is
 /// dropped, where a fault inside the call would be `EFAULT`
@@ -108,7 +111,7 @@ fn coherent_write(
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
     coherent_write(fd, None, true, Some(n), Some(buf as usize), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-        unsafe { sys::call(libc::SYS_write, fd as usize, buf as usize, n, 0, 0) as isize }
+        unsafe { libc_io::plain(Call::Write, fd, buf.cast_mut(), n, 0) }
     })
 }
 
@@ -125,16 +128,7 @@ pub unsafe extern "C" fn pwrite(
 ) -> isize {
     coherent_write(fd, Some(off), true, Some(n), Some(buf as usize), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-        unsafe {
-            sys::call(
-                libc::SYS_pwrite64,
-                fd as usize,
-                buf as usize,
-                n,
-                off as usize,
-                0,
-            ) as isize
-        }
+        unsafe { libc_io::plain(Call::Pwrite, fd, buf.cast_mut(), n, off) }
     })
 }
 
@@ -161,7 +155,7 @@ pub unsafe extern "C" fn pwrite64(
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     coherent_write(fd, None, true, None, None, || unsafe {
-        sys::iov(libc::SYS_writev, fd, iov, cnt, 0)
+        libc_io::vectored(Call::Writev, fd, iov, cnt, 0, 0)
     })
 }
 
@@ -178,7 +172,7 @@ pub unsafe extern "C" fn pwritev(
 ) -> isize {
     coherent_write(fd, Some(off), true, None, None, || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-        unsafe { sys::iov(libc::SYS_pwritev, fd, iov, cnt, off) }
+        unsafe { libc_io::vectored(Call::Pwritev, fd, iov, cnt, off, 0) }
     })
 }
 
@@ -235,7 +229,7 @@ pub unsafe extern "C" fn pwritev2(
     let append = flags & libc::RWF_NOAPPEND == 0;
     coherent_write(fd, at, append, None, None, || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-        unsafe { sys::iov2(libc::SYS_pwritev2, fd, iov, cnt, off, flags) }
+        unsafe { libc_io::vectored(Call::Pwritev2, fd, iov, cnt, off, flags) }
     })
 }
 

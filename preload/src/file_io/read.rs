@@ -2,7 +2,8 @@
 //! and 64-bit forms): a writable shared pager mapping of the file written
 //! back first, so the read sees what was stored through it.
 
-use crate::{errno, in_shim, maps, programs_own, set_errno, sys};
+use super::libc_io::{self, Call};
+use crate::{errno, in_shim, maps, programs_own, set_errno};
 use std::ffi::{c_int, c_void};
 
 /// Runs the read `f` on `fd`, first writing back a writable shared pager
@@ -28,7 +29,7 @@ fn coherent_read(fd: c_int, buf: Option<(usize, usize)>, f: impl FnOnce() -> isi
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     coherent_read(fd, Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-        unsafe { sys::call(libc::SYS_read, fd as usize, buf as usize, n, 0, 0) as isize }
+        unsafe { libc_io::plain(Call::Read, fd, buf, n, 0) }
     })
 }
 
@@ -40,16 +41,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
 pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
     coherent_read(fd, Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-        unsafe {
-            sys::call(
-                libc::SYS_pread64,
-                fd as usize,
-                buf as usize,
-                n,
-                off as usize,
-                0,
-            ) as isize
-        }
+        unsafe { libc_io::plain(Call::Pread, fd, buf, n, off) }
     })
 }
 
@@ -131,7 +123,7 @@ pub unsafe extern "C" fn __pread64_chk(
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     coherent_read(fd, None, || unsafe {
-        sys::iov(libc::SYS_readv, fd, iov, cnt, 0)
+        libc_io::vectored(Call::Readv, fd, iov, cnt, 0, 0)
     })
 }
 
@@ -148,7 +140,7 @@ pub unsafe extern "C" fn preadv(
 ) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     coherent_read(fd, None, || unsafe {
-        sys::iov(libc::SYS_preadv, fd, iov, cnt, off)
+        libc_io::vectored(Call::Preadv, fd, iov, cnt, off, 0)
     })
 }
 
@@ -181,7 +173,7 @@ pub unsafe extern "C" fn preadv2(
 ) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     coherent_read(fd, None, || unsafe {
-        sys::iov2(libc::SYS_preadv2, fd, iov, cnt, off, flags)
+        libc_io::vectored(Call::Preadv2, fd, iov, cnt, off, flags)
     })
 }
 

@@ -2,6 +2,7 @@
 //! `sync_file_range`): the pager's writable mappings of the file written
 //! back first.
 
+use super::libc_io::Call;
 use crate::{errno, in_shim, maps, programs_own, set_errno, sys};
 use std::ffi::c_int;
 
@@ -15,7 +16,7 @@ use std::ffi::c_int;
 /// As fsync(2).
 #[no_mangle]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    coherent_sync(fd, libc::SYS_fsync)
+    coherent_sync(fd, Call::Fsync)
 }
 
 /// fdatasync(2): as [`fsync`].
@@ -24,7 +25,7 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
 /// As fdatasync(2).
 #[no_mangle]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    coherent_sync(fd, libc::SYS_fdatasync)
+    coherent_sync(fd, Call::Fdatasync)
 }
 
 /// syncfs(2): as [`fsync`], for every file the pager maps (more than the
@@ -87,13 +88,15 @@ pub unsafe extern "C" fn sync_file_range(
     )
 }
 
-fn coherent_sync(fd: c_int, nr: libc::c_long) -> c_int {
+/// `fsync` or `fdatasync` (`c`), through libc's definition (a
+/// cancellation point, see [`super::libc_io`]).
+fn coherent_sync(fd: c_int, c: Call) -> c_int {
     synced_after(
         "fsync",
         || maps::flush_file(fd, "at fsync", true),
         || {
             // SAFETY: the program's own call on its descriptor, passed on.
-            unsafe { sys::call(nr, fd as usize, 0, 0, 0, 0) as c_int }
+            unsafe { super::libc_io::sync_fd(c, fd) }
         },
     )
 }
