@@ -1665,4 +1665,25 @@ fn a_thread_blocked_in_read_or_write_takes_a_cancel() {
     for c in ["read", "readv", "write", "writev"] {
         assert!(out.contains(&format!("{c} cancelled\n")), "{out}");
     }
+    // The read's buffer in a paged mapping, served in-thread (which cannot
+    // serve a fault inside a system call): the shim keeps it resident for
+    // the call, and the cancelled call's residency guard is given back, so
+    // the munmap after it leaves nothing resident. Called through
+    // `extern "C"` pointers, a release build of the shim skipped the
+    // guard's drop (1 page left resident at exit); a debug build, which
+    // keeps the landing pads, ran it either way.
+    let file = d.join("cancel.dat");
+    let pattern = file.display().to_string();
+    let (o, st) = under_shim(
+        Command::new("timeout").arg("20").arg(&exe).arg(&file),
+        &[
+            ("UFFD_PAGER_FILES", pattern.as_str()),
+            ("UFFD_PAGER_DELIVERY", "in-thread"),
+        ],
+        &d.join("cancel-paged.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    assert!(counter(&st, "pgfault") >= 1, "the guard faulted the page in\n{st}");
+    assert_eq!(counter(&st, "resident_pages"), 0, "{st}");
 }

@@ -9,7 +9,16 @@
 //! after this library's) as the library loads, before `main` and any
 //! signal handler of the program's, and called through a plain function
 //! pointer from then on: one atomic load, no allocation, async-signal-safe
-//! as the call itself. Before the lookup (a constructor of another library
+//! as the call itself.
+//!
+//! A cancellation unwinds the thread's stack (a forced unwind) through the
+//! shim's frames, which hold a residency guard for the call's buffer. The
+//! pointers are `extern "C-unwind"`, as are the interposed calls, so those
+//! frames keep their landing pads and the guards are given back: called
+//! as `extern "C"`, which Rust takes for a call that cannot unwind, the
+//! optimiser dropped them (a release build skipped the guard's `drop`),
+//! and a forced unwind through a frame with destructors is undefined
+//! behaviour under the `"C"` ABI. Before the lookup (a constructor of another library
 //! that runs before this one's) or where libc has no such symbol, the raw
 //! system call serves, as before.
 
@@ -76,8 +85,8 @@ fn next(c: Call) -> Option<usize> {
 /// # Safety
 /// As the call: `buf` is valid for `n` bytes of it.
 pub(crate) unsafe fn plain(c: Call, fd: c_int, buf: *mut c_void, n: usize, off: i64) -> isize {
-    type Rw = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
-    type Prw = unsafe extern "C" fn(c_int, *mut c_void, usize, libc::off_t) -> isize;
+    type Rw = unsafe extern "C-unwind" fn(c_int, *mut c_void, usize) -> isize;
+    type Prw = unsafe extern "C-unwind" fn(c_int, *mut c_void, usize, libc::off_t) -> isize;
     let positioned = matches!(c, Call::Pread | Call::Pwrite);
     match next(c) {
         // SAFETY: libc's definition of the call, whose prototype (in
@@ -115,9 +124,10 @@ pub(crate) unsafe fn vectored(
     off: i64,
     flags: c_int,
 ) -> isize {
-    type V = unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> isize;
-    type Pv = unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off_t) -> isize;
-    type Pv2 = unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off_t, c_int) -> isize;
+    type V = unsafe extern "C-unwind" fn(c_int, *const libc::iovec, c_int) -> isize;
+    type Pv = unsafe extern "C-unwind" fn(c_int, *const libc::iovec, c_int, libc::off_t) -> isize;
+    type Pv2 =
+        unsafe extern "C-unwind" fn(c_int, *const libc::iovec, c_int, libc::off_t, c_int) -> isize;
     let nr = CALLS[c as usize].1;
     match (c, next(c)) {
         // SAFETY: libc's definition of the call, whose prototype (in
@@ -146,7 +156,7 @@ pub(crate) unsafe fn vectored(
 /// # Safety
 /// None beyond the call's own (a descriptor number).
 pub(crate) unsafe fn sync_fd(c: Call, fd: c_int) -> c_int {
-    type S = unsafe extern "C" fn(c_int) -> c_int;
+    type S = unsafe extern "C-unwind" fn(c_int) -> c_int;
     match next(c) {
         // SAFETY: libc's definition of the call, whose prototype (in
         // <unistd.h>) is `S`.

@@ -108,7 +108,7 @@ fn coherent_write(
 /// # Safety
 /// As write(2).
 #[no_mangle]
-pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
+pub unsafe extern "C-unwind" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
     coherent_write(fd, None, true, Some(n), Some(buf as usize), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { libc_io::plain(Call::Write, fd, buf.cast_mut(), n, 0) }
@@ -120,7 +120,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize
 /// # Safety
 /// As pwrite(2).
 #[no_mangle]
-pub unsafe extern "C" fn pwrite(
+pub unsafe extern "C-unwind" fn pwrite(
     fd: c_int,
     buf: *const c_void,
     n: usize,
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn pwrite(
 /// # Safety
 /// As pwrite(2).
 #[no_mangle]
-pub unsafe extern "C" fn pwrite64(
+pub unsafe extern "C-unwind" fn pwrite64(
     fd: c_int,
     buf: *const c_void,
     n: usize,
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn pwrite64(
 /// # Safety
 /// As writev(2).
 #[no_mangle]
-pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+pub unsafe extern "C-unwind" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     coherent_write(fd, None, true, None, None, || unsafe {
         libc_io::vectored(Call::Writev, fd, iov, cnt, 0, 0)
@@ -164,7 +164,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) 
 /// # Safety
 /// As pwritev(2).
 #[no_mangle]
-pub unsafe extern "C" fn pwritev(
+pub unsafe extern "C-unwind" fn pwritev(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,
@@ -181,7 +181,7 @@ pub unsafe extern "C" fn pwritev(
 /// # Safety
 /// As pwritev(2).
 #[no_mangle]
-pub unsafe extern "C" fn pwritev64(
+pub unsafe extern "C-unwind" fn pwritev64(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,
@@ -211,7 +211,7 @@ fn v2_target(fd: c_int, off: libc::off_t, flags: c_int) -> Option<i64> {
 /// # Safety
 /// As pwritev2(2).
 #[no_mangle]
-pub unsafe extern "C" fn pwritev2(
+pub unsafe extern "C-unwind" fn pwritev2(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,
@@ -238,7 +238,7 @@ pub unsafe extern "C" fn pwritev2(
 /// # Safety
 /// As pwritev2(2).
 #[no_mangle]
-pub unsafe extern "C" fn pwritev64v2(
+pub unsafe extern "C-unwind" fn pwritev64v2(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,

@@ -26,7 +26,7 @@ fn coherent_read(fd: c_int, buf: Option<(usize, usize)>, f: impl FnOnce() -> isi
 /// # Safety
 /// As read(2).
 #[no_mangle]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+pub unsafe extern "C-unwind" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     coherent_read(fd, Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { libc_io::plain(Call::Read, fd, buf, n, 0) }
@@ -38,7 +38,12 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
 /// # Safety
 /// As pread(2).
 #[no_mangle]
-pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+pub unsafe extern "C-unwind" fn pread(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    off: libc::off_t,
+) -> isize {
     coherent_read(fd, Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { libc_io::plain(Call::Pread, fd, buf, n, off) }
@@ -50,7 +55,12 @@ pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc:
 /// # Safety
 /// As pread(2).
 #[no_mangle]
-pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
+pub unsafe extern "C-unwind" fn pread64(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    off: libc::off_t,
+) -> isize {
     // SAFETY: the same contract.
     unsafe { pread(fd, buf, n, off) }
 }
@@ -70,7 +80,12 @@ extern "C" {
 /// # Safety
 /// As read(2), with `buflen` the size of `buf`.
 #[no_mangle]
-pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize) -> isize {
+pub unsafe extern "C-unwind" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    buflen: usize,
+) -> isize {
     if n > buflen {
         // SAFETY: glibc's own answer to an overflow: ends the process.
         unsafe { __chk_fail() }
@@ -84,7 +99,7 @@ pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, bufle
 /// # Safety
 /// As pread(2), with `buflen` the size of `buf`.
 #[no_mangle]
-pub unsafe extern "C" fn __pread_chk(
+pub unsafe extern "C-unwind" fn __pread_chk(
     fd: c_int,
     buf: *mut c_void,
     n: usize,
@@ -104,7 +119,7 @@ pub unsafe extern "C" fn __pread_chk(
 /// # Safety
 /// As pread(2), with `buflen` the size of `buf`.
 #[no_mangle]
-pub unsafe extern "C" fn __pread64_chk(
+pub unsafe extern "C-unwind" fn __pread64_chk(
     fd: c_int,
     buf: *mut c_void,
     n: usize,
@@ -120,7 +135,7 @@ pub unsafe extern "C" fn __pread64_chk(
 /// # Safety
 /// As readv(2).
 #[no_mangle]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+pub unsafe extern "C-unwind" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     coherent_read(fd, None, || unsafe {
         libc_io::vectored(Call::Readv, fd, iov, cnt, 0, 0)
@@ -132,7 +147,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -
 /// # Safety
 /// As preadv(2).
 #[no_mangle]
-pub unsafe extern "C" fn preadv(
+pub unsafe extern "C-unwind" fn preadv(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,
@@ -149,7 +164,7 @@ pub unsafe extern "C" fn preadv(
 /// # Safety
 /// As preadv(2).
 #[no_mangle]
-pub unsafe extern "C" fn preadv64(
+pub unsafe extern "C-unwind" fn preadv64(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,
@@ -164,7 +179,7 @@ pub unsafe extern "C" fn preadv64(
 /// # Safety
 /// As preadv2(2).
 #[no_mangle]
-pub unsafe extern "C" fn preadv2(
+pub unsafe extern "C-unwind" fn preadv2(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,
@@ -182,7 +197,7 @@ pub unsafe extern "C" fn preadv2(
 /// # Safety
 /// As preadv2(2).
 #[no_mangle]
-pub unsafe extern "C" fn preadv64v2(
+pub unsafe extern "C-unwind" fn preadv64v2(
     fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,

@@ -15,7 +15,7 @@ use std::ffi::c_int;
 /// # Safety
 /// As fsync(2).
 #[no_mangle]
-pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+pub unsafe extern "C-unwind" fn fsync(fd: c_int) -> c_int {
     coherent_sync(fd, Call::Fsync)
 }
 
@@ -24,7 +24,7 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
 /// # Safety
 /// As fdatasync(2).
 #[no_mangle]
-pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
+pub unsafe extern "C-unwind" fn fdatasync(fd: c_int) -> c_int {
     coherent_sync(fd, Call::Fdatasync)
 }
 

@@ -3,7 +3,12 @@
  * cancellation points. The shim passed them on as raw system calls, which
  * are not, and the join waited for ever.
  *
- * usage: cancel_blocked_io
+ * With FILE (paged by the shim), the read's buffer is in a shared mapping
+ * of it: the shim keeps the buffer resident for the call (a residency
+ * guard), and the cancelled thread's unwinding must give the guard back,
+ * or the munmap after would wait for it.
+ *
+ * usage: cancel_blocked_io [FILE]
  * Prints `NAME cancelled` for each call; exits 1 if one is not cancelled
  * within 5 s. */
 #define _GNU_SOURCE
@@ -12,12 +17,13 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 static int fds[2];
-static char byte[1];
+static char *byte;
 static char big[1 << 16];
 
 static void *do_read(void *a) { (void)a; read(fds[0], byte, 1); return NULL; }
@@ -68,8 +74,29 @@ static int cancelled(const char *name, void *(*f)(void *), int full) {
   return 1;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  static char own[1];
+  byte = own;
+  char *map = NULL;
+  size_t len = 1 << 20;
+  if (argc == 2) {
+    int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ftruncate(fd, len) != 0) {
+      perror("file");
+      return 1;
+    }
+    map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+      perror("mmap");
+      return 1;
+    }
+    byte = map + 4096;
+  }
   int ok = cancelled("read", do_read, 0) & cancelled("readv", do_readv, 0) &
            cancelled("write", do_write, 1) & cancelled("writev", do_writev, 1);
+  if (map && munmap(map, len) != 0) {
+    perror("munmap");
+    return 1;
+  }
   return ok ? 0 : 1;
 }
