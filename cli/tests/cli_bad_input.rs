@@ -207,6 +207,34 @@ fn a_budget_under_two_huge_pages_is_a_usage_error() {
             "--budget 1 is under two 2 MiB pages",
         );
     }
+    // (torture: before, exit 1 once the model was made and the file
+    // written.)
+    rejects(
+        &[
+            "torture",
+            "--page-size",
+            "2M",
+            "--pages",
+            "4",
+            "--budget",
+            "1",
+        ],
+        "--budget 1 is under two 2 MiB pages",
+    );
+}
+
+/// `random` and `scan` keep two files in tmpfs (random: its own and its
+/// floor's, each 4x the budget; scan: its own and the kernel side's, each
+/// --pages) and caches beside them. Only one file was checked, against
+/// half the memory: sizes just under that were accepted, and the run
+/// filled /dev/shm after gigabytes of writing (exit 1) or was OOM-killed.
+#[test]
+fn workload_files_past_tmpfs_or_memory_are_usage_errors() {
+    let pages = phys_mem() / 4096;
+    let scan = (pages * 45 / 100).min(1 << 24).to_string();
+    let budget = (pages * 11 / 100).to_string();
+    rejects(&["bench", "scan", "--pages", &scan], "scan's files");
+    rejects(&["bench", "random", "--budget", &budget], "random's files");
 }
 
 /// A trace that is not a regular file, or is too large, is refused

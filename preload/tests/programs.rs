@@ -1684,6 +1684,9 @@ fn a_thread_blocked_in_read_or_write_takes_a_cancel() {
     );
     assert_eq!(ok(&o), plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
-    assert!(counter(&st, "pgfault") >= 1, "the guard faulted the page in\n{st}");
+    assert!(
+        counter(&st, "pgfault") >= 1,
+        "the guard faulted the page in\n{st}"
+    );
     assert_eq!(counter(&st, "resident_pages"), 0, "{st}");
 }

@@ -163,6 +163,16 @@ fn fits_in_memory(what: &str, bytes: u64) -> Result<(), CliError> {
     }
 }
 
+/// The refusal of a budget of 2 MiB pages under two of them (`budget`,
+/// as given), the least the engine's budget holds; `none`: a budget of 0
+/// means none there.
+fn under_two_huge_pages(budget: u64, none: bool) -> CliError {
+    CliError::Usage(format!(
+        "--budget {budget} is under two 2 MiB pages, the least a budget of them holds{}",
+        if none { " (0 is none)" } else { "" }
+    ))
+}
+
 /// Checks before the run that `path` can take an output file (`flag`): a
 /// regular file it may write, or a new one it may create (made and
 /// removed again). Exit 2, not a failure after the work is done.

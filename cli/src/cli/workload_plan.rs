@@ -106,11 +106,7 @@ pub(super) fn plan(
         a.budget.unwrap_or(budget / units as u64),
     );
     if units > 1 && budget > 0 && budget < 2 * units as u64 {
-        return Err(CliError::Usage(format!(
-            "--budget {} is under two 2 MiB pages, the least a budget of them holds \
-             (0 is none)",
-            shown_budget
-        )));
+        return Err(super::under_two_huge_pages(shown_budget, true));
     }
     if budget > uffd_pager::limits::MAX_BUDGET_PAGES {
         return Err(CliError::Usage(format!(
@@ -120,22 +116,47 @@ pub(super) fn plan(
             a.page_size
         )));
     }
-    // `random` and `scan` keep their file in tmpfs (`/dev/shm`), which holds
-    // at most half of the memory by default.
-    let file_bytes = match w {
-        Which::Random => budget.saturating_mul(4 * uffd_pager::PAGE_SIZE as u64),
-        Which::Scan => (pages as u64).saturating_mul(uffd_pager::PAGE_SIZE as u64),
-        _ => 0,
+    // `random` and `scan` keep their files in tmpfs (`/dev/shm`), whose
+    // pages are memory: random's file (4x the budget) and its floor's as
+    // large, scan's file (--pages) and its kernel side's copy. Each side
+    // caches up to its budget beside them (random's engine and floor one
+    // budget each; scan's engine the whole file, its budget raised to hold
+    // it). Checked against the file system's room and the memory (the
+    // process's cgroup too) before anything is written: a run that filled
+    // /dev/shm failed after gigabytes of writing, or was OOM-killed.
+    let page = uffd_pager::PAGE_SIZE as u64;
+    let (files, cached) = match w {
+        // (`--no-floor`: the engine's alone.)
+        Which::Random if a.no_floor => (budget.saturating_mul(4), budget),
+        Which::Random => (budget.saturating_mul(8), budget.saturating_mul(2)),
+        Which::Scan => ((pages as u64).saturating_mul(2), pages as u64),
+        _ => (0, 0),
     };
-    if let Some(mem) = super::phys_mem() {
-        if file_bytes > mem / 2 && a.baseline.is_none() {
-            return Err(CliError::Usage(format!(
-                "{}'s file would be {} MiB, more than half of this machine's {} MiB of memory \
-                 (random's file is 4x --budget, scan's is --pages)",
-                w.name(),
-                file_bytes >> 20,
-                mem >> 20
-            )));
+    if files > 0 && a.baseline.is_none() {
+        let (files, cached) = (files.saturating_mul(page), cached.saturating_mul(page));
+        let what = format!(
+            "{}'s files ({} MiB: {})",
+            w.name(),
+            files >> 20,
+            if w == Which::Random && a.no_floor {
+                "4x --budget"
+            } else if w == Which::Random {
+                "8x --budget, its own and its floor's"
+            } else {
+                "2x --pages, its own and the kernel side's"
+            }
+        );
+        let with_caches = format!("{what} with the caches beside them");
+        super::fits_in_memory(&with_caches, files.saturating_add(cached))?;
+        let dir = uffd_pager_cli::workload::pattern_file::default_dir();
+        if let Ok(free) = uffd_pager_cli::os::mem::free_bytes(&dir) {
+            if files > free {
+                return Err(CliError::Usage(format!(
+                    "{what} do not fit in the {} MiB free on {}",
+                    free >> 20,
+                    dir.display()
+                )));
+            }
         }
     }
     if (pages == 0 && w != Which::Random) || pages > (1 << 24) {

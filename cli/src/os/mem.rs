@@ -300,3 +300,10 @@ Shared_Clean:         16 kB
         assert_eq!(pages_mapped_elsewhere(range.0, range.1).unwrap(), 4);
     }
 }
+
+/// Bytes free to an unprivileged writer on the file system of `dir`
+/// (`statvfs(2)`).
+pub fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    let s = nix::sys::statvfs::statvfs(dir)?;
+    Ok((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}

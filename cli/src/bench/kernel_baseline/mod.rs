@@ -299,21 +299,6 @@ fn in_child(job: &Job<'_>, group: &MemCgroup, name: String) -> Result<Side, Stri
     Ok(side)
 }
 
-/// Bytes free to an unprivileged writer on the file system of `dir`.
-fn free_bytes(dir: &Path) -> Result<u64, String> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| format!("{}: a path with a NUL byte", dir.display()))?;
-    // SAFETY: a zeroed statvfs is a valid out-parameter.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path, `s` writable.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!("--baseline-dir {}: {e}", dir.display()));
-    }
-    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
-}
-
 /// The run's files, in pages each, and how many, and the engine's budget
 /// (see [`run`]).
 fn files_of(w: Workload, k: &Knobs) -> Result<(usize, usize, u64), String> {
@@ -454,7 +439,8 @@ pub fn check(w: Workload, k: &Knobs, dir: &Path) -> Result<(), String> {
     let need = (file_pages as u64)
         .checked_mul(files as u64)
         .and_then(|p| p.checked_mul(PAGE_SIZE as u64));
-    let free = free_bytes(dir)?;
+    let free = crate::os::mem::free_bytes(dir)
+        .map_err(|e| format!("--baseline-dir {}: {e}", dir.display()))?;
     // (A tenth more: the engine's swap files and the disk's own use.)
     if need.is_none_or(|n| n.saturating_add(n / 10) > free) {
         return Err(format!(

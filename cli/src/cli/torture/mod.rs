@@ -145,6 +145,11 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     }
     // The torture counts 4 KiB pages: a 2 MiB page is 512 of them.
     let units = a.page_size / uffd_pager::PAGE_SIZE;
+    // (Before, the engine refused it at the map, after the model was made
+    // and the file written: exit 1.)
+    if units > 1 && a.budget < 2 {
+        return Err(super::under_two_huge_pages(a.budget, false));
+    }
     if a.pages == 0 || a.pages > MAX_PAGES / units {
         return usage(format!(
             "--pages {} must be in 1..={} (64 GiB)",
