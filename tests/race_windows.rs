@@ -11,10 +11,15 @@ mod util;
 #[path = "huge_util.rs"]
 mod huge_util;
 
+#[path = "gated_store.rs"]
+mod gated;
+
+use gated::{Gated, Held};
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uffd_pager::store::{MemoryStore, Store, StoreError};
+use uffd_pager::store::{MemoryStore, Store};
 use uffd_pager::testing::{fail_next_reprotect, set_after_reprotect, Site};
 use uffd_pager::{Delivery, InstallKind, MapOptions, Pager};
 use util::*;
@@ -100,95 +105,6 @@ fn a_write_while_a_remap_restores_access_is_written_back() {
     );
 }
 
-/// A store that waits at a gate in a read of page 1 (after taking its
-/// bytes: the test changes them behind the engine meanwhile), or in every
-/// write (before writing), as `held` says, until the test opens it.
-struct Gated {
-    bytes: Mutex<Vec<u8>>,
-    /// Writes wait, not page 1's read.
-    writes: bool,
-    /// (a call waits, the gate is open)
-    gate: Mutex<(bool, bool)>,
-    cv: Condvar,
-}
-
-impl Gated {
-    fn new(bytes: Vec<u8>, writes: bool) -> Gated {
-        Gated {
-            bytes: Mutex::new(bytes),
-            writes,
-            gate: Mutex::new((false, false)),
-            cv: Condvar::new(),
-        }
-    }
-
-    /// Says a call waits, and waits until the gate opens (at most 20 s).
-    fn wait_at_gate(&self) {
-        let mut g = self.gate.lock().unwrap();
-        g.0 = true;
-        self.cv.notify_all();
-        let t = Instant::now();
-        while !g.1 && t.elapsed() < Duration::from_secs(20) {
-            g = self
-                .cv
-                .wait_timeout(g, Duration::from_millis(50))
-                .unwrap()
-                .0;
-        }
-    }
-
-    /// Returns once a call waits at the gate; panics if `gone()` says none
-    /// will come, or after 20 s.
-    fn until_a_call_waits(&self, gone: impl Fn() -> bool) {
-        let mut g = self.gate.lock().unwrap();
-        let t = Instant::now();
-        while !g.0 {
-            assert!(!gone(), "no call came to the gate");
-            assert!(t.elapsed() < Duration::from_secs(20), "no call waits");
-            g = self
-                .cv
-                .wait_timeout(g, Duration::from_millis(50))
-                .unwrap()
-                .0;
-        }
-    }
-
-    /// Opens the gate after `after`.
-    fn open_after(&self, after: Duration) {
-        std::thread::sleep(after);
-        self.gate.lock().unwrap().1 = true;
-        self.cv.notify_all();
-    }
-}
-
-impl Store for Gated {
-    fn len(&self) -> u64 {
-        self.bytes.lock().unwrap().len() as u64
-    }
-    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let o = off as usize;
-        buf.copy_from_slice(&self.bytes.lock().unwrap()[o..o + buf.len()]);
-        if !self.writes && o / PAGE == 1 {
-            self.wait_at_gate();
-        }
-        Ok(())
-    }
-    fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
-        if self.writes {
-            self.wait_at_gate();
-        }
-        let o = off as usize;
-        self.bytes.lock().unwrap()[o..o + buf.len()].copy_from_slice(buf);
-        Ok(())
-    }
-    fn writable(&self) -> bool {
-        true
-    }
-    fn name(&self) -> &'static str {
-        "gated"
-    }
-}
-
 /// `refresh` skipped a page whose read was in flight (locked, not yet up
 /// to date) as if nothing held it: the read, which took the bytes before
 /// the change, then made the page up to date with the old ones, and the
@@ -198,7 +114,7 @@ impl Store for Gated {
 fn a_refresh_during_the_pages_read_leaves_the_new_bytes() {
     let p = one_page_at_a_time();
     let data = pattern_vec(67, 4 * PAGE);
-    let store = Arc::new(Gated::new(data.clone(), false));
+    let store = Arc::new(Gated::new(data.clone(), Held::ReadOfPage1));
     let opts = MapOptions {
         kind: Some(InstallKind::Shared),
         ..MapOptions::default()
@@ -251,7 +167,7 @@ fn a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write() {
         .build()
         .unwrap();
     let data = pattern_vec(71, 8 * PAGE);
-    let store = Arc::new(Gated::new(data.clone(), true));
+    let store = Arc::new(Gated::new(data.clone(), Held::Writes));
     let opts = MapOptions {
         kind: Some(InstallKind::Shared),
         ..MapOptions::default()
@@ -291,7 +207,7 @@ fn a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write() {
 fn a_huge_page_dropped_during_its_swap_write_reads_as_zeros() {
     let _pool = huge_util::HugePool::take(2);
     let huge = uffd_pager::HUGE_PAGE_SIZE;
-    let swap = Arc::new(Gated::new(vec![0; huge], true));
+    let swap = Arc::new(Gated::new(vec![0; huge], Held::Writes));
     let made = swap.clone();
     // SAFETY: the one swap store is made for the one region and changed
     // only by the engine (the test reads its gate, not its bytes).

@@ -133,6 +133,13 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
     if obj.is_huge() {
         return huge::unmap_anon(mm, obj, i, addr, pass);
     }
+    // Where the page is kept if its store write fails, found before it
+    // leaves the mapping: the object's cache area is made on first use,
+    // and one that could not be made then (ENOMEM) left the page nowhere
+    // to go but home, which an event on its way refuses (found by review:
+    // the slot was retired with the page in it, and the page's next fault
+    // took it for dropped and read its older source).
+    let keep = obj.data(i).map_err(|_| ())?;
     let r = &mm.reclaim;
     let Some(s) = r.take_slot() else {
         return Err(());
@@ -180,24 +187,9 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
     } else if pass.write_out(mm, obj, &[((i * PAGE_SIZE) as u64, page)]) {
         Unmapped::WrittenBack
     } else {
-        match obj.data(i) {
-            Ok(dst) => {
-                // SAFETY: the cache page is ours under the page lock.
-                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, PAGE_SIZE) };
-                Unmapped::KeptDirty
-            }
-            Err(_) => {
-                // No cache area could be made to keep it in, and the page
-                // must not be lost: put it back where it was.
-                let home = put_back::put_back(mm, &vma, addr, src);
-                if home {
-                    r.put_slot(s);
-                } else {
-                    r.retire(s);
-                }
-                return Err(());
-            }
-        }
+        // SAFETY: the cache page is ours under the page lock.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, keep, PAGE_SIZE) };
+        Unmapped::KeptDirty
     };
     // Empty the slot before it is reused (the staging descriptor asks for
     // no events, so this blocks on nothing); one that cannot be emptied is

@@ -23,7 +23,6 @@
 mod evict;
 mod huge;
 mod kswapd;
-mod put_back;
 pub mod staging;
 mod unmap_batch;
 

@@ -239,6 +239,13 @@ fn shared_kib_in(smaps: &str, start: usize, end: usize) -> u64 {
     kib
 }
 
+/// Bytes free to an unprivileged writer on the file system of `dir`
+/// (`statvfs(2)`).
+pub fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    let s = nix::sys::statvfs::statvfs(dir)?;
+    Ok((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,11 +306,4 @@ Shared_Clean:         16 kB
         assert!(b.iter().step_by(4096).all(|&x| x == 1));
         assert_eq!(pages_mapped_elsewhere(range.0, range.1).unwrap(), 4);
     }
-}
-
-/// Bytes free to an unprivileged writer on the file system of `dir`
-/// (`statvfs(2)`).
-pub fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
-    let s = nix::sys::statvfs::statvfs(dir)?;
-    Ok((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
 }
