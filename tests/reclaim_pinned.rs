@@ -163,6 +163,20 @@ fn pinned_survives_pressure_handler_threads() {
 /// page it finds under a pinned region instead.
 #[test]
 fn a_pinned_kernel_mapped_region_keeps_the_pages_readahead_filled() {
+    pinned_kernel_mapped_keeps_read_ahead(false);
+}
+
+/// As above while the region is write-locked (a remap or an unmap holds
+/// it for a moment): reclaim could not read-lock it to learn that it is
+/// pinned, and punched its pages as an unpinned region's (found by a
+/// read-only review). It now leaves them for a later pass.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_pinned_kernel_mapped_region_keeps_its_pages_while_write_locked() {
+    pinned_kernel_mapped_keeps_read_ahead(true);
+}
+
+fn pinned_kernel_mapped_keeps_read_ahead(write_locked: bool) {
     const PAGES: usize = 64;
     let pager = Pager::builder()
         .budget_pages(1024)
@@ -199,7 +213,13 @@ fn a_pinned_kernel_mapped_region_keeps_the_pages_readahead_filled() {
         assert_eq!(s[p * PAGE + 1], contents[p * PAGE + 1]);
     }
     let stolen = pager.stats().get(Counter::PGSTEAL);
+    #[cfg(feature = "fault-inject")]
+    let hold = write_locked.then(|| pager.hold_region_write(&r).unwrap());
+    #[cfg(not(feature = "fault-inject"))]
+    let _ = write_locked;
     pager.reclaim_pages(1 << 20);
+    #[cfg(feature = "fault-inject")]
+    drop(hold);
     let st = pager.stats();
     assert_eq!(
         st.get(Counter::PGSTEAL) - stolen,

@@ -281,19 +281,24 @@ fn prepare_clean<'a>(
     // may be mapped with no fault the engine saw (read ahead, or cached
     // by a kept object), so never marked PINNED: it is marked now, and
     // leaves the LRU, as a fault would have done (`MapOptions::pinned`).
+    // A region that cannot be read-locked now (a remap or an unmap holds
+    // it for a moment) may be pinned: later (found by review: its pages
+    // were punched as an unpinned region's).
     let maybe_mapped = obj.kernel_maps && w & MAPPED == 0;
     if maybe_mapped {
         if let Some(addr) = obj.windows.addr_of(i) {
-            if let Some(g) = mm.lock_vma_quiet(addr) {
-                if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i && g.pinned {
-                    obj.cache.unlock(i, PINNED, ON_LRU);
-                    return Err((Evict::Drop, None));
-                }
-                if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i {
-                    zaps[*nz] = (addr, PAGE_SIZE);
-                    *nz += 1;
-                    vma = Some(g);
-                }
+            let Some(g) = mm.lock_vma_quiet(addr) else {
+                obj.cache.unlock(i, 0, 0);
+                return Err((Evict::Rotate, None));
+            };
+            if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i && g.pinned {
+                obj.cache.unlock(i, PINNED, ON_LRU);
+                return Err((Evict::Drop, None));
+            }
+            if std::ptr::eq(&*g.object, &*obj) && g.page_index(addr) == i {
+                zaps[*nz] = (addr, PAGE_SIZE);
+                *nz += 1;
+                vma = Some(g);
             }
         }
     } else if w & MAPPED != 0 {
