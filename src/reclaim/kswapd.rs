@@ -74,10 +74,16 @@ pub fn watermarks(budget: u64) -> (u64, u64) {
 
 /// Wakes kswapd if it sleeps and residency passed the high watermark.
 /// Async-signal-safe (one futex wake at most).
+///
+/// The charge that raised residency to `resident` and this look at
+/// `kswapd_sleeping` are `SeqCst`, as kswapd's store of it and its look at
+/// residency before it sleeps: of the two, one sees the other (with
+/// relaxed ones, allowed by the memory model though not by x86, kswapd
+/// could sleep past the high watermark until the next charge).
 #[inline]
 pub fn maybe_wake_kswapd(mm: &Mm, resident: u64) {
     let (high, _) = watermarks(mm.config.budget_pages);
-    if resident > high && mm.reclaim.kswapd_sleeping.load(Relaxed) {
+    if resident > high && mm.reclaim.kswapd_sleeping.load(SeqCst) {
         mm.reclaim.kswapd_seq.fetch_add(1, Release);
         futex::wake(&mm.reclaim.kswapd_seq, 1);
     }

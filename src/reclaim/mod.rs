@@ -150,7 +150,9 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
 /// its watermark. Async-signal-safe.
 #[inline]
 pub fn charge(mm: &Mm, n: u64) {
-    let now = mm.resident.fetch_add(n, Relaxed) + n;
+    // SeqCst, as `maybe_wake_kswapd`'s load: see there (on x86-64 the
+    // same locked add as a relaxed one).
+    let now = mm.resident.fetch_add(n, SeqCst) + n;
     // Read first: at steady state the peak does not move, and a plain
     // load leaves its cache line shared between the faulting CPUs.
     if now > mm.peak_resident.load(Relaxed) {
@@ -181,7 +183,7 @@ pub fn charge_within_budget(mm: &Mm, n: u64) -> bool {
     }
     let Ok(prev) = mm
         .resident
-        .fetch_update(Relaxed, Relaxed, |r| (r + n <= budget).then_some(r + n))
+        .fetch_update(SeqCst, Relaxed, |r| (r + n <= budget).then_some(r + n))
     else {
         return false;
     };
