@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 use uffd_pager::store::{Store, StoreError};
@@ -28,6 +29,8 @@ pub enum Held {
 pub struct Gated {
     pub bytes: Mutex<Vec<u8>>,
     held: Held,
+    /// Writes that came (each counted as it reaches the gate).
+    pub writes: AtomicUsize,
     /// (a call waits, the gate is open)
     gate: Mutex<(bool, bool)>,
     cv: Condvar,
@@ -38,6 +41,7 @@ impl Gated {
         Gated {
             bytes: Mutex::new(bytes),
             held,
+            writes: AtomicUsize::new(0),
             gate: Mutex::new((false, false)),
             cv: Condvar::new(),
         }
@@ -95,6 +99,7 @@ impl Store for Gated {
         Ok(())
     }
     fn write(&self, off: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, SeqCst);
         if self.held != Held::ReadOfPage1 {
             self.wait_at_gate();
         }

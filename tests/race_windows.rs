@@ -2,8 +2,9 @@
 //! on purpose: a write to a clean page while a remap gives the range its
 //! protection back, a `refresh` that meets a page whose store read is
 //! still in flight, a remap that cannot protect the range again while
-//! an eviction writes one of its pages back, and a 2 MiB anonymous page the
-//! application drops while its eviction writes it to swap.
+//! an eviction writes one of its pages back, a 2 MiB anonymous page the
+//! application drops while its eviction writes it to swap, and an
+//! application `munmap` while reclaim writes a batch of dirty pages.
 
 #[path = "engine_util.rs"]
 mod util;
@@ -239,4 +240,54 @@ fn a_huge_page_dropped_during_its_swap_write_reads_as_zeros() {
         "the dropped page read {} (the swap copy made before the drop), not 0",
         s[0]
     );
+}
+
+/// Reclaim looked at waiting events between batches only: with a batch of
+/// 32 dirty pages, the application's `munmap` of another region (and with
+/// in-thread delivery every fault begun meanwhile) waited for 32 store
+/// writes. It now leaves after the page it is writing.
+#[test]
+fn a_munmap_waits_for_one_reclaim_write_not_a_batch() {
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .budget_pages(1024)
+        .build()
+        .unwrap();
+    let store = Arc::new(Gated::new(vec![0; 64 * PAGE], Held::Writes));
+    let opts = MapOptions {
+        kind: Some(InstallKind::Shared),
+        ..MapOptions::default()
+    };
+    // SAFETY: the test changes this store only through the region.
+    let mut r = unsafe { p.map_store(store.clone(), 64 * PAGE, &opts) }.unwrap();
+    for pg in 0..64 {
+        r.as_mut_slice()[pg * PAGE] = 1;
+    }
+    let other = p.map_anonymous(PAGE).unwrap();
+    let gone = other.as_ptr() as usize;
+    std::thread::scope(|s| {
+        let evictor = s.spawn(|| p.reclaim_pages(64));
+        store.until_a_call_waits(|| evictor.is_finished());
+        let st = &store;
+        let unmapper = s.spawn(move || {
+            // SAFETY: the other region's range, given up by the test.
+            let rc = unsafe { libc::munmap(gone as *mut libc::c_void, PAGE) };
+            (rc, st.writes.load(SeqCst))
+        });
+        // The event reader waits for reclaim's section.
+        std::thread::sleep(Duration::from_millis(100));
+        store.open_after(Duration::ZERO);
+        let (rc, writes) = unmapper.join().unwrap();
+        assert_eq!(rc, 0, "munmap");
+        assert!(
+            writes <= 2,
+            "the munmap waited for {writes} store writes\n{}",
+            p.stats()
+        );
+        evictor.join().unwrap();
+    });
+    drop(other);
 }

@@ -98,7 +98,12 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
             // isolated batch took a small budget's direct reclaim, meant
             // to free a sixteenth of it, to half of it, and a 2 MiB
             // pager's to 32 pages where one would do.
-            if freed + batch.len() as u64 >= nr {
+            // And an event waiting for this section leaves it after each
+            // page, not after the batch: a batch of dirty pages is a store
+            // write each, and the application's `munmap` (and with
+            // in-thread delivery every fault that begins meanwhile) waited
+            // for all of them (found by review: 32 writes).
+            if freed + batch.len() as u64 >= nr || mm.events.pending() {
                 mm.lru.unisolate(&buf[k..n], &mm.objects, c);
                 break;
             }
