@@ -43,6 +43,19 @@ fn values_too_large_to_run_are_usage_errors() {
             &["bench", "filemap", "--latency", "fixed:100s"],
             "--latency",
         ),
+        // (The cap looked at an exponential model's mean: its draws reach
+        // 37x it, 3.7 s here.)
+        (
+            &[
+                "bench",
+                "filemap",
+                "--latency",
+                "exp:100ms",
+                "--duration",
+                "10",
+            ],
+            "at most 1 s",
+        ),
         (
             &["bench", "launch", "--think-scale", "4294967295"],
             "--think-scale",

@@ -47,6 +47,24 @@ impl LatencyModel {
         }
     }
 
+    /// The longest latency the model can draw: an exponential one's
+    /// draws reach `ln(2^53)`, about 36.7, times its mean (they are made
+    /// from 53 random bits), not its mean.
+    ///
+    /// ```
+    /// use uffd_pager::store::LatencyModel;
+    /// let m = LatencyModel::Exponential { mean_ns: 1_000 };
+    /// assert_eq!(m.max_ns(), 36_736);
+    /// ```
+    pub fn max_ns(&self) -> u64 {
+        match *self {
+            LatencyModel::None => 0,
+            LatencyModel::Fixed { ns } => ns,
+            LatencyModel::Uniform { min_ns, max_ns } => min_ns.max(max_ns),
+            LatencyModel::Exponential { .. } => self.sample(0),
+        }
+    }
+
     /// Draws one latency, given 64 uniformly random bits. Pure arithmetic,
     /// async-signal-safe.
     pub(crate) fn sample(&self, r: u64) -> u64 {

@@ -24,7 +24,7 @@ pub(super) fn plan(
     }
     // A run stops within one access of its deadline; one simulated read
     // longer than the whole run would be most of it.
-    if worst_latency_ns(a.latency) as f64 > duration * 1e9 {
+    if a.latency.max_ns() as f64 > duration * 1e9 {
         return Err(CliError::Usage(format!(
             "--latency {} is longer than --duration {duration} s: a run would be over before \
              its first read came back",
@@ -389,9 +389,10 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
             uffd_pager::limits::MAX_LRU_SHARDS
         )));
     }
-    if worst_latency_ns(a.latency) > 1_000_000_000 {
+    if a.latency.max_ns() > 1_000_000_000 {
         return Err(CliError::Usage(format!(
-            "--latency {}: a simulated I/O is at most 1 s",
+            "--latency {}: a simulated I/O is at most 1 s (an exponential model draws up to \
+             37x its mean)",
             a.latency
         )));
     }
@@ -451,14 +452,4 @@ pub(super) fn baseline_applies(a: &WorkloadArgs) -> Result<(), CliError> {
          (no simulated or Redis store, writers, noise or raw floor): {} does not apply",
         ignored.join(", ")
     )))
-}
-
-/// The longest (for `exp`, the mean) simulated read of `l`, in ns.
-fn worst_latency_ns(l: LatencyModel) -> u64 {
-    match l {
-        LatencyModel::None => 0,
-        LatencyModel::Fixed { ns } => ns,
-        LatencyModel::Uniform { max_ns, .. } => max_ns,
-        LatencyModel::Exponential { mean_ns } => mean_ns,
-    }
 }
