@@ -299,20 +299,40 @@ impl Stats {
     ///
     /// Example: [`Stats`](crate::Stats).
     pub fn since(&self, earlier: &Stats) -> Stats {
+        // Saturating: `earlier` may come from before a `reset_stats`,
+        // which zeroes these too.
+        self.combine(earlier, u64::saturating_sub)
+    }
+
+    /// The sum `self + other`, counter by counter, of two runs' counters
+    /// (two pagers', say; latency and residency are taken from `other`,
+    /// the later).
+    ///
+    /// ```
+    /// # use uffd_pager::{Counter, Pager};
+    /// let a = Pager::builder().build()?.stats();
+    /// let b = a.plus(&a);
+    /// assert_eq!(b.get(Counter::PGFAULT), 2 * a.get(Counter::PGFAULT));
+    /// # Ok::<(), uffd_pager::Error>(())
+    /// ```
+    pub fn plus(&self, other: &Stats) -> Stats {
+        other.combine(self, u64::saturating_add)
+    }
+
+    /// `self` with each counter and global-lock figure `f(self's, other's)`.
+    fn combine(&self, other: &Stats, f: impl Fn(u64, u64) -> u64) -> Stats {
         let mut s = self.clone();
         for i in 0..N {
-            s.counters[i] = self.counters[i].saturating_sub(earlier.counters[i]);
+            s.counters[i] = f(self.counters[i], other.counters[i]);
         }
-        let (a, b) = (&self.global, &earlier.global);
-        // Saturating, as the counters: `earlier` may come from before a
-        // `reset_stats`, which zeroes these too.
+        let (a, b) = (&self.global, &other.global);
         s.global = Contention {
-            read_acquisitions: a.read_acquisitions.saturating_sub(b.read_acquisitions),
-            read_contended: a.read_contended.saturating_sub(b.read_contended),
-            read_wait_ns: a.read_wait_ns.saturating_sub(b.read_wait_ns),
-            write_acquisitions: a.write_acquisitions.saturating_sub(b.write_acquisitions),
-            write_contended: a.write_contended.saturating_sub(b.write_contended),
-            write_wait_ns: a.write_wait_ns.saturating_sub(b.write_wait_ns),
+            read_acquisitions: f(a.read_acquisitions, b.read_acquisitions),
+            read_contended: f(a.read_contended, b.read_contended),
+            read_wait_ns: f(a.read_wait_ns, b.read_wait_ns),
+            write_acquisitions: f(a.write_acquisitions, b.write_acquisitions),
+            write_contended: f(a.write_contended, b.write_contended),
+            write_wait_ns: f(a.write_wait_ns, b.write_wait_ns),
         };
         s
     }

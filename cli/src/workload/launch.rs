@@ -392,7 +392,9 @@ fn replay(pager: &uffd_pager::Pager, base: usize, trace: &Trace, model: Model) -
 /// `k.duration` and `k.threads` are not used.
 ///
 /// `ops` is launches and `elapsed` the whole run. `stats` are the counters
-/// of the last launch (each launch has its own pager). Extras:
+/// summed over the launches (each launch has its own pager; the latency
+/// percentiles and residency are the last launch's), so per-launch figures
+/// divide them by `ops`. Extras:
 /// `launch_ms_mean`, `launch_ms_max`, `lock_wait_us_mean`,
 /// `lock_wait_us_max` (global-lock read wait per launch),
 /// `lock_waits_per_launch` (contended global read acquisitions),
@@ -413,7 +415,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<Ru
     let opts = k.sized(read_map_options(k.install));
     let (mut times, mut waits, mut wait_counts) = (Vec::new(), Vec::new(), Vec::new());
     let (mut mismatches, mut writer_loops, mut majfaults) = (0u64, 0u64, 0u64);
-    let mut last = None;
+    let mut total: Option<uffd_pager::Stats> = None;
     let (t0, c0) = (Instant::now(), cpu_time());
     for _ in 0..launches {
         let pager = Arc::new(k.pager_far(far.as_ref())?);
@@ -441,7 +443,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<Ru
         wait_counts.push(d.global.read_contended as f64);
         mismatches += bad;
         majfaults += d.get(uffd_pager::Counter::PGMAJFAULT);
-        last = Some(d);
+        total = Some(total.map_or_else(|| d.clone(), |t| t.plus(&d)));
     }
     let (elapsed, cpu) = (t0.elapsed(), cpu_time() - c0);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -453,7 +455,7 @@ pub fn run(k: &Knobs, trace: &Trace, launches: usize, model: Model) -> Result<Ru
         unit: "launches",
         elapsed,
         cpu,
-        stats: last.expect("at least one launch"),
+        stats: total.expect("at least one launch"),
         latency: store.latency_report(),
         extra: vec![
             ("launch_ms_mean", mean(&times)),
