@@ -38,8 +38,29 @@ struct SchedAttr {
     util_max: u32,
 }
 
-/// Pins the calling thread to `cpu` and asks for nice −10 with a 10 µs
-/// slice; true if the kernel granted the priority and slice.
+/// The CPUs this process may run on (its affinity mask), in order; all of
+/// `available_parallelism` if the mask cannot be read.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, which
+    // sched_getaffinity fills (0: this thread, whose mask the process's
+    // threads start with); CPU_ISSET only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            let v: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
+            if !v.is_empty() {
+                return v;
+            }
+        }
+    }
+    (0..std::thread::available_parallelism().map_or(1, |c| c.get())).collect()
+}
+
+/// Pins the calling thread to `cpu` (one the process may run on) and asks
+/// for nice −10 with a 10 µs slice; true if the kernel granted the
+/// priority and slice.
 fn place(cpu: usize) -> bool {
     // A 50 µs sleep overshoots by the default 50 µs timer slack; the
     // noise is in its rhythm.
@@ -74,9 +95,12 @@ pub struct Noise {
 }
 
 impl Noise {
-    /// Starts `n` noise threads, the i-th pinned to CPU `i % CPUs`.
+    /// Starts `n` noise threads, the i-th pinned to the `i % CPUs`-th CPU
+    /// the process may run on. (It was CPU `i % CPUs` by number: under
+    /// `taskset -c 1` the pin to CPU 0 failed, unseen, and the thread ran
+    /// wherever the scheduler put it; found by a read-only review.)
     pub fn start(n: usize, deadline: Instant) -> uffd_pager::Result<Noise> {
-        let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let cpus = allowed_cpus();
         let mut noise = Noise {
             stop: Arc::new(AtomicBool::new(false)),
             handles: Vec::with_capacity(n),
@@ -89,8 +113,9 @@ impl Noise {
                 noise.loops.clone(),
                 noise.prioritised.clone(),
             );
+            let cpu = cpus[i % cpus.len()];
             let started = super::common::spawn(move || {
-                if place(i % cpus) {
+                if place(cpu) {
                     prio.fetch_add(1, Relaxed);
                 }
                 while !stop.load(Relaxed) && Instant::now() < deadline {
@@ -156,5 +181,44 @@ mod tests {
         if unsafe { libc::geteuid() } == 0 {
             assert_eq!(prio, 2);
         }
+    }
+
+    /// This thread's CPU affinity.
+    fn affinity() -> Vec<usize> {
+        super::allowed_cpus()
+    }
+
+    /// Under a narrower affinity (`taskset -c N`), the noise threads are
+    /// pinned inside it: the first was pinned to CPU 0 by number, outside.
+    #[test]
+    fn noise_threads_stay_inside_the_process_affinity() {
+        let all = affinity();
+        let last = *all.last().unwrap();
+        std::thread::spawn(move || {
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET
+            // writes in it; sched_setaffinity reads it (0: this thread).
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(last, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                    0
+                );
+            }
+            assert_eq!(affinity(), vec![last]);
+            // A noise thread reports the CPUs it was left on.
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let s = seen.clone();
+            let cpu = super::allowed_cpus()[0];
+            std::thread::spawn(move || {
+                super::place(cpu);
+                *s.lock().unwrap() = affinity();
+            })
+            .join()
+            .unwrap();
+            assert_eq!(*seen.lock().unwrap(), vec![last]);
+        })
+        .join()
+        .unwrap();
     }
 }

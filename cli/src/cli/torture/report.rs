@@ -101,10 +101,12 @@ pub(super) fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
             r.churn_ops
         );
     }
+    // (In the arguments' pages, as the header: the engine counts 4 KiB
+    // units, which this line printed unlabelled for a 2 MiB run.)
     let over = if st.peak_resident_pages > st.budget_pages {
         format!(
             " (over by {} in flight)",
-            st.peak_resident_pages - st.budget_pages
+            in_pages(st.peak_resident_pages - st.budget_pages, cfg.page_size)
         )
     } else {
         String::new()
@@ -112,7 +114,8 @@ pub(super) fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
     let _ = writeln!(
         s,
         "  peak resident   {} / budget {} pages{over}",
-        st.peak_resident_pages, st.budget_pages
+        in_pages(st.peak_resident_pages, cfg.page_size),
+        in_pages(st.budget_pages, cfg.page_size)
     );
     if !r.first_mismatches.is_empty() {
         let _ = writeln!(s, "  first mismatches:");
@@ -256,7 +259,9 @@ mod tests {
     /// says the unit of its counts.
     #[test]
     fn a_2_mib_run_reports_pages_as_its_arguments_count_them() {
-        let r = empty_report();
+        let mut r = empty_report();
+        r.stats.budget_pages = 8 * 512;
+        r.stats.peak_resident_pages = 8 * 512;
         let cfg = TortureConfig {
             pages: 32 * 512,
             budget_pages: 8 * 512,
@@ -266,6 +271,11 @@ mod tests {
         let text = report_text(&cfg, &r);
         assert!(
             text.contains("32 2 MiB pages (64 MiB) over a budget of 8 2 MiB pages"),
+            "{text}"
+        );
+        // (The peak line gave 4 KiB units, unlabelled.)
+        assert!(
+            text.contains("peak resident   8 2 MiB / budget 8 2 MiB pages"),
             "{text}"
         );
         let json = report_json(&cfg, &r).to_string();
