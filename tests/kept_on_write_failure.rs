@@ -48,7 +48,7 @@ fn set_as_limit(bytes: u64) {
 
 #[test]
 fn a_page_whose_swap_write_fails_is_kept_when_memory_runs_short() {
-    const LEN: usize = 16 << 20;
+    const LEN: usize = 64 << 20;
     let swap = Arc::new(Gated::new(vec![0; LEN], Held::FailingWrites));
     let first = AtomicBool::new(true);
     let made = swap.clone();
@@ -87,8 +87,9 @@ fn a_page_whose_swap_write_fails_is_kept_when_memory_runs_short() {
             unsafe { libc::munmap(pb as *mut libc::c_void, PAGE) }
         });
         std::thread::sleep(Duration::from_millis(100));
-        // No room for the 16 MiB cache area from here on.
-        set_as_limit(vm_size() + (1 << 20));
+        // No room for the 64 MiB cache area from here on (8 MiB of room
+        // for anything else: a thread that starts now, malloc).
+        set_as_limit(vm_size() + (8 << 20));
         swap.open_after(Duration::ZERO);
         let evicted = evictor.join().unwrap();
         set_as_limit(libc::RLIM_INFINITY);
