@@ -20,8 +20,10 @@
 //!
 //! Not seen: static binaries, programs that make raw system calls, and
 //! glibc's internal calls (its `malloc` maps memory without going through
-//! `mmap`, so heap memory is never paged). The calls the shim makes are
-//! raw system calls, so a `write` it passes on is not a cancellation point.
+//! `mmap`, so heap memory is never paged). The program's reads, writes and
+//! syncs it passes on go through libc's own definitions, so they stay
+//! cancellation points (`file_io/libc_io.rs`); the engine's and the
+//! shim's own, and the memory calls it passes on, are raw system calls.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -371,19 +373,17 @@ pub unsafe extern "C" fn pkey_mprotect(
 /// # Safety
 /// As msync(2).
 #[no_mangle]
-pub unsafe extern "C" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
+pub unsafe extern "C-unwind" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
+    if programs_own() && maps::any() {
+        if let Some(r) = in_shim("msync", || maps::msync(addr as usize, len, flags)) {
+            return r;
+        }
+    }
+    // Not a pager range: libc's msync (a cancellation point) for the
+    // program's own call.
     // SAFETY: the program's own call, passed on unchanged: its contract is
     // this function's caller's.
-    unsafe {
-        served_or_kernel(
-            "msync",
-            || maps::msync(addr as usize, len, flags),
-            libc::SYS_msync,
-            addr as usize,
-            len,
-            flags as usize,
-        )
-    }
+    unsafe { file_io::libc_io::msync(addr, len, flags) }
 }
 
 /// madvise(2): MADV_DONTNEED, MADV_WILLNEED and the access advice

@@ -1672,7 +1672,16 @@ fn a_thread_blocked_in_read_or_write_takes_a_cancel() {
     // `extern "C"` pointers, a release build of the shim skipped the
     // guard's drop (1 page left resident at exit); a debug build, which
     // keeps the landing pads, ran it either way.
+    // With a cancel already pending when a page is faulted in (a load,
+    // and a read(2) into a guarded buffer): the engine's own reads of the
+    // file are not cancellation points (they were for a moment, and the
+    // forced unwind from inside the engine would abort the process).
     let file = d.join("cancel.dat");
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("cancel-plain.dat"))
+        .output()
+        .unwrap());
+    assert!(plain.contains("pending read cancelled\n"), "{plain}");
     let pattern = file.display().to_string();
     let (o, st) = under_shim(
         Command::new("timeout").arg("20").arg(&exe).arg(&file),

@@ -1,15 +1,26 @@
-//! libc's own definitions of the read and write calls the shim interposes,
-//! through which it passes the program's calls on.
+//! libc's own definitions of the read, write and sync calls the shim
+//! interposes, through which it passes the program's calls on.
 //!
 //! POSIX makes `read`, `write`, `readv`, `writev`, `pread`, `pwrite`,
-//! `fsync` and `fdatasync` cancellation points, and glibc's definitions
-//! are (the vectored `p` forms too). A raw `syscall()` is not one: passed on that way, a thread
-//! blocked in `read()` on a pipe never took a `pthread_cancel` (found by
-//! review). So each is looked up once (`dlsym(RTLD_NEXT)`, the definition
-//! after this library's) as the library loads, before `main` and any
-//! signal handler of the program's, and called through a plain function
-//! pointer from then on: one atomic load, no allocation, async-signal-safe
-//! as the call itself.
+//! `fsync`, `fdatasync` and `msync` cancellation points, and glibc's
+//! definitions are (the vectored `p` forms and `sync_file_range` too). A
+//! raw `syscall()` is not one: passed on that way, a thread blocked in
+//! `read()` on a pipe never took a `pthread_cancel` (found by review). So
+//! each is looked up once (`dlsym(RTLD_NEXT)`, the definition after this
+//! library's) as the library loads, before `main` and any signal handler
+//! of the program's, and called through a plain function pointer from
+//! then on: one atomic load, no allocation, async-signal-safe as the call
+//! itself. Before the lookup (a constructor of another library that runs
+//! before this one's) or where libc has no such symbol, the raw system
+//! call serves.
+//!
+//! Only the program's own calls ([`crate::programs_own`]). The engine is
+//! linked into this library, so its own `pread`s and `pwrite`s (its file
+//! stores, `/proc/self/pagemap`) come here too, and those stay raw system
+//! calls: a cancellation pending on the thread would unwind it from inside
+//! the engine (an in-thread fault, a residency guard, a write-back), where
+//! nothing may unwind and page locks are held by hand (found by a review
+//! of the change that made these calls cancellable).
 //!
 //! A cancellation unwinds the thread's stack (a forced unwind) through the
 //! shim's frames, which hold a residency guard for the call's buffer. The
@@ -18,9 +29,7 @@
 //! as `extern "C"`, which Rust takes for a call that cannot unwind, the
 //! optimiser dropped them (a release build skipped the guard's `drop`),
 //! and a forced unwind through a frame with destructors is undefined
-//! behaviour under the `"C"` ABI. Before the lookup (a constructor of another library
-//! that runs before this one's) or where libc has no such symbol, the raw
-//! system call serves, as before.
+//! behaviour under the `"C"` ABI.
 
 use std::ffi::{c_int, c_long, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -40,11 +49,13 @@ pub(crate) enum Call {
     Pwritev2,
     Fsync,
     Fdatasync,
+    Msync,
+    SyncFileRange,
 }
 
 /// libc's names (the 64-bit offset forms, which on x86-64 are the same
 /// functions) and system call numbers.
-const CALLS: [(&CStr, c_long); 12] = [
+const CALLS: [(&CStr, c_long); 14] = [
     (c"read", libc::SYS_read),
     (c"write", libc::SYS_write),
     (c"pread64", libc::SYS_pread64),
@@ -57,10 +68,12 @@ const CALLS: [(&CStr, c_long); 12] = [
     (c"pwritev64v2", libc::SYS_pwritev2),
     (c"fsync", libc::SYS_fsync),
     (c"fdatasync", libc::SYS_fdatasync),
+    (c"msync", libc::SYS_msync),
+    (c"sync_file_range", libc::SYS_sync_file_range),
 ];
 
 /// libc's definitions, once looked up (0: not yet, or none).
-static NEXT: [AtomicUsize; 12] = [const { AtomicUsize::new(0) }; 12];
+static NEXT: [AtomicUsize; 14] = [const { AtomicUsize::new(0) }; 14];
 
 /// Looks every call up. Called once, from the library's constructor.
 pub(crate) fn resolve() {
@@ -74,9 +87,10 @@ pub(crate) fn resolve() {
     }
 }
 
-/// The call's libc definition, if looked up.
+/// The call's libc definition, if looked up and the call is the
+/// program's own (see the module docs).
 fn next(c: Call) -> Option<usize> {
-    Some(NEXT[c as usize].load(Relaxed)).filter(|&f| f != 0)
+    Some(NEXT[c as usize].load(Relaxed)).filter(|&f| f != 0 && crate::programs_own())
 }
 
 /// A plain read or write: [`Call::Read`], [`Call::Write`] (`off`
@@ -163,5 +177,40 @@ pub(crate) unsafe fn sync_fd(c: Call, fd: c_int) -> c_int {
         Some(f) => unsafe { std::mem::transmute::<usize, S>(f)(fd) },
         // SAFETY: a system call on a descriptor number.
         None => unsafe { crate::sys::call(CALLS[c as usize].1, fd as usize, 0, 0, 0, 0) as c_int },
+    }
+}
+
+/// msync(2) of `[addr, addr + len)` with `flags`.
+///
+/// # Safety
+/// As msync(2).
+pub(crate) unsafe fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
+    type M = unsafe extern "C-unwind" fn(*mut c_void, usize, c_int) -> c_int;
+    match next(Call::Msync) {
+        // SAFETY: libc's definition of msync, whose prototype (in
+        // <sys/mman.h>) is `M`; the caller's contract.
+        Some(f) => unsafe { std::mem::transmute::<usize, M>(f)(addr, len, flags) },
+        // SAFETY: the caller's contract.
+        None => unsafe {
+            crate::sys::call(libc::SYS_msync, addr as usize, len, flags as usize, 0, 0) as c_int
+        },
+    }
+}
+
+/// sync_file_range(2).
+///
+/// # Safety
+/// None beyond the call's own (a descriptor number and plain values).
+pub(crate) unsafe fn sync_file_range(fd: c_int, off: i64, n: i64, flags: libc::c_uint) -> c_int {
+    type S = unsafe extern "C-unwind" fn(c_int, i64, i64, libc::c_uint) -> c_int;
+    match next(Call::SyncFileRange) {
+        // SAFETY: libc's definition, whose prototype (in <fcntl.h>) is
+        // `S` (`off64_t` is `i64`).
+        Some(f) => unsafe { std::mem::transmute::<usize, S>(f)(fd, off, n, flags) },
+        // SAFETY: a system call on a descriptor number and plain values.
+        None => unsafe {
+            let (fd, off, n) = (fd as usize, off as usize, n as usize);
+            crate::sys::call(libc::SYS_sync_file_range, fd, off, n, flags as usize, 0) as c_int
+        },
     }
 }

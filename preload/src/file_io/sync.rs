@@ -71,7 +71,7 @@ pub unsafe extern "C" fn sync() {
 /// # Safety
 /// As sync_file_range(2).
 #[no_mangle]
-pub unsafe extern "C" fn sync_file_range(
+pub unsafe extern "C-unwind" fn sync_file_range(
     fd: c_int,
     off: libc::off64_t,
     n: libc::off64_t,
@@ -82,8 +82,7 @@ pub unsafe extern "C" fn sync_file_range(
         || maps::flush_file(fd, "at sync_file_range", false),
         || {
             // SAFETY: the program's own call on its descriptor, passed on.
-            let (fd, off, n) = (fd as usize, off as usize, n as usize);
-            unsafe { sys::call(libc::SYS_sync_file_range, fd, off, n, flags as usize, 0) as c_int }
+            unsafe { super::libc_io::sync_file_range(fd, off, n, flags) }
         },
     )
 }

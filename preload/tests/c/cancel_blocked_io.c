@@ -74,6 +74,44 @@ static int cancelled(const char *name, void *(*f)(void *), int full) {
   return 1;
 }
 
+static char *paged;
+
+/* With a cancel already pending: a load from an untouched paged page (the
+ * engine reads it from the file in this thread, under in-thread delivery)
+ * and a read(2) into another (the shim's residency guard faults it in
+ * first). The engine's own reads must not act on the cancel; the thread is
+ * cancelled at the program's read, or at pthread_testcancel after the
+ * load. */
+static void *pending_load(void *a) {
+  (void)a;
+  pthread_cancel(pthread_self());
+  volatile char c = paged[8 * 4096 + 5];
+  if (c != 'p') return (void *)1;
+  pthread_testcancel();
+  return NULL;
+}
+static void *pending_read(void *a) {
+  (void)a;
+  pthread_cancel(pthread_self());
+  read(fds[0], paged + 12 * 4096, 1);
+  return NULL;
+}
+
+static int cancelled_pending(const char *name, void *(*f)(void *)) {
+  if (pipe(fds) != 0) return 0;
+  pthread_t t;
+  void *res = NULL;
+  if (pthread_create(&t, NULL, f, NULL) != 0 || pthread_join(t, &res) != 0) return 0;
+  close(fds[0]);
+  close(fds[1]);
+  if (res != PTHREAD_CANCELED) {
+    printf("%s not cancelled\n", name);
+    return 0;
+  }
+  printf("%s cancelled\n", name);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   static char own[1];
   byte = own;
@@ -81,7 +119,9 @@ int main(int argc, char **argv) {
   size_t len = 1 << 20;
   if (argc == 2) {
     int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ftruncate(fd, len) != 0) {
+    static char fill[1 << 20];
+    memset(fill, 'p', sizeof fill);
+    if (fd < 0 || write(fd, fill, sizeof fill) != (ssize_t)sizeof fill) {
       perror("file");
       return 1;
     }
@@ -94,6 +134,11 @@ int main(int argc, char **argv) {
   }
   int ok = cancelled("read", do_read, 0) & cancelled("readv", do_readv, 0) &
            cancelled("write", do_write, 1) & cancelled("writev", do_writev, 1);
+  if (map) {
+    paged = map;
+    ok &= cancelled_pending("pending load", pending_load) &
+          cancelled_pending("pending read", pending_read);
+  }
   if (map && munmap(map, len) != 0) {
     perror("munmap");
     return 1;
