@@ -278,7 +278,11 @@ fn a_munmap_waits_for_one_reclaim_write_not_a_batch() {
             (rc, st.writes.load(SeqCst))
         });
         // The event reader waits for reclaim's section.
-        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        while !p.events_waiting() {
+            assert!(t.elapsed() < Duration::from_secs(20), "no event waits");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         store.open_after(Duration::ZERO);
         let (rc, writes) = unmapper.join().unwrap();
         assert_eq!(rc, 0, "munmap");

@@ -36,6 +36,12 @@ impl Pager {
         self.inner.mm.lock.readers_sleeping()
     }
 
+    /// Whether an event waits to be applied: its reader waits for the
+    /// event gate, which a fault or reclaim holds.
+    pub fn events_waiting(&self) -> bool {
+        self.inner.mm.events.pending()
+    }
+
     /// Takes the global write lock and write-locks `region`'s first piece.
     /// Returns `None` if the region is not mapped by this pager.
     pub fn hold_region_write<'a>(&'a self, region: &Region) -> Option<RegionWriteHold<'a>> {
