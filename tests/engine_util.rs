@@ -145,6 +145,38 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// As [`run_child`], the child the first process of a new PID namespace
+/// (an init, which drops a signal sent to it while its action is the
+/// default; `unshare --pid --fork --kill-child`, as root). `None` if it
+/// still ran after 20 s (it was killed then), with its output in the
+/// message.
+pub fn run_child_as_init(name: &str, envs: &[(&str, &str)]) -> Result<Output, String> {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child"])
+        .arg(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("unshare (util-linux)");
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(20) {
+            // (`--kill-child`: the namespace goes with `unshare`.)
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            return Err(describe(&out));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child.wait_with_output().unwrap())
+}
+
 /// As [`run_child`], but the child runs as user and group [`NOBODY`] with no
 /// supplementary groups when this process is root (otherwise it already
 /// runs unprivileged, as the current user).

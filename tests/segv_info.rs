@@ -160,27 +160,7 @@ fn a_refused_write_kills_a_pid_namespaces_init() {
         eprintln!("skipped: a PID namespace needs root");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let mut child = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--kill-child"])
-        .arg(exe)
-        .args(["--exact", "child_refused_write_default", "--nocapture"])
-        .args(["--test-threads=1"])
-        .env(CHILD_ENV, "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("unshare (util-linux)");
-    let t = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > std::time::Duration::from_secs(20) {
-            // (`--kill-child`: the namespace goes with `unshare`.)
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("the init spun on its refused write: {}", describe(&out));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = run_child_as_init("child_refused_write_default", &[])
+        .unwrap_or_else(|out| panic!("the init spun on its refused write: {out}"));
     assert_eq!(exit_signal(&out), Some(libc::SIGSEGV), "{}", describe(&out));
 }

@@ -81,14 +81,61 @@ const SYNCHRONOUS: [libc::c_int; 6] = [
     libc::SIGSYS,
 ];
 
+extern "C" {
+    // glibc's; the `libc` crate does not declare it.
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+
+/// `PTHREAD_CANCEL_DISABLE` (glibc's and musl's value).
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+
+/// Cancellation (`pthread_cancel`) turned off on this thread until
+/// dropped, which puts its state back: around engine work on an
+/// application's thread. The engine's own I/O there (a store's `pread`, a
+/// sleep between tries) calls functions glibc makes cancellation points,
+/// and a cancel pending on the thread acted inside them: it unwound out of
+/// the SIGBUS handler with a page lock held (the process died, SIGABRT;
+/// `tests/cancel_during_fault.rs`). Now the thread is cancelled at its
+/// next cancellation point after the engine's work, as a thread whose
+/// page fault the kernel served would be. One call each way: glibc's is
+/// atomic operations on the thread's own descriptor, no lock, so the
+/// handler may make it (POSIX does not list it as async-signal-safe). With
+/// the asynchronous cancel type, a cancel that came meanwhile acts as the
+/// state is put back, in the engine's frame: a program that cancels
+/// asynchronously must not touch paged memory with a cancel in flight.
+pub(crate) struct NoCancel(libc::c_int);
+
+impl NoCancel {
+    pub(crate) fn new() -> NoCancel {
+        let mut old = 0;
+        // SAFETY: sets this thread's cancel state; `old` is writable.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+        NoCancel(old)
+    }
+}
+
+impl Drop for NoCancel {
+    fn drop(&mut self) {
+        let mut old = 0;
+        // SAFETY: as above; puts back the state `new` saw.
+        unsafe { pthread_setcancelstate(self.0, &mut old) };
+    }
+}
+
 /// Asynchronous signals blocked on this thread until dropped, which puts
 /// the thread's mask back: around engine work on an application thread
 /// (`prefault`, `map`, a flush...) that holds engine locks, so that an
 /// application handler that touches region memory never runs inside it and
 /// faults into a lock its own thread holds. Signals that arrive meanwhile
 /// are delivered at the drop, as the kernel delivers them once a page
-/// fault is done. Two `pthread_sigmask` calls. Async-signal-safe.
-pub(crate) struct Deferred(libc::sigset_t, std::marker::PhantomData<*const ()>);
+/// fault is done. Cancellation is off meanwhile ([`NoCancel`]). Two
+/// `pthread_sigmask` calls and two `pthread_setcancelstate`.
+/// Async-signal-safe.
+pub(crate) struct Deferred {
+    mask: libc::sigset_t,
+    _cancel: NoCancel,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
 
 impl Deferred {
     pub(crate) fn new() -> Deferred {
@@ -102,7 +149,11 @@ impl Deferred {
             }
             let mut old: libc::sigset_t = std::mem::zeroed();
             libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
-            Deferred(old, std::marker::PhantomData)
+            Deferred {
+                mask: old,
+                _cancel: NoCancel::new(),
+                _not_send: std::marker::PhantomData,
+            }
         }
     }
 }
@@ -111,24 +162,31 @@ impl Drop for Deferred {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved by `new`, on the same thread (a
         // `Deferred` is not `Send`).
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.mask, std::ptr::null_mut()) };
     }
 }
 
 /// Marks the calling thread as running engine code until dropped (the
-/// SIGBUS handler, on the faulting thread). Async-signal-safe: a
-/// thread-local flag with a constant initialiser, no allocation.
-pub(crate) struct Mark(bool);
+/// SIGBUS handler, on the faulting thread), with cancellation off
+/// ([`NoCancel`]). Async-signal-safe: a thread-local flag with a constant
+/// initialiser, no allocation.
+pub(crate) struct Mark {
+    was: bool,
+    _cancel: NoCancel,
+}
 
 impl Mark {
     pub(crate) fn enter() -> Mark {
-        Mark(ENGINE.with(|e| e.replace(true)))
+        Mark {
+            was: ENGINE.with(|e| e.replace(true)),
+            _cancel: NoCancel::new(),
+        }
     }
 }
 
 impl Drop for Mark {
     fn drop(&mut self) {
-        ENGINE.with(|e| e.set(self.0));
+        ENGINE.with(|e| e.set(self.was));
     }
 }
 
