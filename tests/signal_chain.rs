@@ -286,3 +286,52 @@ fn a_handler_that_sets_the_default_leaves_the_engine_serving() {
     );
     assert_eq!(exit_signal(&out), Some(libc::SIGBUS), "{}", describe(&out));
 }
+
+/// Child: SIGBUS ignored before the pager; a thread blocked in `read` on a
+/// pipe is sent SIGBUS, then the pipe gets a byte.
+#[test]
+fn child_ignored_sigbus_during_a_read() {
+    if !is_child() {
+        return;
+    }
+    install(libc::SIG_IGN, 0, &[]);
+    let _pager = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        let mut b = 0u8;
+        // SAFETY: a one-byte read into `b`.
+        let n = unsafe { libc::read(fds[0], (&mut b as *mut u8).cast(), 1) };
+        (n, errno())
+    });
+    let tid = rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: a signal to a thread of this process.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGBUS) };
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: a one-byte write from a constant.
+    assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
+    let (n, e) = reader.join().unwrap();
+    println!("read returned {n} (errno {e})");
+}
+
+/// An ignored SIGBUS another process sends is invisible, as without the
+/// engine: the engine's handler took it, and without `SA_RESTART` the
+/// `read` it interrupted failed with `EINTR`.
+#[test]
+fn an_ignored_sent_sigbus_does_not_interrupt_a_read() {
+    if is_child() {
+        return;
+    }
+    let (out, killed) = run_child_with_deadline("child_ignored_sigbus_during_a_read", 20);
+    assert!(!killed, "{}", describe(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("read returned 1 "), "{}", describe(&out));
+}

@@ -47,13 +47,19 @@ static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
 /// signal is delivered: an application handler that ran nested here could
 /// touch region memory with SIGBUS blocked, and the kernel then kills the
 /// process with it, or fault into a lock this fault holds).
+///
+/// `SA_RESTART`: a fault inside a system call is `EFAULT`, never our
+/// SIGBUS, so only a SIGBUS some process sends can interrupt one, and one
+/// the application ignores must not (a blocked `read` returned `EINTR`;
+/// found by review). A handler of the application's that was installed
+/// without `SA_RESTART` now sees its interrupted call restarted.
 /// Async-signal-safe.
 pub(super) fn our_action() -> libc::sigaction {
     // SAFETY: a zeroed sigaction is valid; sigfillset fills its mask.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigfillset(&mut sa.sa_mask);
         sa
     }
