@@ -6,7 +6,8 @@
 //! the process died (SIGABRT). The engine now turns cancellation off while
 //! it works on an application's thread; the thread is cancelled at its
 //! next cancellation point, after the access, as without the engine. The
-//! same for engine calls made on the thread (`prefault`).
+//! same for engine calls made on the thread (`prefault`, making a pager,
+//! dropping one).
 //!
 //! Each case in a child process (`UFFD_CHILD=1`).
 
@@ -40,35 +41,28 @@ fn file_region(p: &Pager, data: &[u8]) -> Region {
     unsafe { p.map_store(Arc::new(store), PAGES * PAGE, &opts) }.unwrap()
 }
 
-/// What the cancelled thread is given: the byte to load and its value, or
-/// a region to prefault.
-struct Job {
-    addr: usize,
-    want: u8,
-    region: Option<*const Region>,
-}
+/// What the cancelled thread does with the cancel pending: true if it
+/// went as it should.
+type Job = Box<dyn FnOnce() -> bool + Send>;
 
-/// The access `job` asks for: whether it read the right byte, or the
-/// prefault succeeded.
+/// Runs the job `arg` points at (a `Box<Job>`), out of line: the frame
+/// that holds it has destructors, the start routine below none.
 #[inline(never)]
-fn access(job: &Job) -> bool {
-    match job.region {
-        // SAFETY: the parent keeps the region alive until the join.
-        Some(r) => unsafe { (*r).prefault(0, PAGES * PAGE).is_ok() },
-        // SAFETY: inside the region, which outlives the thread.
-        None => (unsafe { std::ptr::read_volatile(job.addr as *const u8) }) == job.want,
-    }
+fn access(arg: *mut libc::c_void) -> bool {
+    // SAFETY: `arg` is the `Box<Job>` `run_cancelled` leaked for this
+    // thread, taken back once.
+    let job = unsafe { Box::from_raw(arg as *mut Job) };
+    job()
 }
 
-/// Cancels itself, then accesses with the cancel pending, then reaches a
-/// cancellation point. A return means it was not cancelled (non-null: the access
-/// failed). "C-unwind": the cancellation unwinds through it.
+/// Cancels itself, then runs its job with the cancel pending, then
+/// reaches a cancellation point. A return means it was not cancelled
+/// (non-null: the job failed). "C-unwind": the cancellation unwinds
+/// through it.
 extern "C-unwind" fn pending_then_access(arg: *mut libc::c_void) -> *mut libc::c_void {
-    // SAFETY: `arg` is the `Job` the parent keeps alive until the join.
-    let job = unsafe { &*(arg as *const Job) };
     // SAFETY: plain pthread calls on this thread.
     unsafe { libc::pthread_cancel(libc::pthread_self()) };
-    if !access(job) {
+    if !access(arg) {
         return std::ptr::dangling_mut::<libc::c_void>();
     }
     // SAFETY: a cancellation point.
@@ -76,14 +70,16 @@ extern "C-unwind" fn pending_then_access(arg: *mut libc::c_void) -> *mut libc::c
     std::ptr::null_mut()
 }
 
-/// Runs `job` on a new thread; panics unless it was cancelled.
-fn run_cancelled(job: &Job) {
-    // SAFETY: `job` outlives the thread (joined below); the start routine
-    // has the signature pthread_create wants (the unwind ABI aside: glibc's
-    // `start_thread` is where a cancellation's unwind ends).
+/// Runs `job` on a new thread with a cancel pending; panics unless the
+/// thread was cancelled after it.
+fn run_cancelled(what: &str, job: Job) {
+    let arg = Box::into_raw(Box::new(job)) as *mut libc::c_void;
+    // SAFETY: the thread takes `arg` back (joined below); the start
+    // routine has the signature pthread_create wants (the unwind ABI
+    // aside: glibc's `start_thread` is where a cancellation's unwind
+    // ends).
     unsafe {
         let mut t: libc::pthread_t = 0;
-        let arg = job as *const Job as *mut libc::c_void;
         type Start = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
         let start = std::mem::transmute::<
             extern "C-unwind" fn(*mut libc::c_void) -> *mut libc::c_void,
@@ -95,8 +91,12 @@ fn run_cancelled(job: &Job) {
         );
         let mut res: *mut libc::c_void = std::ptr::null_mut();
         assert_eq!(libc::pthread_join(t, &mut res), 0);
-        assert_eq!(res as isize, -1, "the thread was not cancelled ({res:?})");
+        assert_eq!(
+            res as isize, -1,
+            "{what}: the thread was not cancelled ({res:?})"
+        );
     }
+    println!("{what}: cancelled after it");
 }
 
 #[test]
@@ -111,19 +111,44 @@ fn child_cancel_pending() {
         .build()
         .unwrap();
     let data = pattern_vec(9, PAGES * PAGE);
-    let r = file_region(&p, &data);
+    let r = Arc::new(file_region(&p, &data));
     let at = 3 * PAGE + 17;
-    run_cancelled(&Job {
-        addr: r.as_ptr() as usize + at,
-        want: data[at],
-        region: None,
-    });
-    run_cancelled(&Job {
-        addr: 0,
-        want: 0,
-        region: Some(&r as *const Region),
-    });
+    let (addr, want) = (r.as_ptr() as usize + at, data[at]);
+    // SAFETY: inside the region, which outlives the thread (joined).
+    let load = move || (unsafe { std::ptr::read_volatile(addr as *const u8) }) == want;
+    run_cancelled("a load", Box::new(load));
+    let r2 = r.clone();
+    run_cancelled(
+        "a prefault",
+        Box::new(move || r2.prefault(0, PAGES * PAGE).is_ok()),
+    );
     assert!(r.as_slice() == &data[..], "the region's bytes");
+    // Making a pager (it opens files) and dropping one with a region.
+    run_cancelled(
+        "a build",
+        Box::new(|| {
+            Pager::builder()
+                .delivery(Delivery::InThread)
+                .build()
+                .is_ok()
+        }),
+    );
+    let (p2, r3) = {
+        let p2 = Pager::builder()
+            .delivery(Delivery::InThread)
+            .build()
+            .unwrap();
+        let r3 = file_region(&p2, &data);
+        (p2, r3)
+    };
+    run_cancelled(
+        "a drop",
+        Box::new(move || {
+            drop(r3);
+            drop(p2);
+            true
+        }),
+    );
     println!("CANCELLED-AFTER-ACCESS");
 }
 

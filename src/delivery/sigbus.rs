@@ -49,10 +49,13 @@ static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
 /// process with it, or fault into a lock this fault holds).
 ///
 /// `SA_RESTART`: a fault inside a system call is `EFAULT`, never our
-/// SIGBUS, so only a SIGBUS some process sends can interrupt one, and one
-/// the application ignores must not (a blocked `read` returned `EINTR`;
-/// found by review). A handler of the application's that was installed
-/// without `SA_RESTART` now sees its interrupted call restarted.
+/// SIGBUS, so only a SIGBUS some process sends (or the kernel's
+/// asynchronous memory-error one) can interrupt one, and one the
+/// application ignores should not: a blocked `read` returned `EINTR`
+/// (found by review). Calls the kernel never restarts (`poll`,
+/// `epoll_wait`, `nanosleep`, `sigsuspend`...) still return `EINTR` on
+/// such a signal, and a handler of the application's that was installed
+/// without `SA_RESTART` sees its interrupted call restarted.
 /// Async-signal-safe.
 pub(super) fn our_action() -> libc::sigaction {
     // SAFETY: a zeroed sigaction is valid; sigfillset fills its mask.
@@ -159,6 +162,14 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
     // path makes syscalls, and code that reads errno after touching region
     // memory must see its own.
     let saved = crate::sys::errno();
+    // Cancellation off to the end, the application's handler that a
+    // SIGBUS not ours is passed to included: the engine's own `pread`s and
+    // sleeps are cancellation points, and a cancel acting in the
+    // application's handler would unwind through this `extern "C"` frame,
+    // which aborts the process (without the engine it would unwind through
+    // the kernel's signal frame). The cancel acts at the thread's next
+    // cancellation point after the handler (`sys::thread::NoCancel`).
+    let _no_cancel = crate::sys::thread::NoCancel::new();
     // The fault's latency counts from here: the looks, waits and tries
     // below are all the faulting thread's.
     let since = crate::sys::now_ns();

@@ -21,6 +21,11 @@ pub(crate) struct PagerInner {
 
 impl Drop for PagerInner {
     fn drop(&mut self) {
+        // On the application's thread (a `Pager`'s drop, or the last
+        // region's or owned residency guard's): the release's store writes
+        // and the joins below are cancellation points, and a cancel acting
+        // there stopped the teardown halfway (or, from C, aborted).
+        let _deferred = crate::sys::thread::Deferred::new();
         // A fork()ed child has none of the engine's threads to stop: joining
         // them would wait forever. Its copy of the state is left as it is.
         if self.mm.in_child() {

@@ -294,6 +294,10 @@ impl Pager {
         zero_fill: bool,
         opts: &MapOptions,
     ) -> Result<Region> {
+        // The writes of a store's unwritten pages and the release of a held
+        // object below are store I/O with page locks held, on the caller's
+        // thread (see `Deferred`: signals and cancellation wait).
+        let _deferred = crate::sys::thread::Deferred::new();
         check_fixed(opts.fixed_addr, PAGE_SIZE)?;
         let shift = page_shift(&self.inner.mm, opts, len)?;
         // Held before anything below maps memory of its own (`crate::hold`).

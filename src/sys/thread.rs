@@ -81,8 +81,10 @@ const SYNCHRONOUS: [libc::c_int; 6] = [
     libc::SIGSYS,
 ];
 
-extern "C" {
-    // glibc's; the `libc` crate does not declare it.
+extern "C-unwind" {
+    // glibc's; the `libc` crate does not declare it. "C-unwind": with the
+    // asynchronous cancel type, putting the state back acts on a pending
+    // cancel at once, by unwinding out of it.
     fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
 }
 
@@ -101,8 +103,11 @@ const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
 /// atomic operations on the thread's own descriptor, no lock, so the
 /// handler may make it (POSIX does not list it as async-signal-safe). With
 /// the asynchronous cancel type, a cancel that came meanwhile acts as the
-/// state is put back, in the engine's frame: a program that cancels
-/// asynchronously must not touch paged memory with a cancel in flight.
+/// state is put back, unwinding through the engine's frames, which the
+/// SIGBUS handler's and the C API's entry points turn into an abort: a
+/// program that cancels asynchronously must not call into the engine, or
+/// touch paged memory, with a cancel in flight (asynchronous cancellation
+/// is only safe in code that calls nothing).
 pub(crate) struct NoCancel(libc::c_int);
 
 impl NoCancel {
@@ -128,12 +133,14 @@ impl Drop for NoCancel {
 /// application handler that touches region memory never runs inside it and
 /// faults into a lock its own thread holds. Signals that arrive meanwhile
 /// are delivered at the drop, as the kernel delivers them once a page
-/// fault is done. Cancellation is off meanwhile ([`NoCancel`]). Two
-/// `pthread_sigmask` calls and two `pthread_setcancelstate`.
-/// Async-signal-safe.
+/// fault is done. Cancellation is off meanwhile ([`NoCancel`]), and is put
+/// back first: a signal held back runs its handler with the thread's own
+/// cancel state (one that leaves with `siglongjmp` left the thread
+/// uncancellable for good when the mask went first). Two `pthread_sigmask`
+/// calls and two `pthread_setcancelstate`. Async-signal-safe.
 pub(crate) struct Deferred {
     mask: libc::sigset_t,
-    _cancel: NoCancel,
+    cancel: std::mem::ManuallyDrop<NoCancel>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -151,7 +158,7 @@ impl Deferred {
             libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
             Deferred {
                 mask: old,
-                _cancel: NoCancel::new(),
+                cancel: std::mem::ManuallyDrop::new(NoCancel::new()),
                 _not_send: std::marker::PhantomData,
             }
         }
@@ -160,6 +167,8 @@ impl Deferred {
 
 impl Drop for Deferred {
     fn drop(&mut self) {
+        // SAFETY: dropped once, here, before the mask (see the type's docs).
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.cancel) };
         // SAFETY: restores the mask saved by `new`, on the same thread (a
         // `Deferred` is not `Send`).
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.mask, std::ptr::null_mut()) };
@@ -167,26 +176,20 @@ impl Drop for Deferred {
 }
 
 /// Marks the calling thread as running engine code until dropped (the
-/// SIGBUS handler, on the faulting thread), with cancellation off
-/// ([`NoCancel`]). Async-signal-safe: a thread-local flag with a constant
-/// initialiser, no allocation.
-pub(crate) struct Mark {
-    was: bool,
-    _cancel: NoCancel,
-}
+/// SIGBUS handler, on the faulting thread, which turns cancellation off
+/// itself: [`NoCancel`]). Async-signal-safe: a thread-local flag with a
+/// constant initialiser, no allocation.
+pub(crate) struct Mark(bool);
 
 impl Mark {
     pub(crate) fn enter() -> Mark {
-        Mark {
-            was: ENGINE.with(|e| e.replace(true)),
-            _cancel: NoCancel::new(),
-        }
+        Mark(ENGINE.with(|e| e.replace(true)))
     }
 }
 
 impl Drop for Mark {
     fn drop(&mut self) {
-        ENGINE.with(|e| e.set(self.was));
+        ENGINE.with(|e| e.set(self.0));
     }
 }
 
