@@ -104,12 +104,18 @@ fn follow_change(ours: &libc::sigaction) {
     }
 }
 
+/// `si_code` of the kernel's asynchronous memory-error SIGBUS ("action
+/// optional": a page of the process went bad, not under its access).
+const BUS_MCEERR_AO: libc::c_int = 5;
+
 /// Whether `info` is a fault the kernel raised (a positive `si_code`),
 /// not a signal a process sent (`kill`, `tgkill`, `sigqueue`: zero or
-/// negative).
+/// negative), nor the kernel's asynchronous memory-error SIGBUS
+/// (`BUS_MCEERR_AO`), which it sends as a process would: an ignored one
+/// is dropped, where it killed (found by review).
 fn raised_by_a_fault(info: *const libc::siginfo_t) -> bool {
     // SAFETY: the kernel's siginfo for this delivery, or null.
-    !info.is_null() && unsafe { (*info).si_code } > 0
+    !info.is_null() && matches!(unsafe { (*info).si_code }, c if c > 0 && c != BUS_MCEERR_AO)
 }
 
 /// Delivers SIGBUS with `action` (`None`: the default action) as the
@@ -194,4 +200,29 @@ fn chain_to(
     }
     // SAFETY: as above; restores the mask this handler ran with.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &ours, std::ptr::null_mut()) };
+}
+
+#[cfg(test)]
+mod tests {
+    /// A siginfo with `si_code` `code`.
+    fn info(code: libc::c_int) -> libc::siginfo_t {
+        // SAFETY: a zeroed siginfo is a valid value.
+        let mut i: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        i.si_signo = libc::SIGBUS;
+        i.si_code = code;
+        i
+    }
+
+    #[test]
+    fn only_a_synchronous_fault_is_raised_by_a_fault() {
+        // BUS_ADRALN, BUS_ADRERR, BUS_OBJERR, BUS_MCEERR_AR.
+        for code in 1..=4 {
+            assert!(super::raised_by_a_fault(&info(code)), "{code}");
+        }
+        // SI_USER, SI_TKILL, SI_QUEUE, and the asynchronous memory error.
+        for code in [0, -6, -1, super::BUS_MCEERR_AO] {
+            assert!(!super::raised_by_a_fault(&info(code)), "{code}");
+        }
+        assert!(!super::raised_by_a_fault(std::ptr::null()));
+    }
 }
