@@ -371,3 +371,101 @@ fn signals_the_raised_sigsegv_runs_as_application_code() {
     // engine's before).
     assert!(err.contains("ERRNO-KEPT"), "{}", describe(&out));
 }
+
+/// Runs child test `name` traced (`PTRACE_TRACEME`, its threads followed)
+/// and returns the `si_code` of each SIGBUS its threads got, in order,
+/// and the signal that ended it.
+fn traced_sigbus_codes(name: &str, envs: &[(&str, &str)]) -> (Vec<i32>, Option<i32>) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = child_command(name, envs);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: ptrace(PTRACE_TRACEME) between fork and exec (one system
+    // call, async-signal-safe).
+    unsafe {
+        cmd.pre_exec(|| match libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    // (Reaped by the `waitpid` loop below, which a tracer must run itself.)
+    #[allow(clippy::zombie_processes)]
+    let child = cmd.spawn().expect("spawning the traced child");
+    let pid = child.id() as libc::pid_t;
+    let (mut tids, mut codes, mut first) = (vec![pid], Vec::new(), true);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the traced child hangs"
+        );
+        let mut seen = false;
+        for k in 0..tids.len() {
+            let tid = tids[k];
+            let mut st = 0;
+            // SAFETY: waits for one traced thread of our child, no hang.
+            let r = unsafe { libc::waitpid(tid, &mut st, libc::__WALL | libc::WNOHANG) };
+            if r <= 0 {
+                continue;
+            }
+            seen = true;
+            if !libc::WIFSTOPPED(st) {
+                if tid == pid {
+                    // SAFETY: reads the end of our own child.
+                    let sig = libc::WIFSIGNALED(st).then(|| libc::WTERMSIG(st));
+                    return (codes, sig);
+                }
+                continue;
+            }
+            let (sig, event) = (libc::WSTOPSIG(st), st >> 16);
+            let mut deliver = 0;
+            // SAFETY (the block): ptrace requests on a stopped thread of
+            // our traced child, with valid out-parameters.
+            unsafe {
+                if first {
+                    // The exec's stop: follow its threads, and kill it if
+                    // this process goes.
+                    first = false;
+                    let opts = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_EXITKILL;
+                    libc::ptrace(libc::PTRACE_SETOPTIONS, tid, 0, opts);
+                } else if event == libc::PTRACE_EVENT_CLONE {
+                    let mut new: libc::c_ulong = 0;
+                    libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut new);
+                    tids.push(new as libc::pid_t);
+                } else if sig != libc::SIGSTOP && sig != libc::SIGTRAP {
+                    if sig == libc::SIGBUS {
+                        let mut info: libc::siginfo_t = std::mem::zeroed();
+                        libc::ptrace(libc::PTRACE_GETSIGINFO, tid, 0, &mut info);
+                        codes.push(info.si_code);
+                    }
+                    deliver = sig;
+                }
+                libc::ptrace(libc::PTRACE_CONT, tid, 0, deliver);
+            }
+        }
+        if !seen {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// The SIGBUS a failing page kills with is the kernel's own, with the
+/// fault's siginfo (`BUS_MCEERR_AR`: the page the engine poisoned), as
+/// without a pager: a core and crash tools see the fault. The engine set
+/// the default action and raised SIGBUS from its handler: the process
+/// died of an `SI_TKILL` with no address, in the handler's context.
+#[test]
+fn a_failing_page_kills_with_the_faults_own_sigbus() {
+    if is_child() {
+        return;
+    }
+    let (codes, sig) = traced_sigbus_codes(
+        "child_touch_failing_page",
+        &[("UFFD_DELIVERY", "in-thread"), ("UFFD_KIND", "anonymous")],
+    );
+    assert_eq!(sig, Some(libc::SIGBUS), "SIGBUSes: {codes:?}");
+    assert!(
+        codes.last().is_some_and(|&c| c > 0),
+        "the fatal SIGBUS was not a fault's: si_code of each {codes:?}"
+    );
+}

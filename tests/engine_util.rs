@@ -198,7 +198,8 @@ pub fn run_child(name: &str, envs: &[(&str, &str)]) -> Output {
         .expect("spawning child test process")
 }
 
-fn child_command(name: &str, envs: &[(&str, &str)]) -> Command {
+/// The command [`run_child`] runs.
+pub fn child_command(name: &str, envs: &[(&str, &str)]) -> Command {
     let exe = std::env::current_exe().expect("current_exe");
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])

@@ -145,13 +145,29 @@ fn chain_to(
         return;
     }
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // SAFETY: sigaction/sigprocmask/raise are async-signal-safe. We reset
-        // SIGBUS to its default (terminate), unblock it and raise it: the
-        // process dies with SIGBUS, as it would without a pager.
+        // SAFETY: sigaction is async-signal-safe; a zeroed action is valid.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+        // A fault's SIGBUS: the access runs again as this handler returns,
+        // and faults again (a poisoned page, a page the pool cannot give,
+        // a file truncated under a mapping), and the kernel's own forced
+        // SIGBUS kills, as without a pager: with the fault's siginfo, at
+        // the faulting instruction (a core shows it), and an init too.
+        // Raised from here, the process died of an `SI_TKILL` with no
+        // address, in this handler's context (found by review). Hazard: a
+        // thread that mends the cause in between (extends the file) lets
+        // the access go on, with SIGBUS's action left at the default: the
+        // next fault the engine would serve in-thread then kills.
+        if raised_by_a_fault(info) {
+            return;
+        }
+        // SAFETY: sigprocmask/raise are async-signal-safe: a SIGBUS a
+        // process sent is raised again, unblocked, with the default action:
+        // the process dies of it, as it would without a pager.
+        unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGBUS);
