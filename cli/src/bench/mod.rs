@@ -221,11 +221,18 @@ pub(crate) fn touch_from(
         *b = unsafe { std::ptr::read_volatile((base + (first + k) * page_size) as *const u8) };
     }
     let elapsed = t0.elapsed();
-    if let Some((k, &got)) = seen
-        .iter()
-        .enumerate()
-        .find(|&(k, &b)| b != pattern(first + k))
-    {
+    // And each page's last byte, untimed (the page is mapped now): a page
+    // filled short, zeros at its end, passed the first byte's look (found
+    // by review).
+    let last = |k: usize| {
+        // SAFETY: as above; the page was just read, so it is mapped.
+        unsafe { std::ptr::read_volatile((base + (first + k + 1) * page_size - 1) as *const u8) }
+    };
+    let wrong = |k: usize| {
+        let want = pattern(first + k);
+        [seen[k], last(k)].into_iter().find(|&b| b != want)
+    };
+    if let Some((k, got)) = (0..n).find_map(|k| wrong(k).map(|b| (k, b))) {
         let i = first + k;
         return Err(Error::Io {
             context: "fault-cost pass".into(),
@@ -263,6 +270,17 @@ mod tests {
         assert!(touch(base, 4, ps).is_err(), "pages 0 and 1 swapped");
         assert!(touch_from(base, 1, 3, ps).is_err(), "page 1 wrong");
         assert!(touch_from(base, 2, 2, ps).is_ok());
+        // A page filled short: its last byte is zero.
+        mem[ps - 1] = pattern(1);
+        mem[0] = pattern(0);
+        mem[ps] = pattern(1);
+        mem[2 * ps - 1] = 0;
+        let base = mem.as_ptr() as usize;
+        assert!(touch_from(base, 0, 1, ps).is_err(), "page 0's last byte");
+        mem[ps - 1] = pattern(0);
+        let base = mem.as_ptr() as usize;
+        assert!(touch_from(base, 0, 1, ps).is_ok());
+        assert!(touch_from(base, 1, 1, ps).is_err(), "page 1 filled short");
     }
 
     fn small(kind: InstallKind, delivery: Delivery) {
