@@ -469,3 +469,61 @@ fn a_failing_page_kills_with_the_faults_own_sigbus() {
         "the fatal SIGBUS was not a fault's: si_code of each {codes:?}"
     );
 }
+
+/// Child: an in-thread pager, SIGBUS at its default; the thread queues
+/// itself a SIGBUS with a fault's `si_code` (`BUS_ADRALN`, as the kernel's
+/// split-lock trap sends after the instruction has completed: running it
+/// again does not fault).
+#[test]
+fn child_queued_fault_sigbus() {
+    if !is_child() {
+        return;
+    }
+    // At the default action before the pager (Rust's std installs a
+    // handler of its own for stack overflows, which sets the default and
+    // returns).
+    // SAFETY: a zeroed action with the default disposition.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+    let _p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .build()
+        .unwrap();
+    // SAFETY: a zeroed siginfo filled in here, queued to this thread.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        info.si_signo = libc::SIGBUS;
+        info.si_code = 1; // BUS_ADRALN
+        marker();
+        libc::syscall(
+            libc::SYS_rt_tgsigqueueinfo,
+            libc::getpid(),
+            libc::gettid(),
+            libc::SIGBUS,
+            &info,
+        );
+    }
+    eprintln!("CHILD: survived a fault's SIGBUS at the default action");
+}
+
+/// A SIGBUS with a fault's `si_code` at the default action kills, also
+/// where running the instruction again would not fault again: the engine
+/// queues the signal's own siginfo and returns. Letting the access fault
+/// again, the process ran on with SIGBUS at the default, and died of the
+/// next fault the engine would have served (found by review).
+#[test]
+fn a_fault_sigbus_at_the_default_kills_without_a_second_fault() {
+    if is_child() {
+        return;
+    }
+    let (codes, sig) = traced_sigbus_codes("child_queued_fault_sigbus", &[]);
+    assert_eq!(sig, Some(libc::SIGBUS), "SIGBUSes: {codes:?}");
+    assert_eq!(
+        codes.last(),
+        Some(&1),
+        "the fatal SIGBUS's si_code: {codes:?}"
+    );
+}

@@ -335,3 +335,57 @@ fn an_ignored_sent_sigbus_does_not_interrupt_a_read() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("read returned 1 "), "{}", describe(&out));
 }
+
+extern "C" {
+    // glibc's; the `libc` crate does not declare it.
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+
+/// The cancel state the application's handler found (0: enabled).
+static STATE_IN_HANDLER: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// A SIGBUS handler that notes the cancel state it runs with, then exits.
+extern "C" fn note_cancel_state_and_exit(_: libc::c_int) {
+    let mut old = 0;
+    // SAFETY: sets this thread's cancel state (and puts it back below);
+    // `old` is writable.
+    unsafe { pthread_setcancelstate(1, &mut old) };
+    let mut ignored = 0;
+    // SAFETY: as above.
+    unsafe { pthread_setcancelstate(old, &mut ignored) };
+    STATE_IN_HANDLER.store(old as u32, Ordering::SeqCst);
+    say(if old == 0 {
+        b"CANCEL-STATE-ENABLED\n"
+    } else {
+        b"CANCEL-STATE-DISABLED\n"
+    });
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(0) };
+}
+
+/// The application's handler a SIGBUS not the engine's is chained to runs
+/// with the thread's own cancel state. It ran with cancellation off (the
+/// engine's, for its own work): one that leaves with `siglongjmp` skips
+/// the engine's drops and left the thread uncancellable for good.
+#[test]
+fn the_previous_handler_runs_with_the_threads_cancel_state() {
+    if is_child() {
+        install(
+            note_cancel_state_and_exit as *const () as libc::sighandler_t,
+            0,
+            &[],
+        );
+        return engine_then_foreign_sigbus();
+    }
+    let (out, killed) = run_child_with_deadline(
+        "the_previous_handler_runs_with_the_threads_cancel_state",
+        30,
+    );
+    assert!(!killed, "the child hung: {}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("CANCEL-STATE-ENABLED") && out.status.success(),
+        "{}",
+        describe(&out)
+    );
+}

@@ -151,17 +151,33 @@ fn chain_to(
             sa.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
         }
-        // A fault's SIGBUS: the access runs again as this handler returns,
-        // and faults again (a poisoned page, a page the pool cannot give,
-        // a file truncated under a mapping), and the kernel's own forced
-        // SIGBUS kills, as without a pager: with the fault's siginfo, at
-        // the faulting instruction (a core shows it), and an init too.
-        // Raised from here, the process died of an `SI_TKILL` with no
-        // address, in this handler's context (found by review). Hazard: a
-        // thread that mends the cause in between (extends the file) lets
-        // the access go on, with SIGBUS's action left at the default: the
-        // next fault the engine would serve in-thread then kills.
+        // A fault's SIGBUS: its own siginfo is queued to this thread
+        // (`rt_tgsigqueueinfo` takes a kernel `si_code` from a thread for
+        // itself) while this handler blocks every signal, and kills as the
+        // handler returns, as the kernel's would have: with the fault's
+        // `si_code` and address, in the faulting instruction's context (a
+        // core shows it). Raised from here, the process died of an
+        // `SI_TKILL` with no address, in this handler's context (found by
+        // review). An init drops the queued one; the access then runs
+        // again, faults again (a poisoned page, a page the pool cannot
+        // give, a truncated file) and the kernel's forced SIGBUS kills it.
         if raised_by_a_fault(info) {
+            // SAFETY: `uctx` is the kernel's ucontext for this delivery, or
+            // null (its mask is what the return restores, ours to change);
+            // `info` the kernel's siginfo for it, which the syscall copies.
+            unsafe {
+                let uc = uctx as *mut libc::ucontext_t;
+                if !uc.is_null() {
+                    libc::sigdelset(&mut (*uc).uc_sigmask, libc::SIGBUS);
+                }
+                libc::syscall(
+                    libc::SYS_rt_tgsigqueueinfo,
+                    libc::getpid(),
+                    libc::gettid(),
+                    libc::SIGBUS,
+                    info,
+                );
+            }
             return;
         }
         // SAFETY: sigprocmask/raise are async-signal-safe: a SIGBUS a
@@ -206,11 +222,12 @@ fn chain_to(
     // call it with the signature its flags declare.
     unsafe {
         if flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            // ("C-unwind": a cancellation may unwind out of it.)
+            let f: extern "C-unwind" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                 std::mem::transmute(handler);
             f(sig, info, uctx);
         } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
+            let f: extern "C-unwind" fn(libc::c_int) = std::mem::transmute(handler);
             f(sig);
         }
     }

@@ -157,19 +157,24 @@ const BUS_ADRERR: i32 = 2;
 const PF_PROT: i64 = 1 << 0;
 const PF_WRITE: i64 = 1 << 1;
 
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+/// "C-unwind": a cancellation that acts in the application's handler a
+/// SIGBUS not ours is chained to unwinds through here (no value with a
+/// destructor is alive at the chain), as it would through the kernel's
+/// signal frame; through an `extern "C"` frame the process aborted.
+extern "C-unwind" fn on_sigbus(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) {
     // The interrupted code's errno is restored on every way out: the fault
     // path makes syscalls, and code that reads errno after touching region
     // memory must see its own.
     let saved = crate::sys::errno();
-    // Cancellation off to the end, the application's handler that a
-    // SIGBUS not ours is passed to included: the engine's own `pread`s and
-    // sleeps are cancellation points, and a cancel acting in the
-    // application's handler would unwind through this `extern "C"` frame,
-    // which aborts the process (without the engine it would unwind through
-    // the kernel's signal frame). The cancel acts at the thread's next
-    // cancellation point after the handler (`sys::thread::NoCancel`).
-    let _no_cancel = crate::sys::thread::NoCancel::new();
+    // Cancellation off while the engine works: its own `pread`s and sleeps
+    // are cancellation points (`sys::thread::NoCancel`). Put back before
+    // the application's handler runs: one that leaves with `siglongjmp`
+    // skips every drop here, and left the thread uncancellable for good.
+    let no_cancel = crate::sys::thread::NoCancel::new();
     // The fault's latency counts from here: the looks, waits and tries
     // below are all the faulting thread's.
     let since = crate::sys::now_ns();
@@ -371,8 +376,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             }
         }
     }
-    // The application's own handler runs as application code.
+    // The application's own handler runs as application code, with the
+    // thread's own cancel state.
     drop(mark);
+    drop(no_cancel);
     crate::sys::set_errno(saved);
     super::chain::chain(sig, info, uctx, &our_action());
     crate::sys::set_errno(saved);

@@ -266,7 +266,7 @@ impl PagerBuilder {
     pub fn build(self) -> Result<Pager> {
         // (Its `open`s are cancellation points: a cancel acting in one left
         // a half-made pager's threads running.)
-        let _deferred = crate::sys::thread::Deferred::new();
+        let _no_cancel = crate::sys::thread::NoCancel::new();
         crate::fork::watch();
         crate::sys::pagemap::keep_pagemap();
         let in_thread = self.config.delivery.is_in_thread();

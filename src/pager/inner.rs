@@ -25,7 +25,9 @@ impl Drop for PagerInner {
         // region's or owned residency guard's): the release's store writes
         // and the joins below are cancellation points, and a cancel acting
         // there stopped the teardown halfway (or, from C, aborted).
-        let _deferred = crate::sys::thread::Deferred::new();
+        // (Cancellation only: no region is left for a signal handler to
+        // fault on, and SIGINT must not wait for a slow store.)
+        let _no_cancel = crate::sys::thread::NoCancel::new();
         // A fork()ed child has none of the engine's threads to stop: joining
         // them would wait forever. Its copy of the state is left as it is.
         if self.mm.in_child() {

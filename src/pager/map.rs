@@ -296,8 +296,9 @@ impl Pager {
     ) -> Result<Region> {
         // The writes of a store's unwritten pages and the release of a held
         // object below are store I/O with page locks held, on the caller's
-        // thread (see `Deferred`: signals and cancellation wait).
-        let _deferred = crate::sys::thread::Deferred::new();
+        // thread: cancellation waits (`NoCancel`; the map itself defers
+        // signals too, `Mm::map`).
+        let _no_cancel = crate::sys::thread::NoCancel::new();
         check_fixed(opts.fixed_addr, PAGE_SIZE)?;
         let shift = page_shift(&self.inner.mm, opts, len)?;
         // Held before anything below maps memory of its own (`crate::hold`).

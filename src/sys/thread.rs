@@ -86,6 +86,15 @@ extern "C-unwind" {
     // asynchronous cancel type, putting the state back acts on a pending
     // cancel at once, by unwinding out of it.
     fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+    // As the `libc` crate's, but "C-unwind": putting the mask back runs the
+    // handlers of the signals held back, on this thread, inside the call,
+    // and a cancellation acting in one unwinds out of it.
+    #[link_name = "pthread_sigmask"]
+    fn pthread_sigmask_unwind(
+        how: libc::c_int,
+        set: *const libc::sigset_t,
+        old: *mut libc::sigset_t,
+    ) -> libc::c_int;
 }
 
 /// `PTHREAD_CANCEL_DISABLE` (glibc's and musl's value).
@@ -171,7 +180,7 @@ impl Drop for Deferred {
         unsafe { std::mem::ManuallyDrop::drop(&mut self.cancel) };
         // SAFETY: restores the mask saved by `new`, on the same thread (a
         // `Deferred` is not `Send`).
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.mask, std::ptr::null_mut()) };
+        unsafe { pthread_sigmask_unwind(libc::SIG_SETMASK, &self.mask, std::ptr::null_mut()) };
     }
 }
 
