@@ -17,6 +17,7 @@ pub mod per_region;
 mod read;
 mod segv;
 pub mod sigbus;
+mod stack;
 pub mod threads;
 
 use std::fmt;

@@ -101,6 +101,7 @@ fn ensure_installed() -> Result<(), i32> {
             }
             super::chain::remember_previous(old);
             super::segv::guard_an_init();
+            super::stack::reserve();
             if libc::sigaction(libc::SIGBUS, &our_action(), std::ptr::null_mut()) != 0 {
                 return Err(crate::sys::errno());
             }
@@ -193,144 +194,13 @@ extern "C-unwind" fn on_sigbus(
             let err = uc.uc_mcontext.gregs[libc::REG_ERR as usize];
             (err & PF_WRITE != 0, err & PF_PROT != 0)
         };
-        // A live region of a pager whose view was stale: the application
-        // unmapped it, the event was not applied yet, and new memory was
-        // mapped there (another pager's region). The fault found the old
-        // region, which was gone by the time it was served (`NoRegion`):
-        // look again, as the kernel's fault finds the new VMA. Before, the
-        // access got SIGSEGV (two pagers in one process, found by CI).
-        let mut tries = 0;
-        let mut unread = 0u32;
-        let handled = loop {
-            let found = registry().read(|entries| {
-                // In a fork()ed child the parent's pagers serve nothing (their
-                // regions are not mapped here, and their ioctls would act on
-                // the parent).
-                let live = || {
-                    entries
-                        .iter()
-                        // SAFETY: registered entries are live until
-                        // `unregister` has waited out this read section.
-                        .map(|&p| unsafe { &*(p as *const Entry) })
-                        .filter(|e| !e.mm().in_child())
-                };
-                let mms = || live().map(Entry::mm);
-                let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
-                // A live region first: another pager may still list the
-                // same range as dying after unmapping it, and a fault on
-                // this pager's new region there must not go to it. Of
-                // two live claims one is stale: the other pager has not
-                // applied the application's unmap of its region there
-                // yet, and a fault sent to it would wait for that (its
-                // events' gate) and then find nothing. A claim not in
-                // doubt (`Mm::live_claim`: no event of its pager on its
-                // way, no engine change of it in flight) is the true one;
-                // among the rest, the later placement. (Not the later
-                // placement alone: a move's is taken when its event is
-                // read, and a move read late, its target unmapped
-                // meanwhile and mapped there by another pager, looked
-                // newer than that pager's map. Where that pager has an
-                // event of its own on its way too, it still does: the
-                // fault waits for the stale pager's events, finds
-                // nothing and looks again.) Served after the read
-                // section, under a pin of its entry.
-                let mut claims = live().filter_map(|e| e.mm().live_placement(addr).map(|_| e));
-                let newest = match (claims.next(), claims.next()) {
-                    (one, None) => one,
-                    _ => live()
-                        .filter_map(|e| e.mm().live_claim(addr).map(|(p, doubt)| ((!doubt, p), e)))
-                        .max_by_key(|&(key, _)| key)
-                        .map(|(_, e)| e),
-                };
-                if let Some(e) = newest {
-                    // SAFETY: `unregister` frees the entry only once this
-                    // pin is dropped (below, when the fault is served).
-                    let e: &'static Entry = unsafe { &*(e as *const Entry) };
-                    return Found::Live(e, e.pins.pin());
-                }
-                // A fault raised on a range while its pager unmapped it:
-                // the access is to memory that is going away.
-                if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
-                    mm.counters.inc(crate::stats::Counter::SEGV);
-                    return Found::Done(Resolution::Segv);
-                }
-                // No pager's, unless an event that puts a region here is
-                // being applied: the application's mremap returns once its
-                // event is read, so its next access can come before the
-                // region is published. Wait for the event, then look again:
-                // outside the read section, under a pin (the event waits for
-                // that pager's faults in flight, as long as their stores
-                // take, and every pager's build and drop waits for this
-                // section).
-                if let Some(e) = live().find(|e| e.mm().events.pending()) {
-                    // SAFETY: as for a live region's entry above.
-                    let e: &'static Entry = unsafe { &*(e as *const Entry) };
-                    return Found::Wait(e, e.pins.pin());
-                }
-                // Or one on its way that no reader has taken up yet: the
-                // kernel moved a range here (the access found it) and posts
-                // the move's event once it lets go of `mmap_lock`, and the
-                // event thread has not woken. The descriptors'
-                // `mmap_changing` covers that window (before, two quick
-                // faults in it passed the SIGBUS on, and it killed: 1 run
-                // in 40 of `event_wait_latency`'s moved-address test).
-                if mms().any(|mm| mm.uffd.mmap_changing() || mm.uffd_quiet.mmap_changing()) {
-                    return Found::Unread;
-                }
-                // Or applied since the look began: look again.
-                let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
-                if now == epochs {
-                    Found::Nobody
-                } else {
-                    Found::Again
-                }
-            });
-            let live = matches!(found, Found::Live(..));
-            let handled = match found {
-                Found::Live(entry, pin) => {
-                    let present = Some(present);
-                    let access = crate::fault::Access { write, present };
-                    let r = handle_fault_since(entry.mm(), addr, access, since);
-                    // Counted while the pin keeps the pager: the access gets
-                    // SIGSEGV unless it is looked up again (below).
-                    let again = r == Resolution::NoRegion && tries < 8;
-                    if matches!(r, Resolution::Segv | Resolution::NoRegion) && !again {
-                        entry.mm().counters.inc(crate::stats::Counter::SEGV);
-                    }
-                    // Inside a read section: `unregister` frees the entry
-                    // only after a grace period, and the unpin reads it
-                    // after the count it waits for is zero.
-                    registry().read(|_| drop(pin));
-                    Some(r)
-                }
-                Found::Wait(entry, pin) => {
-                    entry.mm().events.gate.wait_for_writers();
-                    // (Inside a read section: see the live case.)
-                    registry().read(|_| drop(pin));
-                    continue;
-                }
-                Found::Again => continue,
-                Found::Unread => {
-                    // Yields, then sleeps 50 µs a look once it lasts (an
-                    // event held up behind another userfaultfd's reader).
-                    unread += 1;
-                    if unread < 100 {
-                        // SAFETY: sched_yield has no preconditions.
-                        unsafe { libc::sched_yield() };
-                    } else {
-                        crate::sys::sleep_ns(50_000);
-                    }
-                    continue;
-                }
-                Found::Done(r) => Some(r),
-                Found::Nobody => None,
-            };
-            if live && handled == Some(Resolution::NoRegion) && tries < 8 {
-                tries += 1;
-                continue;
-            }
-            break handled;
+        // On an engine stack where the fault was taken on a small
+        // alternate one (`stack`); back on the application's to return.
+        let access = crate::fault::Access {
+            write,
+            present: Some(present),
         };
+        let handled = super::stack::with_room(uctx, || serve(addr, access, since));
         if handled.is_some() {
             UNCLAIMED.with(|last| last.set((0, 0)));
         }
@@ -383,6 +253,149 @@ extern "C-unwind" fn on_sigbus(
     crate::sys::set_errno(saved);
     super::chain::chain(sig, info, uctx, &our_action());
     crate::sys::set_errno(saved);
+}
+
+/// Looks `addr` up among the pagers and serves the fault (`access`, begun
+/// at `since`) where one claims it. `None`: no pager claims it.
+/// Async-signal-safe.
+#[inline(never)]
+fn serve(addr: usize, access: crate::fault::Access, since: u64) -> Option<Resolution> {
+    // A live region of a pager whose view was stale: the application
+    // unmapped it, the event was not applied yet, and new memory was
+    // mapped there (another pager's region). The fault found the old
+    // region, which was gone by the time it was served (`NoRegion`):
+    // look again, as the kernel's fault finds the new VMA. Before, the
+    // access got SIGSEGV (two pagers in one process, found by CI).
+    let mut tries = 0;
+    let mut unread = 0u32;
+    loop {
+        let found = registry().read(|entries| {
+            // In a fork()ed child the parent's pagers serve nothing (their
+            // regions are not mapped here, and their ioctls would act on
+            // the parent).
+            let live = || {
+                entries
+                    .iter()
+                    // SAFETY: registered entries are live until
+                    // `unregister` has waited out this read section.
+                    .map(|&p| unsafe { &*(p as *const Entry) })
+                    .filter(|e| !e.mm().in_child())
+            };
+            let mms = || live().map(Entry::mm);
+            let epochs = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+            // A live region first: another pager may still list the
+            // same range as dying after unmapping it, and a fault on
+            // this pager's new region there must not go to it. Of
+            // two live claims one is stale: the other pager has not
+            // applied the application's unmap of its region there
+            // yet, and a fault sent to it would wait for that (its
+            // events' gate) and then find nothing. A claim not in
+            // doubt (`Mm::live_claim`: no event of its pager on its
+            // way, no engine change of it in flight) is the true one;
+            // among the rest, the later placement. (Not the later
+            // placement alone: a move's is taken when its event is
+            // read, and a move read late, its target unmapped
+            // meanwhile and mapped there by another pager, looked
+            // newer than that pager's map. Where that pager has an
+            // event of its own on its way too, it still does: the
+            // fault waits for the stale pager's events, finds
+            // nothing and looks again.) Served after the read
+            // section, under a pin of its entry.
+            let mut claims = live().filter_map(|e| e.mm().live_placement(addr).map(|_| e));
+            let newest = match (claims.next(), claims.next()) {
+                (one, None) => one,
+                _ => live()
+                    .filter_map(|e| e.mm().live_claim(addr).map(|(p, doubt)| ((!doubt, p), e)))
+                    .max_by_key(|&(key, _)| key)
+                    .map(|(_, e)| e),
+            };
+            if let Some(e) = newest {
+                // SAFETY: `unregister` frees the entry only once this
+                // pin is dropped (below, when the fault is served).
+                let e: &'static Entry = unsafe { &*(e as *const Entry) };
+                return Found::Live(e, e.pins.pin());
+            }
+            // A fault raised on a range while its pager unmapped it:
+            // the access is to memory that is going away.
+            if let Some(mm) = mms().find(|mm| mm.claims_dying(addr)) {
+                mm.counters.inc(crate::stats::Counter::SEGV);
+                return Found::Done(Resolution::Segv);
+            }
+            // No pager's, unless an event that puts a region here is
+            // being applied: the application's mremap returns once its
+            // event is read, so its next access can come before the
+            // region is published. Wait for the event, then look again:
+            // outside the read section, under a pin (the event waits for
+            // that pager's faults in flight, as long as their stores
+            // take, and every pager's build and drop waits for this
+            // section).
+            if let Some(e) = live().find(|e| e.mm().events.pending()) {
+                // SAFETY: as for a live region's entry above.
+                let e: &'static Entry = unsafe { &*(e as *const Entry) };
+                return Found::Wait(e, e.pins.pin());
+            }
+            // Or one on its way that no reader has taken up yet: the
+            // kernel moved a range here (the access found it) and posts
+            // the move's event once it lets go of `mmap_lock`, and the
+            // event thread has not woken. The descriptors'
+            // `mmap_changing` covers that window (before, two quick
+            // faults in it passed the SIGBUS on, and it killed: 1 run
+            // in 40 of `event_wait_latency`'s moved-address test).
+            if mms().any(|mm| mm.uffd.mmap_changing() || mm.uffd_quiet.mmap_changing()) {
+                return Found::Unread;
+            }
+            // Or applied since the look began: look again.
+            let now = mms().fold(0u64, |a, mm| a.wrapping_add(mm.events.epoch()));
+            if now == epochs {
+                Found::Nobody
+            } else {
+                Found::Again
+            }
+        });
+        let live = matches!(found, Found::Live(..));
+        let handled = match found {
+            Found::Live(entry, pin) => {
+                let r = handle_fault_since(entry.mm(), addr, access, since);
+                // Counted while the pin keeps the pager: the access gets
+                // SIGSEGV unless it is looked up again (below).
+                let again = r == Resolution::NoRegion && tries < 8;
+                if matches!(r, Resolution::Segv | Resolution::NoRegion) && !again {
+                    entry.mm().counters.inc(crate::stats::Counter::SEGV);
+                }
+                // Inside a read section: `unregister` frees the entry
+                // only after a grace period, and the unpin reads it
+                // after the count it waits for is zero.
+                registry().read(|_| drop(pin));
+                Some(r)
+            }
+            Found::Wait(entry, pin) => {
+                entry.mm().events.gate.wait_for_writers();
+                // (Inside a read section: see the live case.)
+                registry().read(|_| drop(pin));
+                continue;
+            }
+            Found::Again => continue,
+            Found::Unread => {
+                // Yields, then sleeps 50 µs a look once it lasts (an
+                // event held up behind another userfaultfd's reader).
+                unread += 1;
+                if unread < 100 {
+                    // SAFETY: sched_yield has no preconditions.
+                    unsafe { libc::sched_yield() };
+                } else {
+                    crate::sys::sleep_ns(50_000);
+                }
+                continue;
+            }
+            Found::Done(r) => Some(r),
+            Found::Nobody => None,
+        };
+        if live && handled == Some(Resolution::NoRegion) && tries < 8 {
+            tries += 1;
+            continue;
+        }
+        break handled;
+    }
 }
 
 /// What the handler's look in the registry found.

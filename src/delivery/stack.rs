@@ -1,0 +1,172 @@
+//! Stacks of the engine's own for a fault taken on a small alternate signal
+//! stack.
+//!
+//! The SIGBUS handler runs on the stack the fault was taken on (it is
+//! installed without `SA_ONSTACK`: see `sigbus::ensure_installed`), and the
+//! fault path needs tens of KiB of it (a page buffer aligned to 4 KiB, and
+//! reclaim beneath it). A handler of the application's that runs on its
+//! alternate stack (`sigaltstack`, `SA_ONSTACK`; `SIGSTKSZ` is 8 KiB) and
+//! touches an absent page of a region took the fault there, and the fault
+//! path wrote below that stack, over whatever lay there: the heap, for a
+//! stack from `malloc` (`tests/small_signal_stack.rs`: 17 KiB below an
+//! 8 KiB stack). The kernel's own fault path runs on the task's kernel
+//! stack, whatever the user stack is.
+//!
+//! The kernel records the thread's alternate stack in the signal frame
+//! (`uc_stack`), and the interrupted stack pointer says whether the code
+//! ran on it. With less than [`ROOM`] left below the handler's frame, the
+//! fault is served on one of [`SLOTS`] stacks mapped when the handler is
+//! installed, and the handler goes back to the application's stack to
+//! return (or to pass a SIGSEGV or SIGBUS on to the application's handler,
+//! which may leave by `siglongjmp`).
+//!
+//! Hazards:
+//! - A thread that finds every slot taken waits for one (a futex): a slot
+//!   is held for one fault, which never waits for a thread that has not
+//!   begun its own (a thread waiting here holds no engine lock).
+//! - An alternate stack disarmed while in use (`SS_AUTODISARM`) is
+//!   recorded as disabled, so a fault on it is not seen as one on a small
+//!   stack and is served where it was taken, as before.
+//! - A `fork` while a slot is held leaves it taken in the child, whose
+//!   pagers serve nothing.
+//!
+//! Cost: one load of the signal frame per fault; where a switch is needed,
+//! an atomic swap each way and the switch itself (a few instructions).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+/// Stack the fault path may need below the handler's frame; less left on an
+/// alternate stack and the fault is served on one of the engine's.
+pub(super) const ROOM: usize = 64 << 10;
+/// How many stacks: threads faulting on small alternate stacks at once.
+const SLOTS: usize = 8;
+/// One stack's size, and the guard page mapped `PROT_NONE` below it.
+const SIZE: usize = 256 << 10;
+const GUARD: usize = crate::sys::PAGE_SIZE;
+
+/// The stacks' mapping (its lowest address), or `None` where it could not
+/// be made (faults are then served where they were taken, as before).
+static POOL: OnceLock<Option<usize>> = OnceLock::new();
+/// A bit per slot: taken.
+static TAKEN: AtomicU32 = AtomicU32::new(0);
+/// Counts slots given back: the futex word a thread waiting for one sleeps on.
+static GIVEN: AtomicU32 = AtomicU32::new(0);
+
+/// Maps the stacks, once; called as the handler is installed, never in it.
+pub(super) fn reserve() {
+    POOL.get_or_init(|| {
+        let len = SLOTS * (SIZE + GUARD);
+        // SAFETY: a fresh private anonymous mapping; then the lowest page of
+        // each slot, inside it, made inaccessible.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return None;
+            }
+            for s in 0..SLOTS {
+                let guard = (base as usize + s * (SIZE + GUARD)) as *mut libc::c_void;
+                libc::mprotect(guard, GUARD, libc::PROT_NONE);
+            }
+            Some(base as usize)
+        }
+    });
+}
+
+/// Runs `f`, on one of the engine's stacks where the fault was taken on an
+/// alternate stack with less than [`ROOM`] left below this frame (`uctx` is
+/// the handler's `ucontext_t`, or null). Async-signal-safe where `f` is.
+pub(super) fn with_room<R>(uctx: *const libc::c_void, f: impl FnOnce() -> R) -> R {
+    let here = &uctx as *const _ as usize;
+    let uc = uctx as *const libc::ucontext_t;
+    // SAFETY: the kernel's ucontext for this delivery, when not null.
+    let cramped = !uc.is_null()
+        && unsafe {
+            // (The frame's `ss_flags` are the stack's settings, not whether it
+            // was in use: the interrupted stack pointer says that.)
+            let (low, size) = ((*uc).uc_stack.ss_sp as usize, (*uc).uc_stack.ss_size);
+            let sp = (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] as usize;
+            size != 0 && sp > low && sp - low <= size && here.saturating_sub(low) < ROOM
+        };
+    let Some(&Some(base)) = POOL.get().filter(|_| cramped) else {
+        return f();
+    };
+    let slot = take();
+    let top = base + slot * (SIZE + GUARD) + GUARD + SIZE;
+    let mut f = Some(f);
+    let mut out = None;
+    let mut run = || out = f.take().map(|f| f());
+    // SAFETY: `top` is the (16-byte aligned) end of a slot this thread took,
+    // mapped read-write below it for SIZE bytes, above a guard page.
+    unsafe { run_on(top, &mut run) };
+    give(slot);
+    match out {
+        Some(r) => r,
+        // (`run` always runs; an unwind out of it aborts in `trampoline`.)
+        None => unreachable!(),
+    }
+}
+
+fn take() -> usize {
+    loop {
+        let seen = GIVEN.load(Ordering::Acquire);
+        let taken = TAKEN.load(Ordering::Relaxed);
+        let free = !taken & ((1u32 << SLOTS) - 1);
+        if free == 0 {
+            crate::sys::futex::wait(&GIVEN, seen);
+            continue;
+        }
+        let s = free.trailing_zeros();
+        if TAKEN
+            .compare_exchange(taken, taken | 1 << s, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return s as usize;
+        }
+    }
+}
+
+fn give(slot: usize) {
+    TAKEN.fetch_and(!(1u32 << slot), Ordering::Release);
+    GIVEN.fetch_add(1, Ordering::Release);
+    crate::sys::futex::wake_all(&GIVEN);
+}
+
+/// Calls `f` with the stack pointer at `top`, and puts it back after.
+///
+/// # Safety
+/// `top` must be 16-byte aligned, with enough writable stack below it for
+/// `f`, used by nothing else meanwhile.
+unsafe fn run_on(top: usize, f: &mut dyn FnMut()) {
+    /// Runs on the new stack. `extern "C"`: a panic in `f` aborts here
+    /// instead of unwinding through the switch, which records no frame.
+    extern "C" fn trampoline(f: *mut &mut dyn FnMut()) {
+        // SAFETY: `run_on` passes a pointer to its own live argument.
+        unsafe { (*f)() }
+    }
+    let mut f = f;
+    let arg: *mut &mut dyn FnMut() = &mut f;
+    // SAFETY: r12 is callee-saved, so it holds the old stack pointer across
+    // the call; `top` is aligned, so the call meets the ABI's alignment.
+    // Every register the C ABI lets a call clobber is declared clobbered.
+    unsafe {
+        std::arch::asm!(
+            "mov r12, rsp",
+            "mov rsp, {top}",
+            "call {tramp}",
+            "mov rsp, r12",
+            top = in(reg) top,
+            tramp = sym trampoline,
+            in("rdi") arg,
+            out("r12") _,
+            clobber_abi("C"),
+        );
+    }
+}

@@ -1,0 +1,118 @@
+//! A fault taken by an application's signal handler running on a small
+//! alternate stack (`sigaltstack`, `SA_ONSTACK`) is served without writing
+//! below that stack.
+//!
+//! The engine's SIGBUS handler runs on the stack the fault was taken on,
+//! and its fault path needs tens of KiB; on an 8 KiB stack it wrote over
+//! whatever lay below (here a guard area the test fills and checks; in a
+//! program, often the heap). Its own file: it installs a process-wide
+//! SIGUSR1 handler.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Delivery, InstallKind, MapOptions};
+use util::*;
+
+const PAGES: usize = 16;
+/// The alternate stack: `SIGSTKSZ`-sized, as most programs set it.
+const ALT: usize = 8 << 10;
+/// Checked memory below it.
+const BELOW: usize = 248 << 10;
+const FILL: u8 = 0xa5;
+
+/// The page the handler reads (its address), and what it read.
+static TARGET: AtomicUsize = AtomicUsize::new(0);
+static READ: AtomicU8 = AtomicU8::new(0);
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    let a = TARGET.load(Ordering::Relaxed);
+    // SAFETY: a page of the live region the test set.
+    let v = unsafe { std::ptr::read_volatile(a as *const u8) };
+    READ.store(v, Ordering::Relaxed);
+}
+
+#[test]
+fn a_fault_on_a_small_alternate_stack_stays_on_it() {
+    with_deadline(60, "faults on an alternate stack", || {
+        // A budget under the region's size: later faults evict first (the
+        // deepest path).
+        let p = uffd_pager::Pager::builder()
+            .delivery(Delivery::InThread)
+            .readahead(0, 1)
+            .fault_around(0)
+            .budget_pages(4)
+            .build()
+            .unwrap();
+        let data = pattern_vec(41, PAGES * PAGE);
+        let store = Arc::new(MemoryStore::read_only(&data).unwrap());
+        let opts = MapOptions {
+            writable: false,
+            kind: Some(InstallKind::Anonymous),
+            ..MapOptions::default()
+        };
+        // SAFETY: nothing else changes the read-only store.
+        let region = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
+
+        // SAFETY: a fresh private mapping: the checked area, then the stack.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BELOW + ALT,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let below = base as *mut u8;
+        // SAFETY: the first BELOW bytes of the mapping above.
+        unsafe { std::ptr::write_bytes(below, FILL, BELOW) };
+        let ss = libc::stack_t {
+            ss_sp: below.wrapping_add(BELOW).cast(),
+            ss_flags: 0,
+            ss_size: ALT,
+        };
+        // SAFETY: this thread's alternate stack, then a handler that reads
+        // one byte and stores it (async-signal-safe).
+        unsafe {
+            assert_eq!(libc::sigaltstack(&ss, std::ptr::null_mut()), 0);
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_usr1 as *const () as usize;
+            sa.sa_flags = libc::SA_ONSTACK;
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+        for i in 0..PAGES {
+            TARGET.store(region.as_ptr() as usize + i * PAGE + 7, Ordering::Relaxed);
+            // SAFETY: raise runs the handler on this thread before returning.
+            unsafe { libc::raise(libc::SIGUSR1) };
+            assert_eq!(READ.load(Ordering::Relaxed), data[i * PAGE + 7], "page {i}");
+        }
+        // SAFETY: the checked area, read after the handlers ran.
+        let seen = unsafe { std::slice::from_raw_parts(below, BELOW) };
+        let lowest = seen.iter().position(|&b| b != FILL);
+        // SAFETY: turns the alternate stack off before it is unmapped.
+        unsafe {
+            let off = libc::stack_t {
+                ss_sp: std::ptr::null_mut(),
+                ss_flags: libc::SS_DISABLE,
+                ss_size: 0,
+            };
+            libc::sigaltstack(&off, std::ptr::null_mut());
+            libc::munmap(base, BELOW + ALT);
+        }
+        assert_eq!(
+            lowest.map(|at| BELOW - at),
+            None,
+            "the fault path wrote this many bytes below the {ALT}-byte alternate stack"
+        );
+        assert!(
+            p.stats().get(uffd_pager::Counter::PGSTEAL) > 0,
+            "reclaim ran in the handler"
+        );
+    });
+}
