@@ -92,8 +92,13 @@ struct Modeled {
     writable: bool,
 }
 
+/// A region's first bytes: no two pages alike, nor two regions' (every
+/// page of a region was alike before, and a page served at the wrong place
+/// passed the model).
 fn fill(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    util::pattern_vec(n << 8 | u64::from(seed), len)
 }
 
 /// Runs `ops` on `pager`; returns the first disagreement with the model.
@@ -263,11 +268,19 @@ proptest! {
             .budget_pages(24)
             .build()
             .unwrap();
-        let (ra, rb) = std::thread::scope(|s| {
-            let ta = s.spawn(|| run(&pager, &a));
-            let tb = s.spawn(|| run(&pager, &b));
-            (ta.join().unwrap(), tb.join().unwrap())
+        // Under a deadline: a hung fault fails the case instead of stalling
+        // the run.
+        let pager = Arc::new(pager);
+        let (tx, rx) = std::sync::mpsc::channel();
+        util::with_deadline(120, "two threads' operations", move || {
+            let (ra, rb) = std::thread::scope(|s| {
+                let ta = s.spawn(|| run(&pager, &a));
+                let tb = s.spawn(|| run(&pager, &b));
+                (ta.join().unwrap(), tb.join().unwrap())
+            });
+            let _ = tx.send((ra, rb));
         });
+        let (ra, rb) = rx.recv().unwrap();
         prop_assert!(ra.is_ok(), "{d}: thread a: {}", ra.unwrap_err());
         prop_assert!(rb.is_ok(), "{d}: thread b: {}", rb.unwrap_err());
         let _ = InstallKind::Anonymous;

@@ -31,6 +31,20 @@ fn values_too_large_to_run_are_usage_errors() {
         (&["bench", "metadata", "--budget", MAX], "--budget"),
         (&["bench", "random", "--budget", "100000000"], "memory"),
         (&["bench", "populate-churn", "--shards", MAX], "--shards"),
+        // (Counted into --ops before it was checked: a panic, exit 101.)
+        (
+            &["torture", "--duration", "1", "--threads", "4294967295"],
+            "--threads",
+        ),
+        // Zeros nobody wrote check nothing (it reported PASS).
+        (
+            &["torture", "--kind", "anonymous", "--write-pct", "0"],
+            "--write-pct",
+        ),
+        (
+            &["torture", "--kind", "swapfile", "--write-pct", "0"],
+            "--write-pct",
+        ),
         (
             &["bench", "swap", "--delivery", "threads:100000"],
             "delivery",

@@ -134,6 +134,22 @@ fn anon_torture(delivery: Delivery, swapfile: bool, seed: u64) {
     check(&cfg, &r, true);
 }
 
+/// The soak's side-region churn (maps, writes, remaps, protects, drops and
+/// unmaps side regions of the same pager) runs beside the torture and finds
+/// every byte it wrote. No test ran it before.
+#[test]
+fn churn_beside_the_torture_is_clean() {
+    let cfg = TortureConfig {
+        churn: true,
+        ..config(TortureKind::Anonymous, Delivery::InThread, 23)
+    };
+    let r = run(&cfg).expect("torture run");
+    check(&cfg, &r, true);
+    assert!(r.churn_ops > 0, "the churn did nothing: {r}");
+    assert_eq!(r.churn_mismatches, 0, "{r}");
+    assert!(r.is_clean(), "{r}");
+}
+
 #[test]
 fn file_shared_in_thread() {
     file_torture(Delivery::InThread, InstallKind::Shared, 11);

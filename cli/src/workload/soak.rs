@@ -19,12 +19,16 @@ const LIVE: usize = 6;
 const MAX_PAGES: usize = 48;
 
 /// What the churn did.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ChurnReport {
     /// Address-space operations (map, remap, protect, dontneed, unmap).
     pub ops: u64,
-    /// Bytes of side regions that did not hold what was written.
+    /// Bytes of side regions that did not hold what was written, each
+    /// counted once (the check after every operation takes what it found
+    /// as what the region holds from then on).
     pub mismatches: u64,
+    /// The first of them: where, and after which operation.
+    pub first: Option<String>,
 }
 
 /// A side region and what it must hold.
@@ -47,11 +51,17 @@ impl Rng {
     }
 }
 
+/// `len` bytes of the workloads' [`pattern`](super::common::pattern), as
+/// if at page `seed` (2^20 pages apart per seed): no two pages alike,
+/// within a region or across regions. (Before, every page of a side region
+/// held the same bytes, and a page moved to the wrong place passed.)
 fn fill(seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u64).wrapping_mul(31) ^ seed) as u8 | 1)
-        .collect()
+    let at = (seed as usize & ((1 << 30) - 1)) << 32;
+    (0..len).map(|i| super::common::pattern(at + i)).collect()
 }
+
+/// The operations' names, for the report (by `op` number).
+const OPS: [&str; 6] = ["map", "unmap", "remap", "protect", "dontneed", "rewrite"];
 
 /// Runs the churn on `pager` until `stop`.
 pub fn churn(pager: &Pager, seed: u64, stop: &AtomicBool) -> Result<ChurnReport> {
@@ -60,6 +70,10 @@ pub fn churn(pager: &Pager, seed: u64, stop: &AtomicBool) -> Result<ChurnReport>
     let mut r = ChurnReport::default();
     while !stop.load(Acquire) {
         let op = if live.is_empty() { 0 } else { rng.below(6) };
+        let name = match op {
+            0 if live.len() >= LIVE => "unmap",
+            _ => OPS[op as usize],
+        };
         match op {
             // Map a new side region and write it.
             0 if live.len() < LIVE => {
@@ -134,24 +148,88 @@ pub fn churn(pager: &Pager, seed: u64, stop: &AtomicBool) -> Result<ChurnReport>
                 if s.writable {
                     let pages = s.region.len() / PAGE_SIZE;
                     let p = rng.below(pages as u64) as usize;
-                    let v = rng.below(255) as u8 | 1;
-                    s.region.as_mut_slice()[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(v);
-                    s.want[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(v);
+                    let v = fill(rng.below(u64::MAX), PAGE_SIZE);
+                    s.region.as_mut_slice()[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].copy_from_slice(&v);
+                    s.want[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].copy_from_slice(&v);
                 }
             }
         }
         r.ops += 1;
-        for s in &live {
-            let n = s.region.len();
-            r.mismatches += s.region.as_slice()[..n]
-                .iter()
-                .zip(&s.want[..n])
-                .filter(|(a, b)| a != b)
-                .count() as u64;
+        for (k, s) in live.iter_mut().enumerate() {
+            check(s, k, name, &mut r);
         }
     }
     for s in live {
         s.region.unmap()?;
     }
     Ok(r)
+}
+
+/// Compares side region `s` (the `k`th live one) with what it must hold
+/// after operation `op`: counts the bytes that differ into `r`, notes the
+/// first, and takes what it found as what the region holds from then on,
+/// so one wrong byte is counted once, not after every later operation.
+fn check(s: &mut Side, k: usize, op: &str, r: &mut ChurnReport) {
+    let n = s.region.len();
+    let got = &s.region.as_slice()[..n];
+    for (i, (&g, w)) in got.iter().zip(&mut s.want[..n]).enumerate() {
+        if g != *w {
+            r.mismatches += 1;
+            r.first.get_or_insert_with(|| {
+                format!(
+                    "side region {k} ({:?}, {} pages), byte {i} (page {}) after {op} \
+                     (operation {}): read {g:#04x}, want {:#04x}",
+                    s.kind,
+                    n / PAGE_SIZE,
+                    i / PAGE_SIZE,
+                    r.ops,
+                    *w
+                )
+            });
+            *w = g;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pages of a side region, and regions of two seeds, hold different
+    /// bytes (every page was alike before).
+    #[test]
+    fn fill_tells_pages_and_regions_apart() {
+        let d = fill(3, 2 * PAGE_SIZE);
+        assert_ne!(d[..PAGE_SIZE], d[PAGE_SIZE..]);
+        assert_ne!(fill(0x100, PAGE_SIZE), fill(0, PAGE_SIZE));
+        assert!(d.iter().all(|&b| b != 0));
+    }
+
+    /// A wrong byte is counted once, however many checks follow, and the
+    /// first is located (each check counted it again before, unlocated).
+    #[test]
+    fn a_wrong_byte_is_counted_once_and_located() {
+        let pager = Pager::builder().build().unwrap();
+        let want = fill(9, 2 * PAGE_SIZE);
+        let mut region = pager.map_anonymous(want.len()).unwrap();
+        region.as_mut_slice().copy_from_slice(&want);
+        region.as_mut_slice()[PAGE_SIZE + 5] ^= 0x80;
+        let mut side = Side {
+            region,
+            want,
+            kind: InstallKind::Anonymous,
+            writable: true,
+        };
+        let mut r = ChurnReport::default();
+        for _ in 0..3 {
+            r.ops += 1;
+            check(&mut side, 0, "protect", &mut r);
+        }
+        assert_eq!(r.mismatches, 1);
+        let first = r.first.expect("located");
+        assert!(
+            first.contains("byte 4101 (page 1) after protect (operation 1)"),
+            "{first}"
+        );
+    }
 }

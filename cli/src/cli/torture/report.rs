@@ -97,9 +97,12 @@ pub(super) fn report_text(cfg: &TortureConfig, r: &TortureReport) -> String {
     if cfg.churn {
         let _ = writeln!(
             s,
-            "  churn           {} address-space operations on side regions",
-            r.churn_ops
+            "  churn           {} address-space operations on side regions, {} bytes wrong",
+            r.churn_ops, r.churn_mismatches
         );
+        if let Some(m) = &r.churn_first {
+            let _ = writeln!(s, "    first: {m}");
+        }
     }
     // (In the arguments' pages, as the header: the engine counts 4 KiB
     // units, which this line printed unlabelled for a 2 MiB run.)
@@ -177,6 +180,14 @@ pub(super) fn report_json(cfg: &TortureConfig, r: &TortureReport) -> Json {
         ("writes", Json::Int(r.writes as i64)),
         ("mismatches", Json::Int(r.mismatches as i64)),
         ("first_mismatches", mismatches),
+        ("churn_ops", Json::Int(r.churn_ops as i64)),
+        ("churn_mismatches", Json::Int(r.churn_mismatches as i64)),
+        (
+            "churn_first_mismatch",
+            r.churn_first
+                .as_ref()
+                .map_or(Json::Null, |m| Json::str(m.clone())),
+        ),
         ("words_verified", Json::Int(r.words_verified as i64)),
         ("elapsed_s", Json::Num(r.elapsed.as_secs_f64())),
         ("ops_per_s", Json::Num(ops_per_s(r))),
@@ -213,6 +224,8 @@ mod tests {
             background_flushes: 0,
             background_reclaimed: 0,
             churn_ops: 0,
+            churn_mismatches: 0,
+            churn_first: None,
             elapsed: std::time::Duration::ZERO,
             stats: pager.stats(),
         }

@@ -362,9 +362,6 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
     }
     let (background_flushes, background_reclaimed) = bg?;
     let churn = churn.transpose()?.unwrap_or_default();
-    if churn.mismatches > 0 {
-        findings.count.fetch_add(churn.mismatches, Relaxed);
-    }
 
     // Final read-back through the region (faults every page back in).
     let mut words_verified = verify_words(
@@ -417,6 +414,8 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport> {
         background_flushes,
         background_reclaimed,
         churn_ops: churn.ops,
+        churn_mismatches: churn.mismatches,
+        churn_first: churn.first,
         elapsed,
         stats: pager.stats(),
     })

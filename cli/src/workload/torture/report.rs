@@ -86,6 +86,12 @@ pub struct TortureReport {
     pub background_reclaimed: u64,
     /// The side-region churn's operations (0 without churn).
     pub churn_ops: u64,
+    /// Bytes of the churn's side regions that did not hold what was
+    /// written (each counted once; not in [`mismatches`](Self::mismatches),
+    /// which counts the tortured region's words).
+    pub churn_mismatches: u64,
+    /// The first of them.
+    pub churn_first: Option<String>,
     /// Wall time of the concurrent phase.
     pub elapsed: Duration,
     /// The pager's statistics after the final checks (for file-backed
@@ -96,7 +102,7 @@ pub struct TortureReport {
 impl TortureReport {
     /// Whether every check passed.
     pub fn is_clean(&self) -> bool {
-        self.mismatches == 0
+        self.mismatches == 0 && self.churn_mismatches == 0
     }
 }
 
@@ -127,6 +133,12 @@ impl fmt::Display for TortureReport {
         )?;
         for m in &self.first_mismatches {
             write!(f, "\n  {m}")?;
+        }
+        if self.churn_mismatches > 0 {
+            write!(f, "\n  churn: {} bytes wrong", self.churn_mismatches)?;
+        }
+        if let Some(m) = &self.churn_first {
+            write!(f, "; first: {m}")?;
         }
         Ok(())
     }
