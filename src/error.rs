@@ -88,6 +88,12 @@ pub enum Error {
     /// The kernel lacks something this configuration needs.
     #[error("unsupported by this kernel or process: {0}")]
     Unsupported(String),
+    /// The process may not have a userfaultfd (every way was refused with
+    /// `EPERM` or `EACCES`: a seccomp filter such as a container's default,
+    /// `vm.unprivileged_userfaultfd = 0` for a full descriptor, the mode of
+    /// `/dev/userfaultfd`). `errno()` is `EPERM`.
+    #[error("userfaultfd is not allowed to this process: {0}")]
+    NotAllowed(String),
     /// A system call failed.
     #[error("{op} failed: {}", std::io::Error::from_raw_os_error(*.errno))]
     Sys {
@@ -140,7 +146,8 @@ impl Error {
     /// The errno that best names the error, for callers that speak errno
     /// (the C API returns it negated): `EINVAL` for bad arguments, `EEXIST`
     /// for an overlap, `EACCES` for a read-only store, `ENOMEM` over the
-    /// budget or too few huge pages, `EOPNOTSUPP` for what the kernel lacks, the system call's or
+    /// budget or too few huge pages, `EOPNOTSUPP` for what the kernel lacks, `EPERM` where
+    /// userfaultfd is not allowed, the system call's or
     /// store's own errno, `EIO` for an I/O error without one.
     ///
     /// ```
@@ -160,6 +167,7 @@ impl Error {
             Error::ReadOnlyStore => libc::EACCES,
             Error::OverBudget { .. } => libc::ENOMEM,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::NotAllowed(_) => libc::EPERM,
             Error::Sys { errno, .. } => *errno,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Store(e) => e.0,

@@ -65,6 +65,38 @@ fn unprivileged_body() {
             "{d}: evicted"
         );
     }
+    // A read-only file's private copy (the anonymous kind), writable, as
+    // MAP_PRIVATE maps one: the file is never opened for writing (it was,
+    // and the map was refused).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let data = pattern_vec(6, 8 * PAGE);
+        let f = TempFile::with_contents("unpriv-ro", &data);
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o444)).unwrap();
+        let pager = Pager::builder().delivery(THREADS).build().unwrap();
+        let opts = MapOptions {
+            kind: Some(uffd_pager::InstallKind::Anonymous),
+            ..MapOptions::default()
+        };
+        // SAFETY: nothing changes the file while it is mapped.
+        let mut r = unsafe { pager.map_file(f.path(), None, &opts) }
+            .expect("a read-only file's private copy, writable");
+        assert_bytes(r.as_slice(), &data, "the private copy");
+        r.as_mut_slice()[3 * PAGE] ^= 0xff;
+        drop(r);
+        assert_eq!(f.read(), data, "the file is never written");
+    }
+    // A full descriptor is refused for want of permission: EPERM (it was
+    // EOPNOTSUPP, "unsupported", which the C API returns as is).
+    let refused = Pager::builder()
+        .delivery(THREADS)
+        .user_mode_only(false)
+        .build()
+        .expect_err("a full descriptor as an ordinary user");
+    assert!(
+        matches!(refused, uffd_pager::Error::NotAllowed(_)) && refused.errno() == libc::EPERM,
+        "{refused:?}"
+    );
     println!("{CHILD_OK}");
 }
 

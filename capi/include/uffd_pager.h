@@ -650,6 +650,8 @@ int32_t uffd_pager_region_flush(const struct uffd_pager_region *r);
 
 /**
  * Makes the region read-only (`writable` false) or read-write (mprotect).
+ * `writable` another value than 0 or 1 (a caller without the prototype,
+ * through `dlsym` or a foreign-function interface): `-EINVAL`.
  *
  * # Safety
  * `r` is a live region handle.

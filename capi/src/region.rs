@@ -325,16 +325,27 @@ pub unsafe extern "C" fn uffd_pager_region_flush(r: *const uffd_pager_region) ->
     with(r, Region::flush)
 }
 
+/// C's `bool` as the bytes it arrives in: checked before use (see
+/// `uffd_pager_region_protect`). The header names it `bool`.
+pub type CBool = u8;
+
 /// Makes the region read-only (`writable` false) or read-write (mprotect).
+/// `writable` another value than 0 or 1 (a caller without the prototype,
+/// through `dlsym` or a foreign-function interface): `-EINVAL`.
 ///
 /// # Safety
 /// `r` is a live region handle.
 #[no_mangle]
 pub unsafe extern "C" fn uffd_pager_region_protect(
     r: *const uffd_pager_region,
-    writable: bool,
+    // (A byte, as C's `bool` is passed: read as Rust's `bool`, a 2 was
+    // undefined behaviour.)
+    writable: CBool,
 ) -> i32 {
-    with(r, |g| g.protect(writable))
+    if writable > 1 {
+        return -libc::EINVAL;
+    }
+    with(r, |g| g.protect(writable == 1))
 }
 
 /// Advises how the whole region will be read from now on, as

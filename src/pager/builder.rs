@@ -288,8 +288,13 @@ impl PagerBuilder {
             None => Want::Any,
         };
         let open = |quiet: bool| {
-            Uffd::open_as(crate::events::features(features, quiet), want, true)
-                .map_err(|e| Error::Unsupported(format!("userfaultfd: {e}")))
+            Uffd::open_as(crate::events::features(features, quiet), want, true).map_err(|e| {
+                if e.denied {
+                    Error::NotAllowed(e.message)
+                } else {
+                    Error::Unsupported(format!("userfaultfd: {e}"))
+                }
+            })
         };
         let uffd = open(false)?;
         let uffd_quiet = open(true)?;

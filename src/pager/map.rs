@@ -150,15 +150,20 @@ impl Pager {
         if !meta.is_file() {
             return Err(Error::NotRegularFile(path.to_path_buf()));
         }
+        // Opened for writing only where the region writes to it: an
+        // anonymous one is a private copy (as `MAP_PRIVATE` needs no write
+        // access to the file; it was opened read-write, and a read-only
+        // file was refused).
+        let writes_back = opts.writable && opts.install_kind() == InstallKind::Shared;
         let store = FileStore::open(
             path,
             &FileStoreOptions {
-                writable: opts.writable,
+                writable: writes_back,
                 ..FileStoreOptions::default()
             },
         )
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) if opts.writable => {
+            Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) if writes_back => {
                 Error::ReadOnlyStore
             }
             _ => Error::Io {

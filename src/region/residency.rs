@@ -142,12 +142,9 @@ impl Region {
     /// [`as_slice`](Self::as_slice)) is alive during the call: they change
     /// under it.
     pub unsafe fn dontneed_unchecked(&self, offset: usize, len: usize) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let (start, mut end) = self.page_span(offset, len)?;
         // As the kernel's madvise: the start must be a page boundary
-        // (rounding it down would drop bytes the caller did not name).
+        // (rounding it down would drop bytes the caller did not name),
+        // even for an empty range (which was let through unaligned).
         if !offset.is_multiple_of(self.page_size) {
             return Err(Error::Unaligned {
                 what: "offset",
@@ -155,6 +152,10 @@ impl Region {
                 page_size: self.page_size,
             });
         }
+        if len == 0 {
+            return Ok(());
+        }
+        let (start, mut end) = self.page_span(offset, len)?;
         if self.page_size != PAGE_SIZE {
             // As on hugetlb: a partial last page is kept.
             end = (self.start + offset + len) & !(self.page_size - 1);

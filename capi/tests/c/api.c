@@ -160,6 +160,16 @@ int main(int argc, char **argv) {
   CHECK(base[5 * PAGE + 100] == 9);
   CHECK(uffd_pager_region_dontneed(r, 5 * PAGE, PAGE) == 0);
   CHECK(base[5 * PAGE + 100] == 9); /* a shared region's page stays cached */
+  /* ... also for an empty range (it was let through), as madvise. */
+  CHECK(uffd_pager_region_dontneed(r, 5 * PAGE + 100, 0) == -EINVAL);
+  CHECK(uffd_pager_region_dontneed(r, 5 * PAGE, 0) == 0);
+
+  /* A caller without the prototype (dlsym, a foreign-function interface)
+     passes an int: neither 0 nor 1 is refused, not read as a bool. */
+  int (*protect_int)(const struct uffd_pager_region *, int) =
+      (int (*)(const struct uffd_pager_region *, int))(void (*)(void))uffd_pager_region_protect;
+  CHECK(protect_int(r, 2) == -EINVAL);
+  CHECK(uffd_pager_region_protect(r, true) == 0);
 
   uffd_pager_stats st;
   CHECK(uffd_pager_stats_get(p, &st, sizeof st) == (int)sizeof st);

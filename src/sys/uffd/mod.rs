@@ -17,7 +17,7 @@ pub use abi::*;
 pub mod inherit;
 mod open;
 mod own;
-pub use open::{Descriptor, Want};
+pub use open::{Descriptor, Refused, Want};
 pub use own::OwnDescriptor;
 
 /// Result of an ioctl: the kernel's count (bytes for COPY/MOVE/CONTINUE) or the errno.
@@ -65,7 +65,7 @@ impl Drop for Uffd {
 
 impl Uffd {
     /// Opens a descriptor as `want` says and enables `features`.
-    pub fn open_as(features: u64, want: Want, nonblocking: bool) -> Result<Uffd, String> {
+    pub fn open_as(features: u64, want: Want, nonblocking: bool) -> Result<Uffd, Refused> {
         let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
         let (fd, descriptor) = open::open_raw(want, flags)?;
         // SAFETY: `fd` is a fresh descriptor that we own from here on.
@@ -75,12 +75,13 @@ impl Uffd {
             features,
             ioctls: 0,
         };
-        ioctl(fd, iowr(nr::API, std::mem::size_of::<ApiArg>()), &mut a).map_err(|e| {
-            format!(
+        ioctl(fd, iowr(nr::API, std::mem::size_of::<ApiArg>()), &mut a).map_err(|e| Refused {
+            denied: false,
+            message: format!(
                 "UFFDIO_API with features {features:#x} ({}): {}",
                 feature_names(features),
                 std::io::Error::from_raw_os_error(e)
-            )
+            ),
         })?;
         let listed = inherit::list(fd);
         Ok(Uffd {

@@ -90,7 +90,7 @@ fn open_syscall(flags: i32) -> Result<RawFd, i32> {
 
 /// Opens a raw descriptor as `want` says: a full one through the device,
 /// then the system call; a user-mode-only one through the system call.
-pub(super) fn open_raw(want: Want, flags: i32) -> Result<(RawFd, Descriptor), String> {
+pub(super) fn open_raw(want: Want, flags: i32) -> Result<(RawFd, Descriptor), Refused> {
     let full = || {
         let dev = open_device(flags);
         if let Ok(fd) = dev {
@@ -140,11 +140,40 @@ pub(super) fn open_raw(want: Want, flags: i32) -> Result<(RawFd, Descriptor), St
             std::io::Error::from_raw_os_error(e)
         )
     };
+    let perm = |e: i32| e == libc::EPERM || e == libc::EACCES;
     match want {
-        Want::Full => full().map_err(full_err),
-        Want::UserModeOnly => umo().map_err(umo_err),
-        Want::Any => {
-            full().or_else(|fe| umo().map_err(|ue| format!("{}; {}", full_err(fe), umo_err(ue))))
-        }
+        Want::Full => full().map_err(|(d, s)| Refused {
+            denied: perm(d) && perm(s),
+            message: full_err((d, s)),
+        }),
+        Want::UserModeOnly => umo().map_err(|e| Refused {
+            denied: perm(e),
+            message: umo_err(e),
+        }),
+        Want::Any => full().or_else(|(d, s)| {
+            umo().map_err(|u| Refused {
+                denied: perm(d) && perm(s) && perm(u),
+                message: format!("{}; {}", full_err((d, s)), umo_err(u)),
+            })
+        }),
     }
 }
+
+/// Why no descriptor could be had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// Every way tried was refused for want of permission (`EPERM`,
+    /// `EACCES`: a seccomp filter, `vm.unprivileged_userfaultfd`, the
+    /// device's mode), not for want of support.
+    pub denied: bool,
+    /// What each way answered.
+    pub message: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
