@@ -92,6 +92,23 @@ impl Mm {
                     p.retire(u);
                 }
             }
+            // Another holder (a residency guard, a flush under way,
+            // another region of the object) keeps it past this unmap, and
+            // its dirty pages would be written when that one lets go: for
+            // a guard, at its drop, which can only log a failure. This
+            // unmap reports the write-back of the region's writes, so they
+            // are written now. (Later writes through another region are
+            // that region's.)
+            if Arc::strong_count(&obj) > 1
+                && obj.kind == InstallKind::Shared
+                && obj.store.writable()
+                && crate::unwritten::owes_pages(&obj)
+            {
+                let x = self.writeback_object(&obj, crate::writeback::Gate::Sections);
+                if r.is_ok() {
+                    r = x;
+                }
+            }
             let x = self.release_object(obj);
             if r.is_ok() {
                 r = x;

@@ -573,3 +573,20 @@ fn a_flush_while_a_guard_holds_an_unmapped_object_writes_its_pages() {
         drop(guard);
     }
 }
+
+/// `Region::unmap` with a residency guard alive writes the region's dirty
+/// pages back and reports how that went, as its docs (and the C header's
+/// `uffd_pager_region_unmap`) say: the guard's reference kept the object,
+/// and the write waited for the guard's drop, which can only log a
+/// failure (the store still held the older byte after the unmap).
+#[test]
+fn unmap_writes_back_while_a_guard_holds_the_object() {
+    for d in deliveries() {
+        let (_p, store, r) = dirty_shared_region(d);
+        let guard = r.lock_resident_owned(0, PAGE, false).unwrap();
+        r.unmap().unwrap();
+        assert_eq!(stored(&store), 0xAA, "{d:?}: written at the unmap");
+        drop(guard);
+        assert_eq!(stored(&store), 0xAA, "{d:?}: after the guard");
+    }
+}
