@@ -673,6 +673,9 @@ int32_t uffd_pager_region_advise(const struct uffd_pager_region *r, uint32_t acc
 /**
  * Faults `[offset, offset+len)` in now, for a buffer a system call is
  * about to use (in-thread delivery cannot serve faults inside syscalls).
+ * The pages are faulted in for writing, as a buffer `read(2)` fills
+ * needs: in a writable shared region they count as written, and are
+ * written back to the store, whether the call wrote them or not.
  * Under a budget another thread can evict the range again before the
  * call: `uffd_pager_region_lock_resident` keeps it resident until freed.
  *
@@ -733,7 +736,9 @@ int32_t uffd_pager_region_unmap(struct uffd_pager_region *r);
  * the range evicted again before the call. A range larger than the budget
  * is refused (-ENOMEM), as a range outside the region (-EINVAL). The
  * guard may outlive the region and the pager: it keeps what the pager
- * needs to give its pages back until it is freed.
+ * needs to give its pages back until it is freed. As for
+ * `uffd_pager_region_prefault`, the pages are faulted in for writing: in a
+ * writable shared region they count as written, and are written back.
  *
  * # Safety
  * `r` is a live region handle; `out` points at writable memory for a

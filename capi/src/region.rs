@@ -368,6 +368,9 @@ pub unsafe extern "C" fn uffd_pager_region_advise(r: *const uffd_pager_region, a
 
 /// Faults `[offset, offset+len)` in now, for a buffer a system call is
 /// about to use (in-thread delivery cannot serve faults inside syscalls).
+/// The pages are faulted in for writing, as a buffer `read(2)` fills
+/// needs: in a writable shared region they count as written, and are
+/// written back to the store, whether the call wrote them or not.
 /// Under a budget another thread can evict the range again before the
 /// call: `uffd_pager_region_lock_resident` keeps it resident until freed.
 ///

@@ -19,7 +19,9 @@ pub struct uffd_pager_resident {
 /// the range evicted again before the call. A range larger than the budget
 /// is refused (-ENOMEM), as a range outside the region (-EINVAL). The
 /// guard may outlive the region and the pager: it keeps what the pager
-/// needs to give its pages back until it is freed.
+/// needs to give its pages back until it is freed. As for
+/// `uffd_pager_region_prefault`, the pages are faulted in for writing: in a
+/// writable shared region they count as written, and are written back.
 ///
 /// # Safety
 /// `r` is a live region handle; `out` points at writable memory for a
