@@ -3,9 +3,9 @@
 //! below that stack.
 //!
 //! The engine's SIGBUS handler runs on the stack the fault was taken on,
-//! and its fault path needs tens of KiB; on an 8 KiB stack it wrote over
-//! whatever lay below (here a guard area the test fills and checks; in a
-//! program, often the heap). Its own file: it installs a process-wide
+//! and its fault path needs tens of KiB; on an 8 KiB stack it wrote 17 KiB
+//! below it, over whatever lay there (here an area the test fills and
+//! checks; in a program, often the heap). Its own file: it installs a process-wide
 //! SIGUSR1 handler.
 
 #[path = "engine_util.rs"]
@@ -18,8 +18,10 @@ use uffd_pager::{Delivery, InstallKind, MapOptions};
 use util::*;
 
 const PAGES: usize = 16;
-/// The alternate stack: `SIGSTKSZ`-sized, as most programs set it.
-const ALT: usize = 8 << 10;
+/// The alternate stack: twice `SIGSTKSZ` (room for two kernel signal
+/// frames with AVX-512 state, and the handlers above the switch), well
+/// under what the fault path needs.
+const ALT: usize = 16 << 10;
 /// Checked memory below it.
 const BELOW: usize = 248 << 10;
 const FILL: u8 = 0xa5;

@@ -257,7 +257,9 @@ extern "C-unwind" fn on_sigbus(
 
 /// Looks `addr` up among the pagers and serves the fault (`access`, begun
 /// at `since`) where one claims it. `None`: no pager claims it.
-/// Async-signal-safe.
+/// Async-signal-safe. Never inlined: its frame (tens of KiB, below it)
+/// must be on the stack `stack::with_room` chose, not in the handler's own
+/// frame, which is built before the switch.
 #[inline(never)]
 fn serve(addr: usize, access: crate::fault::Access, since: u64) -> Option<Resolution> {
     // A live region of a pager whose view was stale: the application

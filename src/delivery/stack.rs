@@ -27,11 +27,16 @@
 //! - An alternate stack disarmed while in use (`SS_AUTODISARM`) is
 //!   recorded as disabled, so a fault on it is not seen as one on a small
 //!   stack and is served where it was taken, as before.
-//! - A `fork` while a slot is held leaves it taken in the child, whose
-//!   pagers serve nothing.
+//! - A `fork` while a slot is held: the child frees every slot
+//!   (`pthread_atfork`), since the threads that held them are not there.
+//! - Every signal stays blocked while a fault runs on an engine stack (the
+//!   handler's mask): an `SA_ONSTACK` handler that ran there would see the
+//!   stack pointer off the alternate stack, and the kernel would build its
+//!   frame at the alternate stack's top, over the frames still live there.
 //!
 //! Cost: one load of the signal frame per fault; where a switch is needed,
-//! an atomic swap each way and the switch itself (a few instructions).
+//! an atomic swap each way and the switch itself (a few instructions, in
+//! assembly with call frame information so that backtraces cross it).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -71,13 +76,26 @@ pub(super) fn reserve() {
             if base == libc::MAP_FAILED {
                 return None;
             }
+            // A slot without its guard would overflow into the one below,
+            // another thread's stack: none at all then.
             for s in 0..SLOTS {
                 let guard = (base as usize + s * (SIZE + GUARD)) as *mut libc::c_void;
-                libc::mprotect(guard, GUARD, libc::PROT_NONE);
+                if libc::mprotect(guard, GUARD, libc::PROT_NONE) != 0 {
+                    libc::munmap(base, len);
+                    return None;
+                }
             }
+            // A child forked while a thread held a slot has no such thread.
+            libc::pthread_atfork(None, None, Some(forked));
             Some(base as usize)
         }
     });
+}
+
+/// In a `fork`ed child: every slot is free (the threads that held one are
+/// not there). Async-signal-safe.
+extern "C" fn forked() {
+    TAKEN.store(0, Ordering::Relaxed);
 }
 
 /// Runs `f`, on one of the engine's stacks where the fault was taken on an
@@ -146,27 +164,51 @@ fn give(slot: usize) {
 /// `f`, used by nothing else meanwhile.
 unsafe fn run_on(top: usize, f: &mut dyn FnMut()) {
     /// Runs on the new stack. `extern "C"`: a panic in `f` aborts here
-    /// instead of unwinding through the switch, which records no frame.
-    extern "C" fn trampoline(f: *mut &mut dyn FnMut()) {
+    /// instead of unwinding through the switch.
+    extern "C" fn trampoline(f: *mut libc::c_void) {
         // SAFETY: `run_on` passes a pointer to its own live argument.
-        unsafe { (*f)() }
+        unsafe { (*(f as *mut &mut dyn FnMut()))() }
     }
     let mut f = f;
-    let arg: *mut &mut dyn FnMut() = &mut f;
-    // SAFETY: r12 is callee-saved, so it holds the old stack pointer across
-    // the call; `top` is aligned, so the call meets the ABI's alignment.
-    // Every register the C ABI lets a call clobber is declared clobbered.
-    unsafe {
-        std::arch::asm!(
-            "mov r12, rsp",
-            "mov rsp, {top}",
-            "call {tramp}",
-            "mov rsp, r12",
-            top = in(reg) top,
-            tramp = sym trampoline,
-            in("rdi") arg,
-            out("r12") _,
-            clobber_abi("C"),
-        );
-    }
+    let arg = &mut f as *mut &mut dyn FnMut() as *mut libc::c_void;
+    // SAFETY: `switch_stack` (below) calls `trampoline(arg)` on the stack
+    // at `top` (the caller's contract) and comes back to this one.
+    unsafe { uffd_pager_switch_stack(arg, trampoline, top) };
 }
+
+extern "C" {
+    /// `f(arg)` with the stack pointer at `top`: the frame pointer keeps
+    /// the old stack, and the call frame information says so, so an
+    /// unwinder or debugger walks from the engine's stack back to the
+    /// application's (computed from the stack pointer, it read the next
+    /// slot's guard page: a backtrace of a panic there was a SIGSEGV).
+    fn uffd_pager_switch_stack(
+        arg: *mut libc::c_void,
+        f: extern "C" fn(*mut libc::c_void),
+        top: usize,
+    );
+}
+
+// rdi: arg (passed on), rsi: f, rdx: top (16-byte aligned, so the call
+// meets the ABI's alignment). Hidden: not in a shared library's symbols.
+std::arch::global_asm!(
+    ".p2align 4",
+    ".globl uffd_pager_switch_stack",
+    ".hidden uffd_pager_switch_stack",
+    ".type uffd_pager_switch_stack,@function",
+    "uffd_pager_switch_stack:",
+    ".cfi_startproc",
+    "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
+    "mov rbp, rsp",
+    ".cfi_def_cfa_register rbp",
+    "mov rsp, rdx",
+    "call rsi",
+    "mov rsp, rbp",
+    "pop rbp",
+    ".cfi_def_cfa rsp, 8",
+    "ret",
+    ".cfi_endproc",
+    ".size uffd_pager_switch_stack, .-uffd_pager_switch_stack",
+);
