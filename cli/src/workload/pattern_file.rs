@@ -25,7 +25,11 @@ pub fn default_dir() -> PathBuf {
 /// The little-endian `u64` a [`pattern`] file holds at byte `offset`.
 #[inline]
 pub fn pattern_word(offset: usize) -> u64 {
-    u64::from_le_bytes(std::array::from_fn(|i| pattern(offset + i)))
+    if offset.is_multiple_of(8) {
+        super::common::pattern_aligned_word(offset)
+    } else {
+        u64::from_le_bytes(std::array::from_fn(|i| pattern(offset + i)))
+    }
 }
 
 /// A file of whole pages filled with [`pattern`]. It is unlinked as soon
