@@ -194,7 +194,11 @@ pub(crate) fn stale(mm: &Mm, start: usize, end: usize, awaited: bool, new: &crat
 /// calls that unmapped one region in two parts post two events, and the
 /// first took the whole record, so the second cut the region. Hazard: a
 /// region the application moved rather than unmapped is lost here (its
-/// move's event finds nothing to move). A record no unmap takes would
+/// move's event finds nothing to move): a move applied as an event first
+/// applies the older events of the regions it meets ([`older_first`]),
+/// and a map waits for events on their way (`event_coming`), so what is
+/// left is a map that gave up waiting, and a move made between a map's
+/// look and its `mmap`. A record no unmap takes would
 /// swallow `ours`'s own later unmap: once its descriptor has no event
 /// that may still be applied ([`may_come`]), it is dropped, here and after
 /// each event applied (`records::prune_after_event`). `in_event`: the
@@ -344,6 +348,9 @@ fn apply(
             // alone (the range is recorded).
             if let Some(v) = vmas.first() {
                 let dest = (to, to + (end - s));
+                if let Some(from) = desc {
+                    older_first(mm, dest, from, released);
+                }
                 settle_stale(mm, &[dest], Some(dest), &v.object, true, released);
             }
             for v in &vmas {
@@ -351,6 +358,75 @@ fn apply(
                 kept.extend(moved);
                 mm.publish(std::slice::from_ref(v), &kept);
             }
+        }
+    }
+}
+
+/// Before a move read from descriptor `from` is applied: the regions of
+/// other descriptors the table still holds in its destination `dest` left
+/// that range (moved or unmapped by the application) before this move
+/// could land there, so their events are older than this one, posted on
+/// their own descriptors and read after it (a reader drains one
+/// descriptor before the next; two handler threads race). Taken for
+/// unmapped by [`settle_stale`], a region the application moved lost its
+/// pages, and its own move then found nothing to move (found by review).
+/// So their events are applied first: queued ones, in their order, and
+/// those still in the kernel (its descriptor `changing`) read now. A fault
+/// message read with them is not served here: its range is woken, and the
+/// access runs again and faults again. Under the gate's write side and
+/// the global write lock, as [`apply`].
+fn older_first(mm: &Mm, dest: (usize, usize), from: usize, released: &mut Released<'_>) {
+    let mut msgs = [crate::sys::uffd::Msg::default(); 16];
+    // (Bounded: each round applies an event or reads one; a descriptor
+    // that keeps reporting a change with nothing to read ends it.)
+    for _ in 0..64 {
+        let mut others: Vec<Desc> = Vec::new();
+        for v in mm.table.read(|t| t.overlapping(dest.0, dest.1)).iter() {
+            let d = Desc::of(&v.object);
+            let id = d.id(mm);
+            if id != from && others.iter().all(|o| o.id(mm) != id) {
+                others.push(d);
+            }
+        }
+        if others.is_empty() {
+            return;
+        }
+        let ids: Vec<usize> = others.iter().map(|d| d.id(mm)).collect();
+        let next = {
+            let mut queue = mm.events.lock_queue();
+            let at = queue.iter().position(|(_, f)| ids.contains(f));
+            let next = at.and_then(|i| queue.remove(i));
+            if next.is_some() {
+                mm.events.queued.fetch_sub(1, SeqCst);
+            }
+            next
+        };
+        if let Some((e, f)) = next {
+            let pre = super::records::take(mm, e, f);
+            apply(mm, e, Some(f), &pre, released);
+            super::records::prune_after_event(mm);
+            mm.events.applied.fetch_add(1, SeqCst);
+            mm.events.busy.fetch_sub(1, SeqCst);
+            continue;
+        }
+        let mut read = false;
+        for d in others.iter().filter(|d| d.changing(mm)) {
+            let Some(u) = d.uffd(mm) else { continue };
+            let Ok(n) = mm.events.read(&u, &mut msgs) else {
+                continue;
+            };
+            read |= n > 0;
+            for m in msgs[..n]
+                .iter()
+                .filter(|m| m.event == crate::sys::uffd::EVENT_PAGEFAULT)
+            {
+                // (A 2 MiB page's waiter is woken too.)
+                let at = m.arg1 as usize & !(crate::sys::huge::HUGE_PAGE_SIZE - 1);
+                let _ = u.wake(at, crate::sys::huge::HUGE_PAGE_SIZE);
+            }
+        }
+        if !read {
+            return;
         }
     }
 }

@@ -39,6 +39,14 @@ impl Desc {
         }
     }
 
+    /// The descriptor itself (`None`: a region's own, closed since).
+    pub(crate) fn uffd<'a>(&self, mm: &'a Mm) -> Option<DescRef<'a>> {
+        match self {
+            Desc::Pager { quiet } => Some(DescRef::Pager(mm.pager_uffd(*quiet))),
+            Desc::Own(u) => u.upgrade().map(DescRef::Own),
+        }
+    }
+
     /// Whether an event is on its way on it ([`Uffd::mmap_changing`]).
     ///
     /// [`Uffd::mmap_changing`]: crate::sys::uffd::Uffd::mmap_changing
@@ -46,6 +54,22 @@ impl Desc {
         match self {
             Desc::Pager { quiet } => mm.pager_uffd(*quiet).mmap_changing(),
             Desc::Own(u) => u.upgrade().is_some_and(|u| u.mmap_changing()),
+        }
+    }
+}
+
+/// A descriptor [`Desc::uffd`] found: the pager's, or a region's own.
+pub(crate) enum DescRef<'a> {
+    Pager(&'a crate::sys::uffd::Uffd),
+    Own(Arc<crate::sys::uffd::Uffd>),
+}
+
+impl std::ops::Deref for DescRef<'_> {
+    type Target = crate::sys::uffd::Uffd;
+    fn deref(&self) -> &crate::sys::uffd::Uffd {
+        match self {
+            DescRef::Pager(u) => u,
+            DescRef::Own(u) => u,
         }
     }
 }
