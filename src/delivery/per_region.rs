@@ -117,7 +117,8 @@ impl RegionDescriptors for PerRegion {
         };
         let uffd = Uffd::open_as(crate::events::features(self.features, quiet), want, true)
             .map(Arc::new)
-            .map_err(std::io::Error::other)?;
+            // (Its errno kept: EMFILE, one descriptor per region.)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno))?;
         let pool = HandlerPool::start_on(&mm, Serve::Region(uffd.clone()), 1, 0, "uffd-region")?;
         let wake = pool.waker();
         self.lock().push((uffd.fd(), pool));

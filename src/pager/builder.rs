@@ -291,6 +291,9 @@ impl PagerBuilder {
             Uffd::open_as(crate::events::features(features, quiet), want, true).map_err(|e| {
                 if e.denied {
                     Error::NotAllowed(e.message)
+                } else if matches!(e.errno, libc::EMFILE | libc::ENFILE | libc::ENOMEM) {
+                    // (Out of descriptors or memory: not what the kernel lacks.)
+                    Error::sys("userfaultfd", e.errno)
                 } else {
                     Error::Unsupported(format!("userfaultfd: {e}"))
                 }

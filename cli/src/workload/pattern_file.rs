@@ -85,10 +85,7 @@ impl PatternFile {
         while p < pages {
             let n = chunk_pages.min(pages - p);
             beside(p..p + n)?;
-            let base = p * PAGE_SIZE;
-            for (i, b) in buf[..n * PAGE_SIZE].iter_mut().enumerate() {
-                *b = pattern(base + i);
-            }
+            super::common::fill_pattern(&mut buf[..n * PAGE_SIZE], p * PAGE_SIZE);
             (&file).write_all(&buf[..n * PAGE_SIZE]).map_err(io)?;
             p += n;
         }

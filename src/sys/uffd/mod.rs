@@ -77,6 +77,7 @@ impl Uffd {
         };
         ioctl(fd, iowr(nr::API, std::mem::size_of::<ApiArg>()), &mut a).map_err(|e| Refused {
             denied: false,
+            errno: e,
             message: format!(
                 "UFFDIO_API with features {features:#x} ({}): {}",
                 feature_names(features),

@@ -140,22 +140,56 @@ pub(super) fn open_raw(want: Want, flags: i32) -> Result<(RawFd, Descriptor), Re
             std::io::Error::from_raw_os_error(e)
         )
     };
-    let perm = |e: i32| e == libc::EPERM || e == libc::EACCES;
     match want {
-        Want::Full => full().map_err(|(d, s)| Refused {
-            denied: perm(d) && perm(s),
-            message: full_err((d, s)),
-        }),
-        Want::UserModeOnly => umo().map_err(|e| Refused {
-            denied: perm(e),
-            message: umo_err(e),
-        }),
+        Want::Full => full()
+            .map_err(|(d, s)| Refused::of(&[Tried::Device(d), Tried::Call(s)], full_err((d, s)))),
+        Want::UserModeOnly => umo().map_err(|e| Refused::of(&[Tried::UserModeOnly(e)], umo_err(e))),
         Want::Any => full().or_else(|(d, s)| {
-            umo().map_err(|u| Refused {
-                denied: perm(d) && perm(s) && perm(u),
-                message: format!("{}; {}", full_err((d, s)), umo_err(u)),
+            umo().map_err(|u| {
+                let message = format!("{}; {}", full_err((d, s)), umo_err(u));
+                Refused::of(
+                    &[Tried::Device(d), Tried::Call(s), Tried::UserModeOnly(u)],
+                    message,
+                )
             })
         }),
+    }
+}
+
+/// A way to a descriptor that was refused, with its errno.
+enum Tried {
+    Device(i32),
+    Call(i32),
+    UserModeOnly(i32),
+}
+
+impl Refused {
+    /// The refusal of every way in `tried`: for want of permission where
+    /// at least one answered `EPERM` or `EACCES` and the others said only
+    /// that they do not exist here (no `/dev/userfaultfd`: `ENOENT`,
+    /// `ENODEV`, `ENXIO`; a kernel before user-mode-only: `EINVAL`);
+    /// `errno` is then `EPERM`, else the last way's own.
+    fn of(tried: &[Tried], message: String) -> Refused {
+        let perm = |e: i32| e == libc::EPERM || e == libc::EACCES;
+        let absent = |t: &Tried| match *t {
+            Tried::Device(e) => matches!(e, libc::ENOENT | libc::ENODEV | libc::ENXIO),
+            Tried::UserModeOnly(e) => e == libc::EINVAL,
+            Tried::Call(_) => false,
+        };
+        let errno = |t: &Tried| match *t {
+            Tried::Device(e) | Tried::Call(e) | Tried::UserModeOnly(e) => e,
+        };
+        let denied = tried.iter().any(|t| perm(errno(t)))
+            && tried.iter().all(|t| perm(errno(t)) || absent(t));
+        Refused {
+            denied,
+            errno: if denied {
+                libc::EPERM
+            } else {
+                tried.last().map_or(libc::EOPNOTSUPP, errno)
+            },
+            message,
+        }
     }
 }
 
@@ -166,6 +200,9 @@ pub struct Refused {
     /// `EACCES`: a seccomp filter, `vm.unprivileged_userfaultfd`, the
     /// device's mode), not for want of support.
     pub denied: bool,
+    /// `EPERM` where denied, else the last way's errno (`ENOSYS` without
+    /// userfaultfd, `EMFILE` out of descriptors...).
+    pub errno: i32,
     /// What each way answered.
     pub message: String,
 }
@@ -177,3 +214,44 @@ impl std::fmt::Display for Refused {
 }
 
 impl std::error::Error for Refused {}
+
+#[cfg(test)]
+mod tests {
+    use super::{Refused, Tried::*};
+    use libc::*;
+
+    fn of(t: &[super::Tried]) -> (bool, i32) {
+        let r = Refused::of(t, String::new());
+        (r.denied, r.errno)
+    }
+
+    /// Permission refused where a way exists, whether or not the device
+    /// does (a container: no /dev/userfaultfd, the system call filtered);
+    /// not for a kernel or a process that lacks something else.
+    #[test]
+    fn a_refusal_is_for_want_of_permission_only_where_one_said_so() {
+        assert_eq!(
+            of(&[Device(ENOENT), Call(EPERM), UserModeOnly(EPERM)]),
+            (true, EPERM)
+        );
+        assert_eq!(of(&[Device(EACCES), Call(EPERM)]), (true, EPERM));
+        assert_eq!(of(&[Device(ENOENT), Call(EPERM)]), (true, EPERM));
+        // A kernel before user-mode-only (EINVAL) that refuses the rest.
+        assert_eq!(
+            of(&[Device(ENOENT), Call(EPERM), UserModeOnly(EINVAL)]),
+            (true, EPERM)
+        );
+        assert_eq!(of(&[UserModeOnly(EPERM)]), (true, EPERM));
+        // No userfaultfd at all, or out of descriptors: not permission.
+        assert_eq!(
+            of(&[Device(ENOENT), Call(ENOSYS), UserModeOnly(ENOSYS)]),
+            (false, ENOSYS)
+        );
+        assert_eq!(
+            of(&[Device(ENOENT), Call(EPERM), UserModeOnly(EMFILE)]),
+            (false, EMFILE)
+        );
+        assert_eq!(of(&[UserModeOnly(EINVAL)]), (false, EINVAL));
+        assert_eq!(of(&[Device(ENOENT)]), (false, ENOENT));
+    }
+}
