@@ -186,6 +186,20 @@ mod imp {
         FAIL_REREGISTER.swap(false, AcqRel)
     }
 
+    static SKIP_REMAP_WAIT: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+
+    /// Makes the next `Region::remap` go on without waiting for the
+    /// pager's events on their way (as before it waited): for tests of
+    /// what it does when it gives up waiting.
+    pub fn skip_next_remap_wait() {
+        SKIP_REMAP_WAIT.store(true, Release);
+    }
+
+    pub(crate) fn remap_waits() -> bool {
+        !SKIP_REMAP_WAIT.swap(false, AcqRel)
+    }
+
     static FAIL_REPROTECT: std::sync::atomic::AtomicBool =
         std::sync::atomic::AtomicBool::new(false);
 
@@ -218,13 +232,13 @@ mod imp {
 pub use imp::{
     fail_next_remap, fail_next_reprotect, fail_next_reregister, set_after_detach, set_after_event,
     set_after_listed, set_after_lookup, set_after_published, set_after_reprotect, set_before_map,
-    set_before_message, Hook, MapHook, Site,
+    set_before_message, skip_next_remap_wait, Hook, MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
     after_detach, after_event, after_listed, after_lookup, after_published, after_reprotect,
-    before_map, before_message, remap_fails, reprotect_fails, reregister_fails,
+    before_map, before_message, remap_fails, remap_waits, reprotect_fails, reregister_fails,
 };
 
 #[cfg(not(feature = "fault-inject"))]
@@ -271,6 +285,12 @@ pub(crate) fn reregister_fails() -> bool {
 #[inline(always)]
 pub(crate) fn remap_fails() -> bool {
     false
+}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn remap_waits() -> bool {
+    true
 }
 
 #[cfg(not(feature = "fault-inject"))]

@@ -37,7 +37,30 @@ impl Mm {
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         self.events.wait_applied();
-        let _w = self.lock.write();
+        // The table may still hold regions where the kernel is about to
+        // put this one (grown in place, or moved anywhere free): the
+        // application freed their range with its own `munmap` or `mremap`,
+        // and the event is not read yet. A move taken for an unmap loses
+        // the region (`settle_stale` below: its evicted pages discarded,
+        // its own move's event finding nothing; found by review). So while
+        // any event of the pager's is on its way the remap waits, with no
+        // lock held, as a map does for the range it lands on; bounded, then
+        // as before. (A move the application starts after this look and
+        // the kernel finishes before this mremap is still taken for an
+        // unmap.)
+        let deadline = std::time::Instant::now() + crate::events::apply::SETTLE_PATIENCE;
+        let _w = loop {
+            let w = self.lock.write();
+            if std::time::Instant::now() >= deadline
+                || !crate::inject::remap_waits()
+                || !crate::events::apply::any_coming(self)
+            {
+                break w;
+            }
+            drop(w);
+            self.counters.inc(crate::stats::Counter::MAP_WAITED_EVENT);
+            crate::events::apply::wait_for_any(self, deadline);
+        };
         let old = self.only_piece(id)?;
         let start = old.start;
         let old_len = old.len();

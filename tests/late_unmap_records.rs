@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 use uffd_pager::store::MemoryStore;
+use uffd_pager::testing::skip_next_remap_wait;
 use uffd_pager::{Counter, MapOptions, Pager};
 use util::{free_range, with_deadline, PAGE};
 
@@ -86,6 +87,7 @@ fn a_region_grown_into_a_range_whose_unmap_is_unread_keeps_it() {
         hold(the_handler());
         // The kernel has freed the range; its event waits for the reader.
         let unmapper = unmap_aside(x + LEN, LEN);
+        skip_next_remap_wait();
         low.remap(2 * LEN).unwrap();
         HOLD.store(false, SeqCst);
         assert_eq!(unmapper.join().unwrap(), 0);
@@ -111,6 +113,7 @@ fn a_region_grown_over_two_freed_ranges_keeps_them() {
         let third = unsafe { pager.map_store(s, LEN, &shared_at(x + 2 * LEN)) }.unwrap();
         hold(the_handler());
         let unmappers = [unmap_aside(x + LEN, LEN), unmap_aside(x + 2 * LEN, LEN)];
+        skip_next_remap_wait();
         low.remap(3 * LEN).unwrap();
         HOLD.store(false, SeqCst);
         late_unmaps(unmappers, 2, &pager);
@@ -208,6 +211,7 @@ fn a_region_grown_over_a_range_unmapped_in_two_calls_keeps_it() {
             unmap_aside(x + LEN, LEN / 2),
             unmap_aside(x + LEN + LEN / 2, LEN / 2),
         ];
+        skip_next_remap_wait();
         low.remap(2 * LEN).unwrap();
         HOLD.store(false, SeqCst);
         late_unmaps(halves, 2, &pager);
@@ -258,6 +262,7 @@ fn grown_over_a_call_over_two_descriptors(times: usize) {
         let (mut low, data, beside) = low_and_beside(&pager, x, LEN, grown, x + 2 * LEN);
         hold(the_handler());
         let both = unmap_aside(x + LEN, 2 * LEN);
+        skip_next_remap_wait();
         low.remap(grown).unwrap();
         HOLD.store(false, SeqCst);
         // (One call, an event on each descriptor.)
@@ -317,6 +322,7 @@ fn record_no_event_takes(other_event_between: bool) {
     hold(the_handler());
     let unrelated = unmap_aside(elsewhere, LEN);
     let taken = unmap_aside(x + LEN, LEN);
+    skip_next_remap_wait();
     low.remap(2 * LEN).unwrap();
     HOLD.store(false, SeqCst);
     late_unmaps([unrelated, taken], 2, &pager);

@@ -163,3 +163,41 @@ fn per_region_a_region_moved_away_keeps_its_pages() {
         }
     });
 }
+
+/// The engine's own `Region::remap` grows a region into the range another
+/// region (anonymous, half evicted) just left by the application's move,
+/// whose event the held handler has not read: the remap waits for it now.
+/// Before, it grew at once, took the moved region for unmapped and dropped
+/// its pages, and the move's event found nothing to move.
+#[test]
+fn a_remap_into_a_range_a_move_just_left_waits_for_the_move() {
+    with_deadline(60, "remap", || {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let p = one_handler_pager();
+        let (x, to) = (free_range(2 * LEN), free_range(LEN));
+        let low_data = pattern_vec(73, 2 * LEN);
+        let store = Arc::new(MemoryStore::from_bytes(&low_data).unwrap());
+        // SAFETY: the store is moved in; only the region changes it.
+        let mut low = unsafe { p.map_store(store, LEN, &shared_at(x)) }.unwrap();
+        let data = pattern_vec(74, LEN);
+        let moved = region(&p, InstallKind::Anonymous, x + LEN, &data);
+        p.reclaim_pages(2 * LEN as u64 / PAGE as u64);
+        hold(the_handler());
+        let mover = std::thread::spawn(move || app_mremap(x + LEN, LEN, LEN, to));
+        wait_freed(x + LEN);
+        let releaser = std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            HOLD.store(false, SeqCst);
+        });
+        low.remap(2 * LEN).unwrap();
+        mover.join().unwrap();
+        releaser.join().unwrap();
+        assert_eq!(moved.mapped(), vec![to..to + LEN], "the moved region");
+        // SAFETY: the moved region's range now (checked above; its
+        // handle still names the old start).
+        let at_to = unsafe { std::slice::from_raw_parts(to as *const u8, LEN) };
+        assert_bytes(at_to, &data, "the moved region's bytes");
+        assert_eq!(low.mapped(), vec![x..x + 2 * LEN], "the grown region");
+        assert_bytes(low.as_slice(), &low_data, "the grown region's bytes");
+    });
+}

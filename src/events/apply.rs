@@ -153,6 +153,36 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
     }
 }
 
+/// Whether an event of this pager's may be on its way or waiting: read and
+/// not applied ([`Events::in_flight`](super::Events::in_flight)), or
+/// posted and not read on any of its descriptors (the pager's two, and
+/// under per-region delivery every region's own: one system call each).
+/// For an engine `mremap` (`Mm::remap`), which cannot know beforehand
+/// where the kernel will put the region. The caller holds the global
+/// write lock.
+pub(crate) fn any_coming(mm: &Mm) -> bool {
+    if mm.events.in_flight() || mm.uffd.mmap_changing() || mm.uffd_quiet.mmap_changing() {
+        return true;
+    }
+    let own: Vec<Desc> = mm.table.read(|t| {
+        t.iter()
+            .filter(|v| v.object.region_uffd.get().is_some())
+            .map(|v| Desc::of(&v.object))
+            .collect()
+    });
+    own.iter().any(|d| d.changing(mm))
+}
+
+/// Waits, with no lock held, until [`any_coming`] says no or `deadline`
+/// passes (20 µs, growing to 1 ms, between looks).
+pub(crate) fn wait_for_any(mm: &Mm, deadline: std::time::Instant) {
+    let mut pause = std::time::Duration::from_micros(20);
+    while std::time::Instant::now() < deadline && any_coming(mm) {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
+    }
+}
+
 /// A `map` found table entries overlapping `[start, end)`, which the
 /// kernel just gave it for `new`'s region: the application unmapped them
 /// (or moved them) and no event will change them in time (see

@@ -129,7 +129,8 @@ counters! {
     /// Non-cooperative events read: `mremap` that moved region memory.
     EVENT_REMAP => "event_remap",
     /// A map the kernel gave a range the table still held let go of the
-    /// global lock to let the event that freed it be applied first.
+    /// global lock to let the event that freed it be applied first (or a
+    /// `Region::remap` waited for the pager's events on their way).
     MAP_WAITED_EVENT => "map_waited_event",
 }
 
