@@ -154,14 +154,18 @@ pub(crate) fn wait_for_event(mm: &Mm, claim: &Claim, deadline: std::time::Instan
 }
 
 /// Whether an event of this pager's may be on its way or waiting: read and
-/// not applied ([`Events::in_flight`](super::Events::in_flight)), or
-/// posted and not read on any of its descriptors (the pager's two, and
+/// not applied (queued, or being applied), or posted and not read on any
+/// of its descriptors (the pager's two, and
 /// under per-region delivery every region's own: one system call each).
 /// For an engine `mremap` (`Mm::remap`), which cannot know beforehand
 /// where the kernel will put the region. The caller holds the global
 /// write lock.
 pub(crate) fn any_coming(mm: &Mm) -> bool {
-    if mm.events.in_flight() || mm.uffd.mmap_changing() || mm.uffd_quiet.mmap_changing() {
+    // The descriptors first, then the queue (as `may_come`: a read holds
+    // the queue across its system call, so an event the kernel let go of
+    // is there). Not `in_flight`, which counts the handlers' reads of
+    // fault messages too: a remap beside a fault load waited for them.
+    if mm.uffd.mmap_changing() || mm.uffd_quiet.mmap_changing() {
         return true;
     }
     let own: Vec<Desc> = mm.table.read(|t| {
@@ -170,7 +174,11 @@ pub(crate) fn any_coming(mm: &Mm) -> bool {
             .map(|v| Desc::of(&v.object))
             .collect()
     });
-    own.iter().any(|d| d.changing(mm))
+    if own.iter().any(|d| d.changing(mm)) {
+        return true;
+    }
+    let queue = mm.events.lock_queue();
+    !queue.is_empty() || mm.events.applying.load(SeqCst) != 0
 }
 
 /// Waits, with no lock held, until [`any_coming`] says no or `deadline`
@@ -406,15 +414,38 @@ fn apply(
 /// access runs again and faults again. Under the gate's write side and
 /// the global write lock, as [`apply`].
 fn older_first(mm: &Mm, dest: (usize, usize), from: usize, released: &mut Released<'_>) {
-    let mut msgs = [crate::sys::uffd::Msg::default(); 16];
-    // (Bounded: each round applies an event or reads one; a descriptor
-    // that keeps reporting a change with nothing to read ends it.)
-    for _ in 0..64 {
+    // The descriptors whose events are being applied, this one and those
+    // of the moves this one is applied inside (an older event applied
+    // here may be a move that meets regions of its own): their regions
+    // are left to `settle_stale`, since their first queued event is newer
+    // than the one being applied.
+    let outer = {
+        let mut nested = mm.events.lock_nested();
+        nested.push(from);
+        nested.clone()
+    };
+    older_first_of(mm, dest, &outer, released);
+    mm.events.lock_nested().pop();
+}
+
+/// How long [`older_first`] waits, under the gate, for an event whose
+/// descriptor reports a change with nothing to read yet: the kernel counts
+/// the change from before it lets go of `mmap_lock`, and posts the event
+/// after, so a poster preempted in between leaves nothing to read.
+const POSTED_PATIENCE_NS: u64 = 100_000_000;
+
+fn older_first_of(mm: &Mm, dest: (usize, usize), outer: &[usize], released: &mut Released<'_>) {
+    let mut msgs = [crate::sys::uffd::Msg::default(); 64];
+    let mut deadline = 0;
+    // (Bounded: each round applies an event, reads one, or waits for one
+    // under the deadline; faults read meanwhile do not count.)
+    let mut events = 0;
+    while events < 64 {
         let mut others: Vec<Desc> = Vec::new();
         for v in mm.table.read(|t| t.overlapping(dest.0, dest.1)).iter() {
             let d = Desc::of(&v.object);
             let id = d.id(mm);
-            if id != from && others.iter().all(|o| o.id(mm) != id) {
+            if !outer.contains(&id) && others.iter().all(|o| o.id(mm) != id) {
                 others.push(d);
             }
         }
@@ -432,31 +463,53 @@ fn older_first(mm: &Mm, dest: (usize, usize), from: usize, released: &mut Releas
             next
         };
         if let Some((e, f)) = next {
+            events += 1;
+            // (Named as the one being applied meanwhile: `may_come`.)
+            let was = mm.events.applying.swap(f, SeqCst);
             let pre = super::records::take(mm, e, f);
             apply(mm, e, Some(f), &pre, released);
             super::records::prune_after_event(mm);
             mm.events.applied.fetch_add(1, SeqCst);
             mm.events.busy.fetch_sub(1, SeqCst);
+            mm.events.applying.store(was, SeqCst);
             continue;
         }
-        let mut read = false;
-        for d in others.iter().filter(|d| d.changing(mm)) {
+        let changing: Vec<&Desc> = others.iter().filter(|d| d.changing(mm)).collect();
+        if changing.is_empty() {
+            return;
+        }
+        let mut read = 0;
+        for d in changing {
             let Some(u) = d.uffd(mm) else { continue };
             let Ok(n) = mm.events.read(&u, &mut msgs) else {
                 continue;
             };
-            read |= n > 0;
+            read += msgs[..n]
+                .iter()
+                .filter(|m| m.event != crate::sys::uffd::EVENT_PAGEFAULT)
+                .count();
             for m in msgs[..n]
                 .iter()
                 .filter(|m| m.event == crate::sys::uffd::EVENT_PAGEFAULT)
             {
-                // (A 2 MiB page's waiter is woken too.)
-                let at = m.arg1 as usize & !(crate::sys::huge::HUGE_PAGE_SIZE - 1);
-                let _ = u.wake(at, crate::sys::huge::HUGE_PAGE_SIZE);
+                // (A 2 MiB page's waiter is woken too; its page alone where
+                // the 2 MiB range is refused, as at the bottom of memory.)
+                let huge = crate::sys::huge::HUGE_PAGE_SIZE;
+                let addr = m.arg1 as usize;
+                if u.wake(addr & !(huge - 1), huge).is_err() {
+                    let _ = u.wake(addr & !(crate::sys::PAGE_SIZE - 1), crate::sys::PAGE_SIZE);
+                }
             }
         }
-        if !read {
-            return;
+        events += read;
+        if read == 0 {
+            let now = crate::sys::now_ns();
+            if deadline == 0 {
+                deadline = now + POSTED_PATIENCE_NS;
+            } else if now > deadline {
+                return;
+            }
+            crate::sys::sleep_ns(20_000);
         }
     }
 }

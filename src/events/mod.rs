@@ -108,6 +108,10 @@ pub struct Events {
     /// The descriptor ([`uffd_id`]) of the event taken off `queue` and
     /// being applied (set under `queue`'s lock); 0: none.
     applying: AtomicUsize,
+    /// The descriptors of the moves being applied, outermost first: one
+    /// applies older events of other descriptors inside its own
+    /// (`apply::older_first`), never of these.
+    nested: Mutex<Vec<usize>>,
     /// Handler threads' fills of user pages in flight ([`Events::fill`]):
     /// a read waits for them before it reads.
     filling: AtomicU32,
@@ -437,6 +441,10 @@ impl Events {
 
     fn lock_pre_applied(&self) -> std::sync::MutexGuard<'_, Vec<PreApplied>> {
         self.pre_applied.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_nested(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.nested.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_left(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize, records::Desc)>> {
