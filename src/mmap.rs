@@ -88,20 +88,20 @@ impl Mm {
         // loses the region (its evicted pages are discarded, its new
         // address has none), so while such an event is on its way the map
         // lets its range go, waits with no lock held, and starts again
-        // (see `events::apply::event_coming`). Bounded; then the regions
+        // (see `events::coming::event_coming`). Bounded; then the regions
         // there are taken for unmapped (`stale`).
-        let deadline = std::time::Instant::now() + crate::events::apply::SETTLE_PATIENCE;
+        let deadline = std::time::Instant::now() + crate::events::coming::SETTLE_PATIENCE;
         let mut waited = false;
-        let wait = |w, claim: &crate::events::apply::Claim, waited: &mut bool| {
+        let wait = |w, claim: &crate::events::coming::Claim, waited: &mut bool| {
             drop(w);
             if !std::mem::replace(waited, true) {
                 self.counters.inc(crate::stats::Counter::MAP_WAITED_EVENT);
             }
-            crate::events::apply::wait_for_event(self, claim, deadline);
+            crate::events::coming::wait_for_event(self, claim, deadline);
             self.lock.write()
         };
         let m = loop {
-            let coming = crate::events::apply::event_coming;
+            let coming = crate::events::coming::event_coming;
             if fixed {
                 match coming(self, hint, hint + len, &object) {
                     None => {}

@@ -48,18 +48,18 @@ impl Mm {
         // as before. (A move the application starts after this look and
         // the kernel finishes before this mremap is still taken for an
         // unmap.)
-        let deadline = std::time::Instant::now() + crate::events::apply::SETTLE_PATIENCE;
+        let deadline = std::time::Instant::now() + crate::events::coming::SETTLE_PATIENCE;
         let _w = loop {
             let w = self.lock.write();
             if std::time::Instant::now() >= deadline
                 || !crate::inject::remap_waits()
-                || !crate::events::apply::any_coming(self)
+                || !crate::events::coming::any_coming(self)
             {
                 break w;
             }
             drop(w);
             self.counters.inc(crate::stats::Counter::MAP_WAITED_EVENT);
-            crate::events::apply::wait_for_any(self, deadline);
+            crate::events::coming::wait_for_any(self, deadline);
         };
         let old = self.only_piece(id)?;
         let start = old.start;

@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Mutex;
 
 pub mod apply;
+pub(crate) mod coming;
 mod records;
 pub mod release;
 
