@@ -284,8 +284,16 @@ fn older_first(mm: &Mm, dest: (usize, usize), from: usize, released: &mut Releas
         nested.push(from);
         nested.clone()
     };
+    // (Popped on an unwind too: a stale entry would leave its descriptor's
+    // regions out of every later look.)
+    struct Pop<'a>(&'a Mm);
+    impl Drop for Pop<'_> {
+        fn drop(&mut self) {
+            self.0.events.lock_nested().pop();
+        }
+    }
+    let _pop = Pop(mm);
     older_first_of(mm, dest, &outer, released);
-    mm.events.lock_nested().pop();
 }
 
 /// How long [`older_first`] waits, under the gate, for an event whose
@@ -312,6 +320,9 @@ fn older_first_of(mm: &Mm, dest: (usize, usize), outer: &[usize], released: &mut
         if others.is_empty() {
             return;
         }
+        // The descriptors first, then the queue (as `may_come`): an event
+        // a handler reads in between is in the queue by then.
+        let changing: Vec<&Desc> = others.iter().filter(|d| d.changing(mm)).collect();
         let ids: Vec<usize> = others.iter().map(|d| d.id(mm)).collect();
         let next = {
             let mut queue = mm.events.lock_queue();
@@ -324,45 +335,43 @@ fn older_first_of(mm: &Mm, dest: (usize, usize), outer: &[usize], released: &mut
         };
         if let Some((e, f)) = next {
             events += 1;
-            // (Named as the one being applied meanwhile: `may_come`.)
-            let was = mm.events.applying.swap(f, SeqCst);
+            // (Named as the one being applied meanwhile: `may_come`; put
+            // back on an unwind too.)
+            struct Was<'a>(&'a Mm, usize);
+            impl Drop for Was<'_> {
+                fn drop(&mut self) {
+                    self.0.events.applying.store(self.1, SeqCst);
+                }
+            }
+            let _was = Was(mm, mm.events.applying.swap(f, SeqCst));
             let pre = super::records::take(mm, e, f);
             apply(mm, e, Some(f), &pre, released);
             super::records::prune_after_event(mm);
             mm.events.applied.fetch_add(1, SeqCst);
             mm.events.busy.fetch_sub(1, SeqCst);
-            mm.events.applying.store(was, SeqCst);
             continue;
         }
-        let changing: Vec<&Desc> = others.iter().filter(|d| d.changing(mm)).collect();
         if changing.is_empty() {
             return;
         }
         let mut read = 0;
         for d in changing {
-            let Some(u) = d.uffd(mm) else { continue };
-            let Ok(n) = mm.events.read(&u, &mut msgs) else {
-                continue;
-            };
-            read += msgs[..n]
-                .iter()
-                .filter(|m| m.event != crate::sys::uffd::EVENT_PAGEFAULT)
-                .count();
-            for m in msgs[..n]
-                .iter()
-                .filter(|m| m.event == crate::sys::uffd::EVENT_PAGEFAULT)
-            {
-                // (A 2 MiB page's waiter is woken too; its page alone where
-                // the 2 MiB range is refused, as at the bottom of memory.)
-                let huge = crate::sys::huge::HUGE_PAGE_SIZE;
-                let addr = m.arg1 as usize;
-                if u.wake(addr & !(huge - 1), huge).is_err() {
-                    let _ = u.wake(addr & !(crate::sys::PAGE_SIZE - 1), crate::sys::PAGE_SIZE);
-                }
+            if let Some(u) = d.uffd(mm) {
+                read += read_events(mm, &u, &mut msgs);
             }
         }
         events += read;
         if read == 0 {
+            // The awaited event may be posted only once an event of the
+            // same call on another descriptor is read (the kernel posts one
+            // at a time): the pager's own descriptors are read too, their
+            // events queued behind (found by review).
+            for quiet in [false, true] {
+                let u = mm.pager_uffd(quiet);
+                if u.mmap_changing() {
+                    read_events(mm, u, &mut msgs);
+                }
+            }
             let now = crate::sys::now_ns();
             if deadline == 0 {
                 deadline = now + POSTED_PATIENCE_NS;
@@ -372,6 +381,30 @@ fn older_first_of(mm: &Mm, dest: (usize, usize), outer: &[usize], released: &mut
             crate::sys::sleep_ns(20_000);
         }
     }
+}
+
+/// Reads messages from `u` for [`older_first`]: its events are queued
+/// ([`super::Events::read`]), its fault messages, not served here, are
+/// woken (the access runs again and faults again; a 2 MiB page's waiter
+/// too, its page alone where the 2 MiB range is refused, as at the bottom
+/// of memory). Returns the events read.
+fn read_events(mm: &Mm, u: &crate::sys::uffd::Uffd, msgs: &mut [crate::sys::uffd::Msg]) -> usize {
+    let Ok(n) = mm.events.read(u, msgs) else {
+        return 0;
+    };
+    let huge = crate::sys::huge::HUGE_PAGE_SIZE;
+    let mut events = 0;
+    for m in &msgs[..n] {
+        if m.event != crate::sys::uffd::EVENT_PAGEFAULT {
+            events += 1;
+            continue;
+        }
+        let addr = m.arg1 as usize;
+        if u.wake(addr & !(huge - 1), huge).is_err() {
+            let _ = u.wake(addr & !(crate::sys::PAGE_SIZE - 1), crate::sys::PAGE_SIZE);
+        }
+    }
+    events
 }
 
 /// `REMOVE` on one region: its anonymous pages in `[s, e)` read as their
