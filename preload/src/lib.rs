@@ -246,7 +246,14 @@ pub unsafe extern "C" fn mmap64(
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if programs_own() && maps::any() {
-        return in_shim("munmap", || maps::munmap(addr as usize, len));
+        let saved = errno();
+        let r = in_shim("munmap", || maps::munmap(addr as usize, len));
+        // (A success keeps the program's errno: the engine's calls on the
+        // way may set it.)
+        if r == 0 {
+            set_errno(saved);
+        }
+        return r;
     }
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
     unsafe { sys::call(libc::SYS_munmap, addr as usize, len, 0, 0, 0) as c_int }
@@ -274,8 +281,15 @@ pub unsafe extern "C" fn mremap(
         std::ptr::null_mut()
     };
     if programs_own() && maps::any() {
+        let saved = errno();
         let served = || maps::mremap(old as usize, old_len, new_len, flags, new_addr as usize);
-        if let Some(r) = in_shim("mremap", served) {
+        let r = in_shim("mremap", served);
+        // A success, the shim's or the kernel's, keeps the program's errno
+        // (a shrink left the engine's EINVAL behind).
+        if r != Some(libc::MAP_FAILED) {
+            set_errno(saved);
+        }
+        if let Some(r) = r {
             return r;
         }
     }
@@ -307,7 +321,13 @@ unsafe fn served_or_kernel(
     c: usize,
 ) -> c_int {
     if programs_own() && maps::any() {
-        if let Some(r) = in_shim(site, served) {
+        let saved = errno();
+        let r = in_shim(site, served);
+        // (A success, the shim's or the kernel's, keeps the program's errno.)
+        if r != Some(-1) {
+            set_errno(saved);
+        }
+        if let Some(r) = r {
             return r;
         }
     }

@@ -839,7 +839,11 @@ fn an_mmap_the_kernel_makes_keeps_errno() {
     assert_eq!(
         plain,
         "MAP_FIXED over own memory: mapped, errno 1234\n\
-         PROT_EXEC beside stores: mapped, errno 1234\n"
+         PROT_EXEC beside stores: mapped, errno 1234\n\
+         msync: 0, errno 1234\n\
+         mprotect: 0, errno 1234\n\
+         mremap: shrunk, errno 1234\n\
+         munmap: 0, errno 1234\n"
     );
     assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");

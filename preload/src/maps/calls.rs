@@ -33,7 +33,7 @@ pub fn mremap(
     };
     // (Pruned first: the indices below stay those of the table.)
     st.prune();
-    let Some(i) = whole(st, old, old_len) else {
+    let Some(mut i) = whole(st, old, old_len) else {
         let touched = overlapping(st, old, old.saturating_add(old_len.max(1)));
         if let Some(&(i, _)) = touched.first() {
             REFUSED.fetch_add(1, Relaxed);
@@ -84,6 +84,11 @@ pub fn mremap(
     if let Some(t) = fixed_to {
         let target = t..t.saturating_add(new_len_r);
         let over = overlapping(st, target.start, target.end);
+        // (`overlapping` pruned the table again: an entry an event of
+        // another thread's call removed meanwhile moved the indices, and
+        // `i` named another mapping, or none: found by review. Gone, the
+        // mapping is the kernel's to answer for.)
+        i = whole(st, old, old_len)?;
         if !over.is_empty() {
             if new_len_r > st.maps[i].cap {
                 return fail(libc::EINVAL); // as the engine answers below

@@ -2,7 +2,9 @@
  * the shim: a file mapped with MAP_FIXED over the program's own memory
  * (the engine refuses the range, the kernel maps it), and a file mapped
  * PROT_EXEC while its writable shared mapping holds stores (written back
- * first, then the kernel's mapping).
+ * first, then the kernel's mapping). And a successful msync, mprotect,
+ * mremap or munmap of the pager's mapping holding stores leaves it too
+ * (the engine's write-back and ioctls on the way set it).
  *
  * usage: mmap_errno FILE */
 #define _GNU_SOURCE
@@ -26,5 +28,19 @@ int main(int argc, char **argv) {
   char *x = mmap(NULL, LEN, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
   printf("PROT_EXEC beside stores: %s, errno %d\n", x == MAP_FAILED ? "failed" : "mapped",
          errno);
+  p[PAGE] = 't';
+  errno = 1234;
+  int r = msync(p, LEN, MS_SYNC);
+  printf("msync: %d, errno %d\n", r, errno);
+  p[2 * PAGE] = 'u';
+  errno = 1234;
+  r = mprotect(p, LEN, PROT_READ);
+  printf("mprotect: %d, errno %d\n", r, errno);
+  errno = 1234;
+  char *q = mremap(p, LEN, LEN / 2, 0);
+  printf("mremap: %s, errno %d\n", q == p ? "shrunk" : "failed", errno);
+  errno = 1234;
+  r = munmap(p, LEN / 2);
+  printf("munmap: %d, errno %d\n", r, errno);
   return 0;
 }
