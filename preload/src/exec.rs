@@ -1,5 +1,6 @@
-//! The `exec` family: what was stored through the pager's mappings is
-//! written back before the process image is replaced.
+//! The `exec` family, and the calls that start another process: what was
+//! stored through the pager's mappings is written back before the process
+//! image is replaced, or the other process starts.
 //!
 //! Under the kernel, stores through a writable shared mapping are in the
 //! file's page cache, so the new image (or anyone) reads them. The
@@ -13,6 +14,15 @@
 //! and `execv`, `execvp`, `execvpe`, `fexecve` (the next definition, libc's,
 //! after it). glibc's `execl`, `execle` and `execlp` are variadic and reach
 //! the kernel through glibc's internal calls: not seen (see the README).
+//!
+//! Another process started without an exec of this one (`fork`, which
+//! the shim's prepare handler sees, `posix_spawn`, `posix_spawnp`,
+//! `system`, `popen`, interposed: glibc's spawn calls exec through its own
+//! internal calls) reads the file too, as under the kernel it reads the
+//! stores from the page cache: the writable shared mappings are written
+//! back first (`before_spawn`; before, the child read the older bytes). A
+//! `vfork()`ed child that execs is not seen (it shares the parent's table,
+//! and runs no handler).
 //!
 //! Hazard: POSIX allows `execve` in a signal handler, and the write-back
 //! allocates and takes the engine's locks. One that interrupted the shim's
@@ -30,6 +40,22 @@ fn before_exec() {
     // and the parent's pager serves nothing there.)
     if programs_own() && !in_shim_here() && maps::active() && maps::made_here() {
         in_shim("exec", || maps::finish("exec"));
+    }
+}
+
+/// The write-back before another process starts (see the module docs).
+pub(crate) fn before_spawn() {
+    if programs_own()
+        && !in_shim_here()
+        && maps::active()
+        && maps::made_here()
+        && maps::any_writable()
+    {
+        // (A failure was said on stderr; the child starts anyway, as the
+        // program asked.)
+        in_shim("spawn", || {
+            let _ = maps::flush_all("before a child process starts");
+        });
     }
 }
 
@@ -143,4 +169,108 @@ pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
         c"fexecve",
         |f: unsafe extern "C" fn(c_int, Argv, Argv) -> c_int| unsafe { f(fd, argv, envp) },
     )
+}
+
+type SpawnFn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    Argv,
+    Argv,
+) -> c_int;
+
+/// libc's `name` (`posix_spawn` or `posix_spawnp`) after the write-back.
+///
+/// # Safety
+/// As posix_spawn(3).
+unsafe fn spawn_via(
+    name: &CStr,
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
+    before_spawn();
+    match next(name) {
+        // SAFETY: libc's function of that name has this prototype
+        // (<spawn.h>); the program's own arguments.
+        Some(f) => unsafe {
+            std::mem::transmute_copy::<*mut std::ffi::c_void, SpawnFn>(&f)(
+                pid, path, actions, attr, argv, envp,
+            )
+        },
+        None => libc::ENOSYS,
+    }
+}
+
+/// posix_spawn(3), after the write-back.
+///
+/// # Safety
+/// As posix_spawn(3).
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { spawn_via(c"posix_spawn", pid, path, actions, attr, argv, envp) }
+}
+
+/// posix_spawnp(3), after the write-back.
+///
+/// # Safety
+/// As posix_spawnp(3).
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { spawn_via(c"posix_spawnp", pid, file, actions, attr, argv, envp) }
+}
+
+/// system(3), after the write-back.
+///
+/// # Safety
+/// As system(3).
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    before_spawn();
+    // SAFETY: libc's system with the program's own argument.
+    via_libc(
+        c"system",
+        |f: unsafe extern "C" fn(*const c_char) -> c_int| unsafe { f(command) },
+    )
+}
+
+/// popen(3), after the write-back.
+///
+/// # Safety
+/// As popen(3).
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    before_spawn();
+    type PopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
+    match next(c"popen") {
+        // SAFETY: libc's popen has this prototype (<stdio.h>); the
+        // program's own arguments.
+        Some(f) => unsafe {
+            std::mem::transmute_copy::<*mut std::ffi::c_void, PopenFn>(&f)(command, mode)
+        },
+        None => {
+            crate::set_errno(libc::ENOSYS);
+            std::ptr::null_mut()
+        }
+    }
 }

@@ -1493,6 +1493,29 @@ fn an_exec_after_stores_through_a_mapping_sees_them() {
     }
 }
 
+/// Stores through a mapping, then a child process started with `fork`,
+/// `posix_spawn`, `posix_spawnp`, `system` or `popen` (no exec of the
+/// program's own, no msync): the child reads the stores from the file.
+/// It read the older bytes: nothing wrote back before it started.
+#[test]
+fn a_child_process_started_after_stores_through_a_mapping_sees_them() {
+    let d = scratch();
+    let exe = build_c(&d, "spawn_with_stores");
+    for how in ["fork", "posix_spawn", "posix_spawnp", "system", "popen"] {
+        let file = d.join(format!("spawn-{how}.dat"));
+        let plain = ok(&Command::new(&exe).arg(&file).arg(how).output().unwrap());
+        assert_eq!(plain, format!("after {how}: stored\n"));
+        let pattern = file.display().to_string();
+        let (o, st) = under_shim(
+            Command::new(&exe).arg(&file).arg(how),
+            &[("UFFD_PAGER_FILES", &pattern)],
+            &d.join(format!("spawn-{how}.stats")),
+        );
+        assert_eq!(ok(&o), plain, "{how}");
+        assert_eq!(counter(&st, "preload_paged"), 1, "{how}: {st}");
+    }
+}
+
 /// A program whose own allocator maps and unmaps memory under its lock,
 /// beside a thread whose calls the shim serves on a paged file (found by
 /// review): the shim took its table's lock for every anonymous `mmap` and
