@@ -1493,6 +1493,27 @@ fn an_exec_after_stores_through_a_mapping_sees_them() {
     }
 }
 
+/// `MADV_REMOVE` on a writable shared file mapping: the kernel punches the
+/// file; the shim punched its own memfd instead (a clean page came back
+/// with the file's bytes, and the file kept them: "madvise 0; ... clean
+/// page: mapped a, file a"), and refuses it now with `EOPNOTSUPP`, the
+/// kernel's answer where a file system cannot punch.
+#[test]
+fn madv_remove_on_a_shared_file_mapping_is_refused_not_lost() {
+    let d = scratch();
+    let exe = build_c(&d, "madv_remove");
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "madv-remove", &[]);
+    assert_eq!(
+        plain,
+        "madvise 0; stored page: mapped zero, file zero; clean page: mapped zero, file zero\n"
+    );
+    assert_eq!(
+        paged,
+        "madvise EOPNOTSUPP; stored page: mapped b, file b; clean page: mapped a, file a\n"
+    );
+    assert_eq!(counter(&st, "preload_refused"), 1, "{st}");
+}
+
 /// Stores through a mapping, then a child process started with `fork`,
 /// `posix_spawn`, `posix_spawnp`, `system` or `popen` (no exec of the
 /// program's own, no msync): the child reads the stores from the file.

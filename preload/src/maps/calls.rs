@@ -334,6 +334,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         libc::MADV_RANDOM => Some(engine::Access::Random),
         libc::MADV_NORMAL | libc::MADV_SEQUENTIAL => Some(engine::Access::Normal),
         libc::MADV_DONTNEED | libc::MADV_WILLNEED | libc::MADV_FREE => None,
+        libc::MADV_REMOVE => return remove(addr, len),
         _ => return None,
     };
     // A range the kernel refuses (an unaligned start, an end past the
@@ -422,4 +423,31 @@ fn kernel_range(addr: usize, rlen: usize) -> Option<usize> {
         return None;
     }
     addr.checked_add(rlen)
+}
+
+/// `MADV_REMOVE` over pager memory. The kernel punches a hole in the
+/// mapped file of a writable shared mapping; passed on, it punched the
+/// engine's memfd instead, and the file kept its bytes while the mapping
+/// showed them again (found by review). The shim does not punch files: it
+/// answers `EOPNOTSUPP`, the kernel's answer for a file system that cannot
+/// punch holes, once, on stderr, said why. Private and anonymous pager
+/// memory is the kernel's to refuse (`EACCES`: its mapping is private).
+fn remove(addr: usize, len: usize) -> Option<c_int> {
+    let (a, b) = (addr, kernel_range(addr, pages_len(len)?)?);
+    if !spans::may_be_ours(a, b) {
+        return None;
+    }
+    let mut guard = state();
+    let st = guard.as_mut()?;
+    let hits = overlapping(st, a, b);
+    let &(i, _) = hits.iter().find(|(i, _)| st.maps[*i].writable_shared)?;
+    REFUSED.fetch_add(1, Relaxed);
+    let msg = format!(
+        "{}: refusing MADV_REMOVE on the mapping (EOPNOTSUPP): the pager does not punch holes \
+         in mapped files",
+        st.maps[i].path
+    );
+    st.say(msg);
+    crate::set_errno(libc::EOPNOTSUPP);
+    Some(-1)
 }
