@@ -15,14 +15,14 @@
 //! after it). glibc's `execl`, `execle` and `execlp` are variadic and reach
 //! the kernel through glibc's internal calls: not seen (see the README).
 //!
-//! Another process started without an exec of this one (`fork`, which
-//! the shim's prepare handler sees, `posix_spawn`, `posix_spawnp`,
-//! `system`, `popen`, interposed: glibc's spawn calls exec through its own
-//! internal calls) reads the file too, as under the kernel it reads the
+//! Another process started without an exec of this one (`fork`,
+//! `posix_spawn`, `posix_spawnp`, `system`, `popen`, interposed: glibc's
+//! spawn calls exec through its own internal calls) reads the file too, as under the kernel it reads the
 //! stores from the page cache: the writable shared mappings are written
-//! back first (`before_spawn`; before, the child read the older bytes). A
-//! `vfork()`ed child that execs is not seen (it shares the parent's table,
-//! and runs no handler).
+//! back first (`before_spawn`; before, the child read the older bytes),
+//! and synced: a fork costs an `fsync` of each file written since. A
+//! `vfork()`ed child that execs is not seen (it shares the parent's table),
+//! nor `_Fork` or a raw `clone` (Python's `subprocess` uses `vfork`).
 //!
 //! Hazard: POSIX allows `execve` in a signal handler, and the write-back
 //! allocates and takes the engine's locks. One that interrupted the shim's
@@ -49,14 +49,33 @@ pub(crate) fn before_spawn() {
         && !in_shim_here()
         && maps::active()
         && maps::made_here()
-        && maps::any_writable()
+        && maps::any_to_sync()
     {
         // (A failure was said on stderr; the child starts anyway, as the
-        // program asked.)
+        // program asked, with the program's errno.)
+        let saved = crate::errno();
         in_shim("spawn", || {
             let _ = maps::flush_all("before a child process starts");
         });
+        crate::set_errno(saved);
     }
+}
+
+/// fork(2), after the write-back. Interposed rather than seen through a
+/// `pthread_atfork` prepare handler, which runs after the program's own
+/// handlers (newest first) have taken their locks, an allocator's among
+/// them: the write-back allocates (found by review). A fork glibc makes
+/// through its own internal calls is not seen.
+///
+/// # Safety
+/// As fork(2).
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    before_spawn();
+    // SAFETY: libc's fork, no arguments.
+    via_libc(c"fork", |f: unsafe extern "C" fn() -> libc::pid_t| unsafe {
+        f()
+    })
 }
 
 /// libc's definition of `name`, the next after this library's; `None` if

@@ -86,9 +86,16 @@ pub fn mremap(
         let over = overlapping(st, target.start, target.end);
         // (`overlapping` pruned the table again: an entry an event of
         // another thread's call removed meanwhile moved the indices, and
-        // `i` named another mapping, or none: found by review. Gone, the
-        // mapping is the kernel's to answer for.)
-        i = whole(st, old, old_len)?;
+        // `i` named another mapping, or none: found by review. Gone whole,
+        // the range is the kernel's to answer for; in part, it is refused
+        // as above.)
+        i = match whole(st, old, old_len) {
+            Some(i) => i,
+            None if overlapping(st, old, old.saturating_add(old_len.max(1))).is_empty() => {
+                return None
+            }
+            None => return fail(libc::EINVAL),
+        };
         if !over.is_empty() {
             if new_len_r > st.maps[i].cap {
                 return fail(libc::EINVAL); // as the engine answers below

@@ -122,12 +122,6 @@ extern "C" fn forked() {
     FORKED.store(true, Relaxed);
 }
 
-/// Before a `fork()`: the write-back another process's start needs
-/// ([`crate::exec::before_spawn`]).
-extern "C" fn before_fork() {
-    crate::exec::before_spawn();
-}
-
 fn here() -> bool {
     !FORKED.load(Relaxed)
 }
@@ -174,9 +168,8 @@ pub fn load() {
     ACTIVE.store(!cfg.files.is_empty() || cfg.anon_min.is_some(), Relaxed);
     ANON_MIN.store(cfg.anon_min.unwrap_or(usize::MAX), Relaxed);
     // SAFETY: registers a child handler that only stores to an atomic
-    // (async-signal-safe, as a fork child handler must be), and a prepare
-    // handler that writes back in the parent (see `crate::exec`).
-    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(forked)) };
+    // (async-signal-safe, as a fork child handler must be).
+    unsafe { libc::pthread_atfork(None, None, Some(forked)) };
     *state() = Some(State {
         cfg,
         pager: None,

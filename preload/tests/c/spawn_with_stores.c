@@ -7,10 +7,12 @@
  * calls exec through its own internal calls): the child read the older
  * bytes. HOW names the call; the child is this program again (or, with
  * fork, its child branch), which prints the bytes stored, read with a raw
- * system call.
+ * system call. The parent prints its errno after the call (set to 1234
+ * before it): the write-back keeps it.
  *
  * usage: spawn_with_stores FILE HOW */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <spawn.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -45,24 +47,34 @@ int main(int argc, char **argv) {
   fflush(stdout);
   pid_t pid = -1;
   int status = 0;
+  int e = 0;
+  errno = 1234;
   if (strcmp(how, "fork") == 0) {
     pid = fork();
     if (pid == 0)
       _exit(show(argv[1], how));
+    e = errno;
   } else if (strcmp(how, "posix_spawn") == 0) {
     if (posix_spawn(&pid, argv[0], NULL, NULL, args, environ) != 0)
       return 1;
+    e = errno;
   } else if (strcmp(how, "posix_spawnp") == 0) {
     if (posix_spawnp(&pid, argv[0], NULL, NULL, args, environ) != 0)
       return 1;
+    e = errno;
   } else if (strcmp(how, "system") == 0) {
-    return system(cmd) == 0 ? 0 : 1;
+    int r = system(cmd);
+    e = errno;
+    printf("errno %d\n", e);
+    return r == 0 ? 0 : 1;
   } else if (strcmp(how, "popen") == 0) {
     FILE *f = popen(cmd, "r");
+    e = errno;
     char line[64] = {0};
     if (f == NULL || fgets(line, sizeof line, f) == NULL)
       return 1;
     fputs(line, stdout);
+    printf("errno %d\n", e);
     return pclose(f) == 0 ? 0 : 1;
   } else {
     fprintf(stderr, "unknown HOW %s\n", how);
@@ -70,5 +82,6 @@ int main(int argc, char **argv) {
   }
   if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
     return 1;
+  printf("errno %d\n", e);
   return WEXITSTATUS(status);
 }
