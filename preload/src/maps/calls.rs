@@ -341,7 +341,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         libc::MADV_RANDOM => Some(engine::Access::Random),
         libc::MADV_NORMAL | libc::MADV_SEQUENTIAL => Some(engine::Access::Normal),
         libc::MADV_DONTNEED | libc::MADV_WILLNEED | libc::MADV_FREE => None,
-        libc::MADV_REMOVE => return remove(addr, len),
+        libc::MADV_REMOVE => None,
         _ => return None,
     };
     // A range the kernel refuses (an unaligned start, an end past the
@@ -356,6 +356,9 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     let hits = overlapping(st, a, b);
     if hits.is_empty() {
         return None;
+    }
+    if advice == libc::MADV_REMOVE {
+        return remove(st, &hits);
     }
     let e = crate::errno();
     if let Some(access) = access {
@@ -439,14 +442,7 @@ fn kernel_range(addr: usize, rlen: usize) -> Option<usize> {
 /// answers `EOPNOTSUPP`, the kernel's answer for a file system that cannot
 /// punch holes, once, on stderr, said why. Private and anonymous pager
 /// memory is the kernel's to refuse (`EACCES`: its mapping is private).
-fn remove(addr: usize, len: usize) -> Option<c_int> {
-    let (a, b) = (addr, kernel_range(addr, pages_len(len)?)?);
-    if !spans::may_be_ours(a, b) {
-        return None;
-    }
-    let mut guard = state();
-    let st = guard.as_mut()?;
-    let hits = overlapping(st, a, b);
+fn remove(st: &mut State, hits: &[(usize, Vec<Range<usize>>)]) -> Option<c_int> {
     let &(i, _) = hits.iter().find(|(i, _)| st.maps[*i].writable_shared)?;
     REFUSED.fetch_add(1, Relaxed);
     let msg = format!(
