@@ -72,6 +72,32 @@ impl Mm {
         Ok(())
     }
 
+    /// Makes the read-only of every piece of region `id` that is read-only
+    /// through write protection ([`Vma::read_only_wp`]) the kernel's own,
+    /// as the first write to it would (`mprotect(PROT_READ)`); other
+    /// pieces are left as they are. For an application about to make part
+    /// of the region writable with its own `mprotect`, which would change
+    /// nothing in a mapping that is writable already.
+    pub fn protect_in_kernel(&self, id: u64) -> Result<()> {
+        let _deferred = crate::sys::thread::Deferred::new();
+        self.check_owner()?;
+        self.events.wait_applied();
+        let _w = self.lock.write();
+        for vma in &self.pieces(id) {
+            vma.lock.write_lock();
+            let r = match vma.read_only_wp.load(Acquire) {
+                true => mprotect(vma.start, vma.len(), libc::PROT_READ),
+                false => Ok(()),
+            };
+            if r.is_ok() {
+                vma.read_only_wp.store(false, Release);
+            }
+            vma.lock.write_unlock();
+            r.map_err(|e| Error::sys("mprotect", e))?;
+        }
+        Ok(())
+    }
+
     /// `protect` of a writable anonymous region of base pages without
     /// `mprotect`: its mapping stays writable and every page is
     /// write-protected ([`Vma::read_only_wp`]), and back. Returns whether

@@ -329,3 +329,51 @@ fn an_anonymous_region_made_read_only_gives_its_pages_up() {
         assert_bytes(r.as_slice(), &want, &format!("{d}: writable again"));
     }
 }
+
+/// Made read-only, then read-only in its mapping too
+/// (`Region::protect_in_kernel`), an anonymous region takes the stores the
+/// application's own `mprotect` allows in part of it: on a page that was
+/// in and on one that was not, both kept through reclaim. The rest stays
+/// read-only. (Without the call, the `mprotect` changes nothing in a
+/// mapping that write protection keeps writable, and the engine refuses
+/// the stores: SIGSEGV. The LD_PRELOAD shim's test
+/// `an_anonymous_mapping_made_read_only_then_writable_in_part_takes_stores_there`
+/// fails that way without it.)
+#[test]
+fn a_region_made_read_only_in_its_mapping_takes_stores_its_application_allows() {
+    for d in DELIVERIES {
+        let p = Pager::builder()
+            .delivery(d)
+            .budget_pages(256)
+            .build()
+            .unwrap();
+        let (r, mut want) = filled_region(&p, InstallKind::Anonymous, 64, 9);
+        r.protect(false).unwrap();
+        p.reclaim_pages(32);
+        assert_eq!(
+            perms_at(r.as_ptr() as usize),
+            "rw-p",
+            "{d}: write-protected only"
+        );
+        r.protect_in_kernel().unwrap();
+        let base = r.as_ptr() as usize;
+        assert_eq!(perms_at(base), "r--p", "{d}");
+        // SAFETY: part of the region's own mapping.
+        let rc = unsafe {
+            libc::mprotect(
+                (base + 16 * PAGE) as *mut libc::c_void,
+                32 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        assert_eq!(rc, 0, "{d}");
+        for page in [20, 40] {
+            // SAFETY: inside the part the application made writable.
+            unsafe { std::ptr::write_volatile((base + page * PAGE + 7) as *mut u8, 0x5A) };
+            want[page * PAGE + 7] = 0x5A;
+        }
+        assert_eq!(perms_at(base), "r--p", "{d}: the rest");
+        p.reclaim_pages(64);
+        assert_bytes(r.as_slice(), &want, &format!("{d}: after reclaim"));
+    }
+}

@@ -450,3 +450,21 @@ pub fn mapped(addr: usize) -> bool {
         ) == 0
     }
 }
+
+/// The permissions `/proc/self/maps` gives the mapping at `addr`.
+pub fn perms_at(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            usize::from_str_radix(a, 16).unwrap(),
+            usize::from_str_radix(b, 16).unwrap(),
+        );
+        if (a..b).contains(&addr) {
+            return perms.to_string();
+        }
+    }
+    "unmapped".to_string()
+}

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use uffd_pager::store::MemoryStore;
 use uffd_pager::testing::{set_after_lookup, Site};
 use uffd_pager::{Delivery, InstallKind, MapOptions, Pager};
-use util::{PAGE, THREADS};
+use util::{perms_at, PAGE, THREADS};
 
 /// The region whose fault the hook holds (0: none), whether it holds it,
 /// and whether the test let it go.
@@ -141,24 +141,6 @@ fn a_fault_in_flight_installs_nothing_into_another_pagers_region_mapped_there() 
     );
     drop(theirs);
     drop(region);
-}
-
-/// The permissions `/proc/self/maps` gives the mapping at `addr`.
-fn perms_at(addr: usize) -> String {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
-        let (a, b) = range.split_once('-').unwrap();
-        let (a, b) = (
-            usize::from_str_radix(a, 16).unwrap(),
-            usize::from_str_radix(b, 16).unwrap(),
-        );
-        if (a..b).contains(&addr) {
-            return perms.to_string();
-        }
-    }
-    "unmapped".to_string()
 }
 
 #[test]

@@ -983,6 +983,30 @@ fn an_anonymous_mapping_made_none_then_read_only_reads() {
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
 
+/// A private anonymous pager mapping made `PROT_READ` (the engine's call:
+/// its pages write-protected, the mapping left writable in the kernel),
+/// then part of it writable again (the kernel's call): stores inside that
+/// part succeed, and one outside it is still refused. The kernel's
+/// `mprotect` had changed nothing, so the first store inside the part made
+/// the whole mapping read-only for real, and it was SIGSEGV.
+#[test]
+fn an_anonymous_mapping_made_read_only_then_writable_in_part_takes_stores_there() {
+    let d = scratch();
+    let exe = build_c(&d, "mprotect_part_writable");
+    let plain = ok(&Command::new(&exe).output().unwrap());
+    assert_eq!(
+        plain,
+        "read 'w', inside: stored 'x', stored 'y'; outside: refused\n"
+    );
+    let (o, st) = under_shim(
+        &mut Command::new(&exe),
+        &[("UFFD_PAGER_ANON_MIN", "16M"), ("UFFD_PAGER_BUDGET", "4M")],
+        &d.join("part-writable.stats"),
+    );
+    assert_eq!(ok(&o), plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `mremap` of part of a pager mapping is refused (EINVAL), the mapping
 /// left as it was. The kernel moved the part with its userfaultfd
 /// registration, where the engine has no region, and the first touch of

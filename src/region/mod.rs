@@ -327,11 +327,30 @@ impl Region {
     /// after all, so the write gets the kernel's own answer (SIGSEGV, or
     /// `EFAULT` inside a system call); its resident pages then stay until
     /// it is made writable again. Change it back with this call, not your
-    /// own `mprotect`.
+    /// own `mprotect`; to make part of it writable with your own, call
+    /// [`protect_in_kernel`](Self::protect_in_kernel) first.
     ///
     /// Example: [`Region`](crate::Region).
     pub fn protect(&self, writable: bool) -> Result<()> {
         self.owner.mm.protect(self.id, writable)
+    }
+
+    /// Makes a read-only region read-only in its mapping too, for an
+    /// application about to make part of it writable with its own
+    /// `mprotect` (a collector's write barrier unprotecting the page a
+    /// write faulted on).
+    ///
+    /// Made read-only with write protection ([`protect`](Self::protect)),
+    /// an anonymous region of 4 KiB pages is still writable in its
+    /// mapping, so that `mprotect(PROT_WRITE)` would change nothing, and
+    /// the engine, which cannot tell a write there from one to the rest of
+    /// the region, would refuse it (SIGSEGV). After this call the kernel's
+    /// `mprotect` decides, and a write it allows is served. What it costs
+    /// is what the first write to such a region costs: an `mprotect`, and
+    /// its resident pages stay until it is made writable again. A no-op
+    /// for any other region.
+    pub fn protect_in_kernel(&self) -> Result<()> {
+        self.owner.mm.protect_in_kernel(self.id)
     }
 
     /// Grows or shrinks the region in place if possible, moving it if it

@@ -223,6 +223,19 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
             }
         },
         None => {
+            // Made writable in part by the kernel: an anonymous mapping the
+            // engine made read-only must be read-only in the kernel first,
+            // where it is only write-protected (writable in its mapping,
+            // which this call would then not change, and the engine would
+            // refuse the writes it allows: `Region::protect_in_kernel`).
+            if write {
+                for &(i, _) in &hits {
+                    if let Err(err) = st.maps[i].region.protect_in_kernel() {
+                        crate::set_errno(err.errno());
+                        return Some(-1);
+                    }
+                }
+            }
             let (nr, k) = match pkey {
                 Some(k) => (libc::SYS_pkey_mprotect, k as usize),
                 None => (libc::SYS_mprotect, 0),

@@ -6,6 +6,8 @@
 #define UFFD_PAGER_TEST_UTIL_H
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +83,24 @@ static inline void msync_or_exit(char *p, size_t len) {
     perror("msync");
     exit(1);
   }
+}
+
+/* Where a store that faults returns to (see `try_store`). */
+static sigjmp_buf store_refused;
+
+static inline void store_segv(int sig) {
+  (void)sig;
+  siglongjmp(store_refused, 1);
+}
+
+/* Stores `c` at `at`; whether the store went through (0: SIGSEGV). */
+static inline int try_store(char *at, char c) {
+  signal(SIGSEGV, store_segv);
+  if (sigsetjmp(store_refused, 1) == 0) {
+    *(volatile char *)at = c;
+    return 1;
+  }
+  return 0;
 }
 
 #endif
