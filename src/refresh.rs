@@ -8,7 +8,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
-use crate::page_cache::{DIRTY, LOCKED, SYNCING, UPTODATE};
+use crate::page_cache::{DIRTY, GUARDS, LOCKED, SYNCING, UPTODATE};
 use crate::sys::{PageBuf, PAGE_SIZE};
 use std::sync::Arc;
 
@@ -99,8 +99,10 @@ impl Mm {
             // its writes, and the error says the refresh did not happen. So
             // does one whose write-back's sync is still running
             // (`SYNCING`): if that sync fails it must go dirty again, which
-            // a dropped page cannot.
-            let clear = if r.is_err() && w & (DIRTY | SYNCING) == 0 {
+            // a dropped page cannot. And so does one under a residency
+            // guard (`GUARDS`): a system call may be using it, where a
+            // fault on it would be `EFAULT`.
+            let clear = if r.is_err() && w & (DIRTY | SYNCING | GUARDS) == 0 {
                 crate::discard::discard_page(self, obj, i, w)
             } else {
                 0

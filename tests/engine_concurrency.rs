@@ -50,12 +50,18 @@ impl Span {
 
 /// Several threads fault the same pages at once (a slow store makes them
 /// overlap); the store sees exactly one read per page and every thread sees
-/// the right data.
-fn same_pages_once(d: Delivery, kind: InstallKind) {
+/// the right data. `kernel_maps`: a read-only shared region the kernel maps
+/// (`MapOptions::kernel_maps`), where the engine installs nothing.
+fn same_pages_once(d: Delivery, kind: InstallKind, kernel_maps: bool) {
     const THREADS_N: usize = 4;
     const PAGES: usize = 24;
-    let ctx = format!("{d} {kind}");
+    let ctx = format!("{d} {kind} kernel_maps {kernel_maps}");
     let p = pager(d);
+    let opts = MapOptions {
+        writable: !kernel_maps,
+        kernel_maps,
+        ..opts(kind)
+    };
     let data = Arc::new(pattern_vec(7, PAGES * PAGE));
     let mem: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data).unwrap());
     let sim = Arc::new(SimulatedStore::new(
@@ -66,7 +72,7 @@ fn same_pages_once(d: Delivery, kind: InstallKind) {
     ));
     // SAFETY: the test changes this store only through the region (the
     // store contract).
-    let region = unsafe { p.map_store(sim.clone(), PAGES * PAGE, &opts(kind)) }.unwrap();
+    let region = unsafe { p.map_store(sim.clone(), PAGES * PAGE, &opts) }.unwrap();
     let span = Span::of(&region);
     let barrier = Arc::new(Barrier::new(THREADS_N));
     let handles: Vec<_> = (0..THREADS_N)
@@ -97,7 +103,9 @@ fn same_pages_once(d: Delivery, kind: InstallKind) {
     assert_eq!(sim.reads(), PAGES as u64, "{ctx}: store reads");
     let s = p.stats();
     assert_eq!(s.get(Counter::PGREAD), PAGES as u64, "{ctx}: {s}");
-    assert_eq!(s.get(Counter::PGINSTALL), PAGES as u64, "{ctx}: {s}");
+    let installs = if kernel_maps { 0 } else { PAGES as u64 };
+    assert_eq!(s.get(Counter::PGINSTALL), installs, "{ctx}: {s}");
+    assert_eq!(s.get(Counter::PAGE_DROPPED), 0, "{ctx}: {s}");
     assert!(s.get(Counter::PGFAULT) >= PAGES as u64, "{ctx}: {s}");
     assert_bytes(region.as_slice(), &data, &ctx);
     // The region and the store agree at the end too.
@@ -109,7 +117,19 @@ fn same_pages_once(d: Delivery, kind: InstallKind) {
 fn concurrent_same_pages_one_read_each_in_thread() {
     for kind in KINDS {
         with_deadline(60, "same pages, in-thread", move || {
-            same_pages_once(Delivery::InThread, kind)
+            same_pages_once(Delivery::InThread, kind, false)
+        });
+    }
+}
+
+/// The same on a kernel-mapped region: a fault that finds the page filled
+/// by another's (the kernel has not mapped it yet) takes it as it is,
+/// rather than for dropped (punched out and read again).
+#[test]
+fn concurrent_same_pages_one_read_each_kernel_mapped() {
+    for d in [Delivery::InThread, THREADS] {
+        with_deadline(60, "same pages, kernel-mapped", move || {
+            same_pages_once(d, InstallKind::Shared, true)
         });
     }
 }
@@ -118,7 +138,7 @@ fn concurrent_same_pages_one_read_each_in_thread() {
 fn concurrent_same_pages_one_read_each_threads() {
     for kind in KINDS {
         with_deadline(60, "same pages, threads", move || {
-            same_pages_once(THREADS, kind)
+            same_pages_once(THREADS, kind, false)
         });
     }
 }

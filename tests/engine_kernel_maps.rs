@@ -226,3 +226,27 @@ fn a_sequential_reader_with_readahead_reads_the_store() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// A page the engine filled and the kernel has not mapped yet (nothing
+/// touched it since) is found cached when the engine's own fault path
+/// meets it again: `populate` twice reads each page from the store once.
+/// A guard: the check (`sys::pagemap::page_present`) must ask whether the
+/// memfd holds the page, not whether a page-table entry maps it, or each
+/// such page would be taken for dropped by the application, punched out
+/// and read again (`PAGE_DROPPED`; a review feared so).
+#[test]
+fn populating_twice_reads_each_page_once() {
+    const PAGES: usize = 64;
+    let data = pattern_vec(67, PAGES * PAGE);
+    for d in DELIVERIES {
+        let p = pager(d);
+        let r = region(&p, &data);
+        r.populate(0, data.len()).unwrap();
+        r.populate(0, data.len()).unwrap();
+        r.prefault(0, data.len()).unwrap();
+        let s = p.stats();
+        assert_eq!(s.get(Counter::PGREAD), PAGES as u64, "{d}\n{s}");
+        assert_eq!(s.get(Counter::PAGE_DROPPED), 0, "{d}\n{s}");
+        assert_bytes(r.as_slice(), &data, &format!("{d}"));
+    }
+}

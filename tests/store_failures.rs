@@ -964,3 +964,36 @@ fn flush_range_beside_an_unmap_leaves_the_range_clean() {
         "pages of the range were left dirty"
     );
 }
+
+/// The same page under a residency guard (a system call uses it) stays in
+/// the memfd, with the error: dropped, it broke the guard's promise, and a
+/// system call reading it with the fault unservable there (in-thread
+/// delivery, or a user-mode-only descriptor) got `EFAULT` (found by
+/// review).
+#[test]
+fn a_guarded_page_a_refresh_could_not_read_stays() {
+    let pager = Pager::builder()
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .read_attempts(1)
+        .build()
+        .unwrap();
+    let store = Faulty::new(4);
+    // SAFETY: the store changes behind the region only where refreshed.
+    let r = unsafe { pager.map_store(store.clone(), 4 * PAGE, &shared(false)) }.unwrap();
+    let guard = r.lock_resident(0, PAGE).unwrap();
+    store.inner.write(100, &[0xEE; 4]).unwrap();
+    store.read_failing.store(true, SeqCst);
+    // SAFETY: no slice of the region is alive meanwhile.
+    assert!(unsafe { r.refresh_unchecked(100, 4) }.is_err());
+    let mut v = 0u8;
+    // SAFETY: mincore of the region's first page writes one byte to `v`.
+    assert_eq!(
+        unsafe { libc::mincore(r.as_ptr() as *mut _, PAGE, &mut v) },
+        0
+    );
+    assert_eq!(v & 1, 1, "the guarded page left the memfd");
+    drop(guard);
+    store.read_failing.store(false, SeqCst);
+}

@@ -1,9 +1,12 @@
 //! Where a page of this process is, without touching it: present in its
 //! page tables (`mincore`), or in swap (`/proc/self/pagemap`).
 
-/// Whether the page at `addr` is present in this process's page tables
-/// (`mincore`): what an ioctl's error code may not say. For private
-/// anonymous memory, present means mapped by a PTE. Never touches the
+/// Whether the page at `addr` is present (`mincore`): what an ioctl's
+/// error code may not say. For private anonymous memory, present means
+/// mapped by a PTE; for a shared mapping of a file or memfd, that the file
+/// holds the page, mapped or not (where no PTE maps it, `mincore` looks in
+/// the file's page cache): a kernel-mapped object's page that a fault
+/// filled and the kernel has not mapped yet is present. Never touches the
 /// page, so it cannot fault. `Err` if `addr` is not mapped at all.
 /// Async-signal-safe.
 #[inline]
