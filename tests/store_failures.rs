@@ -549,19 +549,25 @@ fn a_flush_after_the_applications_munmap_writes_what_the_unmap_could_not() {
     }
 }
 
+/// A pager that reads one page per fault, once (no readahead, no
+/// fault-around, one read attempt), with no kswapd.
+fn page_at_a_time() -> Pager {
+    Pager::builder()
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .read_attempts(1)
+        .build()
+        .unwrap()
+}
+
 /// A refresh whose store read fails: a clean page it could not bring up to
 /// date is dropped, so the next fault reads the store again; it kept the
 /// old bytes for good before (the `LD_PRELOAD` shim only logs the error),
 /// after the store was readable again too.
 #[test]
 fn a_clean_page_a_refresh_could_not_read_is_read_again() {
-    let pager = Pager::builder()
-        .readahead(0, 1)
-        .fault_around(0)
-        .kswapd(false)
-        .read_attempts(1)
-        .build()
-        .unwrap();
+    let pager = page_at_a_time();
     let store = Faulty::new(4);
     // SAFETY: the store changes behind the region only where refreshed.
     let mut r = unsafe { pager.map_store(store.clone(), 4 * PAGE, &shared(false)) }.unwrap();
@@ -972,13 +978,7 @@ fn flush_range_beside_an_unmap_leaves_the_range_clean() {
 /// review).
 #[test]
 fn a_guarded_page_a_refresh_could_not_read_stays() {
-    let pager = Pager::builder()
-        .readahead(0, 1)
-        .fault_around(0)
-        .kswapd(false)
-        .read_attempts(1)
-        .build()
-        .unwrap();
+    let pager = page_at_a_time();
     let store = Faulty::new(4);
     // SAFETY: the store changes behind the region only where refreshed.
     let r = unsafe { pager.map_store(store.clone(), 4 * PAGE, &shared(false)) }.unwrap();
