@@ -19,6 +19,7 @@
 #![deny(unnameable_types)]
 
 mod address_space;
+mod collapse;
 mod delivery;
 mod discard;
 mod durability;

@@ -15,6 +15,7 @@
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
 use crate::object::{InstallKind, Object};
+use crate::sys::huge::HUGE_PAGE_SIZE;
 use crate::sys::mem::{madvise, mprotect, At, Mapping};
 use crate::sys::uffd::mode;
 use crate::vma::{VmFlags, Vma};
@@ -120,6 +121,14 @@ impl Mm {
             }
             // Over the hold (a retry's too: see the wait below).
             let place = match hold.take() {
+                // On a 2 MiB boundary, so that the kernel maps its huge
+                // folios with one PMD each (`collapse`).
+                _ if !fixed && hint == 0 && object.kernel_maps && len >= HUGE_PAGE_SIZE => {
+                    At::Over(
+                        Mapping::reserve_aligned(len, HUGE_PAGE_SIZE)
+                            .map_err(|e| Error::sys("mmap", e))?,
+                    )
+                }
                 _ if !fixed => At::Near(hint),
                 Some(h) => At::Over(h),
                 None => At::Free(hint),

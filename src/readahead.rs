@@ -285,6 +285,7 @@ fn flush(mm: &Mm, run: &mut Run) {
             mm.counters.inc(PGREAD);
             obj.cache.unlock(j, UPTODATE | READAHEAD, 0);
             mm.page_cached(&obj, j);
+            crate::collapse::after_cached(mm, &obj, j);
         }
     } else {
         mm.counters.inc(IO_ERROR);

@@ -102,7 +102,9 @@ impl Mm {
             // a dropped page cannot. And so does one under a residency
             // guard (`GUARDS`): a system call may be using it, where a
             // fault on it would be `EFAULT`.
-            let clear = if r.is_err() && w & (DIRTY | SYNCING | GUARDS) == 0 {
+            // A page of a huge folio, too: it leaves only with its whole
+            // extent (`collapse`).
+            let clear = if r.is_err() && w & (DIRTY | SYNCING | GUARDS) == 0 && !obj.collapsed(i) {
                 crate::discard::discard_page(self, obj, i, w)
             } else {
                 0

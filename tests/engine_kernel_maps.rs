@@ -60,6 +60,56 @@ fn a_cached_page_is_mapped_by_the_kernel_without_an_engine_fault() {
     }
 }
 
+/// Thread `t`'s `reads` reads of `r`, each checked against `data`: pages
+/// in order (`in_order`) or at random (seeded by `t`); every 64th read
+/// checks the whole page, the others a byte at a random offset.
+fn read_and_check(r: &Region, data: &[u8], t: u64, reads: usize, in_order: bool, d: Delivery) {
+    let pages = data.len() / PAGE;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
+    for n in 0..reads {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let pg = if in_order {
+            n % pages
+        } else {
+            (x as usize) % pages
+        };
+        if n % 64 == 0 {
+            let at = pg * PAGE..(pg + 1) * PAGE;
+            assert_bytes(&r.as_slice()[at.clone()], &data[at], &format!("{d}: page"));
+        } else {
+            let o = pg * PAGE + (x >> 40) as usize % PAGE;
+            assert_eq!(r.as_slice()[o], data[o], "{d}: byte {o}");
+        }
+    }
+}
+
+/// Two threads reading `r` (`read_and_check`, `reads` each; thread 0 in
+/// page order where `scan`), while the memfd's size is sampled for
+/// `samples` × 5 ms; returns the largest size seen.
+fn two_readers(
+    p: &Pager,
+    r: &Arc<Region>,
+    data: &Arc<Vec<u8>>,
+    reads: usize,
+    scan: bool,
+    d: Delivery,
+) -> u64 {
+    let mut peak_memfd = 0;
+    std::thread::scope(|sc| {
+        for t in 0..2u64 {
+            let (r, data) = (r.clone(), data.clone());
+            sc.spawn(move || read_and_check(&r, &data, t, reads, scan && t == 0, d));
+        }
+        for _ in 0..50 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            peak_memfd = peak_memfd.max(p.memory_use().memfd_bytes);
+        }
+    });
+    peak_memfd
+}
+
 /// Two threads read random pages of a region 4× the budget, in every
 /// delivery mode: every page read is the store's, pages were evicted while
 /// the kernel had them mapped, and the memfd never holds much more than
@@ -78,34 +128,7 @@ fn random_reads_through_eviction_read_the_store() {
                 .build()
                 .unwrap();
             let r = Arc::new(region(&p, &data));
-            let mut peak_memfd = 0;
-            std::thread::scope(|sc| {
-                for t in 0..2u64 {
-                    let (r, data) = (r.clone(), data.clone());
-                    sc.spawn(move || {
-                        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
-                        for n in 0..20_000 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            let pg = (x as usize) % PAGES;
-                            // Every 64th read checks the whole page; the
-                            // others a word at a random offset.
-                            if n % 64 == 0 {
-                                let at = pg * PAGE..(pg + 1) * PAGE;
-                                assert_bytes(&r.as_slice()[at.clone()], &data[at], "page");
-                            } else {
-                                let o = pg * PAGE + (x >> 40) as usize % PAGE;
-                                assert_eq!(r.as_slice()[o], data[o], "{d}: byte {o}");
-                            }
-                        }
-                    });
-                }
-                for _ in 0..50 {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                    peak_memfd = peak_memfd.max(p.memory_use().memfd_bytes);
-                }
-            });
+            let peak_memfd = two_readers(&p, &r, &data, 20_000, false, d);
             let s = p.stats();
             assert!(s.get(Counter::PGSTEAL) > 1000, "{d}: evictions\n{s}");
             assert_eq!(s.get(Counter::SEGV), 0, "{d}\n{s}");
@@ -248,5 +271,76 @@ fn populating_twice_reads_each_page_once() {
         assert_eq!(s.get(Counter::PGREAD), PAGES as u64, "{d}\n{s}");
         assert_eq!(s.get(Counter::PAGE_DROPPED), 0, "{d}\n{s}");
         assert_bytes(r.as_slice(), &data, &format!("{d}"));
+    }
+}
+
+/// `ShmemPmdMapped` of the mapping at `addr`, in KiB (`/proc/self/smaps`).
+fn pmd_mapped_kib(addr: usize) -> u64 {
+    smaps_field(addr, "ShmemPmdMapped")
+        .and_then(|v| v.trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+/// Once every page of a 2 MiB extent is cached, the extent is collapsed
+/// into a huge folio (`collapse`), which the kernel maps with one PMD in
+/// a region the engine placed on a 2 MiB boundary: a warm pass maps the
+/// region in four faults of the kernel's and reads the store's bytes.
+#[test]
+fn a_cached_extent_becomes_a_huge_folio_mapped_whole() {
+    const PAGES: usize = 1024;
+    let data = pattern_vec(73, PAGES * PAGE);
+    for d in DELIVERIES {
+        let p = pager(d);
+        let mut r = region(&p, &data);
+        assert_eq!(r.as_ptr() as usize % (2 << 20), 0, "{d}: placed on 2 MiB");
+        assert_bytes(r.as_slice(), &data, &format!("{d}: first pass"));
+        let s = p.stats();
+        assert_eq!(s.get(Counter::THP_COLLAPSE_ALLOC), 2, "{d}\n{s}");
+        r.dontneed(0, data.len()).unwrap();
+        assert_bytes(r.as_slice(), &data, &format!("{d}: warm pass"));
+        assert_eq!(pmd_mapped_kib(r.as_ptr() as usize), 4096, "{d}");
+        let s = p.stats();
+        assert_eq!(s.get(Counter::PGREAD), PAGES as u64, "{d}\n{s}");
+    }
+}
+
+/// Huge folios under eviction: one thread scans in order (each extent it
+/// completes is collapsed), another reads random pages, over a region
+/// four times the budget. Every byte read is the store's (a huge folio
+/// punched in part could leave zeros the kernel maps with no fault),
+/// huge folios were made and evicted, and the memfd never holds much
+/// more than the budget (an extent is evicted whole: its 512 pages count
+/// as freed).
+#[test]
+fn huge_folios_are_evicted_whole_and_read_back_right() {
+    const PAGES: usize = 4096;
+    const BUDGET: u64 = 1024;
+    let data = Arc::new(pattern_vec(79, PAGES * PAGE));
+    for d in DELIVERIES {
+        let data = data.clone();
+        with_deadline(120, &format!("{d} huge folios"), move || {
+            let p = Pager::builder()
+                .delivery(d)
+                .budget_pages(BUDGET)
+                .build()
+                .unwrap();
+            let r = Arc::new(region(&p, &data));
+            // Alone first: each extent the scan completes is collapsed,
+            // then evicted whole as the scan goes on.
+            assert_bytes(r.as_slice(), &data, &format!("{d}: first scan"));
+            let collapsed = p.stats().get(Counter::THP_COLLAPSE_ALLOC);
+            assert!(collapsed >= 4, "{d}: {collapsed} collapses\n{}", p.stats());
+            let peak_memfd = two_readers(&p, &r, &data, 3 * PAGES, true, d);
+            let s = p.stats();
+            assert!(s.get(Counter::PGSTEAL) > BUDGET, "{d}: evictions\n{s}");
+            assert_eq!(s.get(Counter::SEGV), 0, "{d}\n{s}");
+            // The budget, an extent over it (evicted whole), a page per
+            // faulting thread and a batch in flight.
+            let bound = (BUDGET + 512 + 2 + 32) * PAGE as u64;
+            assert!(
+                peak_memfd <= bound,
+                "{d}: memfd held {peak_memfd} bytes, bound {bound}\n{s}"
+            );
+        });
     }
 }

@@ -468,3 +468,28 @@ pub fn perms_at(addr: usize) -> String {
     }
     "unmapped".to_string()
 }
+
+/// The value of `field` (as `Rss`, `VmFlags`) for the mapping that holds
+/// `addr`, from `/proc/self/smaps`; `None` if no mapping holds it or it
+/// has no such line.
+pub fn smaps_field(addr: usize, field: &str) -> Option<String> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(v) = line.strip_prefix(field).and_then(|v| v.strip_prefix(':')) {
+                return Some(v.trim().to_string());
+            }
+        }
+    }
+    None
+}

@@ -251,25 +251,9 @@ fn a_flush_leaves_a_guarded_buffer_writable_for_system_calls() {
 /// Whether the kernel holds the page at `addr` `mlock`ed: the `lo` flag of
 /// its mapping in `/proc/self/smaps`.
 fn mlocked(addr: usize) -> bool {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    for line in smaps.lines() {
-        if let Some((range, _)) = line.split_once(' ') {
-            if let Some((a, b)) = range.split_once('-') {
-                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-                {
-                    inside = a <= addr && addr < b;
-                    continue;
-                }
-            }
-        }
-        if inside {
-            if let Some(flags) = line.strip_prefix("VmFlags:") {
-                return flags.split_whitespace().any(|f| f == "lo");
-            }
-        }
-    }
-    panic!("no mapping holds {addr:#x}");
+    let flags = smaps_field(addr, "VmFlags");
+    let flags = flags.unwrap_or_else(|| panic!("no mapping holds {addr:#x}"));
+    flags.split_whitespace().any(|f| f == "lo")
 }
 
 /// Two overlapping residency guards: dropping one leaves the other's

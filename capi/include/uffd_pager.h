@@ -352,6 +352,14 @@ typedef struct uffd_pager_stats {
    */
   uint64_t map_waited_event;
   /**
+   * 2 MiB extents of a kernel-mapped region's cache collapsed into huge folios.
+   */
+  uint64_t thp_collapse_alloc;
+  /**
+   * Collapses the kernel refused (the extent stays in base pages).
+   */
+  uint64_t thp_collapse_alloc_failed;
+  /**
    * Global-lock read acquisitions.
    */
   uint64_t global_lock_read;

@@ -80,6 +80,10 @@ pub struct uffd_pager_stats {
     pub event_remap: u64,
     /// A map the kernel gave a range the table still held let go of the global lock to let the event that freed it be applied first.
     pub map_waited_event: u64,
+    /// 2 MiB extents of a kernel-mapped region's cache collapsed into huge folios.
+    pub thp_collapse_alloc: u64,
+    /// Collapses the kernel refused (the extent stays in base pages).
+    pub thp_collapse_alloc_failed: u64,
     /// Global-lock read acquisitions.
     pub global_lock_read: u64,
     /// Global-lock read acquisitions that waited.
@@ -145,6 +149,8 @@ impl From<&Stats> for uffd_pager_stats {
             event_unmap: s.get(Counter::EVENT_UNMAP),
             event_remap: s.get(Counter::EVENT_REMAP),
             map_waited_event: s.get(Counter::MAP_WAITED_EVENT),
+            thp_collapse_alloc: s.get(Counter::THP_COLLAPSE_ALLOC),
+            thp_collapse_alloc_failed: s.get(Counter::THP_COLLAPSE_ALLOC_FAILED),
             global_lock_read: g.read_acquisitions,
             global_lock_read_contended: g.read_contended,
             global_lock_read_wait_ns: g.read_wait_ns,
@@ -243,7 +249,7 @@ mod tests {
     /// reads them at these places in every later library, so fields are
     /// only appended (a new counter goes at the end of the struct, wherever
     /// the vmstat text prints it).
-    const FIRST: [&str; 46] = [
+    const FIRST: [&str; 48] = [
         "vma_lock_success",
         "vma_lock_abort",
         "vma_lock_retry",
@@ -277,6 +283,8 @@ mod tests {
         "event_unmap",
         "event_remap",
         "map_waited_event",
+        "thp_collapse_alloc",
+        "thp_collapse_alloc_failed",
         "global_lock_read",
         "global_lock_read_contended",
         "global_lock_read_wait_ns",
@@ -328,6 +336,8 @@ mod tests {
             event_unmap,
             event_remap,
             map_waited_event,
+            thp_collapse_alloc,
+            thp_collapse_alloc_failed,
             global_lock_read,
             global_lock_read_contended,
             global_lock_read_wait_ns,

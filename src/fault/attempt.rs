@@ -235,6 +235,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
                 mm.uncharge(pin.units());
             } else {
                 mm.page_cached(&pin, i);
+                crate::collapse::after_cached(mm, &pin, i);
                 if readahead {
                     crate::readahead::on_fault(mm, &pin, i, ra_limit);
                 }
@@ -413,6 +414,7 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
             );
             if fresh {
                 mm.page_cached(obj, i);
+                crate::collapse::after_cached(mm, obj, i);
             }
             Outcome::Done
         }
@@ -445,6 +447,7 @@ fn finish_install(mm: &Mm, vma: &Vma, f: &Fault, i: usize, zero: bool, fresh: bo
                 let pinned = if vma.pinned { PINNED } else { 0 };
                 obj.cache.unlock(i, UPTODATE | pinned, MOVED);
                 mm.page_cached(obj, i);
+                crate::collapse::after_cached(mm, obj, i);
             } else {
                 obj.cache.unlock(i, 0, 0);
             }

@@ -125,8 +125,19 @@ impl Object {
     }
 
     /// Frees the cached contents of pages `[i, i+n)` (after eviction).
-    /// Async-signal-safe.
+    /// `EBUSY`, freeing nothing, for a range that covers part of a
+    /// collapsed extent, which only `reclaim::extent`
+    /// frees (whole). Async-signal-safe.
     pub fn free_data(&self, i: usize, n: usize) -> Result<(), i32> {
+        if self.extents.as_ref().is_some_and(|x| x.cuts(i, n)) {
+            return Err(libc::EBUSY);
+        }
+        self.free_data_whole(i, n)
+    }
+
+    /// [`free_data`](Self::free_data) without the check for collapsed
+    /// extents: the caller frees whole ones.
+    pub(crate) fn free_data_whole(&self, i: usize, n: usize) -> Result<(), i32> {
         match &self.backing {
             Backing::Anonymous { area } => match area.peek() {
                 Some(a) => madvise(a + (i << self.shift), n << self.shift, libc::MADV_DONTNEED),

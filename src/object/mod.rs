@@ -25,9 +25,12 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 mod backing;
+mod extents;
 mod fill;
 mod windows;
+
 use backing::Backing;
+pub use extents::{Extents, EXTENT_PAGES};
 pub use windows::{Window, Windows};
 
 /// How a region's pages are installed.
@@ -116,6 +119,10 @@ pub struct Object {
     /// again, is mapped by the kernel's own fault path (clean PTEs, its
     /// fault-around). Set before the object is mapped.
     pub kernel_maps: bool,
+    /// Which 2 MiB extents of a kernel-mapped object's memfd are
+    /// collapsed into huge folios ([`crate::collapse`]); `None` for other
+    /// objects. Set before the object is mapped.
+    pub extents: Option<Extents>,
     backing: Backing,
     /// Attempts working on this object with their lock dropped, and
     /// reclaim's references while it evicts a page. On a cache line of its
@@ -269,8 +276,19 @@ impl Object {
             }
             InstallKind::Shared => {
                 let memfd = Memfd::new("uffd-pager", bytes).map_err(|e| ("memfd_create", e))?;
-                let alias = Mapping::shared(memfd.fd(), bytes, At::Near(0))
-                    .map_err(|e| ("mmap memfd alias", e))?;
+                // Aligned to 2 MiB where the object has a whole extent of
+                // that size, so that its extents can be collapsed into huge
+                // folios through it (`crate::collapse`).
+                let at = if bytes >= crate::sys::huge::HUGE_PAGE_SIZE {
+                    At::Over(
+                        Mapping::reserve_aligned(bytes, crate::sys::huge::HUGE_PAGE_SIZE)
+                            .map_err(|e| ("mmap memfd alias", e))?,
+                    )
+                } else {
+                    At::Near(0)
+                };
+                let alias =
+                    Mapping::shared(memfd.fd(), bytes, at).map_err(|e| ("mmap memfd alias", e))?;
                 Backing::Shared { memfd, alias, huge }
             }
         };
@@ -284,6 +302,7 @@ impl Object {
             zero_fill,
             quiet: kind == InstallKind::Shared,
             kernel_maps: false,
+            extents: None,
             backing,
             pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),

@@ -401,6 +401,9 @@ impl Pager {
                 // `MADV_DONTNEED` (see `reclaim`'s `huge`).
                 obj.quiet = kind == InstallKind::Shared || !opts.writable || obj.is_huge();
                 obj.kernel_maps = opts.kernel_maps;
+                if opts.kernel_maps {
+                    obj.extents = crate::object::Extents::new(npages);
+                }
                 // Stamped before any page is read: kept later only if the
                 // store still has this stamp (nothing changed it while the
                 // object was mapped, not even its own write-backs).

@@ -116,7 +116,11 @@ pub struct MapOptions {
     /// ahead, or left by an earlier region of the object) then costs a
     /// kernel minor fault and no engine fault, and PTEs are installed
     /// clean, so evicting a batch of pages costs one TLB flush, not one
-    /// per page (see the README's "Speed").
+    /// per page (see the README's "Speed"). Once all 512 pages of a 2 MiB
+    /// extent of the memfd are cached, the engine collapses them into a
+    /// huge folio (`MADV_COLLAPSE`; counter `thp_collapse_alloc`), which
+    /// the kernel maps with one PMD (a region of 2 MiB or more is placed
+    /// on a 2 MiB boundary), and reclaim evicts the extent whole.
     ///
     /// What it gives up: the engine sees only the faults that miss, so
     /// `pgfault` and `readahead_used` count only those, the LRU's

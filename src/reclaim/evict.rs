@@ -9,6 +9,9 @@ use super::*;
 pub enum Evict {
     /// The page is gone (Absent).
     Evicted,
+    /// The page went with others: this many base pages in all (a huge
+    /// folio's extent, `extent::evict_extent`).
+    EvictedPages(u64),
     /// Busy or recently referenced: back to the tail.
     Rotate,
     /// Stale or unevictable: drop the entry.
@@ -216,6 +219,16 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     let Ok(w) = obj.cache.try_lock(i) else {
         return Evict::Rotate;
     };
+    // A page of a huge folio goes with its whole extent. (Looked at under
+    // the page's lock, which a collapse needs too; looked at again under
+    // all of the extent's there.)
+    if obj.collapsed(i) {
+        obj.cache.unlock(i, 0, 0);
+        return match super::extent::evict_extent(mm, obj, i) {
+            (Evict::Evicted, n) => Evict::EvictedPages(n),
+            (v, _) => v,
+        };
+    }
     if w & UPTODATE == 0 || w & ON_LRU == 0 {
         // A stale entry (the page left residency: dropped, shrunk away,
         // unmapped by the application). It was the page's one entry, so

@@ -21,6 +21,7 @@
 //! timeout at most, not one per dirty page.
 
 mod evict;
+mod extent;
 mod huge;
 mod kswapd;
 pub mod staging;
@@ -121,7 +122,9 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
                         }
                         continue;
                     }
-                    Err((_, Some(_))) if pass.clean_only => Evict::Rotate,
+                    // (A huge folio of clean pages is evicted whole on any
+                    // pass: see `collapse`.)
+                    Err((_, Some(obj))) if pass.clean_only && !obj.collapsed(page) => Evict::Rotate,
                     Err((_, Some(obj))) => {
                         // `evict_page` may write the page back and wait
                         // on its store: the batch's pages must not stay
@@ -137,6 +140,10 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
                 Evict::Evicted => {
                     freed += units;
                     c.inc(PGSTEAL);
+                }
+                Evict::EvictedPages(n) => {
+                    freed += n;
+                    c.add(PGSTEAL, n);
                 }
                 Evict::Rotate => {
                     back[nb] = e;

@@ -246,6 +246,13 @@ fn prepare_clean<'a>(
     let Ok(w) = obj.cache.try_lock(i) else {
         return Err((Evict::Rotate, None));
     };
+    // A page of a huge folio goes with its whole extent
+    // (`extent::evict_extent`), never on its own. (Looked at under the
+    // page's lock, which a collapse needs too.)
+    if obj.collapsed(i) {
+        obj.cache.unlock(i, 0, 0);
+        return Err((Evict::Drop, Some(obj)));
+    }
     let verdict = if w & UPTODATE == 0 || w & ON_LRU == 0 {
         // A stale entry: see `evict_page`.
         Some((Evict::Drop, ON_LRU | LRU_BATCHED))

@@ -132,6 +132,13 @@ counters! {
     /// global lock to let the event that freed it be applied first (or a
     /// `Region::remap` waited for the pager's events on their way).
     MAP_WAITED_EVENT => "map_waited_event",
+    /// 2 MiB extents of a kernel-mapped object's memfd collapsed into huge
+    /// folios once all their pages were cached (`MADV_COLLAPSE`; the
+    /// kernel's khugepaged counter of the same name).
+    THP_COLLAPSE_ALLOC => "thp_collapse_alloc",
+    /// Collapses the kernel refused (no huge page to be had, huge pages
+    /// off for the process): the extent stays in base pages.
+    THP_COLLAPSE_ALLOC_FAILED => "thp_collapse_alloc_failed",
 }
 
 const N: usize = Counter::ALL.len();

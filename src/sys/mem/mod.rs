@@ -139,6 +139,31 @@ impl Mapping {
         Ok(m)
     }
 
+    /// Reserves `len` bytes at an address aligned to `align` (a power of
+    /// two, at least a page) with an inaccessible mapping: a hold to map
+    /// over ([`At::Over`]). Costs a mapping of `len + align` and up to two
+    /// `munmap`s of what lies outside the aligned range.
+    pub fn reserve_aligned(len: usize, align: usize) -> Result<Mapping, i32> {
+        let total = len.checked_add(align).ok_or(libc::ENOMEM)?;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        // SAFETY: a fresh inaccessible mapping, placed by the kernel.
+        let p = check(unsafe {
+            libc::mmap(std::ptr::null_mut(), total, libc::PROT_NONE, flags, -1, 0)
+        })?;
+        let a = p.next_multiple_of(align);
+        // SAFETY: the head and tail are parts of the mapping just made,
+        // which nothing else knows of.
+        unsafe {
+            if a > p {
+                libc::munmap(p as *mut libc::c_void, a - p);
+            }
+            if p + total > a + len {
+                libc::munmap((a + len) as *mut libc::c_void, p + total - (a + len));
+            }
+        }
+        Ok(Mapping { addr: a, len })
+    }
+
     /// Start address.
     pub fn addr(&self) -> usize {
         self.addr
