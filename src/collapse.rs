@@ -44,7 +44,9 @@
 //! 512 try-locks, the `madvise` (a 2 MiB allocation, a copy
 //! and page-table work, once per extent), and 512 unlocks. A collapse the
 //! kernel refuses (no huge page to be had, `ENOMEM`; huge pages off for
-//! the process, `EINVAL`) costs that once and leaves the extent as it was.
+//! the process, `EINVAL`) costs that once, and the extent, in base pages
+//! or not (an error may come after the huge folio was made), is evicted
+//! whole from then on.
 //! Async-signal-safe (atomics and one system call): a fault's fill runs it
 //! in the SIGBUS handler.
 
@@ -53,6 +55,13 @@ use crate::object::{Extents, Object, EXTENT_PAGES};
 use crate::page_cache::{GUARDS, POISONED, UPTODATE};
 use crate::stats::Counter::{THP_COLLAPSE_ALLOC, THP_COLLAPSE_ALLOC_FAILED};
 use crate::sys::huge::HUGE_PAGE_SIZE;
+
+/// CPU yields a collapse waits through for each page of its extent that
+/// is locked (see `Object::lock_extent`).
+const LOCK_PATIENCE: u32 = 64;
+
+/// `MADV_COLLAPSE` calls for one extent while the kernel answers `EAGAIN`.
+const COLLAPSE_TRIES: u32 = 3;
 
 /// Page `i` of `obj` was just cached (by a fault or readahead; the caller
 /// holds no lock of its extent's pages): if that completes its extent,
@@ -86,14 +95,35 @@ fn collapse(mm: &Mm, obj: &Object, x: &Extents, e: usize) {
     if !(addr as usize).is_multiple_of(HUGE_PAGE_SIZE) {
         return;
     }
-    let Some(_) = obj.lock_extent(first, |w| {
+    let Some(_) = obj.lock_extent(first, LOCK_PATIENCE, |w| {
         w & (UPTODATE | POISONED) == UPTODATE && w & GUARDS == 0
     }) else {
         return;
     };
-    match crate::sys::mem::madvise(addr as usize, HUGE_PAGE_SIZE, libc::MADV_COLLAPSE) {
+    // (Another fill completed it too, and collapsed it first.)
+    if x.is_set(e) {
+        obj.unlock_extent(first, EXTENT_PAGES, 0);
+        return;
+    }
+    // `EAGAIN`: a page of it was busy in the kernel for a moment (still in
+    // a per-CPU LRU batch, or being mapped): tried again.
+    let mut r = Err(libc::EAGAIN);
+    for _ in 0..COLLAPSE_TRIES {
+        r = crate::sys::mem::madvise(addr as usize, HUGE_PAGE_SIZE, libc::MADV_COLLAPSE);
+        if r != Err(libc::EAGAIN) {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    // Whatever the answer, the extent is evicted whole from now on: an
+    // error may come after the huge folio was made (a review read so in
+    // the kernel's `madvise_collapse`, where mapping it into the calling
+    // mapping is a last step that can fail; not seen here:
+    // `an_extent_far_into_a_large_object_is_collapsed`), and evicting an
+    // extent of base pages whole costs only its other pages.
+    x.set(e, true);
+    match r {
         Ok(()) => {
-            x.set(e, true);
             mm.counters.inc(THP_COLLAPSE_ALLOC);
             // The collapse left the huge folio mapped in the alias, which
             // nothing reads it through: unmapped again (the page cache

@@ -74,17 +74,35 @@ impl Object {
             .is_some_and(|x| x.is_set(i / EXTENT_PAGES))
     }
 
-    /// Locks every page of the extent at `first` whose word passes `ok`;
-    /// if one is locked already or fails, unlocks those taken and returns
-    /// `None`. Otherwise the pages' words, as locked.
+    /// Locks every page of the extent at `first` whose word passes `ok`,
+    /// in page order; if one fails `ok`, or is locked and stays locked
+    /// through `patience` yields of the CPU, unlocks those taken and
+    /// returns `None`. Otherwise the pages' words, as locked.
+    ///
+    /// Never waits on a lock for good, so no holder of some of these pages
+    /// waiting for others can deadlock with it. A page is held for a
+    /// moment by a fault that looks at it again, or by reclaim: a
+    /// collapse, which no later fill of the extent would retry, is
+    /// patient with those; an eviction, which its LRU entry retries, is
+    /// not (`patience` 0).
     pub fn lock_extent(
         &self,
         first: usize,
+        patience: u32,
         ok: impl Fn(u32) -> bool,
     ) -> Option<[u32; EXTENT_PAGES]> {
         let mut words = [0u32; EXTENT_PAGES];
         for (k, word) in words.iter_mut().enumerate() {
-            match self.cache.try_lock(first + k) {
+            let mut r = self.cache.try_lock(first + k);
+            for _ in 0..patience {
+                if r.is_ok() {
+                    break;
+                }
+                // (`sched_yield`: async-signal-safe.)
+                std::thread::yield_now();
+                r = self.cache.try_lock(first + k);
+            }
+            match r {
                 Ok(w) if ok(w) => *word = w,
                 r => {
                     if r.is_ok() {

@@ -43,10 +43,23 @@ pub fn evict_extent(mm: &Mm, obj: &Object, i: usize) -> (Evict, u64) {
     if let Some(v) = verdict {
         return (v, 0);
     }
+    // A pinned page keeps the whole extent, as an `mlock`ed page keeps a
+    // large folio off the kernel's evictable lists: this entry leaves the
+    // LRU, as a pinned page's does (rotated, it came back for good, and
+    // so did every other page's of the extent).
+    if (first..first + EXTENT_PAGES).any(|k| obj.cache.load(k) & PINNED != 0) {
+        return match obj.cache.try_lock(i) {
+            Ok(_) => {
+                obj.cache.unlock(i, 0, ON_LRU);
+                (Evict::Drop, 0)
+            }
+            Err(_) => (Evict::Rotate, 0),
+        };
+    }
     // Then the whole extent, locked: still collapsed (not evicted whole by
     // another pass since the caller looked), page `i` still on the LRU,
     // and no page that must stay.
-    let Some(words) = obj.lock_extent(first, |w| {
+    let Some(words) = obj.lock_extent(first, 0, |w| {
         w & (PINNED | DIRTY) == 0 && w & (GUARDS | SYNCING) == 0
     }) else {
         return (Evict::Rotate, 0);

@@ -139,7 +139,14 @@ fn run_side(
             let mut out = access::run(w, &m, pages, k)?;
             let st = m.pager.stats();
             let c = [Counter::PGFAULT, Counter::PGMAJFAULT, Counter::PGSTEAL].map(|c| st.get(c));
-            let footprint = std::mem::take(&mut out.footprint);
+            let mut footprint = std::mem::take(&mut out.footprint);
+            let (huge, refused) = (
+                st.get(Counter::THP_COLLAPSE_ALLOC),
+                st.get(Counter::THP_COLLAPSE_ALLOC_FAILED),
+            );
+            if huge + refused > 0 {
+                footprint += &format!("; huge folios made {huge}, refused {refused}");
+            }
             (out, c, footprint)
         }
         Kind::Kernel { random } => {
