@@ -43,10 +43,10 @@
 //! its extent are cached; then up to 512 loads, and where all are cached
 //! 512 try-locks, the `madvise` (a 2 MiB allocation, a copy
 //! and page-table work, once per extent), and 512 unlocks. A collapse the
-//! kernel refuses (no huge page to be had, `ENOMEM`; huge pages off for
-//! the process, `EINVAL`) costs that once, and the extent, in base pages
-//! or not (an error may come after the huge folio was made), is evicted
-//! whole from then on.
+//! kernel refuses for want of a huge page (`ENOMEM`, `EBUSY`) costs that
+//! once and leaves the extent in base pages; any other refusal also ends
+//! collapses for the object. None is tried where huge pages are off
+//! ([`possible`], read at map time).
 //! Async-signal-safe (atomics and one system call): a fault's fill runs it
 //! in the SIGBUS handler.
 
@@ -56,9 +56,21 @@ use crate::page_cache::{GUARDS, POISONED, UPTODATE};
 use crate::stats::Counter::{THP_COLLAPSE_ALLOC, THP_COLLAPSE_ALLOC_FAILED};
 use crate::sys::huge::HUGE_PAGE_SIZE;
 
-/// CPU yields a collapse waits through for each page of its extent that
-/// is locked (see `Object::lock_extent`).
+/// CPU yields a collapse waits through, in all, for pages of its extent
+/// that are locked (see `Object::lock_extent`).
 const LOCK_PATIENCE: u32 = 64;
+
+/// Whether a collapse can succeed here: huge pages are not denied to shmem
+/// (`shmem_enabled` `deny`) nor to this process
+/// (`prctl(PR_SET_THP_DISABLE)`). Read when a kernel-mapped object is
+/// made; allocates (ordinary threads only).
+pub fn possible() -> bool {
+    let dir = std::path::Path::new(crate::sys::pipe::THP_DIR);
+    let denied = crate::sys::pipe::setting(&dir.join("shmem_enabled")).as_deref() == Some("deny");
+    // SAFETY: PR_GET_THP_DISABLE takes no pointer and only reads a flag.
+    let off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } > 0;
+    !denied && !off
+}
 
 /// `MADV_COLLAPSE` calls for one extent while the kernel answers `EAGAIN`.
 const COLLAPSE_TRIES: u32 = 3;
@@ -73,7 +85,7 @@ pub fn after_cached(mm: &Mm, obj: &Object, i: usize) {
         return;
     };
     let (e, first) = (i / EXTENT_PAGES, i / EXTENT_PAGES * EXTENT_PAGES);
-    if x.is_set(e) || first + EXTENT_PAGES > obj.npages() {
+    if x.is_set(e) || x.refused() || first + EXTENT_PAGES > obj.npages() {
         return;
     }
     let cached = |k: usize| obj.cache.load(k) & UPTODATE != 0;
@@ -115,15 +127,9 @@ fn collapse(mm: &Mm, obj: &Object, x: &Extents, e: usize) {
         }
         std::thread::yield_now();
     }
-    // Whatever the answer, the extent is evicted whole from now on: an
-    // error may come after the huge folio was made (a review read so in
-    // the kernel's `madvise_collapse`, where mapping it into the calling
-    // mapping is a last step that can fail; not seen here:
-    // `an_extent_far_into_a_large_object_is_collapsed`), and evicting an
-    // extent of base pages whole costs only its other pages.
-    x.set(e, true);
     match r {
         Ok(()) => {
+            x.set(e, true);
             mm.counters.inc(THP_COLLAPSE_ALLOC);
             // The collapse left the huge folio mapped in the alias, which
             // nothing reads it through: unmapped again (the page cache
@@ -132,7 +138,25 @@ fn collapse(mm: &Mm, obj: &Object, x: &Extents, e: usize) {
             // costs a first mapping more than a second).
             let _ = crate::sys::mem::madvise(addr as usize, HUGE_PAGE_SIZE, libc::MADV_DONTNEED);
         }
-        Err(_) => mm.counters.inc(THP_COLLAPSE_ALLOC_FAILED),
+        // No huge page to be had (`ENOMEM`, or its charge to the memory
+        // cgroup, `EBUSY`), or pages busy (`EAGAIN`): refused before any
+        // folio was made. The extent stays in base pages.
+        Err(libc::ENOMEM | libc::EBUSY | libc::EAGAIN) => {
+            mm.counters.inc(THP_COLLAPSE_ALLOC_FAILED)
+        }
+        // Anything else (`EINVAL`: huge pages turned off since the map)
+        // stops collapses for this object, and this extent is evicted
+        // whole all the same: an error may come after the huge folio was
+        // made (a review read so in the kernel's `madvise_collapse`,
+        // where mapping it into the calling mapping is a last step that
+        // can fail; not seen here:
+        // `an_extent_far_into_a_large_object_is_collapsed`), and evicting
+        // an extent of base pages whole costs only its other pages.
+        Err(_) => {
+            x.set(e, true);
+            x.refuse();
+            mm.counters.inc(THP_COLLAPSE_ALLOC_FAILED);
+        }
     }
     obj.unlock_extent(first, EXTENT_PAGES, 0);
 }

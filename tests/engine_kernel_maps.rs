@@ -365,3 +365,35 @@ fn an_extent_far_into_a_large_object_is_collapsed() {
     assert_eq!(s.get(Counter::THP_COLLAPSE_ALLOC_FAILED), 0, "\n{s}");
     assert_eq!(r.as_slice()[at + 4096 * 7], 0);
 }
+
+/// Where huge pages are denied to the process (`prctl(PR_SET_THP_DISABLE)`;
+/// `shmem_enabled` `deny` alike), no collapse is tried, and reclaim frees
+/// pages one at a time. The refused collapse used to mark the extent to be
+/// evicted whole, so each eviction there took 512 pages (found by review).
+#[test]
+fn where_huge_pages_are_denied_nothing_is_collapsed_and_pages_go_one_by_one() {
+    if !is_child() {
+        let name = "where_huge_pages_are_denied_nothing_is_collapsed_and_pages_go_one_by_one";
+        let out = run_child(name, &[]);
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    // SAFETY: PR_SET_THP_DISABLE takes no pointer.
+    assert_eq!(
+        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) },
+        0
+    );
+    const PAGES: usize = 1024;
+    let data = pattern_vec(83, PAGES * PAGE);
+    let p = Pager::builder()
+        .budget_pages(2048)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let r = region(&p, &data);
+    assert_bytes(r.as_slice(), &data, "read");
+    let s = p.stats();
+    assert_eq!(s.get(Counter::THP_COLLAPSE_ALLOC), 0, "\n{s}");
+    assert_eq!(s.get(Counter::THP_COLLAPSE_ALLOC_FAILED), 0, "\n{s}");
+    assert!(p.reclaim_pages(1) < 32, "\n{}", p.stats());
+}

@@ -9,7 +9,7 @@
 use super::Object;
 use crate::sys::huge::HUGE_PAGE_SIZE;
 use crate::sys::PAGE_SIZE;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// Base pages per extent (a PMD's worth).
 pub const EXTENT_PAGES: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
@@ -18,6 +18,9 @@ pub const EXTENT_PAGES: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
 #[derive(Debug)]
 pub struct Extents {
     bits: Box<[AtomicU64]>,
+    /// A collapse was refused for a reason that would refuse the next
+    /// (see [`crate::collapse`]): none is tried again.
+    refused: AtomicBool,
 }
 
 impl Extents {
@@ -27,6 +30,7 @@ impl Extents {
         let n = npages / EXTENT_PAGES;
         (n > 0).then(|| Extents {
             bits: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            refused: AtomicBool::new(false),
         })
     }
 
@@ -36,6 +40,16 @@ impl Extents {
         self.bits
             .get(e / 64)
             .is_some_and(|b| b.load(Acquire) & (1 << (e % 64)) != 0)
+    }
+
+    /// No collapse is to be tried again.
+    pub fn refuse(&self) {
+        self.refused.store(true, Relaxed);
+    }
+
+    /// Whether [`refuse`](Self::refuse) was called.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Relaxed)
     }
 
     /// Marks extent `e` collapsed (`on`) or not; the caller holds the
@@ -76,8 +90,9 @@ impl Object {
 
     /// Locks every page of the extent at `first` whose word passes `ok`,
     /// in page order; if one fails `ok`, or is locked and stays locked
-    /// through `patience` yields of the CPU, unlocks those taken and
-    /// returns `None`. Otherwise the pages' words, as locked.
+    /// once `patience` yields of the CPU (for the whole extent) are spent,
+    /// unlocks those taken and returns `None`. Otherwise the pages' words,
+    /// as locked.
     ///
     /// Never waits on a lock for good, so no holder of some of these pages
     /// waiting for others can deadlock with it. A page is held for a
@@ -88,16 +103,14 @@ impl Object {
     pub fn lock_extent(
         &self,
         first: usize,
-        patience: u32,
+        mut patience: u32,
         ok: impl Fn(u32) -> bool,
     ) -> Option<[u32; EXTENT_PAGES]> {
         let mut words = [0u32; EXTENT_PAGES];
         for (k, word) in words.iter_mut().enumerate() {
             let mut r = self.cache.try_lock(first + k);
-            for _ in 0..patience {
-                if r.is_ok() {
-                    break;
-                }
+            while r.is_err() && patience > 0 {
+                patience -= 1;
                 // (`sched_yield`: async-signal-safe.)
                 std::thread::yield_now();
                 r = self.cache.try_lock(first + k);

@@ -401,7 +401,7 @@ impl Pager {
                 // `MADV_DONTNEED` (see `reclaim`'s `huge`).
                 obj.quiet = kind == InstallKind::Shared || !opts.writable || obj.is_huge();
                 obj.kernel_maps = opts.kernel_maps;
-                if opts.kernel_maps {
+                if opts.kernel_maps && crate::collapse::possible() {
                     obj.extents = crate::object::Extents::new(npages);
                 }
                 // Stamped before any page is read: kept later only if the

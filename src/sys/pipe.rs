@@ -129,13 +129,8 @@ fn make() -> Result<(RawFd, RawFd, usize), i32> {
 /// `advise` needs `MADV_HUGEPAGE` on a mapping, which the engine never
 /// sets and a `write` has none of. Allocates: ordinary threads only.
 pub fn large_folios_possible() -> bool {
-    let dir = std::path::Path::new("/sys/kernel/mm/transparent_hugepage");
-    let current = |p: &std::path::Path| -> Option<String> {
-        let s = std::fs::read_to_string(p).ok()?;
-        let a = s.find('[')?;
-        let b = s[a..].find(']')? + a;
-        Some(s[a + 1..b].to_string())
-    };
+    let dir = std::path::Path::new(THP_DIR);
+    let current = |p: &std::path::Path| setting(p);
     let top = current(&dir.join("shmem_enabled")).unwrap_or_default();
     let sizes: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
@@ -144,6 +139,19 @@ pub fn large_folios_possible() -> bool {
         .filter_map(|e| current(&e.path().join("shmem_enabled")))
         .collect();
     large_folios_with(&top, &sizes)
+}
+
+/// Where the kernel's transparent-huge-page settings are.
+pub const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
+
+/// The chosen value of a sysfs setting that lists its choices with the
+/// chosen one bracketed (`always [never]`); `None` if it cannot be read.
+/// Allocates: ordinary threads only.
+pub fn setting(p: &std::path::Path) -> Option<String> {
+    let s = std::fs::read_to_string(p).ok()?;
+    let a = s.find('[')?;
+    let b = s[a..].find(']')? + a;
+    Some(s[a + 1..b].to_string())
 }
 
 /// [`large_folios_possible`] for the global setting `top` and the per-size
