@@ -118,7 +118,8 @@ pub struct MapOptions {
     /// clean, so evicting a batch of pages costs one TLB flush, not one
     /// per page (see the README's "Speed"). Once all 512 pages of a 2 MiB
     /// extent of the memfd are cached, the engine collapses them into a
-    /// huge folio (`MADV_COLLAPSE`; counter `thp_collapse_alloc`), which
+    /// huge folio (`MADV_COLLAPSE`; counter `thp_collapse_alloc`; none
+    /// where huge pages are denied to shmem or to the process), which
     /// the kernel maps with one PMD (a region of 2 MiB or more is placed
     /// on a 2 MiB boundary), and reclaim evicts the extent whole.
     ///
