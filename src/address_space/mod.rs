@@ -30,6 +30,10 @@ mod usage;
 /// is a hint).
 const READAHEAD_QUEUE: usize = 4096;
 
+/// Busy extents that can wait at once for khugepaged; more stay in base
+/// pages until their next fill.
+const KHUGEPAGED_QUEUE: usize = 256;
+
 /// Per-pager settings fixed at build time.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -188,6 +192,9 @@ pub struct Mm {
     /// Readahead requests, drained by the readahead threads
     /// ([`crate::readahead`]).
     pub readahead: WorkQueue,
+    /// Extents to collapse into huge folios that were busy when their
+    /// fill completed them, drained by khugepaged ([`crate::collapse`]).
+    pub khugepaged: WorkQueue,
     /// Requests to the I/O workers (stores that are not signal-safe).
     pub io: crate::io::Io,
     /// Shared objects no region maps, kept with their pages cached.
@@ -227,6 +234,7 @@ impl Mm {
             lru,
             reclaim,
             readahead: WorkQueue::new(READAHEAD_QUEUE),
+            khugepaged: WorkQueue::new(KHUGEPAGED_QUEUE),
             io,
             kept: Default::default(),
             unwritten: Default::default(),

@@ -97,9 +97,9 @@ impl Object {
     /// Never waits on a lock for good, so no holder of some of these pages
     /// waiting for others can deadlock with it. A page is held for a
     /// moment by a fault that looks at it again, or by reclaim: a
-    /// collapse, which no later fill of the extent would retry, is
-    /// patient with those; an eviction, which its LRU entry retries, is
-    /// not (`patience` 0).
+    /// collapse is patient with those before it gives the extent back to
+    /// khugepaged to try later; an eviction, which its LRU entry retries,
+    /// is not (`patience` 0).
     pub fn lock_extent(
         &self,
         first: usize,

@@ -316,6 +316,7 @@ impl PagerBuilder {
             pool: None,
             kswapd: None,
             ra_threads: Vec::new(),
+            khugepaged: Default::default(),
             io_threads: Vec::new(),
             release: None,
             in_registry: false,

@@ -12,11 +12,33 @@ pub(crate) struct PagerInner {
     pub(super) pool: Option<HandlerPool>,
     pub(super) kswapd: Option<std::thread::JoinHandle<()>>,
     pub(super) ra_threads: Vec<std::thread::JoinHandle<()>>,
+    /// khugepaged ([`crate::collapse`]), started with the first
+    /// kernel-mapped object that can have huge folios.
+    pub(super) khugepaged: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(super) io_threads: Vec<std::thread::JoinHandle<()>>,
     /// The release thread ([`crate::events::release`]).
     pub(super) release: Option<std::thread::JoinHandle<()>>,
     /// In the SIGBUS handler's registry.
     pub(super) in_registry: bool,
+}
+
+impl PagerInner {
+    /// Starts khugepaged unless it runs already.
+    pub(super) fn start_khugepaged(&self) -> std::io::Result<()> {
+        let mut k = self.khugepaged.lock().unwrap_or_else(|e| e.into_inner());
+        if k.is_none() {
+            *k = Some(crate::collapse::start_khugepaged(&self.mm)?);
+        }
+        Ok(())
+    }
+
+    /// khugepaged's handle, taken.
+    fn khugepaged_handle(&mut self) -> Option<std::thread::JoinHandle<()>> {
+        self.khugepaged
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
 }
 
 impl Drop for PagerInner {
@@ -34,6 +56,7 @@ impl Drop for PagerInner {
             std::mem::forget(self.pool.take());
             std::mem::forget(self.kswapd.take());
             std::mem::forget(std::mem::take(&mut self.ra_threads));
+            std::mem::forget(self.khugepaged_handle());
             std::mem::forget(std::mem::take(&mut self.io_threads));
             std::mem::forget(self.release.take());
             return;
@@ -69,6 +92,10 @@ impl Drop for PagerInner {
         if let Some(k) = self.kswapd.take() {
             crate::reclaim::stop_kswapd(&self.mm);
             let _ = k.join();
+        }
+        if let Some(t) = self.khugepaged_handle() {
+            crate::collapse::stop_khugepaged(&self.mm);
+            let _ = t.join();
         }
         if !self.ra_threads.is_empty() {
             crate::readahead::stop(&self.mm);

@@ -403,6 +403,11 @@ impl Pager {
                 obj.kernel_maps = opts.kernel_maps;
                 if opts.kernel_maps && crate::collapse::possible() {
                     obj.extents = crate::object::Extents::new(npages);
+                    if obj.extents.is_some() {
+                        self.inner.start_khugepaged().map_err(|e| {
+                            Error::sys("start khugepaged", e.raw_os_error().unwrap_or(0))
+                        })?;
+                    }
                 }
                 // Stamped before any page is read: kept later only if the
                 // store still has this stamp (nothing changed it while the

@@ -9,7 +9,7 @@
 //!   plus a futex wake only when a worker sleeps. `push` fails when the
 //!   ring is full.
 //! - [`WorkQueue::next`]: for worker threads; blocks until an item or
-//!   [`WorkQueue::stop`].
+//!   [`WorkQueue::stop`] ([`WorkQueue::next_within`]: or a timeout).
 
 use crate::sys::futex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
@@ -17,6 +17,17 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering:
 struct Cell {
     seq: AtomicUsize,
     val: AtomicU64,
+}
+
+/// What [`WorkQueue::next_within`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// An item.
+    Item(u64),
+    /// None before the timeout.
+    TimedOut,
+    /// The queue was stopped.
+    Stopped,
 }
 
 /// See the module docs.
@@ -122,18 +133,38 @@ impl WorkQueue {
     /// The next item for a worker: sleeps while the queue is empty;
     /// `None` once the queue is stopped.
     pub fn next(&self) -> Option<u64> {
+        match self.next_within(None) {
+            Next::Item(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// [`WorkQueue::next`] that sleeps at most `timeout_ns` (`None`: with
+    /// no limit), for a worker that has something to do later.
+    pub fn next_within(&self, timeout_ns: Option<u64>) -> Next {
+        let deadline = timeout_ns.map(|t| crate::sys::now_ns().saturating_add(t));
         while !self.stop.load(Acquire) {
             let seq = self.wake.load(Acquire);
             if let Some(v) = self.pop() {
-                return Some(v);
+                return Next::Item(v);
             }
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.checked_sub(crate::sys::now_ns()) {
+                    Some(left) if left > 0 => Some(left),
+                    _ => return Next::TimedOut,
+                },
+            };
             self.sleepers.fetch_add(1, SeqCst);
             if self.wake.load(SeqCst) == seq && !self.stop.load(Acquire) {
-                futex::wait(&self.wake, seq);
+                match left {
+                    None => futex::wait(&self.wake, seq),
+                    Some(ns) => futex::wait_timeout(&self.wake, seq, ns),
+                }
             }
             self.sleepers.fetch_sub(1, SeqCst);
         }
-        None
+        Next::Stopped
     }
 
     /// [`WorkQueue::next`], trying for `spin_ns` nanoseconds before it
@@ -202,5 +233,23 @@ mod tests {
         q.stop();
         let got = w.join().unwrap();
         assert!(got.len() <= 1);
+    }
+
+    #[test]
+    fn a_worker_waiting_within_a_timeout_times_out_or_takes_an_item() {
+        let q = std::sync::Arc::new(WorkQueue::new(8));
+        let t0 = std::time::Instant::now();
+        assert_eq!(q.next_within(Some(20_000_000)), Next::TimedOut);
+        assert!(t0.elapsed() >= std::time::Duration::from_millis(20));
+        let w = {
+            let q = q.clone();
+            std::thread::spawn(move || q.next_within(Some(10_000_000_000)))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(q.push(5));
+        q.kick();
+        assert_eq!(w.join().unwrap(), Next::Item(5));
+        q.stop();
+        assert_eq!(q.next_within(Some(1_000_000_000)), Next::Stopped);
     }
 }
