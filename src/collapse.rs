@@ -145,7 +145,7 @@ enum Outcome {
 }
 
 /// Times khugepaged tries an extent that was [busy](Outcome::Busy): after
-/// 1, 2, 4, ... ms, about a second in all.
+/// 1, 2, 4, ... ms, 1,023 ms in all.
 pub const RETRIES: u32 = 10;
 
 /// Busy extents khugepaged keeps to try again; more are dropped.
@@ -258,33 +258,30 @@ struct Later {
 pub fn start_khugepaged(mm: &Arc<Mm>) -> std::io::Result<std::thread::JoinHandle<()>> {
     let mm = mm.clone();
     crate::sys::thread::spawn("uffd-khugepaged".into(), move || {
+        // Each extent waits 1 ms before its first try here (the
+        // completing context's try has just failed), and twice as long
+        // before each next one.
         let mut later: Vec<Later> = Vec::new();
+        let queue = |later: &mut Vec<Later>, e: u64, tries: u32| {
+            if tries < RETRIES && later.len() < MAX_LATER {
+                let due = now_ns() + (1_000_000 << tries);
+                later.push(Later { e, tries, due });
+            }
+        };
         loop {
             let now = now_ns();
-            let (e, tries) = match later.iter().position(|l| l.due <= now) {
-                Some(k) => {
-                    let l = later.swap_remove(k);
-                    (l.e, l.tries)
+            let Some(k) = later.iter().position(|l| l.due <= now) else {
+                let wait = later.iter().map(|l| l.due - now).min();
+                match mm.khugepaged.next_within(wait) {
+                    Next::Item(e) => queue(&mut later, e, 0),
+                    Next::TimedOut => {}
+                    Next::Stopped => return,
                 }
-                None => {
-                    let wait = later.iter().map(|l| l.due - now).min();
-                    match mm.khugepaged.next_within(wait) {
-                        Next::Item(e) => (e, 0),
-                        Next::TimedOut => continue,
-                        Next::Stopped => return,
-                    }
-                }
+                continue;
             };
-            if collapse_entry(&mm, e) == Outcome::Busy
-                && tries + 1 < RETRIES
-                && later.len() < MAX_LATER
-            {
-                let due = now_ns() + (1_000_000 << tries);
-                later.push(Later {
-                    e,
-                    tries: tries + 1,
-                    due,
-                });
+            let l = later.swap_remove(k);
+            if collapse_entry(&mm, l.e) == Outcome::Busy {
+                queue(&mut later, l.e, l.tries + 1);
             }
         }
     })

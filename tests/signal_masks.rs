@@ -533,8 +533,20 @@ fn the_engines_threads_block_asynchronous_signals() {
         .build()
         .unwrap();
     let _r = p.map_anonymous(LEN).unwrap();
-    // The engine's threads (two handlers, kswapd, the I/O workers), once
-    // each has named itself.
+    // A kernel-mapped region of a whole 2 MiB extent starts khugepaged.
+    let huge = 2 << 20;
+    let store = Arc::new(MemoryStore::read_only(&vec![7u8; huge]).unwrap());
+    let opts = MapOptions {
+        kind: Some(uffd_pager::InstallKind::Shared),
+        writable: false,
+        kernel_maps: true,
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing changes the store.
+    let _k = unsafe { p.map_store(store, huge, &opts) }.unwrap();
+    // The engine's threads (two handlers, kswapd, the I/O workers,
+    // khugepaged where huge pages are not denied), once each has named
+    // itself.
     let engine = || -> Vec<(String, String)> {
         std::fs::read_dir("/proc/self/task")
             .unwrap()
@@ -553,6 +565,12 @@ fn the_engines_threads_block_asynchronous_signals() {
     let bit = |s: i32| 1u64 << (s - 1);
     let threads = engine();
     assert!(threads.len() >= 3, "engine threads: {threads:?}");
+    let denied = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .map_or(true, |v| v.contains("[deny]"));
+    assert!(
+        denied || threads.iter().any(|(_, c)| c == "uffd-khugepaged"),
+        "engine threads: {threads:?}"
+    );
     for (tid, comm) in threads {
         let m = blocked(&tid);
         for s in [libc::SIGUSR1, libc::SIGALRM, libc::SIGTERM, libc::SIGCHLD] {

@@ -1774,3 +1774,35 @@ fn a_thread_blocked_in_read_or_write_takes_a_cancel() {
     );
     assert_eq!(counter(&st, "resident_pages"), 0, "{st}");
 }
+
+/// A signal handler's `write(2)` to a log file, every 100 µs, while the
+/// program maps, stores to, `pwrite`s, `msync`s and unmaps a paged
+/// mapping in a loop: the handler's write goes through the shim too,
+/// which looks its file up in the table that the interrupted call may be
+/// holding the lock of. A handler on a thread that is inside the shim's
+/// own work passes its call straight on (the work is marked as the
+/// shim's), so it neither waits for that lock (a hang) nor fails. A
+/// guard: it passes without any change of this stop.
+#[test]
+fn a_signal_handlers_write_during_the_shims_own_work_goes_through() {
+    let d = scratch();
+    let exe = build_c(&d, "signal_write");
+    let expect = "failed writes 0; log holds every write: yes; many writes: yes\n";
+    let plain = ok(&Command::new(&exe)
+        .arg(d.join("signal-plain.dat"))
+        .output()
+        .unwrap());
+    assert_eq!(plain, expect);
+    let file = d.join("signal.dat");
+    let pattern = file.display().to_string();
+    let (o, st) = under_shim(
+        Command::new("timeout").arg("60").arg(&exe).arg(&file),
+        &[
+            ("UFFD_PAGER_FILES", pattern.as_str()),
+            ("UFFD_PAGER_BUDGET", "1M"),
+        ],
+        &d.join("signal.stats"),
+    );
+    assert_eq!(ok(&o), expect);
+    assert!(counter(&st, "preload_paged") >= 1, "{st}");
+}
