@@ -196,9 +196,17 @@ impl Mm {
         };
         // (A kept object stays in the rmap on an error: the caller's
         // release takes it out.)
+        //
+        // Hazard: once in the rmap the object can be pinned by anyone
+        // holding an entry that names its slot (readahead, the LRU and
+        // khugepaged keep entries of a slot's earlier objects), and a pin
+        // reads the object after the caller drops it on the error. So
+        // the pins are waited out after the slot is emptied, as a release
+        // does.
         let unslot = || {
             if !kept {
-                self.objects.remove(slot)
+                self.objects.remove(slot);
+                object.wait_unpinned();
             }
         };
         let own = match self.per_region.get() {
