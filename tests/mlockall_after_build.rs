@@ -96,3 +96,70 @@ fn eviction_after_the_applications_mlockall_keeps_the_budget() {
         assert!(out.status.success(), "{when}: {}", describe(&out));
     }
 }
+
+/// Child: a shared region (writable, over a memory store) and a
+/// kernel-mapped one mapped after `mlockall(MCL_FUTURE)`, each four times
+/// the budget, read and written through twice: every byte right, and the
+/// memfd bounded (the kernel refuses `MADV_DONTNEED` on a locked mapping).
+#[test]
+fn child_shared_pages_evict_after_mlockall() {
+    if !is_child() {
+        return;
+    }
+    use std::sync::Arc;
+    use uffd_pager::store::MemoryStore;
+    use uffd_pager::{InstallKind, MapOptions};
+    let pager = Pager::builder()
+        .budget_pages(BUDGET as u64)
+        .build()
+        .unwrap();
+    // SAFETY: mlockall has no memory-safety preconditions.
+    let rc = unsafe { libc::mlockall(libc::MCL_FUTURE | libc::MCL_ONFAULT) };
+    assert_eq!(rc, 0, "mlockall: {}", errno());
+    let data = pattern_vec(5, PAGES * PAGE);
+    for kernel_maps in [false, true] {
+        let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+        let opts = MapOptions {
+            kind: Some(InstallKind::Shared),
+            writable: !kernel_maps,
+            kernel_maps,
+            ..MapOptions::default()
+        };
+        // SAFETY: the store changes only through the region.
+        let r = unsafe { pager.map_store(store, data.len(), &opts) }.unwrap();
+        let base = r.as_ptr() as usize;
+        for round in 0..2 {
+            for p in 0..PAGES {
+                // SAFETY: inside the region.
+                let b = unsafe { std::ptr::read_volatile((base + p * PAGE + 7) as *const u8) };
+                assert_eq!(
+                    b,
+                    data[p * PAGE + 7],
+                    "page {p}, round {round}, {kernel_maps}"
+                );
+            }
+        }
+        let m = pager.memory_use();
+        let s = pager.stats();
+        println!(
+            "RESULT kernel_maps {kernel_maps}: memfd {} KiB\n{s}",
+            m.memfd_bytes / 1024
+        );
+        assert!(
+            m.memfd_bytes <= (2 * BUDGET * PAGE) as u64,
+            "kernel_maps {kernel_maps}: memfd {} bytes",
+            m.memfd_bytes
+        );
+    }
+}
+
+#[test]
+fn shared_eviction_after_the_applications_mlockall_keeps_the_budget() {
+    if !is_root() {
+        eprintln!("skipped: not root");
+        return;
+    }
+    let out = run_child("child_shared_pages_evict_after_mlockall", &[]);
+    assert!(out.status.success(), "{}", describe(&out));
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+}

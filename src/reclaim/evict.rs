@@ -127,7 +127,7 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
     if obj.kind == InstallKind::Shared {
         mm.events
             .act(in_thread, changing, || {
-                madvise(addr, obj.page_size(), libc::MADV_DONTNEED)
+                crate::sys::mem::zap(addr, obj.page_size())
             })
             .ok_or(())?
             .map_err(|_| ())?;

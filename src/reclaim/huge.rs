@@ -29,7 +29,6 @@ use super::Pass;
 use crate::address_space::Mm;
 use crate::object::Object;
 use crate::page_cache::CLEAN;
-use crate::sys::mem::madvise;
 use crate::sys::pagemap::page_present;
 
 /// Takes huge anonymous page `i` (mapped at `addr`; the caller holds its
@@ -47,9 +46,7 @@ pub(super) fn unmap_anon(
     let changing = || mm.uffd_for(obj).mmap_changing();
     let zap = || {
         mm.events
-            .act(in_thread, changing, || {
-                madvise(addr, len, libc::MADV_DONTNEED)
-            })
+            .act(in_thread, changing, || crate::sys::mem::zap(addr, len))
             .ok_or(())?
             .map_err(|_| ())
     };

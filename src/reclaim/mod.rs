@@ -32,7 +32,6 @@ use crate::lru::{unpack, Entry};
 use crate::object::{InstallKind, Object};
 use crate::page_cache::*;
 use crate::stats::Counter::*;
-use crate::sys::mem::madvise;
 use crate::sys::{futex, now_ns, PAGE_SIZE};
 use crate::write_error::Permit;
 

@@ -174,14 +174,7 @@ impl Reclaim {
     /// itself stayed mapped, uncharged. False if it could not be emptied
     /// (the slot must not be used again). Async-signal-safe.
     pub(super) fn empty(&self, slot: usize) -> bool {
-        use crate::sys::mem::madvise;
-        /// `MADV_DONTNEED_LOCKED` (Linux 5.18, before `UFFDIO_MOVE`).
-        const MADV_DONTNEED_LOCKED: i32 = 24;
-        match madvise(slot, PAGE_SIZE, libc::MADV_DONTNEED) {
-            Ok(()) => true,
-            Err(libc::EINVAL) => madvise(slot, PAGE_SIZE, MADV_DONTNEED_LOCKED).is_ok(),
-            Err(_) => false,
-        }
+        crate::sys::mem::zap(slot, PAGE_SIZE).is_ok()
     }
 
     /// A free slot, or `None` if every slot stays taken for

@@ -147,22 +147,20 @@ impl<'a> UnmapBatch<'a> {
                         return;
                     }
                     // Hazard: the batch stopped at a range the kernel
-                    // refused (a region the application `mlock`ed:
-                    // `MADV_DONTNEED` refuses `VM_LOCKED`) after it had
-                    // zapped the ranges before it. All put back as they
-                    // were, those pages stayed marked mapped with their
-                    // mappings gone (their next touch took them for
-                    // dropped by the application), and no page of the
-                    // batch was freed: while the application kept a
-                    // region locked, every batch with one of its pages
-                    // failed, and the pager stayed over its budget. Each
-                    // page is zapped on its own now: those whose ranges
-                    // all went are finished, the rest go back.
+                    // refused after it had zapped the ranges before it.
+                    // All put back as they were, those pages stayed
+                    // marked mapped with their mappings gone (their next
+                    // touch took them for dropped by the application), and
+                    // no page of the batch was freed (seen with regions
+                    // the application `mlock`ed, before the zap took
+                    // locked pages too). Each page is zapped on its own
+                    // now: those whose ranges all went are finished, the
+                    // rest go back.
                     for (k, p) in pending.iter().enumerate() {
                         zapped[k] = p.as_ref().is_some_and(|p| {
-                            p.zaps[..p.nzaps].iter().all(|&(a, l)| {
-                                crate::sys::mem::madvise(a, l, libc::MADV_DONTNEED).is_ok()
-                            })
+                            p.zaps[..p.nzaps]
+                                .iter()
+                                .all(|&(a, l)| crate::sys::mem::zap(a, l).is_ok())
                         });
                     }
                 },

@@ -308,6 +308,23 @@ pub fn madvise(addr: usize, len: usize, advice: i32) -> Result<(), i32> {
     }
 }
 
+/// `MADV_DONTNEED_LOCKED` (Linux 5.18): `MADV_DONTNEED` that drops the
+/// pages of a locked (`mlock`ed) mapping too, and leaves the lock.
+pub const MADV_DONTNEED_LOCKED: i32 = 24;
+
+/// Drops the pages of `[addr, addr + len)` from this process's mappings,
+/// locked ones included: reclaim's zap. A region the application
+/// `mlock`ed (or `mlockall`ed, `MCL_FUTURE` locking every later region)
+/// is still paged within the budget, where `MADV_DONTNEED` refuses it
+/// (`EINVAL`). `MADV_DONTNEED` where the kernel lacks the locked variant.
+/// Async-signal-safe.
+pub fn zap(addr: usize, len: usize) -> Result<(), i32> {
+    match madvise(addr, len, MADV_DONTNEED_LOCKED) {
+        Err(libc::EINVAL) => madvise(addr, len, libc::MADV_DONTNEED),
+        r => r,
+    }
+}
+
 /// Bytes of [`zeros`] there are: a 2 MiB page's (`sys::huge` checks).
 pub const ZEROS_LEN: usize = 2 << 20;
 
@@ -359,10 +376,11 @@ pub fn coalesce_ranges(ranges: &mut [(usize, usize)]) -> usize {
     n
 }
 
-/// `MADV_DONTNEED` over several ranges of this process in one call
-/// (`process_madvise` on `PIDFD_SELF`), so the kernel flushes the TLB once
-/// for all of them; falls back to one `madvise` per range where the kernel
-/// refuses. Async-signal-safe. At most 64 ranges.
+/// [`zap`] over several ranges of this process in one call
+/// (`process_madvise` on `PIDFD_SELF`, `MADV_DONTNEED_LOCKED`), so the
+/// kernel flushes the TLB once for all of them; falls back to one [`zap`]
+/// per range where the kernel refuses. Async-signal-safe. At most 64
+/// ranges.
 pub fn dontneed_batch(ranges: &[(usize, usize)]) -> Result<(), i32> {
     const PIDFD_SELF: libc::c_int = -10000;
     let mut iov = [libc::iovec {
@@ -378,14 +396,15 @@ pub fn dontneed_batch(ranges: &[(usize, usize)]) -> Result<(), i32> {
     }
     let total: usize = ranges[..n].iter().map(|r| r.1).sum();
     // SAFETY: `iov` holds `n` valid descriptors of ranges in our own address
-    // space; MADV_DONTNEED drops their pages, which the caller intends.
+    // space; MADV_DONTNEED_LOCKED drops their pages, which the caller
+    // intends.
     let r = unsafe {
         libc::syscall(
             libc::SYS_process_madvise,
             PIDFD_SELF,
             iov.as_ptr(),
             n,
-            libc::MADV_DONTNEED,
+            MADV_DONTNEED_LOCKED,
             0,
         )
     };
@@ -393,7 +412,7 @@ pub fn dontneed_batch(ranges: &[(usize, usize)]) -> Result<(), i32> {
         return Ok(());
     }
     for &(a, l) in &ranges[..n] {
-        madvise(a, l, libc::MADV_DONTNEED)?;
+        zap(a, l)?;
     }
     Ok(())
 }
