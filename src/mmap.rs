@@ -236,6 +236,7 @@ impl Mm {
         if pinned {
             // (Its pages leave the LRU: a kept object would hold them.)
             *object.keep_stamp.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            object.mapped_pinned.store(true, Release);
         }
         let id = self.next_region_id();
         let mut vma = Vma::new(start, len, 0, object, writable);

@@ -412,6 +412,25 @@ fn where_huge_pages_are_denied_nothing_is_collapsed_and_pages_go_one_by_one() {
     assert!(p.reclaim_pages(1) < 32, "\n{}", p.stats());
 }
 
+/// A pinned kernel-mapped region of `data` in a pager with no kswapd,
+/// read through once.
+fn pinned_and_read(data: &[u8]) -> (Pager, Region) {
+    let opts = MapOptions {
+        pinned: true,
+        ..kernel_maps()
+    };
+    let p = Pager::builder()
+        .budget_pages(4096)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryStore::read_only(data).unwrap());
+    // SAFETY: nothing changes the store.
+    let r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
+    assert_bytes(r.as_slice(), data, "read");
+    (p, r)
+}
+
 /// A pinned kernel-mapped region whose application unmapped part of a
 /// huge folio's extent: the pages left cached there (read ahead, so never
 /// marked pinned by a fault) cannot go, since the extent goes whole and
@@ -422,19 +441,7 @@ fn where_huge_pages_are_denied_nothing_is_collapsed_and_pages_go_one_by_one() {
 fn pages_of_an_extent_a_pinned_region_holds_leave_the_lru() {
     const PAGES: usize = 1024;
     let data = pattern_vec(89, PAGES * PAGE);
-    let opts = MapOptions {
-        pinned: true,
-        ..kernel_maps()
-    };
-    let p = Pager::builder()
-        .budget_pages(4096)
-        .kswapd(false)
-        .build()
-        .unwrap();
-    let store = Arc::new(MemoryStore::read_only(&data).unwrap());
-    // SAFETY: nothing changes the store.
-    let r = unsafe { p.map_store(store, data.len(), &opts) }.unwrap();
-    assert_bytes(r.as_slice(), &data, "read");
+    let (p, r) = pinned_and_read(&data);
     let s = after_collapses(&p, 2);
     assert_eq!(s.get(Counter::THP_COLLAPSE_ALLOC), 2, "\n{s}");
     // The application's own munmap of the first half of extent 0.
@@ -478,4 +485,38 @@ fn an_extent_busy_when_it_was_completed_is_collapsed_later() {
         assert_bytes(r.as_slice(), &data, &format!("{d}: warm pass"));
         assert_eq!(pmd_mapped_kib(r.as_ptr() as usize), 4096, "{d}");
     }
+}
+
+/// A pinned kernel-mapped region the application cut into six pieces
+/// (five one-page holes), more than an object's windows hold: reclaim
+/// frees no page any piece maps, and none is read again. Pages the
+/// kernel mapped with no fault of the engine's (read ahead, then mapped
+/// by its fault-around) are found pinned through their region; in a piece
+/// whose window was not held none was found, and they were punched out as
+/// an unpinned region's (found by review): faults and reads again, no
+/// wrong bytes.
+#[test]
+fn a_pinned_region_in_more_pieces_than_windows_keeps_its_pages() {
+    // Less than an extent: no huge folio.
+    const PAGES: usize = 400;
+    let data = pattern_vec(101, PAGES * PAGE);
+    let (p, r) = pinned_and_read(&data);
+    let base = r.as_ptr() as usize;
+    let holes = [50, 100, 150, 200, 250];
+    for k in holes {
+        // SAFETY: one page of the region, which nothing reads again.
+        assert_eq!(
+            unsafe { libc::munmap((base + k * PAGE) as *mut libc::c_void, PAGE) },
+            0
+        );
+    }
+    p.reset_stats();
+    p.reclaim_pages(PAGES as u64);
+    for k in (0..PAGES).filter(|k| !holes.contains(k)) {
+        // SAFETY: a page of the region that is still mapped.
+        let b = unsafe { std::ptr::read_volatile((base + k * PAGE + 9) as *const u8) };
+        assert_eq!(b, data[k * PAGE + 9], "page {k}");
+    }
+    let s = p.stats();
+    assert_eq!(s.get(Counter::PGREAD), 0, "pinned pages read again\n{s}");
 }

@@ -123,6 +123,9 @@ pub struct Object {
     /// collapsed into huge folios ([`crate::collapse`]); `None` for other
     /// objects. Set before the object is mapped.
     pub extents: Option<Extents>,
+    /// A pinned region ([`MapOptions::pinned`](crate::MapOptions::pinned))
+    /// has mapped the object: set when it is mapped, never cleared.
+    pub mapped_pinned: std::sync::atomic::AtomicBool,
     backing: Backing,
     /// Attempts working on this object with their lock dropped, and
     /// reclaim's references while it evicts a page. On a cache line of its
@@ -303,6 +306,7 @@ impl Object {
             quiet: kind == InstallKind::Shared,
             kernel_maps: false,
             extents: None,
+            mapped_pinned: Default::default(),
             backing,
             pins: OwnLine(AtomicU32::new(0)),
             slot: AtomicU32::new(u32::MAX),
@@ -327,6 +331,13 @@ impl Object {
     pub fn pin(&self) -> ObjectPin {
         self.pins.0.fetch_add(1, Acquire);
         ObjectPin { obj: self }
+    }
+
+    /// Whether a page no window finds may be a pinned region's all the
+    /// same: a pinned region mapped the object, and it has more pieces
+    /// than its windows hold.
+    pub fn maybe_pinned_unfound(&self) -> bool {
+        self.windows.overflowed() && self.mapped_pinned.load(Acquire)
     }
 
     /// Waits until no attempt holds a pin. Teardown calls this after the

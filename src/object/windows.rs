@@ -1,7 +1,7 @@
 //! [`Windows`]: where an object's pages are mapped, read locklessly by
 //! reclaim under a sequence count.
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 
 /// Most windows one object can be mapped through at once. A region the
 /// application splits with its own `munmap` maps its object through one
@@ -19,6 +19,8 @@ pub struct Windows {
     seq: AtomicU32,
     shift: u32,
     w: [[AtomicUsize; 3]; WINDOWS],
+    /// The last [`Windows::set`] had more windows than these.
+    overflow: AtomicBool,
 }
 
 /// One window: object pages `[first, end)` at `base + (i << shift)`.
@@ -31,6 +33,7 @@ impl Windows {
             seq: AtomicU32::new(0),
             shift,
             w: Default::default(),
+            overflow: AtomicBool::new(false),
         }
     }
 
@@ -88,8 +91,15 @@ impl Windows {
             w[1].store(end, Relaxed);
             w[2].store(base, Relaxed);
         }
+        self.overflow.store(list.len() > WINDOWS, Relaxed);
         self.seq.fetch_add(1, Release);
         list.len() <= WINDOWS
+    }
+
+    /// Whether some windows are not held (more than [`WINDOWS`]): a page
+    /// [`Windows::addr_of`] does not find may be mapped all the same.
+    pub fn overflowed(&self) -> bool {
+        self.overflow.load(Relaxed)
     }
 
     /// Replaces the window covering exactly `[first, end)` (if any) by

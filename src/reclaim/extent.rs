@@ -94,8 +94,11 @@ pub fn evict_extent(mm: &Mm, obj: &Object, i: usize) -> (Evict, u64) {
 /// `unmap_batch`'s `prepare_clean`); `None` where its region cannot be
 /// read-locked now (the extent waits).
 fn pinned_region(mm: &Mm, obj: &Object, i: usize) -> Option<bool> {
+    // (No window found where the object has more pieces than its windows
+    // hold: maybe a pinned region's later piece, as `prepare_clean` takes
+    // it.)
     let Some(addr) = obj.windows.addr_of(i) else {
-        return Some(false);
+        return Some(obj.maybe_pinned_unfound());
     };
     let g = mm.lock_vma_quiet(addr)?;
     Some(std::ptr::eq(&*g.object, obj) && g.page_index(addr) == i && g.pinned)

@@ -305,6 +305,14 @@ fn prepare_clean<'a>(
                 *nz += 1;
                 vma = Some(g);
             }
+        } else if obj.maybe_pinned_unfound() {
+            // No window found, and the object has more pieces than its
+            // windows hold: a page of a pinned region's later piece, for
+            // all reclaim can tell (it was punched out as an unpinned
+            // page's, found by review). It leaves the LRU; the object's
+            // release frees it.
+            obj.cache.unlock(i, PINNED, ON_LRU);
+            return Err((Evict::Drop, None));
         }
     } else if w & MAPPED != 0 {
         let Some(addr) = obj.windows.addr_of(i) else {
