@@ -19,7 +19,7 @@ pub struct Windows {
     seq: AtomicU32,
     shift: u32,
     w: [[AtomicUsize; 3]; WINDOWS],
-    /// The last [`Windows::set`] had more windows than these.
+    /// A [`Windows::set`] had more windows than these (never cleared).
     overflow: AtomicBool,
 }
 
@@ -91,12 +91,16 @@ impl Windows {
             w[1].store(end, Relaxed);
             w[2].store(base, Relaxed);
         }
-        self.overflow.store(list.len() > WINDOWS, Relaxed);
+        // Sticky: `replace` builds the next list from the held windows
+        // only, so a piece dropped once stays unknown for good.
+        if list.len() > WINDOWS {
+            self.overflow.store(true, Relaxed);
+        }
         self.seq.fetch_add(1, Release);
         list.len() <= WINDOWS
     }
 
-    /// Whether some windows are not held (more than [`WINDOWS`]): a page
+    /// Whether a window was ever dropped (more than [`WINDOWS`]): a page
     /// [`Windows::addr_of`] does not find may be mapped all the same.
     pub fn overflowed(&self) -> bool {
         self.overflow.load(Relaxed)
