@@ -3,7 +3,7 @@
 //! a copy for write-back, freeing after eviction, what they hold.
 
 use super::Object;
-use crate::sys::mem::{madvise, LazyMapping, Mapping, Memfd};
+use crate::sys::mem::{LazyMapping, Mapping, Memfd};
 
 #[derive(Debug)]
 pub(super) enum Backing {
@@ -140,7 +140,10 @@ impl Object {
     pub(crate) fn free_data_whole(&self, i: usize, n: usize) -> Result<(), i32> {
         match &self.backing {
             Backing::Anonymous { area } => match area.peek() {
-                Some(a) => madvise(a + (i << self.shift), n << self.shift, libc::MADV_DONTNEED),
+                // (A cache area made after the application's
+                // `mlockall(MCL_FUTURE)` is locked, where `MADV_DONTNEED`
+                // fails: `zap` frees it all the same.)
+                Some(a) => crate::sys::mem::zap(a + (i << self.shift), n << self.shift),
                 None => Ok(()),
             },
             Backing::Shared { memfd, .. } => memfd.punch_hole(i << self.shift, n << self.shift),
