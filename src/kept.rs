@@ -187,8 +187,15 @@ impl KeptObjects {
             })?;
             l.remove(at)?
         };
-        // (Outside the lock: a file store's stamp is an `fstat`.)
-        Some(if store.contents_stamp() == Some(k.stamp) {
+        // (Outside the lock: a file store's stamp is an `fstat`.) Hazard:
+        // `k` holds the object's only reference now, and the object is
+        // still in the rmap, charged and on the LRU; a panic in the
+        // store's own code unwinding from here would free it under
+        // reclaim. A panic counts as a changed store instead: the caller
+        // releases the object.
+        let now = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.contents_stamp()))
+            .unwrap_or(None);
+        Some(if now == Some(k.stamp) {
             Ok(k.obj)
         } else {
             Err(k.obj)

@@ -27,6 +27,20 @@ impl Mm {
         let w = self.lock.write();
         let pieces = self.pieces(id);
         let mut objects = Vec::new();
+        // Hazard: from the detach below until the region's dirty pages are
+        // written (by this unmap, by the release of its object, or by the
+        // holder that outlives it: see below), a map of the same store
+        // would find the object neither kept nor listed as unwritten, read
+        // the store's older bytes, and its own write-back would put them
+        // back over this region's writes. So the store is marked as being
+        // written, under the global lock (a map that starts after this
+        // waits: `KeptObjects::wait_for`), until every object is released.
+        // (One mark per piece: a region's pieces share its object.)
+        let _writing: Vec<_> = pieces
+            .iter()
+            .filter(|v| v.object.kind == InstallKind::Shared && v.object.store.writable())
+            .map(|v| self.kept.writing(v.object.store_key))
+            .collect();
         for vma in &pieces {
             vma.lock.write_lock();
             vma.lock.mark_detached();
@@ -183,15 +197,33 @@ impl Mm {
                 .is_ok();
             let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
             if written && !pinned && obj.store.contents_stamp() == Some(made) {
-                let mut r = Ok(());
-                for out in self.kept.keep(obj.take(), made, cap) {
-                    let x = self.release_now(out);
-                    r = r.and(x);
-                }
-                return r;
+                let out = self.kept.keep(obj.take(), made, cap);
+                return self
+                    .release_each(out)
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
             }
         }
         self.release_now(obj.take())
+    }
+
+    /// [`release_now`](Self::release_now) of each of `objs` (objects the
+    /// kept list let go): the first error, or the first panic (in the
+    /// store's own code), once all are released. Hazard: unwound from the
+    /// middle of the list, the panic dropped the objects after it plainly,
+    /// still in the rmap and charged, where reclaim reaches them; so each
+    /// release is caught, and the one that panicked is leaked (see
+    /// `Unreleased`).
+    pub(crate) fn release_each(&self, objs: Vec<Arc<Object>>) -> std::thread::Result<Result<()>> {
+        let (mut r, mut panic) = (Ok(()), None);
+        for obj in objs {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.release_now(obj))) {
+                Ok(x) => r = r.and(x),
+                Err(p) => {
+                    panic.get_or_insert(p);
+                }
+            }
+        }
+        panic.map_or(Ok(r), Err)
     }
 
     /// The first step of [`release_object`](Self::release_object): drops

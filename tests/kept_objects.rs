@@ -8,6 +8,7 @@
 mod util;
 
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use uffd_pager::store::{
@@ -277,12 +278,32 @@ impl Store for SlowWrites {
 /// the first region's write (0x11 where 0xAA was written).
 #[test]
 fn a_map_during_the_write_back_of_an_object_being_kept_sees_its_writes() {
+    map_during_the_write_back(false);
+}
+
+/// The same with a residency guard holding the object past the unmap: the
+/// unmap writes the region's dirty page back itself then (the guard's
+/// drop would write it only later), and a map of the store meanwhile
+/// waits for that write. It did not: the store was not marked as being
+/// written, so the map read the older byte, and its own write-back put it
+/// back.
+#[test]
+fn a_map_during_the_write_back_of_an_unmap_a_guard_outlives_sees_its_writes() {
+    map_during_the_write_back(true);
+}
+
+/// A region writes a byte and is unmapped on another thread (its store's
+/// writes take 800 ms), a residency guard on another page holding its
+/// object past the unmap if `guarded`; the same store is mapped again
+/// meanwhile, written and unmapped: the store ends with both writes.
+fn map_during_the_write_back(guarded: bool) {
     let store: Arc<dyn Store> = Arc::new(SlowWrites::new(0x11));
     let p = pager(16, 1024, Delivery::InThread);
     // SAFETY: the store changes only through the engine's write-backs.
     let mut first =
         unsafe { p.map_store(store.clone(), 8 * PAGE, &MapOptions::default()) }.unwrap();
     first.as_mut_slice()[100] = 0xAA;
+    let guard = guarded.then(|| first.lock_resident_owned(PAGE, PAGE, false).unwrap());
     let unmap = std::thread::spawn(move || drop(first));
     std::thread::sleep(Duration::from_millis(200));
     // SAFETY: as above.
@@ -295,6 +316,7 @@ fn a_map_during_the_write_back_of_an_object_being_kept_sees_its_writes() {
     );
     second.as_mut_slice()[200] = 0xBB;
     unmap.join().unwrap();
+    drop(guard);
     drop(second);
     let mut page = vec![0u8; PAGE];
     store.read(0, &mut page).unwrap();
@@ -615,4 +637,124 @@ fn objects_of_a_store_nobody_can_map_again_are_not_kept() {
     drop(two);
     let st = p.stats();
     assert_eq!(st.resident_pages, 0, "kept for a store nobody holds\n{st}");
+}
+
+/// A read-only memory store whose `contents_stamp` (`.1`) or `writable`
+/// (`.2`) panics while its flag is set.
+struct Panicky(MemoryStore, Arc<AtomicBool>, Arc<AtomicBool>);
+
+impl Panicky {
+    fn store(data: &[u8], stamp: &Arc<AtomicBool>, writable: &Arc<AtomicBool>) -> Arc<dyn Store> {
+        Arc::new(Panicky(
+            MemoryStore::from_bytes(data).unwrap(),
+            stamp.clone(),
+            writable.clone(),
+        ))
+    }
+
+    fn check(flag: &AtomicBool) {
+        if flag.load(Relaxed) {
+            panic!("the store's own code panics");
+        }
+    }
+}
+
+impl Store for Panicky {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.0.read(off, buf)
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError(libc::EROFS))
+    }
+    fn writable(&self) -> bool {
+        Panicky::check(&self.2);
+        false
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+    fn contents_stamp(&self) -> Option<u64> {
+        Panicky::check(&self.1);
+        self.0.contents_stamp()
+    }
+    fn name(&self) -> &'static str {
+        "panicky"
+    }
+}
+
+/// A store that panics when a map asks whether its kept object is still
+/// good: the kept object is released (its pages uncharged), not freed
+/// while reclaim could still reach it. Before, the panic unwound with the
+/// object's only reference and freed it in the rmap, its pages still
+/// charged to the budget.
+#[test]
+fn a_store_that_panics_at_the_next_map_releases_its_kept_object() {
+    let data = vec![0x5a; 8 * PAGE];
+    let (panics, never) = (Arc::new(AtomicBool::new(false)), Arc::default());
+    let store = Panicky::store(&data, &panics, &never);
+    let p = pager(16, 1024, Delivery::InThread);
+    let opts = MapOptions {
+        writable: false,
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing changes the store.
+    let map = || unsafe { p.map_store(store.clone(), data.len(), &opts) };
+    let r = map().unwrap();
+    assert_eq!(r.as_slice(), &data[..]);
+    drop(r);
+    assert_eq!(p.stats().resident_pages, 8, "kept with its pages");
+    panics.store(true, Relaxed);
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| map().map(drop)));
+    assert!(again.is_err(), "the store's panic reaches the caller");
+    panics.store(false, Relaxed);
+    assert_eq!(
+        p.stats().resident_pages,
+        0,
+        "the kept object was not released"
+    );
+    // The pager goes on: the store maps and reads again.
+    assert_eq!(map().unwrap().as_slice(), &data[..]);
+}
+
+/// Two kept objects whose stores nobody else holds any more go together
+/// at the next keep; the first one's store panics as it is released. The
+/// second is still released (its pages uncharged), not dropped while
+/// reclaim could reach it; the first is leaked, as any object whose
+/// release panics (its 8 pages stay counted). Before, the unwind dropped
+/// the second with the rest of the list: 16 pages stayed charged.
+#[test]
+fn a_panic_releasing_one_kept_object_releases_the_others() {
+    let data = vec![0x6b; 8 * PAGE];
+    let p = pager(16, 1024, Delivery::InThread);
+    let opts = MapOptions {
+        writable: false,
+        ..MapOptions::default()
+    };
+    let store = |flag: &Arc<AtomicBool>| Panicky::store(&data, &Arc::default(), flag);
+    let map = |s: &Arc<dyn Store>| {
+        // SAFETY: nothing changes the store.
+        let r = unsafe { p.map_store(s.clone(), data.len(), &opts) }.unwrap();
+        assert_eq!(r.as_slice(), &data[..]);
+        r
+    };
+    let a_panics = Arc::new(AtomicBool::new(false));
+    let never = Arc::new(AtomicBool::new(false));
+    let (a, c, b) = (store(&a_panics), store(&never), store(&never));
+    drop(map(&a));
+    drop(map(&c));
+    assert_eq!(p.stats().resident_pages, 16, "both kept");
+    drop((a, c));
+    let r = map(&b);
+    a_panics.store(true, Relaxed);
+    // The unmap of b's region keeps it, and lets the orphaned two go.
+    let unmapped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(r)));
+    assert!(unmapped.is_err(), "the store's panic reaches the caller");
+    assert_eq!(
+        p.stats().resident_pages,
+        8 + 8,
+        "b's 8 pages kept and a's 8 leaked; c's released"
+    );
 }

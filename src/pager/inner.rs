@@ -71,8 +71,10 @@ impl Drop for PagerInner {
         // Objects kept cached after their regions went (`crate::kept`):
         // written back already, released while reclaim and the I/O
         // workers still run.
-        for obj in self.mm.kept.drain() {
-            let _ = self.mm.release_now(obj);
+        if self.mm.release_each(self.mm.kept.drain()).is_err() {
+            tracing::error!(
+                "releasing an object kept over a store panicked (the object is leaked)"
+            );
         }
         // Dirty pages of unmapped regions their store refused
         // (`crate::unwritten`): a last try, while the workers run.

@@ -204,6 +204,10 @@ impl Store for MemoryStore {
                 len as usize,
                 libc::MADV_DONTNEED,
             );
+            // The pages read as zeros now: a change, which the stamp says
+            // (an object kept over the store is not mapped again).
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -257,8 +261,8 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    /// The number of writes so far: the contents change only through
-    /// [`Store::write`].
+    /// The number of writes and discards so far: the contents change only
+    /// through [`Store::write`] and [`Store::discard`].
     fn contents_stamp(&self) -> Option<u64> {
         Some(self.writes.load(std::sync::atomic::Ordering::Acquire))
     }
@@ -467,6 +471,24 @@ mod tests {
         s.write(0, &[]).unwrap();
         let s = MemoryStore::from_bytes(&[]).unwrap();
         assert!(s.is_empty());
+    }
+
+    /// A discard changes what the store reads (zeros), so it moves the
+    /// stamp as a write does: a kept object's older copy would be mapped
+    /// again otherwise.
+    #[test]
+    fn a_discard_moves_the_stamp() {
+        let s = MemoryStore::from_bytes(&[7u8; 2 * PAGE_SIZE]).unwrap();
+        let before = s.contents_stamp();
+        s.discard(0, PAGE_SIZE as u64);
+        let mut page = vec![1u8; PAGE_SIZE];
+        s.read(0, &mut page).unwrap();
+        assert!(page.iter().all(|&b| b == 0));
+        assert_ne!(s.contents_stamp(), before);
+        // A discard that does nothing (part of a page) leaves it.
+        let now = s.contents_stamp();
+        s.discard(0, 100);
+        assert_eq!(s.contents_stamp(), now);
     }
 
     #[test]
