@@ -659,7 +659,9 @@ int32_t uffd_pager_region_flush(const struct uffd_pager_region *r);
 /**
  * Makes the region read-only (`writable` false) or read-write (mprotect).
  * `writable` another value than 0 or 1 (a caller without the prototype,
- * through `dlsym` or a foreign-function interface): `-EINVAL`.
+ * through `dlsym` or a foreign-function interface): `-EINVAL`, and
+ * `uffd_pager_last_error()` says so. (Such a caller's `int` arrives as its
+ * low byte, which is what is checked: 256 reads as 0.)
  *
  * # Safety
  * `r` is a live region handle.
@@ -706,7 +708,10 @@ int32_t uffd_pager_region_dontneed(struct uffd_pager_region *r, size_t offset, s
  * Writes back the dirty pages that hold store bytes `[offset, offset+len)`:
  * call it right before changing those bytes behind the pager's back, and
  * [`uffd_pager_region_refresh`] right after (a write-back of a dirty
- * page's older copy in between would put it over the change).
+ * page's older copy in between would put it over the change). For a
+ * region of `uffd_pager_map_fd`, offsets in the file, as the change names
+ * them (the part of the range before the map's `offset` is none of the
+ * region's).
  *
  * # Safety
  * `r` is a live region handle.
@@ -719,7 +724,9 @@ int32_t uffd_pager_region_flush_range(const struct uffd_pager_region *r,
  * Store bytes `[offset, offset+len)` changed behind the pager's back (the
  * file was written with write(2)): cached pages are brought up to date.
  * Where the region may have written those pages, call
- * [`uffd_pager_region_flush_range`] before the change.
+ * [`uffd_pager_region_flush_range`] before the change. For a region of
+ * `uffd_pager_map_fd`, offsets in the file, as for
+ * `uffd_pager_region_flush_range`.
  *
  * # Safety
  * `r` is a live region handle.

@@ -112,6 +112,23 @@ unsafe impl abi::Versioned for uffd_pager_map_options {
 /// A mapped region (opaque to C).
 pub struct uffd_pager_region {
     pub(crate) region: Region,
+    /// The file offset its store starts at: `uffd_pager_map_fd`'s
+    /// `offset` (0 for every other map). Its store is that window of the
+    /// file, while C names the bytes a `write(2)` changed by their offset
+    /// in the file.
+    file_offset: u64,
+}
+
+/// `[offset, offset + len)` of a file, as offsets in the store of a region
+/// that maps the file from `base` on: the part before `base` is none of
+/// the region's (`None` where nothing is left); the engine clips the end.
+fn in_store(base: u64, offset: u64, len: u64) -> Option<(u64, u64)> {
+    if base == 0 {
+        return Some((offset, len));
+    }
+    let end = offset.saturating_add(len);
+    let start = offset.max(base);
+    (start < end).then(|| (start - base, end - start))
 }
 
 /// The engine's options for `o` (NULL: the defaults).
@@ -154,6 +171,17 @@ pub(crate) fn map_with(
     out: *mut *mut uffd_pager_region,
     map: impl FnOnce(&engine::Pager, MapOptions) -> Result<engine::Result<Region>, i32>,
 ) -> i32 {
+    map_at_file_offset(p, opts, out, 0, map)
+}
+
+/// [`map_with`] for a region whose store is its file from `file_offset` on.
+fn map_at_file_offset(
+    p: *const uffd_pager,
+    opts: *const uffd_pager_map_options,
+    out: *mut *mut uffd_pager_region,
+    file_offset: u64,
+    map: impl FnOnce(&engine::Pager, MapOptions) -> Result<engine::Result<Region>, i32>,
+) -> i32 {
     guard(|| {
         non_null!(p);
         non_null!(out);
@@ -167,7 +195,12 @@ pub(crate) fn map_with(
             Ok(Ok(region)) => {
                 // SAFETY: `out` is non-NULL (checked above) and points at a
                 // pointer (the header's contract).
-                unsafe { out.write(Box::into_raw(Box::new(uffd_pager_region { region }))) };
+                unsafe {
+                    out.write(Box::into_raw(Box::new(uffd_pager_region {
+                        region,
+                        file_offset,
+                    })))
+                };
                 0
             }
             Ok(Err(e)) => fail_with(&e),
@@ -268,7 +301,7 @@ pub unsafe extern "C" fn uffd_pager_map_fd(
     opts: *const uffd_pager_map_options,
     out: *mut *mut uffd_pager_region,
 ) -> i32 {
-    map_with(p, opts, out, |p, o| {
+    map_at_file_offset(p, opts, out, offset, |p, o| {
         let writable = o.writable && o.install_kind() == InstallKind::Shared;
         let store = fd_store(fd, offset, len, writable)?;
         // SAFETY: C callers reach a region's bytes through raw pointers only, and the C API
@@ -331,7 +364,9 @@ pub type CBool = u8;
 
 /// Makes the region read-only (`writable` false) or read-write (mprotect).
 /// `writable` another value than 0 or 1 (a caller without the prototype,
-/// through `dlsym` or a foreign-function interface): `-EINVAL`.
+/// through `dlsym` or a foreign-function interface): `-EINVAL`, and
+/// `uffd_pager_last_error()` says so. (Such a caller's `int` arrives as its
+/// low byte, which is what is checked: 256 reads as 0.)
 ///
 /// # Safety
 /// `r` is a live region handle.
@@ -343,7 +378,10 @@ pub unsafe extern "C" fn uffd_pager_region_protect(
     writable: CBool,
 ) -> i32 {
     if writable > 1 {
-        return -libc::EINVAL;
+        return fail(
+            libc::EINVAL,
+            format_args!("writable is {writable}: 0 (false) or 1 (true)"),
+        );
     }
     with(r, |g| g.protect(writable == 1))
 }
@@ -413,7 +451,10 @@ pub unsafe extern "C" fn uffd_pager_region_dontneed(
 /// Writes back the dirty pages that hold store bytes `[offset, offset+len)`:
 /// call it right before changing those bytes behind the pager's back, and
 /// [`uffd_pager_region_refresh`] right after (a write-back of a dirty
-/// page's older copy in between would put it over the change).
+/// page's older copy in between would put it over the change). For a
+/// region of `uffd_pager_map_fd`, offsets in the file, as the change names
+/// them (the part of the range before the map's `offset` is none of the
+/// region's).
 ///
 /// # Safety
 /// `r` is a live region handle.
@@ -423,13 +464,15 @@ pub unsafe extern "C" fn uffd_pager_region_flush_range(
     offset: u64,
     len: u64,
 ) -> i32 {
-    with(r, |g| g.flush_range(offset, len))
+    in_file(r, offset, len, |g, offset, len| g.flush_range(offset, len))
 }
 
 /// Store bytes `[offset, offset+len)` changed behind the pager's back (the
 /// file was written with write(2)): cached pages are brought up to date.
 /// Where the region may have written those pages, call
-/// [`uffd_pager_region_flush_range`] before the change.
+/// [`uffd_pager_region_flush_range`] before the change. For a region of
+/// `uffd_pager_map_fd`, offsets in the file, as for
+/// `uffd_pager_region_flush_range`.
 ///
 /// # Safety
 /// `r` is a live region handle.
@@ -442,7 +485,30 @@ pub unsafe extern "C" fn uffd_pager_region_refresh(
     // SAFETY: C code holds no Rust reference to the region's bytes (it
     // reads them through raw pointers, as it would after a write(2) to a
     // file it mapped).
-    with(r, |g| unsafe { g.refresh_unchecked(offset, len) })
+    in_file(r, offset, len, |g, offset, len| unsafe {
+        g.refresh_unchecked(offset, len)
+    })
+}
+
+/// Runs `f` on the region behind `r` with file bytes `[offset, offset+len)`
+/// as offsets in its store ([`in_store`]); nothing (0) where none of them
+/// is the region's.
+fn in_file(
+    r: *const uffd_pager_region,
+    offset: u64,
+    len: u64,
+    f: impl FnOnce(&Region, u64, u64) -> engine::Result<()>,
+) -> i32 {
+    if r.is_null() {
+        // (`with`'s answer: -EINVAL.)
+        return with(r, |_| Ok(()));
+    }
+    // SAFETY: a live region handle (the header's contract).
+    let base = unsafe { (*r).file_offset };
+    match in_store(base, offset, len) {
+        Some((offset, len)) => with(r, |g| f(g, offset, len)),
+        None => 0,
+    }
 }
 
 /// Unmaps the region, writing a shared region's dirty pages back first,

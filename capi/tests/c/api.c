@@ -169,6 +169,7 @@ int main(int argc, char **argv) {
   int (*protect_int)(const struct uffd_pager_region *, int) =
       (int (*)(const struct uffd_pager_region *, int))(void (*)(void))uffd_pager_region_protect;
   CHECK(protect_int(r, 2) == -EINVAL);
+  CHECK(strstr(uffd_pager_last_error(), "0 (false) or 1 (true)") != NULL);
   CHECK(uffd_pager_region_protect(r, true) == 0);
 
   uffd_pager_stats st;
@@ -185,6 +186,29 @@ int main(int argc, char **argv) {
   CHECK(uffd_pager_stats_vmstat(p, small, sizeof small) == n && strlen(small) == 7);
   free(text);
   CHECK(uffd_pager_region_unmap(r) == 0);
+
+  /* A window of the file from page 4 (map_fd at an offset): flush_range
+     and refresh take offsets in the file, as the write(2) behind the
+     pager's back names them (they took them as offsets in the window:
+     the flush wrote nothing and the refresh refreshed nothing). */
+  {
+    uffd_pager_region *w = NULL;
+    CHECK(uffd_pager_map_fd(p, fd, 4 * PAGE, 2 * PAGE, NULL, &w) == 0);
+    volatile unsigned char *wb = uffd_pager_region_addr(w);
+    CHECK(wb[PAGE + 100] == 9); /* file page 5, written above */
+    wb[100] = 0x77;             /* file page 4 */
+    CHECK(uffd_pager_region_flush_range(w, 4 * PAGE + 100, 1) == 0);
+    unsigned char got = 0;
+    CHECK(pread(fd, &got, 1, 4 * PAGE + 100) == 1 && got == 0x77);
+    unsigned char six = 6;
+    CHECK(pwrite(fd, &six, 1, 5 * PAGE + 100) == 1);
+    CHECK(uffd_pager_region_refresh(w, 5 * PAGE + 100, 1) == 0);
+    CHECK(wb[PAGE + 100] == 6);
+    /* A range before the window is none of the region's. */
+    CHECK(uffd_pager_region_refresh(w, 0, 4 * PAGE) == 0);
+    CHECK(uffd_pager_region_flush_range(w, 0, 4 * PAGE) == 0);
+    CHECK(uffd_pager_region_unmap(w) == 0);
+  }
 
   /* A store of C callbacks. */
   uffd_pager_store s = {0};
