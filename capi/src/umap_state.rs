@@ -5,7 +5,7 @@
 use crate::umap_settings::Settings;
 use engine::{Pager, Region};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
 /// The process's UMap state.
 pub(crate) struct State {
@@ -17,12 +17,17 @@ pub(crate) struct State {
     pub(crate) regions: Vec<Region>,
 }
 
-static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+/// Made by the first call that locks it ([`state`]), under the lock: a
+/// `fork()`ed child of a process whose thread was making it then (reading
+/// the environment and the CPU count) finds the lock held by a thread it
+/// does not have, and answers `EPERM`, where a `OnceLock` being
+/// initialised made it wait for ever.
+static STATE: Mutex<Option<State>> = Mutex::new(None);
 
 /// The state's lock, held: the holder's thread id is in [`HOLDER`] while
 /// it is (so that the exit's write-back can tell another thread's call in
 /// flight, which it waits for, from one of its own thread's).
-pub(crate) struct Held(MutexGuard<'static, State>);
+pub(crate) struct Held(MutexGuard<'static, Option<State>>);
 
 /// The thread id of the state lock's holder, or 0.
 static HOLDER: AtomicI32 = AtomicI32::new(0);
@@ -30,13 +35,13 @@ static HOLDER: AtomicI32 = AtomicI32::new(0);
 impl std::ops::Deref for Held {
     type Target = State;
     fn deref(&self) -> &State {
-        &self.0
+        self.0.as_ref().expect("made by `state`")
     }
 }
 
 impl std::ops::DerefMut for Held {
     fn deref_mut(&mut self) -> &mut State {
-        &mut self.0
+        self.0.as_mut().expect("made by `state`")
     }
 }
 
@@ -56,15 +61,11 @@ fn gettid() -> i32 {
 /// locked at the fork (by a thread the child does not have, so it stays
 /// locked for ever), EPERM with a message, where waiting would hang.
 pub(crate) fn state() -> Result<Held, i32> {
-    let m = STATE.get_or_init(|| {
-        OWNER_PID.store(std::process::id(), Relaxed);
-        Mutex::new(State {
-            settings: Settings::from_env(),
-            unit: engine::PAGE_SIZE,
-            pager: None,
-            regions: Vec::new(),
-        })
-    });
+    // Noted before the first lock: a child forked from here on takes it
+    // the careful way ([`lock_in_child`]), also while this call makes the
+    // state.
+    let _ = OWNER_PID.compare_exchange(0, std::process::id(), Relaxed, Relaxed);
+    let m = &STATE;
     let g = if forked() {
         lock_in_child(m).ok_or_else(|| {
             crate::fail(
@@ -77,7 +78,17 @@ pub(crate) fn state() -> Result<Held, i32> {
         m.lock().unwrap_or_else(|e| e.into_inner())
     };
     HOLDER.store(gettid(), Relaxed);
-    Ok(Held(g))
+    // (Held first: a panic below clears `HOLDER` as it unlocks.)
+    let mut held = Held(g);
+    if held.0.is_none() {
+        *held.0 = Some(State {
+            settings: Settings::from_env(),
+            unit: engine::PAGE_SIZE,
+            pager: None,
+            regions: Vec::new(),
+        });
+    }
+    Ok(held)
 }
 
 /// The process that made the state (0: none yet).
@@ -98,7 +109,7 @@ fn forked() -> bool {
 /// locked with none for 100 ms (a parent's thread that forked us in that
 /// moment never writes one). Once the child has had the lock, the state is
 /// its own: later calls lock it as the parent's did.
-fn lock_in_child(m: &'static Mutex<State>) -> Option<MutexGuard<'static, State>> {
+fn lock_in_child(m: &'static Mutex<Option<State>>) -> Option<MutexGuard<'static, Option<State>>> {
     use std::sync::TryLockError;
     let mut silent = 0;
     let g = loop {
@@ -137,7 +148,11 @@ extern "C" fn umap_fini() {
     }
     let _ = std::panic::catch_unwind(|| {
         use std::sync::TryLockError;
-        let Some(m) = STATE.get() else { return };
+        // (No UMap call was made.)
+        if OWNER_PID.load(Relaxed) == 0 {
+            return;
+        }
+        let m = &STATE;
         let deadline = std::time::Instant::now() + EXIT_WAIT;
         // A fork()ed child whose parent was in a call at the fork: the
         // state stays locked by a thread the child does not have (and the
@@ -163,6 +178,7 @@ extern "C" fn umap_fini() {
                 }
             }
         };
+        let Some(st) = st.as_ref() else { return };
         let mut r = Ok(());
         for region in &st.regions {
             // (A private copy has nothing to write: `Ok` at once.)

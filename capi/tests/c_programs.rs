@@ -277,6 +277,24 @@ fn a_fork_during_another_threads_uunmap_leaves_a_child_that_answers() {
     assert!(out.contains("forked inside the write-back"), "{out}");
 }
 
+/// A UMap program that forks while another thread's first UMap call is
+/// making the library's state: the child's call answers at once. The
+/// state was a `OnceLock` initialised with the environment's settings, and
+/// the child waited for ever for an initialisation no thread of its own
+/// was running (the program's own `getenv` makes that window 300 ms).
+#[test]
+fn a_fork_during_the_first_umap_call_leaves_a_child_that_answers() {
+    let mut link = shared_link();
+    link.push("-ldl".into());
+    let exe = build(
+        "umap_fork_during_first_call.c",
+        "umap_fork_during_first_call",
+        &link.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let out = run(&mut Command::new(&exe));
+    assert!(out.contains("the child answered"), "{out}");
+}
+
 /// An empty UMap variable (a script's `export UMAP_READ_AHEAD=`) is unset,
 /// and a buffer past the engine's largest budget (`UMAP_BUFSIZE` of
 /// `UINT64_MAX`, "no limit") is that budget: both made every `umap` fail
