@@ -607,7 +607,7 @@ int32_t uffd_pager_map_file(const struct uffd_pager *p,
                             struct uffd_pager_region **out);
 
 /**
- * Maps `len` bytes of the open file `fd` from `offset` on (both whole
+ * Maps `len` bytes (not 0) of the open file `fd` from `offset` on (both whole
  * pages, inside the file). The file is opened again (a writable mapping) or
  * the descriptor duplicated, so the caller may close its own. A writable
  * mapping of a descriptor open for appending is refused (-EACCES), as

@@ -151,12 +151,15 @@ fn check_window(offset: u64, len: usize, file_len: u64) -> Result<(), i32> {
     let len = len as u64;
     let pages_len = file_len.div_ceil(page).saturating_mul(page);
     let fits = offset.checked_add(len).is_some_and(|end| end <= pages_len);
-    if !offset.is_multiple_of(page) || !len.is_multiple_of(page) || !fits {
+    // (An empty length too, as mmap(2) refuses it: refused here, before
+    // the file is opened again, whose close would drop the caller's
+    // record locks.)
+    if !offset.is_multiple_of(page) || !len.is_multiple_of(page) || !fits || len == 0 {
         return Err(fail(
             libc::EINVAL,
             format_args!(
                 "{len} bytes at offset {offset} of a {file_len}-byte file: offset and length \
-                 must be whole pages inside the file"
+                 must be whole pages inside the file, at least one"
             ),
         ));
     }

@@ -275,7 +275,7 @@ pub unsafe extern "C" fn uffd_pager_map_file(
     })
 }
 
-/// Maps `len` bytes of the open file `fd` from `offset` on (both whole
+/// Maps `len` bytes (not 0) of the open file `fd` from `offset` on (both whole
 /// pages, inside the file). The file is opened again (a writable mapping) or
 /// the descriptor duplicated, so the caller may close its own. A writable
 /// mapping of a descriptor open for appending is refused (-EACCES), as

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -113,6 +114,23 @@ int main(int argc, char **argv) {
   CHECK(ap >= 0);
   CHECK(uffd_pager_map_fd(p, ap, 0, PAGE, NULL, &bad) == -EACCES && bad == NULL);
   close(ap);
+  /* An empty length is refused before the file is opened again: that
+     open's close dropped the caller's record lock (a child sees it). */
+  {
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = PAGE};
+    CHECK(fcntl(fd, F_SETLK, &lk) == 0);
+    CHECK(uffd_pager_map_fd(p, fd, 0, 0, NULL, &bad) == -EINVAL && bad == NULL);
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+      struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = PAGE};
+      _exit(fcntl(fd, F_GETLK, &q) == 0 && q.l_type == F_WRLCK ? 0 : 1);
+    }
+    int cst = 0;
+    CHECK(waitpid(c, &cst, 0) == c && WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
+    lk.l_type = F_UNLCK;
+    CHECK(fcntl(fd, F_SETLK, &lk) == 0);
+  }
   /* Set to append after the map (the open file the caller keeps): the
    * store writes through one of its own, in place (it appended before). */
   {
