@@ -123,6 +123,11 @@ pub struct MapOptions {
     /// the kernel maps with one PMD (a region of 2 MiB or more is placed
     /// on a 2 MiB boundary), and reclaim evicts the extent whole.
     ///
+    /// What it costs: each extent's collapse copies 2 MiB, in the context
+    /// that completed it (a readahead thread or a fault): a cold sequential
+    /// pass cost 1.3–2.4× the plain shared kind's on this project's
+    /// machine kind (the README's "Speed"). For data read again.
+    ///
     /// What it gives up: the engine sees only the faults that miss, so
     /// `pgfault` and `readahead_used` count only those, the LRU's
     /// second chance never sees a page the kernel mapped, and a page read
