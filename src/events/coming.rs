@@ -81,6 +81,16 @@ pub(crate) fn event_coming(
     let own = Desc::of(new);
     if own.changing(mm) {
         there.push(own);
+    } else if only_own && any_coming(mm) {
+        // Hazard: the application may have moved a region here (the
+        // kernel placed it, then freed the range again for the
+        // application's `munmap` of it there) with the move not applied
+        // yet, on another descriptor than the new region's: the table
+        // still has the moved region at its old range. Applied after this
+        // map, the move took the new region for one it replaced and cut
+        // it (`apply::settle_stale`). So any event on its way or waiting
+        // is waited for, on every descriptor.
+        there.extend(every_desc(mm));
     }
     (!there.is_empty()).then_some(Claim {
         there,
@@ -122,20 +132,25 @@ pub(crate) fn any_coming(mm: &Mm) -> bool {
     // the queue across its system call, so an event the kernel let go of
     // is there). Not `in_flight`, which counts the handlers' reads of
     // fault messages too: a remap beside a fault load waited for them.
-    if mm.uffd.mmap_changing() || mm.uffd_quiet.mmap_changing() {
-        return true;
-    }
-    let own: Vec<Desc> = mm.table.read(|t| {
-        t.iter()
-            .filter(|v| v.object.region_uffd.get().is_some())
-            .map(|v| Desc::of(&v.object))
-            .collect()
-    });
-    if own.iter().any(|d| d.changing(mm)) {
+    if every_desc(mm).iter().any(|d| d.changing(mm)) {
         return true;
     }
     let queue = mm.events.lock_queue();
     !queue.is_empty() || mm.events.applying.load(SeqCst) != 0
+}
+
+/// The pager's two descriptors, then every region's own (per-region
+/// delivery).
+fn every_desc(mm: &Mm) -> Vec<Desc> {
+    let mut all = vec![Desc::Pager { quiet: false }, Desc::Pager { quiet: true }];
+    mm.table.read(|t| {
+        all.extend(
+            t.iter()
+                .filter(|v| v.object.region_uffd.get().is_some())
+                .map(|v| Desc::of(&v.object)),
+        )
+    });
+    all
 }
 
 /// Waits, with no lock held, until [`any_coming`] says no or `deadline`
