@@ -452,3 +452,48 @@ fn a_footprint_past_the_address_space_is_an_error() {
     }
     assert!(uffd_pager::Footprint::of(1 << 20, 0).is_ok());
 }
+
+/// A region whose remap could not register its new range (`ENOMEM`) is
+/// unmapped there by the application, which posts no event (the range is
+/// not registered), so the table still lists it. Another region of the
+/// same descriptor then grows in place over that range and takes it for
+/// unmapped: no record of an event to come may be kept for it, since none
+/// will. Before, one was, and it swallowed the application's next unmap of
+/// the grown region, which stayed listed over memory the kernel had freed
+/// (found by review).
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_region_grown_over_an_unregistered_one_goes_at_the_applications_unmap() {
+    let _one = remaps();
+    let p = pager(Delivery::InThread);
+    let len = 4 * PAGE;
+    let base = free_range(8 * len);
+    let at = |a| MapOptions {
+        fixed_addr: Some(a),
+        ..MapOptions::default()
+    };
+    // (Made twice as long, then shrunk: a region grows only within its
+    // store.)
+    let mut r = p.map_anonymous_with(2 * len, &at(base)).unwrap();
+    r.remap(len).unwrap();
+    let mut s = p.map_anonymous_with(len, &at(base + 4 * len)).unwrap();
+    uffd_pager::testing::fail_next_reregister();
+    assert!(s.remap_to(len, Some(base + len)).is_err());
+    // SAFETY: the application unmaps the region's memory itself.
+    assert_eq!(unsafe { libc::munmap((base + len) as *mut _, len) }, 0);
+    r.remap(2 * len).unwrap();
+    assert_eq!(r.as_ptr() as usize, base, "not grown in place");
+    r.as_mut_slice().fill(5);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, 2 * len) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !r.mapped().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unmapped region is still listed: {:x?}",
+            r.mapped()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop((r, s));
+}

@@ -121,9 +121,13 @@ pub(crate) fn settle_stale(
     for &(a, b) in ranges.iter().filter(|(a, b)| a < b) {
         let there = mm.table.read(|t| t.overlapping(a, b));
         let overlap = |s: usize, e: usize| (s.max(a), e.min(b));
+        // (Not one left unregistered by a failed remap: its unmap posts no
+        // event, and a record of one would swallow the next event over the
+        // range, another region's unmap.)
         let mut keys: Vec<(usize, usize)> = there
             .iter()
             .filter(|v| own_coming || Desc::of(&v.object).id(mm) == mine)
+            .filter(|v| !v.unregistered.load(SeqCst))
             .map(|v| overlap(v.start, v.end))
             .collect();
         {
@@ -142,6 +146,11 @@ pub(crate) fn settle_stale(
         let Some(kept) = record else { continue };
         let mut records = mm.events.lock_pre_applied();
         records.retain(|r| may_come(mm, &r.desc, false));
+        // Only while an event may still come on the descriptor: a record
+        // with none to take it would take the next one.
+        if !may_come(mm, &desc, false) {
+            continue;
+        }
         records.extend(keys.into_iter().map(|key| super::PreApplied {
             key,
             kept,
