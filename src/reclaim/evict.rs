@@ -115,8 +115,16 @@ pub(super) enum Unmapped {
 /// read lock. The caller holds the page lock. Anonymous pages are moved
 /// out atomically (`UFFDIO_MOVE`) to a staging page and written to swap
 /// from there: the engine never reads the user's mapping, where a page
-/// dropped behind its back would fault in the engine itself.
-fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapped, ()> {
+/// dropped behind its back would fault in the engine itself. `permitted`:
+/// the caller holds a write permit for `obj` (it found the page needing a
+/// store write).
+fn unmap_page(
+    mm: &Mm,
+    obj: &Object,
+    i: usize,
+    pass: &mut Pass,
+    permitted: bool,
+) -> Result<Unmapped, ()> {
     let addr = obj.windows.addr_of(i).ok_or(())?;
     let vma = mm.lock_vma_quiet(addr).ok_or(())?;
     if !std::ptr::eq(&*vma.object, obj) || vma.page_index(addr) != i {
@@ -134,7 +142,7 @@ fn unmap_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Result<Unmapp
         return Ok(Unmapped::InCache);
     }
     if obj.is_huge() {
-        return huge::unmap_anon(mm, obj, i, addr, pass);
+        return huge::unmap_anon(mm, obj, i, addr, pass, permitted);
     }
     // Where the page is kept if its store write fails, found before it
     // leaves the mapping: the object's cache area is made on first use,
@@ -282,7 +290,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     if w & MAPPED != 0 && punch_unmaps {
         obj.cache.update(i, 0, MAPPED);
     } else if w & MAPPED != 0 {
-        match unmap_page(mm, obj, i, pass) {
+        match unmap_page(mm, obj, i, pass, needs_write) {
             Err(()) => {
                 obj.cache.unlock(i, 0, 0);
                 return Evict::Rotate;

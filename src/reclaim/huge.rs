@@ -32,14 +32,16 @@ use crate::page_cache::CLEAN;
 use crate::sys::pagemap::page_present;
 
 /// Takes huge anonymous page `i` (mapped at `addr`; the caller holds its
-/// page lock and its region's read lock) out of the mapping. Async-signal-
-/// safe.
+/// page lock and its region's read lock) out of the mapping. `permitted`:
+/// the caller holds a write permit for `obj` (`crate::write_error`); one
+/// that found the page clean holds none. Async-signal-safe.
 pub(super) fn unmap_anon(
     mm: &Mm,
     obj: &Object,
     i: usize,
     addr: usize,
     pass: &mut Pass,
+    permitted: bool,
 ) -> Result<Unmapped, ()> {
     let len = obj.page_size();
     let in_thread = mm.config.delivery.is_in_thread();
@@ -72,6 +74,16 @@ pub(super) fn unmap_anon(
         }
         zap()?;
         return Ok(Unmapped::InCache);
+    }
+    // Clean when the caller looked, which was before this region's read
+    // lock: `Region::protect(true)` clears the mark under the region's
+    // write lock, and may have run between. The caller then asked for no
+    // write permit, and the copy below would go to a store in its backoff,
+    // or from a pass that may not write (found by review: 2 MiB written
+    // to a failing store, or from a faulting thread's clean-only pass).
+    // Later: the next look finds the page dirty and asks.
+    if !permitted {
+        return Err(());
     }
     let uffd = mm.uffd_for(obj);
     let unprotect = || {
