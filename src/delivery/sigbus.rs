@@ -130,13 +130,24 @@ pub fn register(mm: &Arc<Mm>) -> Result<(), i32> {
 /// after the registry's readers (short: a lookup) and then the faults
 /// still running on it (as long as they take).
 pub fn unregister(mm: &Mm) {
-    let mine = |&p: &usize| {
-        // SAFETY: entries in the snapshot are live: only this function
-        // frees one, after removing it.
-        std::ptr::eq(unsafe { &*(p as *const Entry) }.mm, mm)
-    };
-    let old = registry().update(|v| v.iter().copied().filter(|p| !mine(p)).collect());
-    for p in old.into_iter().filter(mine) {
+    // Ours are told from the others inside the update, under the
+    // registry's writer lock, and not in the old snapshot after it:
+    // another pager's unregister may free its entry as soon as this
+    // update returns (found by review: while this one waited for a slow
+    // fault below, another pager dropped beside it freed its entry, and
+    // the next look read it).
+    let mut gone = Vec::new();
+    registry().update(|v| {
+        let (mine, others): (Vec<usize>, Vec<usize>) = v.iter().partition(|&&p| {
+            // SAFETY: entries in the current snapshot are live: only this
+            // function frees one, after removing it in an update, which
+            // the writer lock held here orders after this one.
+            std::ptr::eq(unsafe { &*(p as *const Entry) }.mm, mm)
+        });
+        gone = mine;
+        others
+    });
+    for p in gone {
         // SAFETY: removed above, and the update waited out every reader
         // that could still find it, so no pin can be taken from here on.
         let entry = unsafe { Box::from_raw(p as *mut Entry) };
@@ -475,5 +486,73 @@ mod tests {
         assert!(unclaimed_first_time(0x1000, 9));
         assert!(unclaimed_first_time(0x2000, 9));
         assert!(unclaimed_first_time(0x1000, 9), "not in a row: retried");
+    }
+
+    /// Two pagers unregistered at once, one of which waits for a fault
+    /// still running on it: it frees its own entry and nothing else.
+    /// Before, it told its own entries from the others' in the old
+    /// snapshot, one at a time between its waits, so it read the other
+    /// pager's entry after that one was freed; here the freed memory is
+    /// reused for a new entry of the waiting pager's address space, which
+    /// it then took for its own and freed while still registered.
+    #[test]
+    fn an_unregister_waiting_for_a_fault_frees_only_its_own_entry() {
+        let build = || {
+            crate::Pager::builder()
+                .delivery(crate::Delivery::InThread)
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (build(), build());
+        let (ma, mb) = (a.mm().clone(), b.mm().clone());
+        let entry_of = |mm: &Arc<Mm>| {
+            registry().read(|v| {
+                v.iter()
+                    .copied()
+                    // SAFETY: registered entries are live in a read section.
+                    .filter(|&p| std::ptr::eq(unsafe { &*(p as *const Entry) }.mm, &**mm))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let ea = entry_of(&ma)[0];
+        // A fault running on `a`: its entry pinned.
+        // SAFETY: the entry stays allocated until its unregister has
+        // waited for this pin, dropped below.
+        let pin = unsafe { &*(ea as *const Entry) }.pins.pin();
+        let waiter = {
+            let ma = ma.clone();
+            std::thread::spawn(move || unregister(&ma))
+        };
+        let t = std::time::Instant::now();
+        while !entry_of(&ma).is_empty() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // (Now waiting for the pin.)
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let eb = entry_of(&mb)[0];
+        unregister(&mb);
+        // The freed entry's memory made the next block of its size this
+        // thread allocates (a new entry of `a`'s, here), as a busy
+        // allocator would hand it out sooner or later.
+        let mut held = Vec::with_capacity(1000);
+        loop {
+            let block = Box::new([0u64; 4]);
+            if &*block as *const _ as usize == eb {
+                break;
+            }
+            assert!(held.len() < 1000, "the freed entry's block never came back");
+            held.push(block);
+        }
+        register(&ma).unwrap();
+        let again = entry_of(&ma);
+        assert_eq!(again.len(), 1);
+        drop(held);
+        drop(pin);
+        waiter.join().unwrap();
+        assert_eq!(entry_of(&ma), again, "the new entry was taken");
+        unregister(&ma);
+        assert!(entry_of(&ma).is_empty());
+        drop((a, b));
     }
 }
