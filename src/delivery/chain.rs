@@ -180,15 +180,24 @@ fn chain_to(
             }
             return;
         }
-        // SAFETY: sigprocmask/raise are async-signal-safe: a SIGBUS a
-        // process sent is raised again, unblocked, with the default action:
-        // the process dies of it, as it would without a pager.
+        // SAFETY: sigprocmask/raise/sigaction are async-signal-safe: a
+        // SIGBUS a process sent is raised again, unblocked, with the
+        // default action: the process dies of it, as it would without a
+        // pager. An init (of a PID namespace too) does not: the kernel
+        // drops a sent signal at its default action, and the raise comes
+        // back. Ours goes back in: the default left in its place made the
+        // next fault on any region kill the init (found by review).
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGBUS);
             libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
             libc::raise(libc::SIGBUS);
+            libc::sigaction(
+                libc::SIGBUS,
+                &super::sigbus::our_action(),
+                std::ptr::null_mut(),
+            );
         }
         return;
     }
