@@ -1538,6 +1538,22 @@ fn madv_remove_on_a_shared_file_mapping_is_refused_not_lost() {
     assert_eq!(counter(&st, "preload_refused"), 1, "{st}");
 }
 
+/// `MADV_DOFORK` on a paged mapping would undo the engine's
+/// `MADV_DONTFORK`: a child forked after it got the engine's memfd mapping
+/// with no pager behind it, and the pages the pager had dropped read as
+/// zeros there ("madvise 0; child: wrong pages"). The shim refuses it
+/// with `EINVAL`, the kernel's answer for a mapping it will not copy.
+#[test]
+fn madv_dofork_on_a_paged_mapping_is_refused() {
+    let d = scratch();
+    let exe = build_c(&d, "madv_dofork");
+    let (plain, paged, st) =
+        plain_and_paged(&d, &exe, "madv-dofork", &[("UFFD_PAGER_BUDGET", "1M")]);
+    assert_eq!(plain, "madvise 0; child: every page right\n");
+    assert_eq!(paged, "madvise EINVAL\n", "{st}");
+    assert_eq!(counter(&st, "preload_refused"), 1, "{st}");
+}
+
 /// Stores through a mapping, then a child process started with `fork`,
 /// `posix_spawn`, `posix_spawnp`, `system` or `popen` (no exec of the
 /// program's own, no msync): the child reads the stores from the file.

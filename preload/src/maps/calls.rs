@@ -343,7 +343,9 @@ pub fn msync(addr: usize, len: usize, flags: c_int) -> Option<c_int> {
 /// madvise: MADV_DONTNEED drops pages through the engine (shared pages
 /// stay cached; anonymous ones read as zeros again), MADV_WILLNEED faults
 /// them in, MADV_RANDOM / MADV_NORMAL / MADV_SEQUENTIAL set the region's
-/// access advice ([`Region::advise`]); other advice is the kernel's.
+/// access advice ([`Region::advise`]), MADV_REMOVE on a writable shared
+/// file mapping and MADV_DOFORK are refused (see [`remove`], [`dofork`]);
+/// other advice is the kernel's.
 pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     // The access advice: the whole of each pager mapping the range touches
     // takes it (the kernel would split the VMA at the range's ends; the
@@ -354,7 +356,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
         libc::MADV_RANDOM => Some(engine::Access::Random),
         libc::MADV_NORMAL | libc::MADV_SEQUENTIAL => Some(engine::Access::Normal),
         libc::MADV_DONTNEED | libc::MADV_WILLNEED | libc::MADV_FREE => None,
-        libc::MADV_REMOVE => None,
+        libc::MADV_REMOVE | libc::MADV_DOFORK => None,
         _ => return None,
     };
     // A range the kernel refuses (an unaligned start, an end past the
@@ -372,6 +374,9 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     }
     if advice == libc::MADV_REMOVE {
         return remove(st, &hits);
+    }
+    if advice == libc::MADV_DOFORK {
+        return dofork(st, &hits);
     }
     let e = crate::errno();
     if let Some(access) = access {
@@ -448,6 +453,36 @@ fn kernel_range(addr: usize, rlen: usize) -> Option<usize> {
     addr.checked_add(rlen)
 }
 
+/// `MADV_DOFORK` on pager mappings: refused with `EINVAL`, the kernel's
+/// answer for a mapping it will not copy into a child, and nothing changes.
+/// Passed on, it undid the engine's `MADV_DONTFORK`, and a child forked
+/// after it got the engine's memfd mapping with no pager behind it: the
+/// pages the pager had dropped read as zeros there (found by review).
+fn dofork(st: &mut State, hits: &[(usize, Vec<Range<usize>>)]) -> Option<c_int> {
+    let &(i, _) = hits.first()?;
+    let why = "a child would get its memory without the pager";
+    refuse(st, i, "MADV_DOFORK", (libc::EINVAL, "EINVAL"), why)
+}
+
+/// Refuses `advice` on mapping `i` with `errno` (and its name), saying
+/// why; counts it.
+fn refuse(
+    st: &mut State,
+    i: usize,
+    advice: &str,
+    errno: (c_int, &str),
+    why: &str,
+) -> Option<c_int> {
+    REFUSED.fetch_add(1, Relaxed);
+    let msg = format!(
+        "{}: refusing {advice} on the mapping ({}): {why}",
+        st.maps[i].path, errno.1
+    );
+    st.say(msg);
+    crate::set_errno(errno.0);
+    Some(-1)
+}
+
 /// `MADV_REMOVE` over pager memory. The kernel punches a hole in the
 /// mapped file of a writable shared mapping; passed on, it punched the
 /// engine's memfd instead, and the file kept its bytes while the mapping
@@ -457,13 +492,6 @@ fn kernel_range(addr: usize, rlen: usize) -> Option<usize> {
 /// memory is the kernel's to refuse (`EACCES`: its mapping is private).
 fn remove(st: &mut State, hits: &[(usize, Vec<Range<usize>>)]) -> Option<c_int> {
     let &(i, _) = hits.iter().find(|(i, _)| st.maps[*i].writable_shared)?;
-    REFUSED.fetch_add(1, Relaxed);
-    let msg = format!(
-        "{}: refusing MADV_REMOVE on the mapping (EOPNOTSUPP): the pager does not punch holes \
-         in mapped files",
-        st.maps[i].path
-    );
-    st.say(msg);
-    crate::set_errno(libc::EOPNOTSUPP);
-    Some(-1)
+    let why = "the pager does not punch holes in mapped files";
+    refuse(st, i, "MADV_REMOVE", (libc::EOPNOTSUPP, "EOPNOTSUPP"), why)
 }
