@@ -13,8 +13,8 @@
 //! stack, whatever the user stack is.
 //!
 //! The kernel records the thread's alternate stack in the signal frame
-//! (`uc_stack`), and the interrupted stack pointer says whether the code
-//! ran on it. With less than [`ROOM`] left below the handler's frame, the
+//! (`uc_stack`), and the handler's own frame says whether it runs on it.
+//! With less than [`ROOM`] left below the handler's frame, the
 //! fault is served on one of [`SLOTS`] stacks mapped when the handler is
 //! installed, and the handler goes back to the application's stack to
 //! return (or to pass a SIGSEGV or SIGBUS on to the application's handler,
@@ -30,7 +30,8 @@
 //! - A `fork` while a slot is held: the child frees every slot
 //!   (`pthread_atfork`), since the threads that held them are not there.
 //! - Every signal stays blocked while a fault runs on an engine stack (the
-//!   handler's mask): an `SA_ONSTACK` handler that ran there would see the
+//!   handler's mask, or set so where an application's handler called ours):
+//!   an `SA_ONSTACK` handler that ran there would see the
 //!   stack pointer off the alternate stack, and the kernel would build its
 //!   frame at the alternate stack's top, over the frames still live there.
 //!
@@ -104,17 +105,34 @@ extern "C" fn forked() {
 pub(super) fn with_room<R>(uctx: *const libc::c_void, f: impl FnOnce() -> R) -> R {
     let here = &uctx as *const _ as usize;
     let uc = uctx as *const libc::ucontext_t;
+    // Whether this frame is on the alternate stack, and near its bottom.
+    // This frame's own address, not the interrupted stack pointer: a
+    // handler of the application's installed after ours with `SA_ONSTACK`
+    // that passes faults on to ours by calling it (as runtimes that chain
+    // handlers do) runs it on the alternate stack for a fault taken on the
+    // thread's own; the interrupted stack pointer said "not cramped", and
+    // the fault path wrote below the alternate stack (found by review).
+    // (The frame's `ss_flags` are the stack's settings, not whether it is
+    // in use.)
     // SAFETY: the kernel's ucontext for this delivery, when not null.
     let cramped = !uc.is_null()
         && unsafe {
-            // (The frame's `ss_flags` are the stack's settings, not whether it
-            // was in use: the interrupted stack pointer says that.)
             let (low, size) = ((*uc).uc_stack.ss_sp as usize, (*uc).uc_stack.ss_size);
-            let sp = (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] as usize;
-            size != 0 && sp > low && sp - low <= size && here.saturating_sub(low) < ROOM
+            size != 0 && here > low && here - low <= size && here - low < ROOM
         };
     let Some(&Some(base)) = POOL.get().filter(|_| cramped) else {
         return f();
+    };
+    // Every signal blocked while the fault runs on an engine stack (see the
+    // module's hazards). Called by the kernel, this handler's mask has them
+    // all already; called by the application's handler, it has that one's.
+    // SAFETY: pthread_sigmask is async-signal-safe; valid sets.
+    let before = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+        before
     };
     let slot = take();
     let top = base + slot * (SIZE + GUARD) + GUARD + SIZE;
@@ -125,6 +143,8 @@ pub(super) fn with_room<R>(uctx: *const libc::c_void, f: impl FnOnce() -> R) -> 
     // mapped read-write below it for SIZE bytes, above a guard page.
     unsafe { run_on(top, &mut run) };
     give(slot);
+    // SAFETY: as above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
     match out {
         Some(r) => r,
         // (`run` always runs; an unwind out of it aborts in `trampoline`.)
