@@ -190,6 +190,36 @@ fn the_previous_handler_runs_with_its_sa_mask() {
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
 }
 
+fn child_nodefer_mask() {
+    install(
+        report_mask as *const () as libc::sighandler_t,
+        libc::SA_SIGINFO | libc::SA_NODEFER,
+        &[libc::SIGUSR1, libc::SIGBUS],
+    );
+    engine_then_foreign_sigbus();
+}
+
+/// `SA_NODEFER` only leaves SIGBUS out of what delivery adds to the mask:
+/// a previous handler whose own `sa_mask` lists SIGBUS runs with it
+/// blocked, as the kernel would run it. The engine took SIGBUS out of the
+/// mask it gave such a handler (found by review).
+#[test]
+fn a_nodefer_handler_runs_with_the_sigbus_its_sa_mask_lists_blocked() {
+    const NAME: &str = "a_nodefer_handler_runs_with_the_sigbus_its_sa_mask_lists_blocked";
+    if is_child() {
+        return child_nodefer_mask();
+    }
+    let (out, killed) = run_child_with_deadline(NAME, 30);
+    assert!(!killed, "the child hung: {}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(MARKER) && err.contains("MASK usr1=blocked bus=blocked"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+}
+
 static CALLS: AtomicU32 = AtomicU32::new(0);
 
 /// Returns the first time (so the access runs again); exits with 7 if it is

@@ -128,7 +128,8 @@ fn raised_by_a_fault(info: *const libc::siginfo_t) -> bool {
 ///   action), so the process dies of it.
 /// - A handler runs with the signal mask the kernel would give it: the
 ///   mask at the fault (`uc_sigmask`), plus its `sa_mask`, plus SIGBUS
-///   unless `SA_NODEFER`; ours is restored when it returns (a handler that
+///   unless `SA_NODEFER` (which does not take it out of `sa_mask`); ours
+///   is restored when it returns (a handler that
 ///   leaves with `siglongjmp` restores the mask its `sigsetjmp` saved).
 ///   `SA_RESETHAND` is [`chain`]'s: it cannot reset our installed action.
 ///   `SA_ONSTACK` is not honoured: the handler runs on the faulting
@@ -218,10 +219,11 @@ fn chain_to(
                 }
             }
         }
+        // (`SA_NODEFER` only leaves `sig` out of what is added: where the
+        // handler's `sa_mask` lists it, it is blocked, as the kernel's
+        // delivery blocks it.)
         if flags & libc::SA_NODEFER == 0 {
             libc::sigaddset(&mut mask, sig);
-        } else {
-            libc::sigdelset(&mut mask, sig);
         }
         let mut ours: libc::sigset_t = std::mem::zeroed();
         libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut ours);
