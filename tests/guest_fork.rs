@@ -158,3 +158,92 @@ fn child_touching_region_memory_gets_sigsegv() {
         drop(r);
     }
 }
+
+/// Armed: the next unpin of a fault's registry pin says so in `INSIDE`,
+/// then waits for `FORKED` (10 s at most).
+#[cfg(feature = "fault-inject")]
+mod held_reader {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::time::{Duration, Instant};
+
+    pub static ARMED: AtomicBool = AtomicBool::new(false);
+    pub static INSIDE: AtomicBool = AtomicBool::new(false);
+    pub static FORKED: AtomicBool = AtomicBool::new(false);
+
+    pub fn hold() {
+        if !ARMED.swap(false, SeqCst) {
+            return;
+        }
+        INSIDE.store(true, SeqCst);
+        let t = Instant::now();
+        while !FORKED.load(SeqCst) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A child forked while another thread was inside a read section of the
+/// engine's SIGBUS registry (an in-thread fault, unpinning) builds an
+/// in-thread pager of its own and is served. It inherited that thread's
+/// reader count, which no thread of its own would ever drop, and its
+/// pager's registration waited for ever for that reader.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_child_forked_during_a_fault_builds_an_in_thread_pager() {
+    use held_reader::*;
+    use std::sync::atomic::Ordering::SeqCst;
+    if !is_child() {
+        let out = run_child(
+            "a_child_forked_during_a_fault_builds_an_in_thread_pager",
+            &[],
+        );
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    let p = pager(Delivery::InThread);
+    let r = p.map_anonymous(4 * PAGE).unwrap();
+    let base = r.as_ptr() as usize;
+    ARMED.store(true, SeqCst);
+    uffd_pager::testing::set_after_unpin(Some(hold));
+    let faulting = std::thread::spawn(move || {
+        // SAFETY: a page of the live region, read once.
+        unsafe { std::ptr::read_volatile((base + PAGE) as *const u8) }
+    });
+    let t = Instant::now();
+    while !INSIDE.load(SeqCst) {
+        assert!(t.elapsed() < Duration::from_secs(10), "no fault unpinned");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: fork; the child builds a pager, uses it, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", errno());
+    if pid == 0 {
+        // SAFETY: alarm has no preconditions; a hang dies of SIGALRM.
+        unsafe { libc::alarm(10) };
+        let code = (|| {
+            let Ok(q) = Pager::builder().delivery(Delivery::InThread).build() else {
+                return 20;
+            };
+            let Ok(mut own) = q.map_anonymous(4 * PAGE) else {
+                return 21;
+            };
+            own.as_mut_slice()[2 * PAGE] = 8;
+            if own.as_slice()[2 * PAGE] != 8 {
+                return 22;
+            }
+            0
+        })();
+        // SAFETY: leave the child without the parent's atexit handlers.
+        unsafe { libc::_exit(code) }
+    }
+    FORKED.store(true, SeqCst);
+    assert_eq!(faulting.join().unwrap(), 0);
+    uffd_pager::testing::set_after_unpin(None);
+    let status = wait_with_watchdog(pid, 30);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status:#x} (signal {})",
+        libc::WTERMSIG(status)
+    );
+    drop(r);
+}

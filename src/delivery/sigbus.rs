@@ -93,7 +93,8 @@ fn ensure_installed() -> Result<(), i32> {
     *INSTALLED.get_or_init(|| {
         registry();
         // SAFETY: a zeroed sigaction is a valid out-parameter; we read the
-        // current action, then install ours, with valid pointers.
+        // current action, then install ours, with valid pointers; the
+        // atfork child handler is async-signal-safe.
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
@@ -102,12 +103,29 @@ fn ensure_installed() -> Result<(), i32> {
             super::chain::remember_previous(old);
             super::segv::guard_an_init();
             super::stack::reserve();
+            libc::pthread_atfork(None, None, Some(registry_in_child));
             if libc::sigaction(libc::SIGBUS, &our_action(), std::ptr::null_mut()) != 0 {
                 return Err(crate::sys::errno());
             }
         }
         Ok(())
     })
+}
+
+/// In a `fork()`ed child: the registry as no thread uses it (see
+/// [`Rcu::reset_in_child`]). Async-signal-safe, as an atfork child handler
+/// must be.
+extern "C" fn registry_in_child() {
+    if let Some(r) = REGISTRY.get() {
+        // SAFETY: a child just made by fork, whose one thread is in no read
+        // section or update of the registry: the engine forks nothing
+        // itself, and a fork from a signal handler that interrupted the
+        // engine's own signal handler cannot happen (it blocks every
+        // signal); one that interrupted a pager's build or drop is not
+        // supported (as fork from any handler that interrupts a lock
+        // holder).
+        unsafe { r.reset_in_child() };
+    }
 }
 
 /// Adds an address space to the dispatch registry.

@@ -29,16 +29,12 @@ pub(crate) use std::hint::spin_loop;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
 #[cfg(not(loom))]
-pub(crate) use std::sync::Mutex;
-#[cfg(not(loom))]
 pub(crate) use std::thread::yield_now;
 
 #[cfg(loom)]
 pub use loom::hint::spin_loop;
 #[cfg(loom)]
 pub use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
-#[cfg(loom)]
-pub use loom::sync::Mutex;
 #[cfg(loom)]
 pub use loom::thread::yield_now;
 

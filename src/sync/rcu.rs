@@ -21,7 +21,9 @@
 //!   (a lookup and a trylock), so the wait is short; it reads one line per
 //!   CPU.
 
-use crate::sync::model::{cpu_count, spin_loop, this_cpu, yield_now, AtomicPtr, AtomicU64, Mutex};
+use crate::sync::model::{
+    cpu_count, spin_loop, this_cpu, yield_now, AtomicPtr, AtomicU32, AtomicU64,
+};
 use std::sync::atomic::Ordering::*;
 
 /// One CPU's reader counts, one per epoch parity, on a line of their own.
@@ -35,7 +37,20 @@ pub struct Rcu<T> {
     ptr: AtomicPtr<T>,
     epoch: AtomicU64,
     readers: Box<[CpuReaders]>,
-    writer: Mutex<()>,
+    /// Writers' lock: 1 while one updates. A plain word, not a mutex, so
+    /// that a `fork()`ed child can clear it ([`Rcu::reset_in_child`]);
+    /// writers are few, and wait (yielding) only for each other.
+    writer: AtomicU32,
+}
+
+/// Holds [`Rcu::writer`]; releases it on drop (a panic in an update's
+/// closure too).
+struct WriterGuard<'a>(&'a AtomicU32);
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Release);
+    }
 }
 
 // SAFETY: the cell hands out only shared references to `T` (readers) and
@@ -51,7 +66,7 @@ impl<T> Rcu<T> {
             ptr: AtomicPtr::new(Box::into_raw(Box::new(value))),
             epoch: AtomicU64::new(0),
             readers: (0..cpu_count()).map(|_| CpuReaders::default()).collect(),
-            writer: Mutex::new(()),
+            writer: AtomicU32::new(0),
         }
     }
 
@@ -89,7 +104,14 @@ impl<T> Rcu<T> {
     /// reader can still see it. Writers are serialised, so `f` sees the
     /// latest snapshot (no lost updates).
     pub fn update(&self, f: impl FnOnce(&T) -> T) -> T {
-        let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        while self
+            .writer
+            .compare_exchange_weak(0, 1, Acquire, Relaxed)
+            .is_err()
+        {
+            yield_now();
+        }
+        let _w = WriterGuard(&self.writer);
         // SAFETY: writers are serialised by `_w` and only writers free
         // snapshots, so the current one stays valid while we read it.
         let new = f(unsafe { &*self.ptr.load(SeqCst) });
@@ -121,6 +143,26 @@ impl<T> Rcu<T> {
         // SAFETY: `old` came from `Box::into_raw`; the grace period above
         // ensures no reader holds a reference to it.
         *unsafe { Box::from_raw(old) }
+    }
+
+    /// In a `fork()`ed child, from its atfork handler: clears every reader
+    /// count and the writers' lock. The threads of the parent's that were
+    /// inside a read section or an update at the fork are not in the
+    /// child, and what they left set made the child's first update wait
+    /// for ever (found by review: a child's first in-thread pager hung in
+    /// its registration). Async-signal-safe.
+    ///
+    /// # Safety
+    /// Only in a child just made by `fork`, whose one thread is not inside
+    /// a read section or an update of this cell (a `fork` from a signal
+    /// handler that interrupted one is not allowed).
+    pub unsafe fn reset_in_child(&self) {
+        for cpu in self.readers.iter() {
+            for slot in &cpu.0 {
+                slot.store(0, SeqCst);
+            }
+        }
+        self.writer.store(0, SeqCst);
     }
 }
 
