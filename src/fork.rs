@@ -19,29 +19,48 @@
 //!
 //! A child is recognised by a `pthread_atfork` handler that marks the
 //! process, then by its pid: one load on every path that checks, a
-//! `getpid` only in a child. A child made by a raw `clone` system call
+//! `getpid` only in a child, or while a fork is under way. A child made by a raw `clone` system call
 //! that skips the atfork handlers is not recognised.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Once;
 
+/// [`FORKED`] and [`FORKING`]: one word, so that the check is one load.
+static MARKS: AtomicU8 = AtomicU8::new(0);
 /// Set in a child by the atfork handler.
-static FORKED: AtomicBool = AtomicBool::new(false);
+const FORKED: u8 = 1;
+/// Set by the atfork prepare handler, cleared by the parent's: a fork is
+/// under way. Prepare handlers run in the reverse of the order they were
+/// registered, so ours runs before those registered earlier (by libraries
+/// loaded before the first pager was built), and child handlers in that
+/// order, so theirs run before ours marks the child: one that called the
+/// engine there was served as in the parent, its ioctls on the parent's
+/// address space (found by review). With this set, a child is told by its
+/// pid until ours has run.
+const FORKING: u8 = 2;
 static INSTALL: Once = Once::new();
 
 extern "C" fn mark_child() {
-    FORKED.store(true, Relaxed);
+    MARKS.fetch_or(FORKED, SeqCst);
     crate::sys::uffd::inherit::cover_in_child();
 }
 
-/// Installs the atfork handler (once per process).
+extern "C" fn forking() {
+    MARKS.fetch_or(FORKING, SeqCst);
+}
+
+extern "C" fn forked_parent() {
+    MARKS.fetch_and(!FORKING, SeqCst);
+}
+
+/// Installs the atfork handlers (once per process).
 pub fn watch() {
     INSTALL.call_once(|| {
-        // SAFETY: registers a handler that stores to an atomic and covers
-        // the engine's userfaultfds with system calls on the stack
+        // SAFETY: registers handlers that store to atomics and cover the
+        // engine's userfaultfds with system calls on the stack
         // (`cover_in_child`), which is async-signal-safe as a fork child
         // handler must be.
-        unsafe { libc::pthread_atfork(None, None, Some(mark_child)) };
+        unsafe { libc::pthread_atfork(Some(forking), Some(forked_parent), Some(mark_child)) };
     });
 }
 
@@ -56,5 +75,5 @@ pub fn pid() -> i32 {
 /// child only.
 #[inline]
 pub fn is_child_of(owner: i32) -> bool {
-    FORKED.load(Relaxed) && pid() != owner
+    MARKS.load(Relaxed) != 0 && pid() != owner
 }

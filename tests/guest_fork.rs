@@ -247,3 +247,66 @@ fn a_child_forked_during_a_fault_builds_an_in_thread_pager() {
     );
     drop(r);
 }
+
+/// The pager [`refused_in_child`] calls, and what it got: 1 refused as a
+/// child's call, 2 a region made, 3 another error, 0 not run.
+static EARLY_PAGER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static EARLY_SAW: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// A fork child handler registered before the first pager was built.
+extern "C" fn refused_in_child() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let p = EARLY_PAGER.load(SeqCst) as *const Pager;
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: the test's pager, alive across the fork (the child's copy).
+    let got = match unsafe { &*p }.map_anonymous(4 * PAGE) {
+        Err(Error::ForkedChild) => 1,
+        Ok(r) => {
+            std::mem::forget(r);
+            2
+        }
+        Err(_) => 3,
+    };
+    EARLY_SAW.store(got, SeqCst);
+}
+
+/// A fork child handler registered before the first pager was built runs
+/// before the engine's marks the child (child handlers run in the order
+/// they were registered). One that called the engine was served as in
+/// the parent: it mapped a region, its ioctls on the parent's address
+/// space. The engine marks a fork under way first now (its prepare
+/// handler runs before the others), and the call is refused.
+#[test]
+fn a_fork_child_handler_registered_before_the_pager_is_refused() {
+    use std::sync::atomic::Ordering::SeqCst;
+    if !is_child() {
+        let out = run_child(
+            "a_fork_child_handler_registered_before_the_pager_is_refused",
+            &[],
+        );
+        assert!(out.status.success(), "{}", describe(&out));
+        return;
+    }
+    // SAFETY: registers a child handler of the test's.
+    unsafe { libc::pthread_atfork(None, None, Some(refused_in_child)) };
+    let p = pager(Delivery::InThread);
+    let (r, want) = filled_region(&p, InstallKind::Anonymous, PAGES, 34);
+    EARLY_PAGER.store(&p as *const Pager as usize, SeqCst);
+    // SAFETY: fork; the child reports what its handler got, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", errno());
+    if pid == 0 {
+        // SAFETY: leave the child without the parent's atexit handlers.
+        unsafe { libc::_exit(EARLY_SAW.load(SeqCst)) };
+    }
+    let status = wait_with_watchdog(pid, 30);
+    EARLY_PAGER.store(0, SeqCst);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1,
+        "the child handler got {} (1: refused as a child's call)",
+        libc::WEXITSTATUS(status)
+    );
+    assert_bytes(r.as_slice(), &want, "the parent's region");
+}

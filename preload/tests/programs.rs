@@ -50,7 +50,8 @@ fn build_c(dir: &Path, name: &str) -> PathBuf {
     build_c_with(dir, name, &[])
 }
 
-/// [`build_c`] with more compiler flags. The program is built under a
+/// [`build_c`] with more compiler flags (after the source, so libraries
+/// to link with may be among them). The program is built under a
 /// name of this thread's and renamed into place: two tests that build the
 /// same program at once never run it while the other's compiler has it
 /// open for writing (`ETXTBSY`).
@@ -60,8 +61,8 @@ fn build_c_with(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let st = Command::new("cc")
         .args(["-O2", "-pthread"])
-        .args(flags)
         .arg(&src)
+        .args(flags)
         .arg("-o")
         .arg(&tmp)
         .status()
@@ -1536,6 +1537,59 @@ fn madv_remove_on_a_shared_file_mapping_is_refused_not_lost() {
         "madvise EOPNOTSUPP; stored page: mapped b, file b; clean page: mapped a, file a\n"
     );
     assert_eq!(counter(&st, "preload_refused"), 1, "{st}");
+}
+
+/// A library initialised before the shim registers a fork child handler
+/// that maps and uses 32 MiB of anonymous memory (over the threshold) and
+/// `pwrite`s a byte to a file the parent pages. Child handlers run in the
+/// order they were registered, so it ran before the shim's and the
+/// engine's marked the child: its mapping went to the pager as if in the
+/// parent (the engine's ioctls act on the parent's address space: the
+/// child hung in it, or the parent's memory changed). The engine marks a
+/// fork under way first now
+/// and refuses the child's calls, and the shim passes them to the kernel.
+#[test]
+fn a_libraries_fork_child_handler_gets_the_kernels_memory() {
+    let d = scratch();
+    let exe = with_atfork_lib(&d, "atfork_first");
+    let env = [("UFFD_PAGER_ANON_MIN", "16M"), ("UFFD_PAGER_BUDGET", "4M")];
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "atfork-first", &env);
+    let want = "child handler: its memory held what it stored; its write made\n\
+                child exited 0; parent's memory intact; the file's first byte Z\n";
+    assert_eq!(plain, want);
+    assert_eq!(paged, want, "{st}");
+    // The parent's file and 32 MiB mappings were the pager's; the child's
+    // the kernel's.
+    assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
+}
+
+/// Builds `tests/c/NAME.c` linked with `tests/c/atfork_lib.c` (a library
+/// whose constructor registers a fork child handler, so before the shim's
+/// constructor does) into `dir`; returns the executable.
+fn with_atfork_lib(d: &Path, name: &str) -> PathBuf {
+    let lib = d.join("libatfork_lib.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/atfork_lib.c");
+    let tmp = d.join(format!("atfork_lib.{:?}.tmp", std::thread::current().id()));
+    let st = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-pthread"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&tmp)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc {}", src.display());
+    std::fs::rename(&tmp, &lib).unwrap();
+    let dir = d.display().to_string();
+    let flags = [
+        &format!("-L{dir}"),
+        &format!("-Wl,-rpath,{dir}"),
+        "-Wl,--no-as-needed",
+        "-latfork_lib",
+    ];
+    let exe = build_c_with(d, name, &flags);
+    let linked = d.join(format!("{name}-atfork"));
+    std::fs::rename(&exe, &linked).unwrap();
+    linked
 }
 
 /// `MADV_DOFORK` on a paged mapping would undo the engine's
