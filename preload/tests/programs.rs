@@ -1592,6 +1592,20 @@ fn with_atfork_lib(d: &Path, name: &str) -> PathBuf {
     linked
 }
 
+/// `MADV_WILLNEED` over a paged mapping with a hole the program's own
+/// `munmap` left answers `ENOMEM`, as the kernel's does (the mapped pages
+/// are still read in). The shim answered 0 for any range with pager memory
+/// in it (found by review).
+#[test]
+fn madv_willneed_over_a_hole_is_enomem() {
+    let d = scratch();
+    let exe = build_c(&d, "willneed_hole");
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "willneed-hole", &[]);
+    assert_eq!(plain, "madvise -1 ENOMEM; pages w w\n");
+    assert_eq!(paged, plain, "{st}");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
+
 /// `MADV_DOFORK` on a paged mapping would undo the engine's
 /// `MADV_DONTFORK`: a child forked after it got the engine's memfd mapping
 /// with no pager behind it, and the pages the pager had dropped read as

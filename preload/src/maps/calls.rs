@@ -436,11 +436,13 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
             }
         }
     }
-    // Memory in the range outside pager mappings gets the kernel's advice.
+    // Memory in the range outside pager mappings gets the kernel's advice,
+    // and the kernel's answer is the call's: ENOMEM for a hole in the
+    // range (the shim answered 0 to MADV_WILLNEED, found by review).
     crate::set_errno(e);
     // SAFETY: the program asked for this call on this range (see the function's comment).
     let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
-    Some(if advice == libc::MADV_WILLNEED { 0 } else { rc })
+    Some(rc)
 }
 
 /// The end of `[addr, addr + rlen)` (`rlen` rounded to pages), or `None`
