@@ -308,7 +308,7 @@ pub unsafe extern "C" fn mremap(
 
 /// The shim's answer to a memory call if pager memory is involved
 /// (`served` returns it), else the kernel's: the system call `nr` with
-/// three arguments.
+/// arguments `args`. A success keeps the program's errno.
 ///
 /// # Safety
 /// As the call `nr` names with these arguments.
@@ -316,9 +316,7 @@ unsafe fn served_or_kernel(
     site: &'static str,
     served: impl FnOnce() -> Option<c_int>,
     nr: std::ffi::c_long,
-    a: usize,
-    b: usize,
-    c: usize,
+    args: [usize; 4],
 ) -> c_int {
     if programs_own() && maps::any() {
         let saved = errno();
@@ -331,8 +329,9 @@ unsafe fn served_or_kernel(
             return r;
         }
     }
+    let [a, b, c, d] = args;
     // SAFETY: the caller's contract.
-    unsafe { sys::call(nr, a, b, c, 0, 0) as c_int }
+    unsafe { sys::call(nr, a, b, c, d, 0) as c_int }
 }
 
 /// mprotect(2).
@@ -348,9 +347,7 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
             "mprotect",
             || maps::mprotect(addr as usize, len, prot, None),
             libc::SYS_mprotect,
-            addr as usize,
-            len,
-            prot as usize,
+            [addr as usize, len, prot as usize, 0],
         )
     }
 }
@@ -367,24 +364,15 @@ pub unsafe extern "C" fn pkey_mprotect(
     prot: c_int,
     pkey: c_int,
 ) -> c_int {
-    if programs_own() && maps::any() {
-        if let Some(r) = in_shim("pkey_mprotect", || {
-            maps::mprotect(addr as usize, len, prot, Some(pkey))
-        }) {
-            return r;
-        }
-    }
     // SAFETY: the program's own call, passed on unchanged: its contract is
     // this function's caller's.
     unsafe {
-        sys::call(
+        served_or_kernel(
+            "pkey_mprotect",
+            || maps::mprotect(addr as usize, len, prot, Some(pkey)),
             libc::SYS_pkey_mprotect,
-            addr as usize,
-            len,
-            prot as usize,
-            pkey as usize,
-            0,
-        ) as c_int
+            [addr as usize, len, prot as usize, pkey as usize],
+        )
     }
 }
 
@@ -421,9 +409,7 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             "madvise",
             || maps::madvise(addr as usize, len, advice),
             libc::SYS_madvise,
-            addr as usize,
-            len,
-            advice as usize,
+            [addr as usize, len, advice as usize, 0],
         )
     }
 }
