@@ -814,8 +814,10 @@ int32_t uffd_pager_store_init(struct uffd_pager_store *s, size_t size);
 /**
  * Maps `len` bytes backed by the callbacks in `*store` (copied). On
  * success `release` is called once, when the engine lets the store go
- * (after the region is gone). On any failure it is not called: `ctx`
- * stays the caller's. (Before, it was called on some failures and not on
+ * (after the region is gone). On any failure it is not called, and no
+ * callback runs once the call has returned (a failing map waits for the
+ * ones still running, a read that outlived the I/O timeout of a
+ * `populate`, to return): `ctx` is the caller's again. (Before, it was called on some failures and not on
  * others with the same error code, so a caller could not tell whether to
  * free `ctx`.)
  *

@@ -82,10 +82,55 @@ pub unsafe extern "C" fn uffd_pager_store_init(s: *mut uffd_pager_store, size: u
     unsafe { abi::init(s, size) }
 }
 
-/// The C store as an engine store, and whether its `release` is ours to
-/// call: set once the map succeeded (on a failure the store is dropped,
-/// and `ctx` stays the caller's).
-struct CStore(uffd_pager_store, Arc<std::sync::atomic::AtomicBool>);
+/// The C store as an engine store, whether its `release` is ours to call
+/// (set once the map succeeded: on a failure the store is dropped, and
+/// `ctx` stays the caller's), and the gate its callbacks pass.
+struct CStore(
+    uffd_pager_store,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<Gate>,
+);
+
+/// Callbacks running now, and whether no more may start.
+///
+/// Hazard: a map that fails may leave a callback running, or about to
+/// run, on one of the engine's I/O threads: a read that outlived the I/O
+/// timeout of a populating map, or one queued and not begun. The caller
+/// may free `ctx` as soon as the map returns its failure, and the callback
+/// then ran on freed memory (found by review). So a failing map closes the
+/// gate (later calls fail with EIO without calling back) and waits for
+/// the callbacks inside to return before it reports the failure.
+#[derive(Default)]
+struct Gate {
+    inside: std::sync::atomic::AtomicU32,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    /// Runs `f` unless the gate is closed (then EIO). Async-signal-safe.
+    fn pass(&self, f: impl FnOnce() -> i32) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        // (Counted before the look: `close` either sees this call inside
+        // and waits for it, or this call sees the gate closed.)
+        self.inside.fetch_add(1, SeqCst);
+        let r = if self.closed.load(SeqCst) {
+            -libc::EIO
+        } else {
+            f()
+        };
+        self.inside.fetch_sub(1, SeqCst);
+        rc(r)
+    }
+
+    /// Closes the gate and waits until no callback is inside.
+    fn close(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.closed.store(true, SeqCst);
+        while self.inside.load(SeqCst) != 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
 
 // SAFETY: the header says the callbacks are called from several threads at
 // once with this `ctx`; the struct holds nothing else.
@@ -106,13 +151,17 @@ impl Store for CStore {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let f = self.0.read.ok_or(StoreError(libc::EIO))?;
-        // SAFETY: the callback's contract: `len` writable bytes at `buf`.
-        rc(unsafe { f(self.0.ctx, offset, buf.as_mut_ptr().cast(), buf.len()) })
+        self.2.pass(|| {
+            // SAFETY: the callback's contract: `len` writable bytes at `buf`.
+            unsafe { f(self.0.ctx, offset, buf.as_mut_ptr().cast(), buf.len()) }
+        })
     }
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
         let f = self.0.write.ok_or(StoreError(libc::EROFS))?;
-        // SAFETY: the callback's contract: `len` readable bytes at `buf`.
-        rc(unsafe { f(self.0.ctx, offset, buf.as_ptr().cast(), buf.len()) })
+        self.2.pass(|| {
+            // SAFETY: the callback's contract: `len` readable bytes at `buf`.
+            unsafe { f(self.0.ctx, offset, buf.as_ptr().cast(), buf.len()) }
+        })
     }
     fn writable(&self) -> bool {
         self.0.write.is_some()
@@ -139,8 +188,10 @@ impl Drop for CStore {
 
 /// Maps `len` bytes backed by the callbacks in `*store` (copied). On
 /// success `release` is called once, when the engine lets the store go
-/// (after the region is gone). On any failure it is not called: `ctx`
-/// stays the caller's. (Before, it was called on some failures and not on
+/// (after the region is gone). On any failure it is not called, and no
+/// callback runs once the call has returned (a failing map waits for the
+/// ones still running, a read that outlived the I/O timeout of a
+/// `populate`, to return): `ctx` is the caller's again. (Before, it was called on some failures and not on
 /// others with the same error code, so a caller could not tell whether to
 /// free `ctx`.)
 ///
@@ -168,8 +219,9 @@ pub unsafe extern "C" fn uffd_pager_map_store(
     // SAFETY: points at a store struct of the size it says (the caller's
     // contract); copied.
     let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gate = Arc::new(Gate::default());
     let s = match unsafe { abi::read(store) } {
-        Ok(s) => CStore(s, armed.clone()),
+        Ok(s) => CStore(s, armed.clone(), gate.clone()),
         Err(rc) => return rc,
     };
     if s.0.read.is_none() || !s.0.len.is_multiple_of(engine::PAGE_SIZE as u64) {
@@ -186,6 +238,70 @@ pub unsafe extern "C" fn uffd_pager_map_store(
     });
     if rc == 0 {
         armed.store(true, std::sync::atomic::Ordering::Release);
+    } else {
+        // No callback runs once the failure is reported (see `Gate`).
+        gate.close();
     }
     rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+    use std::time::Duration;
+
+    /// Set by the test once the map has returned and `ctx` is its again.
+    static GIVEN_BACK: AtomicBool = AtomicBool::new(false);
+    /// Callbacks that ran, or were still running, after that.
+    static AFTER: AtomicU32 = AtomicU32::new(0);
+
+    /// Reads zeros, slowly: 1 s, longer than the pager's I/O timeout.
+    unsafe extern "C" fn slow_read(_: *mut c_void, _: u64, buf: *mut c_void, len: usize) -> i32 {
+        if GIVEN_BACK.load(SeqCst) {
+            AFTER.fetch_add(1, SeqCst);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        // SAFETY: the callback's contract: `len` writable bytes at `buf`.
+        unsafe { std::ptr::write_bytes(buf.cast::<u8>(), 0, len) };
+        if GIVEN_BACK.load(SeqCst) {
+            AFTER.fetch_add(1, SeqCst);
+        }
+        0
+    }
+
+    /// A populating map whose reads outlive the I/O timeout fails, and no
+    /// callback runs once it has returned: the caller may free `ctx` then.
+    /// Before, the read the map gave up on went on, and the ones queued
+    /// behind it began, after the failure was reported.
+    #[test]
+    fn no_callback_runs_after_a_failed_map_returns() {
+        let pager = engine::Pager::builder()
+            .io_timeout(Duration::from_millis(200))
+            .readahead(0, 1)
+            .build()
+            .unwrap();
+        let p = crate::uffd_pager { pager };
+        let mut s = uffd_pager_store {
+            len: 8 * engine::PAGE_SIZE as u64,
+            read: Some(slow_read),
+            ..abi::Versioned::defaults()
+        };
+        s.size = std::mem::size_of::<uffd_pager_store>();
+        let mut o: crate::region::uffd_pager_map_options = abi::Versioned::defaults();
+        o.populate = true;
+        o.writable = false;
+        let mut out: *mut uffd_pager_region = std::ptr::null_mut();
+        // SAFETY: a live pager, a store and options of this build, `out`
+        // writable.
+        let rc = unsafe { uffd_pager_map_store(&p, &s, 8 * engine::PAGE_SIZE, &o, &mut out) };
+        assert!(rc < 0, "the map succeeded ({rc})");
+        GIVEN_BACK.store(true, SeqCst);
+        std::thread::sleep(Duration::from_millis(2500));
+        assert_eq!(
+            AFTER.load(SeqCst),
+            0,
+            "callbacks ran after the failed map returned"
+        );
+    }
 }
