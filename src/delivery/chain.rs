@@ -71,7 +71,7 @@ pub(super) fn chain(
             NOW.store(DEFAULT, Ordering::Release);
         }
     }
-    chain_to(prev, sig, info, uctx);
+    chain_to(prev, sig, info, uctx, ours);
     if runs {
         follow_change(ours);
     }
@@ -119,7 +119,8 @@ fn raised_by_a_fault(info: *const libc::siginfo_t) -> bool {
 }
 
 /// Delivers SIGBUS with `action` (`None`: the default action) as the
-/// kernel would have. Async-signal-safe.
+/// kernel would have (`ours`: the engine's action, put back where the
+/// default is raised and comes back). Async-signal-safe.
 ///
 /// - `SIG_DFL`: the process dies of SIGBUS, as it would without a pager.
 /// - `SIG_IGN`: a SIGBUS some process sent is ignored; one a fault raised
@@ -140,6 +141,7 @@ fn chain_to(
     sig: libc::c_int,
     info: *mut libc::siginfo_t,
     uctx: *mut libc::c_void,
+    ours: &libc::sigaction,
 ) {
     let (handler, flags) = action.map_or((libc::SIG_DFL, 0), |a| (a.sa_sigaction, a.sa_flags));
     if handler == libc::SIG_IGN && !raised_by_a_fault(info) {
@@ -194,11 +196,7 @@ fn chain_to(
             libc::sigaddset(&mut set, libc::SIGBUS);
             libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
             libc::raise(libc::SIGBUS);
-            libc::sigaction(
-                libc::SIGBUS,
-                &super::sigbus::our_action(),
-                std::ptr::null_mut(),
-            );
+            libc::sigaction(libc::SIGBUS, ours, std::ptr::null_mut());
         }
         return;
     }
