@@ -192,15 +192,25 @@ impl Mm {
             // (Noted as held before? A map of the store waits on the mark
             // from here: the note goes, or it would outlive the keeping.)
             self.unwritten.unhold(&obj);
-            let written = self
-                .writeback_object(&obj, crate::writeback::Gate::Held)
-                .is_ok();
+            let written = self.writeback_object(&obj, crate::writeback::Gate::Held);
             let pinned = (0..obj.npages()).any(|i| obj.cache.load(i) & PINNED != 0);
-            if written && !pinned && obj.store.contents_stamp() == Some(made) {
+            if written.is_ok() && !pinned && obj.store.contents_stamp() == Some(made) {
                 let out = self.kept.keep(obj.take(), made, cap);
                 return self
                     .release_each(out)
                     .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            }
+            // A failed write-back's error is the caller's, whatever the
+            // release's own try says: a failed sync may have lost pages
+            // reclaim wrote before (the kernel reports a lost write-back
+            // once), and the release's sync then succeeded, so the unmap
+            // said Ok over lost pages (found by review). (A write that
+            // fails and then succeeds in the release is reported too.)
+            if let Err(e) = written {
+                // (The release's own error, if any, is about the same
+                // pages: theirs is listed as unwritten.)
+                let _ = self.release_now(obj.take());
+                return Err(e);
             }
         }
         self.release_now(obj.take())

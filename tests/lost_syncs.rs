@@ -1,0 +1,111 @@
+//! A store whose failed sync loses the writes it was to make durable, as
+//! a file's `fsync` can (the kernel drops the failed pages from its cache
+//! and reports the error once): every call that met such a failure
+//! reports it, and none says Ok over pages that were lost.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use uffd_pager::store::{Store, StoreError};
+use uffd_pager::{MapOptions, Pager};
+use util::PAGE;
+
+/// Writes go to `staged`; a sync moves them to `durable`, or, failing
+/// (once, when `fail_next` is set), drops them and answers EIO.
+struct Staged {
+    durable: Mutex<Vec<u8>>,
+    staged: Mutex<Vec<(u64, Vec<u8>)>>,
+    fail_next: AtomicBool,
+}
+
+impl Staged {
+    fn new(pages: usize) -> Arc<Staged> {
+        Arc::new(Staged {
+            durable: Mutex::new(vec![0; pages * PAGE]),
+            staged: Mutex::default(),
+            fail_next: AtomicBool::new(false),
+        })
+    }
+
+    fn durable(&self) -> Vec<u8> {
+        self.durable.lock().unwrap().clone()
+    }
+}
+
+impl Store for Staged {
+    fn len(&self) -> u64 {
+        self.durable.lock().unwrap().len() as u64
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let o = offset as usize;
+        buf.copy_from_slice(&self.durable.lock().unwrap()[o..o + buf.len()]);
+        for (at, bytes) in self.staged.lock().unwrap().iter() {
+            let (at, end) = (*at as usize, *at as usize + bytes.len());
+            let (lo, hi) = (at.max(o), end.min(o + buf.len()));
+            if lo < hi {
+                buf[lo - o..hi - o].copy_from_slice(&bytes[lo - at..hi - at]);
+            }
+        }
+        Ok(())
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.staged.lock().unwrap().push((offset, buf.to_vec()));
+        Ok(())
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        let staged = std::mem::take(&mut *self.staged.lock().unwrap());
+        if self.fail_next.swap(false, SeqCst) {
+            return Err(StoreError(libc::EIO));
+        }
+        let mut d = self.durable.lock().unwrap();
+        for (at, bytes) in staged {
+            d[at as usize..at as usize + bytes.len()].copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn contents_stamp(&self) -> Option<u64> {
+        Some(1)
+    }
+    fn name(&self) -> &'static str {
+        "staged"
+    }
+}
+
+/// Pages written, then evicted by reclaim (written to the store, not yet
+/// synced); the region is unmapped while the caller holds the store too,
+/// so its object may be kept for a later map (`keep_unmapped`), and the
+/// unmap's sync fails: the evicted pages are lost, and the unmap says so.
+/// Before, that write-back's error was dropped, the release's own try
+/// synced again with success, and the unmap returned Ok over zeros.
+#[test]
+fn an_unmap_whose_sync_loses_evicted_pages_reports_it() {
+    let pager = Pager::builder()
+        .budget_pages(64)
+        .kswapd(false)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let store = Staged::new(4);
+    let opts = MapOptions {
+        writable: true,
+        ..MapOptions::default()
+    };
+    // SAFETY: the test changes this store only through the region.
+    let mut r =
+        unsafe { pager.map_store(store.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+    r.as_mut_slice().fill(7);
+    assert_eq!(pager.reclaim_pages(4), 4, "{}", pager.stats());
+    store.fail_next.store(true, SeqCst);
+    let res = r.unmap();
+    assert!(
+        res.is_err() || store.durable().iter().all(|&b| b == 7),
+        "the unmap returned Ok and the store holds {:?}",
+        &store.durable()[..8]
+    );
+}
