@@ -62,6 +62,9 @@ struct Batch {
     cleaned: Vec<usize>,
     /// A page's write protection was refused with EAGAIN.
     changing: bool,
+    /// Pages passed by because another write-back's sync of them was in
+    /// flight (`SYNCING`).
+    met_syncing: Vec<usize>,
 }
 
 /// Marks the pages `cleaned` dirty again (each under its page lock), and
@@ -73,6 +76,27 @@ fn dirty_again(obj: &Object, cleaned: &[usize]) {
         let set = if w & UPTODATE != 0 { DIRTY } else { 0 };
         obj.cache.unlock(i, set, SYNCING);
     }
+}
+
+/// Waits (if `wait`) until none of pages `met` is being synced by another
+/// write-back (each such write-back ends its sync by clearing `SYNCING`:
+/// the page is durable, or dirty again); returns those dirty again, in
+/// order. Gives up with EBUSY after 30 s (a write-back that never ended).
+fn settle_syncing(obj: &Object, met: &[usize], wait: bool) -> Result<Vec<usize>> {
+    let t = std::time::Instant::now();
+    let mut again = Vec::new();
+    for &i in met {
+        while wait && obj.cache.load(i) & SYNCING != 0 {
+            if t.elapsed() > std::time::Duration::from_secs(30) {
+                return Err(crate::store::StoreError(libc::EBUSY).into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if obj.cache.load(i) & (UPTODATE | DIRTY) == UPTODATE | DIRTY {
+            again.push(i);
+        }
+    }
+    Ok(again)
 }
 
 /// The pages `cleaned` are durable: reclaim may take them.
@@ -102,6 +126,14 @@ impl Mm {
     /// refused a page's write protection with EAGAIN (an event on its way
     /// on the descriptor): that page was written from a copy and stays
     /// dirty.
+    ///
+    /// Hazard: a page another write-back wrote and is syncing (`SYNCING`)
+    /// is not dirty, so this one passes it by; if that sync fails, the
+    /// page is dirty again, and not durable, after this one said Ok (found
+    /// by review: a second flush, or a `flush_range` whose caller then
+    /// changed the store, over a page the first flush's failed sync lost).
+    /// So such pages are waited for once this write-back's own sync is
+    /// done, and those dirty again are written and synced by it too.
     pub(crate) fn writeback_pages_changing(
         &self,
         obj: &Object,
@@ -111,11 +143,36 @@ impl Mm {
         if obj.kind != InstallKind::Shared || !obj.store.writable() {
             return Ok(false);
         }
+        let (changing, met) = self.writeback_pass(obj, pages, gate)?;
+        // (A caller that holds the event gate does not wait: the other
+        // write-back may be waiting for a section between its batches.)
+        let again = settle_syncing(obj, &met, gate == Gate::Sections)?;
+        match (again.first(), again.last()) {
+            (Some(&lo), Some(&hi)) => {
+                // (Pages still being synced by a third write-back now are
+                // that one's to report.)
+                let (more, _) = self.writeback_pass(obj, lo..hi + 1, gate)?;
+                Ok(changing || more)
+            }
+            _ => Ok(changing),
+        }
+    }
+
+    /// One pass of [`writeback_pages_changing`](Self::writeback_pages_changing):
+    /// whether a page stayed dirty for an event on its way, and the pages
+    /// passed by while another write-back synced them.
+    fn writeback_pass(
+        &self,
+        obj: &Object,
+        pages: std::ops::Range<usize>,
+        gate: Gate,
+    ) -> Result<(bool, Vec<usize>)> {
         let mut b = Batch {
             pages: [(0, false); MAX_BATCH],
             n: 0,
             cleaned: Vec::new(),
             changing: false,
+            met_syncing: Vec::new(),
         };
         // (Before any write of this write-back's: see `Durability::sync`.)
         let first = obj.durability.first_mark();
@@ -136,7 +193,7 @@ impl Mm {
         }) {
             Synced::Done => {
                 synced(obj, &b.cleaned);
-                return Ok(b.changing);
+                return Ok((b.changing, b.met_syncing));
             }
             Synced::Failed(e) => e,
             Synced::FailedBefore => crate::store::StoreError(libc::EIO),
@@ -160,7 +217,11 @@ impl Mm {
     ) -> Result<()> {
         let mut section = None;
         for i in pages.start..pages.end.min(obj.npages()) {
-            if obj.cache.load(i) & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
+            let w = obj.cache.load(i);
+            if w & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
+                if w & SYNCING != 0 {
+                    b.met_syncing.push(i);
+                }
                 continue;
             }
             // Between batches (no page lock held, which an event being
@@ -183,6 +244,9 @@ impl Mm {
                 }
             };
             if w & (UPTODATE | DIRTY) != UPTODATE | DIRTY {
+                if w & SYNCING != 0 {
+                    b.met_syncing.push(i);
+                }
                 obj.cache.unlock(i, 0, 0);
                 continue;
             }

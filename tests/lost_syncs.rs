@@ -8,6 +8,7 @@ mod util;
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use uffd_pager::store::{Store, StoreError};
 use uffd_pager::{MapOptions, Pager};
 use util::PAGE;
@@ -18,6 +19,10 @@ struct Staged {
     durable: Mutex<Vec<u8>>,
     staged: Mutex<Vec<(u64, Vec<u8>)>>,
     fail_next: AtomicBool,
+    /// A sync waits while this is set (10 s at most), saying so in
+    /// `in_sync`.
+    hold_sync: AtomicBool,
+    in_sync: AtomicBool,
 }
 
 impl Staged {
@@ -26,6 +31,8 @@ impl Staged {
             durable: Mutex::new(vec![0; pages * PAGE]),
             staged: Mutex::default(),
             fail_next: AtomicBool::new(false),
+            hold_sync: AtomicBool::new(false),
+            in_sync: AtomicBool::new(false),
         })
     }
 
@@ -55,6 +62,11 @@ impl Store for Staged {
         Ok(())
     }
     fn sync(&self) -> Result<(), StoreError> {
+        self.in_sync.store(true, SeqCst);
+        let t = Instant::now();
+        while self.hold_sync.load(SeqCst) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let staged = std::mem::take(&mut *self.staged.lock().unwrap());
         if self.fail_next.swap(false, SeqCst) {
             return Err(StoreError(libc::EIO));
@@ -108,4 +120,57 @@ fn an_unmap_whose_sync_loses_evicted_pages_reports_it() {
         "the unmap returned Ok and the store holds {:?}",
         &store.durable()[..8]
     );
+}
+
+/// A flush, or a `flush_range`, that comes while another flush's sync of
+/// the same page is in flight passes the page by (it is not dirty), and
+/// that sync then fails: the page is not durable, and the second call
+/// says so or writes it itself. Before, it synced the store (which had
+/// dropped the page) with success and said Ok, the page dirty again.
+#[test]
+fn a_flush_beside_a_failing_sync_does_not_say_ok_over_its_page() {
+    for second_is_range in [false, true] {
+        let ctx = if second_is_range {
+            "flush_range"
+        } else {
+            "flush"
+        };
+        let pager = Pager::builder().readahead(0, 1).build().unwrap();
+        let store = Staged::new(4);
+        let opts = MapOptions {
+            writable: true,
+            ..MapOptions::default()
+        };
+        // SAFETY: the test changes this store only through the region.
+        let mut r =
+            unsafe { pager.map_store(store.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+        r.as_mut_slice()[0] = 1;
+        store.fail_next.store(true, SeqCst);
+        store.hold_sync.store(true, SeqCst);
+        let r = &r;
+        std::thread::scope(|s| {
+            let a = s.spawn(|| r.flush());
+            let t = Instant::now();
+            while !store.in_sync.load(SeqCst) {
+                assert!(t.elapsed() < Duration::from_secs(10), "{ctx}: no sync came");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let b = s.spawn(|| {
+                if second_is_range {
+                    r.flush_range(0, PAGE as u64)
+                } else {
+                    r.flush()
+                }
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            store.hold_sync.store(false, SeqCst);
+            assert!(a.join().unwrap().is_err(), "{ctx}: the failed sync's flush");
+            let b = b.join().unwrap();
+            assert!(
+                b.is_err() || store.durable()[0] == 1,
+                "{ctx}: the second call said Ok and the store holds {}",
+                store.durable()[0]
+            );
+        });
+    }
 }
