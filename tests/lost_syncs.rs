@@ -174,3 +174,36 @@ fn a_flush_beside_a_failing_sync_does_not_say_ok_over_its_page() {
         });
     }
 }
+
+/// `flush_range` over a dirty page under a residency guard: the page is
+/// written from a copy and stays dirty (a system call may be writing into
+/// it), so the range is not clean, and the call says so (EBUSY) instead
+/// of Ok; a later write-back would put the copy over a change made behind
+/// the engine. With the guard dropped, the range flushes clean.
+#[test]
+fn flush_range_over_a_guarded_dirty_page_is_not_ok() {
+    let pager = Pager::builder().readahead(0, 1).build().unwrap();
+    let store = Arc::new(uffd_pager::store::MemoryStore::new(4 * PAGE as u64).unwrap());
+    let opts = MapOptions {
+        writable: true,
+        ..MapOptions::default()
+    };
+    // SAFETY: the test changes this store through the region, and behind
+    // it only between a flush_range and a refresh.
+    let mut r =
+        unsafe { pager.map_store(store.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+    r.as_mut_slice()[0] = 1;
+    let guard = r.lock_resident(0, PAGE).unwrap();
+    match r.flush_range(100, 4) {
+        Err(uffd_pager::Error::Store(e)) if e.0 == libc::EBUSY => {}
+        other => panic!("flush_range under a guard: {other:?}"),
+    }
+    drop(guard);
+    r.flush_range(100, 4).unwrap();
+    Store::write(&*store, 100, &[0xee; 4]).unwrap();
+    r.refresh(100, 4).unwrap();
+    r.flush().unwrap();
+    let mut b = [0u8; 104];
+    store.read(0, &mut b).unwrap();
+    assert_eq!((b[0], &b[100..]), (1, &[0xee; 4][..]));
+}

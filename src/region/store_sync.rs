@@ -4,6 +4,7 @@
 
 use super::Region;
 use crate::error::Result;
+use crate::page_cache::{DIRTY, GUARDS, UPTODATE};
 
 /// How many times [`Region::flush_range`] lets events in and writes its
 /// range again while pages stay dirty because the descriptor is changing.
@@ -65,7 +66,11 @@ impl Region {
     /// written again once it is applied; where a hundred tries left such
     /// pages (each waiting for the events, or 10 ms where none of the
     /// pager's is on its way yet), the range is not clean and this fails
-    /// with [`Error::Store`](crate::Error::Store) `EAGAIN`.
+    /// with [`Error::Store`](crate::Error::Store) `EAGAIN`. A dirty page
+    /// under a residency guard ([`lock_resident`](Self::lock_resident)) is
+    /// written but stays dirty (a system call may be writing into it): the
+    /// range is not clean either, and this fails with `EBUSY`; drop the
+    /// guard first.
     pub fn flush_range(&self, offset: u64, len: u64) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
@@ -113,6 +118,18 @@ impl Region {
                 }
                 r => break r.map(|_| ()),
             }
+        };
+        // A page under a residency guard is written from a copy and stays
+        // dirty (see `Mm::writeback_pages_changing`): the range is not
+        // clean, and a later write-back would put that copy over the
+        // change (found by review: this said Ok).
+        let guarded = (first..end.min(obj.npages())).any(|i| {
+            let w = obj.cache.load(i);
+            w & (UPTODATE | DIRTY) == UPTODATE | DIRTY && w & GUARDS != 0
+        });
+        let r = match r {
+            Ok(()) if guarded => Err(crate::store::StoreError(libc::EBUSY).into()),
+            r => r,
         };
         r.and(mm.release_object(obj))
     }
