@@ -353,6 +353,39 @@ fn a_second_huge_region_counts_the_pages_the_first_holds() {
     assert_bytes(a.as_slice(), &want_a, "the first region again");
 }
 
+/// Under a budget larger than the pool, a region that holds every free
+/// page leaves none for a second one, and the second map says so. It was
+/// checked alone, less the pages the first held (as if reclaim would give
+/// them back, which it does only past the budget): it was mapped with no
+/// free page at all, and its first access failed (found by review).
+#[test]
+fn a_region_mapped_beside_one_that_holds_the_pool_is_refused() {
+    let Some(_pool) = six_free_pages_and_fewer_than(7) else {
+        return;
+    };
+    let pager = Pager::builder().budget_pages(64 * UNITS).build().unwrap();
+    let opts = huge_opts(InstallKind::Anonymous);
+    let a = pager.map_anonymous_with(6 * HUGE, &opts).unwrap();
+    a.populate(0, 6 * HUGE).unwrap();
+    match pager.map_anonymous_with(2 * HUGE, &opts) {
+        Err(Error::NoHugePages { .. }) => {}
+        Ok(b) => panic!(
+            "mapped with no free page; its populate: {:?}",
+            b.populate(0, HUGE)
+        ),
+        Err(e) => panic!("{e}"),
+    }
+    // Nor two regions that would hold more together, before either is
+    // touched.
+    drop(a);
+    let a = pager.map_anonymous_with(4 * HUGE, &opts).unwrap();
+    assert!(matches!(
+        pager.map_anonymous_with(4 * HUGE, &opts),
+        Err(Error::NoHugePages { .. })
+    ));
+    drop(a);
+}
+
 /// A memory store that is not signal-safe (so it is called on the I/O
 /// workers), recording the length of every call.
 struct Ordinary {

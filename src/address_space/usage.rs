@@ -11,16 +11,12 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
 impl Mm {
-    /// 2 MiB pages that this address space's regions hold and reclaim may
-    /// give back to the pool (resident, not pinned): a new region of them
-    /// takes its pages as reclaim frees these under the shared budget.
-    /// An anonymous object's page counts only where it is mapped: one
-    /// resident in its cache area alone (its eviction could not write it
-    /// to swap, or its install found the pool empty) is ordinary memory,
-    /// and freeing it gives the pool nothing. One walk of the table and of
-    /// each huge object's state words: for maps, not faults.
-    pub fn huge_pages_held(&self) -> u64 {
-        use crate::page_cache::{MAPPED, PINNED, UPTODATE};
+    /// The 2 MiB pages of this address space's huge regions
+    /// ([`HugeUse`]), for a map of another to check the pool against. One
+    /// walk of the table and of each huge object's state words: for maps,
+    /// not faults.
+    pub fn huge_pages_use(&self) -> HugeUse {
+        use crate::page_cache::{MAPPED, UPTODATE};
         // Asynchronous signals wait (on an application thread, before the
         // map blocks them itself): a handler that faulted in the read
         // section waited for an event whose publication waits for the
@@ -30,22 +26,31 @@ impl Mm {
         // it (see `memory_use`'s hazard).
         self.table.read(|t| {
             let mut seen: Vec<*const Object> = Vec::new();
-            let mut held = 0;
-            for v in t.iter().filter(|v| v.object.is_huge() && !v.pinned) {
+            let mut u = HugeUse::default();
+            for v in t.iter().filter(|v| v.object.is_huge()) {
                 let obj: &Object = &v.object;
                 if seen.contains(&(obj as *const Object)) {
                     continue;
                 }
                 seen.push(obj);
+                *if v.pinned {
+                    &mut u.pinned
+                } else {
+                    &mut u.unpinned
+                } += obj.npages() as u64;
+                // An anonymous object's page counts only where it is
+                // mapped: one resident in its cache area alone (its
+                // eviction could not write it to swap, or its install
+                // found the pool empty) is ordinary memory.
                 let held_if = match obj.kind {
                     InstallKind::Anonymous => UPTODATE | MAPPED,
                     InstallKind::Shared => UPTODATE,
                 };
-                held += (0..obj.npages())
-                    .filter(|&i| obj.cache.load(i) & (held_if | PINNED) == held_if)
+                u.held += (0..obj.npages())
+                    .filter(|&i| obj.cache.load(i) & held_if == held_if)
                     .count() as u64;
             }
-            held
+            u
         })
     }
 
@@ -138,4 +143,15 @@ impl Mm {
         self.peak_resident
             .store(self.resident.load(Relaxed), Relaxed);
     }
+}
+
+/// The 2 MiB pages of an address space's huge regions.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HugeUse {
+    /// Pages of regions that are not pinned (reclaim may evict them).
+    pub unpinned: u64,
+    /// Pages of pinned regions (never evicted once faulted in).
+    pub pinned: u64,
+    /// Pages they hold now, taken from the pool.
+    pub held: u64,
 }

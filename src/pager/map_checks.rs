@@ -64,17 +64,27 @@ pub(super) fn page_shift(
             2 * units
         )));
     }
-    // A pinned region's pages are never evicted, so the budget does not
-    // bound what it holds: all of them (checked against the budget alone,
-    // its fault past the pool's last page got SIGBUS).
-    let bound = if opts.pinned { 0 } else { budget };
-    // Pages the pager's other huge regions hold come back to the pool as
-    // reclaim makes room under the shared budget: a second region was
-    // refused while they would have done (found by review). Without a
-    // budget nothing is reclaimed.
-    let held = if budget > 0 { mm.huge_pages_held() } else { 0 };
-    let needed = Pool::needed_for((len / HUGE_PAGE_SIZE) as u64, bound);
-    Pool::require(needed.saturating_sub(held))?;
+    // What all of the pager's huge regions, this one with them, may hold
+    // at once, against the pool's free pages and those they hold now:
+    // - a pinned region's pages are never evicted, so the budget does not
+    //   bound what it holds: all of them (checked against the budget
+    //   alone, its fault past the pool's last page got SIGBUS);
+    // - the others hold at most the budget's worth (`Pool::needed_for`),
+    //   together: pages another region holds come back to the pool as
+    //   reclaim makes room under the shared budget (a second region was
+    //   refused while they would have done), but only under it. Counted
+    //   for this region alone, less what the others held, a region was
+    //   mapped with no free page at all beside a resident one under a
+    //   larger budget, and its first access got SIGBUS (found by review).
+    let pages = (len / HUGE_PAGE_SIZE) as u64;
+    let mut u = mm.huge_pages_use();
+    if opts.pinned {
+        u.pinned += pages;
+    } else {
+        u.unpinned += pages;
+    }
+    let needed = Pool::needed_for(u.unpinned, budget) + u.pinned;
+    Pool::require(needed.saturating_sub(u.held))?;
     if opts.install_kind() == InstallKind::Anonymous {
         crate::sys::huge::open_self_mem().map_err(|e| Error::Io {
             context: "opening /proc/self/mem (evicting 2 MiB anonymous pages reads it)".into(),
