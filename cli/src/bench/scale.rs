@@ -9,7 +9,11 @@
 //!
 //! With 2 MiB pages both sides map hugetlb (each region at least one
 //! page) and a fault is a 2 MiB page of zeros; the kernel side holds every
-//! faulted page at once, so the pool must hold `faults` pages.
+//! faulted page at once, so the pool must hold `faults` pages. The engine
+//! side runs under a budget a little over them ([`huge_budget`]): a map
+//! checks the pool for what all of the pager's regions may hold at once,
+//! which without a budget is every page of every region, mostly never
+//! touched; the pool must hold the budget's worth and two.
 //!
 //! Where `vm.max_map_count` is too low for `many` regions, the bench raises
 //! it for the run (root only) and puts the old value back at the end, or
@@ -131,13 +135,25 @@ fn ensure_map_count(needed: usize) -> Result<MapCount> {
 
 /// `faults` write faults at random pages (of `ps` bytes) over `regions`
 /// regions; ns per fault, and seconds spent mapping.
+/// The budget, in 2 MiB pages, of a run of `faults` faults on 2 MiB pages:
+/// the pages it touches, and enough more that kswapd's high watermark (a
+/// thirty-second below the budget) stays above them, so nothing is
+/// evicted while the faults are timed.
+fn huge_budget(faults: usize) -> u64 {
+    let f = faults as u64;
+    f + f / 16 + 4
+}
+
 fn run(regions: usize, faults: usize, seed: u64, ps: usize) -> Result<(f64, f64)> {
     let pages_each = faults.div_ceil(regions).max(1);
-    let pager = Pager::builder()
+    let mut b = Pager::builder()
         .readahead(0, 1)
         .fault_around(0)
-        .keep_unmapped(0)
-        .build()?;
+        .keep_unmapped(0);
+    if ps != PAGE_SIZE {
+        b = b.budget_pages(huge_budget(faults) * (ps / PAGE_SIZE) as u64);
+    }
+    let pager = b.build()?;
     let opts = MapOptions {
         page_size: ps,
         ..MapOptions::default()
@@ -216,7 +232,7 @@ pub fn scale(
         ));
     }
     if page_size != PAGE_SIZE {
-        HugePagePool::require(faults as u64)?;
+        HugePagePool::require(huge_budget(faults) + 2)?;
     }
     let ps = page_size;
     // An anonymous region costs one mapping until it swaps (adjacent ones
