@@ -88,6 +88,18 @@ impl Store for Staged {
     }
 }
 
+/// A writable region over all of `store`'s `pages` pages.
+fn writable_region(pager: &Pager, store: Arc<dyn Store>, pages: usize) -> uffd_pager::Region {
+    let opts = MapOptions {
+        writable: true,
+        ..MapOptions::default()
+    };
+    // SAFETY: each test changes its store only through the region (and,
+    // in `flush_range`'s, behind it only between a flush_range and a
+    // refresh).
+    unsafe { pager.map_store(store, pages * PAGE, &opts) }.unwrap()
+}
+
 /// Pages written, then evicted by reclaim (written to the store, not yet
 /// synced); the region is unmapped while the caller holds the store too,
 /// so its object may be kept for a later map (`keep_unmapped`), and the
@@ -104,13 +116,7 @@ fn an_unmap_whose_sync_loses_evicted_pages_reports_it() {
         .build()
         .unwrap();
     let store = Staged::new(4);
-    let opts = MapOptions {
-        writable: true,
-        ..MapOptions::default()
-    };
-    // SAFETY: the test changes this store only through the region.
-    let mut r =
-        unsafe { pager.map_store(store.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+    let mut r = writable_region(&pager, store.clone() as Arc<dyn Store>, 4);
     r.as_mut_slice().fill(7);
     assert_eq!(pager.reclaim_pages(4), 4, "{}", pager.stats());
     store.fail_next.store(true, SeqCst);
@@ -137,13 +143,7 @@ fn a_flush_beside_a_failing_sync_does_not_say_ok_over_its_page() {
         };
         let pager = Pager::builder().readahead(0, 1).build().unwrap();
         let store = Staged::new(4);
-        let opts = MapOptions {
-            writable: true,
-            ..MapOptions::default()
-        };
-        // SAFETY: the test changes this store only through the region.
-        let mut r =
-            unsafe { pager.map_store(store.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+        let mut r = writable_region(&pager, store.clone() as Arc<dyn Store>, 4);
         r.as_mut_slice()[0] = 1;
         store.fail_next.store(true, SeqCst);
         store.hold_sync.store(true, SeqCst);
@@ -184,14 +184,7 @@ fn a_flush_beside_a_failing_sync_does_not_say_ok_over_its_page() {
 fn flush_range_over_a_guarded_dirty_page_is_not_ok() {
     let pager = Pager::builder().readahead(0, 1).build().unwrap();
     let store = Arc::new(uffd_pager::store::MemoryStore::new(4 * PAGE as u64).unwrap());
-    let opts = MapOptions {
-        writable: true,
-        ..MapOptions::default()
-    };
-    // SAFETY: the test changes this store through the region, and behind
-    // it only between a flush_range and a refresh.
-    let mut r =
-        unsafe { pager.map_store(store.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+    let mut r = writable_region(&pager, store.clone() as Arc<dyn Store>, 4);
     r.as_mut_slice()[0] = 1;
     let guard = r.lock_resident(0, PAGE).unwrap();
     match r.flush_range(100, 4) {
