@@ -17,7 +17,7 @@ impl Mm {
         let _w = self.lock.write();
         let pieces = self.pieces(id);
         if let Some(v) = pieces.first() {
-            if writable && v.object.kind == InstallKind::Shared && !v.object.store.writable() {
+            if writable && v.object.kind == InstallKind::Shared && !v.object.store_writes() {
                 return Err(Error::ReadOnlyStore);
             }
             if writable && v.object.kernel_maps {

@@ -38,7 +38,7 @@ impl Mm {
         // (One mark per piece: a region's pieces share its object.)
         let _writing: Vec<_> = pieces
             .iter()
-            .filter(|v| v.object.kind == InstallKind::Shared && v.object.store.writable())
+            .filter(|v| v.object.kind == InstallKind::Shared && v.object.store_writes())
             .map(|v| self.kept.writing(v.object.store_key))
             .collect();
         for vma in &pieces {
@@ -115,7 +115,7 @@ impl Mm {
             // that region's.)
             if Arc::strong_count(&obj) > 1
                 && obj.kind == InstallKind::Shared
-                && obj.store.writable()
+                && obj.store_writes()
                 && crate::unwritten::owes_pages(&obj)
             {
                 let x = self.writeback_object(&obj, crate::writeback::Gate::Sections);
@@ -152,9 +152,9 @@ impl Mm {
         };
         // The only reference now: no VMA, kept list or holder has another,
         // so none can be made. Until `release_now` has taken it out of
-        // the rmap, a panic (in the store's own code:
-        // `writable`, `contents_stamp`) leaks it rather than freeing what
-        // the rmap still points at.
+        // the rmap, a panic (in the store's own code: `contents_stamp`,
+        // `write`, `sync`) leaks it rather than freeing what the rmap
+        // still points at.
         let obj = Unreleased(Some(obj));
         // Kept ([`crate::kept`]): a shared object, written back in full,
         // over a store someone else still holds (so it can be mapped
@@ -187,7 +187,7 @@ impl Mm {
             // reports the error.
             // (A page whose sync is in flight counts: a map's write-back
             // of the object held before may be mid-sync.)
-            let owed = obj.store.writable() && crate::unwritten::owes_pages(&obj);
+            let owed = obj.store_writes() && crate::unwritten::owes_pages(&obj);
             _keeping = owed.then(|| self.kept.writing(obj.store_key));
             // (Noted as held before? A map of the store waits on the mark
             // from here: the note goes, or it would outlive the keeping.)
@@ -282,7 +282,7 @@ impl Mm {
     /// ([`crate::unwritten`]), and the error returned.
     pub(crate) fn release_now(&self, obj: Arc<Object>) -> Result<()> {
         // Until it is out of the rmap, a panic in the store's own code
-        // (`writable`) leaks it rather than freeing what the rmap points
+        // (`write`, `sync`) leaks it rather than freeing what the rmap points
         // at (see `Unreleased`).
         let obj = Unreleased(Some(obj));
         // Dirty pages owed to the store: listed before the write starts
@@ -297,7 +297,7 @@ impl Mm {
         // write-back of the object held before: it goes dirty again if
         // that sync fails. The list is tidied after the write-back.)
         let owed = obj.kind == InstallKind::Shared
-            && obj.store.writable()
+            && obj.store_writes()
             && crate::unwritten::owes_pages(&obj);
         if owed {
             for i in 0..obj.npages() {

@@ -140,7 +140,7 @@ impl Mm {
         pages: std::ops::Range<usize>,
         gate: Gate,
     ) -> Result<bool> {
-        if obj.kind != InstallKind::Shared || !obj.store.writable() {
+        if obj.kind != InstallKind::Shared || !obj.store_writes() {
             return Ok(false);
         }
         let (changing, met) = self.writeback_pass(obj, pages, gate)?;

@@ -327,7 +327,7 @@ pub(super) fn recheck_installed(mm: &Mm, vma: &Vma, f: &super::Fault, i: usize, 
             Err(_) => Recheck::Failed,
         },
         InstallKind::Shared => {
-            if f.write && !obj.store.writable() {
+            if f.write && !obj.store_writes() {
                 return Recheck::Denied;
             }
             let wp_fault = f.write;

@@ -96,6 +96,14 @@ pub struct Object {
     /// Where an anonymous object's evicted dirty pages go, and come back
     /// from (`SWAPPED`). `None` for shared objects.
     swap: Option<Arc<dyn Store>>,
+    /// [`Store::writable`] of `store` and of the swap, asked once, here.
+    /// Everything that decides whether a dirty page is owed a write asks
+    /// these, never the store again: a store whose answer turned false
+    /// later would have its dirty pages dropped as if clean and a flush
+    /// report success. Its `write` errors instead, and the pages stay
+    /// dirty (`crate::write_error`).
+    writes: bool,
+    swap_writes: bool,
     /// `store` as a map of it waits for a write-back in flight
     /// ([`crate::kept::KeptObjects::wait_for`]), made once, here: the
     /// release marks and unmarks it by this one key.
@@ -299,6 +307,8 @@ impl Object {
             kind,
             shift,
             store_key: crate::store::StoreKey::of(&store),
+            writes: store.writable(),
+            swap_writes: swap.as_ref().unwrap_or(&store).writable(),
             store,
             swap,
             cache: PageCache::new(npages).map_err(|e| ("mmap page cache", e))?,
@@ -366,7 +376,7 @@ impl Object {
     /// first write faults, marks the page dirty and lifts the protection
     /// (the kernel's `page_mkwrite` for shared file mappings).
     pub fn tracks_writes(&self) -> bool {
-        self.kind == InstallKind::Shared && self.store.writable() && !self.kernel_maps
+        self.kind == InstallKind::Shared && self.writes && !self.kernel_maps
     }
 
     /// Whether a page is mapped write-protected.
@@ -387,7 +397,7 @@ impl Object {
     #[inline]
     pub fn install_wp(&self, write: bool) -> bool {
         match self.kind {
-            InstallKind::Shared => !(write && self.store.writable()),
+            InstallKind::Shared => !(write && self.writes),
             InstallKind::Anonymous => self.is_huge() && !write,
         }
     }
@@ -438,6 +448,21 @@ impl Object {
     #[inline]
     pub fn swap(&self) -> &Arc<dyn Store> {
         self.swap.as_ref().unwrap_or(&self.store)
+    }
+
+    /// Whether `store` took writes when the object was made: a shared
+    /// object's dirty pages are owed to it. Asked of the store once
+    /// (see the field).
+    #[inline]
+    pub fn store_writes(&self) -> bool {
+        self.writes
+    }
+
+    /// Whether [`Object::swap`] took writes when the object was made: its
+    /// dirty pages are owed a write there.
+    #[inline]
+    pub fn swap_writes(&self) -> bool {
+        self.swap_writes
     }
 
     /// Where page `i`'s contents are read from, given its state word `w`:

@@ -364,7 +364,14 @@ impl Pager {
         let kept = match kind {
             InstallKind::Shared => match mm.kept.take(&store, npages, shift) {
                 // (Registered one way or the other for its whole life.)
-                Some(Ok(obj)) if obj.kernel_maps == opts.kernel_maps => Some(obj),
+                // (And asked the store whether it takes writes once, when
+                // it was made: see `Object::store_writes`.)
+                Some(Ok(obj))
+                    if obj.kernel_maps == opts.kernel_maps
+                        && obj.store_writes() == store.writable() =>
+                {
+                    Some(obj)
+                }
                 Some(Ok(other)) => {
                     mm.release_now(other)?;
                     None

@@ -267,7 +267,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
     let needs_write = if w & MAPPED != 0 && obj.kind == InstallKind::Anonymous {
         !obj.is_huge() || w & CLEAN == 0
     } else {
-        dirty && obj.swap().writable()
+        dirty && obj.swap_writes()
     };
     // (Held to the end: a probe this page meets no write for after all
     // is given back as it goes.)
@@ -315,7 +315,7 @@ pub fn evict_page(mm: &Mm, obj: &Object, i: usize, pass: &mut Pass) -> Evict {
         }
         obj.cache.update(i, 0, MAPPED);
     }
-    if dirty && !written && obj.swap().writable() {
+    if dirty && !written && obj.swap_writes() {
         // SAFETY: page lock held and the page is not mapped: nobody else
         // reads or writes its cached contents.
         let buf = unsafe { obj.page_to_write_out(i) };

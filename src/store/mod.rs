@@ -187,7 +187,11 @@ pub trait Store: Send + Sync + 'static {
     /// return `Err(StoreError(libc::EROFS))`.
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError>;
 
-    /// Whether [`Store::write`] can succeed.
+    /// Whether [`Store::write`] can succeed. Asked once when a region is
+    /// mapped over the store (and decides whether writes to a shared
+    /// region are allowed and its dirty pages owed a write): a store that
+    /// can no longer write later says so by failing [`Store::write`], and
+    /// its dirty pages stay dirty and are reported, never dropped.
     fn writable(&self) -> bool;
 
     /// Fills `buf` (whole pages, at most [`MAX_BATCH`] of them) with the
