@@ -420,8 +420,39 @@ extern "C" fn load() {
     in_shim_or("load", (), 0, maps::load);
 }
 
-/// Writes the counters and flushes writable mappings at exit.
+extern "C" {
+    /// glibc's and musl's registration of an exit handler; with no
+    /// `dso` the handler belongs to no library (`atexit` from a library
+    /// ties it to that library, which runs it when the library is
+    /// finalised).
+    fn __cxa_atexit(f: extern "C" fn(*mut c_void), arg: *mut c_void, dso: *mut c_void) -> c_int;
+}
+
+/// The shim's destructor, at exit (`exit` or a return from `main`), from
+/// the dynamic linker's finalisation, itself the first exit handler
+/// registered and so the last run. Hazard: an `LD_PRELOAD` library is
+/// finalised before the program's own libraries, whose destructors may
+/// still store to a writable shared mapping (a logging or database
+/// library flushing at exit); written back here, those stores were never
+/// written back (found by review). So the write-back is registered as an
+/// exit handler now: registered while the exit handlers run, it runs
+/// after the finalisation returns (the C library starts its list over
+/// when a handler adds one), after every library's destructor, before
+/// stdio's buffers are flushed. Where it cannot be registered, it runs
+/// now.
 extern "C" fn unload() {
+    // SAFETY: `late_unload` is a function of this library, which is
+    // never unloaded (an `LD_PRELOAD` library is not `dlclose`d); it
+    // takes no argument.
+    let r = unsafe { __cxa_atexit(late_unload, std::ptr::null_mut(), std::ptr::null_mut()) };
+    if r != 0 {
+        late_unload(std::ptr::null_mut());
+    }
+}
+
+/// Writes the counters and flushes writable mappings at exit (see
+/// `unload`).
+extern "C" fn late_unload(_: *mut c_void) {
     // An exit from inside the shim's own work on this thread (a signal
     // handler that calls exit() while this thread holds the table in a
     // write(2) or msync): the table's lock is this thread's, and waiting

@@ -1567,9 +1567,15 @@ fn a_libraries_fork_child_handler_gets_the_kernels_memory() {
 /// whose constructor registers a fork child handler, so before the shim's
 /// constructor does) into `dir`; returns the executable.
 fn with_atfork_lib(d: &Path, name: &str) -> PathBuf {
-    let lib = d.join("libatfork_lib.so");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/atfork_lib.c");
-    let tmp = d.join(format!("atfork_lib.{:?}.tmp", std::thread::current().id()));
+    with_lib(d, name, "atfork_lib")
+}
+
+/// Builds `tests/c/LIB.c` into `dir/libLIB.so` and `tests/c/NAME.c`
+/// linked with it into `dir/NAME-LIB`; returns the executable.
+fn with_lib(d: &Path, name: &str, lib: &str) -> PathBuf {
+    let so = d.join(format!("lib{lib}.so"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{lib}.c"));
+    let tmp = d.join(format!("{lib}.{:?}.tmp", std::thread::current().id()));
     let st = Command::new("cc")
         .args(["-O2", "-shared", "-fPIC", "-pthread"])
         .arg(&src)
@@ -1578,18 +1584,38 @@ fn with_atfork_lib(d: &Path, name: &str) -> PathBuf {
         .status()
         .unwrap();
     assert!(st.success(), "cc {}", src.display());
-    std::fs::rename(&tmp, &lib).unwrap();
+    std::fs::rename(&tmp, &so).unwrap();
     let dir = d.display().to_string();
     let flags = [
         &format!("-L{dir}"),
         &format!("-Wl,-rpath,{dir}"),
         "-Wl,--no-as-needed",
-        "-latfork_lib",
+        &format!("-l{lib}"),
     ];
     let exe = build_c_with(d, name, &flags);
-    let linked = d.join(format!("{name}-atfork"));
+    let linked = d.join(format!("{name}-{lib}"));
     std::fs::rename(&exe, &linked).unwrap();
     linked
+}
+
+/// A store a shared library's destructor makes to a writable shared
+/// mapping after `main` returns reaches the file. The library is
+/// finalised after the shim (an `LD_PRELOAD` library's destructor runs
+/// first), whose exit write-back ran in its own destructor: the store was
+/// never written back (found by review).
+#[test]
+fn a_store_from_a_library_destructor_reaches_the_file() {
+    let d = scratch();
+    let exe = with_lib(&d, "dtor_store", "dtor_lib");
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "dtor-store", &[]);
+    assert_eq!(plain, "stored\n");
+    assert_eq!(paged, plain, "{st}");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    for name in ["dtor-store-plain.dat", "dtor-store.dat"] {
+        let f = std::fs::read(d.join(name)).unwrap();
+        assert_eq!(&f[..4], b"main", "{name}");
+        assert_eq!(&f[8 * 4096..8 * 4096 + 4], b"late", "{name}: {st}");
+    }
 }
 
 /// `MADV_WILLNEED` over a paged mapping with a hole the program's own
