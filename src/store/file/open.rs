@@ -23,8 +23,21 @@ fn on_tmpfs(file: &File) -> bool {
     rc == 0 && st.f_type as i64 == TMPFS_MAGIC
 }
 
+/// `Ok` for a regular file: a directory is `EISDIR`, anything else
+/// (a FIFO, a socket, a device, whose length is not its data's)
+/// `ENODEV`, as `mmap` answers for it.
+fn regular(file: &File) -> io::Result<()> {
+    let t = file.metadata()?.file_type();
+    match () {
+        _ if t.is_file() => Ok(()),
+        _ if t.is_dir() => Err(io::Error::from_raw_os_error(libc::EISDIR)),
+        _ => Err(io::Error::from_raw_os_error(libc::ENODEV)),
+    }
+}
+
 impl FileStore {
-    /// Opens `path` as described by `opts`.
+    /// Opens `path` as described by `opts`: a regular file (otherwise
+    /// `EISDIR` or `ENODEV`, without waiting for a FIFO's writer).
     ///
     /// Example: [`FileStore`](crate::store::FileStore).
     pub fn open(path: &Path, opts: &FileStoreOptions) -> io::Result<FileStore> {
@@ -36,12 +49,26 @@ impl FileStore {
         if opts.create_len.is_some() {
             oo.create(true);
         }
-        let mut flags = libc::O_CLOEXEC;
+        // Hazard: the open of a FIFO waits for a writer, for ever if none
+        // comes: opened without waiting (`O_NONBLOCK`), refused as not a
+        // regular file below, and the flag taken off again for a file
+        // that is one.
+        let mut flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         if opts.direct {
             flags |= libc::O_DIRECT;
         }
         oo.custom_flags(flags);
         let file = oo.open(path)?;
+        regular(&file)?;
+        // SAFETY: F_GETFL and F_SETFL on a descriptor we hold open; no
+        // memory involved.
+        let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0
+            || unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
         if let Some(want) = opts.create_len {
             if file.metadata()?.len() < want {
                 file.set_len(want)?;
@@ -50,7 +77,10 @@ impl FileStore {
         Self::with_flags(file, opts.writable, opts.direct)
     }
 
-    /// Wraps an open file. `writable` needs a descriptor opened for writing
+    /// Wraps an open file. The descriptor must be open for reading (an
+    /// `O_WRONLY` or `O_PATH` one fails with `EBADF`) and name a regular
+    /// file (a directory fails with `EISDIR`, anything else with `ENODEV`,
+    /// as `mmap` answers). `writable` needs a descriptor opened for writing
     /// (otherwise this fails with `EBADF`) and not for appending (`EINVAL`:
     /// on Linux, `pwrite` to an `O_APPEND` descriptor ignores its offset and
     /// appends, so every write-back would land at the end of the file).
@@ -63,6 +93,11 @@ impl FileStore {
         if fl < 0 {
             return Err(io::Error::last_os_error());
         }
+        // (Every read would fail: each touch of a mapping a SIGBUS.)
+        if fl & libc::O_PATH != 0 || fl & libc::O_ACCMODE == libc::O_WRONLY {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
+        }
+        regular(&file)?;
         if writable && fl & libc::O_ACCMODE == libc::O_RDONLY {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         }
