@@ -58,13 +58,19 @@ fn a_descriptor_that_cannot_read_is_refused() {
     let path = d.join("data");
     std::fs::write(&path, vec![1u8; 8192]).unwrap();
     let write_only = OpenOptions::new().write(true).open(&path).unwrap();
-    assert_eq!(errno(FileStore::from_file(write_only, true)), Some(libc::EBADF));
+    assert_eq!(
+        errno(FileStore::from_file(write_only, true)),
+        Some(libc::EBADF)
+    );
     let o_path = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH)
         .open(&path)
         .unwrap();
-    assert_eq!(errno(FileStore::from_file(o_path, false)), Some(libc::EBADF));
+    assert_eq!(
+        errno(FileStore::from_file(o_path, false)),
+        Some(libc::EBADF)
+    );
     // A readable one goes on as before.
     let s = FileStore::from_file(File::open(&path).unwrap(), false).unwrap();
     let mut page = [0u8; 4096];

@@ -7,7 +7,7 @@
 use crate::os::interrupt::{self, OnInterrupt};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use uffd_pager::store::{page_key, RedisOptions, RedisStore, RedisUrl, Store, MAX_BATCH};
 use uffd_pager::{Error, Result, PAGE_SIZE};
 
@@ -47,8 +47,11 @@ pub struct Far {
     _on_interrupt: OnInterrupt,
 }
 
-/// The stores made in a namespace: each one's prefix and length.
-type Made = Arc<Mutex<Vec<(String, u64)>>>;
+/// The stores made in a namespace: each one's prefix and length, and for
+/// a swap store, the store itself, weakly: once the engine has let it go
+/// (its region released, its pages discarded: `Store::discard`), its keys
+/// are gone and it leaves the list.
+type Made = Arc<Mutex<Vec<(String, u64, Option<Weak<RedisStore>>)>>>;
 
 /// Deletes the keys of the stores `made`, over `root`'s connections;
 /// returns how many keys there were.
@@ -63,9 +66,13 @@ fn delete_made(root: &RedisStore, made: &[(String, u64)]) -> u64 {
     deleted
 }
 
-/// The stores in `made` now.
+/// The stores in `made` now, but swap stores the engine let go.
 fn snapshot(made: &Made) -> Vec<(String, u64)> {
-    made.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    let l = made.lock().unwrap_or_else(|e| e.into_inner());
+    l.iter()
+        .filter(|(_, _, swap)| swap.as_ref().is_none_or(|w| w.strong_count() > 0))
+        .map(|(prefix, len, _)| (prefix.clone(), *len))
+        .collect()
 }
 
 /// For a run a signal ends: deletes the namespace's keys while the run's
@@ -126,17 +133,30 @@ impl Far {
 
     /// An empty store of `pages` pages named `name` in this namespace.
     pub fn store(&self, name: &str, pages: usize) -> Result<RedisStore> {
+        let s = self.unlisted(name, pages)?;
+        self.list(&s, None);
+        Ok(s)
+    }
+
+    /// [`store`](Self::store), not yet in the list.
+    fn unlisted(&self, name: &str, pages: usize) -> Result<RedisStore> {
         let prefix = format!("{}:{name}", self.root.prefix());
         let len = (pages.max(1) * PAGE_SIZE) as u64;
-        let s = self
-            .root
+        self.root
             .with_prefix(&prefix, len)
-            .map_err(store_error(format!("a store named {prefix:?}")))?;
-        self.made
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((prefix, len));
-        Ok(s)
+            .map_err(store_error(format!("a store named {prefix:?}")))
+    }
+
+    /// Lists `s` for deletion when the run ends; a swap store with itself
+    /// (`swap`). Swap stores the engine has let go leave the list here:
+    /// a writer thread maps and unmaps anonymous regions thousands of
+    /// times a second, each with a swap store of its own, and every one
+    /// listed for good made the list grow for the whole run and its end a
+    /// `DEL` per region ever mapped (minutes, after a signal too).
+    fn list(&self, s: &RedisStore, swap: Option<Weak<RedisStore>>) {
+        let mut l = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        l.retain(|(_, _, swap)| swap.as_ref().is_none_or(|w| w.strong_count() > 0));
+        l.push((s.prefix().to_string(), s.len(), swap));
     }
 
     /// A store of `pages` pages whose byte at offset `o` is `byte(o)`,
@@ -176,9 +196,11 @@ impl Far {
         move |len| {
             let n = far.next.fetch_add(1, Relaxed);
             let s = far
-                .store(&format!("swap{n}"), len.div_ceil(PAGE_SIZE))
+                .unlisted(&format!("swap{n}"), len.div_ceil(PAGE_SIZE))
+                .map(Arc::new)
                 .map_err(std::io::Error::other)?;
-            Ok(Arc::new(s) as Arc<dyn Store>)
+            far.list(&s, Some(Arc::downgrade(&s)));
+            Ok(s as Arc<dyn Store>)
         }
     }
 
@@ -270,6 +292,35 @@ pub fn read_back(url: &StoreUrl, prefix: &str, pages: usize) -> Result<Vec<u8>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Swap stores the engine let go leave the namespace's list, which
+    /// stays as short as the stores alive (it grew by one for every
+    /// anonymous region a run ever mapped, and the run's end deleted each).
+    /// Against `UFFD_REDIS_URL` (default `redis://127.0.0.1:6390`, `make
+    /// redis-up`); `UFFD_SKIP_REDIS=1` skips it.
+    #[test]
+    fn swap_stores_let_go_leave_the_list() {
+        if std::env::var_os("UFFD_SKIP_REDIS").is_some_and(|v| v == "1") {
+            return;
+        }
+        let url =
+            std::env::var("UFFD_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390".into());
+        let far = Arc::new(Far::open(&StoreUrl(url), "listtest").unwrap());
+        let data = far.store("data", 1).unwrap();
+        let make = far.swap_maker();
+        let kept = make(PAGE_SIZE).unwrap();
+        for _ in 0..1000 {
+            drop(make(PAGE_SIZE).unwrap());
+        }
+        // The data store and the live swap store; in the list, at most the
+        // last one let go beside them (it leaves at the next listing).
+        let listed = snapshot(&far.made);
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        assert_eq!(listed[0].0, data.prefix());
+        let len = far.made.lock().unwrap().len();
+        assert!(len <= 3, "{len} stores listed");
+        drop(kept);
+    }
 
     /// An IPv6 server's URL reaches the connection (refused here: nothing
     /// listens on port 1). It was made without the brackets, so the redis
