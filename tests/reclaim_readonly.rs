@@ -209,3 +209,37 @@ fn read_only_anonymous_region_is_evicted_and_reread_handler_threads() {
         );
     }
 }
+
+/// Pages read back from a swap file (a store that waits on a device, so
+/// they come through the cache area) into an anonymous region made
+/// read-only: each is copied in (a move takes no write protection with
+/// it), and the cache area's copy goes at once. It went only for pages
+/// clean against their source, which a page read back from swap is not:
+/// every such resident page was held twice, and the budget bounded only
+/// half the memory (found by review).
+#[test]
+fn swapped_pages_read_into_a_read_only_region_are_held_once() {
+    const PAGES: usize = 1024;
+    let p = Pager::builder()
+        .budget_pages(256)
+        .kswapd(false)
+        .swap_dir(std::env::temp_dir())
+        .build()
+        .unwrap();
+    let mut r = p.map_anonymous(PAGES * PAGE).unwrap();
+    for (k, page) in r.as_mut_slice().chunks_mut(PAGE).enumerate() {
+        page.fill(k as u8 | 1);
+    }
+    p.reclaim_pages(PAGES as u64);
+    r.protect(false).unwrap();
+    for (k, page) in r.as_slice().chunks(PAGE).enumerate() {
+        assert!(page.iter().all(|&b| b == k as u8 | 1), "page {k}");
+    }
+    let mem = p.memory_use();
+    assert!(
+        mem.cache_area_bytes <= (64 * PAGE) as u64,
+        "{} KiB in the cache area beside {} resident pages",
+        mem.cache_area_bytes / 1024,
+        mem.resident_pages
+    );
+}

@@ -196,17 +196,20 @@ fn install_once(
             len,
             MODE_DONTWAKE | wp_mode,
         ),
-        // Hugetlb has no `UFFDIO_MOVE`: copy from the cache area, then
-        // free the copy there (a 2 MiB page must not be held twice), so
-        // the page counts as moved. A base page that goes in protected is
-        // copied too (a move takes no protection with it); the caller
-        // frees the cache area's copy of a clean page.
+        // Hugetlb has no `UFFDIO_MOVE`: copy from the cache area. A base
+        // page that goes in protected is copied too (a move takes no
+        // protection with it). Either way the copy there is freed, so the
+        // page counts as moved: the mapping holds its contents, reclaim
+        // takes them from there (and freed the area's copy only then),
+        // and a page must not be held twice, or the budget bounds only
+        // half the memory. (It was freed only for a huge page or a clean
+        // one: a page read back from swap into a read-only region was
+        // held twice, found by review.)
         (InstallKind::Anonymous, false) if obj.is_huge() || wp => {
             let src = obj.data(i)? as usize;
             let r = uffd.copy(addr, src, len, MODE_DONTWAKE | wp_mode);
             // (EEXIST: something is mapped there already; keep the copy.)
-            if r.is_ok() && obj.is_huge() {
-                let _ = obj.free_data(i, 1);
+            if r.is_ok() && obj.free_data(i, 1).is_ok() {
                 moved = true;
             }
             r
@@ -222,8 +225,13 @@ fn install_once(
                     moved = true;
                     Ok(n)
                 }
+                // (The area's copy freed, as for a protected page above.)
                 Err(libc::EINVAL) | Err(libc::EBUSY) => {
-                    uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE)
+                    let r = uffd.copy(addr, src, PAGE_SIZE, MODE_DONTWAKE);
+                    if r.is_ok() && obj.free_data(i, 1).is_ok() {
+                        moved = true;
+                    }
+                    r
                 }
                 // MOVE can report an error after it moved the page (see
                 // `reclaim`'s hazard note): if the page left the cache
