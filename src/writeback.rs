@@ -260,10 +260,14 @@ impl Mm {
             let protected = w & MAPPED == 0
                 || w & GUARDS == 0
                     && obj.windows.addr_of(i).is_some_and(|a| {
-                        match self
-                            .uffd_for(obj)
-                            .writeprotect(a, obj.page_size(), true, false)
-                        {
+                        // (As a fill: not while an event is read and not
+                        // applied, when `a` may be another region's; see
+                        // `Events::fill`.)
+                        let in_thread = self.config.delivery.is_in_thread();
+                        match self.events.fill(in_thread, || {
+                            self.uffd_for(obj)
+                                .writeprotect(a, obj.page_size(), true, false)
+                        }) {
                             Ok(_) => true,
                             Err(e) => {
                                 b.changing |= e == libc::EAGAIN;

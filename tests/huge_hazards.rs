@@ -431,3 +431,79 @@ fn a_clean_huge_page_moved_by_the_application_is_not_taken_for_dropped() {
     drop(a);
     drop(b);
 }
+
+#[path = "gated_store.rs"]
+mod gated;
+
+/// Reclaim writing a dirty 2 MiB anonymous page to swap while the
+/// application unmaps its region and another pager maps a writable
+/// shared region there: the event is read but not yet applied (reclaim
+/// holds the region's lock), and the write-back's end, which finds the
+/// page gone, lifted the write protection it had put on the range
+/// without asking whether the range was still the region's. The kernel
+/// checks only that some descriptor registered it for write protection:
+/// the other pager's pages, installed write-protected to track their
+/// writes, became writable behind it, and a write to them was never
+/// written back (found by review). Now the protection goes on and off
+/// only while no event is read and not applied, as every fill.
+#[test]
+fn a_huge_page_written_back_across_an_unmap_leaves_the_next_mapping_protected() {
+    let _pool = HugePool::take(1);
+    let swap = Arc::new(gated::Gated::new(vec![0; HUGE], gated::Held::Writes));
+    let to = swap.clone();
+    // SAFETY: the swap store is this pager's alone.
+    let pager = unsafe {
+        Pager::builder()
+            .delivery(THREADS)
+            .budget_pages(4 * UNITS)
+            .kswapd(false)
+            .readahead(0, 1)
+            .fault_around(0)
+            .swap_to(move |_| Ok(to.clone() as Arc<dyn Store>))
+    }
+    .build()
+    .unwrap();
+    let other = Pager::builder()
+        .delivery(Delivery::InThread)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let mut r = pager
+        .map_anonymous_with(HUGE, &huge_opts(InstallKind::Anonymous))
+        .unwrap();
+    r.as_mut_slice().fill(0x5a);
+    let base = r.as_ptr() as usize;
+    std::mem::forget(r);
+    std::thread::scope(|s| {
+        let reclaim = s.spawn(|| pager.reclaim_pages(UNITS));
+        swap.until_a_call_waits(|| reclaim.is_finished());
+        // SAFETY: the region's range, which the test gives up here (the
+        // region itself is forgotten, never dropped).
+        assert_eq!(unsafe { libc::munmap(base as *mut _, HUGE) }, 0);
+        let store = Arc::new(MemoryStore::new(HUGE as u64).unwrap());
+        let theirs = {
+            let _hold = uffd_pager::AddressHold::new(base, HUGE).unwrap();
+            let opts = uffd_pager::MapOptions {
+                writable: true,
+                fixed_addr: Some(base),
+                ..uffd_pager::MapOptions::default()
+            };
+            // SAFETY: the store changes only through this region.
+            unsafe { other.map_store(store.clone() as Arc<dyn Store>, HUGE, &opts) }.unwrap()
+        };
+        assert_eq!(theirs.as_ptr() as usize, base);
+        // Every page read, so installed write-protected (clean).
+        assert!(theirs.as_slice().iter().all(|&b| b == 0));
+        swap.open_after(std::time::Duration::ZERO);
+        reclaim.join().unwrap();
+        // SAFETY: the other region's mapping, alive; a plain store, as the
+        // application's.
+        unsafe { std::ptr::write_volatile((base + 3 * PAGE) as *mut u8, 7) };
+        theirs.flush().unwrap();
+        let mut b = [0u8; 1];
+        store.read((3 * PAGE) as u64, &mut b).unwrap();
+        assert_eq!(b[0], 7, "a write to the other region was not written back");
+        drop(theirs);
+    });
+}

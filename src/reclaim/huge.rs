@@ -85,11 +85,25 @@ pub(super) fn unmap_anon(
     if !permitted {
         return Err(());
     }
+    // Hazard: the kernel's `UFFDIO_WRITEPROTECT` checks only that the
+    // range is registered for write protection with *some* descriptor.
+    // Across the store write below, the application may unmap the region
+    // and another pager map a region there (its event read, not yet
+    // applied: this holds the region's lock): lifting the protection then
+    // made that pager's write-tracked pages writable behind it, and their
+    // writes were never written back (found by review). So both ways go
+    // as a fill does (`Events::fill`): not while an event is read and not
+    // applied. (Left on, the protection is the departing region's: the
+    // event's apply drops it.)
     let uffd = mm.uffd_for(obj);
-    let unprotect = || {
-        let _ = uffd.writeprotect(addr, len, false, true);
+    let protect = |on: bool| {
+        mm.events
+            .fill(in_thread, || uffd.writeprotect(addr, len, on, !on))
     };
-    uffd.writeprotect(addr, len, true, false).map_err(|_| ())?;
+    let unprotect = || {
+        let _ = protect(false);
+    };
+    protect(true).map_err(|_| ())?;
     let Ok(dst) = obj.data(i) else {
         unprotect();
         return Err(());
