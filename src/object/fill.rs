@@ -41,6 +41,13 @@ impl Object {
     /// # Safety
     /// The caller holds the lock of every page of the run, none of them is
     /// cached or installed, and `src` is each page's [`Object::source`].
+    ///
+    /// A run that fails leaves none of its pages' memory behind: what a
+    /// read wrote before it failed (the first pages of a short read, in
+    /// the cache area or the memfd) is freed, since the caller takes the
+    /// pages for absent and uncharges them (found by review: the memory
+    /// stayed, outside the budget, until a later fault of the same page or
+    /// the object's release).
     pub unsafe fn fill_run(
         &self,
         i: usize,
@@ -48,10 +55,30 @@ impl Object {
         src: &Arc<dyn Store>,
         io: &crate::io::Io,
     ) -> Result<(), crate::store::StoreError> {
-        use crate::store::StoreError;
         if n == 0 || i + n > self.npages() {
-            return Err(StoreError(libc::EINVAL));
+            return Err(crate::store::StoreError(libc::EINVAL));
         }
+        // SAFETY: the caller's contract; the run is in range.
+        let r = unsafe { self.fill_run_in_range(i, n, src, io) };
+        if r.is_err() {
+            let _ = self.free_data(i, n);
+        }
+        r
+    }
+
+    /// [`Object::fill_run`] of a run in range, leaving what a failed read
+    /// wrote.
+    ///
+    /// # Safety
+    /// As [`Object::fill_run`].
+    unsafe fn fill_run_in_range(
+        &self,
+        i: usize,
+        n: usize,
+        src: &Arc<dyn Store>,
+        io: &crate::io::Io,
+    ) -> Result<(), crate::store::StoreError> {
+        use crate::store::StoreError;
         let (off, len) = ((i << self.shift) as u64, n << self.shift);
         match &self.backing {
             // Hugetlbfs has no `write`: take the page from the pool, then
@@ -64,12 +91,8 @@ impl Object {
                 // SAFETY: the run lies in the alias (checked above) and its
                 // pages exist now; exclusivity is the caller's contract.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
-                let r = crate::io::read(io, src, off, buf);
-                if r.is_err() {
-                    // Give the pool its pages back: the page stays absent.
-                    let _ = memfd.punch_hole(off as usize, len);
-                }
-                r
+                // (Failed, the pool gets its pages back: see `fill_run`.)
+                crate::io::read(io, src, off, buf)
             }
             Backing::Shared { memfd, .. }
                 if src.signal_safe() && !(n > 1 && src.batches_reads()) && !self.kernel_maps =>
@@ -91,13 +114,10 @@ impl Object {
                             crate::sys::mem::pwrite_all_raw(memfd.fd(), p, len, off)
                         }
                     };
-                    // Pages of a run written before the error are in the
-                    // memfd, where the kernel would map them with no fault
-                    // while the engine takes them for absent (uncharged,
-                    // off the LRU): out again.
-                    if r.is_err() && self.kernel_maps {
-                        let _ = memfd.punch_hole(off as usize, len);
-                    }
+                    // (Pages of a run written before an error are in the
+                    // memfd, where the kernel would map a kernel-mapped
+                    // object's with no fault while the engine takes them
+                    // for absent: out again, in `fill_run`.)
                     r.map_err(StoreError)
                 };
                 // A kernel-mapped page the store holds in memory goes into
@@ -146,6 +166,71 @@ mod tests {
     use crate::object::InstallKind;
     use crate::store::MemoryStore;
     use crate::sys::PAGE_SIZE;
+
+    /// A store whose reads write the first half of what they were asked
+    /// for, then fail (a short read at an error).
+    struct HalfThenFails;
+
+    impl Store for HalfThenFails {
+        fn len(&self) -> u64 {
+            (64 * PAGE_SIZE) as u64
+        }
+        fn read(&self, _: u64, buf: &mut [u8]) -> Result<(), crate::store::StoreError> {
+            let half = buf.len() / 2;
+            buf[..half].fill(0x77);
+            Err(crate::store::StoreError(libc::EIO))
+        }
+        fn read_to_fd(
+            &self,
+            offset: u64,
+            len: usize,
+            fd: std::os::fd::BorrowedFd<'_>,
+            fd_offset: u64,
+        ) -> Result<(), crate::store::StoreError> {
+            use std::os::fd::AsRawFd;
+            let _ = offset;
+            let half = vec![0x77u8; len / 2];
+            crate::sys::mem::pwrite_all(fd.as_raw_fd(), &half, fd_offset)
+                .map_err(crate::store::StoreError)?;
+            Err(crate::store::StoreError(libc::EIO))
+        }
+        fn write(&self, _: u64, _: &[u8]) -> Result<(), crate::store::StoreError> {
+            Err(crate::store::StoreError(libc::EROFS))
+        }
+        fn writable(&self) -> bool {
+            false
+        }
+        fn signal_safe(&self) -> bool {
+            true
+        }
+        fn name(&self) -> &'static str {
+            "half-then-fails"
+        }
+    }
+
+    /// A run whose read fails after it wrote half the run leaves none of
+    /// the run's memory behind, in an anonymous object's cache area or a
+    /// shared one's memfd: the caller takes the pages for absent and
+    /// uncharges them, and the memory stayed outside the budget.
+    #[test]
+    fn a_run_that_fails_half_read_leaves_no_memory() {
+        let store: Arc<dyn Store> = Arc::new(HalfThenFails);
+        let io = crate::io::Io::new(1_000_000_000, 0).unwrap();
+        for kind in [InstallKind::Anonymous, InstallKind::Shared] {
+            let swap = (kind == InstallKind::Anonymous).then(|| {
+                Arc::new(MemoryStore::new((8 * PAGE_SIZE) as u64).unwrap()) as Arc<dyn Store>
+            });
+            let obj = Object::new(kind, store.clone(), swap, 8, false, 12).unwrap();
+            // SAFETY: nothing else uses the object's pages (a test's own).
+            assert!(unsafe { obj.fill_run(0, 8, &store, &io) }.is_err());
+            let (memfd, area, ..) = obj.memory();
+            assert_eq!(
+                (memfd, area),
+                (0, 0),
+                "{kind:?}: (memfd, cache area) bytes left"
+            );
+        }
+    }
 
     /// A kernel-mapped object's run that fails half written leaves none of
     /// its pages in the memfd: the kernel would map them with no fault
