@@ -196,24 +196,51 @@ fn far_text_starts_with_its_header() {
     let Some(url) = cli_util::redis_url() else {
         return;
     };
-    let o = run(&[
-        "bench",
-        "far",
-        "--store",
-        &url,
-        "--pages",
-        "16",
-        "--scan-pages",
-        "256",
-        "--passes",
-        "1",
-        "--io-spin-us",
-        "20",
-    ]);
+    let o = far_run(&url, 256);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{o:?}");
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines[0].starts_with("far memory on "), "{out}");
     assert!(lines[1].starts_with("miss ("), "{out}");
     assert!(lines[2].starts_with("a raw GET that busy-polls"), "{out}");
+}
+
+/// With an I/O spin the raw client cannot measure (a database other than
+/// 0), the report says the spinning floor is left out and why; before,
+/// its line was silently missing.
+#[test]
+fn far_says_why_the_spinning_floor_is_left_out() {
+    let Some(url) = cli_util::redis_url() else {
+        return;
+    };
+    let o = far_run(&format!("{url}/3"), 64);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("a raw GET that busy-polls")
+                && l.contains(
+                    "left out (the raw client speaks to a standalone server's database 0"
+                )),
+        "{out}"
+    );
+}
+
+/// `bench far` of 16 pages, `scan` pages in the scan, one pass, spinning
+/// 20 µs, on `url`.
+fn far_run(url: &str, scan: u32) -> std::process::Output {
+    run(&[
+        "bench",
+        "far",
+        "--store",
+        url,
+        "--pages",
+        "16",
+        "--scan-pages",
+        &scan.to_string(),
+        "--passes",
+        "1",
+        "--io-spin-us",
+        "20",
+    ])
 }

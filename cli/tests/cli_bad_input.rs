@@ -446,6 +446,34 @@ fn flags_a_workload_would_ignore_are_refused() {
             &["bench", "swap", "--writers", "0", "--writer-burst-us", "5"],
             "swap runs none",
         ),
+        // The scan runs with 4 KiB pages only: before, these were taken
+        // and ignored.
+        (
+            &[
+                "bench",
+                "far",
+                "--store",
+                "redis://127.0.0.1:1",
+                "--page-size",
+                "2M",
+                "--scan-pages",
+                "5",
+            ],
+            "--scan-pages",
+        ),
+        (
+            &[
+                "bench",
+                "far",
+                "--store",
+                "redis://127.0.0.1:1",
+                "--page-size",
+                "2M",
+                "--readahead",
+                "8",
+            ],
+            "--readahead",
+        ),
     ] {
         rejects(args, needle);
     }

@@ -34,6 +34,8 @@ pub struct FarMissReport {
     pub spinning_floor_us: Option<f64>,
     /// `engine_us / spinning_floor_us`.
     pub spinning_ratio: Option<f64>,
+    /// With an I/O spin and no spinning floor: why it was left out.
+    pub spinning_left_out: Option<&'static str>,
 }
 
 /// A raw RESP client of one standalone server that busy-polls its
@@ -47,16 +49,22 @@ struct SpinningClient {
 }
 
 impl SpinningClient {
-    fn connect(url: &crate::far::StoreUrl, spin: Duration) -> Option<SpinningClient> {
-        let uffd_pager::store::RedisUrl::Standalone { host, port, db: 0 } =
-            uffd_pager::store::RedisUrl::parse(&url.0).ok()?
+    /// The client, or why there is none (said beside the report).
+    fn connect(
+        url: &crate::far::StoreUrl,
+        spin: Duration,
+    ) -> std::result::Result<SpinningClient, &'static str> {
+        let Ok(uffd_pager::store::RedisUrl::Standalone { host, port, db: 0 }) =
+            uffd_pager::store::RedisUrl::parse(&url.0)
         else {
-            return None;
+            return Err("the raw client speaks to a standalone server's database 0 only");
         };
-        let sock = std::net::TcpStream::connect((host.as_str(), port)).ok()?;
-        sock.set_nodelay(true).ok()?;
-        sock.set_nonblocking(true).ok()?;
-        Some(SpinningClient {
+        let sock = std::net::TcpStream::connect((host.as_str(), port))
+            .map_err(|_| "the raw client could not connect")?;
+        sock.set_nodelay(true)
+            .and_then(|()| sock.set_nonblocking(true))
+            .map_err(|_| "the raw client could not set up its socket")?;
+        Ok(SpinningClient {
             sock,
             spin,
             buf: Vec::with_capacity(2 * PAGE_SIZE),
@@ -182,10 +190,15 @@ pub fn far_miss(
         }
         Ok(t.elapsed())
     };
-    let mut spinning = if io_spin.is_zero() || units > 1 {
-        None
+    let (mut spinning, spinning_left_out) = if io_spin.is_zero() {
+        (None, None)
+    } else if units > 1 {
+        (None, Some("with 2 MiB pages, whose floor is an MGET"))
     } else {
-        SpinningClient::connect(far.url(), io_spin)
+        match SpinningClient::connect(far.url(), io_spin) {
+            Ok(c) => (Some(c), None),
+            Err(why) => (None, Some(why)),
+        }
     };
     let spinning_pass = |c: &mut SpinningClient| -> Result<Duration> {
         let t = Instant::now();
@@ -224,6 +237,7 @@ pub fn far_miss(
         ratio: engine_us / floor_us,
         spinning_floor_us,
         spinning_ratio: spinning_floor_us.map(|f| engine_us / f),
+        spinning_left_out,
     })
 }
 

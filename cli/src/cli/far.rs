@@ -19,15 +19,16 @@ pub struct FarArgs {
     /// Pages per miss pass (each faulted once) [default: 2048 (8 MiB)].
     #[arg(long, value_parser = at_least_one)]
     pages: Option<u64>,
-    /// Pages per scan pass.
-    #[arg(long, default_value_t = 8192, value_parser = at_least_one)]
-    scan_pages: u64,
+    /// Pages per scan pass [default: 8192] (4 KiB pages only).
+    #[arg(long, value_parser = at_least_one)]
+    scan_pages: Option<u64>,
     /// Timed passes per side; the best counts.
     #[arg(long, default_value_t = 5, value_parser = at_least_one)]
     passes: u64,
-    /// The scan's readahead window in pages (at most 32 go in one MGET).
-    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
-    readahead: u64,
+    /// The scan's readahead window in pages (at most 32 go in one MGET)
+    /// [default: 32] (4 KiB pages only).
+    #[arg(long, value_parser = at_least_one)]
+    readahead: Option<u64>,
     /// Install kind of the miss pass.
     #[arg(long, default_value = "anonymous")]
     kind: InstallKind,
@@ -60,10 +61,19 @@ pub fn run(a: &FarArgs) -> CliResult {
     // (In 4 KiB pages: a 2 MiB page is 512 keys in the store and 512
     // pages of the region.)
     let units = (a.page_size / uffd_pager::PAGE_SIZE) as u64;
+    // (Given with 2 MiB pages, they were taken and ignored.)
+    if huge && (a.scan_pages.is_some() || a.readahead.is_some()) {
+        return Err(CliError::Usage(
+            "--scan-pages and --readahead apply to the scan, which runs with 4 KiB pages only \
+             (2 MiB regions have no readahead): not with --page-size 2M"
+                .into(),
+        ));
+    }
+    let (scan_pages, readahead) = (a.scan_pages.unwrap_or(8192), a.readahead.unwrap_or(32));
     if pages.saturating_mul(units) > 1 << 20
-        || a.scan_pages > 1 << 20
+        || scan_pages > 1 << 20
         || a.passes > 50
-        || a.readahead > 1024
+        || readahead > 1024
         || a.io_spin_us > 1000
     {
         return Err(CliError::Usage(
@@ -101,9 +111,9 @@ pub fn run(a: &FarArgs) -> CliResult {
         Some(
             far_scan(
                 &far,
-                a.scan_pages as usize,
+                scan_pages as usize,
                 a.passes as usize,
-                a.readahead as u32,
+                readahead as u32,
                 spin,
             )
             .map_err(rt("bench far (scan)"))?,
@@ -129,6 +139,10 @@ pub fn run(a: &FarArgs) -> CliResult {
             (
                 "miss_spinning_ratio",
                 miss.spinning_ratio.map_or(Json::Null, Json::Num),
+            ),
+            (
+                "miss_spinning_left_out",
+                miss.spinning_left_out.map_or(Json::Null, Json::str),
             ),
             ("scan_pages", int(|s| s.pages as i64)),
             ("scan_readahead", int(|s| s.readahead as i64)),
@@ -158,6 +172,11 @@ pub fn run(a: &FarArgs) -> CliResult {
     if let (Some(f), Some(r)) = (miss.spinning_floor_us, miss.spinning_ratio) {
         outln!(o,
             "a raw GET that busy-polls as long as the engine spins: {f:.1} µs; engine against it: {r:.2}"
+        );
+    } else if let Some(why) = miss.spinning_left_out {
+        outln!(
+            o,
+            "a raw GET that busy-polls as long as the engine spins: left out ({why})"
         );
     }
     match scan {
