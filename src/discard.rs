@@ -6,7 +6,7 @@
 use crate::address_space::Mm;
 use crate::object::{InstallKind, Object};
 use crate::page_cache::{
-    CLEAN, DIRTY, MAPPED, MOVED, POISONED, READAHEAD, SWAPPED, SYNCING, UPTODATE,
+    CLEAN, DIRTY, MAPPED, MOVED, PINNED, POISONED, READAHEAD, SWAPPED, SYNCING, UPTODATE,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -111,7 +111,18 @@ pub(crate) fn give_up_pages(mm: &Mm, obj: &Object, pages: std::ops::Range<usize>
     for i in pages {
         let seen = obj.cache.load(i);
         if obj.kind == InstallKind::Shared {
-            if seen & MAPPED != 0 {
+            // A pinned page left the LRU for good (`MapOptions::pinned`):
+            // unmapped, it is an ordinary cached page again, back on the
+            // LRU, as the kernel munlocks pages whose range is unmapped.
+            // (It stayed pinned, charged and out of reclaim's reach until
+            // the whole region went: found by review.)
+            if seen & PINNED != 0 {
+                let w = obj.cache.lock(i);
+                obj.cache.unlock(i, 0, MAPPED | PINNED);
+                if w & UPTODATE != 0 {
+                    mm.page_cached(obj, i);
+                }
+            } else if seen & MAPPED != 0 {
                 obj.cache.update(i, 0, MAPPED);
             }
             continue;

@@ -89,6 +89,33 @@ fn reclaiming_u64_max_pages_frees_every_resident_page() {
     }
 }
 
+/// `reclaim_pages(u64::MAX)` beside a page it cannot free (held by a
+/// residency guard, here the calling thread's own) frees the rest and
+/// returns: its scan bound came from `nr` alone, and the guarded page went
+/// back to the tail each time, so the call rotated it for ever (found by
+/// review).
+#[test]
+fn reclaiming_u64_max_pages_beside_a_guarded_page_returns() {
+    let p = Pager::builder()
+        .budget_pages(128)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let mut r = p.map_anonymous(64 * PAGE).unwrap();
+    r.as_mut_slice().fill(1);
+    let guard = r.lock_resident(0, PAGE).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = tx.send(p.reclaim_pages(u64::MAX));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        // (Let a spinning call go, so the scope can end.)
+        drop(guard);
+        assert_eq!(got, Ok(63), "reclaim_pages(u64::MAX) beside a guarded page");
+    });
+}
+
 /// A readahead window below 4 pages: the window's growth clamped to
 /// `[4, max]`, which panicked on the first sequential fault.
 #[test]

@@ -230,3 +230,43 @@ fn pinned_kernel_mapped_keeps_read_ahead(write_locked: bool) {
     assert!(s[..8 * PAGE] == contents[..8 * PAGE]);
     assert_eq!(pager.stats().get(Counter::PGFAULT) - before, 0);
 }
+
+/// Pages that leave a pinned shared region (its shrink, or the
+/// application's `munmap` of its tail) are ordinary cached pages again:
+/// reclaim frees them, as the kernel munlocks pages whose range is
+/// unmapped. They stayed pinned, off the LRU and charged until the whole
+/// region went (found by review).
+#[test]
+fn pages_that_leave_a_pinned_region_can_be_reclaimed() {
+    for by_munmap in [false, true] {
+        let pager = Pager::builder()
+            .budget_pages(128)
+            .kswapd(false)
+            .build()
+            .unwrap();
+        let contents = pattern(64 * PAGE, 5);
+        let mut pinned = map_pinned(&pager, &contents);
+        assert_eq!(pager.stats().resident_pages, 64);
+        if by_munmap {
+            let tail = pinned.as_ptr() as usize + 32 * PAGE;
+            // SAFETY: the region's own tail, given up here; the region is
+            // only read below its first 32 pages from now on (its drop
+            // unmaps what it still maps).
+            assert_eq!(unsafe { libc::munmap(tail as *mut _, 32 * PAGE) }, 0);
+            let t = std::time::Instant::now();
+            while pinned.mapped().iter().map(|r| r.len()).sum::<usize>() > 32 * PAGE {
+                assert!(t.elapsed().as_secs() < 10, "the unmap's event never came");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        } else {
+            pinned.remap(32 * PAGE).unwrap();
+        }
+        let freed = pager.reclaim_pages(64);
+        assert_eq!(
+            (freed, pager.stats().resident_pages),
+            (32, 32),
+            "by munmap: {by_munmap}: (freed, resident) after reclaim"
+        );
+        assert!(pinned.as_slice()[..32 * PAGE] == contents[..32 * PAGE]);
+    }
+}

@@ -300,6 +300,13 @@ impl Lru {
         g
     }
 
+    /// Entries in the rings now (a peek at each ring's length, so
+    /// approximate while others add or isolate), not counting the CPUs'
+    /// add batches. Async-signal-safe (loads only).
+    pub fn entries(&self) -> usize {
+        self.shards.iter().map(|s| s.filled.load(Relaxed)).sum()
+    }
+
     /// Per-shard (acquisitions, contended) counts.
     pub fn shard_counts(&self) -> Vec<(u64, u64)> {
         self.shards.iter().map(|s| s.lock.counts()).collect()

@@ -91,8 +91,20 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
     // Meeting pages it may not write, it looks at fewer (see
     // `WRITE_REFUSED_SCAN`).
     let refused_scan = nr.min(WRITE_REFUSED_SCAN).saturating_mul(16) + 1024;
+    // Hazard: pages reclaim cannot free (guarded, locked, in a piece no
+    // window finds) go back to the tail, so the ring never runs dry. A
+    // limit from `nr` alone let a large one (`reclaim_pages(u64::MAX)`,
+    // "drop every page") rotate them for ever once the rest were freed
+    // (found by review). So no pass looks at the ring more than about
+    // twice over (the second look finds a page its first look took the
+    // referenced mark from), as the kernel's scan is bounded by the
+    // LRU's size. (Taken at the start, as evictions shrink the ring, and
+    // again when the add batches are drained into it.)
+    let ring_scan = || (mm.lru.entries() as u64).saturating_mul(2) + 2 * ISOLATE as u64;
+    let mut ring_limit = ring_scan();
     while freed + (batch.len() as u64) < nr
         && scanned < max_scan
+        && scanned < ring_limit
         && !(pass.write_refused && scanned >= refused_scan)
         && !mm.events.pending()
     {
@@ -108,6 +120,7 @@ fn shrink_in(mm: &Mm, nr: u64, pass: &mut Pass) -> u64 {
             freed += batch.flush(mm);
             mm.lru.drain_all(&mm.objects, c);
             drained = true;
+            ring_limit = ring_limit.max(scanned + ring_scan());
             continue;
         }
         let mut nb = 0;
