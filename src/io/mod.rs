@@ -19,7 +19,11 @@
 //! *write* could: it still carries the page's old contents, and could land
 //! after a newer write of the page. So until an abandoned write's worker
 //! has returned, a new write of any of its pages fails at once (`EBUSY`:
-//! the page stays dirty and is written by a later write-back). A store
+//! the page stays dirty and is written by a later write-back). Likewise a
+//! read given up on is not sent again while it is still inside the store
+//! (a read of the same offset fails at once, `ETIMEDOUT`), so that a
+//! fault's retries do not take every worker into a store that did not
+//! answer (see [`Io::read`]). A store
 //! that panics is a failed call (the panic is caught on the worker).
 //!
 //! # Cost
@@ -59,8 +63,14 @@ const CLAIMED: u32 = 1;
 const PENDING: u32 = 2;
 const RUNNING: u32 = 3;
 const DONE: u32 = 4;
-/// The caller gave up waiting; the worker frees the slot.
+/// The caller gave up waiting while the call ran; the worker frees the
+/// slot when the call returns.
 const ABANDONED: u32 = 5;
+/// The caller gave up waiting before the call began: it never runs, and
+/// the worker that pops it frees the slot. (Told apart from ABANDONED:
+/// a call given up on while queued says nothing of its store, which may
+/// have had no worker to run it.)
+const DROPPED: u32 = 6;
 
 const READ: u32 = 0;
 const WRITE: u32 = 1;
@@ -104,7 +114,7 @@ pub struct Io {
 
 // SAFETY: a slot's `store` cell is written only by the caller that claimed
 // the slot (CLAIMED) and taken only by the worker that moved it to RUNNING
-// (or that found it ABANDONED before running), so no two threads touch it
+// (or that found it DROPPED before running), so no two threads touch it
 // at once; its buffer likewise (caller while CLAIMED or after DONE, worker
 // while RUNNING). Everything else is atomic.
 unsafe impl Sync for Io {}
@@ -156,7 +166,20 @@ impl Io {
     /// Reads `buf.len()` (at most [`MAX_BATCH`] pages) bytes at `off` from
     /// `store` on a worker, in one [`Store::read`] or [`Store::read_many`]
     /// call, waiting at most the timeout. Async-signal-safe.
+    ///
+    /// Hazard: a read the store has not answered within the timeout is
+    /// not sent again until that read returns: a read of the same offset
+    /// fails at once (`ETIMEDOUT`). Sent on, each try took another worker
+    /// into the store after the first (a fault's own retries at once),
+    /// until every worker was inside it and every other store's requests
+    /// queued behind them, timed out and failed (found by review: a
+    /// healthy region's pages were poisoned beside a hung one). Reads of
+    /// other offsets go on: one page's hang does not take the store down.
     pub fn read(&self, store: &Arc<dyn Store>, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let id = Arc::as_ptr(store) as *const u8 as usize;
+        if self.given_up_inside(id, READ, Some(off)) {
+            return Err(StoreError(libc::ETIMEDOUT));
+        }
         let k = self.submit(store, READ, buf.len(), |s, _| s.offs[0].store(off, Relaxed))?;
         self.wait(k, |p| {
             // SAFETY: the slot is DONE and ours again: the worker wrote its
@@ -207,12 +230,7 @@ impl Io {
         let id = Arc::as_ptr(store) as *const u8 as usize;
         // (Running first: a sync given up on records its failure before
         // its slot is freed.)
-        let running = self.slots.iter().any(|s| {
-            s.state.load(Acquire) == ABANDONED
-                && s.op.load(Relaxed) == SYNC
-                && s.store_id.load(Relaxed) == id
-        });
-        if running {
+        if self.given_up_inside(id, SYNC, None) {
             return Err(StoreError(libc::EBUSY));
         }
         let failed = {
@@ -238,14 +256,7 @@ impl Io {
     pub fn discard(&self, store: &Arc<dyn Store>, off: u64, len: u64) -> Result<(), StoreError> {
         let id = Arc::as_ptr(store) as *const u8 as usize;
         let deadline = now_ns().saturating_add(self.timeout_ns);
-        let writing = || {
-            self.slots.iter().any(|s| {
-                s.state.load(Acquire) == ABANDONED
-                    && s.op.load(Relaxed) == WRITE
-                    && s.store_id.load(Relaxed) == id
-            })
-        };
-        while writing() && now_ns() < deadline {
+        while self.given_up_inside(id, WRITE, None) && now_ns() < deadline {
             crate::sys::sleep_ns(1_000_000);
         }
         let k = self.submit(store, DISCARD, 0, |s, _| {
@@ -253,6 +264,19 @@ impl Io {
             s.offs[1].store(len, Relaxed);
         })?;
         self.wait(k, |_| {})
+    }
+
+    /// Whether a call `op` to the store at `id` (at offset `off`, if
+    /// given) that its caller gave up on is still inside the store
+    /// (ABANDONED: its worker has not returned). Async-signal-safe
+    /// (atomics only).
+    fn given_up_inside(&self, id: usize, op: u32, off: Option<u64>) -> bool {
+        self.slots.iter().any(|s| {
+            s.state.load(Acquire) == ABANDONED
+                && s.op.load(Relaxed) == op
+                && s.store_id.load(Relaxed) == id
+                && off.is_none_or(|o| s.offs[0].load(Relaxed) == o)
+        })
     }
 
     /// A sync of `store` failed after its caller gave up on it (called
@@ -382,8 +406,9 @@ impl Io {
             }
             let now = now_ns();
             if now >= deadline {
+                let gave_up = if st == PENDING { DROPPED } else { ABANDONED };
                 if s.state
-                    .compare_exchange(st, ABANDONED, AcqRel, Relaxed)
+                    .compare_exchange(st, gave_up, AcqRel, Relaxed)
                     .is_ok()
                 {
                     return Err(StoreError(libc::ETIMEDOUT));

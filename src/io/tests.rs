@@ -77,6 +77,14 @@ fn calls_end_within_the_timeout_and_late_answers_are_dropped() {
         .unwrap();
     io.read(&store, 3 * PAGE_SIZE as u64, &mut buf).unwrap();
     assert_eq!(buf[0], 5);
+    // The read given up on is not sent again while it is inside the
+    // store: a read of its page fails at once.
+    let t = std::time::Instant::now();
+    assert_eq!(
+        io.read(&store, PAGE_SIZE as u64, &mut buf),
+        Err(StoreError(libc::ETIMEDOUT))
+    );
+    assert!(t.elapsed() < std::time::Duration::from_millis(500));
     // The stuck call returns late; its slot is freed, nothing else.
     *stuck.release.lock().unwrap() = true;
     stuck.cv.notify_all();

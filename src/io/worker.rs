@@ -15,7 +15,7 @@ impl Io {
                 .compare_exchange(PENDING, RUNNING, AcqRel, Acquire)
                 .is_err()
             {
-                // Abandoned before it ran.
+                // Given up on before it ran (DROPPED).
                 self.release(s);
                 continue;
             }
@@ -80,10 +80,10 @@ impl Io {
         }
     }
 
-    /// Frees an abandoned slot.
+    /// Frees a slot its caller gave up on.
     fn release(&self, s: &Slot) {
-        // SAFETY: the slot is ABANDONED: its caller left, and only this
-        // worker (the one that popped it) touches it now.
+        // SAFETY: the slot is ABANDONED or DROPPED: its caller left, and
+        // only this worker (the one that popped it) touches it now.
         drop_store(unsafe { (*s.store.get()).take() });
         let k = self.slots.iter().position(|x| std::ptr::eq(x, s));
         if let Some(k) = k {
@@ -94,7 +94,7 @@ impl Io {
 
     /// A 2 MiB request leaves its buffer's pages behind: gives back what
     /// base-page requests never use. The caller owns slot `k` (DONE and
-    /// its waiter's, or ABANDONED and its worker's).
+    /// its waiter's, or ABANDONED or DROPPED and its worker's).
     pub(super) fn give_back_tail(&self, k: usize) {
         if self.slots[k].len.load(Relaxed) as usize > REQUEST_BYTES {
             let tail = self.buf(k) as usize + REQUEST_BYTES;

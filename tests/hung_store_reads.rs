@@ -1,0 +1,122 @@
+//! A store whose read never returns beside a healthy one, both served on
+//! the I/O workers: the hung store holds one worker, not all of them.
+//! Before, a fault's read that timed out was sent again at once, and its
+//! retry took the next worker into the store that had not answered; the
+//! healthy store's reads then queued behind them, timed out and failed
+//! (found by review). Now a read given up on is not sent again while it
+//! is still inside the store: a read of the same offset fails at once,
+//! until that read returns (reads of other offsets go on:
+//! `guest_hang::other_pages_are_served_while_one_read_hangs`).
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use uffd_pager::store::{MemoryStore, Store, StoreError};
+use uffd_pager::{MapOptions, Pager};
+
+const PAGE: usize = 4096;
+
+/// A store whose reads wait while it is frozen (20 s at most).
+struct Hung {
+    frozen: Mutex<bool>,
+    thawed: Condvar,
+    reads: AtomicUsize,
+}
+
+/// A memory store called on the I/O workers (not signal-safe).
+struct Plain(MemoryStore);
+
+impl Store for Hung {
+    fn len(&self) -> u64 {
+        (4 * PAGE) as u64
+    }
+    fn read(&self, _: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.reads.fetch_add(1, SeqCst);
+        let t = Instant::now();
+        let mut f = self.frozen.lock().unwrap();
+        while *f && t.elapsed() < Duration::from_secs(20) {
+            f = self
+                .thawed
+                .wait_timeout(f, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+        buf.fill(1);
+        Ok(())
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError(libc::EROFS))
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "hung"
+    }
+}
+
+impl Store for Plain {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.0.read(offset, buf)
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError(libc::EROFS))
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "plain"
+    }
+}
+
+#[test]
+fn a_hung_store_holds_one_worker_and_the_other_store_is_served() {
+    let p = Pager::builder()
+        .io_threads(2)
+        .io_timeout(Duration::from_millis(200))
+        .readahead(0, 1)
+        .fault_around(0)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let hung = Arc::new(Hung {
+        frozen: Mutex::new(true),
+        thawed: Condvar::new(),
+        reads: AtomicUsize::new(0),
+    });
+    let plain = Arc::new(Plain(MemoryStore::from_bytes(&[7; 4 * PAGE]).unwrap()));
+    let opts = MapOptions {
+        writable: false,
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing writes either store.
+    let a = unsafe { p.map_store(hung.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+    // SAFETY: as above.
+    let b = unsafe { p.map_store(plain as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+    std::thread::scope(|s| {
+        let stuck = s.spawn(|| a.populate(0, PAGE));
+        let t = Instant::now();
+        while hung.reads.load(SeqCst) == 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "no read came");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Past the first read's timeout, where its retries were sent.
+        std::thread::sleep(Duration::from_millis(400));
+        let served = b.populate(0, 4 * PAGE);
+        let reads = hung.reads.load(SeqCst);
+        *hung.frozen.lock().unwrap() = false;
+        hung.thawed.notify_all();
+        assert!(
+            served.is_ok() && b.as_slice().iter().all(|&x| x == 7),
+            "the healthy store's reads failed beside the hung one ({reads} reads went into \
+             it): {served:?}\n{}",
+            p.stats()
+        );
+        assert_eq!(reads, 1, "reads sent into the store that had not answered");
+        assert!(stuck.join().unwrap().is_err(), "the hung store's read");
+    });
+}
