@@ -442,8 +442,8 @@ extern "C" {
 /// now.
 extern "C" fn unload() {
     // SAFETY: `late_unload` is a function of this library, which is
-    // never unloaded (an `LD_PRELOAD` library is not `dlclose`d); it
-    // takes no argument.
+    // never unloaded (linked `-z nodelete`, see `build.rs`: a `dlclose`
+    // leaves it mapped); it takes no argument.
     let r = unsafe { __cxa_atexit(late_unload, std::ptr::null_mut(), std::ptr::null_mut()) };
     if r != 0 {
         late_unload(std::ptr::null_mut());
