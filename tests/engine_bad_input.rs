@@ -524,3 +524,18 @@ fn a_region_grown_over_an_unregistered_one_goes_at_the_applications_unmap() {
     }
     drop((r, s));
 }
+
+/// `map_anonymous_with` with `writable: false` is refused with a typed
+/// error: it was taken as writable, silently (found by review).
+#[test]
+fn a_read_only_anonymous_map_is_refused_not_made_writable() {
+    let p = Pager::builder().build().unwrap();
+    let opts = MapOptions {
+        writable: false,
+        ..MapOptions::default()
+    };
+    match p.map_anonymous_with(4 * PAGE, &opts) {
+        Err(Error::Config(msg)) => assert!(msg.contains("writable"), "{msg}"),
+        other => panic!("map_anonymous_with(writable: false): {other:?}"),
+    }
+}

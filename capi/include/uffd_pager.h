@@ -575,7 +575,9 @@ int32_t uffd_pager_map_anonymous(const struct uffd_pager *p,
 /**
  * Maps `len` bytes of zero-filled anonymous memory with options `opts`
  * (NULL: the defaults, as [`uffd_pager_map_anonymous`]); `len` is a
- * multiple of the page size (`opts->page_size`).
+ * multiple of the page size (`opts->page_size`), and `opts->writable`
+ * is true (`-EINVAL` otherwise: make a region read-only after the map,
+ * with `uffd_pager_region_protect`).
  *
  * # Safety
  * `p` is a live pager; `opts` is NULL or points at options; `out` points

@@ -73,7 +73,10 @@ impl Pager {
 
     /// [`Pager::map_anonymous`] with options: `opts.kind` is ignored (the
     /// region is anonymous); the page size, placement, pinning and
-    /// populating are taken.
+    /// populating are taken. `opts.writable` must be true
+    /// ([`Error::Config`] otherwise: a region of zeros nothing may write;
+    /// make one read-only after the map with
+    /// [`Region::protect`](crate::Region::protect)). It was taken as true.
     ///
     /// ```no_run
     /// use uffd_pager::{MapOptions, Pager, HUGE_PAGE_SIZE};
@@ -87,6 +90,13 @@ impl Pager {
     /// ```
     pub fn map_anonymous_with(&self, len: usize, opts: &MapOptions) -> Result<Region> {
         check_len(len)?;
+        if !opts.writable {
+            return Err(Error::Config(
+                "map_anonymous_with: writable: false would map zeros nothing may write; map it \
+                 writable and make it read-only with Region::protect(false)"
+                    .into(),
+            ));
+        }
         self.map_object(
             Arc::new(ZeroStore::new(len as u64)),
             len,
@@ -130,7 +140,9 @@ impl Pager {
     ///
     /// # Safety
     /// The store contract of [`Pager::map_store`], where the store is the
-    /// file: nothing but this region changes the file's mapped bytes (not
+    /// file: nothing but this region changes the file's bytes, all of
+    /// them, not only the first `len` ([`Region::remap`] may grow the
+    /// region over the rest) (not
     /// the application through another descriptor or mapping, not another
     /// region, not another process) unless the region is refreshed before
     /// any slice of it is made again. It is the contract that makes
@@ -199,8 +211,10 @@ impl Pager {
     /// The *store contract*. The engine reads a page from `store` on its
     /// first touch and again each time it has evicted it clean, so the
     /// store's bytes are the region's bytes. For as long as the region
-    /// exists, the bytes of `store` in `[0, len)` change only by the
-    /// engine's write-back of this region's own pages; or else, from such
+    /// exists, the bytes of `store` in `[0, store.len())` (all of them,
+    /// not only the first `len`: [`Region::remap`], a safe call, may grow
+    /// the region over the rest) change only by the engine's write-back of
+    /// this region's own pages; or else, from such
     /// a change on, no slice of the region ([`Region::as_slice`],
     /// [`Region::as_mut_slice`]) is alive or made until a
     /// [`Region::refresh`] over the changed range has returned. (Only a
