@@ -31,8 +31,19 @@ extern "C" fn wait_while_held(_: libc::c_int) {
 }
 
 /// Holds thread `tid` of this process in [`wait_while_held`] until `HOLD`
-/// is cleared.
-pub fn hold(tid: libc::pid_t) {
+/// is cleared. The thread is held only once it is idle, blocked in
+/// poll(2) (its wait for messages): a handler signalled while it was
+/// still finishing the fault the test had just taken (the kernel wakes
+/// the faulting thread before the handler leaves the event gate's section
+/// and lets go of its locks) was held there, and the test's next `remap`
+/// or `map` waited for it for ever (a CI run hung so).
+///
+/// The thread is let go at the latest when the returned guard is dropped:
+/// on a failed assertion's unwind too, which otherwise waited for ever on
+/// the held thread (a pager's drop joins it) and hid the failure behind a
+/// hang.
+pub fn hold(tid: libc::pid_t) -> Held {
+    wait_for("the thread to block in poll(2)", || in_poll(tid));
     // SAFETY: installs a handler that only touches atomics.
     unsafe {
         libc::signal(
@@ -45,7 +56,29 @@ pub fn hold(tid: libc::pid_t) {
     // SAFETY: a signal to a thread of this process.
     let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGTRAP) };
     assert_eq!(rc, 0);
+    let held = Held(());
     wait_for("the held thread", || HELD.load(SeqCst));
+    held
+}
+
+/// Lets the thread [`hold`] held go when dropped (clears `HOLD`).
+#[must_use = "the held thread is let go when this is dropped"]
+pub struct Held(());
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HOLD.store(false, SeqCst);
+    }
+}
+
+/// Whether thread `tid` of this process is blocked in poll(2) or ppoll(2)
+/// (x86-64 numbers 7 and 271): `/proc/.../syscall` names the call a
+/// blocked thread is in, and reads `running` for one that runs.
+fn in_poll(tid: libc::pid_t) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
+        return false;
+    };
+    matches!(s.split_whitespace().next(), Some("7" | "271"))
 }
 
 /// The ids of this process's threads named `uffd-region*`.

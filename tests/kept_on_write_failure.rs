@@ -75,7 +75,7 @@ fn a_page_whose_swap_write_fails_is_kept_when_memory_runs_short() {
     let (pa, pb) = (a.as_ptr() as usize, b.as_ptr() as usize);
     // SAFETY: the region's own first page.
     unsafe { std::ptr::write_volatile(pa as *mut u8, 0x5a) };
-    held::hold(held::thread_named("uffd-events"));
+    let _held = held::hold(held::thread_named("uffd-events"));
     std::thread::scope(|s| {
         // The eviction of the written page: moved out, its swap write waits.
         let evictor = s.spawn(|| p.reclaim_pages(1));

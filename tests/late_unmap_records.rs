@@ -39,7 +39,7 @@ fn a_map_that_gave_up_on_its_descriptor_records_nothing() {
         let old = pager.map_anonymous(4 * PAGE).unwrap();
         let a = old.as_ptr() as usize;
         let handler = the_handler();
-        hold(handler);
+        let _held = hold(handler);
         // The application unmaps the old region: its event waits.
         let unmapper = std::thread::spawn(move || {
             // SAFETY: the application gives the old region's memory up.
@@ -84,7 +84,7 @@ fn a_region_grown_into_a_range_whose_unmap_is_unread_keeps_it() {
         const LEN: usize = 4 * PAGE;
         let x = free_range(2 * LEN);
         let (mut low, data, high) = low_and_beside(&pager, x, LEN, 2 * LEN, x + LEN);
-        hold(the_handler());
+        let _held = hold(the_handler());
         // The kernel has freed the range; its event waits for the reader.
         let unmapper = unmap_aside(x + LEN, LEN);
         skip_next_remap_wait();
@@ -111,7 +111,7 @@ fn a_region_grown_over_two_freed_ranges_keeps_them() {
         let s = Arc::new(MemoryStore::from_bytes(&[9u8; LEN]).unwrap());
         // SAFETY: the store is moved in; only the region changes it.
         let third = unsafe { pager.map_store(s, LEN, &shared_at(x + 2 * LEN)) }.unwrap();
-        hold(the_handler());
+        let _held = hold(the_handler());
         let unmappers = [unmap_aside(x + LEN, LEN), unmap_aside(x + 2 * LEN, LEN)];
         skip_next_remap_wait();
         low.remap(3 * LEN).unwrap();
@@ -206,7 +206,7 @@ fn a_region_grown_over_a_range_unmapped_in_two_calls_keeps_it() {
         const LEN: usize = 4 * PAGE;
         let x = free_range(2 * LEN);
         let (mut low, data, beside) = low_and_beside(&pager, x, LEN, 2 * LEN, x + LEN);
-        hold(the_handler());
+        let _held = hold(the_handler());
         let halves = [
             unmap_aside(x + LEN, LEN / 2),
             unmap_aside(x + LEN + LEN / 2, LEN / 2),
@@ -260,7 +260,7 @@ fn grown_over_a_call_over_two_descriptors(times: usize) {
         let between = pager.map_anonymous_with(LEN, &anon).unwrap();
         let grown = times * LEN;
         let (mut low, data, beside) = low_and_beside(&pager, x, LEN, grown, x + 2 * LEN);
-        hold(the_handler());
+        let _held = hold(the_handler());
         let both = unmap_aside(x + LEN, 2 * LEN);
         skip_next_remap_wait();
         low.remap(grown).unwrap();
@@ -319,7 +319,7 @@ fn record_no_event_takes(other_event_between: bool) {
         .unwrap();
     let elsewhere = free_range(LEN);
     let (mut low, data, other) = low_and_beside(&pager, x, LEN, 2 * LEN, elsewhere);
-    hold(the_handler());
+    let _held = hold(the_handler());
     let unrelated = unmap_aside(elsewhere, LEN);
     let taken = unmap_aside(x + LEN, LEN);
     skip_next_remap_wait();

@@ -88,13 +88,13 @@ fn moves_onto_a_range_just_left(d: Delivery, first_kind: InstallKind, reader: Re
     // Pages of both in the store or swap: a region taken for unmapped
     // loses them.
     p.reclaim_pages(LEN as u64 / PAGE as u64);
-    match reader {
+    let _held = match reader {
         Reader::Named(name) => hold(thread_named(name)),
         Reader::FirstRegions => {
             assert_eq!(firsts.len(), 1, "the first region's handler");
-            hold(firsts[0]);
+            hold(firsts[0])
         }
-    }
+    };
     let t1 = std::thread::spawn(move || app_mremap(dd, LEN, LEN, e));
     wait_freed(dd);
     let t2 = std::thread::spawn(move || app_mremap(a, LEN, LEN, dd));
@@ -182,7 +182,7 @@ fn a_remap_into_a_range_a_move_just_left_waits_for_the_move() {
         let data = pattern_vec(74, LEN);
         let moved = region(&p, InstallKind::Anonymous, x + LEN, &data);
         p.reclaim_pages(2 * LEN as u64 / PAGE as u64);
-        hold(the_handler());
+        let _held = hold(the_handler());
         let mover = std::thread::spawn(move || app_mremap(x + LEN, LEN, LEN, to));
         wait_freed(x + LEN);
         let releaser = std::thread::spawn(|| {

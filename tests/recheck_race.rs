@@ -156,7 +156,7 @@ fn a_page_moved_by_the_application_is_not_taken_for_dropped() {
     assert_eq!(pager.stats().resident_pages, 1);
     // Where the application moves it: a reservation of the test's own.
     let to = util::reserve(PAGE);
-    held::hold(held::thread_named("uffd-events"));
+    let _held = held::hold(held::thread_named("uffd-events"));
     let mover = std::thread::spawn(move || {
         // SAFETY: the region's page moves onto the test's reservation;
         // the old range stays mapped (DONTUNMAP).

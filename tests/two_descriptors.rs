@@ -47,7 +47,7 @@ fn a_late_unmap_event_leaves_a_region_mapped_after_the_first() {
 
         // The kernel posts the lower region's event first: hold the higher
         // one's reader, so its event waits.
-        hold(reader);
+        let _held = hold(reader);
         let unmapper = std::thread::spawn(move || {
             // SAFETY: the application gives both regions' memory up.
             unsafe { libc::munmap(x as *mut _, 2 * LEN) }
@@ -307,7 +307,7 @@ fn a_region_moved_onto_a_range_whose_unmap_is_unread_is_found_there() {
         let (pager, x, moved, gone, reader) = side_by_side(store, other);
         assert_eq!(moved.as_slice()[0], 1);
         assert_eq!(gone.as_slice()[0], 9);
-        hold(reader);
+        let _held = hold(reader);
         let unmapper = unmap_high_then_move_low_there(&pager, x);
         assert_eq!(
             moved.mapped(),
@@ -348,7 +348,7 @@ fn a_region_taken_for_unmapped_still_reads_its_own_unmap() {
         let (pager, x, moved, gone, reader) = side_by_side(store, other);
         assert_eq!(gone.as_slice()[0], 9);
         let guard = gone.lock_resident(0, PAGE).unwrap();
-        hold(reader);
+        let _held = hold(reader);
         let unmapper = unmap_high_then_move_low_there(&pager, x);
         HOLD.store(false, SeqCst);
         assert_eq!(unmapper.join().unwrap(), 0);
