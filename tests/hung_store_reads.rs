@@ -6,7 +6,8 @@
 //! (found by review). Now a read given up on is not sent again while it
 //! is still inside the store: a read of the same offset fails at once,
 //! until that read returns (reads of other offsets go on:
-//! `guest_hang::other_pages_are_served_while_one_read_hangs`).
+//! `guest_hang::other_pages_are_served_while_one_read_hangs`), but one
+//! store has at most one fewer calls inside it than there are workers.
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
@@ -73,8 +74,10 @@ impl Store for Plain {
     }
 }
 
-#[test]
-fn a_hung_store_holds_one_worker_and_the_other_store_is_served() {
+/// A pager with two I/O workers (and the spare) and a 200 ms timeout,
+/// a frozen [`Hung`] store and a healthy one of 7s, each mapped
+/// read-only over four pages.
+fn hung_beside_healthy() -> (Pager, Arc<Hung>, uffd_pager::Region, uffd_pager::Region) {
     let p = Pager::builder()
         .io_threads(2)
         .io_timeout(Duration::from_millis(200))
@@ -97,19 +100,35 @@ fn a_hung_store_holds_one_worker_and_the_other_store_is_served() {
     let a = unsafe { p.map_store(hung.clone() as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
     // SAFETY: as above.
     let b = unsafe { p.map_store(plain as Arc<dyn Store>, 4 * PAGE, &opts) }.unwrap();
+    (p, hung, a, b)
+}
+
+/// Waits until `n` reads have come into the hung store.
+fn reads_came(hung: &Hung, n: usize) {
+    let t = Instant::now();
+    while hung.reads.load(SeqCst) < n {
+        assert!(t.elapsed() < Duration::from_secs(10), "no read came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Thaws the hung store.
+fn thaw(hung: &Hung) {
+    *hung.frozen.lock().unwrap() = false;
+    hung.thawed.notify_all();
+}
+
+#[test]
+fn a_hung_store_holds_one_worker_and_the_other_store_is_served() {
+    let (p, hung, a, b) = hung_beside_healthy();
     std::thread::scope(|s| {
         let stuck = s.spawn(|| a.populate(0, PAGE));
-        let t = Instant::now();
-        while hung.reads.load(SeqCst) == 0 {
-            assert!(t.elapsed() < Duration::from_secs(10), "no read came");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        reads_came(&hung, 1);
         // Past the first read's timeout, where its retries were sent.
         std::thread::sleep(Duration::from_millis(400));
         let served = b.populate(0, 4 * PAGE);
         let reads = hung.reads.load(SeqCst);
-        *hung.frozen.lock().unwrap() = false;
-        hung.thawed.notify_all();
+        thaw(&hung);
         assert!(
             served.is_ok() && b.as_slice().iter().all(|&x| x == 7),
             "the healthy store's reads failed beside the hung one ({reads} reads went into \
@@ -118,5 +137,39 @@ fn a_hung_store_holds_one_worker_and_the_other_store_is_served() {
         );
         assert_eq!(reads, 1, "reads sent into the store that had not answered");
         assert!(stuck.join().unwrap().is_err(), "the hung store's read");
+    });
+}
+
+/// Faults on three pages of the hung store at once: each read went into
+/// it, on a worker of its own, until none was left for the healthy store,
+/// whose reads timed out and failed (found by review). One store has at
+/// most one fewer calls inside it than there are workers now (two of the
+/// three here), and the third worker serves the healthy store.
+#[test]
+fn faults_on_many_pages_of_a_hung_store_leave_a_worker_for_the_other() {
+    let (p, hung, a, b) = hung_beside_healthy();
+    std::thread::scope(|s| {
+        let stuck: Vec<_> = (0..3)
+            .map(|k| {
+                let a = &a;
+                s.spawn(move || a.populate(k * PAGE, PAGE))
+            })
+            .collect();
+        reads_came(&hung, 2);
+        // Past the reads' timeout: they are given up on, still inside.
+        std::thread::sleep(Duration::from_millis(400));
+        let served = b.populate(0, 4 * PAGE);
+        let reads = hung.reads.load(SeqCst);
+        thaw(&hung);
+        assert!(
+            served.is_ok() && b.as_slice().iter().all(|&x| x == 7),
+            "the healthy store's reads failed beside the hung one ({reads} reads went into \
+             it): {served:?}\n{}",
+            p.stats()
+        );
+        assert_eq!(reads, 2, "calls inside the hung store at once");
+        for t in stuck {
+            let _ = t.join().unwrap();
+        }
     });
 }

@@ -23,7 +23,9 @@
 //! read given up on is not sent again while it is still inside the store
 //! (a read of the same offset fails at once, `ETIMEDOUT`), so that a
 //! fault's retries do not take every worker into a store that did not
-//! answer (see [`Io::read`]). A store
+//! answer (see [`Io::read`]). Nor do calls to its other pages: one store
+//! has at most one fewer calls inside it than there are workers, so the
+//! last worker is always free for the others (`Io::store_full`). A store
 //! that panics is a failed call (the panic is caught on the worker).
 //!
 //! # Cost
@@ -103,6 +105,9 @@ pub struct Io {
     timeout_ns: u64,
     /// Spin this long before sleeping, waiting or idle.
     spin_ns: u64,
+    /// The most calls one store has inside at a time (set by [`start`]:
+    /// one fewer than the workers).
+    per_store: AtomicUsize,
     /// Pipes that fill kernel-mapped objects' memfds (`sys::pipe`).
     pub(crate) pipes: crate::sys::pipe::PipePool,
     /// Stores whose sync failed after its caller had given up on it: the
@@ -149,6 +154,7 @@ impl Io {
             queue: WorkQueue::new(SLOTS * 2),
             timeout_ns,
             spin_ns,
+            per_store: AtomicUsize::new(usize::MAX),
             pipes: Default::default(),
             failed_syncs: Default::default(),
         })

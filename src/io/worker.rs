@@ -11,12 +11,30 @@ impl Io {
     fn work(&self) {
         while let Some(k) = self.queue.next_spinning(self.spin_ns) {
             let s = &self.slots[k as usize];
+            // (SeqCst, as the loads in `store_full`: see there.)
             if s.state
-                .compare_exchange(PENDING, RUNNING, AcqRel, Acquire)
+                .compare_exchange(PENDING, RUNNING, SeqCst, SeqCst)
                 .is_err()
             {
                 // Given up on before it ran (DROPPED).
                 self.release(s);
+                continue;
+            }
+            if self.store_full(k as usize) {
+                // Back to the queue, behind what other stores wait for;
+                // a caller that gives up meanwhile (ABANDONED before the
+                // call began) has its slot freed here.
+                if s.state
+                    .compare_exchange(RUNNING, PENDING, SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    self.queue.push(k);
+                    self.queue.kick();
+                    // (Not at once round again for the same request.)
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                } else {
+                    self.release(s);
+                }
                 continue;
             }
             // SAFETY: RUNNING: this worker alone touches the cell.
@@ -80,6 +98,41 @@ impl Io {
         }
     }
 
+    /// Whether the store of slot `k` (RUNNING: this worker's) already has
+    /// [`Io::per_store`] calls inside it on other workers (running, or
+    /// given up on and not returned).
+    ///
+    /// Hazard: a store that stops answering (a hung server, a dead NFS
+    /// mount) keeps every worker that calls it. Faults on its other pages,
+    /// and its write-back, sent each call into it until no worker was left
+    /// and every other store's requests queued, timed out and failed (found
+    /// by review). So one store has at most `per_store` calls inside at a
+    /// time, one fewer than there are workers: the last worker is always
+    /// free for the other stores. (Several stores hung at once can still
+    /// take every worker between them.)
+    ///
+    /// Exact, with no lock: this worker's move to RUNNING and its loads
+    /// here are SeqCst, as every other worker's, so of two workers that
+    /// enter the same store at once at least one sees the other (both may,
+    /// and both put their request back: it runs a round later).
+    fn store_full(&self, k: usize) -> bool {
+        let id = self.slots[k].store_id.load(Relaxed);
+        let limit = self.per_store.load(Relaxed);
+        let mut inside = 0;
+        for (j, s) in self.slots.iter().enumerate() {
+            if j != k
+                && matches!(s.state.load(SeqCst), RUNNING | ABANDONED)
+                && s.store_id.load(Relaxed) == id
+            {
+                inside += 1;
+                if inside >= limit {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     /// Frees a slot its caller gave up on.
     fn release(&self, s: &Slot) {
         // SAFETY: the slot is ABANDONED or DROPPED: its caller left, and
@@ -119,14 +172,17 @@ fn drop_store(store: Option<Arc<dyn Store>>) {
     }
 }
 
-/// Starts `n` I/O worker threads over `io` (kept alive by `owner`).
+/// Starts `n` + 1 I/O worker threads over `io` (kept alive by `owner`):
+/// `n` for any store, one kept from any single store ([`Io::store_full`]:
+/// a store has at most `n` calls inside at a time).
 pub fn start<T: Send + Sync + 'static>(
     owner: &Arc<T>,
     io: fn(&T) -> &Io,
     n: usize,
     started: &mut Vec<std::thread::JoinHandle<()>>,
 ) -> std::io::Result<()> {
-    for k in 0..n {
+    io(owner).per_store.store(n.max(1), Relaxed);
+    for k in 0..=n {
         let owner = owner.clone();
         started.push(crate::sys::thread::spawn(
             format!("uffd-io-{k}"),

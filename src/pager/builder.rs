@@ -213,7 +213,9 @@ impl PagerBuilder {
     }
 
     /// I/O worker threads for stores that are not signal-safe (default 2,
-    /// at least 1).
+    /// at least 1). One more thread is started beside them, and one store
+    /// has at most `n` calls in it at a time: a store that stops answering
+    /// never takes the last worker from the others.
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn io_threads(mut self, n: usize) -> Self {
