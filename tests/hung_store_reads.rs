@@ -118,6 +118,23 @@ fn thaw(hung: &Hung) {
     hung.thawed.notify_all();
 }
 
+/// Waits past the I/O timeout, reads the whole healthy region `b` and
+/// thaws the hung store; asserts the healthy reads were served and
+/// returns how many reads had come into the hung one.
+fn healthy_served_past_the_timeout(p: &Pager, hung: &Hung, b: &uffd_pager::Region) -> usize {
+    std::thread::sleep(Duration::from_millis(400));
+    let served = b.populate(0, 4 * PAGE);
+    let reads = hung.reads.load(SeqCst);
+    thaw(hung);
+    assert!(
+        served.is_ok() && b.as_slice().iter().all(|&x| x == 7),
+        "the healthy store's reads failed beside the hung one ({reads} reads went into \
+         it): {served:?}\n{}",
+        p.stats()
+    );
+    reads
+}
+
 #[test]
 fn a_hung_store_holds_one_worker_and_the_other_store_is_served() {
     let (p, hung, a, b) = hung_beside_healthy();
@@ -125,16 +142,7 @@ fn a_hung_store_holds_one_worker_and_the_other_store_is_served() {
         let stuck = s.spawn(|| a.populate(0, PAGE));
         reads_came(&hung, 1);
         // Past the first read's timeout, where its retries were sent.
-        std::thread::sleep(Duration::from_millis(400));
-        let served = b.populate(0, 4 * PAGE);
-        let reads = hung.reads.load(SeqCst);
-        thaw(&hung);
-        assert!(
-            served.is_ok() && b.as_slice().iter().all(|&x| x == 7),
-            "the healthy store's reads failed beside the hung one ({reads} reads went into \
-             it): {served:?}\n{}",
-            p.stats()
-        );
+        let reads = healthy_served_past_the_timeout(&p, &hung, &b);
         assert_eq!(reads, 1, "reads sent into the store that had not answered");
         assert!(stuck.join().unwrap().is_err(), "the hung store's read");
     });
@@ -157,16 +165,7 @@ fn faults_on_many_pages_of_a_hung_store_leave_a_worker_for_the_other() {
             .collect();
         reads_came(&hung, 2);
         // Past the reads' timeout: they are given up on, still inside.
-        std::thread::sleep(Duration::from_millis(400));
-        let served = b.populate(0, 4 * PAGE);
-        let reads = hung.reads.load(SeqCst);
-        thaw(&hung);
-        assert!(
-            served.is_ok() && b.as_slice().iter().all(|&x| x == 7),
-            "the healthy store's reads failed beside the hung one ({reads} reads went into \
-             it): {served:?}\n{}",
-            p.stats()
-        );
+        let reads = healthy_served_past_the_timeout(&p, &hung, &b);
         assert_eq!(reads, 2, "calls inside the hung store at once");
         for t in stuck {
             let _ = t.join().unwrap();
