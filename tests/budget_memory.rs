@@ -258,8 +258,8 @@ fn both_kinds_run_in_a_cgroup_of_the_budget_and_its_overhead() {
     };
     for kind in ["shared", "anonymous"] {
         let exe = std::env::current_exe().unwrap();
-        let out = std::process::Command::new("sh")
-            .arg("-c")
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
             .arg(format!(
                 "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
                 dir.display()
@@ -272,9 +272,8 @@ fn both_kinds_run_in_a_cgroup_of_the_budget_and_its_overhead() {
                 "--test-threads=1",
             ])
             .env("UFFD_CHILD", "1")
-            .env("KIND", kind)
-            .output()
-            .unwrap();
+            .env("KIND", kind);
+        let out = child_output(cmd);
         assert!(
             out.status.success(),
             "{kind} in a cgroup of {limit} bytes: {}",

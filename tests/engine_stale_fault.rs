@@ -185,6 +185,9 @@ static STALE_SEEN: AtomicU64 = AtomicU64::new(0);
 static UNMAPPED: AtomicBool = AtomicBool::new(false);
 #[cfg(feature = "fault-inject")]
 static SECOND_BEFORE_UNMAP: AtomicBool = AtomicBool::new(false);
+/// Set once the hook has let the second message go.
+#[cfg(feature = "fault-inject")]
+static SECOND_HANDLED: AtomicBool = AtomicBool::new(false);
 
 /// Makes the second message of a fault stale, as a signal does by chance:
 /// the first message of the fault at `STALE_AT` is held while the faulting
@@ -209,11 +212,17 @@ fn hold_stale(addr: usize, tid: u32) {
                     libc::SIGUSR1,
                 )
             };
-            std::thread::sleep(Duration::from_millis(100));
+            // Until the second message is read (a fixed 100 ms was not
+            // always long enough for the thread to fault again).
+            let t = std::time::Instant::now();
+            while STALE_SEEN.load(Relaxed) < 2 && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         1 => {
             SECOND_BEFORE_UNMAP.store(!UNMAPPED.load(Relaxed), Relaxed);
-            std::thread::sleep(Duration::from_millis(300))
+            std::thread::sleep(Duration::from_millis(300));
+            SECOND_HANDLED.store(true, Relaxed);
         }
         _ => {}
     }
@@ -274,7 +283,13 @@ fn child_stale_write_meets_a_read_only_region() {
     // SAFETY: inside the region.
     let got = unsafe { std::ptr::read_volatile(b.as_ptr()) };
     assert_eq!(got, data[0]);
-    std::thread::sleep(Duration::from_millis(600));
+    // The held second message is let go and handled (a fixed 600 ms did
+    // the waiting before).
+    let t = std::time::Instant::now();
+    while !SECOND_HANDLED.load(Relaxed) && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
     assert!(
         STALE_SEEN.load(Relaxed) >= 2 && SECOND_BEFORE_UNMAP.load(Relaxed),
         "the write never sent a second message ({} seen)",

@@ -13,6 +13,30 @@ use util::*;
 
 const HOLD: Duration = Duration::from_millis(300);
 
+/// Runs `touch` on a thread of its own and returns once that thread is
+/// about to make it, with the time then: the hold is timed from there, not
+/// from the spawn (a thread that started late on a loaded machine spent
+/// part of the hold before its fault, which then waited less than the
+/// check below asks).
+fn touch_on_a_thread(
+    touch: impl FnOnce() + Send + 'static,
+) -> (std::thread::JoinHandle<()>, Instant) {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    let ready = Arc::new(AtomicBool::new(false));
+    let r = ready.clone();
+    let toucher = std::thread::spawn(move || {
+        r.store(true, SeqCst);
+        touch();
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.load(SeqCst) {
+        assert!(Instant::now() < deadline, "the toucher never started");
+        std::thread::yield_now();
+    }
+    (toucher, Instant::now())
+}
+
 #[test]
 fn child_event_wait() {
     if !is_child() {
@@ -34,8 +58,7 @@ fn child_event_wait() {
         0
     );
     // (munmap returned: the event has been read, and waits for the lock.)
-    let t = Instant::now();
-    let toucher = std::thread::spawn(move || {
+    let (toucher, t) = touch_on_a_thread(move || {
         // SAFETY: a page of the live region, which outlives the thread.
         unsafe { std::ptr::write_volatile((at + PAGE) as *mut u8, 7) };
     });
@@ -83,8 +106,7 @@ fn child_moved_wait() {
         assert!(Instant::now() < deadline, "{d}: the kernel did not move it");
         std::thread::yield_now();
     }
-    let t = Instant::now();
-    let toucher = std::thread::spawn(move || {
+    let (toucher, t) = touch_on_a_thread(move || {
         // SAFETY: a page of the moved region, which outlives the thread.
         unsafe { std::ptr::write_volatile((to + PAGE) as *mut u8, 9) };
     });

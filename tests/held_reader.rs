@@ -139,9 +139,14 @@ pub fn the_handler() -> libc::pid_t {
 }
 
 /// The first thread of this process whose name starts with `prefix`,
-/// once there is one.
+/// once there is one (10 s at most).
 pub fn thread_named(prefix: &str) -> libc::pid_t {
+    let t = Instant::now();
     loop {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no thread named {prefix}*"
+        );
         let t: Vec<(String, String)> = std::fs::read_dir("/proc/self/task")
             .unwrap()
             .filter_map(|e| {

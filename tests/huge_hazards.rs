@@ -372,14 +372,37 @@ fn a_clean_huge_page_moved_by_the_application_is_not_taken_for_dropped() {
     hold::END.store(b.as_ptr() as usize + HUGE, SeqCst);
     uffd_pager::testing::set_before_message(Some(hold::hook));
     let bp = b.as_ptr() as usize;
+    // The handler is let go on an unwind too: a failed assertion below
+    // waited for ever on it otherwise (the pager's drop joins it).
+    struct Go;
+    impl Drop for Go {
+        fn drop(&mut self) {
+            hold::GO.store(true, SeqCst);
+        }
+    }
+    let go = Go;
     // SAFETY: inside region `b`: its fault holds the handler.
     let reader = std::thread::spawn(move || unsafe { std::ptr::read_volatile(bp as *const u8) });
+    let t = std::time::Instant::now();
     while !hold::HELD.load(SeqCst) {
+        assert!(t.elapsed().as_secs() < 10, "the handler was never held");
         std::thread::yield_now();
     }
     let mover = std::thread::spawn(move || app_mremap(old, HUGE, HUGE, to));
-    // The kernel moves the page before it posts the event.
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The kernel moves the page before it posts the event (a fixed sleep
+    // here was not always long enough for the mover to run).
+    let t = std::time::Instant::now();
+    while {
+        let mut v = 0u8;
+        // SAFETY: mincore only reads the page tables.
+        unsafe { libc::mincore(old as *mut libc::c_void, PAGE, &mut v) == 0 }
+    } {
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "the application's mremap never moved the page"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     // And maps memory of its own where the region was (the engine has not
     // heard of the move yet).
     // SAFETY: the range the application's mremap left free.
@@ -397,7 +420,7 @@ fn a_clean_huge_page_moved_by_the_application_is_not_taken_for_dropped() {
     for _ in 0..3 {
         pager.reclaim_pages(4 * UNITS);
     }
-    hold::GO.store(true, SeqCst);
+    drop(go);
     assert_eq!(reader.join().unwrap(), 0);
     mover.join().unwrap();
     uffd_pager::testing::set_before_message(None);

@@ -454,7 +454,14 @@ fn the_faulting_page_outlives_the_neighbours_mapped_around_it() {
 #[cfg(feature = "fault-inject")]
 #[test]
 fn an_unmap_before_the_map_returns_releases_the_object() {
+    /// The thread whose map the hook acts on: the hook is process-wide,
+    /// and another test's map meanwhile had its region unmapped under it.
+    static OWNER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
     fn unmap_at_once(start: usize) {
+        // SAFETY: gettid has no preconditions.
+        if unsafe { libc::gettid() } != OWNER.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         // SAFETY: the test's own new region, used by nothing yet.
         assert_eq!(unsafe { libc::munmap(start as *mut _, 16 * PAGE) }, 0);
         // The handler thread applies the unmap's event meanwhile.
@@ -470,6 +477,11 @@ fn an_unmap_before_the_map_returns_releases_the_object() {
     // Kept after its unmap, with its 16 pages resident.
     map_and_check(&p, &store, &data, "first map");
     assert_eq!(p.stats().resident_pages, 16);
+    // SAFETY: gettid has no preconditions.
+    OWNER.store(
+        unsafe { libc::gettid() },
+        std::sync::atomic::Ordering::SeqCst,
+    );
     uffd_pager::testing::set_after_published(Some(unmap_at_once));
     // SAFETY: the store changes only through the engine.
     let r = unsafe {

@@ -36,6 +36,11 @@ fn one_page_at_a_time() -> Pager {
         .unwrap()
 }
 
+/// Held by the tests that set the process-wide remap hooks
+/// (`set_after_reprotect`, `fail_next_reprotect`): the other's remap,
+/// run meanwhile, took them.
+static REMAP_HOOKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Where [`write_from_another_thread`] writes (offset into the region + 1;
 /// 0: nothing to do), and whether its write has landed.
 static WRITE_OFF: AtomicUsize = AtomicUsize::new(0);
@@ -71,6 +76,7 @@ fn write_from_another_thread(site: &Site<'_>) {
 /// store.
 #[test]
 fn a_write_while_a_remap_restores_access_is_written_back() {
+    let _hooks = REMAP_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
     let p = one_page_at_a_time();
     let data = pattern_vec(61, 32 * PAGE);
     let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
@@ -159,6 +165,7 @@ fn a_refresh_during_the_pages_read_leaves_the_new_bytes() {
 /// waits for the eviction, then reads the page back: nothing is lost.
 #[test]
 fn a_remap_that_cannot_protect_again_during_an_eviction_keeps_a_write() {
+    let _hooks = REMAP_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
     // (A budget: without one there is no LRU to evict from.)
     let p = Pager::builder()
         .delivery(Delivery::InThread)

@@ -434,7 +434,9 @@ fn a_slow_sync_holds_up_no_unmap_or_fault() {
     let (r, third) = (&region, &third);
     std::thread::scope(|s| {
         let flush = s.spawn(|| r.flush());
+        let t = std::time::Instant::now();
         while !store.in_sync.load(Ordering::SeqCst) {
+            assert!(t.elapsed().as_secs() < 10, "the flush never synced");
             std::thread::yield_now();
         }
         // SAFETY: the application unmaps region memory itself; the

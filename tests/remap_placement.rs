@@ -21,17 +21,20 @@ use util::*;
 static ARMED: AtomicBool = AtomicBool::new(false);
 static ASLEEP: AtomicBool = AtomicBool::new(false);
 
+/// Set once B's writes are done; set when the pause ran out before them.
+static B_WROTE: AtomicBool = AtomicBool::new(false);
+static PAUSE_RAN_OUT: AtomicBool = AtomicBool::new(false);
+
 /// The event hook: the first event applied once armed (the move) is
-/// followed by a pause of 400 ms (nanosleep: async-signal-safe).
+/// followed by a pause until B's writes are done (5 s at most: a pause of
+/// a fixed 400 ms, with 200 ms for the writes, was short on a loaded
+/// machine).
 fn pause_after_the_move() {
     if ARMED.swap(false, SeqCst) {
         ASLEEP.store(true, SeqCst);
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 400_000_000,
-        };
-        // SAFETY: a valid timespec; no remainder wanted.
-        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        if !hold_until(&B_WROTE) {
+            PAUSE_RAN_OUT.store(true, SeqCst);
+        }
     }
 }
 
@@ -109,27 +112,23 @@ fn child_remap_placement() {
     ARMED.store(true, SeqCst);
     drop(hold);
     wait_for("A applied the move", || ASLEEP.load(SeqCst));
-    let done = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            for pg in 0..8 {
-                // SAFETY: B's region at X, live until the writer is joined.
-                unsafe { std::ptr::write_volatile((x + pg * PAGE) as *mut u8, 0x22) };
-            }
-            done.store(true, SeqCst);
-        })
-    };
     let t = Instant::now();
-    while !done.load(SeqCst) && t.elapsed() < Duration::from_millis(200) {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let (finished, took) = (done.load(SeqCst), t.elapsed());
+    let writer = std::thread::spawn(move || {
+        for pg in 0..8 {
+            // SAFETY: B's region at X, live until the writer is joined.
+            unsafe { std::ptr::write_volatile((x + pg * PAGE) as *mut u8, 0x22) };
+        }
+        B_WROTE.store(true, SeqCst);
+    });
     writer.join().unwrap();
+    let took = t.elapsed();
     mover.join().unwrap();
     unmapper.join().unwrap();
     uffd_pager::testing::set_after_event(None);
-    assert!(finished, "B's faults waited {took:?} behind A's events");
+    assert!(
+        !PAUSE_RAN_OUT.load(SeqCst),
+        "B's faults waited {took:?} behind A's events"
+    );
     for pg in 0..8 {
         assert_eq!(rb.as_slice()[pg * PAGE], 0x22, "page {pg}");
     }

@@ -51,7 +51,10 @@ impl Store for GateStore {
     }
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.entered.fetch_add(1, SeqCst);
-        while !self.open.load(SeqCst) {
+        // (Bounded: a test that failed before it opened the gate would
+        // wait here for ever in its pager's drop.)
+        let t = std::time::Instant::now();
+        while !self.open.load(SeqCst) && t.elapsed() < std::time::Duration::from_secs(30) {
             std::thread::yield_now();
         }
         self.inner.read(off, buf)
