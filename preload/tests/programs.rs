@@ -1282,6 +1282,22 @@ fn a_pwrite_writes_back_only_the_pages_it_changes() {
     );
 }
 
+/// A `pwrite` to a page the program's `mremap` cut off its mapping: the
+/// engine still holds the page (dirty here) in the mapping's object, as
+/// the kernel's page cache does, but the shim looked only at the mapped
+/// length for what a write overlaps: nothing was written back before the
+/// write, nothing refreshed after, and the mapping grown back showed `DD.`
+/// where the kernel's shows `WD.`, and the file got `DD.` back at the
+/// unmap (found by review).
+#[test]
+fn a_pwrite_past_a_shrunk_mapping_reaches_the_pages_it_still_holds() {
+    let d = scratch();
+    let exe = build_c(&d, "mremap_shrink_write");
+    let (plain, paged, _) = plain_and_paged(&d, &exe, "shrunk", &[]);
+    assert_eq!(plain, "mapping: WD.\nfile: WD.\n");
+    assert_eq!(paged, plain);
+}
+
 /// `fsync` after a store through a writable shared mapping: the kernel's
 /// covers what was stored through the mapping, so the bytes are in the
 /// file when it returns. The shim passed `fsync` to the kernel, which

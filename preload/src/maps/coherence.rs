@@ -98,13 +98,18 @@ pub struct Target {
 
 impl Target {
     /// The file bytes `[lo, hi)` that `n` bytes written here would change
-    /// in mapping `e`, if any.
+    /// in mapping `e`, if any: over its whole store, not only its mapped
+    /// length. A mapping the program shrank with `mremap` still holds the
+    /// pages it cut off (dirty ones too, written back at its unmap), as
+    /// the kernel's page cache does, and may grow over them again: a
+    /// write there, looked at over the mapped length, was neither written
+    /// back before nor refreshed after, and the old page went over it.
     fn overlap(&self, e: &Entry, n: u64) -> Option<(u64, u64)> {
         let lo = self.off.max(e.base);
         let hi = self
             .off
             .saturating_add(n)
-            .min(e.base + e.region.len() as u64);
+            .min(e.base + e.cap.max(e.region.len()) as u64);
         (e.file == Some(self.id) && lo < hi).then_some((lo, hi))
     }
 
