@@ -539,3 +539,52 @@ fn a_read_only_anonymous_map_is_refused_not_made_writable() {
         other => panic!("map_anonymous_with(writable: false): {other:?}"),
     }
 }
+
+/// A budget under four pages is refused: one access may need four pages
+/// resident at once, and under a budget of one page a load across a page
+/// boundary (kswapd off) never completed: each page's fault evicted the
+/// other, and the access ran again and faulted again, for ever (found by
+/// review). At four pages, a `movsq` from a word across one boundary to a
+/// word across another, with the budget full of older pages, completes.
+#[test]
+fn a_budget_under_four_pages_is_refused_and_four_serve_any_access() {
+    for b in 1..4 {
+        match Pager::builder().budget_pages(b).build() {
+            Err(Error::Config(m)) => assert!(m.contains("budget"), "{m}"),
+            r => panic!("a budget of {b} pages: {:?}", r.map(|_| ())),
+        }
+    }
+    with_deadline(60, "a four-page access under a budget of four", || {
+        let p = Pager::builder()
+            .budget_pages(4)
+            .kswapd(false)
+            .readahead(0, 1)
+            .fault_around(0)
+            .build()
+            .unwrap();
+        let r = p.map_anonymous(8 * PAGE).unwrap();
+        let base = r.as_ptr() as usize;
+        for pg in [2, 3, 6, 7] {
+            // SAFETY: inside the region.
+            unsafe { std::ptr::write_volatile((base + pg * PAGE) as *mut u8, 1) };
+        }
+        let (src, dst) = (base + PAGE - 4, base + 5 * PAGE - 4);
+        // SAFETY: inside the region.
+        unsafe { std::ptr::write_unaligned(src as *mut u64, 0x1122_3344_5566_7788) };
+        // SAFETY: both words are inside the region; movsq reads 8 bytes at
+        // rsi and writes 8 at rdi (the direction flag is clear, per the
+        // ABI) and changes nothing else.
+        unsafe {
+            std::arch::asm!(
+                "movsq",
+                inout("rsi") src => _,
+                inout("rdi") dst => _,
+                options(nostack, preserves_flags)
+            )
+        };
+        // SAFETY: inside the region.
+        let got = unsafe { std::ptr::read_unaligned(dst as *const u64) };
+        assert_eq!(got, 0x1122_3344_5566_7788);
+        assert!(p.stats().resident_pages <= 4, "{}", p.stats());
+    });
+}

@@ -117,7 +117,8 @@ typedef struct uffd_pager_config {
    */
   size_t size;
   /**
-   * Memory budget in bytes (rounded up to pages); 0: unlimited.
+   * Memory budget in bytes (rounded up to pages; at least 4 of them, a
+   * smaller one is refused with `-EINVAL`); 0: unlimited.
    */
   uint64_t budget_bytes;
   /**

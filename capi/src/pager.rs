@@ -32,7 +32,8 @@ pub struct uffd_pager_config {
     /// the fields the program lacks their defaults; an older one refuses
     /// fields it does not know that are set (`-E2BIG`).
     pub size: usize,
-    /// Memory budget in bytes (rounded up to pages); 0: unlimited.
+    /// Memory budget in bytes (rounded up to pages; at least 4 of them, a
+    /// smaller one is refused with `-EINVAL`); 0: unlimited.
     pub budget_bytes: u64,
     /// `UFFD_PAGER_POLICY_*` (default RETRY_ONCE).
     pub policy: u32,

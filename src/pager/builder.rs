@@ -61,8 +61,10 @@ impl PagerBuilder {
         self
     }
 
-    /// Memory budget in pages across all regions (0: unlimited). Resident
-    /// means cached plus installed.
+    /// Memory budget in pages across all regions (0: unlimited; else at
+    /// least 4, as one access may need four pages resident at once: a
+    /// smaller one is [`Error::Config`](crate::Error::Config) at `build`).
+    /// Resident means cached plus installed.
     ///
     /// Example: [`PagerBuilder`](crate::PagerBuilder).
     pub fn budget_pages(mut self, pages: u64) -> Self {

@@ -14,6 +14,15 @@ use crate::error::{Error, Result};
 /// address space.
 pub const MAX_BUDGET_PAGES: u64 = 1 << 35;
 
+/// The smallest budget in 4 KiB pages (0 aside: no budget). One x86-64
+/// access needs up to four pages resident at once (`movsq` between two
+/// unaligned words, each across a page boundary); under a smaller budget
+/// the fault for one page evicted another the access needs, and the
+/// access ran again and faulted again, for ever (a load across one
+/// boundary under a budget of one page, with kswapd off; found by
+/// review).
+pub const MIN_BUDGET_PAGES: u64 = 4;
+
 /// The most threads of one kind: handler threads, I/O workers, readahead
 /// threads.
 pub const MAX_THREADS: usize = 1024;
@@ -37,6 +46,13 @@ pub(super) fn check(config: &Config) -> Result<()> {
             config.budget_pages.into(),
             MAX_BUDGET_PAGES.into(),
         );
+    }
+    if config.budget_pages > 0 && config.budget_pages < MIN_BUDGET_PAGES {
+        return Err(Error::Config(format!(
+            "a budget of {} pages is under the least, {MIN_BUDGET_PAGES}: one access may \
+             need that many resident at once (0 is no budget)",
+            config.budget_pages
+        )));
     }
     if config.lru_shards > MAX_LRU_SHARDS {
         return over(

@@ -251,13 +251,11 @@ pub fn run(a: &MetadataArgs) -> CliResult {
             a.page_size
         )));
     }
-    // (The engine refuses a budget of 2 MiB pages under two of them: a
-    // usage error here, as for the workloads, not a failed run.)
-    if units > 1 && sizes.budget_units < 2 * units {
-        return Err(CliError::Usage(format!(
-            "--budget {} is under two 2 MiB pages, the least a budget of them holds",
-            sizes.budget_units / units
-        )));
+    // (The engine refuses a budget under two 2 MiB pages, or under four
+    // 4 KiB pages: a usage error here, as for the workloads, not a failed
+    // run.)
+    if let Some(e) = super::under_the_least_budget(sizes.budget_units / units, units, false) {
+        return Err(e);
     }
     // (One fault each: 10^7 take about a minute here. Bounded by --pages
     // alone, a billion were accepted: an hour and a half of faults.)

@@ -163,14 +163,24 @@ fn fits_in_memory(what: &str, bytes: u64) -> Result<(), CliError> {
     }
 }
 
-/// The refusal of a budget of 2 MiB pages under two of them (`budget`,
-/// as given), the least the engine's budget holds; `none`: a budget of 0
-/// means none there.
-fn under_two_huge_pages(budget: u64, none: bool) -> CliError {
-    CliError::Usage(format!(
-        "--budget {budget} is under two 2 MiB pages, the least a budget of them holds{}",
-        if none { " (0 is none)" } else { "" }
-    ))
+/// The refusal of a budget under the least the engine's budget holds, if
+/// it is: `budget` pages of `units` 4 KiB pages each, at least two 2 MiB
+/// pages or [`uffd_pager::limits::MIN_BUDGET_PAGES`] 4 KiB pages. 0 is
+/// let through (`none`: it means none there, said in the message).
+fn under_the_least_budget(budget: u64, units: u64, none: bool) -> Option<CliError> {
+    let zero = if none { " (0 is none)" } else { "" };
+    let least = uffd_pager::limits::MIN_BUDGET_PAGES;
+    match budget.saturating_mul(units) {
+        0 => None,
+        b if units > 1 && b < 2 * units => Some(CliError::Usage(format!(
+            "--budget {budget} is under two 2 MiB pages, the least a budget of them holds{zero}"
+        ))),
+        b if b < least => Some(CliError::Usage(format!(
+            "--budget {budget} is under {least} pages, the least a budget holds (one access \
+             may need that many resident at once){zero}"
+        ))),
+        _ => None,
+    }
 }
 
 /// Checks before the run that `path` can take an output file (`flag`): a

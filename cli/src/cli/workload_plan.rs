@@ -105,8 +105,8 @@ pub(super) fn plan(
         a.pages.unwrap_or(pages / units),
         a.budget.unwrap_or(budget / units as u64),
     );
-    if units > 1 && budget > 0 && budget < 2 * units as u64 {
-        return Err(super::under_two_huge_pages(shown_budget, true));
+    if let Some(e) = super::under_the_least_budget(budget / units as u64, units as u64, true) {
+        return Err(e);
     }
     if budget > uffd_pager::limits::MAX_BUDGET_PAGES {
         return Err(CliError::Usage(format!(

@@ -153,8 +153,8 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     let units = a.page_size / uffd_pager::PAGE_SIZE;
     // (Before, the engine refused it at the map, after the model was made
     // and the file written: exit 1.)
-    if units > 1 && a.budget < 2 {
-        return Err(super::under_two_huge_pages(a.budget, false));
+    if let Some(e) = super::under_the_least_budget(a.budget, units as u64, false) {
+        return Err(e);
     }
     if a.pages == 0 || a.pages > MAX_PAGES / units {
         return usage(format!(
@@ -168,10 +168,13 @@ fn config(a: &TortureArgs) -> Result<TortureConfig, CliError> {
     let bytes = (a.pages * a.page_size) as u64;
     super::fits_in_memory(&format!("--pages {}", a.pages), bytes.saturating_mul(2))?;
     if a.budget > (a.pages / 4) as u64 {
-        // Only the ways out that exist: a budget of at least one page, a
-        // region of at most MAX_PAGES.
+        // Only the ways out that exist: a budget the engine takes (at
+        // least four pages, or two 2 MiB pages), a region of at most
+        // MAX_PAGES.
         let mut ways = Vec::new();
-        if a.pages >= 4 {
+        if super::under_the_least_budget((a.pages / 4) as u64, units as u64, false).is_none()
+            && a.pages >= 4
+        {
             ways.push(format!("--budget {} or less", a.pages / 4));
         }
         match a.budget.checked_mul(4) {
