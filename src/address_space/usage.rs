@@ -56,11 +56,16 @@ impl Mm {
 
     /// A statistics snapshot.
     pub fn stats(&self) -> Stats {
+        // A charge raises residency first and the peak after it: a look in
+        // between saw residency above the peak (and `reset_stats` may
+        // store a residency a charge has since passed). The peak is at
+        // least the residency it is shown with.
+        let resident = self.resident.load(Relaxed);
         Stats::capture(
             &self.counters,
             self.lock.contention(),
-            self.resident.load(Relaxed),
-            self.peak_resident.load(Relaxed),
+            resident,
+            self.peak_resident.load(Relaxed).max(resident),
             self.config.budget_pages,
         )
     }
@@ -142,6 +147,10 @@ impl Mm {
         self.lock.reset_counters();
         self.peak_resident
             .store(self.resident.load(Relaxed), Relaxed);
+        // (A charge between the load and the store raised the peak, which
+        // the store then put back below residency.)
+        self.peak_resident
+            .fetch_max(self.resident.load(Relaxed), Relaxed);
     }
 }
 

@@ -120,8 +120,11 @@ pub fn start_kswapd(mm: &Arc<Mm>) -> std::io::Result<std::thread::JoinHandle<()>
                 }
                 continue;
             }
-            // Faulting contexts try clean passes again.
+            // Faulting contexts try clean passes again, and the next
+            // episode's first empty round waits 1 ms again, not the
+            // backoff a failing store left from an earlier one.
             r.clean_refused.store(false, Relaxed);
+            idle_ns = 0;
             r.kswapd_sleeping.store(true, SeqCst);
             if mm.resident.load(SeqCst) <= high && !r.stop.load(Acquire) {
                 futex::wait(&r.kswapd_seq, seq);
