@@ -10,7 +10,9 @@ mod util;
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use uffd_pager::{Delivery, Error, Pager};
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::{Delivery, Error, InstallKind, MapOptions, Pager};
 use util::*;
 
 const BUDGET: u64 = 64;
@@ -118,6 +120,52 @@ fn prefault_and_guards_larger_than_the_budget_are_refused() {
     r.prefault(0, 8 * PAGE).unwrap();
     let g = r.lock_resident(0, 8 * PAGE).unwrap();
     drop(g);
+}
+
+/// A prefault of the whole budget was taken, but reclaim begins at the
+/// high watermark: its first pages were evicted before it returned, and
+/// a system call on the buffer then got EFAULT (in-thread delivery; found
+/// by review). A prefault is refused past the low watermark now, and one
+/// at it leaves every page resident: touching them faults nothing.
+#[test]
+fn a_prefault_past_the_low_watermark_is_refused_and_one_at_it_stays() {
+    const B: u64 = 64;
+    let p = Pager::builder()
+        .delivery(Delivery::InThread)
+        .budget_pages(B)
+        .readahead(0, 1)
+        .fault_around(0)
+        .build()
+        .unwrap();
+    let data = pattern_vec(5, 256 * PAGE);
+    let store = Arc::new(MemoryStore::from_bytes(&data).unwrap());
+    let opts = MapOptions {
+        writable: false,
+        kind: Some(InstallKind::Shared),
+        ..MapOptions::default()
+    };
+    // SAFETY: nothing writes the store.
+    let r = unsafe { p.map_store(store, 256 * PAGE, &opts) }.unwrap();
+    let (_, low) = uffd_pager::watermarks(B);
+    assert!(
+        matches!(
+            r.prefault(0, B as usize * PAGE),
+            Err(Error::OverBudget { .. })
+        ),
+        "a prefault of the whole budget"
+    );
+    r.prefault(0, low as usize * PAGE).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let before = p.stats().get(uffd_pager::Counter::PGFAULT);
+    for pg in 0..low as usize {
+        assert_eq!(r.as_slice()[pg * PAGE], data[pg * PAGE]);
+    }
+    let st = p.stats();
+    assert_eq!(
+        st.get(uffd_pager::Counter::PGFAULT),
+        before,
+        "pages of the prefault were evicted before it returned\n{st}"
+    );
 }
 
 /// An anonymous region mapped read-only over a store whose pages were read

@@ -691,6 +691,8 @@ int32_t uffd_pager_region_advise(const struct uffd_pager_region *r, uint32_t acc
  * written back to the store, whether the call wrote them or not.
  * Under a budget another thread can evict the range again before the
  * call: `uffd_pager_region_lock_resident` keeps it resident until freed.
+ * A range past the budget's low watermark (a sixteenth below it) is
+ * refused (-ENOMEM): reclaim begins above it.
  *
  * # Safety
  * `r` is a live region handle.

@@ -413,6 +413,8 @@ pub unsafe extern "C" fn uffd_pager_region_advise(r: *const uffd_pager_region, a
 /// written back to the store, whether the call wrote them or not.
 /// Under a budget another thread can evict the range again before the
 /// call: `uffd_pager_region_lock_resident` keeps it resident until freed.
+/// A range past the budget's low watermark (a sixteenth below it) is
+/// refused (-ENOMEM): reclaim begins above it.
 ///
 /// # Safety
 /// `r` is a live region handle.

@@ -13,18 +13,22 @@ impl Region {
     /// pages become dirty). Pages may be evicted again later under a memory
     /// budget, so prefault right before the syscall.
     ///
-    /// A range larger than the budget is refused ([`Error::OverBudget`]):
-    /// its first pages would be evicted before the call. Prefaulting is
-    /// best-effort: another thread can keep the pager at its budget and
-    /// evict the buffer again before the call; [`Region::lock_resident`]
-    /// keeps it resident until the guard is dropped.
+    /// A range larger than the budget's low watermark (see
+    /// [`watermarks`](crate::watermarks): a sixteenth below the budget) is
+    /// refused ([`Error::OverBudget`]): reclaim begins at the high
+    /// watermark, and a range past it had its first pages evicted before
+    /// the call (a range of the whole budget did; found by review).
+    /// Prefaulting is best-effort: another thread can keep the pager at
+    /// its budget and evict the buffer again before the call;
+    /// [`Region::lock_resident`] keeps it resident until the guard is
+    /// dropped.
     ///
     /// Example: [`Region`](crate::Region).
     pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
         let span = self.page_span(offset, len)?;
         let budget = self.owner.mm.config.budget_pages;
         let pages = ((span.1 - span.0).div_ceil(PAGE_SIZE)) as u64;
-        if budget > 0 && pages > budget {
+        if budget > 0 && pages > crate::watermarks(budget).1 {
             return Err(Error::OverBudget { pages, budget });
         }
         let (_, writable, _) = self.vma_flags();
