@@ -301,12 +301,13 @@ fn page_reclaimed_before_the_retry_counts_retry_io_miss() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for (page, d) in sizes_and_deliveries() {
         let _pool = pool_for(page);
-        // The budget counts 4 KiB units: two pages of either size.
+        // The budget counts 4 KiB units: two pages of either size (at
+        // least the engine's least budget, four 4 KiB pages).
         let units = (page / PAGE) as u64;
         let pager = Pager::builder()
             .policy(Policy::new(PolicyKind::Vanilla))
             .delivery(d)
-            .budget_pages(2 * units)
+            .budget_pages((2 * units).max(uffd_pager::limits::MIN_BUDGET_PAGES))
             .kswapd(false)
             .readahead(0, 1)
             .fault_around(0)
