@@ -416,7 +416,8 @@ typedef struct uffd_pager_stats {
 
 /**
  * A store of your own, in C. Offsets and lengths are whole pages. Each
- * callback returns 0 or a negative errno.
+ * callback returns 0 or a negative errno (-1 to -4095); anything else (a
+ * byte count, 1 for true) is taken for a failure, `-EIO`.
  *
  * The callbacks are called from several threads at once, with the same
  * `ctx` (two reads of different pages may overlap, a write may overlap a
@@ -456,7 +457,14 @@ typedef struct uffd_pager_store {
    */
   int32_t (*write)(void*, uint64_t, const void*, size_t);
   /**
-   * Called once when the engine no longer needs the store; may be NULL.
+   * Called once per successful map of the store when the engine no
+   * longer needs it (mapped twice, it is called twice); may be NULL.
+   * Until then the other callbacks may run, also after the region's
+   * unmap has returned: a write-back that failed keeps the pages, and
+   * `uffd_pager_flush_unmapped` or `uffd_pager_free` writes them later.
+   * So with `release` NULL, `ctx` must outlive the pager. It may run
+   * on any thread (the one that unmaps or frees, or one of the
+   * engine's); no callback may call the API.
    */
   void (*release)(void*);
   /**

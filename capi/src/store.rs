@@ -7,7 +7,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 /// A store of your own, in C. Offsets and lengths are whole pages. Each
-/// callback returns 0 or a negative errno.
+/// callback returns 0 or a negative errno (-1 to -4095); anything else (a
+/// byte count, 1 for true) is taken for a failure, `-EIO`.
 ///
 /// The callbacks are called from several threads at once, with the same
 /// `ctx` (two reads of different pages may overlap, a write may overlap a
@@ -37,7 +38,14 @@ pub struct uffd_pager_store {
     pub read: Option<unsafe extern "C" fn(*mut c_void, u64, *mut c_void, usize) -> i32>,
     /// Writes `len` bytes from `buf` at `offset`; NULL: a read-only store.
     pub write: Option<unsafe extern "C" fn(*mut c_void, u64, *const c_void, usize) -> i32>,
-    /// Called once when the engine no longer needs the store; may be NULL.
+    /// Called once per successful map of the store when the engine no
+    /// longer needs it (mapped twice, it is called twice); may be NULL.
+    /// Until then the other callbacks may run, also after the region's
+    /// unmap has returned: a write-back that failed keeps the pages, and
+    /// `uffd_pager_flush_unmapped` or `uffd_pager_free` writes them later.
+    /// So with `release` NULL, `ctx` must outlive the pager. It may run
+    /// on any thread (the one that unmaps or frees, or one of the
+    /// engine's); no callback may call the API.
     pub release: Option<unsafe extern "C" fn(*mut c_void)>,
     /// The callbacks are async-signal-safe.
     pub signal_safe: bool,
@@ -138,10 +146,17 @@ unsafe impl Send for CStore {}
 // SAFETY: as above.
 unsafe impl Sync for CStore {}
 
+/// A callback's return as the engine's result: 0 is success, a negative
+/// errno (-1 to -4095) that error. Anything else is a callback that does
+/// not keep the contract (a `pread`-style byte count, `1` for true, a
+/// large negative number) and fails as `EIO`: passed on, a read that
+/// returned its length failed every fault with "errno" 4096. (A `-1` is
+/// `-EPERM`, as the contract reads it.)
 fn rc(r: i32) -> Result<(), StoreError> {
     match r {
         0 => Ok(()),
-        e => Err(StoreError(e.checked_abs().unwrap_or(libc::EIO).max(1))),
+        -4095..=-1 => Err(StoreError(-r)),
+        _ => Err(StoreError(libc::EIO)),
     }
 }
 
@@ -250,6 +265,20 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
     use std::time::Duration;
+
+    /// Only a negative errno is passed on; a return outside the contract
+    /// is EIO (before, a byte count such as 4096, or 1, went on as an
+    /// errno).
+    #[test]
+    fn callback_returns_outside_the_contract_are_eio() {
+        assert_eq!(rc(0), Ok(()));
+        assert_eq!(rc(-libc::ENOSPC), Err(StoreError(libc::ENOSPC)));
+        assert_eq!(rc(-1), Err(StoreError(libc::EPERM)));
+        assert_eq!(rc(-4095), Err(StoreError(4095)));
+        for r in [4096, 1, -4096, i32::MIN, i32::MAX] {
+            assert_eq!(rc(r), Err(StoreError(libc::EIO)), "{r}");
+        }
+    }
 
     /// Set by the test once the map has returned and `ctx` is its again.
     static GIVEN_BACK: AtomicBool = AtomicBool::new(false);

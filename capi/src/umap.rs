@@ -18,7 +18,8 @@
 //!   fault as UMap fills it; [`umap_prefetch`] and the readahead window
 //!   count in it. `UMAP_BUFSIZE` counts UMap pages, so the budget is
 //!   `UMAP_BUFSIZE × UMAP_PAGESIZE` bytes (default: 80% of the memory
-//!   available at the first call, as UMap's).
+//!   available at the first call, as UMap's), and at least the engine's
+//!   least budget, four 4 KiB pages.
 //! - `UMAP_PAGE_FILLERS` sets the readahead threads, `UMAP_READ_AHEAD` the
 //!   readahead window in UMap pages (default 0: none), and
 //!   `UMAP_PAGE_EVICTORS=0` turns the background reclaimer off (any other

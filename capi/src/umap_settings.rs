@@ -109,7 +109,9 @@ impl Settings {
         let mut b = Pager::builder()
             .policy(policy)
             .delivery(delivery)
-            .budget_pages(budget.max(1))
+            // (At least the engine's least budget: a buffer of a page or
+            // three made every umap fail with EINVAL.)
+            .budget_pages(budget.max(engine::limits::MIN_BUDGET_PAGES))
             .kswapd(self.evictors > 0)
             // UMap reads ahead only when told to (the engine's readahead
             // window comes from UMAP_READ_AHEAD below). It fills one UMap

@@ -83,6 +83,17 @@ impl Config {
         };
         let anon_min = num("UFFD_PAGER_ANON_MIN")?.map(|n| n.max(1) as usize);
         let budget = num("UFFD_PAGER_BUDGET")?.unwrap_or(0);
+        // (The engine's least budget, named here rather than as a failed
+        // build at the first mapping.)
+        let least = engine::limits::MIN_BUDGET_PAGES * engine::PAGE_SIZE as u64;
+        if budget > 0
+            && budget.div_ceil(engine::PAGE_SIZE as u64) < engine::limits::MIN_BUDGET_PAGES
+        {
+            return Err(bad(
+                "UFFD_PAGER_BUDGET",
+                format!("{budget} bytes is under the least budget, {least} (0 is none)"),
+            ));
+        }
         let policy = match get("UFFD_PAGER_POLICY") {
             Some(v) => v.parse().map_err(|e| bad("UFFD_PAGER_POLICY", e))?,
             None => Policy::default(),
@@ -200,6 +211,7 @@ mod tests {
     fn every_bad_value_names_its_variable() {
         for (k, v) in [
             ("UFFD_PAGER_BUDGET", "lots"),
+            ("UFFD_PAGER_BUDGET", "8K"),
             ("UFFD_PAGER_POLICY", "fast"),
             ("UFFD_PAGER_DELIVERY", "post"),
             ("UFFD_PAGER_LATENCY", "soon"),
