@@ -42,6 +42,13 @@ impl Mm {
             let r = mprotect(vma.start, vma.len(), prot);
             if r.is_ok() {
                 vma.writable.store(writable, Release);
+                // (Made writable here after `protect_with_wp` failed
+                // half way: its read-only-through-protection is over too,
+                // or each new page went in write-protected and the first
+                // write made the region read-only for real.)
+                if writable {
+                    vma.read_only_wp.store(false, Release);
+                }
                 // Writable now: its anonymous pages may change without a
                 // fault, so none is clean any more. Reclaim re-checks CLEAN
                 // under this region's read lock, which it holds until its
