@@ -65,6 +65,21 @@ mod imp {
         call(&AFTER_REPROTECT, v)
     }
 
+    static BEFORE_RANGE_CHANGE: AtomicUsize = AtomicUsize::new(0);
+
+    /// Runs in `Region::protect`, `Region::protect_in_kernel` and a quiet
+    /// region's `dontneed`, with the global lock held (and, in the first
+    /// two, the region's for write), right before the call looks whether
+    /// an event may have taken the region's range and then changes it.
+    /// Set `None` to clear.
+    pub fn set_before_range_change(h: Option<Hook>) {
+        BEFORE_RANGE_CHANGE.store(h.map_or(0, |f| f as usize), Release);
+    }
+
+    pub(crate) fn before_range_change(v: &Vma) {
+        call(&BEFORE_RANGE_CHANGE, v)
+    }
+
     pub(crate) fn after_lookup(v: &Vma) {
         call(&AFTER_LOOKUP, v)
     }
@@ -232,13 +247,14 @@ mod imp {
 pub use imp::{
     fail_next_remap, fail_next_reprotect, fail_next_reregister, set_after_detach, set_after_event,
     set_after_listed, set_after_lookup, set_after_published, set_after_reprotect, set_before_map,
-    set_before_message, skip_next_remap_wait, Hook, MapHook, Site,
+    set_before_message, set_before_range_change, skip_next_remap_wait, Hook, MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
     after_detach, after_event, after_listed, after_lookup, after_published, after_reprotect,
-    before_map, before_message, remap_fails, remap_waits, reprotect_fails, reregister_fails,
+    before_map, before_message, before_range_change, remap_fails, remap_waits, reprotect_fails,
+    reregister_fails,
 };
 
 #[cfg(not(feature = "fault-inject"))]
@@ -274,6 +290,10 @@ pub(crate) fn after_reprotect(_: &Vma) {}
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
 pub(crate) fn before_message(_: usize, _: u32) {}
+
+#[cfg(not(feature = "fault-inject"))]
+#[inline(always)]
+pub(crate) fn before_range_change(_: &Vma) {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

@@ -3,6 +3,7 @@
 
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
+use crate::events::coming::{range_in_doubt, until_settled, Tried, Unsettled};
 use crate::object::InstallKind;
 use crate::page_cache::{MAPPED, POISONED};
 use crate::sys::mem::madvise;
@@ -35,24 +36,27 @@ impl Mm {
     /// access reads what the source holds), as with the kernel's madvise.
     pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
-        const CHUNK: usize = 64;
         self.check_owner()?;
-        self.events.wait_applied();
-        let quiet = {
+        let quiet = until_settled(self, "madvise(MADV_DONTNEED)", || {
             let _g = self.lock.read();
-            let vma = self
-                .find_vma_locked(addr)
-                .filter(|v| addr + len <= v.end)
-                .ok_or(Error::Config(format!(
+            let Some(vma) = self.find_vma_locked(addr).filter(|v| addr + len <= v.end) else {
+                return Ok(Err(Error::Config(format!(
                     "{addr:#x}+{len:#x} is not inside one region"
-                )))?;
-            vma.object.quiet
-        };
+                ))));
+            };
+            if range_in_doubt(self, self.uffd_for(&vma.object)) {
+                return Err(Unsettled);
+            }
+            Ok(Ok(vma.object.quiet))
+        })?;
         if !quiet {
             // The region's descriptor reports the application's madvise:
             // this one is applied by the same event, as the application's
             // own would be. No engine lock is held across it (the event
-            // reader takes them).
+            // reader takes them), so the look above at the events on their
+            // way cannot cover it: an unmap of the application's and its
+            // own new mapping there, both between that look and this
+            // call, would lose that mapping's pages.
             let r = madvise(addr, len, libc::MADV_DONTNEED)
                 .map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e));
             // The madvise returns once its REMOVE event is *read*; with
@@ -64,17 +68,30 @@ impl Mm {
             self.events.wait_applied();
             return r;
         }
+        // (Each chunk only while no event may have taken the range from
+        // the region: see `range_in_doubt`.)
+        until_settled(self, "madvise(MADV_DONTNEED)", || {
+            self.dontneed_quiet(addr, len)
+        })
+    }
+
+    /// One try of a quiet region's [`dontneed`](Self::dontneed).
+    fn dontneed_quiet(&self, addr: usize, len: usize) -> Tried<()> {
+        const CHUNK: usize = 64;
         let _g = self.lock.read();
-        let vma = self
-            .find_vma_locked(addr)
-            .filter(|v| addr + len <= v.end)
-            .ok_or(Error::Config("the region changed".into()))?;
+        let Some(vma) = self.find_vma_locked(addr).filter(|v| addr + len <= v.end) else {
+            return Ok(Err(Error::Config("the region changed".into())));
+        };
         let obj = &vma.object;
         let first = vma.page_index(addr);
         let last = vma.page_index(addr + len - 1) + 1;
         let mut i = first;
         while i < last {
             let end = (i + CHUNK).min(last);
+            crate::inject::before_range_change(vma);
+            if range_in_doubt(self, self.uffd_for(obj)) {
+                return Err(Unsettled);
+            }
             for p in i..end {
                 obj.cache.lock(p);
             }
@@ -95,9 +112,11 @@ impl Mm {
                 let clear = crate::discard::discard_page(self, obj, p, obj.cache.load(p));
                 obj.cache.unlock(p, 0, clear);
             }
-            r.map_err(|e| Error::sys("madvise(MADV_DONTNEED)", e))?;
+            if let Err(e) = r {
+                return Ok(Err(Error::sys("madvise(MADV_DONTNEED)", e)));
+            }
             i = end;
         }
-        Ok(())
+        Ok(Ok(()))
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::address_space::Mm;
 use crate::error::{Error, Result};
+use crate::events::coming::{range_in_doubt, until_settled, Tried, Unsettled};
 use crate::object::InstallKind;
 use crate::page_cache::CLEAN;
 use crate::sys::mem::mprotect;
@@ -10,22 +11,31 @@ use std::sync::atomic::Ordering::*;
 
 impl Mm {
     /// Changes the protection of every piece of region `id`.
+    ///
+    /// Each piece's protection changes only while no event on its way may
+    /// have taken its range from it ([`range_in_doubt`]); otherwise the
+    /// call lets go of its locks, waits for the events, and starts again
+    /// on what is left of the region.
     pub fn protect(&self, id: u64, writable: bool) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
-        self.events.wait_applied();
+        until_settled(self, "mprotect", || self.protect_settled(id, writable))
+    }
+
+    /// One try of [`protect`](Self::protect).
+    fn protect_settled(&self, id: u64, writable: bool) -> Tried<()> {
         let _w = self.lock.write();
         let pieces = self.pieces(id);
         if let Some(v) = pieces.first() {
             if writable && v.object.kind == InstallKind::Shared && !v.object.store_writes() {
-                return Err(Error::ReadOnlyStore);
+                return Ok(Err(Error::ReadOnlyStore));
             }
             if writable && v.object.kernel_maps {
-                return Err(Error::Config(
+                return Ok(Err(Error::Config(
                     "a kernel_maps region cannot be made writable: the engine would not see \
                      its writes"
                         .into(),
-                ));
+                )));
             }
         }
         let prot = if writable {
@@ -35,6 +45,11 @@ impl Mm {
         };
         for vma in &pieces {
             vma.lock.write_lock();
+            crate::inject::before_range_change(vma);
+            if range_in_doubt(self, self.uffd_for(&vma.object)) {
+                vma.lock.write_unlock();
+                return Err(Unsettled);
+            }
             if self.protect_with_wp(vma, writable) {
                 vma.lock.write_unlock();
                 continue;
@@ -74,9 +89,11 @@ impl Mm {
                 }
             }
             vma.lock.write_unlock();
-            r.map_err(|e| Error::sys("mprotect", e))?;
+            if let Err(e) = r {
+                return Ok(Err(Error::sys("mprotect", e)));
+            }
         }
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// Makes the read-only of every piece of region `id` that is read-only
@@ -85,13 +102,23 @@ impl Mm {
     /// pieces are left as they are. For an application about to make part
     /// of the region writable with its own `mprotect`, which would change
     /// nothing in a mapping that is writable already.
+    /// Settled as [`protect`](Self::protect) is.
     pub fn protect_in_kernel(&self, id: u64) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
-        self.events.wait_applied();
+        until_settled(self, "mprotect", || self.protect_in_kernel_settled(id))
+    }
+
+    /// One try of [`protect_in_kernel`](Self::protect_in_kernel).
+    fn protect_in_kernel_settled(&self, id: u64) -> Tried<()> {
         let _w = self.lock.write();
         for vma in &self.pieces(id) {
             vma.lock.write_lock();
+            crate::inject::before_range_change(vma);
+            if range_in_doubt(self, self.uffd_for(&vma.object)) {
+                vma.lock.write_unlock();
+                return Err(Unsettled);
+            }
             let r = match vma.read_only_wp.load(Acquire) {
                 true => mprotect(vma.start, vma.len(), libc::PROT_READ),
                 false => Ok(()),
@@ -100,9 +127,11 @@ impl Mm {
                 vma.read_only_wp.store(false, Release);
             }
             vma.lock.write_unlock();
-            r.map_err(|e| Error::sys("mprotect", e))?;
+            if let Err(e) = r {
+                return Ok(Err(Error::sys("mprotect", e)));
+            }
         }
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// `protect` of a writable anonymous region of base pages without

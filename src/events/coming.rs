@@ -162,3 +162,60 @@ pub(crate) fn wait_for_any(mm: &Mm, deadline: std::time::Instant) {
         pause = (pause * 2).min(std::time::Duration::from_millis(1));
     }
 }
+
+/// What an engine call that changes a region's range with a system call
+/// the kernel does not check (`Region::protect`'s `mprotect` and write
+/// protection, `dontneed`'s `MADV_DONTNEED` of a quiet region) returns
+/// when [`range_in_doubt`] said yes: it has let go of its locks, and
+/// [`until_settled`] waits and calls it again.
+pub(crate) struct Unsettled;
+
+/// One try of a call that [`until_settled`] repeats: its result, or
+/// [`Unsettled`].
+pub(crate) type Tried<R> = Result<crate::Result<R>, Unsettled>;
+
+/// Whether the range of a region on `uffd` may no longer be the region's:
+/// an event is on its way on that descriptor, or read and not yet
+/// applied. The caller holds the global lock (read or write), under which
+/// no event is applied, and asks right before its system call.
+///
+/// Hazard: `mprotect` and `madvise` act on whatever is mapped at an
+/// address. The application's `munmap` of the region posts its event
+/// and returns once the event is read, and the application may then map
+/// its own memory there; an engine call that looked the region up before
+/// the event was applied (it was waiting for the global lock the event's
+/// application takes) would change the protection of that memory, or
+/// drop its pages. The descriptor first, then the queue (as
+/// [`any_coming`]). What is left is an unmap and the application's new
+/// mapping both fitting between this look and the system call.
+pub(crate) fn range_in_doubt(mm: &Mm, uffd: &crate::sys::uffd::Uffd) -> bool {
+    if uffd.mmap_changing() {
+        return true;
+    }
+    let queue = mm.events.lock_queue();
+    !queue.is_empty() || mm.events.applying.load(SeqCst) != 0
+}
+
+/// Runs `call`, which takes its locks afresh each time, until it does not
+/// return [`Unsettled`]: between tries it waits, with no lock held, until
+/// the events on their way are applied (after which the region may be
+/// smaller, or gone). Bounded by [`SETTLE_PATIENCE`]: a call still
+/// unsettled then fails with `EAGAIN` from `op` rather than act on a
+/// range that may be someone else's.
+pub(crate) fn until_settled<R>(
+    mm: &Mm,
+    op: &'static str,
+    mut call: impl FnMut() -> Tried<R>,
+) -> crate::Result<R> {
+    let deadline = std::time::Instant::now() + SETTLE_PATIENCE;
+    loop {
+        mm.events.wait_applied();
+        match call() {
+            Ok(r) => return r,
+            Err(Unsettled) if std::time::Instant::now() >= deadline => {
+                return Err(crate::Error::sys(op, libc::EAGAIN));
+            }
+            Err(Unsettled) => wait_for_any(mm, deadline),
+        }
+    }
+}

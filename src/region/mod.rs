@@ -330,6 +330,12 @@ impl Region {
     /// own `mprotect`; to make part of it writable with your own, call
     /// [`protect_in_kernel`](Self::protect_in_kernel) first.
     ///
+    /// If your own `munmap` of the region's range is on its way to the
+    /// engine, the call waits until it is applied (the range may hold your
+    /// new memory by then, whose protection it leaves alone), and protects
+    /// what is left of the region; `Error::Sys` with `EAGAIN` if that takes
+    /// more than 10 s.
+    ///
     /// Example: [`Region`](crate::Region).
     pub fn protect(&self, writable: bool) -> Result<()> {
         self.owner.mm.protect(self.id, writable)

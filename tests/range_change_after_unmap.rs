@@ -1,0 +1,152 @@
+//! The engine's own `mprotect` and `MADV_DONTNEED` of a region whose
+//! range the application has unmapped, and mapped its own memory in,
+//! before the unmap's event is applied.
+//!
+//! `Region::protect` and a quiet region's `dontneed` change a user range
+//! with system calls that act on whatever is mapped there. The
+//! application's `munmap` returns once its event is read, and the event
+//! is applied only when the engine's call lets go of the global lock it
+//! holds. The hook below does the application's part at the last moment,
+//! inside the engine's call: before, `protect(false)` made the
+//! application's new memory read-only (its next write was SIGSEGV), and
+//! `dontneed` dropped its pages (it read zeros). Now the call looks for
+//! events on their way right before its system call, and waits for them.
+
+#[path = "engine_util.rs"]
+mod util;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use uffd_pager::store::MemoryStore;
+use uffd_pager::testing::{set_before_range_change, Site};
+use uffd_pager::{Delivery, InstallKind, MapOptions, Pager};
+use util::{perms_at, PAGE, THREADS};
+
+const LEN: usize = 4 * PAGE;
+
+/// The region whose range the hook takes (0: none), and what it mapped
+/// there (0: nothing yet).
+static TARGET: AtomicUsize = AtomicUsize::new(0);
+static THEIRS: AtomicUsize = AtomicUsize::new(0);
+/// The tests share the hook: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Once, for the target region: the application's own `munmap` of its
+/// range (it returns once the engine has read the event), then its own
+/// anonymous mapping there, written with 0x5A.
+fn unmap_and_map_ours(site: &Site<'_>) {
+    let a = TARGET.load(SeqCst);
+    if a == 0 || site.start() != a || TARGET.swap(0, SeqCst) == 0 {
+        return;
+    }
+    // SAFETY: the region's whole range, which the test gives up here; the
+    // new mapping is the test's own and goes nowhere anything else is
+    // mapped (MAP_FIXED_NOREPLACE).
+    unsafe {
+        assert_eq!(libc::munmap(a as *mut _, LEN), 0);
+        let p = libc::mmap(
+            a as *mut _,
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        assert_eq!(p as usize, a, "the range was taken meanwhile");
+        std::ptr::write_bytes(p as *mut u8, 0x5A, LEN);
+    }
+    THEIRS.store(a, SeqCst);
+}
+
+/// Runs `call` on a 4-page region of `kind` of a pager with `delivery`,
+/// with the hook set to take the region's range inside it, and returns
+/// the address of the application's mapping there and what `call`
+/// returned.
+fn taken_inside(
+    delivery: Delivery,
+    kind: InstallKind,
+    call: impl FnOnce(&mut uffd_pager::Region) -> uffd_pager::Result<()>,
+) -> (usize, uffd_pager::Result<()>) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let pager = Pager::builder()
+        .delivery(delivery)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryStore::from_bytes(&[0xAB; LEN]).unwrap());
+    let opts = MapOptions {
+        kind: Some(kind),
+        ..MapOptions::default()
+    };
+    // SAFETY: only this region reads the store; nothing writes it.
+    let mut region = unsafe { pager.map_store(store, LEN, &opts) }.unwrap();
+    // (Each page in, so that dropping them changes something.)
+    assert!(region.as_slice().iter().all(|&b| b == 0xAB));
+    let base = region.as_ptr() as usize;
+    THEIRS.store(0, SeqCst);
+    TARGET.store(base, SeqCst);
+    set_before_range_change(Some(unmap_and_map_ours));
+    let r = call(&mut region);
+    set_before_range_change(None);
+    TARGET.store(0, SeqCst);
+    assert_eq!(THEIRS.load(SeqCst), base, "the hook never ran");
+    drop(region);
+    drop(pager);
+    (base, r)
+}
+
+/// Whether the application's mapping at `base` still holds its 0x5A.
+fn ours_intact(base: usize) -> bool {
+    // SAFETY: the test's own mapping of LEN bytes, readable.
+    let ours = unsafe { std::slice::from_raw_parts(base as *const u8, LEN) };
+    ours.iter().all(|&b| b == 0x5A)
+}
+
+/// Unmaps the test's own mapping at `base`.
+fn unmap_ours(base: usize) {
+    // SAFETY: the test's own mapping, which nothing refers to now.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, LEN) }, 0);
+}
+
+fn protect_leaves_ours_writable(delivery: Delivery, kind: InstallKind) {
+    let (base, r) = taken_inside(delivery, kind, |region| region.protect(false));
+    // The region is gone, so there was nothing left to protect.
+    r.unwrap();
+    assert_eq!(
+        perms_at(base),
+        "rw-p",
+        "the engine's mprotect changed the application's own mapping"
+    );
+    // SAFETY: the test's own mapping, writable (checked above).
+    unsafe { *(base as *mut u8) = 1 };
+    unmap_ours(base);
+}
+
+#[test]
+fn protect_leaves_the_applications_new_mapping_alone_with_handler_threads() {
+    protect_leaves_ours_writable(THREADS, InstallKind::Anonymous);
+}
+
+#[test]
+fn protect_leaves_the_applications_new_mapping_alone_in_thread() {
+    protect_leaves_ours_writable(Delivery::InThread, InstallKind::Anonymous);
+}
+
+#[test]
+fn protect_of_a_shared_region_leaves_the_applications_new_mapping_alone() {
+    protect_leaves_ours_writable(THREADS, InstallKind::Shared);
+}
+
+#[test]
+fn dontneed_of_a_quiet_region_keeps_the_applications_new_pages() {
+    let (base, r) = taken_inside(THREADS, InstallKind::Shared, |region| {
+        region.dontneed(0, LEN)
+    });
+    assert!(
+        ours_intact(base),
+        "the engine's MADV_DONTNEED dropped the application's own pages"
+    );
+    // The region was gone by the time the call tried again.
+    assert!(r.is_err(), "{r:?}");
+    unmap_ours(base);
+}
