@@ -334,7 +334,10 @@ impl Region {
     /// engine, the call waits until it is applied (the range may hold your
     /// new memory by then, whose protection it leaves alone), and protects
     /// what is left of the region; `Error::Sys` with `EAGAIN` if that takes
-    /// more than 10 s.
+    /// more than 10 s. A region the application split into pieces (its own
+    /// `munmap` of a middle part) is changed piece by piece: on an error the
+    /// pieces before the one that failed keep their new protection, as the
+    /// kernel's `mprotect` over several mappings leaves them.
     ///
     /// Example: [`Region`](crate::Region).
     pub fn protect(&self, writable: bool) -> Result<()> {
