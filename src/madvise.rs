@@ -34,12 +34,20 @@ impl Mm {
     /// leave the user mapping. Shared pages stay in the page cache (the next
     /// access is a minor fault); anonymous contents are discarded (the next
     /// access reads what the source holds), as with the kernel's madvise.
-    pub fn dontneed(&self, addr: usize, len: usize) -> Result<()> {
+    ///
+    /// Only region `id`'s own memory: the caller checked that the range
+    /// was, but without the lock, and the application's `munmap` of it may
+    /// be applied since and a new region of this pager's mapped there.
+    pub fn dontneed(&self, id: u64, addr: usize, len: usize) -> Result<()> {
+        crate::inject::before_dontneed(addr);
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         let quiet = until_settled(self, "madvise(MADV_DONTNEED)", || {
             let _g = self.lock.read();
-            let Some(vma) = self.find_vma_locked(addr).filter(|v| addr + len <= v.end) else {
+            let Some(vma) = self
+                .find_vma_locked(addr)
+                .filter(|v| v.id == id && addr + len <= v.end)
+            else {
                 return Ok(Err(Error::Config(format!(
                     "{addr:#x}+{len:#x} is not inside one region"
                 ))));
@@ -71,15 +79,18 @@ impl Mm {
         // (Each chunk only while no event may have taken the range from
         // the region: see `range_in_doubt`.)
         until_settled(self, "madvise(MADV_DONTNEED)", || {
-            self.dontneed_quiet(addr, len)
+            self.dontneed_quiet(id, addr, len)
         })
     }
 
     /// One try of a quiet region's [`dontneed`](Self::dontneed).
-    fn dontneed_quiet(&self, addr: usize, len: usize) -> Tried<()> {
+    fn dontneed_quiet(&self, id: u64, addr: usize, len: usize) -> Tried<()> {
         const CHUNK: usize = 64;
         let _g = self.lock.read();
-        let Some(vma) = self.find_vma_locked(addr).filter(|v| addr + len <= v.end) else {
+        let Some(vma) = self
+            .find_vma_locked(addr)
+            .filter(|v| v.id == id && addr + len <= v.end)
+        else {
             return Ok(Err(Error::Config("the region changed".into())));
         };
         let obj = &vma.object;

@@ -150,3 +150,65 @@ fn dontneed_of_a_quiet_region_keeps_the_applications_new_pages() {
     assert!(r.is_err(), "{r:?}");
     unmap_ours(base);
 }
+
+/// The pager of the test below, for its hook, and the region the hook
+/// maps with it.
+static PAGER: std::sync::Mutex<Option<Pager>> = std::sync::Mutex::new(None);
+static MAPPED_THERE: std::sync::Mutex<Option<uffd_pager::Region>> = std::sync::Mutex::new(None);
+
+/// Once, for the target range: the application's own `munmap` of it,
+/// then a new region of the same pager's there, written with 0x77.
+fn unmap_and_map_a_region(addr: usize) {
+    if TARGET.load(SeqCst) != addr || TARGET.swap(0, SeqCst) == 0 {
+        return;
+    }
+    // SAFETY: the region's whole range, which the test gives up here.
+    assert_eq!(unsafe { libc::munmap(addr as *mut _, LEN) }, 0);
+    let _hold = uffd_pager::AddressHold::new(addr, LEN).unwrap();
+    let fixed = MapOptions {
+        kind: Some(InstallKind::Anonymous),
+        fixed_addr: Some(addr),
+        ..MapOptions::default()
+    };
+    let pager = PAGER.lock().unwrap();
+    let mut theirs = pager
+        .as_ref()
+        .unwrap()
+        .map_anonymous_with(LEN, &fixed)
+        .unwrap();
+    assert_eq!(theirs.as_ptr() as usize, addr);
+    theirs.as_mut_slice().fill(0x77);
+    *MAPPED_THERE.lock().unwrap() = Some(theirs);
+}
+
+#[test]
+fn dontneed_leaves_a_region_mapped_in_the_range_since_alone() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let pager = Pager::builder()
+        .delivery(THREADS)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let mut region = pager.map_anonymous(LEN).unwrap();
+    region.as_mut_slice().fill(1);
+    let base = region.as_ptr() as usize;
+    *PAGER.lock().unwrap() = Some(pager);
+    TARGET.store(base, SeqCst);
+    uffd_pager::testing::set_before_dontneed(Some(unmap_and_map_a_region));
+    let r = region.dontneed(0, LEN);
+    uffd_pager::testing::set_before_dontneed(None);
+    TARGET.store(0, SeqCst);
+    let theirs = MAPPED_THERE
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the hook never ran");
+    assert!(
+        theirs.as_slice().iter().all(|&b| b == 0x77),
+        "the region's dontneed dropped the pages of the region mapped there since"
+    );
+    assert!(r.is_err(), "{r:?}");
+    drop(theirs);
+    drop(region);
+    drop(PAGER.lock().unwrap().take());
+}

@@ -167,6 +167,6 @@ impl Region {
                 return Ok(());
             }
         }
-        self.owner.mm.dontneed(start, end - start)
+        self.owner.mm.dontneed(self.id, start, end - start)
     }
 }
