@@ -160,12 +160,17 @@ mod imp {
     }
 
     pub(crate) fn after_published(start: usize) {
-        let p = AFTER_PUBLISHED.load(Acquire);
+        call_with_addr(&AFTER_PUBLISHED, start)
+    }
+
+    /// Calls the `fn(usize)` in `slot`, if any, with `addr`.
+    fn call_with_addr(slot: &AtomicUsize, addr: usize) {
+        let p = slot.load(Acquire);
         if p != 0 {
-            // SAFETY: only `set_after_published` stores here, and it
-            // stores valid `fn(usize)`s.
+            // SAFETY: only the `set_*` functions of `fn(usize)` hooks
+            // store in these slots, and they store valid `fn(usize)`s.
             let f: fn(usize) = unsafe { std::mem::transmute::<usize, fn(usize)>(p) };
-            f(start);
+            f(addr);
         }
     }
 
@@ -179,13 +184,7 @@ mod imp {
     }
 
     pub(crate) fn before_dontneed(addr: usize) {
-        let p = BEFORE_DONTNEED.load(Acquire);
-        if p != 0 {
-            // SAFETY: only `set_before_dontneed` stores here, and it stores
-            // valid `fn(usize)`s.
-            let f: fn(usize) = unsafe { std::mem::transmute::<usize, fn(usize)>(p) };
-            f(addr);
-        }
+        call_with_addr(&BEFORE_DONTNEED, addr)
     }
 
     static BEFORE_MESSAGE: AtomicUsize = AtomicUsize::new(0);
