@@ -107,17 +107,20 @@ impl GlobalLock {
         }
     }
 
-    /// Takes the lock for read without waiting. Not counted as contended.
+    /// Takes the lock for read without waiting: fails only while a writer
+    /// holds the lock or waits for it (`down_read_trylock`), not when
+    /// another reader gets in or out at the same moment (that only repeats
+    /// the compare-and-swap). Not counted as contended. Lock-free.
     pub fn try_read(&self) -> Option<ReadGuard<'_>> {
-        let s = self.state.load(Relaxed);
-        if s & (WRITER_HELD | WRITER_WAITING) == 0
-            && self
-                .state
-                .compare_exchange(s, s + 1, Acquire, Relaxed)
-                .is_ok()
-        {
-            self.read_acq.fetch_add(1, Relaxed);
-            return Some(ReadGuard { lock: self });
+        let mut s = self.state.load(Relaxed);
+        while s & (WRITER_HELD | WRITER_WAITING) == 0 {
+            match self.state.compare_exchange_weak(s, s + 1, Acquire, Relaxed) {
+                Ok(_) => {
+                    self.read_acq.fetch_add(1, Relaxed);
+                    return Some(ReadGuard { lock: self });
+                }
+                Err(now) => s = now,
+            }
         }
         None
     }

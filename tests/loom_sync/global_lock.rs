@@ -206,3 +206,19 @@ fn handoff_lets_every_asking_reader_in() {
         }
     });
 }
+
+/// `try_read` fails only for a writer: not when another reader leaves
+/// between its look at the lock and its compare-and-swap (it returned
+/// `None` then, and the fault took the fallback path with no writer
+/// anywhere, counted as a retry and a contended read).
+#[test]
+fn try_read_beside_a_leaving_reader_gets_in() {
+    check(|| {
+        let m = mm();
+        let held = m.lock.try_read().expect("a free lock");
+        let m2 = m.clone();
+        let t = thread::spawn(move || m2.lock.try_read().is_some());
+        drop(held);
+        assert!(t.join().unwrap(), "try_read failed with no writer");
+    });
+}
