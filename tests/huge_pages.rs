@@ -480,10 +480,21 @@ fn an_empty_pool_fails_the_access_but_poisons_nothing() {
         {
             // Another process took every free page after the map.
             let _drained = pool.drain();
+            let before = pager.stats();
             assert!(
                 region.populate(0, HUGE).is_err(),
                 "{kind}: no page to fault in"
             );
+            // Refused at once, as the kernel's hugetlb fault refuses it:
+            // no retry (and no "miss" after it), no major fault.
+            let after = pager.stats();
+            for c in [
+                Counter::VMA_LOCK_RETRY,
+                Counter::RETRY_IO_MISS,
+                Counter::PGMAJFAULT,
+            ] {
+                assert_eq!(after.get(c), before.get(c), "{kind}: {c:?}\n{after}");
+            }
         }
         region.populate(0, 2 * HUGE).unwrap();
         assert_bytes(

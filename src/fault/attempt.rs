@@ -231,6 +231,14 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             drop(held);
             let r = load(mm, &pin, i);
             pin.cache.unlock(i, loaded_bits(r) | pinned, MOVED);
+            if r == LoadResult::NoMemory {
+                // The pool is empty: SIGBUS now, as below (the kernel's
+                // hugetlb fault does not retry it either). No I/O was
+                // done, so no retry, no miss after it, no major fault.
+                mm.uncharge(pin.units());
+                f.major = false;
+                return Outcome::NoPage;
+            }
             if r != LoadResult::Ok {
                 mm.uncharge(pin.units());
             } else {
@@ -260,6 +268,7 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
             LoadResult::NoMemory => {
                 obj.cache.unlock(i, 0, 0);
                 mm.uncharge(obj.units());
+                f.major = false;
                 return Outcome::NoPage;
             }
         }
