@@ -33,6 +33,17 @@ mod store_sync;
 /// and [`Pager::map_zero`](crate::Pager::map_zero) have stores nothing
 /// else can reach, and are safe.
 ///
+/// The application's own `munmap`, `mremap` or `MAP_FIXED` mapping over
+/// region memory is its own `unsafe` act, and the engine follows it
+/// ([`Region::mapped`] says what is left, and where a moved region went),
+/// but the handle's view does not: [`as_ptr`](Region::as_ptr),
+/// [`len`](Region::len) and the slices stay the range the region was
+/// mapped at (or last [`remap`](Region::remap)ped to). So whoever makes
+/// that call also promises, as for any memory a safe type owns, that no
+/// slice of the region is alive then and none is made after it: the range
+/// may hold nothing, or someone else's memory. The calls that take an
+/// offset check the range is still the region's and refuse it otherwise.
+///
 /// An access to a poisoned page (its store read failed repeatedly) gets
 /// SIGBUS, as a hardware memory error would.
 ///
@@ -133,7 +144,9 @@ impl Region {
         self.page_size
     }
 
-    /// First address.
+    /// First address: where the region was mapped, or last
+    /// [`remap`](Self::remap)ped to. After the application's own `mremap`
+    /// of it, [`mapped`](Self::mapped) says where it is.
     ///
     /// Example: [`Region`](crate::Region).
     pub fn as_ptr(&self) -> *mut u8 {
@@ -200,7 +213,9 @@ impl Region {
     pub fn as_slice(&self) -> &[u8] {
         self.assert_mapped_here();
         // SAFETY: the range is mapped for as long as `self` lives, in the
-        // process that made it (checked above); see the memory contract.
+        // process that made it (checked above), unless the application
+        // unmapped or moved it with its own unsafe call, whose caller
+        // promised to make no slice after it; see the memory contract.
         unsafe { std::slice::from_raw_parts(self.start as *const u8, self.len) }
     }
 
