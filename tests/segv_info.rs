@@ -19,6 +19,10 @@ use util::*;
 /// The address the access writes, and the address of its instruction.
 static ADDR: AtomicUsize = AtomicUsize::new(0);
 static RIP: AtomicUsize = AtomicUsize::new(0);
+/// 1 while [`chaining_sigbus`] runs (it calls the engine's handler).
+static IN_CHAINING: AtomicUsize = AtomicUsize::new(0);
+/// The SIGBUS action [`chaining_sigbus`] passes the signal on to.
+static CHAINED: AtomicUsize = AtomicUsize::new(0);
 
 /// The application's SIGSEGV handler: exits 0 if the signal is the
 /// kernel's own for a refused write at `ADDR` by the instruction at `RIP`,
@@ -35,13 +39,14 @@ extern "C" fn check_info(_: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut 
         )
     };
     let (want_addr, want_rip) = (ADDR.load(SeqCst), RIP.load(SeqCst));
+    let nested = IN_CHAINING.load(SeqCst);
     // (Printing allocates: the interrupted code is one store, which holds
     // no lock.)
     println!(
         "si_code {code} (want {SEGV_ACCERR}), si_addr {addr:#x} (want {want_addr:#x}), \
-         rip {rip:#x} (want {want_rip:#x})"
+         rip {rip:#x} (want {want_rip:#x}), inside the chaining handler {nested} (want 0)"
     );
-    let ok = code == SEGV_ACCERR && addr == want_addr && rip == want_rip;
+    let ok = code == SEGV_ACCERR && addr == want_addr && rip == want_rip && nested == 0;
     // SAFETY: _exit has no preconditions.
     unsafe { libc::_exit(if ok { 0 } else { 3 }) };
 }
@@ -130,6 +135,61 @@ fn child_refused_write() {
 #[test]
 fn a_refused_write_gets_the_kernels_sigsegv_at_the_faulting_instruction() {
     let out = run_child("child_refused_write", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+}
+
+/// A runtime's SIGBUS handler installed after the engine's, which passes
+/// every SIGBUS on to it by calling it, with a mask (its `sa_mask`, empty)
+/// that lets SIGSEGV in.
+extern "C" fn chaining_sigbus(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) {
+    IN_CHAINING.store(1, SeqCst);
+    // SAFETY: `CHAINED` holds the engine's SA_SIGINFO handler, stored
+    // before this one was installed; the arguments are the kernel's.
+    unsafe {
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            std::mem::transmute(CHAINED.load(SeqCst));
+        f(sig, info, uctx);
+    }
+    IN_CHAINING.store(0, SeqCst);
+}
+
+/// `child_refused_write` with [`chaining_sigbus`] in front of the engine's
+/// handler.
+#[test]
+fn child_refused_write_through_a_chaining_handler() {
+    if !is_child() {
+        return;
+    }
+    // SAFETY: installs this child's SIGBUS handler in front of the
+    // engine's (read back first); the engine's is SA_SIGINFO.
+    unsafe {
+        let mut engine: libc::sigaction = std::mem::zeroed();
+        // (The first in-thread pager installs the engine's handler.)
+        let _first = read_only_region();
+        libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut engine);
+        assert!(engine.sa_flags & libc::SA_SIGINFO != 0);
+        CHAINED.store(engine.sa_sigaction, SeqCst);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = chaining_sigbus as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+    child_refused_write();
+}
+
+/// The engine's SIGSEGV for a refused access waits for the return of the
+/// handler that called the engine's, and arrives at the access. Before,
+/// queued under the calling handler's mask, it was delivered at once,
+/// nested in the engine's handler: the application's handler saw the
+/// engine's registers.
+#[test]
+fn a_refused_write_through_a_chaining_handler_gets_its_sigsegv_at_the_access() {
+    let out = run_child("child_refused_write_through_a_chaining_handler", &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
 }
 

@@ -100,6 +100,19 @@ pub(super) fn force_segv(addr: usize, code: i32, uctx: *mut libc::c_void) {
             );
         }
         if !uc.is_null() {
+            // Blocked here, so that it waits for the return: the kernel
+            // blocks every signal for this handler (its `sa_mask`), but a
+            // runtime's handler installed after it may call it directly,
+            // with a mask of its own that lets SIGSEGV in. Queued then, it
+            // was delivered at once, nested here (the application's
+            // handler saw this call's registers, not the access's). Now
+            // it waits until the outer frame's return restores the mask
+            // that frame's `uc_sigmask` holds. (A no-op under our own
+            // `sa_mask`.)
+            let mut segv: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut segv);
+            libc::sigaddset(&mut segv, libc::SIGSEGV);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &segv, std::ptr::null_mut());
             let info = SegvInfo {
                 signo: libc::SIGSEGV,
                 errno: 0,

@@ -246,6 +246,7 @@ extern "C-unwind" fn on_sigbus(
                 // application code: it may never come back, leaving with
                 // `siglongjmp`, keeping the errno it found.)
                 drop(mark);
+                drop(no_cancel);
                 crate::sys::set_errno(saved);
                 let code = match r {
                     Resolution::NoRegion => super::segv::SEGV_MAPERR,
