@@ -232,6 +232,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
     // As in `Region::populate`: events read and not applied yet first.
     mm.events.wait_applied();
     let access = Access::engine(write);
+    let deadline = std::time::Instant::now() + crate::events::coming::SETTLE_PATIENCE;
     for _ in 0..8 {
         let mut a = start;
         while a < end {
@@ -252,6 +253,23 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             } else {
                 0
             };
+            // mlock2 (and the munlock of its failure) acts on whatever is
+            // mapped there: only while the range is still the region's
+            // and no event on its way may take it from it.
+            match still_ours(mm, guard.obj(), first, start, end) {
+                Some(true) => {}
+                Some(false) => {
+                    crate::events::coming::wait_for_any(mm, deadline);
+                    continue;
+                }
+                None => {
+                    return Err(Error::Config(
+                        "the range is no longer the region's: the application unmapped or \
+                         moved it"
+                            .into(),
+                    ))
+                }
+            }
             let _order = MLOCKS.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: mlock2 only changes how the kernel treats a range of
             // this region, whose pages are all mapped now (a kernel-mapped
@@ -282,6 +300,26 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
         }
     }
     Err(Error::Store(crate::store::StoreError(libc::EIO)))
+}
+
+/// Whether `[start, end)` is still page `first` on of `obj`'s region,
+/// with no event on its way that may take it ([`range_in_doubt`]): `None`
+/// if it is not, `Some(false)` if it is in doubt. The lock is held for the
+/// look only (`mlock2` may fault, and a fault may need the global lock
+/// behind a waiting writer): an unmap and a new mapping both between the
+/// look and the call are not seen.
+///
+/// [`range_in_doubt`]: crate::events::coming::range_in_doubt
+fn still_ours(mm: &Mm, obj: &Object, first: usize, start: usize, end: usize) -> Option<bool> {
+    let _g = mm.lock.read();
+    let vma = mm.find_vma_locked(start).filter(|v| {
+        end <= v.end && std::ptr::eq(&*v.object, obj) && v.page_index(start) == first
+    })?;
+    crate::inject::before_range_change(vma);
+    Some(!crate::events::coming::range_in_doubt(
+        mm,
+        mm.uffd_for(&vma.object),
+    ))
 }
 
 impl Drop for ResidentGuard<'_> {

@@ -212,3 +212,46 @@ fn dontneed_leaves_a_region_mapped_in_the_range_since_alone() {
     drop(region);
     drop(PAGER.lock().unwrap().take());
 }
+
+/// Whether the mapping that holds `addr` is locked (`mlock`: `lo` among
+/// its `VmFlags` in `/proc/self/smaps`).
+fn locked_at(addr: usize) -> bool {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = (a..b).contains(&addr);
+                continue;
+            }
+        }
+        if inside {
+            if let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().any(|f| f == "lo");
+            }
+        }
+    }
+    panic!("no mapping at {addr:#x}");
+}
+
+fn lock_resident_leaves_ours_unlocked(delivery: Delivery, kind: InstallKind) {
+    let (base, r) = taken_inside(delivery, kind, |region| {
+        region.lock_resident(0, LEN).map(drop)
+    });
+    assert!(
+        !locked_at(base),
+        "the engine's mlock2 locked the application's own mapping"
+    );
+    assert!(ours_intact(base));
+    // The region was gone by the time the call tried again.
+    assert!(r.is_err(), "{r:?}");
+    unmap_ours(base);
+}
+
+#[test]
+fn lock_resident_leaves_the_applications_new_mapping_unlocked() {
+    lock_resident_leaves_ours_unlocked(THREADS, InstallKind::Anonymous);
+    lock_resident_leaves_ours_unlocked(Delivery::InThread, InstallKind::Anonymous);
+    lock_resident_leaves_ours_unlocked(THREADS, InstallKind::Shared);
+}
