@@ -60,6 +60,7 @@ impl Mm {
         }
         let page = PAGE_SIZE as u64;
         let mut buf = PageBuf::zeroed();
+        let mut first_error = Ok(());
         for i in (offset / page) as usize..end.div_ceil(page) as usize {
             // Neither cached nor being read: its next fault reads the
             // store, changed already. A page being read (locked, not yet
@@ -110,8 +111,14 @@ impl Mm {
                 0
             };
             obj.cache.unlock(i, 0, clear);
-            r?;
+            // On to the rest of the range even so: stopping here left the
+            // pages after this one showing the store's old bytes, with no
+            // way for the caller to tell which. The first error is the
+            // call's.
+            if let (Err(e), Ok(())) = (r, &first_error) {
+                first_error = Err(e);
+            }
         }
-        Ok(())
+        first_error
     }
 }

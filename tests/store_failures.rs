@@ -35,6 +35,8 @@ struct Faulty {
     failing: AtomicBool,
     sync_failing: AtomicBool,
     read_failing: AtomicBool,
+    /// A store offset whose reads fail (`u64::MAX`: none).
+    read_failing_at: std::sync::atomic::AtomicU64,
     /// Writes that succeed before every further one fails (`usize::MAX`:
     /// no limit).
     writes_left: std::sync::atomic::AtomicUsize,
@@ -62,6 +64,7 @@ impl Faulty {
             failing: Default::default(),
             sync_failing: Default::default(),
             read_failing: Default::default(),
+            read_failing_at: std::sync::atomic::AtomicU64::new(u64::MAX),
             writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
             writes_begun: Default::default(),
             write_delay: Default::default(),
@@ -83,7 +86,7 @@ impl Store for Faulty {
         self.inner.len()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        if self.read_failing.load(SeqCst) {
+        if self.read_failing.load(SeqCst) || self.read_failing_at.load(SeqCst) == offset {
             return Err(StoreError(libc::EIO));
         }
         match self.staged.lock().unwrap().get(&offset) {
@@ -578,6 +581,32 @@ fn a_clean_page_a_refresh_could_not_read_is_read_again() {
     assert!(r.refresh(100, 4).is_err());
     store.read_failing.store(false, SeqCst);
     assert_eq!(&r.as_slice()[100..104], &[0xEE; 4], "the old bytes stayed");
+}
+
+/// A refresh whose read of one page fails goes on to the pages after it
+/// (and fails): it stopped at that page, and the next one kept the
+/// store's old bytes for good, with nothing to tell the caller which.
+#[test]
+fn a_refresh_goes_on_past_a_page_it_could_not_read() {
+    let pager = page_at_a_time();
+    let store = Faulty::new(4);
+    // SAFETY: the store changes behind the region only where refreshed.
+    let mut r = unsafe { pager.map_store(store.clone(), 4 * PAGE, &shared(false)) }.unwrap();
+    assert_eq!(r.as_slice()[PAGE], 0);
+    assert_eq!(r.as_slice()[2 * PAGE], 0);
+    // Behind the engine: pages 1 and 2 change; page 1 cannot be read.
+    store.inner.write(PAGE as u64, &[0xEE; 4]).unwrap();
+    store.inner.write(2 * PAGE as u64, &[0xDD; 4]).unwrap();
+    store.read_failing_at.store(PAGE as u64, SeqCst);
+    assert!(r.refresh(PAGE as u64, 2 * PAGE as u64).is_err());
+    store.read_failing_at.store(u64::MAX, SeqCst);
+    assert_eq!(
+        &r.as_slice()[2 * PAGE..2 * PAGE + 4],
+        &[0xDD; 4],
+        "the page after the one that failed kept the old bytes"
+    );
+    // (The one that failed was dropped, and is read again.)
+    assert_eq!(&r.as_slice()[PAGE..PAGE + 4], &[0xEE; 4]);
 }
 
 /// While a store's writes fail, its dirty pages stay resident past the

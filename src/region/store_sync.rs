@@ -144,8 +144,8 @@ impl Region {
     /// [`Error::Config`](crate::Error::Config). Where the region may have written these pages,
     /// call [`flush_range`](Self::flush_range) before the change (see
     /// there). A page whose store read fails is dropped if clean (its next
-    /// fault reads the store again) and kept if dirty; the error is
-    /// returned.
+    /// fault reads the store again) and kept if dirty; the rest of the
+    /// range is still refreshed, and the first error is returned.
     ///
     /// ```
     /// use std::os::unix::fs::FileExt;
