@@ -122,11 +122,15 @@ impl Region {
         // A page under a residency guard is written from a copy and stays
         // dirty (see `Mm::writeback_pages_changing`): the range is not
         // clean, and a later write-back would put that copy over the
-        // change (found by review: this said Ok).
-        let guarded = (first..end.min(obj.npages())).any(|i| {
-            let w = obj.cache.load(i);
-            w & (UPTODATE | DIRTY) == UPTODATE | DIRTY && w & GUARDS != 0
-        });
+        // change (found by review: this said Ok). Only where dirty pages
+        // are the store's: an anonymous object's are a private copy, which
+        // no write-back puts in its store (it said EBUSY there).
+        let owes_store = obj.kind == crate::object::InstallKind::Shared && obj.store_writes();
+        let guarded = owes_store
+            && (first..end.min(obj.npages())).any(|i| {
+                let w = obj.cache.load(i);
+                w & (UPTODATE | DIRTY) == UPTODATE | DIRTY && w & GUARDS != 0
+            });
         let r = match r {
             Ok(()) if guarded => Err(crate::store::StoreError(libc::EBUSY).into()),
             r => r,
