@@ -546,3 +546,29 @@ pub fn smaps_field(addr: usize, field: &str) -> Option<String> {
     }
     None
 }
+
+/// A read-only memory store the engine calls on its I/O workers (it is
+/// not signal-safe), whose reads each take `delay` first.
+pub struct OnWorkers {
+    pub inner: uffd_pager::store::MemoryStore,
+    pub delay: Duration,
+}
+
+impl uffd_pager::store::Store for OnWorkers {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), uffd_pager::store::StoreError> {
+        std::thread::sleep(self.delay);
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), uffd_pager::store::StoreError> {
+        Err(uffd_pager::store::StoreError(libc::EROFS))
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &'static str {
+        "on-workers"
+    }
+}

@@ -9,11 +9,15 @@
 //! `guest_hang::other_pages_are_served_while_one_read_hangs`), but one
 //! store has at most one fewer calls inside it than there are workers.
 
+#[path = "engine_util.rs"]
+mod util;
+
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use uffd_pager::store::{MemoryStore, Store, StoreError};
 use uffd_pager::{MapOptions, Pager};
+use util::OnWorkers;
 
 const PAGE: usize = 4096;
 
@@ -23,9 +27,6 @@ struct Hung {
     thawed: Condvar,
     reads: AtomicUsize,
 }
-
-/// A memory store called on the I/O workers (not signal-safe).
-struct Plain(MemoryStore);
 
 impl Store for Hung {
     fn len(&self) -> u64 {
@@ -56,24 +57,6 @@ impl Store for Hung {
     }
 }
 
-impl Store for Plain {
-    fn len(&self) -> u64 {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.0.read(offset, buf)
-    }
-    fn write(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
-        Err(StoreError(libc::EROFS))
-    }
-    fn writable(&self) -> bool {
-        false
-    }
-    fn name(&self) -> &'static str {
-        "plain"
-    }
-}
-
 /// A pager with two I/O workers (and the spare) and a 200 ms timeout,
 /// a frozen [`Hung`] store and a healthy one of 7s, each mapped
 /// read-only over four pages.
@@ -91,7 +74,10 @@ fn hung_beside_healthy() -> (Pager, Arc<Hung>, uffd_pager::Region, uffd_pager::R
         thawed: Condvar::new(),
         reads: AtomicUsize::new(0),
     });
-    let plain = Arc::new(Plain(MemoryStore::from_bytes(&[7; 4 * PAGE]).unwrap()));
+    let plain = Arc::new(OnWorkers {
+        inner: MemoryStore::from_bytes(&[7; 4 * PAGE]).unwrap(),
+        delay: Duration::ZERO,
+    });
     let opts = MapOptions {
         writable: false,
         ..MapOptions::default()

@@ -34,6 +34,8 @@
 //!   an `SA_ONSTACK` handler that ran there would see the
 //!   stack pointer off the alternate stack, and the kernel would build its
 //!   frame at the alternate stack's top, over the frames still live there.
+//!   glibc's own two signals cannot be blocked so, so the alternate stack
+//!   is also turned off meanwhile ([`disarm`]).
 //!
 //! Cost: one load of the signal frame per fault; where a switch is needed,
 //! an atomic swap each way and the switch itself (a few instructions, in
@@ -138,7 +140,15 @@ pub(super) fn with_room<R>(uctx: *const libc::c_void, f: impl FnOnce() -> R) -> 
     let top = base + slot * (SIZE + GUARD) + GUARD + SIZE;
     let mut f = Some(f);
     let mut out = None;
-    let mut run = || out = f.take().map(|f| f());
+    let mut run = || {
+        let armed = disarm();
+        out = f.take().map(|f| f());
+        if let Some(ss) = armed {
+            // SAFETY: the alternate stack this thread had, back as it was
+            // (this frame is on the engine's stack, not on it).
+            unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+        }
+    };
     // SAFETY: `top` is the (16-byte aligned) end of a slot this thread took,
     // mapped read-write below it for SIZE bytes, above a guard page.
     unsafe { run_on(top, &mut run) };
@@ -149,6 +159,38 @@ pub(super) fn with_room<R>(uctx: *const libc::c_void, f: impl FnOnce() -> R) -> 
         Some(r) => r,
         // (`run` always runs; an unwind out of it aborts in `trampoline`.)
         None => unreachable!(),
+    }
+}
+
+/// Turns this thread's alternate stack off, from a frame on one of the
+/// engine's stacks, and returns it to arm again (`None`: it was off).
+///
+/// Hazard: glibc leaves two signals of its own out of `sigfillset` and
+/// `pthread_sigmask` (SIGCANCEL, and SIGSETXID, which `setuid` and its kin
+/// in any thread send every other), and installs SIGSETXID with
+/// `SA_ONSTACK`. With the stack pointer off the alternate stack and that
+/// stack armed, the kernel built such a signal's frame at the alternate
+/// stack's top, over the frames still live there: the application's
+/// handler's locals changed, and its return restored a clobbered context
+/// (`tests/setxid_on_alt_stack.rs`: SIGSEGV). Off, the signal runs on the
+/// engine's stack, which has room. Async-signal-safe (errno is the
+/// caller's to keep).
+fn disarm() -> Option<libc::stack_t> {
+    // SAFETY: sigaltstack reads and writes the two structs; this frame is
+    // not on the alternate stack (EPERM otherwise, and nothing changes).
+    unsafe {
+        let off = libc::stack_t {
+            ss_sp: std::ptr::null_mut(),
+            ss_flags: libc::SS_DISABLE,
+            ss_size: 0,
+        };
+        let mut was: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(&off, &mut was) != 0 || was.ss_flags & libc::SS_DISABLE != 0 {
+            return None;
+        }
+        // (Armed again with its own flags: `SS_AUTODISARM` stays.)
+        was.ss_flags &= !libc::SS_ONSTACK;
+        Some(was)
     }
 }
 
