@@ -54,6 +54,19 @@ pub(crate) enum Gate {
 
 /// Pages of one batch: index, and whether it is protected against writes
 /// (so its dirty bit may be cleared once written).
+/// Why a write-back left pages dirty that it wrote from a copy (a page
+/// under a residency guard aside: see `Region::flush_range`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LeftDirty {
+    /// The kernel refused a page's write protection with EAGAIN: an unmap
+    /// or remap on the descriptor is on its way; once it is applied, a
+    /// second pass may clean the page.
+    pub changing: bool,
+    /// A mapped page could not be write-protected for another reason (see
+    /// `Batch::stuck`): another pass will not clean it.
+    pub stuck: bool,
+}
+
 struct Batch {
     pages: [(usize, bool); MAX_BATCH],
     n: usize,
@@ -62,6 +75,11 @@ struct Batch {
     cleaned: Vec<usize>,
     /// A page's write protection was refused with EAGAIN.
     changing: bool,
+    /// A mapped page no guard holds could not be write-protected for
+    /// another reason: no window gives its address (an object in more
+    /// pieces than [`crate::object::WINDOWS`]), or the kernel refused with
+    /// another errno. It was written from a copy and stays dirty.
+    stuck: bool,
     /// Pages passed by because another write-back's sync of them was in
     /// flight (`SYNCING`).
     met_syncing: Vec<usize>,
@@ -122,10 +140,10 @@ impl Mm {
     }
 
     /// [`writeback_object`](Self::writeback_object) of object pages
-    /// `pages` only (clipped to the object), and whether the kernel
-    /// refused a page's write protection with EAGAIN (an event on its way
-    /// on the descriptor): that page was written from a copy and stays
-    /// dirty.
+    /// `pages` only (clipped to the object), and why pages were written
+    /// from a copy and stay dirty, if any were ([`LeftDirty`]: a write
+    /// protection the kernel refused with EAGAIN, for an event on its way
+    /// on the descriptor, or one that could not be made at all).
     ///
     /// Hazard: a page another write-back wrote and is syncing (`SYNCING`)
     /// is not dirty, so this one passes it by; if that sync fails, the
@@ -139,11 +157,11 @@ impl Mm {
         obj: &Object,
         pages: std::ops::Range<usize>,
         gate: Gate,
-    ) -> Result<bool> {
+    ) -> Result<LeftDirty> {
         if obj.kind != InstallKind::Shared || !obj.store_writes() {
-            return Ok(false);
+            return Ok(LeftDirty::default());
         }
-        let (changing, met) = self.writeback_pass(obj, pages, gate)?;
+        let (left, met) = self.writeback_pass(obj, pages, gate)?;
         // (A caller that holds the event gate does not wait: the other
         // write-back may be waiting for a section between its batches.)
         let again = settle_syncing(obj, &met, gate == Gate::Sections)?;
@@ -152,9 +170,12 @@ impl Mm {
                 // (Pages still being synced by a third write-back now are
                 // that one's to report.)
                 let (more, _) = self.writeback_pass(obj, lo..hi + 1, gate)?;
-                Ok(changing || more)
+                Ok(LeftDirty {
+                    changing: left.changing || more.changing,
+                    stuck: left.stuck || more.stuck,
+                })
             }
-            _ => Ok(changing),
+            _ => Ok(left),
         }
     }
 
@@ -166,12 +187,13 @@ impl Mm {
         obj: &Object,
         pages: std::ops::Range<usize>,
         gate: Gate,
-    ) -> Result<(bool, Vec<usize>)> {
+    ) -> Result<(LeftDirty, Vec<usize>)> {
         let mut b = Batch {
             pages: [(0, false); MAX_BATCH],
             n: 0,
             cleaned: Vec::new(),
             changing: false,
+            stuck: false,
             met_syncing: Vec::new(),
         };
         // (Before any write of this write-back's: see `Durability::sync`.)
@@ -193,7 +215,11 @@ impl Mm {
         }) {
             Synced::Done => {
                 synced(obj, &b.cleaned);
-                return Ok((b.changing, b.met_syncing));
+                let left = LeftDirty {
+                    changing: b.changing,
+                    stuck: b.stuck,
+                };
+                return Ok((left, b.met_syncing));
             }
             Synced::Failed(e) => e,
             Synced::FailedBefore => crate::store::StoreError(libc::EIO),
@@ -258,23 +284,29 @@ impl Mm {
             // faults the page in first: that fault waits for the page lock
             // this holds, then lifts the protection again.)
             let protected = w & MAPPED == 0
-                || w & GUARDS == 0
-                    && obj.windows.addr_of(i).is_some_and(|a| {
+                || w & GUARDS == 0 && {
+                    let done = obj.windows.addr_of(i).ok_or(0).and_then(|a| {
                         // (As a fill: not while an event is read and not
                         // applied, when `a` may be another region's; see
                         // `Events::fill`.)
                         let in_thread = self.config.delivery.is_in_thread();
-                        match self.events.fill(in_thread, || {
+                        self.events.fill(in_thread, || {
                             self.uffd_for(obj)
                                 .writeprotect(a, obj.page_size(), true, false)
-                        }) {
-                            Ok(_) => true,
-                            Err(e) => {
-                                b.changing |= e == libc::EAGAIN;
-                                false
-                            }
-                        }
+                        })
                     });
+                    match done {
+                        Ok(_) => true,
+                        Err(libc::EAGAIN) => {
+                            b.changing = true;
+                            false
+                        }
+                        Err(_) => {
+                            b.stuck = true;
+                            false
+                        }
+                    }
+                };
             b.pages[b.n] = (i, protected);
             b.n += 1;
             if b.n == MAX_BATCH {

@@ -216,3 +216,41 @@ fn flush_range_over_a_guarded_dirty_anonymous_page_is_ok() {
     drop(guard);
     assert_eq!(r.as_slice()[0], 1);
 }
+
+/// A region the application cut into five pieces with its own `munmap`s:
+/// the engine keeps the addresses of four of its store's pieces, so a
+/// dirty page of the fifth cannot be write-protected for its write-back.
+/// It is written from a copy and stays dirty, and a later write-back
+/// would put that copy over the change the caller flushed the range
+/// before. `flush_range` said Ok over it; it is not clean, so EBUSY.
+#[test]
+fn flush_range_over_a_page_it_cannot_protect_is_not_ok() {
+    let pager = Pager::builder().readahead(0, 1).build().unwrap();
+    let store = Arc::new(uffd_pager::store::MemoryStore::new(10 * PAGE as u64).unwrap());
+    let mut r = writable_region(&pager, store.clone() as Arc<dyn Store>, 10);
+    let base = r.as_mut_slice().as_mut_ptr() as usize;
+    for hole in [1, 3, 5, 7] {
+        // SAFETY: the application's own munmap of one page of region
+        // memory, of which no slice is alive; none is made of it later.
+        assert_eq!(
+            unsafe { libc::munmap((base + hole * PAGE) as *mut _, PAGE) },
+            0
+        );
+    }
+    // Page 8 lies in the fifth piece (the last cut off).
+    // SAFETY: page 8 is still the region's; no slice of it is alive.
+    unsafe { *((base + 8 * PAGE) as *mut u8) = 9 };
+    // A page in a piece the engine knows is flushed clean.
+    // SAFETY: as above, page 0.
+    unsafe { *(base as *mut u8) = 7 };
+    r.flush_range(0, PAGE as u64).unwrap();
+    match r.flush_range(8 * PAGE as u64, 4) {
+        Err(uffd_pager::Error::Store(e)) if e.0 == libc::EBUSY => {}
+        other => panic!("flush_range over a page left dirty: {other:?}"),
+    }
+    // Its bytes reached the store all the same.
+    let mut b = [0u8; 1];
+    store.read(8 * PAGE as u64, &mut b).unwrap();
+    assert_eq!(b[0], 9);
+    r.flush().unwrap();
+}
