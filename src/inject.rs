@@ -175,17 +175,18 @@ mod imp {
         }
     }
 
-    static BEFORE_DONTNEED: AtomicUsize = AtomicUsize::new(0);
+    static BEFORE_OWN_RANGE: AtomicUsize = AtomicUsize::new(0);
 
-    /// Runs in `Region::dontneed` once the range was checked to be the
+    /// Runs in `Region::dontneed`, `populate`, `prefault` and
+    /// `lock_resident` (both kinds) once the range was checked to be the
     /// region's own and before it is looked up by address, with no lock
     /// held, with the range's start. Set `None` to clear.
-    pub fn set_before_dontneed(h: Option<fn(usize)>) {
-        BEFORE_DONTNEED.store(h.map_or(0, |f| f as usize), Release);
+    pub fn set_before_own_range(h: Option<fn(usize)>) {
+        BEFORE_OWN_RANGE.store(h.map_or(0, |f| f as usize), Release);
     }
 
-    pub(crate) fn before_dontneed(addr: usize) {
-        call_with_addr(&BEFORE_DONTNEED, addr)
+    pub(crate) fn before_own_range(addr: usize) {
+        call_with_addr(&BEFORE_OWN_RANGE, addr)
     }
 
     static BEFORE_MESSAGE: AtomicUsize = AtomicUsize::new(0);
@@ -265,15 +266,15 @@ mod imp {
 #[cfg(feature = "fault-inject")]
 pub use imp::{
     fail_next_remap, fail_next_reprotect, fail_next_reregister, set_after_detach, set_after_event,
-    set_after_listed, set_after_lookup, set_after_published, set_after_reprotect,
-    set_before_dontneed, set_before_map, set_before_message, set_before_range_change,
-    skip_next_remap_wait, Hook, MapHook, Site,
+    set_after_listed, set_after_lookup, set_after_published, set_after_reprotect, set_before_map,
+    set_before_message, set_before_own_range, set_before_range_change, skip_next_remap_wait, Hook,
+    MapHook, Site,
 };
 
 #[cfg(feature = "fault-inject")]
 pub(crate) use imp::{
     after_detach, after_event, after_listed, after_lookup, after_published, after_reprotect,
-    before_dontneed, before_map, before_message, before_range_change, remap_fails, remap_waits,
+    before_map, before_message, before_own_range, before_range_change, remap_fails, remap_waits,
     reprotect_fails, reregister_fails,
 };
 
@@ -317,7 +318,7 @@ pub(crate) fn before_range_change(_: &Vma) {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]
-pub(crate) fn before_dontneed(_: usize) {}
+pub(crate) fn before_own_range(_: usize) {}
 
 #[cfg(not(feature = "fault-inject"))]
 #[inline(always)]

@@ -92,7 +92,7 @@ pub mod testing {
     pub use crate::inject::{
         fail_next_remap, fail_next_reprotect, fail_next_reregister, set_after_detach,
         set_after_event, set_after_listed, set_after_lookup, set_after_published,
-        set_after_reprotect, set_before_dontneed, set_before_map, set_before_message,
+        set_after_reprotect, set_before_map, set_before_message, set_before_own_range,
         set_before_range_change, skip_next_remap_wait, Hook, MapHook, Site,
     };
     pub use crate::pager::inject::{GlobalWriteHold, RegionWriteHold};

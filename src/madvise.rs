@@ -39,7 +39,7 @@ impl Mm {
     /// was, but without the lock, and the application's `munmap` of it may
     /// be applied since and a new region of this pager's mapped there.
     pub fn dontneed(&self, id: u64, addr: usize, len: usize) -> Result<()> {
-        crate::inject::before_dontneed(addr);
+        crate::inject::before_own_range(addr);
         let _deferred = crate::sys::thread::Deferred::new();
         self.check_owner()?;
         let quiet = until_settled(self, "madvise(MADV_DONTNEED)", || {

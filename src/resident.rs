@@ -148,11 +148,12 @@ impl std::ops::Deref for MmRef<'_> {
 pub(crate) fn lock_held(
     mm: &Arc<Mm>,
     keep: Arc<dyn std::any::Any + Send + Sync>,
+    id: u64,
     start: usize,
     end: usize,
     write: bool,
 ) -> Result<ResidentGuard<'static>> {
-    let mut g = lock(mm, start, end, write)?;
+    let mut g = lock(mm, id, start, end, write)?;
     // (The borrowed guard is left with nothing to give back.)
     Ok(ResidentGuard {
         mm: MmRef::Held(mm.clone(), keep),
@@ -185,9 +186,17 @@ impl ResidentGuard<'_> {
 }
 
 /// Guards the pages of `[start, end)` (page-aligned user addresses inside
-/// one region), faulting them in for a write if `write` and the region is
-/// writable there.
-pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<ResidentGuard<'_>> {
+/// region `id`), faulting them in for a write if `write` and the region is
+/// writable there. (By id: the caller looked without the lock, and the
+/// application's `munmap` of the range may be applied since and another
+/// region mapped there.)
+pub(crate) fn lock(
+    mm: &Mm,
+    id: u64,
+    start: usize,
+    end: usize,
+    write: bool,
+) -> Result<ResidentGuard<'_>> {
     let _deferred = crate::sys::thread::Deferred::new();
     mm.check_owner()?;
     let units = ((end - start) / PAGE_SIZE) as u64;
@@ -198,13 +207,14 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
             budget,
         });
     }
+    crate::inject::before_own_range(start);
     // (Writable as the piece the range lies in is, not the region's first:
     // the application may have made a part of it read-only.)
     let (obj, first, write) = {
         let _g = mm.lock.read();
         let vma = mm
             .find_vma_locked(start)
-            .filter(|v| end <= v.end)
+            .filter(|v| v.id == id && end <= v.end)
             .ok_or_else(|| Error::Config("the range is not inside one region".into()))?;
         let writable = vma.writable.load(std::sync::atomic::Ordering::Acquire);
         (vma.object.clone(), vma.page_index(start), write && writable)
@@ -231,7 +241,7 @@ pub(crate) fn lock(mm: &Mm, start: usize, end: usize, write: bool) -> Result<Res
     }
     // As in `Region::populate`: events read and not applied yet first.
     mm.events.wait_applied();
-    let access = Access::engine(write);
+    let access = Access::engine(write, id);
     let deadline = std::time::Instant::now() + crate::events::coming::SETTLE_PATIENCE;
     for _ in 0..8 {
         let mut a = start;

@@ -11,6 +11,8 @@
 //! application's new memory read-only (its next write was SIGSEGV), and
 //! `dontneed` dropped its pages (it read zeros). Now the call looks for
 //! events on their way right before its system call, and waits for them.
+//! A second hook maps a new region of the same pager there instead: the
+//! engine's own calls for the old region leave it alone.
 
 #[path = "engine_util.rs"]
 mod util;
@@ -156,8 +158,12 @@ fn dontneed_of_a_quiet_region_keeps_the_applications_new_pages() {
 static PAGER: std::sync::Mutex<Option<Pager>> = std::sync::Mutex::new(None);
 static MAPPED_THERE: std::sync::Mutex<Option<uffd_pager::Region>> = std::sync::Mutex::new(None);
 
+/// Whether the hook below writes the region it maps.
+static FILL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// Once, for the target range: the application's own `munmap` of it,
-/// then a new region of the same pager's there, written with 0x77.
+/// then a new region of the same pager's there, written with 0x77 if
+/// `FILL` says so.
 fn unmap_and_map_a_region(addr: usize) {
     if TARGET.load(SeqCst) != addr || TARGET.swap(0, SeqCst) == 0 {
         return;
@@ -177,7 +183,9 @@ fn unmap_and_map_a_region(addr: usize) {
         .map_anonymous_with(LEN, &fixed)
         .unwrap();
     assert_eq!(theirs.as_ptr() as usize, addr);
-    theirs.as_mut_slice().fill(0x77);
+    if FILL.load(SeqCst) {
+        theirs.as_mut_slice().fill(0x77);
+    }
     *MAPPED_THERE.lock().unwrap() = Some(theirs);
 }
 
@@ -194,9 +202,9 @@ fn dontneed_leaves_a_region_mapped_in_the_range_since_alone() {
     let base = region.as_ptr() as usize;
     *PAGER.lock().unwrap() = Some(pager);
     TARGET.store(base, SeqCst);
-    uffd_pager::testing::set_before_dontneed(Some(unmap_and_map_a_region));
+    uffd_pager::testing::set_before_own_range(Some(unmap_and_map_a_region));
     let r = region.dontneed(0, LEN);
-    uffd_pager::testing::set_before_dontneed(None);
+    uffd_pager::testing::set_before_own_range(None);
     TARGET.store(0, SeqCst);
     let theirs = MAPPED_THERE
         .lock()
@@ -211,6 +219,77 @@ fn dontneed_leaves_a_region_mapped_in_the_range_since_alone() {
     drop(theirs);
     drop(region);
     drop(PAGER.lock().unwrap().take());
+}
+
+/// The pages of `[addr, addr + len)` resident in memory (`mincore`).
+fn resident_pages(addr: usize, len: usize) -> usize {
+    let mut v = vec![0u8; len / PAGE];
+    // SAFETY: `v` has a byte per page of the range, which is mapped.
+    assert_eq!(
+        unsafe { libc::mincore(addr as *mut _, len, v.as_mut_ptr()) },
+        0
+    );
+    v.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+/// The engine's own faults and guards for a region's call (`populate`,
+/// `prefault`, `lock_resident`) where, between the call's check that the
+/// range is the region's and its look by address, the application's
+/// `munmap` of it was applied and a new region of the same pager mapped
+/// there: they left that region alone and failed. Before, they were
+/// looked up by address, and faulted in (and guarded, and `mlock`ed) the
+/// new region's pages, and said Ok.
+fn own_call_leaves_a_region_mapped_since_alone(
+    what: &str,
+    call: fn(&uffd_pager::Region) -> uffd_pager::Result<()>,
+) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let pager = Pager::builder()
+        .delivery(THREADS)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let opts = MapOptions {
+        writable: true,
+        kind: Some(InstallKind::Anonymous),
+        ..MapOptions::default()
+    };
+    let region = pager.map_anonymous_with(LEN, &opts).unwrap();
+    let base = region.as_ptr() as usize;
+    *PAGER.lock().unwrap() = Some(pager);
+    FILL.store(false, SeqCst);
+    TARGET.store(base, SeqCst);
+    uffd_pager::testing::set_before_own_range(Some(unmap_and_map_a_region));
+    let r = call(&region);
+    uffd_pager::testing::set_before_own_range(None);
+    TARGET.store(0, SeqCst);
+    FILL.store(true, SeqCst);
+    let theirs = MAPPED_THERE
+        .lock()
+        .unwrap()
+        .take()
+        .unwrap_or_else(|| panic!("{what}: the hook never ran"));
+    assert_eq!(
+        (resident_pages(base, LEN), locked_at(base)),
+        (0, false),
+        "{what} faulted in (or locked) the pages of the region mapped there since"
+    );
+    assert!(r.is_err(), "{what}: {r:?}");
+    drop(theirs);
+    drop(region);
+    drop(PAGER.lock().unwrap().take());
+}
+
+#[test]
+fn populate_prefault_and_lock_resident_leave_a_region_mapped_since_alone() {
+    own_call_leaves_a_region_mapped_since_alone("populate", |r| r.populate(0, LEN));
+    own_call_leaves_a_region_mapped_since_alone("prefault", |r| r.prefault(0, LEN));
+    own_call_leaves_a_region_mapped_since_alone("lock_resident", |r| {
+        r.lock_resident(0, LEN).map(drop)
+    });
+    own_call_leaves_a_region_mapped_since_alone("lock_resident_owned", |r| {
+        r.lock_resident_owned(0, LEN, true).map(drop)
+    });
 }
 
 /// Whether the mapping that holds `addr` is locked (`mlock`: `lo` among

@@ -228,6 +228,7 @@ extern "C-unwind" fn on_sigbus(
         let access = crate::fault::Access {
             write,
             present: Some(present),
+            region: None,
         };
         let handled = super::stack::with_room(uctx, || serve(addr, access, since));
         if handled.is_some() {

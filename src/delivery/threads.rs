@@ -170,6 +170,7 @@ fn handle_msg(mm: &Mm, uffd: &Uffd, m: &Msg, done: &mut Done, since: u64) -> boo
     let access = crate::fault::Access {
         write: m.arg0 & fault_flag::WRITE != 0,
         present: Some(m.arg0 & fault_flag::WP != 0),
+        region: None,
     };
     // A fault that may wait for a store read first wakes the ones this
     // thread served before it (their pages are in): before, they slept

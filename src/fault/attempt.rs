@@ -50,6 +50,13 @@ pub(super) fn attempt(mm: &Mm, f: &mut Fault, lock: LockKind) -> Outcome {
         }
     };
     let vma = held.vma();
+    // Another region than the engine's own call is for: none for it.
+    if f.region.is_some_and(|id| id != vma.id) {
+        return match lock {
+            LockKind::Region => Outcome::Abort,
+            LockKind::Global => Outcome::Segv,
+        };
+    }
     let obj = &*vma.object;
     // A write reaches a kernel-mapped region only if the application made
     // it writable itself; the engine could not see later writes to the

@@ -149,14 +149,21 @@ pub struct Access {
     /// fault, `Some(false)` for a missing or minor fault, `None` where the
     /// engine faults a page in itself (prefault, populate) and nobody knows.
     pub present: Option<bool>,
+    /// The region the access is for, by id, where the engine makes it
+    /// itself for one region's call: another region found at the address
+    /// (the application's `munmap` of the range applied since the call
+    /// looked, and a new region mapped there) is no region for it.
+    pub region: Option<u64>,
 }
 
 impl Access {
-    /// An access of unknown kind by the engine itself (populate, prefault).
-    pub const fn engine(write: bool) -> Access {
+    /// An access of unknown kind by the engine itself (populate, prefault,
+    /// a residency guard) for region `region`.
+    pub const fn engine(write: bool, region: u64) -> Access {
         Access {
             write,
             present: None,
+            region: Some(region),
         }
     }
 }
@@ -171,6 +178,8 @@ pub struct Fault {
     pub write: bool,
     /// Whether the page was present at the access (see [`Access`]).
     pub present: Option<bool>,
+    /// The region the access must find (see [`Access`]).
+    pub region: Option<u64>,
     /// `FAULT_FLAG_TRIED`: the lock may be held across I/O and waits.
     pub tried: bool,
     /// This fault did store I/O (counted once in `PGMAJFAULT`).
@@ -184,6 +193,7 @@ impl Fault {
             addr,
             write: access.write,
             present: access.present,
+            region: access.region,
             tried: false,
             major: false,
         }

@@ -279,6 +279,7 @@ impl Region {
     fn fault_span(&self, (start, end): (usize, usize), write: bool) -> Result<()> {
         let _deferred = crate::sys::thread::Deferred::new();
         let mm = &self.owner.mm;
+        crate::inject::before_own_range(start);
         mm.check_owner()?;
         // An event the application's own `madvise` or `munmap` raised may
         // be read and not applied yet (handler-thread delivery): apply it
@@ -286,7 +287,7 @@ impl Region {
         mm.events.wait_applied();
         let mut a = start;
         while a < end {
-            if crate::fault::handle_fault(mm, a, crate::fault::Access::engine(write))
+            if crate::fault::handle_fault(mm, a, crate::fault::Access::engine(write, self.id))
                 != crate::fault::Resolution::Resolved
             {
                 return Err(Error::Store(crate::store::StoreError(libc::EIO)));

@@ -61,7 +61,7 @@ impl Region {
     pub fn lock_resident(&self, offset: usize, len: usize) -> Result<crate::ResidentGuard<'_>> {
         let (start, end) = self.page_span(offset, len)?;
         let end = end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        crate::resident::lock(&self.owner.mm, start, end, true)
+        crate::resident::lock(&self.owner.mm, self.id, start, end, true)
     }
 
     /// [`lock_resident`](Self::lock_resident), the guard holding the
@@ -89,7 +89,7 @@ impl Region {
         let (start, end) = self.page_span(offset, len)?;
         let end = end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let keep: std::sync::Arc<dyn std::any::Any + Send + Sync> = self.owner.clone();
-        crate::resident::lock_held(&self.owner.mm, keep, start, end, for_write)
+        crate::resident::lock_held(&self.owner.mm, keep, self.id, start, end, for_write)
     }
 
     /// Faults in `[offset, offset+len)` through the engine without touching
