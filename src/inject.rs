@@ -68,11 +68,11 @@ mod imp {
     static BEFORE_RANGE_CHANGE: AtomicUsize = AtomicUsize::new(0);
 
     /// Runs in `Region::protect`, `Region::protect_in_kernel`, a quiet
-    /// region's `dontneed` and `Region::lock_resident` (before its
-    /// `mlock2`), with the global lock held (and, in the first two, the
-    /// region's for write), right before the call looks whether an event
-    /// may have taken the region's range and then changes it. Set `None`
-    /// to clear.
+    /// region's `dontneed`, `Region::lock_resident` (before its `mlock2`)
+    /// and a region's unmap (for each piece), with the global lock held
+    /// (and, in the first two, the region's for write), right before the
+    /// call looks whether an event may have taken the region's range and
+    /// then changes it. Set `None` to clear.
     pub fn set_before_range_change(h: Option<Hook>) {
         BEFORE_RANGE_CHANGE.store(h.map_or(0, |f| f as usize), Release);
     }

@@ -24,8 +24,34 @@ impl Mm {
         // store holds the region's writes then (see `crate::events::release`).
         self.events.wait_applied();
         self.kept.wait_for(store);
-        let w = self.lock.write();
-        let pieces = self.pieces(id);
+        // Hazard: the `madvise`, `mprotect` and `munmap` below act on
+        // whatever is mapped at the address. The application's own
+        // `munmap` of a piece returns once its event is read, and its
+        // application waits for the write lock held here: the application
+        // may have mapped its own memory there meanwhile (found by review:
+        // it was made inaccessible and unmapped). So, as for the engine's
+        // other calls on a region's range (`range_in_doubt`), while an
+        // event may be on its way on a piece's descriptor the lock is let
+        // go and the events waited for; bounded, then as before (as a
+        // remap). What is left: an unmap and a new mapping both between
+        // this look and the calls.
+        let deadline = std::time::Instant::now() + crate::events::coming::SETTLE_PATIENCE;
+        let (w, pieces) = loop {
+            let w = self.lock.write();
+            let pieces = self.pieces(id);
+            pieces
+                .iter()
+                .for_each(|v| crate::inject::before_range_change(v));
+            let doubt = pieces
+                .iter()
+                .any(|v| crate::events::coming::range_in_doubt(self, self.uffd_for(&v.object)));
+            if !doubt || std::time::Instant::now() >= deadline {
+                break (w, pieces);
+            }
+            drop((pieces, w));
+            crate::events::coming::wait_for_any(self, deadline);
+            self.events.wait_applied();
+        };
         let mut objects = Vec::new();
         // Hazard: from the detach below until the region's dirty pages are
         // written (by this unmap, by the release of its object, or by the

@@ -1,6 +1,6 @@
-//! The engine's own `mprotect` and `MADV_DONTNEED` of a region whose
-//! range the application has unmapped, and mapped its own memory in,
-//! before the unmap's event is applied.
+//! The engine's own `mprotect`, `MADV_DONTNEED`, `mlock2` and `munmap` of
+//! a region whose range the application has unmapped, and mapped its own
+//! memory in, before the unmap's event is applied.
 //!
 //! `Region::protect` and a quiet region's `dontneed` change a user range
 //! with system calls that act on whatever is mapped there. The
@@ -95,6 +95,52 @@ fn taken_inside(
     drop(region);
     drop(pager);
     (base, r)
+}
+
+/// The engine's own unmap of a region (`Region::unmap`, a drop) whose
+/// range the application unmapped, and mapped its own memory in, while
+/// the unmap waited for the global lock: the application's mapping stays
+/// as it was. Before, the unmap's `mprotect` and `munmap` took it (the
+/// range read `unmapped`).
+fn unmap_leaves_ours_alone(delivery: Delivery, kind: InstallKind) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let pager = Pager::builder()
+        .delivery(delivery)
+        .kswapd(false)
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryStore::from_bytes(&[0xAB; LEN]).unwrap());
+    let opts = MapOptions {
+        kind: Some(kind),
+        ..MapOptions::default()
+    };
+    // SAFETY: only this region reads the store; nothing writes it.
+    let region = unsafe { pager.map_store(store, LEN, &opts) }.unwrap();
+    assert!(region.as_slice().iter().all(|&b| b == 0xAB));
+    let base = region.as_ptr() as usize;
+    THEIRS.store(0, SeqCst);
+    TARGET.store(base, SeqCst);
+    set_before_range_change(Some(unmap_and_map_ours));
+    let r = region.unmap();
+    set_before_range_change(None);
+    TARGET.store(0, SeqCst);
+    assert_eq!(THEIRS.load(SeqCst), base, "the hook never ran");
+    assert_eq!(
+        perms_at(base),
+        "rw-p",
+        "the engine's unmap took the application's own mapping"
+    );
+    assert!(ours_intact(base));
+    r.unwrap();
+    drop(pager);
+    unmap_ours(base);
+}
+
+#[test]
+fn unmap_leaves_the_applications_new_mapping_alone() {
+    unmap_leaves_ours_alone(THREADS, InstallKind::Anonymous);
+    unmap_leaves_ours_alone(Delivery::InThread, InstallKind::Anonymous);
+    unmap_leaves_ours_alone(THREADS, InstallKind::Shared);
 }
 
 /// Whether the application's mapping at `base` still holds its 0x5A.
