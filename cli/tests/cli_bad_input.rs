@@ -662,6 +662,17 @@ fn a_thread_that_cannot_start_is_an_error() {
         &["bench", "swap", "--threads", "100", "--duration", "1"][..],
         &["bench", "swap", "--writers", "100", "--duration", "1"],
         &["bench", "swap", "--noise", "100", "--duration", "1"],
+        // (Its handlers start, and the faulters cannot: it hung.)
+        &[
+            "bench",
+            "wakeup",
+            "--faulters",
+            "14",
+            "--pages",
+            "16",
+            "--passes",
+            "1",
+        ],
         &[
             "bench",
             "filemap",

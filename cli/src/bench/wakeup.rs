@@ -50,25 +50,52 @@ fn parallel_pass(
         l.reset(l.pages())?;
     }
     let loops = &*loops;
-    let start = std::sync::Barrier::new(slices.len() + 1);
+    // A start line the threads wait at: `Some(true)` to go, `Some(false)`
+    // where one of them could not be started (those that were leave
+    // without touching anything; a barrier would have kept them, and the
+    // scope, waiting for ever).
+    let start = (
+        std::sync::Mutex::new(None::<bool>),
+        std::sync::Condvar::new(),
+    );
+    let wait_start = |start: &(std::sync::Mutex<Option<bool>>, std::sync::Condvar)| {
+        let mut go = start.0.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match *go {
+                Some(go) => return go,
+                None => go = start.1.wait(go).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    };
+    let open = |go: bool| {
+        *start.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(go);
+        start.1.notify_all();
+    };
     std::thread::scope(|s| {
         let hs: Vec<_> = slices
             .iter()
             .map(|&(l, first)| {
                 let start = &start;
-                s.spawn(move || {
-                    start.wait();
-                    loops[l].touch_slice(first, pages)
+                crate::workload::common::spawn_scoped(s, move || match wait_start(start) {
+                    true => loops[l].touch_slice(first, pages).map(drop),
+                    false => Ok(()),
                 })
             })
             .collect();
-        start.wait();
+        let all_started = hs.iter().all(|h| h.is_ok());
+        open(all_started);
         let t0 = Instant::now();
+        let mut r = Ok(());
         for h in hs {
-            h.join()
-                .map_err(|_| Error::Config("a faulting thread panicked".into()))??;
+            let done = h.and_then(|h| {
+                h.join()
+                    .map_err(|_| Error::Config("a faulting thread panicked".into()))?
+            });
+            if r.is_ok() {
+                r = done;
+            }
         }
-        Ok(t0.elapsed())
+        r.map(|()| t0.elapsed())
     })
 }
 
