@@ -256,5 +256,24 @@ fn a_run_larger_than_its_cgroup_allows_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
+    // A launch trace addressing 256 MiB (its region lives in a memory
+    // store): only the machine's memory was asked, and it was OOM-killed.
+    let trace = std::env::temp_dir().join(format!("{name}-trace.txt"));
+    std::fs::write(&trace, "65535\n").unwrap();
+    let o = run_in(
+        &child,
+        &[
+            "bench".as_ref(),
+            "launch".as_ref(),
+            "--launches".as_ref(),
+            "1".as_ref(),
+            "--trace".as_ref(),
+            trace.as_os_str(),
+        ],
+    );
+    let _ = std::fs::remove_file(&trace);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
     assert_eq!(parent.stat().oom_kills + child.stat().oom_kills, 0);
 }

@@ -52,6 +52,9 @@ fn run_once(
             }
             // The trace's region lives in a memory store.
             let bytes = (trace.pages() as u64).saturating_mul(uffd_pager::PAGE_SIZE as u64);
+            // (The memory cgroup's limit too: only the machine's was
+            // asked, and a run over the limit was OOM-killed.)
+            super::fits_in_memory("the trace's region", bytes)?;
             if super::phys_mem().is_some_and(|mem| bytes > mem / 2) {
                 return Err(CliError::Usage(format!(
                     "the trace addresses {} MiB, more than half of this machine's memory",
