@@ -275,5 +275,22 @@ fn a_run_larger_than_its_cgroup_allows_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
+    // A far scan of 256 MiB, which its region ends holding: refused
+    // before the store is opened or filled (only --pages was asked).
+    let o = run_in(
+        &child,
+        &[
+            "bench",
+            "far",
+            "--store",
+            "redis://127.0.0.1:1",
+            "--scan-pages",
+            "65536",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(err.contains("--scan-pages 65536 needs"), "{err}");
+    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
     assert_eq!(parent.stat().oom_kills + child.stat().oom_kills, 0);
 }

@@ -87,6 +87,10 @@ pub fn run(a: &FarArgs) -> CliResult {
     // holds every page at once.
     let bytes = pages * units * uffd_pager::PAGE_SIZE as u64;
     super::fits_in_memory(&format!("--pages {pages}"), bytes)?;
+    // The scan's region, under no budget, ends holding every page too (it
+    // was not asked: found by review).
+    let scan_bytes = scan_pages * uffd_pager::PAGE_SIZE as u64;
+    super::fits_in_memory(&format!("--scan-pages {scan_pages}"), scan_bytes)?;
     if huge {
         uffd_pager::HugePagePool::require(uffd_pager::HugePagePool::needed_for(pages, 0))
             .map_err(|e| CliError::Runtime(format!("bench far: {e}")))?;
