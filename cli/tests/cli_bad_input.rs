@@ -344,6 +344,46 @@ fn baseline_files_larger_than_the_disk_are_a_usage_error() {
 fn flags_a_workload_would_ignore_are_refused() {
     for (args, needle) in [
         (&["bench", "random", "--pages", "10"][..], "--pages"),
+        // Engine settings the run never uses (before, taken and ignored;
+        // given with their default values too).
+        (&["bench", "random", "--readahead", "64"], "--readahead"),
+        (&["bench", "random", "--readahead", "32"], "--readahead"),
+        (
+            &["bench", "populate-churn", "--readahead", "8"],
+            "--readahead",
+        ),
+        (
+            &["bench", "swap", "--fault-around", "128"],
+            "--fault-around",
+        ),
+        (
+            &["bench", "random", "--fault-around", "64"],
+            "--fault-around",
+        ),
+        (
+            &[
+                "bench",
+                "filemap",
+                "--kind",
+                "anonymous",
+                "--fault-around",
+                "16",
+            ],
+            "--fault-around",
+        ),
+        (
+            &["bench", "scan", "--kernel-maps", "--fault-around", "16"],
+            "--fault-around",
+        ),
+        (
+            &["bench", "scan", "--page-size", "2M", "--fault-around", "16"],
+            "--fault-around",
+        ),
+        (&["bench", "populate-churn", "--no-kswapd"], "--no-kswapd"),
+        (
+            &["bench", "swap", "--budget", "0", "--no-kswapd"],
+            "--no-kswapd",
+        ),
         (&["bench", "scan", "--threads", "2"], "--threads"),
         (&["bench", "launch", "--threads", "2"], "--threads"),
         (&["bench", "launch", "--pages", "10"], "--pages"),

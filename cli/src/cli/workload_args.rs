@@ -70,17 +70,21 @@ pub struct WorkloadArgs {
     /// shared for the rest.
     #[arg(long)]
     pub kind: Option<InstallKind>,
-    /// Largest readahead window in pages (0: off).
-    #[arg(long, default_value_t = 32)]
-    pub readahead: u32,
+    /// Largest readahead window in pages (0: off) [default: 32]. Not for
+    /// random (it advises random access) or populate-churn.
+    #[arg(long)]
+    pub readahead: Option<u32>,
     /// Fault-around base cluster in pages (0: off; at most 16384, rounded
-    /// down to a power of two); a sequential reader's grows to 8x.
-    #[arg(long, default_value_t = 64)]
-    pub fault_around: usize,
+    /// down to a power of two); a sequential reader's grows to 8x
+    /// [default: 64]. Read faults of shared regions of 4 KiB pages only,
+    /// not kernel-mapped.
+    #[arg(long)]
+    pub fault_around: Option<usize>,
     /// No background reclaimer: faulting threads reclaim for themselves,
     /// at the budget only (direct reclaim), dirty pages too. With it,
     /// faulting threads free clean pages from the high watermark on and
-    /// kswapd writes the dirty ones.
+    /// kswapd writes the dirty ones. Not for populate-churn (it runs
+    /// none) or --budget 0.
     #[arg(long)]
     pub no_kswapd: bool,
     /// Read-only shared regions are registered MISSING only and the kernel

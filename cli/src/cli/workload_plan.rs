@@ -231,8 +231,8 @@ pub(super) fn plan(
         latency: a.latency,
         max_inflight: a.max_inflight,
         pages,
-        readahead_pages: a.readahead,
-        fault_around_pages: a.fault_around,
+        readahead_pages: a.readahead.unwrap_or(32),
+        fault_around_pages: a.fault_around.unwrap_or(64),
         kswapd: !a.no_kswapd,
         write_pct: a.write_pct,
         store: a.store.clone(),
@@ -321,6 +321,38 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
         a.budget.is_some(),
         &[Filemap, Swap, Random, Scan, Launch],
     )?;
+    // Engine settings the run would never use (found by review: taken
+    // and ignored). `random` advises random access, whose faults request
+    // no readahead; a populate-churn region is one page, with none past
+    // it to read ahead or map around, and runs no kswapd.
+    only(
+        "--readahead",
+        a.readahead.is_some(),
+        &[Filemap, Swap, Scan, Launch],
+    )?;
+    only(
+        "--no-kswapd",
+        a.no_kswapd,
+        &[Filemap, Swap, Random, Scan, Launch],
+    )?;
+    if a.no_kswapd && a.budget == Some(0) {
+        return Err(CliError::Usage(
+            "--no-kswapd: with --budget 0 (none) there is no kswapd to turn off".into(),
+        ));
+    }
+    // Fault-around maps a read fault's cached neighbours in a shared
+    // region of 4 KiB pages that the engine maps itself.
+    let anonymous = matches!(w, Swap | Churn)
+        || a.kind == Some(InstallKind::Anonymous)
+        || (w == Random && a.kind.is_none() && a.write_pct == 0);
+    if a.fault_around.is_some()
+        && (anonymous || a.kernel_maps || a.page_size != uffd_pager::PAGE_SIZE)
+    {
+        return Err(CliError::Usage(
+            "--fault-around applies to read faults of shared regions of 4 KiB pages the engine              maps: not to swap or populate-churn, an anonymous kind (read-only random's default),              --kernel-maps or --page-size 2M"
+                .into(),
+        ));
+    }
     only("--trace", a.trace.is_some(), &[Launch])?;
     only("--launches", a.launches != 10, &[Launch])?;
     only("--think-scale", a.think_scale.is_some(), &[Launch])?;
@@ -397,10 +429,9 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
         )));
     }
     let max_fault_around = uffd_pager::PagerBuilder::MAX_FAULT_AROUND;
-    if a.fault_around > max_fault_around {
+    if let Some(n) = a.fault_around.filter(|&n| n > max_fault_around) {
         return Err(CliError::Usage(format!(
-            "--fault-around {} is more than {max_fault_around} pages",
-            a.fault_around
+            "--fault-around {n} is more than {max_fault_around} pages"
         )));
     }
     if a.think_scale.is_some_and(|t| t > 10_000) {
