@@ -404,6 +404,28 @@ fn flags_a_workload_would_ignore_are_refused() {
             "--max-inflight",
         ),
         (&["bench", "scan", "--latency", "fixed:1ms"], "--latency"),
+        // The same given with their default values: taken and ignored.
+        (&["bench", "random", "--latency", "fixed:50us"], "--latency"),
+        (&["bench", "scan", "--max-inflight", "0"], "--max-inflight"),
+        (&["bench", "filemap", "--launches", "10"], "--launches"),
+        (&["bench", "filemap", "--shards", "1"], "--shards"),
+        (
+            &["bench", "swap", "--drain", "always,locked-only,never"],
+            "--drain",
+        ),
+        (
+            &[
+                "bench",
+                "random",
+                "--baseline",
+                "kernel",
+                "--policy",
+                "retry-once",
+                "--latency",
+                "fixed:50us",
+            ],
+            "--latency",
+        ),
         (
             &["bench", "populate-churn", "--writer-pause-us", "5"],
             "--writer-pause-us",

@@ -34,14 +34,16 @@ pub struct WorkloadArgs {
     /// so that its passes are warm).
     #[arg(long)]
     pub budget: Option<u64>,
-    /// Simulated store latency: none, fixed:50us, uniform:10us-100us, exp:50us.
-    #[arg(long, default_value = "fixed:50us")]
-    pub latency: LatencyModel,
+    /// Simulated store latency: none, fixed:50us, uniform:10us-100us, exp:50us
+    /// [default: fixed:50us].
+    #[arg(long)]
+    pub latency: Option<LatencyModel>,
     /// Simulated I/Os in flight at most, per simulated store (0:
-    /// unbounded). filemap has a store per thread's file, so N threads
-    /// have up to N times this in flight; swap and launch have one.
-    #[arg(long, default_value_t = 0)]
-    pub max_inflight: u32,
+    /// unbounded) [default: 0]. filemap has a store per thread's file, so
+    /// N threads have up to N times this in flight; swap and launch have
+    /// one.
+    #[arg(long)]
+    pub max_inflight: Option<u32>,
     /// Far memory (filemap, swap, launch): the store lives in Redis
     /// (`redis://HOST:PORT[/DB]` or `redis-cluster://HOST:PORT,...`)
     /// instead of the simulated store, so the latency is the network's
@@ -142,21 +144,19 @@ pub struct WorkloadArgs {
     /// Not for populate-churn (its regions are one page each).
     #[arg(long, default_value = "4K", value_parser = super::page_size)]
     pub page_size: usize,
-    /// populate-churn: drain policies to compare.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "always,locked-only,never"
-    )]
+    /// populate-churn: drain policies to compare [default:
+    /// always,locked-only,never].
+    #[arg(long, value_delimiter = ',')]
     pub drain: Vec<DrainPolicy>,
-    /// launch: launches per run (about 3.2 s each with the calibrated model).
-    #[arg(long, default_value_t = 10)]
-    pub launches: usize,
+    /// launch: launches per run (about 3.2 s each with the calibrated
+    /// model) [default: 10].
+    #[arg(long)]
+    pub launches: Option<usize>,
     /// launch: a recorded trace file (default: the shipped synthetic one).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// populate-churn: LRU shard counts to compare.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    /// populate-churn: LRU shard counts to compare [default: 1].
+    #[arg(long, value_delimiter = ',')]
     pub shards: Vec<usize>,
     /// Print JSON instead of tables.
     #[arg(long, conflicts_with = "csv")]
@@ -174,6 +174,43 @@ impl WorkloadArgs {
     /// `--duration`, or its default.
     pub fn duration(&self) -> f64 {
         self.duration.unwrap_or(2.0)
+    }
+
+    /// `--latency`, or its default.
+    pub fn latency(&self) -> LatencyModel {
+        self.latency.unwrap_or(LatencyModel::Fixed { ns: 50_000 })
+    }
+
+    /// `--max-inflight`, or its default (0: unbounded).
+    pub fn max_inflight(&self) -> u32 {
+        self.max_inflight.unwrap_or(0)
+    }
+
+    /// `--launches`, or its default.
+    pub fn launches(&self) -> usize {
+        self.launches.unwrap_or(10)
+    }
+
+    /// The drain policies to compare: those given, or all three.
+    pub fn drains(&self) -> Vec<DrainPolicy> {
+        if self.drain.is_empty() {
+            vec![
+                DrainPolicy::Always,
+                DrainPolicy::LockedOnly,
+                DrainPolicy::Never,
+            ]
+        } else {
+            self.drain.clone()
+        }
+    }
+
+    /// The LRU shard counts to compare: those given, or one.
+    pub fn shard_counts(&self) -> Vec<usize> {
+        if self.shards.is_empty() {
+            vec![1]
+        } else {
+            self.shards.clone()
+        }
     }
 
     /// The policies to run: those given, or the workload's default.

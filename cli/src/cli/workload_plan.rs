@@ -4,8 +4,7 @@
 use super::workload_args::{Which, WorkloadArgs};
 use super::CliError;
 use std::time::Duration;
-use uffd_pager::store::LatencyModel;
-use uffd_pager::{DrainPolicy, InstallKind};
+use uffd_pager::InstallKind;
 use uffd_pager_cli::workload::Knobs;
 
 /// Validates the arguments and plans the sweep: (knob name, values, base
@@ -24,11 +23,11 @@ pub(super) fn plan(
     }
     // A run stops within one access of its deadline; one simulated read
     // longer than the whole run would be most of it.
-    if a.latency.max_ns() as f64 > duration * 1e9 {
+    if a.latency().max_ns() as f64 > duration * 1e9 {
         return Err(CliError::Usage(format!(
             "--latency {} is longer than --duration {duration} s: a run would be over before \
              its first read came back",
-            a.latency
+            a.latency()
         )));
     }
     if a.threads.len() > 1 && a.writers.len() > 1 {
@@ -228,8 +227,8 @@ pub(super) fn plan(
         delivery: a.delivery,
         install: a.kind,
         budget_pages: budget,
-        latency: a.latency,
-        max_inflight: a.max_inflight,
+        latency: a.latency(),
+        max_inflight: a.max_inflight(),
         pages,
         readahead_pages: a.readahead.unwrap_or(32),
         fault_around_pages: a.fault_around.unwrap_or(64),
@@ -303,17 +302,8 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
                 .into(),
         ));
     }
-    only(
-        "--drain",
-        a.drain
-            != [
-                DrainPolicy::Always,
-                DrainPolicy::LockedOnly,
-                DrainPolicy::Never,
-            ],
-        &[Churn],
-    )?;
-    only("--shards", a.shards != [1], &[Churn])?;
+    only("--drain", !a.drain.is_empty(), &[Churn])?;
+    only("--shards", !a.shards.is_empty(), &[Churn])?;
     // populate-churn holds a page per thread and runs with a budget that
     // never evicts (`workload::churn`): a budget given was raised to it.
     only(
@@ -354,7 +344,7 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
         ));
     }
     only("--trace", a.trace.is_some(), &[Launch])?;
-    only("--launches", a.launches != 10, &[Launch])?;
+    only("--launches", a.launches.is_some(), &[Launch])?;
     only("--think-scale", a.think_scale.is_some(), &[Launch])?;
     only("--heap-every", a.heap_every.is_some(), &[Launch])?;
     // A launch replays its whole trace: it runs --launches launches.
@@ -421,11 +411,11 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
             uffd_pager::limits::MAX_LRU_SHARDS
         )));
     }
-    if a.latency.max_ns() > 1_000_000_000 {
+    if a.latency().max_ns() > 1_000_000_000 {
         return Err(CliError::Usage(format!(
             "--latency {}: a simulated I/O is at most 1 s (an exponential model draws up to \
              37x its mean)",
-            a.latency
+            a.latency()
         )));
     }
     let max_fault_around = uffd_pager::PagerBuilder::MAX_FAULT_AROUND;
@@ -456,10 +446,10 @@ fn applies_here(w: Which, a: &WorkloadArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Whether `--latency` or `--max-inflight` is given (other than its
-/// default), which only the simulated store uses.
+/// Whether `--latency` or `--max-inflight` is given (with its default
+/// value too), which only the simulated store uses.
 fn shapes_the_simulated_store(a: &WorkloadArgs) -> bool {
-    a.latency != (LatencyModel::Fixed { ns: 50_000 }) || a.max_inflight != 0
+    a.latency.is_some() || a.max_inflight.is_some()
 }
 
 /// Refuses what `--baseline kernel` would ignore: both sides run the

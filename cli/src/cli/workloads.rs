@@ -31,7 +31,7 @@ fn run_once(
                     .map_err(|e| CliError::Usage(format!("--trace {}: {e}", p.display())))?,
                 None => launch::default_trace(),
             };
-            if a.launches == 0 || a.launches > 10_000 {
+            if a.launches() == 0 || a.launches() > 10_000 {
                 return Err(CliError::Usage("--launches must be in 1..=10000".into()));
             }
             let model = launch::Model {
@@ -61,7 +61,7 @@ fn run_once(
                     bytes >> 20
                 )));
             }
-            launch::run(k, &trace, a.launches, model).map_err(rt)
+            launch::run(k, &trace, a.launches(), model).map_err(rt)
         }
     }
 }
@@ -71,8 +71,8 @@ pub fn sweep(w: Which, a: &WorkloadArgs) -> Result<Sweep, CliError> {
     let (knob, values, base) = plan(w, a)?;
     let labels: Vec<(String, Policy, DrainPolicy, usize)> = if w == Which::Churn {
         let mut v = Vec::new();
-        for &s in &a.shards {
-            for &d in &a.drain {
+        for s in a.shard_counts() {
+            for d in a.drains() {
                 v.push((
                     format!("{d}/{s} shard{}", if s == 1 { "" } else { "s" }),
                     base.policy,
