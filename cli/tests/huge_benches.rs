@@ -227,6 +227,38 @@ fn an_empty_pool_is_named_before_files_are_written() {
     }
 }
 
+/// Scan raises its budget to hold its file, so the pool it needs is the
+/// file's, whatever --budget says: the look before the file is written
+/// took --budget 2 (four pages) as enough with 8 free, and the map failed
+/// after the 128 MiB file was written (here, killed by the size limit).
+#[test]
+fn scan_asks_the_pool_for_the_budget_it_runs_with() {
+    let pool = huge_util::HugePool::take(8);
+    pool.shrink_to(8);
+    let args = [
+        "bench",
+        "scan",
+        "--page-size",
+        "2M",
+        "--pages",
+        "64",
+        "--budget",
+        "2",
+        "--duration",
+        "0.1",
+    ];
+    let o = std::process::Command::new("prlimit")
+        .arg("--fsize=65536")
+        .arg(env!("CARGO_BIN_EXE_uffd-pager"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running prlimit (util-linux)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
+    assert!(err.contains("nr_hugepages"), "{args:?}: {err}");
+}
+
 #[test]
 fn far_misses_run_on_2_mib_pages() {
     let Some(url) = cli_util::redis_url() else {

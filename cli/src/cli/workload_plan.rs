@@ -211,6 +211,14 @@ pub(super) fn plan(
         } else {
             pages as u64
         };
+        // (Scan raises its budget to hold its file: the pool must hold
+        // that, not what --budget says; found by review.)
+        let budget = match w {
+            Which::Scan if budget > 0 => {
+                budget.max(uffd_pager_cli::workload::scan::budget_holding(pages))
+            }
+            _ => budget,
+        };
         let needed = uffd_pager::HugePagePool::needed_for(region / units as u64, budget);
         uffd_pager::HugePagePool::require(needed)
             .map_err(|e| CliError::Runtime(format!("{}: {e}", w.name())))?;
