@@ -292,5 +292,21 @@ fn a_run_larger_than_its_cgroup_allows_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(err.contains("--scan-pages 65536 needs"), "{err}");
     assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
+    // The metadata bench over 2^30 pages, touched 10^7 times: a page of
+    // state words and a page table per touch, some 12 GiB, never asked.
+    let o = run_in(
+        &child,
+        &[
+            "bench",
+            "metadata",
+            "--pages",
+            "1073741824",
+            "--touch",
+            "10000000",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
     assert_eq!(parent.stat().oom_kills + child.stat().oom_kills, 0);
 }

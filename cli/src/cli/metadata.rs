@@ -150,6 +150,26 @@ impl Report {
     }
 }
 
+/// About the most memory a run holds at once (found by review: a run of
+/// 2^30 pages touched 10^7 times held some 12 GiB, and none of it was
+/// asked for): the pages the budget keeps, and for each touch at most a
+/// page of state words and a page table, as many as the region has.
+fn memory_held(a: &Sizes) -> Result<u64, CliError> {
+    let pages = usize::try_from(a.pages)
+        .map_err(|_| CliError::Usage(format!("--pages {} is too large", a.pages)))?;
+    let ps = a.page_size as u64;
+    let units = ps / PAGE_SIZE as u64;
+    let words_per_page = Footprint::of(1, 0)?.state_bytes_per_page as u64;
+    let touch = a.touch.min(a.pages);
+    let page = PAGE_SIZE as u64;
+    // (Pages of `bytes` bytes each, one per `chunk` bytes of them.)
+    let spread = |bytes: u64, chunk: u64| {
+        touch.min((pages as u64).saturating_mul(bytes).div_ceil(chunk)) * page
+    };
+    let data = touch.min(a.budget_units / units) * ps;
+    Ok(data + spread(words_per_page, page) + spread(ps, 512 * ps))
+}
+
 /// Computes and measures; see the module docs.
 fn measure(a: &Sizes) -> Result<Report, CliError> {
     let pages = usize::try_from(a.pages)
@@ -266,6 +286,10 @@ pub fn run(a: &MetadataArgs) -> CliResult {
             sizes.touch
         )));
     }
+    super::fits_in_memory(
+        &format!("--pages {} --touch {}", sizes.pages, sizes.touch),
+        memory_held(&sizes)?,
+    )?;
     let r = measure(&sizes)?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| CliError::Runtime(format!("writing output: {e}"));
