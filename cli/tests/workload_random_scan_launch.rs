@@ -74,6 +74,18 @@ fn random_has_a_floor_only_where_the_floor_does_the_same_work() {
     let plain = random::run(&knobs()).unwrap();
     let ratio = plain.extra("vs_floor").unwrap();
     assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    // Both sides' misses per read are shown beside the ratio: the floor
+    // keeps the whole budget of a file four times its size (a quarter of
+    // uniform reads hit), the engine a little less (its high watermark).
+    let (engine, floor) = (
+        plain.extra("faults_per_read").unwrap(),
+        plain.extra("floor_faults_per_read").unwrap(),
+    );
+    assert!((0.70..0.80).contains(&floor), "floor {floor}");
+    assert!(
+        (floor - 0.01..0.85).contains(&engine),
+        "engine {engine}, floor {floor}"
+    );
     let with_writers = random::run(&Knobs {
         writers: 1,
         ..knobs()
