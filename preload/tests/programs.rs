@@ -1932,3 +1932,24 @@ fn a_signal_handlers_write_during_the_shims_own_work_goes_through() {
     assert_eq!(ok(&o), expect);
     assert!(counter(&st, "preload_paged") >= 1, "{st}");
 }
+
+/// The program's POSIX record lock on a file outlives a mapping of the
+/// file and its `munmap`, as under the kernel alone: the shim's store
+/// closed its own descriptor of the file at the `munmap`, and that close
+/// dropped the lock (sqlite remaps its database so while it holds its
+/// locks). Its descriptor now waits for the locks to go: the program's
+/// own close drops them, under the kernel too.
+#[test]
+fn a_record_lock_outlives_a_mapping_of_its_file() {
+    let d = scratch();
+    let exe = build_c(&d, "record_locks");
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "record-locks", &[]);
+    assert_eq!(
+        plain,
+        "map 1 read 'a'; after its munmap the lock is held\n\
+         map 2 read 'a'; after its munmap the lock is held\n\
+         after the program's close the lock is gone\n"
+    );
+    assert_eq!(paged, plain);
+    assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
+}

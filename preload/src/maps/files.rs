@@ -25,6 +25,67 @@ pub(super) fn fd_file(fd: c_int) -> Option<(std::ffi::CString, (u64, u64), u64)>
     Some((path, (st.st_dev, st.st_ino), st.st_size as u64))
 }
 
+/// Every file store the shim made, with its file's identity, held here
+/// too until [`sweep`] finds it needed by nothing else and its file under
+/// no POSIX record lock of the process's.
+///
+/// Hazard: closing any descriptor of a file drops every POSIX record lock
+/// (`fcntl(F_SETLK)`) the process holds on it. A store's descriptor is
+/// the shim's own, which the program never sees, and it went with the
+/// store at the `munmap` (found by review: sqlite, which remaps its
+/// database with `munmap` and `mmap` while it holds its locks, lost them
+/// mid-transaction, and another process could write beside it). Under
+/// the kernel alone a `munmap` closes nothing. A store needed by nothing
+/// else waits here while the file is locked: closed at a later `mmap` or
+/// `munmap` of the shim's that finds the locks gone (the program's own
+/// `close` of the file dropped them, or it unlocked), or at exit.
+static MADE: std::sync::Mutex<Vec<((u64, u64), Arc<engine::store::FileStore>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Closes the stores [`MADE`] alone holds whose file the process holds
+/// no POSIX record lock on (all kept where `/proc/locks` cannot be read).
+pub fn sweep() {
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if !made.iter().any(|m| Arc::strong_count(&m.1) == 1) {
+        return;
+    }
+    let Some(locked) = locked_files() else {
+        return;
+    };
+    made.retain(|m| Arc::strong_count(&m.1) > 1 || locked.contains(&m.0));
+}
+
+/// The files (device, inode) this process holds a POSIX record lock on,
+/// from `/proc/locks` (lines `N: POSIX ADVISORY WRITE PID MAJ:MIN:INO
+/// START END`, major and minor in hex; a waiter's line has `->` after the
+/// number and holds nothing). Open file description locks (`OFDLCK`) and
+/// `flock`s are not dropped by another descriptor's close.
+fn locked_files() -> Option<Vec<(u64, u64)>> {
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() }.to_string();
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[1] != "POSIX" || f[4] != me {
+            continue;
+        }
+        let mut id = f[5].split(':');
+        let (Some(maj), Some(min), Some(ino)) = (id.next(), id.next(), id.next()) else {
+            continue;
+        };
+        let (Ok(maj), Ok(min), Ok(ino)) = (
+            u32::from_str_radix(maj, 16),
+            u32::from_str_radix(min, 16),
+            ino.parse::<u64>(),
+        ) else {
+            continue;
+        };
+        v.push((libc::makedev(maj, min), ino));
+    }
+    Some(v)
+}
+
 /// A store over the file behind `fd` at `off`, with the latency model.
 pub fn file_store(
     fd: c_int,
@@ -33,9 +94,19 @@ pub fn file_store(
     writable: bool,
     latency: Option<engine::store::LatencyModel>,
 ) -> Result<Arc<dyn Store>, String> {
+    sweep();
     let file = own_file(fd, writable)?;
-    let whole: Arc<dyn Store> =
+    let id = {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata().map_err(|e| e.to_string())?;
+        (m.dev(), m.ino())
+    };
+    let store =
         Arc::new(engine::store::FileStore::from_file(file, writable).map_err(|e| e.to_string())?);
+    MADE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((id, store.clone()));
+    let whole: Arc<dyn Store> = store;
     let whole: Arc<dyn Store> = match latency {
         Some(m) => Arc::new(SimulatedStore::new(whole, m, 0, off ^ len as u64)),
         None => whole,

@@ -398,6 +398,7 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
         }
     }
     gone.sort_unstable_by(|x, y| y.cmp(x));
+    let swept = !gone.is_empty();
     for i in gone {
         let e = st.remove(i);
         if let Err(err) = e.region.unmap() {
@@ -409,6 +410,11 @@ pub fn munmap(addr: usize, len: usize) -> c_int {
             );
             st.say(msg);
         }
+    }
+    if swept {
+        // Their stores' descriptors, closed where no record lock of the
+        // program's is on the file (see `files::MADE`).
+        files::sweep();
     }
     let mut rc = 0;
     for (x, y) in holes {
