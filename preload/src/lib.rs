@@ -53,6 +53,16 @@ pub(crate) fn in_shim_here() -> bool {
     IN_SHIM.try_with(|c| c.get()).unwrap_or(false)
 }
 
+extern "C-unwind" {
+    // glibc's; the `libc` crate does not declare it. "C-unwind": with the
+    // asynchronous cancel type, putting the state back acts on a pending
+    // cancel at once, by unwinding out of it.
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+
+/// `PTHREAD_CANCEL_DISABLE` (glibc's value).
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+
 /// Runs `f`, the shim's work for the call `site`, marked as shim code;
 /// `Err` if it panicked. (The callers keep the program's errno where the
 /// call succeeds.)
@@ -61,14 +71,28 @@ pub(crate) fn in_shim_here() -> bool {
 /// program's C frames, where Rust aborts the process with no word of which
 /// call it was. It is caught here; the panic hook has said what it was on
 /// stderr.
+///
+/// Cancellation is off meanwhile: the shim's own `open`s and `close`s
+/// (its descriptor of a program's file, `/proc` files) are glibc
+/// cancellation points, and a cancel pending there unwound into the
+/// `catch_unwind` below as a foreign exception, which aborts the process
+/// (found by review). The calls interposed here are not cancellation
+/// points under the kernel alone; the cancel acts at the program's next
+/// one.
 fn guarded<T>(site: &'static str, f: impl FnOnce() -> T) -> Result<T, ()> {
-    struct Reset(bool);
+    struct Reset(bool, libc::c_int);
     impl Drop for Reset {
         fn drop(&mut self) {
             IN_SHIM.with(|c| c.set(self.0));
+            let mut was = 0;
+            // SAFETY: puts back the state saved below; `was` is ours.
+            unsafe { pthread_setcancelstate(self.1, &mut was) };
         }
     }
-    let _r = Reset(IN_SHIM.with(|c| c.replace(true)));
+    let mut cancel = 0;
+    // SAFETY: `cancel` receives the thread's state, put back by `Reset`.
+    unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut cancel) };
+    let _r = Reset(IN_SHIM.with(|c| c.replace(true)), cancel);
     let run = || {
         test_panic(site);
         f()

@@ -1953,3 +1953,18 @@ fn a_record_lock_outlives_a_mapping_of_its_file() {
     assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 2, "{st}");
 }
+
+/// A cancel pending while the shim maps and unmaps a paged file: the
+/// thread is cancelled at its own next cancellation point, as under the
+/// kernel alone. The shim's own `open`s and `close`s there are glibc
+/// cancellation points, and the cancel acting in one aborted the process
+/// (its unwind met the shim's panic guard as a foreign exception).
+#[test]
+fn a_cancel_pending_while_the_shim_works_waits_for_the_programs_own_point() {
+    let d = scratch();
+    let exe = build_c(&d, "cancel_in_shim");
+    let (plain, paged, st) = plain_and_paged(&d, &exe, "cancel-in-shim", &[]);
+    assert_eq!(plain, "cancelled at its own cancellation point\n");
+    assert_eq!(paged, plain);
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}
