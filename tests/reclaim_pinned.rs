@@ -270,3 +270,26 @@ fn pages_that_leave_a_pinned_region_can_be_reclaimed() {
         assert!(pinned.as_slice()[..32 * PAGE] == contents[..32 * PAGE]);
     }
 }
+
+/// `MADV_DONTNEED` of a pinned region is refused, as `madvise` refuses a
+/// locked mapping (EINVAL), and its bytes stay: an anonymous pinned
+/// region read zeros after it, and the call said Ok (the shim maps a
+/// program's `MAP_LOCKED` memory pinned).
+#[test]
+fn dontneed_of_a_pinned_region_is_refused_and_keeps_its_bytes() {
+    let pager = Pager::builder().build().unwrap();
+    let opts = MapOptions {
+        pinned: true,
+        ..MapOptions::default()
+    };
+    let mut r = pager.map_anonymous_with(4 * PAGE, &opts).unwrap();
+    r.as_mut_slice().fill(7);
+    let e = r.dontneed(0, 4 * PAGE).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert!(r.as_slice().iter().all(|&b| b == 7));
+    let c = map_pinned(&pager, &pattern(2 * PAGE, 3));
+    // SAFETY: no slice of `c` is alive.
+    let e = unsafe { c.dontneed_unchecked(0, PAGE) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert_eq!(c.as_slice(), &pattern(2 * PAGE, 3)[..]);
+}

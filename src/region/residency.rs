@@ -132,6 +132,10 @@ impl Region {
     ///
     /// Takes `&mut self`: the bytes change under any slice of the region.
     ///
+    /// A pinned region ([`MapOptions::pinned`](crate::MapOptions::pinned),
+    /// the `mlock` analog) refuses it with [`Error::Config`] (`EINVAL`), as
+    /// `madvise` refuses a locked mapping, and keeps its bytes.
+    ///
     /// Example: [`Region`](crate::Region).
     pub fn dontneed(&mut self, offset: usize, len: usize) -> Result<()> {
         // SAFETY: `&mut self` means no slice of the region is alive.
@@ -160,6 +164,16 @@ impl Region {
             return Ok(());
         }
         let (start, mut end) = self.page_span(offset, len)?;
+        // (Found by review: the shim's `MAP_LOCKED` mappings are pinned,
+        // and a program's `MADV_DONTNEED` of one read zeros and was told
+        // 0, where the kernel answers EINVAL and keeps the bytes.)
+        if self.vma_flags().0 {
+            return Err(Error::Config(
+                "a pinned region keeps its pages: madvise refuses MADV_DONTNEED on a locked \
+                 mapping"
+                    .into(),
+            ));
+        }
         if self.page_size != PAGE_SIZE {
             // As on hugetlb: a partial last page is kept.
             end = (self.start + offset + len) & !(self.page_size - 1);

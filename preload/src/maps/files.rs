@@ -39,8 +39,10 @@ pub(super) fn fd_file(fd: c_int) -> Option<(std::ffi::CString, (u64, u64), u64)>
 /// else waits here while the file is locked: closed at a later `mmap` or
 /// `munmap` of the shim's that finds the locks gone (the program's own
 /// `close` of the file dropped them, or it unlocked), or at exit.
-static MADE: std::sync::Mutex<Vec<((u64, u64), Arc<engine::store::FileStore>)>> =
-    std::sync::Mutex::new(Vec::new());
+static MADE: std::sync::Mutex<Vec<Made>> = std::sync::Mutex::new(Vec::new());
+
+/// A store [`MADE`] holds: its file's (device, inode), and the store.
+type Made = ((u64, u64), Arc<engine::store::FileStore>);
 
 /// Closes the stores [`MADE`] alone holds whose file the process holds
 /// no POSIX record lock on (all kept where `/proc/locks` cannot be read).
