@@ -63,11 +63,11 @@ fn unmap_and_map_ours(site: &Site<'_>) {
 /// Runs `call` on a 4-page region of `kind` of a pager with `delivery`,
 /// with the hook set to take the region's range inside it, and returns
 /// the address of the application's mapping there and what `call`
-/// returned.
+/// returned. `call` has the region, and drops it (or unmaps it).
 fn taken_inside(
     delivery: Delivery,
     kind: InstallKind,
-    call: impl FnOnce(&mut uffd_pager::Region) -> uffd_pager::Result<()>,
+    call: impl FnOnce(uffd_pager::Region) -> uffd_pager::Result<()>,
 ) -> (usize, uffd_pager::Result<()>) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let pager = Pager::builder()
@@ -81,18 +81,17 @@ fn taken_inside(
         ..MapOptions::default()
     };
     // SAFETY: only this region reads the store; nothing writes it.
-    let mut region = unsafe { pager.map_store(store, LEN, &opts) }.unwrap();
+    let region = unsafe { pager.map_store(store, LEN, &opts) }.unwrap();
     // (Each page in, so that dropping them changes something.)
     assert!(region.as_slice().iter().all(|&b| b == 0xAB));
     let base = region.as_ptr() as usize;
     THEIRS.store(0, SeqCst);
     TARGET.store(base, SeqCst);
     set_before_range_change(Some(unmap_and_map_ours));
-    let r = call(&mut region);
+    let r = call(region);
     set_before_range_change(None);
     TARGET.store(0, SeqCst);
     assert_eq!(THEIRS.load(SeqCst), base, "the hook never ran");
-    drop(region);
     drop(pager);
     (base, r)
 }
@@ -103,28 +102,7 @@ fn taken_inside(
 /// as it was. Before, the unmap's `mprotect` and `munmap` took it (the
 /// range read `unmapped`).
 fn unmap_leaves_ours_alone(delivery: Delivery, kind: InstallKind) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let pager = Pager::builder()
-        .delivery(delivery)
-        .kswapd(false)
-        .build()
-        .unwrap();
-    let store = Arc::new(MemoryStore::from_bytes(&[0xAB; LEN]).unwrap());
-    let opts = MapOptions {
-        kind: Some(kind),
-        ..MapOptions::default()
-    };
-    // SAFETY: only this region reads the store; nothing writes it.
-    let region = unsafe { pager.map_store(store, LEN, &opts) }.unwrap();
-    assert!(region.as_slice().iter().all(|&b| b == 0xAB));
-    let base = region.as_ptr() as usize;
-    THEIRS.store(0, SeqCst);
-    TARGET.store(base, SeqCst);
-    set_before_range_change(Some(unmap_and_map_ours));
-    let r = region.unmap();
-    set_before_range_change(None);
-    TARGET.store(0, SeqCst);
-    assert_eq!(THEIRS.load(SeqCst), base, "the hook never ran");
+    let (base, r) = taken_inside(delivery, kind, |region| region.unmap());
     assert_eq!(
         perms_at(base),
         "rw-p",
@@ -132,7 +110,6 @@ fn unmap_leaves_ours_alone(delivery: Delivery, kind: InstallKind) {
     );
     assert!(ours_intact(base));
     r.unwrap();
-    drop(pager);
     unmap_ours(base);
 }
 
@@ -187,7 +164,7 @@ fn protect_of_a_shared_region_leaves_the_applications_new_mapping_alone() {
 
 #[test]
 fn dontneed_of_a_quiet_region_keeps_the_applications_new_pages() {
-    let (base, r) = taken_inside(THREADS, InstallKind::Shared, |region| {
+    let (base, r) = taken_inside(THREADS, InstallKind::Shared, |mut region| {
         region.dontneed(0, LEN)
     });
     assert!(

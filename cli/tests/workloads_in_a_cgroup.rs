@@ -251,62 +251,47 @@ fn a_run_larger_than_its_cgroup_allows_is_refused() {
         return;
     };
     let child = MemCgroup::create(&format!("{name}/child"), 1024 * MIB).unwrap();
+    // Exit 2, the limit named, and `also` in the message.
+    let refused = |args: &[&std::ffi::OsStr], also: &str| {
+        let o = run_in(&child, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
+        assert!(err.contains(also), "{err}");
+    };
+    fn os(v: &[&'static str]) -> Vec<&'static std::ffi::OsStr> {
+        v.iter().map(|a| std::ffi::OsStr::new(*a)).collect()
+    }
     // 65536 pages: the torture's model and region, about 512 MiB.
-    let o = run_in(&child, &["torture", "--pages", "65536", "--budget", "1024"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
-    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
+    refused(
+        &os(&["torture", "--pages", "65536", "--budget", "1024"]),
+        "",
+    );
     // A launch trace addressing 256 MiB (its region lives in a memory
     // store): only the machine's memory was asked, and it was OOM-killed.
     let trace = std::env::temp_dir().join(format!("{name}-trace.txt"));
     std::fs::write(&trace, "65535\n").unwrap();
-    let o = run_in(
-        &child,
-        &[
-            "bench".as_ref(),
-            "launch".as_ref(),
-            "--launches".as_ref(),
-            "1".as_ref(),
-            "--trace".as_ref(),
-            trace.as_os_str(),
-        ],
-    );
+    let mut launch = os(&["bench", "launch", "--launches", "1", "--trace"]);
+    launch.push(trace.as_os_str());
+    refused(&launch, "");
     let _ = std::fs::remove_file(&trace);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
-    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
     // A far scan of 256 MiB, which its region ends holding: refused
     // before the store is opened or filled (only --pages was asked).
-    let o = run_in(
-        &child,
-        &[
-            "bench",
-            "far",
-            "--store",
-            "redis://127.0.0.1:1",
-            "--scan-pages",
-            "65536",
-        ],
+    let far = ["bench", "far", "--store", "redis://127.0.0.1:1"];
+    refused(
+        &os(&[&far[..], &["--scan-pages", "65536"]].concat()),
+        "--scan-pages 65536 needs",
     );
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
-    assert!(err.contains("--scan-pages 65536 needs"), "{err}");
-    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
     // The metadata bench over 2^30 pages, touched 10^7 times: a page of
     // state words and a page table per touch, some 12 GiB, never asked.
-    let o = run_in(
-        &child,
-        &[
-            "bench",
-            "metadata",
-            "--pages",
-            "1073741824",
-            "--touch",
-            "10000000",
-        ],
-    );
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
-    assert!(err.contains("memory cgroup allows 64 MiB"), "{err}");
+    let metadata = [
+        "bench",
+        "metadata",
+        "--pages",
+        "1073741824",
+        "--touch",
+        "10000000",
+    ];
+    refused(&os(&metadata), "");
     assert_eq!(parent.stat().oom_kills + child.stat().oom_kills, 0);
 }
