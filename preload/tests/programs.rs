@@ -1968,3 +1968,25 @@ fn a_cancel_pending_while_the_shim_works_waits_for_the_programs_own_point() {
     assert_eq!(paged, plain);
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// `MADV_WILLNEED` is a hint: over a file 16 times the budget the shim
+/// reads in at most a quarter of the budget (2 MiB at most), and past the
+/// end of the file it answers 0, as the kernel does. It read all 4,096
+/// pages in (`pgread` 4,105 for a budget of 256 pages), and answered `EIO`
+/// past the end (found by review).
+#[test]
+fn madv_willneed_reads_a_bounded_part_and_never_fails_on_reads() {
+    let d = scratch();
+    let exe = build_c(&d, "willneed_large");
+    let (plain, paged, st) =
+        plain_and_paged(&d, &exe, "willneed-large", &[("UFFD_PAGER_BUDGET", "1M")]);
+    assert_eq!(
+        plain,
+        "whole: madvise 0 ; first l\npast the end: madvise 0 ; first l\n"
+    );
+    assert_eq!(paged, plain, "{st}");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    // A quarter of the budget (64 pages) per call, and what fault-around
+    // and readahead add to the program's own read of the first page.
+    assert!(counter(&st, "pgread") < 256, "{st}");
+}

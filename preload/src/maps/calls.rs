@@ -404,6 +404,7 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     // each VMA does under the kernel's madvise (which answers ENOMEM for
     // the hole below). A piece the program moved out of the mapping's own
     // range is left to the kernel's call.
+    let mut willneed_left = willneed_pages(st.cfg.budget) * PAGE;
     for (i, pieces) in hits {
         let file = st.maps[i].file.is_some();
         let r = &mut st.maps[i].region;
@@ -428,7 +429,20 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
             } else if advice == libc::MADV_DONTNEED || advice == libc::MADV_FREE {
                 r.dontneed(lo - start, hi - lo)
             } else {
-                r.populate(lo - start, hi - lo)
+                // MADV_WILLNEED: a hint. The kernel reads ahead a bounded
+                // part of the range (`force_page_cache_ra`: at most the
+                // readahead window or the device's I/O size) and answers
+                // 0 whatever the reads do; past the end of the file it
+                // reads nothing. The whole range was read in here, past
+                // the budget and synchronously (4,096 page reads for a
+                // budget of 256), and a page past the end of the file
+                // made the call fail with EIO (found by review).
+                let n = (hi - lo).min(willneed_left);
+                willneed_left -= n;
+                if n > 0 {
+                    let _ = r.populate(lo - start, n);
+                }
+                Ok(())
             };
             if let Err(err) = res {
                 crate::set_errno(err.errno());
@@ -443,6 +457,19 @@ pub fn madvise(addr: usize, len: usize, advice: c_int) -> Option<c_int> {
     // SAFETY: the program asked for this call on this range (see the function's comment).
     let rc = unsafe { sys::call(libc::SYS_madvise, addr, len, advice as usize, 0, 0) as c_int };
     Some(rc)
+}
+
+/// Pages one `MADV_WILLNEED` reads in at most, with a budget of `budget`
+/// bytes (0: none): 2 MiB (the kernel reads ahead at most its window or
+/// the device's best I/O size, 128 KiB to a few MiB), and no more than a
+/// quarter of the budget, so that the advice does not evict the pages it
+/// just read, or the program's working set.
+fn willneed_pages(budget: u64) -> usize {
+    let pages = (2usize << 20) / PAGE;
+    match budget.div_ceil(PAGE as u64) {
+        0 => pages,
+        b => pages.min((b / 4).max(1) as usize),
+    }
 }
 
 /// The end of `[addr, addr + rlen)` (`rlen` rounded to pages), or `None`
