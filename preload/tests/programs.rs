@@ -1990,3 +1990,27 @@ fn madv_willneed_reads_a_bounded_part_and_never_fails_on_reads() {
     // and readahead add to the program's own read of the first page.
     assert!(counter(&st, "pgread") < 256, "{st}");
 }
+
+/// `mprotect` with a protection the kernel refuses before it changes
+/// anything (an unknown bit, `PROT_GROWSDOWN` on a mapping that does not
+/// grow down) gets the kernel's `EINVAL` over a pager mapping too. The
+/// shim took either as a plain `PROT_READ` and answered 0 (found by
+/// review).
+#[test]
+fn mprotect_with_bits_the_kernel_refuses_is_einval() {
+    let d = scratch();
+    let exe = build_c(&d, "mprotect_bad_prot");
+    let (plain, paged, st) = plain_and_paged(
+        &d,
+        &exe,
+        "mprotect-bad-prot",
+        &[("UFFD_PAGER_BUDGET", "1M")],
+    );
+    assert_eq!(
+        plain,
+        "unknown bit: mprotect -1 EINVAL\ngrowsdown: mprotect -1 EINVAL\n\
+         plain: mprotect 0 \nfirst b\n"
+    );
+    assert_eq!(paged, plain, "{st}");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+}

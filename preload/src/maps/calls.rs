@@ -153,6 +153,15 @@ pub fn mprotect(addr: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> Op
     // the top). Taken here, each marked the mappings it met writable.
     let rlen = pages_len(len)?;
     let end = kernel_range(addr, rlen)?;
+    // Nor a protection it refuses first: an unknown bit, or
+    // `PROT_GROWSDOWN`/`PROT_GROWSUP`, which no pager mapping (never a
+    // stack) takes. Taken here as a plain `PROT_READ`, each was answered 0.
+    // (`PROT_SEM`, 0x8 in `asm-generic/mman-common.h`, which `libc` does
+    // not name: the kernel accepts it and ignores it on x86-64.)
+    let known = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC | 0x8;
+    if prot & !known != 0 {
+        return None;
+    }
     let write = prot & libc::PROT_WRITE != 0;
     // (Made writable, the kernel's mapping of a file the pager maps is
     // refused below: that needs the table, where the range has a shared
