@@ -2014,3 +2014,26 @@ fn mprotect_with_bits_the_kernel_refuses_is_einval() {
     assert_eq!(paged, plain, "{st}");
     assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
 }
+
+/// A read of bytes stored through a shared mapping whose page the pager
+/// cannot write back first (the file size limit is below it: `EFBIG`)
+/// fails with that errno; a read of another page still reads. The shim's
+/// read went on after the failed write-back and returned the file's older
+/// bytes with no error (found by review).
+#[test]
+fn a_read_whose_write_back_fails_fails_instead_of_returning_older_bytes() {
+    let d = scratch();
+    let exe = build_c(&d, "read_after_failed_writeback");
+    let (plain, paged, st) = plain_and_paged(
+        &d,
+        &exe,
+        "read-after-failed-writeback",
+        &[("UFFD_PAGER_BUDGET", "1M")],
+    );
+    assert_eq!(plain, "other page: read\npread: the store\n");
+    assert_eq!(paged, "other page: read\npread -1 EFBIG\n", "{st}");
+    assert_eq!(counter(&st, "preload_paged"), 1, "{st}");
+    // The exit's write-back, with the limit lifted, lands.
+    let bytes = std::fs::read(d.join("read-after-failed-writeback.dat")).unwrap();
+    assert_eq!(bytes[6 * 4096], b'n');
+}

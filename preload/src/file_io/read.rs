@@ -6,16 +6,31 @@ use super::libc_io::{self, Call};
 use crate::{errno, in_shim, maps, programs_own, set_errno};
 use std::ffi::{c_int, c_void};
 
-/// Runs the read `f` on `fd`, first writing back a writable shared pager
-/// mapping of its file (see [`maps::flush_for_read`]).
+/// Runs the read `f` on `fd` at `at` (None: the descriptor's position),
+/// first writing back the pages of the writable shared pager mappings of
+/// its file that hold the bytes it reads (see [`maps::flush_for_read`]).
 /// `buf`: the buffer (address, length) the call writes, kept resident
 /// for it where a fault inside the call would be `EFAULT`
-/// ([`super::Resident`]); None for the vectored calls.
-fn coherent_read(fd: c_int, buf: Option<(usize, usize)>, f: impl FnOnce() -> isize) -> isize {
+/// ([`super::Resident`]); None for the vectored calls, which are taken
+/// to read to the end of the file.
+///
+/// A write-back that fails fails the read with its errno, before it is
+/// made: made, it returned the file's older bytes, with no error, where
+/// the kernel's read shows what was stored through the mapping.
+fn coherent_read(
+    fd: c_int,
+    at: Option<i64>,
+    buf: Option<(usize, usize)>,
+    f: impl FnOnce() -> isize,
+) -> isize {
     let _resident = buf.map(|(b, n)| super::Resident::for_buffer(b, n, true));
     if programs_own() && maps::any_writable() {
         let e = errno();
-        in_shim("read", || maps::flush_for_read(fd));
+        let len = buf.map(|(_, n)| n as u64);
+        if let Err(err) = in_shim("read", || maps::flush_for_read(fd, at, len)) {
+            set_errno(err);
+            return -1;
+        }
         set_errno(e);
     }
     f()
@@ -27,7 +42,7 @@ fn coherent_read(fd: c_int, buf: Option<(usize, usize)>, f: impl FnOnce() -> isi
 /// As read(2).
 #[no_mangle]
 pub unsafe extern "C-unwind" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
-    coherent_read(fd, Some((buf as usize, n)), || {
+    coherent_read(fd, None, Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { libc_io::plain(Call::Read, fd, buf, n, 0) }
     })
@@ -44,7 +59,7 @@ pub unsafe extern "C-unwind" fn pread(
     n: usize,
     off: libc::off_t,
 ) -> isize {
-    coherent_read(fd, Some((buf as usize, n)), || {
+    coherent_read(fd, Some(off), Some((buf as usize, n)), || {
         // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
         unsafe { libc_io::plain(Call::Pread, fd, buf, n, off) }
     })
@@ -137,7 +152,7 @@ pub unsafe extern "C-unwind" fn __pread64_chk(
 #[no_mangle]
 pub unsafe extern "C-unwind" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_read(fd, None, || unsafe {
+    coherent_read(fd, None, None, || unsafe {
         libc_io::vectored(Call::Readv, fd, iov, cnt, 0, 0)
     })
 }
@@ -154,7 +169,7 @@ pub unsafe extern "C-unwind" fn preadv(
     off: libc::off_t,
 ) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_read(fd, None, || unsafe {
+    coherent_read(fd, Some(off), None, || unsafe {
         libc_io::vectored(Call::Preadv, fd, iov, cnt, off, 0)
     })
 }
@@ -187,7 +202,8 @@ pub unsafe extern "C-unwind" fn preadv2(
     flags: c_int,
 ) -> isize {
     // SAFETY: the program's own call, passed on unchanged: its contract is this function's caller's.
-    coherent_read(fd, None, || unsafe {
+    // (An offset of -1: the descriptor's position.)
+    coherent_read(fd, (off != -1).then_some(off), None, || unsafe {
         libc_io::vectored(Call::Preadv2, fd, iov, cnt, off, flags)
     })
 }

@@ -4,11 +4,19 @@
 
 use super::*;
 
-/// Before a read of `fd`: if the pager maps its file writable and shared,
-/// the mapping's dirty pages are written back, so that the read sees what
-/// was stored through the mapping, as the kernel's one page cache shows it.
-pub fn flush_for_read(fd: c_int) {
-    let _ = flush_file(fd, "before a read", false);
+/// Before a read of at most `len` bytes (None: unknown) of `fd` at `at`
+/// (None: the descriptor's position): the pager's writable shared
+/// mappings of the file write back their dirty pages that hold those
+/// bytes, so that the read sees what was stored through them, as the
+/// kernel's one page cache shows it. `Err(errno)` of the first failure
+/// (said on stderr): the read must then fail, since it would return the
+/// file's older bytes. Only the pages the read can see: a page elsewhere
+/// that cannot be written fails no read.
+pub fn flush_for_read(fd: c_int, at: Option<i64>, len: Option<u64>) -> Result<(), c_int> {
+    match file_of(fd, at, false) {
+        Some(t) => write_back(&t, len, "write-back before a read failed"),
+        None => Ok(()),
+    }
 }
 
 /// Before a write of at most `len` bytes (None: unknown) at `t`: the
@@ -17,14 +25,19 @@ pub fn flush_for_read(fd: c_int) {
 /// them can land between the write and its refresh. Failures are said on
 /// stderr (the write itself decides what the program is told).
 pub fn flush_before_write(t: &Target, len: Option<u64>) {
-    t.each_overlap(
-        len.unwrap_or(u64::MAX),
-        "write-back before a write failed",
-        |e, off, n| match e.writable_shared {
+    let _ = write_back(t, len, "write-back before a write failed");
+}
+
+/// Writes back the dirty pages of the pager's writable shared mappings of
+/// `t`'s file that hold the `len` bytes (None: to the end) at `t`;
+/// `Err(errno)` of the first failure, each said after `what`.
+fn write_back(t: &Target, len: Option<u64>, what: &str) -> Result<(), c_int> {
+    t.each_overlap(len.unwrap_or(u64::MAX), what, |e, off, n| {
+        match e.writable_shared {
             true => e.region.flush_range(off, n),
             false => Ok(()),
-        },
-    );
+        }
+    })
 }
 
 /// Writes back the pager's mappings of `fd`'s file that are writable and
@@ -115,27 +128,32 @@ impl Target {
 
     /// Runs `op(entry, store offset, length)` on each pager mapping of the
     /// file over the bytes that `n` bytes written here change, saying each
-    /// failure on stderr after `what`.
+    /// failure on stderr after `what`; `Err(errno)` of the first.
     fn each_overlap(
         &self,
         n: u64,
         what: &str,
         mut op: impl FnMut(&mut Entry, u64, u64) -> Result<(), engine::Error>,
-    ) {
+    ) -> Result<(), c_int> {
         let mut guard = state();
-        let Some(st) = guard.as_mut() else { return };
+        let Some(st) = guard.as_mut() else {
+            return Ok(());
+        };
         let mut failed = Vec::new();
+        let mut first = Ok(());
         for e in st.maps.iter_mut() {
             let Some((lo, hi)) = self.overlap(e, n) else {
                 continue;
             };
             if let Err(err) = op(e, lo - e.base, hi - lo) {
+                first = first.and(Err(err.errno()));
                 failed.push(format!("{}: {what}: {err}", e.path));
             }
         }
         for m in failed {
             st.say(m);
         }
+        first
     }
 }
 
@@ -179,7 +197,7 @@ pub fn file_of(fd: c_int, at: Option<i64>, append: bool) -> Option<Target> {
 /// kernel's `mprotect` made writable (`kernel_writable`), whose written
 /// pages would be the program's own, is left as it is (said on stderr).
 pub fn refresh(t: Target, n: u64) {
-    t.each_overlap(n, "keeping the mapping coherent failed", |e, off, n| {
+    let _ = t.each_overlap(n, "keeping the mapping coherent failed", |e, off, n| {
         REFRESHED.fetch_add(1, Relaxed);
         if e.region.kind() != InstallKind::Anonymous || e.kernel_writable {
             return e.region.refresh(off, n);
