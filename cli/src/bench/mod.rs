@@ -37,6 +37,7 @@ mod floor;
 pub mod kernel_baseline;
 mod random_floor;
 mod scale;
+pub mod verdict;
 mod wakeup;
 
 pub use engine::EngineLoop;

@@ -2,6 +2,7 @@
 //! kernel side's, and the table, footprint and verdict lines it prints.
 
 use super::*;
+use crate::bench::verdict::{judged, Goal};
 
 fn us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1e3)
@@ -12,14 +13,41 @@ impl Report {
     /// was killed: a killed kernel side might have been the best (found
     /// by review: the verdict was taken against the slower survivor, the
     /// default readahead's when `MADV_RANDOM`'s was killed).
+    /// Likewise where any side read a word that differs from the file (its
+    /// rate is not of the work asked for: the verdict read `met` above the
+    /// error the run then ended with; found by review).
     pub fn ratio(&self) -> f64 {
-        if self.sides.iter().any(|s| s.killed.is_some()) {
+        if self.no_ratio().is_some() {
             return f64::NAN;
         }
         let best = self.sides[1..].iter().map(Side::rate).fold(0.0, f64::max);
         match self.sides[0].rate() {
             e if best > 0.0 => e / best,
             _ => f64::NAN,
+        }
+    }
+
+    /// Why there is no ratio, if there is none.
+    fn no_ratio(&self) -> Option<&'static str> {
+        if self.sides.iter().any(|s| s.killed.is_some()) {
+            Some("a side was killed; see its row")
+        } else if self.sides.iter().any(|s| s.mismatches > 0) {
+            Some("a side read words that differ from the file; see its row")
+        } else if self.sides.iter().any(|s| s.rate() <= 0.0) {
+            Some("a side did no work in its time")
+        } else {
+            None
+        }
+    }
+
+    /// The goal the ratio is held to (issue 14): at least 2× for a scan
+    /// with 2 MiB pages (against the kernel's 4 KiB mapping), 1× for the
+    /// rest. (Every run was held to 1×, and a 2 MiB scan between 1× and 2×
+    /// read `met`; found by review.)
+    pub fn goal(&self, k: &Knobs) -> Goal {
+        match self.workload {
+            Workload::Scan if k.page_size > PAGE_SIZE => Goal::AtLeast(2.0),
+            _ => Goal::AtLeast(1.0),
         }
     }
 
@@ -103,18 +131,17 @@ impl Report {
                  uncharged (the process's exit included)"
             );
         }
-        let r = self.ratio();
-        if r.is_nan() {
-            let _ = writeln!(
-                t,
-                "engine ÷ best kernel side: – (a side was killed; see its row)"
-            );
-        } else {
-            let _ = writeln!(
-                t,
-                "engine ÷ best kernel side: {r:.2}× (goal ≥ 1.0×: {})",
-                if r >= 1.0 { "met" } else { "missed" }
-            );
+        match self.no_ratio() {
+            Some(why) => {
+                let _ = writeln!(t, "engine ÷ best kernel side: – ({why})");
+            }
+            None => {
+                let _ = writeln!(
+                    t,
+                    "engine ÷ best kernel side: {}",
+                    judged(self.ratio(), "×", self.goal(k))
+                );
+            }
         }
         t
     }
@@ -158,6 +185,48 @@ mod tests {
             side("kernel mmap + MADV_RANDOM", 50, false),
         ]);
         assert_eq!(r.ratio(), 2.0);
+    }
+
+    #[test]
+    fn a_side_that_read_wrong_words_leaves_no_ratio() {
+        let mut wrong = side("engine", 100, false);
+        wrong.mismatches = 3;
+        let r = report(vec![
+            wrong,
+            side("kernel mmap", 10, false),
+            side("kernel mmap + MADV_RANDOM", 50, false),
+        ]);
+        assert!(r.ratio().is_nan(), "{}", r.ratio());
+        let t = r.table(&Knobs::default(), Path::new("/tmp"));
+        assert!(!t.contains("met"), "{t}");
+        assert!(t.contains("– (a side read words that differ"), "{t}");
+    }
+
+    #[test]
+    fn a_scan_with_2m_pages_is_held_to_twice_the_kernel() {
+        let mut r = report(vec![
+            side("engine", 150, false),
+            side("kernel mmap", 100, false),
+        ]);
+        r.workload = Workload::Scan;
+        let huge = Knobs {
+            page_size: 2 << 20,
+            ..Knobs::default()
+        };
+        let t = r.table(&huge, Path::new("/tmp"));
+        assert!(t.contains("1.50× (goal ≥ 2×: missed)"), "{t}");
+        let t = r.table(&Knobs::default(), Path::new("/tmp"));
+        assert!(t.contains("1.50× (goal ≥ 1×: met)"), "{t}");
+    }
+
+    #[test]
+    fn a_side_with_no_work_says_so() {
+        let r = report(vec![
+            side("engine", 100, false),
+            side("kernel mmap", 0, false),
+        ]);
+        let t = r.table(&Knobs::default(), Path::new("/tmp"));
+        assert!(t.contains("– (a side did no work in its time)"), "{t}");
     }
 
     #[test]
