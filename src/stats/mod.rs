@@ -160,10 +160,10 @@ struct CpuCounters {
 /// atomic add on the current CPU's lines (`sched_getcpu` reads the rseq
 /// area), so threads faulting on different CPUs do not bounce a counter's
 /// cache line between them. Reading sums every CPU's share. There are as
-/// many shares as CPUs this process may use when the pager is made
-/// (`available_parallelism`: its affinity, or a CPU quota); a CPU numbered
-/// past that count shares the share of its number modulo the count (the
-/// counts stay exact; only the lines are shared).
+/// many shares as the machine has CPUs (`_SC_NPROCESSORS_CONF`, see
+/// `sys::cpu_count`); a CPU numbered past that count (one brought online
+/// later) shares the share of its number modulo the count (the counts stay
+/// exact; only the lines are shared).
 #[derive(Debug)]
 pub struct Counters {
     cpus: Box<[CpuCounters]>,

@@ -1,6 +1,9 @@
-//! The engine's locking primitives, all futex-based and async-signal-safe:
-//! they never allocate and never touch thread-local runtime state, so a
-//! faulting thread may take them inside the SIGBUS handler.
+//! The engine's locking primitives, futex-based. The sides a fault takes
+//! are async-signal-safe: they never allocate and never touch
+//! thread-local runtime state, so a faulting thread may take them inside
+//! the SIGBUS handler. Not so the writer sides that allocate or take a
+//! `std` mutex ([`rcu::Rcu::update`], [`percpu_rwsem::PercpuRwsem::write`])
+//! and the worker queue's wait: each says so, and none runs in a handler.
 //!
 //! Two rules make that sound. **No engine lock is ever held while the
 //! holder touches a region's user mapping:** the engine fills pages

@@ -11,8 +11,12 @@
 //!
 //! # Contract and cost
 //! - [`PercpuRwsem::read`]: async-signal-safe. Two SeqCst RMWs on the
-//!   current CPU's own counter line and one load of a line only writers
-//!   write; it sleeps (futex) only while a writer holds or waits. A reader
+//!   current CPU's own counter line and two loads of the writer count (on
+//!   entry and on leaving), a line only writers write; it sleeps (futex)
+//!   only while a writer holds or waits, and a reader that leaves while a
+//!   writer waits also bumps the writers' wake word and makes one
+//!   `FUTEX_WAKE`. Readers are not queued as the kernel's are: a steady
+//!   stream of writers can keep a reader waiting. A reader
 //!   that moves to another CPU inside its section still decrements the
 //!   counter it incremented. Read sections do not nest: a reader that
 //!   waits for a writer while it holds another section deadlocks.
@@ -150,8 +154,12 @@ impl PercpuRwsem {
                 break;
             }
             // A reader that leaves after our sum bumps `drained`, so the
-            // wait returns; the timeout covers one that left between the
-            // sum and the wait without seeing the raised count yet.
+            // wait returns: its decrement comes after the sum's load in
+            // the SeqCst order, so its load of `writers` sees our raise,
+            // and its bump comes after our load of `seen`. The timeout is
+            // a guard only, not part of the protocol (and would hide a
+            // lost wake-up as a 1 ms wait: the loom model does not cover
+            // this primitive).
             futex::wait_timeout(&self.drained, seen, 1_000_000);
         }
         WriteGuard {

@@ -6,7 +6,8 @@
 //! General-purpose crates such as arc-swap keep per-thread state that is set
 //! up lazily (allocation), which is not allowed in a signal handler; this
 //! cell's read side is two atomic RMWs on the current CPU's own counter
-//! and two loads of a line that only writers change.
+//! and three loads of lines that only writers change (the epoch before and
+//! after the count, then the pointer).
 //!
 //! # Contract and cost
 //! - [`Rcu::read`]: async-signal-safe, never blocks; the reference it passes

@@ -140,8 +140,44 @@ pub fn this_cpu() -> usize {
     c.max(0) as usize
 }
 
-/// CPUs this process may run on (at least 1): how many per-CPU shards to
-/// make. Shards are picked by [`this_cpu`] modulo this count.
+/// CPUs the machine has (`_SC_NPROCESSORS_CONF`, at least 1): how many
+/// per-CPU shards to make. Shards are picked by [`this_cpu`] (the CPU's
+/// number) modulo this count, so each CPU has a shard of its own.
+///
+/// Not the CPUs this process may use (`available_parallelism`): under an
+/// affinity of CPUs {0, 2}, or a CPU quota of one on a large host, that
+/// count was 2 or 1 while the CPU numbers ran higher, and faulting threads
+/// on different CPUs shared one shard's cache lines (found by review).
 pub fn cpu_count() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Shards are one per CPU of the machine, whatever the caller's
+    /// affinity: a thread allowed on CPU 0 alone counted one. (On a
+    /// one-CPU machine both counts are 1.)
+    #[test]
+    fn the_shard_count_is_the_machines_cpus_not_the_affinitys() {
+        // SAFETY: sysconf has no preconditions.
+        let conf = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) } as usize;
+        let n = std::thread::spawn(|| {
+            // SAFETY: a zeroed cpu_set_t is an empty set; the calls write
+            // and read only it, for this thread (pid 0).
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                    0
+                );
+            }
+            super::cpu_count()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(n, conf.max(1));
+    }
 }
