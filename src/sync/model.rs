@@ -2,7 +2,8 @@
 //! the `loom` model checker's stand-ins under `--cfg loom`.
 //!
 //! [`crate::page_cache`], [`crate::sync::region_lock`], [`crate::sync::pins`],
-//! [`crate::sync::global_lock`] and [`crate::sync::rcu`] take their atomics,
+//! [`crate::sync::global_lock`], [`crate::sync::rcu`] and
+//! [`crate::sync::percpu_rwsem`] take their atomics,
 //! futex calls, clock, CPU number, mutex and spin hints from here. In a
 //! normal build everything here is a plain re-export of `std` or
 //! [`crate::sys`] (the same items, so the same code and the same cost: no
@@ -29,12 +30,16 @@ pub(crate) use std::hint::spin_loop;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
 #[cfg(not(loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+#[cfg(not(loom))]
 pub(crate) use std::thread::yield_now;
 
 #[cfg(loom)]
 pub use loom::hint::spin_loop;
 #[cfg(loom)]
 pub use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
+#[cfg(loom)]
+pub use loom::sync::{Mutex, MutexGuard};
 #[cfg(loom)]
 pub use loom::thread::yield_now;
 
@@ -152,7 +157,8 @@ mod loom_impl {
     /// leaves the SeqCst total order out, noting that this "may fail to
     /// model correct code"; only SeqCst *fences* are modelled), so it
     /// reports that forbidden outcome as a use after free. Called, under `cfg(loom)` only, between
-    /// the two halves of each such pattern in [`crate::sync::rcu`]: the
+    /// the two halves of each such pattern in [`crate::sync::rcu`] and
+    /// [`crate::sync::percpu_rwsem`]: the
     /// model then checks the algorithm under the ordering the real code
     /// has. (What it cannot catch is a downgrade of those SeqCst accesses.)
     pub(crate) fn loom_store_load_fence() {

@@ -26,9 +26,8 @@
 //!   writer does must leave their section instead: they check
 //!   [`PercpuRwsem::writer_waiting`] (one load) where they would wait.
 
-use crate::sys::{cpu_count, futex, this_cpu};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
-use std::sync::Mutex;
+use crate::sync::model::{cpu_count, futex, this_cpu, AtomicU32, AtomicU64, Mutex, MutexGuard};
+use std::sync::atomic::Ordering::*;
 
 /// One CPU's reader count, on a line of its own.
 #[repr(align(64))]
@@ -66,6 +65,8 @@ impl Drop for ReadGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         self.sem.readers[self.cpu].0.fetch_sub(1, SeqCst);
+        #[cfg(loom)]
+        crate::sync::model::loom_store_load_fence();
         if self.sem.writers.load(SeqCst) != 0 {
             self.sem.drained.fetch_add(1, SeqCst);
             futex::wake_all(&self.sem.drained);
@@ -78,7 +79,7 @@ impl Drop for ReadGuard<'_> {
 #[must_use]
 pub struct WriteGuard<'a> {
     sem: &'a PercpuRwsem,
-    _serial: std::sync::MutexGuard<'a, ()>,
+    _serial: MutexGuard<'a, ()>,
 }
 
 impl Drop for WriteGuard<'_> {
@@ -110,6 +111,8 @@ impl PercpuRwsem {
             // Dekker with the writer's `writers` increment then counter
             // loads (all SeqCst): either it sees our count and waits for
             // it, or we see its flag and back out.
+            #[cfg(loom)]
+            crate::sync::model::loom_store_load_fence();
             let w = self.writers.load(SeqCst);
             if w == 0 {
                 return ReadGuard { sem: self, cpu };
@@ -143,6 +146,8 @@ impl PercpuRwsem {
     pub fn write(&self) -> WriteGuard<'_> {
         let serial = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         self.writers.fetch_add(1, SeqCst);
+        #[cfg(loom)]
+        crate::sync::model::loom_store_load_fence();
         loop {
             let seen = self.drained.load(SeqCst);
             let inside = self
@@ -157,9 +162,10 @@ impl PercpuRwsem {
             // wait returns: its decrement comes after the sum's load in
             // the SeqCst order, so its load of `writers` sees our raise,
             // and its bump comes after our load of `seen`. The timeout is
-            // a guard only, not part of the protocol (and would hide a
-            // lost wake-up as a 1 ms wait: the loom model does not cover
-            // this primitive).
+            // a guard only, not part of the protocol: it would hide a lost
+            // wake-up as a 1 ms wait, so the model check
+            // (`tests/loom_sync/percpu_rwsem.rs`) runs with timeouts that
+            // never fire.
             futex::wait_timeout(&self.drained, seen, 1_000_000);
         }
         WriteGuard {

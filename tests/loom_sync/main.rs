@@ -20,11 +20,14 @@
 //! waiting writer, a Relaxed writer acquire (`global_lock`); an RCU reader
 //! without the epoch recheck, an update waiting on the wrong parity or not
 //! at all, a Relaxed reader exit (`rcu`); an unpin that does not wake the
-//! draining owner (`pins`).
+//! draining owner (`pins`); a leaving reader that does not bump `drained`
+//! for a waiting writer, a writer that does not wait for the readers, a
+//! last writer that does not wake the readers (`percpu_rwsem`).
 #![cfg(loom)]
 
 mod global_lock;
 mod page_cache;
+mod percpu_rwsem;
 mod pins;
 mod rcu;
 mod region_lock;
