@@ -221,6 +221,10 @@ impl RandomWords {
                 // caller's mapping; `off` is 8-aligned and the mapping
                 // page-aligned; it is writable when `write_pct > 0`.
                 let v = unsafe { std::ptr::read_volatile(addr) };
+                // A write stores back the word it read: the page turns
+                // dirty, but its bytes do not change, so `mismatches`
+                // checks what reads see, not write-back (a lost write-back
+                // would leave the same bytes). The tortures check that.
                 if write {
                     // SAFETY: as above.
                     unsafe { std::ptr::write_volatile(addr, v) };

@@ -26,15 +26,27 @@ fn with_first(w: usize) -> ([usize; 2], usize) {
 }
 
 /// Writes the next sequence number of word `w` and of its page's first
-/// word, region first, then the model.
+/// word, region first, then the model, as thread `t`. Each word is checked
+/// first against the model, exactly (the caller is the page's only
+/// writer): a page that came back stale and was then written lost the
+/// evidence, a lost write to its first word for good, and a run of writes
+/// only checked nothing until the end (found by review).
 ///
 /// # Safety
 /// `base` is a live region of more than `w` words, whose page holding `w`
 /// only the calling thread writes.
-pub(super) unsafe fn write_word(base: usize, w: usize, model: &Model) {
+pub(super) unsafe fn write_word(
+    t: usize,
+    base: usize,
+    w: usize,
+    model: &Model,
+    findings: &Findings,
+) {
     let (words, n) = with_first(w);
     for &x in &words[..n] {
         // SAFETY: the caller's contract; `x` is at or below `w`.
+        unsafe { check_word(t, true, base, x, model, findings) };
+        // SAFETY: as above.
         let cell = unsafe { word_at(base, x) };
         let m = &model.seqs[x];
         let seq = m.load(Relaxed) + 1;
@@ -185,9 +197,9 @@ mod tests {
         // SAFETY: `region` holds both pages and outlives the calls; this
         // thread is the only writer.
         unsafe {
-            write_word(base, 5, &model);
+            write_word(0, base, 5, &model, &findings);
             let copy = std::slice::from_raw_parts(base as *const u64, WORDS_PER_PAGE).to_vec();
-            write_word(base, 7, &model);
+            write_word(0, base, 7, &model, &findings);
             // The engine hands back the older copy of page 0.
             let base_ptr = base as *mut u64;
             std::ptr::copy_nonoverlapping(copy.as_ptr(), base_ptr, WORDS_PER_PAGE);
@@ -197,5 +209,67 @@ mod tests {
         assert_eq!(findings.count.load(Relaxed), 1);
         let m = &findings.first.lock().unwrap()[0];
         assert_eq!((m.word, m.got_seq, m.want_min_seq), (0, Some(1), 2));
+    }
+
+    fn findings() -> Findings {
+        Findings {
+            count: AtomicU64::new(0),
+            first: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A write onto a page that came back stale is caught at the write
+    /// (the owner knows each word exactly), before it hides the evidence.
+    #[test]
+    fn a_write_onto_a_stale_page_is_caught() {
+        let model = Model::new(WORDS_PER_PAGE, 3, false);
+        let mut region = vec![0u64; WORDS_PER_PAGE];
+        let base = region.as_mut_ptr() as usize;
+        let f = findings();
+        // SAFETY: `region` holds the page and outlives the calls; this
+        // thread is its only writer.
+        unsafe {
+            write_word(0, base, 9, &model, &f);
+            assert_eq!(f.count.load(Relaxed), 0);
+            // The engine hands back the page as it was before the write.
+            *(base as *mut u64).add(9) = 0;
+            write_word(0, base, 9, &model, &f);
+        }
+        assert_eq!(f.count.load(Relaxed), 1);
+        let m = &f.first.lock().unwrap()[0];
+        assert_eq!((m.word, m.got_seq, m.want_min_seq), (9, Some(0), 1));
+    }
+
+    /// The final checks fire on a wrong file: another page's words, a
+    /// zeroed page, a word one write behind, and for an anonymous region a
+    /// write that reached the source.
+    #[test]
+    fn the_final_checks_catch_a_wrong_page() {
+        let words = 2 * WORDS_PER_PAGE;
+        let model = Model::new(words, 5, true);
+        for w in 0..words {
+            model.seqs[w].store(2, Relaxed);
+        }
+        let good: Vec<u8> = (0..words)
+            .flat_map(|w| model.encode(w, 2).to_ne_bytes())
+            .collect();
+        let count = |bytes: &[u8], kind| {
+            let f = findings();
+            verify_source(&model, kind, &f, bytes);
+            f.count.load(Relaxed)
+        };
+        assert_eq!(count(&good, InstallKind::Shared), 0);
+        let page = WORDS_PER_PAGE * 8;
+        let mut swapped = good.clone();
+        swapped.copy_within(0..page, page);
+        assert_eq!(count(&swapped, InstallKind::Shared), WORDS_PER_PAGE as u64);
+        let mut zeroed = good.clone();
+        zeroed[page..].fill(0);
+        assert_eq!(count(&zeroed, InstallKind::Shared), WORDS_PER_PAGE as u64);
+        let mut behind = good.clone();
+        behind[8..16].copy_from_slice(&model.encode(1, 1).to_ne_bytes());
+        assert_eq!(count(&behind, InstallKind::Shared), 1);
+        // An anonymous region's source keeps its initial words.
+        assert_eq!(count(&good, InstallKind::Anonymous), words as u64);
     }
 }

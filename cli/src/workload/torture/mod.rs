@@ -222,7 +222,7 @@ fn worker(
         let w = page * WORDS_PER_PAGE + rng.below(WORDS_PER_PAGE as u64) as usize;
         if write {
             // SAFETY: `w` is inside the region, which outlives the workers.
-            unsafe { write_word(base, w, model) };
+            unsafe { write_word(t, base, w, model, findings) };
             writes += 1;
         } else {
             // SAFETY: as above.
